@@ -1,0 +1,560 @@
+//! The `build-cache` job: scan, plan, then build each case's entry chunk by chunk.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::cache::layout::Commit;
+use crate::cache::manifest::{params_key, Manifest, ManifestCase, ManifestDataset};
+use crate::cache::writer::{configure_zarrs, write_entry, EntryInput};
+use crate::cache::{content_key, CacheDir};
+use crate::dataset::{discover, CaseSource, DatasetSource};
+use crate::error::{Error, Result};
+use crate::geometry::{output_shape, true_output_spacing, zyx, Affine};
+use crate::nifti_io::{self, HeaderInfo};
+use crate::normalize::{self, ForegroundStats, Normalization};
+use crate::pipeline::{ImageDtype, OutputParams, Settings, SpacingChoice};
+use crate::plan::{auto_spacing, plan_cases, CasePlan, SpacingDecision};
+use crate::sysinfo::{human_bytes, peak_rss_bytes};
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    pub source: DatasetSource,
+    pub cache_dir: PathBuf,
+    /// Dataset name in the manifest; defaults to the data folder's name.
+    pub name: Option<String>,
+    pub settings: Settings,
+    /// Worker threads; 0 means one per core.
+    pub jobs: usize,
+    pub dry_run: bool,
+    /// Build only cases whose index modulo `count` is `index` (one part per array job).
+    pub part: Option<(usize, usize)>,
+    /// Show progress bars when stderr is a terminal.
+    pub progress: bool,
+}
+
+/// A case's headers, checked against each other.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScannedCase {
+    pub source: CaseSource,
+    pub image: HeaderInfo,
+    pub label: Option<HeaderInfo>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum CaseOutcome {
+    Built { bytes: u64, seconds: f64 },
+    Cached,
+    Failed { error: String },
+    Skipped,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseReport {
+    pub id: String,
+    pub key: Option<String>,
+    pub outcome: CaseOutcome,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BuildReport {
+    pub dataset: String,
+    pub cache_dir: PathBuf,
+    pub decision: Option<SpacingDecision>,
+    pub plans: Vec<CasePlan>,
+    pub cases: Vec<CaseReport>,
+    pub dry_run: bool,
+    pub built: usize,
+    pub cached: usize,
+    pub failed: usize,
+    pub bytes_written: u64,
+    pub voxels_built: u64,
+    pub wall_seconds: f64,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// Check that an image and its label describe the same grid.
+fn check_pair(id: &str, image: &HeaderInfo, label: &HeaderInfo) -> Result<()> {
+    if image.shape_xyz != label.shape_xyz {
+        return Err(Error::case(
+            id,
+            format!(
+                "image {} is {:?} voxels but label {} is {:?}",
+                image.path.display(),
+                image.shape_xyz,
+                label.path.display(),
+                label.shape_xyz
+            ),
+        ));
+    }
+    let scale = image.affine.0.iter().flatten().fold(1.0f64, |m, v| m.max(v.abs()));
+    let diff = image.affine.max_abs_diff(&label.affine);
+    if diff > 1e-4 * scale {
+        return Err(Error::case(
+            id,
+            format!(
+                "image {} and label {} have different geometry (affines differ by up to {diff:.3e}; spacings {:?} vs {:?})",
+                image.path.display(),
+                label.path.display(),
+                image.spacing_xyz,
+                label.spacing_xyz
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Read and check every case's headers (in parallel; only header bytes are read).
+pub fn scan(cases: &[CaseSource]) -> Vec<(CaseSource, Result<ScannedCase>)> {
+    cases
+        .par_iter()
+        .map(|c| {
+            let r = (|| {
+                let image = nifti_io::read_header(&c.image)?;
+                let label = match &c.label {
+                    Some(l) => {
+                        let h = nifti_io::read_header(l)?;
+                        check_pair(&c.id, &image, &h)?;
+                        Some(h)
+                    }
+                    None => None,
+                };
+                Ok(ScannedCase {
+                    source: c.clone(),
+                    image,
+                    label,
+                })
+            })();
+            (c.clone(), r)
+        })
+        .collect()
+}
+
+/// Choose the target spacing for a set of scanned cases.
+pub fn decide_spacing(choice: SpacingChoice, scanned: &[&ScannedCase]) -> Result<SpacingDecision> {
+    match choice {
+        SpacingChoice::Explicit(t) => Ok(SpacingDecision {
+            target_xyz: t,
+            median_xyz: auto_spacing(
+                &scanned.iter().map(|s| s.image.spacing_xyz).collect::<Vec<_>>(),
+                &scanned.iter().map(|s| s.image.shape_xyz).collect::<Vec<_>>(),
+            )
+            .median_xyz,
+            rule: "explicit".into(),
+            reason: "given with --spacing or by the pipeline".into(),
+        }),
+        SpacingChoice::Auto => {
+            if scanned.is_empty() {
+                return Err(Error::Dataset("no readable case to choose a spacing from".into()));
+            }
+            Ok(auto_spacing(
+                &scanned.iter().map(|s| s.image.spacing_xyz).collect::<Vec<_>>(),
+                &scanned.iter().map(|s| s.image.shape_xyz).collect::<Vec<_>>(),
+            ))
+        }
+    }
+}
+
+/// Plans for scanned cases at a target spacing.
+pub fn plan_scanned(scanned: &[&ScannedCase], target: [f64; 3], image_dtype: ImageDtype) -> Vec<CasePlan> {
+    let bpv = match image_dtype {
+        ImageDtype::Float32 => 4,
+        ImageDtype::Float16 => 2,
+    };
+    let rows: Vec<(String, [usize; 3], [f64; 3], usize)> = scanned
+        .iter()
+        .map(|s| {
+            let label_bpv = s.label.as_ref().map_or(0, |_| 1);
+            (s.source.id.clone(), s.image.shape_xyz, s.image.spacing_xyz, label_bpv)
+        })
+        .collect();
+    plan_cases(&rows, target, bpv)
+}
+
+/// Pool foreground intensities over the dataset for CT normalization.
+fn dataset_foreground(scanned: &[&ScannedCase]) -> Result<ForegroundStats> {
+    let mut samples = Vec::new();
+    for s in scanned {
+        let Some(label_path) = &s.source.label else { continue };
+        let image = nifti_io::read_volume(&s.source.image)?;
+        let label = nifti_io::read_volume(label_path)?;
+        samples.extend(normalize::sample_foreground(&image.data, |i| label.data[i] > 0.0, 10_000));
+    }
+    normalize::foreground_stats(samples)
+        .ok_or_else(|| Error::Dataset("ct normalization needs labelled foreground, and no case has any".into()))
+}
+
+fn make_progress(enabled: bool, total: u64) -> ProgressBar {
+    let target = if enabled && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(total), target);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>12} [{bar:30}] {human_pos}/{human_len} voxels {per_sec:>14} eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Print a line above the progress bar (or plainly when there is none).
+fn say(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default()
+}
+
+fn geometry_json(h: &HeaderInfo) -> Value {
+    json!({
+        "shape_xyz": h.shape_xyz,
+        "spacing_xyz": h.spacing_xyz,
+        "affine": h.affine,
+        "affine_source": h.affine_source,
+        "orientation": h.affine.axis_codes(),
+        "datatype": h.datatype,
+        "unit": h.unit,
+    })
+}
+
+/// Everything known about one case before it is built.
+struct Job<'a> {
+    scanned: &'a ScannedCase,
+    plan: &'a CasePlan,
+    key: String,
+}
+
+/// Build one case's entry into a temporary folder and move it into place.
+fn build_one(
+    cache: &CacheDir,
+    job: &Job,
+    params: &OutputParams,
+    on_voxels: &(dyn Fn(u64) + Sync),
+) -> Result<u64> {
+    let s = job.scanned;
+    let id = &s.source.id;
+    let image_file = nifti_io::read_file_hashed(&s.source.image)?;
+    let image_hash = image_file.hash;
+    let mut image = nifti_io::decode_volume(&s.source.image, image_file)?;
+    nifti_io::check_image_values(&s.source.image, &image.data)?;
+    let (label, label_hash) = match &s.source.label {
+        Some(p) => {
+            let v = nifti_io::read_volume(p)?;
+            check_pair(id, &image.header, &v.header)?;
+            let h = v.file_hash;
+            (Some(nifti_io::label_from_f32(p, v.data)?), Some(h))
+        }
+        None => (None, None),
+    };
+    // The files may have changed since the key was computed: refuse to file them under it.
+    let key = content_key(params, id, &image_hash, label_hash.as_ref());
+    if key != job.key {
+        return Err(Error::case(id, "an input file changed during the build; run it again"));
+    }
+    let stats = normalize::intensity_stats(&image.data);
+    let applied = normalize::plan_normalization(params.normalization, &stats, params.dataset_foreground.as_ref())?;
+    normalize::apply(&mut image.data, &applied);
+
+    let out_xyz = job.plan.out_shape_xyz;
+    let out_affine: Affine = image.header.affine.for_output_grid(image.header.shape_xyz, out_xyz);
+    let mut attrs = Map::new();
+    attrs.insert("format_version".into(), json!(params.format_version));
+    attrs.insert("case_id".into(), json!(id));
+    attrs.insert("key".into(), json!(key));
+    attrs.insert("created_by".into(), json!(format!("voxcache {}", env!("CARGO_PKG_VERSION"))));
+    attrs.insert(
+        "source".into(),
+        json!({
+            "image": {"file": file_name(&s.source.image), "blake3": image_hash.to_hex().to_string(), "bytes": image.file_bytes},
+            "label": s.source.label.as_ref().map(|p| json!({"file": file_name(p), "blake3": label_hash.map(|h| h.to_hex().to_string())})),
+        }),
+    );
+    attrs.insert("input".into(), geometry_json(&image.header));
+    attrs.insert(
+        "output".into(),
+        json!({
+            "axes": ["z", "y", "x"],
+            "shape_zyx": zyx(out_xyz),
+            "shape_xyz": out_xyz,
+            "spacing_xyz": job.plan.out_spacing_xyz,
+            "target_spacing_xyz": params.target_spacing_xyz,
+            "affine": out_affine,
+            "orientation": out_affine.axis_codes(),
+        }),
+    );
+    attrs.insert("params".into(), json!(params));
+    attrs.insert("intensity".into(), json!(stats));
+    attrs.insert("normalization".into(), json!(applied));
+
+    let tmp = cache.new_tmp_entry(&key)?;
+    let result = (|| {
+        write_entry(
+            &tmp,
+            EntryInput {
+                case_id: id,
+                image: &image.data,
+                label: label.as_ref(),
+                in_shape_zyx: zyx(image.header.shape_xyz),
+                out_shape_zyx: zyx(out_xyz),
+                params,
+                out_spacing_xyz: job.plan.out_spacing_xyz,
+                unit: image.header.unit,
+                attributes: attrs,
+            },
+            on_voxels,
+        )?;
+        let bytes = dir_bytes(&tmp);
+        failpoint("after-write")?;
+        cache.commit(&tmp, &key).map(|c| if c == Commit::Placed { bytes } else { 0 })
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    drop(label);
+    result
+}
+
+/// Test hook: `VOXCACHE_FAILPOINT=after-write` makes a build die right before the commit, as a
+/// killed process would, so tests can check that nothing half-written is left looking complete.
+fn failpoint(name: &str) -> Result<()> {
+    if std::env::var("VOXCACHE_FAILPOINT").is_ok_and(|v| v == name) {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+    Ok(())
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(_) => total += e.metadata().map(|m| m.len()).unwrap_or(0),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+fn is_disk_full(msg: &str) -> bool {
+    msg.contains("No space left on device") || msg.contains("StorageFull") || msg.contains("Disk quota exceeded")
+}
+
+/// Run the whole job.
+pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
+    let started = Instant::now();
+    opts.settings.validate()?;
+    configure_zarrs();
+    let name = opts
+        .name
+        .clone()
+        .unwrap_or_else(|| crate::dataset::default_name(&opts.source));
+    let cases = discover(&opts.source)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.jobs)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {} worker threads: {e}", opts.jobs)))?;
+
+    let scanned_all = pool.install(|| scan(&cases));
+    let mut reports: Vec<CaseReport> = Vec::new();
+    let mut ok: Vec<&ScannedCase> = Vec::new();
+    for (c, r) in &scanned_all {
+        match r {
+            Ok(s) => ok.push(s),
+            Err(e) => reports.push(CaseReport {
+                id: c.id.clone(),
+                key: None,
+                outcome: CaseOutcome::Failed { error: e.to_string() },
+            }),
+        }
+    }
+    for r in &reports {
+        if let CaseOutcome::Failed { error } = &r.outcome {
+            eprintln!("error: {error}");
+        }
+    }
+    let decision = decide_spacing(opts.settings.spacing, &ok)?;
+    let plans = plan_scanned(&ok, decision.target_xyz, opts.settings.image_dtype);
+
+    let mut report = BuildReport {
+        dataset: name.clone(),
+        cache_dir: opts.cache_dir.clone(),
+        decision: Some(decision.clone()),
+        plans: plans.clone(),
+        cases: Vec::new(),
+        dry_run: opts.dry_run,
+        built: 0,
+        cached: 0,
+        failed: reports.len(),
+        bytes_written: 0,
+        voxels_built: 0,
+        wall_seconds: 0.0,
+        peak_rss_bytes: None,
+    };
+    if opts.dry_run {
+        report.cases = reports;
+        report.wall_seconds = started.elapsed().as_secs_f64();
+        report.peak_rss_bytes = peak_rss_bytes();
+        return Ok(report);
+    }
+
+    let cache = CacheDir::new(&opts.cache_dir);
+    cache.prepare()?;
+    for p in cache.sweep_tmp()? {
+        eprintln!("removed a stale temporary entry left by an interrupted build: {}", p.display());
+    }
+
+    // This build's share of the cases (all of them unless --part).
+    let mine: Vec<usize> = (0..ok.len())
+        .filter(|i| opts.part.is_none_or(|(k, n)| i % n == k))
+        .collect();
+    let fg_stats = if opts.settings.normalization == Normalization::Ct {
+        Some(dataset_foreground(&ok)?)
+    } else {
+        None
+    };
+    let params = OutputParams::new(&opts.settings, decision.target_xyz, fg_stats);
+
+    // Keys first (hashing is cheap), so we know what is cached before any heavy work.
+    let keyed: Vec<(usize, Result<String>)> = pool.install(|| {
+        mine.par_iter()
+            .map(|&i| {
+                let s = ok[i];
+                let k = (|| {
+                    let ih = hash_file(&s.source.image)?;
+                    let lh = match &s.source.label {
+                        Some(l) => Some(hash_file(l)?),
+                        None => None,
+                    };
+                    Ok(content_key(&params, &s.source.id, &ih, lh.as_ref()))
+                })();
+                (i, k)
+            })
+            .collect()
+    });
+
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut manifest_cases = std::collections::BTreeMap::new();
+    for (i, k) in keyed {
+        let s = ok[i];
+        match k {
+            Err(e) => {
+                eprintln!("error: {e}");
+                reports.push(CaseReport { id: s.source.id.clone(), key: None, outcome: CaseOutcome::Failed { error: e.to_string() } });
+            }
+            Ok(key) if cache.has_entry(&key) => {
+                manifest_cases.insert(s.source.id.clone(), ManifestCase { key: key.clone(), entry: CacheDir::entry_rel(&key), out_shape_zyx: zyx(plans[i].out_shape_xyz) });
+                reports.push(CaseReport { id: s.source.id.clone(), key: Some(key), outcome: CaseOutcome::Cached });
+            }
+            Ok(key) => jobs.push(Job { scanned: s, plan: &plans[i], key }),
+        }
+    }
+
+    let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
+    let bar = make_progress(opts.progress, total_voxels);
+    let done = AtomicU64::new(0);
+    let n_jobs = jobs.len();
+    let mut disk_full = false;
+    for (n, job) in jobs.iter().enumerate() {
+        let id = job.scanned.source.id.clone();
+        if disk_full {
+            reports.push(CaseReport { id, key: Some(job.key.clone()), outcome: CaseOutcome::Skipped });
+            continue;
+        }
+        bar.set_prefix(format!("case {}/{}", n + 1, n_jobs));
+        bar.set_message(id.clone());
+        let t0 = Instant::now();
+        let on_voxels = |v: u64| {
+            done.fetch_add(v, Ordering::Relaxed);
+            bar.inc(v);
+        };
+        let r = pool.install(|| build_one(&cache, job, &params, &on_voxels));
+        let outcome = match r {
+            Ok(bytes) => {
+                let seconds = t0.elapsed().as_secs_f64();
+                let o = job.plan.out_shape_xyz;
+                say(&bar, format!(
+                    "built  {id}: {}x{}x{} -> {}x{}x{} ({}) in {seconds:.1} s{}",
+                    job.plan.in_shape_xyz[0], job.plan.in_shape_xyz[1], job.plan.in_shape_xyz[2],
+                    o[0], o[1], o[2], human_bytes(bytes),
+                    if job.plan.outlier { format!("  [outlier: {:.1}x the median size]", job.plan.size_factor) } else { String::new() }
+                ));
+                report.bytes_written += bytes;
+                report.voxels_built += job.plan.out_voxels;
+                manifest_cases.insert(id.clone(), ManifestCase { key: job.key.clone(), entry: CacheDir::entry_rel(&job.key), out_shape_zyx: zyx(o) });
+                CaseOutcome::Built { bytes, seconds }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                say(&bar, format!("error: {msg}"));
+                if is_disk_full(&msg) {
+                    disk_full = true;
+                    say(&bar, "the disk is full: the remaining cases are skipped; free space and run again (built entries are kept)".into());
+                }
+                CaseOutcome::Failed { error: msg }
+            }
+        };
+        reports.push(CaseReport { id, key: Some(job.key.clone()), outcome });
+    }
+    bar.finish_and_clear();
+
+    if !manifest_cases.is_empty() {
+        Manifest::record(
+            &cache,
+            &name,
+            ManifestDataset {
+                pipeline: opts.settings.pipeline.clone(),
+                params_key: params_key(&params),
+                params: params.clone(),
+                spacing_rule: decision.rule.clone(),
+                spacing_reason: decision.reason.clone(),
+                cases: manifest_cases,
+            },
+        )?;
+    }
+    reports.sort_by(|a, b| a.id.cmp(&b.id));
+    report.built = reports.iter().filter(|r| matches!(r.outcome, CaseOutcome::Built { .. })).count();
+    report.cached = reports.iter().filter(|r| r.outcome == CaseOutcome::Cached).count();
+    report.failed = reports.iter().filter(|r| matches!(r.outcome, CaseOutcome::Failed { .. } | CaseOutcome::Skipped)).count();
+    report.cases = reports;
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    report.peak_rss_bytes = peak_rss_bytes();
+    Ok(report)
+}
+
+fn hash_file(path: &Path) -> Result<blake3::Hash> {
+    let mut h = blake3::Hasher::new();
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    h.update_reader(f).map_err(|e| Error::io(path, e))?;
+    Ok(h.finalize())
+}
+
+/// Output shape of one header at a target spacing (for tests and inspect).
+pub fn out_shape_for(h: &HeaderInfo, target: [f64; 3]) -> [usize; 3] {
+    output_shape(h.shape_xyz, h.spacing_xyz, target)
+}
+
+/// True output spacing of one header at a target spacing.
+pub fn out_spacing_for(h: &HeaderInfo, target: [f64; 3]) -> [f64; 3] {
+    true_output_spacing(h.shape_xyz, h.spacing_xyz, out_shape_for(h, target))
+}

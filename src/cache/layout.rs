@@ -1,0 +1,139 @@
+//! Paths inside a cache folder, temporary folders and the atomic commit of an entry.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+use crate::sysinfo::{hostname, pid_alive};
+
+/// A cache folder.
+#[derive(Clone, Debug)]
+pub struct CacheDir {
+    pub root: PathBuf,
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// What happened when an entry was committed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Commit {
+    Placed,
+    /// Another builder placed the same key first; ours was discarded (same content).
+    AlreadyThere,
+}
+
+impl CacheDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        CacheDir { root: root.into() }
+    }
+
+    pub fn manifest_path(&self) -> PathBuf {
+        self.root.join("manifest.json")
+    }
+
+    pub fn entries_dir(&self) -> PathBuf {
+        self.root.join("entries")
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// entries/ab/abcdef...
+    pub fn entry_path(&self, key: &str) -> PathBuf {
+        self.entries_dir().join(&key[..2]).join(key)
+    }
+
+    /// The entry path relative to the root, as the manifest records it.
+    pub fn entry_rel(key: &str) -> String {
+        format!("entries/{}/{}", &key[..2], key)
+    }
+
+    pub fn has_entry(&self, key: &str) -> bool {
+        self.entry_path(key).join("zarr.json").is_file()
+    }
+
+    /// Create the folders and prove we can write there, before any work is done.
+    pub fn prepare(&self) -> Result<()> {
+        for d in [self.root.clone(), self.entries_dir(), self.tmp_dir()] {
+            std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+        }
+        let probe = self.tmp_dir().join(format!(".probe.{}", std::process::id()));
+        std::fs::write(&probe, b"ok").map_err(|e| Error::io(&probe, e))?;
+        std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))?;
+        Ok(())
+    }
+
+    /// A fresh temporary folder for one entry. Its name says which host and process own it,
+    /// so a sweep never deletes a folder another live builder is writing.
+    pub fn new_tmp_entry(&self, key: &str) -> Result<PathBuf> {
+        let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let p = self.tmp_dir().join(format!(
+            "{key}.{}.{}.{n}",
+            hostname(),
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+        Ok(p)
+    }
+
+    /// Remove temporary folders left by dead builders on this host. Returns what was removed.
+    pub fn sweep_tmp(&self) -> Result<Vec<PathBuf>> {
+        let me = hostname();
+        let mut removed = Vec::new();
+        let Ok(rd) = std::fs::read_dir(self.tmp_dir()) else {
+            return Ok(removed);
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let parts: Vec<&str> = name.split('.').collect();
+            if parts.len() < 4 {
+                continue;
+            }
+            let (host, pid) = (parts[1..parts.len() - 2].join("."), parts[parts.len() - 2]);
+            let Ok(pid) = pid.parse::<u32>() else { continue };
+            if host == me && (pid != std::process::id()) && !pid_alive(pid) {
+                let p = e.path();
+                std::fs::remove_dir_all(&p).map_err(|err| Error::io(&p, err))?;
+                removed.push(p);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Move a complete temporary entry into place with one rename.
+    pub fn commit(&self, tmp: &Path, key: &str) -> Result<Commit> {
+        let dest = self.entry_path(key);
+        let parent = dest.parent().unwrap_or(&self.root);
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        if dest.exists() {
+            std::fs::remove_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
+            return Ok(Commit::AlreadyThere);
+        }
+        match std::fs::rename(tmp, &dest) {
+            Ok(()) => {
+                // Make the rename itself durable.
+                if let Ok(d) = std::fs::File::open(parent) {
+                    let _ = d.sync_all();
+                }
+                Ok(Commit::Placed)
+            }
+            Err(_) if dest.join("zarr.json").is_file() => {
+                std::fs::remove_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
+                Ok(Commit::AlreadyThere)
+            }
+            Err(e) => Err(Error::io(&dest, e)),
+        }
+    }
+}
+
+/// Write a file atomically: temporary sibling, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}

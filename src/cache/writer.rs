@@ -1,0 +1,303 @@
+//! Writing one cache entry: a Zarr v3 group with `image`, `label` and `fg` arrays, computed
+//! block by block (a block is one chunk, or one shard when sharded) in parallel. Each block is
+//! resampled from the in-memory input, hashed, encoded and written, then forgotten, so memory
+//! holds the input plus a few blocks per thread, whatever the output size.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rayon::prelude::*;
+use serde_json::{json, Map, Value};
+use zarrs::array::codec::{
+    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode,
+    ShardingCodecOptions, SubchunkWriteOrder, ZstdCodec,
+};
+use zarrs::array::{
+    data_type, Array, ArrayBuilder, BytesToBytesCodecTraits, CodecSpecificOptions, DataType, FillValue,
+};
+use zarrs::filesystem::FilesystemStore;
+use zarrs::group::GroupBuilder;
+
+use super::fg_index::{FgAccumulator, FgIndex};
+use crate::error::{Error, Result};
+use crate::nifti_io::LabelData;
+use crate::pipeline::{Compression, ImageDtype, OutputParams};
+use crate::resample::{blocks, Block, LinearResampler, NearestResampler};
+
+/// The sidecar file with one blake3 per written block, checked by `prep inspect --verify`.
+pub const CHECKSUMS_FILE: &str = "voxcache_chunks.json";
+
+/// What to write for one case.
+pub struct EntryInput<'a> {
+    pub case_id: &'a str,
+    /// Normalized input image, C order (z, y, x).
+    pub image: &'a [f32],
+    pub label: Option<&'a LabelData>,
+    pub in_shape_zyx: [usize; 3],
+    pub out_shape_zyx: [usize; 3],
+    pub params: &'a OutputParams,
+    /// Output spacing (x, y, z) and its unit, for the OME-Zarr scale.
+    pub out_spacing_xyz: [f64; 3],
+    pub unit: &'a str,
+    /// Attributes prepared by the caller (source, geometry, statistics), extended here.
+    pub attributes: Map<String, Value>,
+}
+
+/// What was written.
+pub struct EntryOutput {
+    pub fg: FgIndex,
+    pub blocks: usize,
+}
+
+/// Turn off zarrs' own version block in metadata so that entries are byte-reproducible.
+pub fn configure_zarrs() {
+    zarrs::config::global_config_mut().set_include_zarrs_metadata(false);
+}
+
+fn compression_codecs(c: Compression, typesize: usize) -> Result<Vec<Arc<dyn BytesToBytesCodecTraits>>> {
+    Ok(match c {
+        Compression::None => vec![],
+        Compression::Zstd { level } => vec![Arc::new(ZstdCodec::new(level, false))],
+        Compression::Blosc { level } => {
+            let clevel = BloscCompressionLevel::try_from(level)
+                .map_err(|e| Error::Config(format!("blosc level {level}: {e}")))?;
+            let codec = BloscCodec::new(
+                BloscCompressor::Zstd,
+                clevel,
+                None,
+                BloscShuffleMode::Shuffle,
+                Some(typesize),
+            )
+            .map_err(|e| Error::Config(format!("blosc: {e}")))?;
+            vec![Arc::new(codec)]
+        }
+    })
+}
+
+fn build_array(
+    store: &Arc<FilesystemStore>,
+    dir: &Path,
+    name: &str,
+    params: &OutputParams,
+    shape_zyx: [usize; 3],
+    dtype: DataType,
+    typesize: usize,
+    fill: FillValue,
+) -> Result<Array<FilesystemStore>> {
+    let shape: Vec<u64> = shape_zyx.iter().map(|&v| v as u64).collect();
+    let write_block: Vec<u64> = params.write_block_zyx().iter().map(|&v| v as u64).collect();
+    let mut b = ArrayBuilder::new(shape, write_block, dtype, fill);
+    b.dimension_names(Some(["z", "y", "x"]));
+    b.bytes_to_bytes_codecs(compression_codecs(params.compression, typesize)?);
+    if params.shard_zyx.is_some() {
+        b.subchunk_shape(params.chunk_zyx.iter().map(|&v| v as u64).collect::<Vec<u64>>());
+        // Inner chunks in C order: the same shard bytes on every run.
+        b.codec_specific_options(CodecSpecificOptions::default().with_option(
+            ShardingCodecOptions::default().with_subchunk_write_order(SubchunkWriteOrder::C),
+        ));
+    }
+    let array = b
+        .build(store.clone(), &format!("/{name}"))
+        .map_err(|e| Error::zarr(dir.join(name), e))?;
+    array
+        .store_metadata()
+        .map_err(|e| Error::zarr(dir.join(name), e))?;
+    Ok(array)
+}
+
+/// Copy a block computed at its own size into a full-chunk buffer (edge blocks are padded with
+/// the fill value, as Zarr stores them).
+fn pad_block<T: Copy>(data: &[T], size: [usize; 3], full: [usize; 3], fill: T) -> Vec<T> {
+    if size == full {
+        return data.to_vec();
+    }
+    let mut out = vec![fill; full.iter().product()];
+    for z in 0..size[0] {
+        for y in 0..size[1] {
+            let src = &data[(z * size[1] + y) * size[2]..][..size[2]];
+            out[(z * full[1] + y) * full[2]..][..size[2]].copy_from_slice(src);
+        }
+    }
+    out
+}
+
+fn bytes_of<T: bytemuck_like::Pod>(v: &[T]) -> &[u8] {
+    bytemuck_like::as_bytes(v)
+}
+
+/// Minimal plain-old-data view, to hash what Zarr stores without another dependency.
+mod bytemuck_like {
+    pub trait Pod: Copy {}
+    impl Pod for f32 {}
+    impl Pod for u8 {}
+    impl Pod for u16 {}
+    impl Pod for half::f16 {}
+    pub fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
+        // SAFETY: T is a plain numeric type without padding; the slice is valid for its length.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+    }
+}
+
+fn block_key(b: &Block, write_block: [usize; 3]) -> (Vec<u64>, String) {
+    let idx: Vec<u64> = (0..3).map(|a| (b.start[a] / write_block[a]) as u64).collect();
+    let name = format!("{}.{}.{}", idx[0], idx[1], idx[2]);
+    (idx, name)
+}
+
+/// Write the entry's arrays and metadata into `dir` (a fresh temporary folder).
+pub fn write_entry(dir: &Path, input: EntryInput, on_voxels: &(dyn Fn(u64) + Sync)) -> Result<EntryOutput> {
+    let store = Arc::new(FilesystemStore::new(dir).map_err(|e| Error::zarr(dir, e))?);
+    let params = input.params;
+    let out_shape = input.out_shape_zyx;
+    let image_array = match params.image_dtype {
+        ImageDtype::Float32 => build_array(&store, dir, "image", params, out_shape, data_type::float32(), 4, FillValue::from(0.0f32))?,
+        ImageDtype::Float16 => build_array(&store, dir, "image", params, out_shape, data_type::float16(), 2, FillValue::from(half::f16::ZERO))?,
+    };
+    let label_array = match input.label {
+        None => None,
+        Some(LabelData::U8(_)) => Some(build_array(&store, dir, "label", params, out_shape, data_type::uint8(), 1, FillValue::from(0u8))?),
+        Some(LabelData::U16(_)) => Some(build_array(&store, dir, "label", params, out_shape, data_type::uint16(), 2, FillValue::from(0u16))?),
+    };
+
+    let write_block = params.write_block_zyx();
+    let linear = LinearResampler::new(input.in_shape_zyx, out_shape);
+    let nearest = NearestResampler::new(input.in_shape_zyx, out_shape);
+    let fg = Mutex::new(FgAccumulator::new(params.fg_samples, params.seed, out_shape));
+    let image_sums = Mutex::new(BTreeMap::new());
+    let label_sums = Mutex::new(BTreeMap::new());
+    let all_blocks = blocks(out_shape, write_block);
+
+    all_blocks.par_iter().try_for_each(|b| -> Result<()> {
+        let (idx, name) = block_key(b, write_block);
+        let chunk_path = || dir.join("image").join(format!("c/{}", name.replace('.', "/")));
+        let mut img = vec![0.0f32; b.len()];
+        linear.fill(input.image, *b, &mut img);
+        let img = pad_block(&img, b.size, write_block, 0.0f32);
+        let hash = match params.image_dtype {
+            ImageDtype::Float32 => {
+                let h = blake3::hash(bytes_of(&img));
+                image_array.store_chunk(&idx, img.as_slice()).map_err(|e| Error::zarr(chunk_path(), e))?;
+                h
+            }
+            ImageDtype::Float16 => {
+                let half: Vec<half::f16> = img.iter().map(|&v| half::f16::from_f32(v)).collect();
+                let h = blake3::hash(bytes_of(&half));
+                image_array.store_chunk(&idx, half.as_slice()).map_err(|e| Error::zarr(chunk_path(), e))?;
+                h
+            }
+        };
+        image_sums.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), short_hex(&hash));
+
+        if let (Some(arr), Some(label)) = (&label_array, input.label) {
+            let mut local = FgAccumulator::new(params.fg_samples, params.seed, out_shape);
+            let hash = match label {
+                LabelData::U8(src) => {
+                    let mut lab = vec![0u8; b.len()];
+                    nearest.fill(src, *b, &mut lab);
+                    local.observe(*b, &lab);
+                    let lab = pad_block(&lab, b.size, write_block, 0u8);
+                    arr.store_chunk(&idx, lab.as_slice()).map_err(|e| Error::zarr(dir.join("label"), e))?;
+                    blake3::hash(&lab)
+                }
+                LabelData::U16(src) => {
+                    let mut lab = vec![0u16; b.len()];
+                    nearest.fill(src, *b, &mut lab);
+                    local.observe(*b, &lab);
+                    let lab = pad_block(&lab, b.size, write_block, 0u16);
+                    arr.store_chunk(&idx, lab.as_slice()).map_err(|e| Error::zarr(dir.join("label"), e))?;
+                    blake3::hash(bytes_of(&lab))
+                }
+            };
+            label_sums.lock().unwrap_or_else(|p| p.into_inner()).insert(name, short_hex(&hash));
+            fg.lock().unwrap_or_else(|p| p.into_inner()).merge(local);
+        }
+        on_voxels(b.len() as u64);
+        Ok(())
+    })?;
+
+    let fg = fg.into_inner().unwrap_or_else(|p| p.into_inner()).finish();
+    let (rows, ranges) = fg.rows();
+    let n_rows = rows.len() / 4;
+    if n_rows > 0 {
+        let store_fg = |e: &dyn std::fmt::Display| Error::zarr(dir.join("fg"), e);
+        let mut b = ArrayBuilder::new(vec![n_rows as u64, 4], vec![n_rows as u64, 4], data_type::uint32(), 0u32);
+        b.dimension_names(Some(["sample", "class_z_y_x"]));
+        let arr = b.build(store.clone(), "/fg").map_err(|e| store_fg(&e))?;
+        arr.store_metadata().map_err(|e| store_fg(&e))?;
+        arr.store_chunk(&[0, 0], rows.as_slice()).map_err(|e| store_fg(&e))?;
+    }
+
+    let checksums = json!({
+        "algorithm": "blake3-128 of each block's decoded little-endian bytes (edge blocks padded with the fill value)",
+        "block_shape_zyx": write_block,
+        "image": image_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
+        "label": label_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
+    });
+    let sums_path = dir.join(CHECKSUMS_FILE);
+    std::fs::write(&sums_path, serde_json::to_vec_pretty(&checksums).unwrap_or_default())
+        .map_err(|e| Error::io(&sums_path, e))?;
+
+    let mut attrs = input.attributes;
+    attrs.insert(
+        "label".into(),
+        match input.label {
+            None => Value::Null,
+            Some(l) => json!({
+                "dtype": l.dtype(),
+                "classes": fg.classes.iter().map(|(c, s)| (c.to_string(), json!(s))).collect::<Map<_, _>>(),
+            }),
+        },
+    );
+    attrs.insert(
+        "fg_index".into(),
+        json!({
+            "array": if n_rows > 0 { Value::from("fg") } else { Value::Null },
+            "columns": ["class", "z", "y", "x"],
+            "rows_per_class": ranges.iter().map(|(c, r)| (c.to_string(), json!({"start": r[0], "count": r[1]}))).collect::<Map<_, _>>(),
+        }),
+    );
+    attrs.insert("chunk_checksums".into(), Value::from(CHECKSUMS_FILE));
+    let mut group_attrs = Map::new();
+    group_attrs.insert("voxcache".into(), Value::Object(attrs));
+    group_attrs.insert("ome".into(), ome_multiscales(input.case_id, input.out_spacing_xyz, input.unit));
+    let group = GroupBuilder::new()
+        .attributes(group_attrs)
+        .build(store.clone(), "/")
+        .map_err(|e| Error::zarr(dir, e))?;
+    // The group's zarr.json is written last: an entry without it is never treated as complete.
+    group.store_metadata().map_err(|e| Error::zarr(dir, e))?;
+    Ok(EntryOutput {
+        fg,
+        blocks: all_blocks.len(),
+    })
+}
+
+fn short_hex(h: &blake3::Hash) -> String {
+    h.to_hex()[..32].to_string()
+}
+
+/// OME-Zarr (NGFF 0.5) multiscale metadata so viewers place the image at its physical size.
+fn ome_multiscales(name: &str, spacing_xyz: [f64; 3], unit: &str) -> Value {
+    let unit = match unit {
+        "um" => Some("micrometer"),
+        "mm" => Some("millimeter"),
+        "m" => Some("meter"),
+        _ => None,
+    };
+    let axis = |n: &str| match unit {
+        Some(u) => json!({"name": n, "type": "space", "unit": u}),
+        None => json!({"name": n, "type": "space"}),
+    };
+    json!({
+        "version": "0.5",
+        "multiscales": [{
+            "name": name,
+            "axes": [axis("z"), axis("y"), axis("x")],
+            "datasets": [{
+                "path": "image",
+                "coordinateTransformations": [{"type": "scale", "scale": [spacing_xyz[2], spacing_xyz[1], spacing_xyz[0]]}]
+            }]
+        }]
+    })
+}

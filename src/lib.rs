@@ -1,0 +1,30 @@
+//! voxcache: turn folders of NIfTI image/label pairs into a chunked, content-addressed Zarr v3
+//! cache without ever holding a resampled volume in memory, and train from it.
+//!
+//! Module map (one job each):
+//! - [`nifti_io`]: read and validate NIfTI-1 headers and volumes (into f32, any datatype).
+//! - [`geometry`]: affines, spacing, the output grid convention.
+//! - [`dataset`]: find image/label pairs and name cases.
+//! - [`plan`]: target spacing, output shapes, memory cost, outliers.
+//! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
+//! - [`normalize`]: intensity normalization schemes.
+//! - [`pipeline`]: named parameter sets (pipelines/*.toml) and their canonical form.
+//! - [`cache`]: content keys, entry writer, manifest, reader.
+//! - [`build`]: the `build-cache` job that ties the above together.
+//! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
+//! - [`sysinfo`]: peak memory and host facts for reports.
+
+pub mod build;
+pub mod cache;
+pub mod dataset;
+pub mod error;
+pub mod geometry;
+pub mod nifti_io;
+pub mod normalize;
+pub mod pipeline;
+pub mod plan;
+pub mod resample;
+pub mod synth;
+pub mod sysinfo;
+
+pub use error::{Error, Result};

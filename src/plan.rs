@@ -1,0 +1,173 @@
+//! Planning: the target spacing, each case's output grid, what it costs, and which cases are
+//! outliers. Nothing here reads voxel data.
+
+use serde::Serialize;
+
+use crate::geometry::{output_shape, true_output_spacing, voxels};
+
+/// How many times the dataset's median output size makes a case an outlier.
+pub const OUTLIER_FACTOR: f64 = 4.0;
+
+/// The chosen target spacing and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpacingDecision {
+    pub target_xyz: [f64; 3],
+    pub median_xyz: [f64; 3],
+    /// "explicit", "median" or "anisotropy rule".
+    pub rule: String,
+    /// A sentence a person can read.
+    pub reason: String,
+}
+
+/// Median with numpy's convention (mean of the two middle values for even counts).
+pub fn median(values: &[f64]) -> f64 {
+    percentile(values, 50.0)
+}
+
+/// Percentile with linear interpolation between closest ranks (numpy's default).
+pub fn percentile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let pos = (v.len() - 1) as f64 * q / 100.0;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+/// Per-axis median spacing, with nnU-Net's anisotropy rule: when the coarsest axis's median
+/// spacing is over 3x the others' and it has under a third of their voxels, a median there would
+/// throw away resolution in most cases, so its 10th percentile is used instead (never finer than
+/// the other axes).
+pub fn auto_spacing(spacings: &[[f64; 3]], shapes: &[[usize; 3]]) -> SpacingDecision {
+    let axis = |a: usize| spacings.iter().map(|s| s[a]).collect::<Vec<f64>>();
+    let med = [0, 1, 2].map(|a| median(&axis(a)));
+    let med_size = [0, 1, 2].map(|a| median(&shapes.iter().map(|s| s[a] as f64).collect::<Vec<_>>()));
+    let worst = (0..3).max_by(|&a, &b| med[a].total_cmp(&med[b])).unwrap_or(2);
+    let others: Vec<usize> = (0..3).filter(|&a| a != worst).collect();
+    let max_other_spacing = others.iter().map(|&a| med[a]).fold(0.0, f64::max);
+    let min_other_size = others.iter().map(|&a| med_size[a]).fold(f64::INFINITY, f64::min);
+    let aniso_spacing = med[worst] > 3.0 * max_other_spacing;
+    let aniso_voxels = med_size[worst] * 3.0 < min_other_size;
+    let mut target = med;
+    let axis_name = ["x", "y", "z"][worst];
+    if aniso_spacing && aniso_voxels {
+        let p10 = percentile(&axis(worst), 10.0);
+        target[worst] = p10.max(max_other_spacing);
+        SpacingDecision {
+            target_xyz: target,
+            median_xyz: med,
+            rule: "anisotropy rule".into(),
+            reason: format!(
+                "axis {axis_name}: median spacing {:.4} is over 3x the others ({max_other_spacing:.4}) and its median size {:.0} is under a third of theirs ({min_other_size:.0}), so its 10th percentile {p10:.4} is used{}",
+                med[worst], med_size[worst],
+                if p10 < max_other_spacing { format!(", raised to {max_other_spacing:.4} to stay no finer than the other axes") } else { String::new() }
+            ),
+        }
+    } else {
+        SpacingDecision {
+            target_xyz: target,
+            median_xyz: med,
+            rule: "median".into(),
+            reason: "per-axis median of the dataset's spacings".into(),
+        }
+    }
+}
+
+/// One case's output grid and memory cost.
+#[derive(Clone, Debug, Serialize)]
+pub struct CasePlan {
+    pub id: String,
+    pub in_shape_xyz: [usize; 3],
+    pub in_spacing_xyz: [f64; 3],
+    pub out_shape_xyz: [usize; 3],
+    pub out_spacing_xyz: [f64; 3],
+    pub out_voxels: u64,
+    /// Bytes of the cached image (at the chosen dtype) plus label.
+    pub out_bytes: u64,
+    /// What a whole-volume resampler holds for the image alone, float32 and float64.
+    pub whole_volume_f32_bytes: u64,
+    pub whole_volume_f64_bytes: u64,
+    /// Output voxels over the dataset's median output voxels.
+    pub size_factor: f64,
+    pub outlier: bool,
+}
+
+/// Plan every case at `target`. `image_bytes_per_voxel` is 4 for float32 and 2 for float16,
+/// `label_bytes_per_voxel` 0 when the case has no label.
+pub fn plan_cases(
+    cases: &[(String, [usize; 3], [f64; 3], usize)],
+    target: [f64; 3],
+    image_bytes_per_voxel: usize,
+) -> Vec<CasePlan> {
+    let mut plans: Vec<CasePlan> = cases
+        .iter()
+        .map(|(id, shape, spacing, label_bpv)| {
+            let out = output_shape(*shape, *spacing, target);
+            let n = voxels(out);
+            CasePlan {
+                id: id.clone(),
+                in_shape_xyz: *shape,
+                in_spacing_xyz: *spacing,
+                out_shape_xyz: out,
+                out_spacing_xyz: true_output_spacing(*shape, *spacing, out),
+                out_voxels: n,
+                out_bytes: n * (image_bytes_per_voxel + label_bpv) as u64,
+                whole_volume_f32_bytes: n * 4,
+                whole_volume_f64_bytes: n * 8,
+                size_factor: 1.0,
+                outlier: false,
+            }
+        })
+        .collect();
+    let med = median(&plans.iter().map(|p| p.out_voxels as f64).collect::<Vec<_>>());
+    for p in &mut plans {
+        p.size_factor = if med > 0.0 { p.out_voxels as f64 / med } else { 1.0 };
+        p.outlier = p.size_factor >= OUTLIER_FACTOR;
+    }
+    plans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_match_numpy() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(median(&v), 2.5);
+        assert!((percentile(&v, 10.0) - 1.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn isotropic_dataset_takes_the_median() {
+        let s = vec![[1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [1.0, 1.0, 1.5]];
+        let d = auto_spacing(&s, &[[100, 100, 100]; 3]);
+        assert_eq!(d.rule, "median");
+        assert_eq!(d.target_xyz, [1.0, 1.0, 1.5]);
+    }
+
+    #[test]
+    fn anisotropy_rule_fires_for_thick_slices() {
+        // z spacing 5 (x7) and 1.5 (x3): median 5 > 3 * 0.7 and 20 slices < 512 / 3.
+        let mut s = vec![[0.7, 0.7, 5.0]; 7];
+        s.extend(vec![[0.7, 0.7, 1.5]; 3]);
+        let d = auto_spacing(&s, &vec![[512, 512, 20]; 10]);
+        assert_eq!(d.rule, "anisotropy rule");
+        assert!((d.target_xyz[2] - percentile(&s.iter().map(|v| v[2]).collect::<Vec<_>>(), 10.0)).abs() < 1e-12);
+        assert_eq!(d.target_xyz[0], 0.7);
+    }
+
+    #[test]
+    fn the_outlier_is_flagged() {
+        let mut cases: Vec<(String, [usize; 3], [f64; 3], usize)> = (0..5)
+            .map(|i| (format!("c{i}"), [512, 512, 40], [1.0, 1.0, 5.0], 1))
+            .collect();
+        cases.push(("big".into(), [512, 512, 61], [4.97, 4.97, 5.0], 1));
+        let plans = plan_cases(&cases, [1.0, 1.0, 5.0], 4);
+        assert!(plans[5].outlier);
+        assert!(plans[..5].iter().all(|p| !p.outlier));
+        assert_eq!(plans[5].out_shape_xyz, [2545, 2545, 61]);
+    }
+}

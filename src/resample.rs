@@ -1,0 +1,225 @@
+//! Resampling kernels that fill one output block from the input volume.
+//!
+//! A block is any box of the output grid (a chunk, a shard, or the whole volume); the value of
+//! an output voxel never depends on which block it was computed in, so chunk-by-chunk output is
+//! bit-identical to a whole-volume resample. Arrays are C order with axes (z, y, x).
+//! Coordinates follow [`crate::geometry::source_coordinate`]; samples outside [0, n-1] clamp to
+//! the edge voxel.
+
+use crate::geometry::source_coordinate;
+
+/// Per output index along one axis: the two input neighbours and the weight of the upper one.
+#[derive(Clone, Debug)]
+pub struct LinearAxis {
+    pub lo: Vec<u32>,
+    pub hi: Vec<u32>,
+    pub w: Vec<f32>,
+}
+
+impl LinearAxis {
+    pub fn new(n: usize, m: usize) -> Self {
+        let mut lo = Vec::with_capacity(m);
+        let mut hi = Vec::with_capacity(m);
+        let mut w = Vec::with_capacity(m);
+        let last = (n - 1) as f64;
+        for j in 0..m {
+            let x = source_coordinate(j, n, m).clamp(0.0, last);
+            let i0 = x.floor();
+            let i1 = (i0 + 1.0).min(last);
+            lo.push(i0 as u32);
+            hi.push(i1 as u32);
+            w.push((x - i0) as f32);
+        }
+        LinearAxis { lo, hi, w }
+    }
+
+    /// Input index range [first, last] needed for output indices [start, end).
+    fn input_range(&self, start: usize, end: usize) -> (usize, usize) {
+        (self.lo[start] as usize, self.hi[end - 1] as usize)
+    }
+}
+
+/// Nearest input index per output index; ties go to the lower index.
+pub fn nearest_axis(n: usize, m: usize) -> Vec<u32> {
+    let last = (n - 1) as f64;
+    (0..m)
+        .map(|j| {
+            let x = source_coordinate(j, n, m).clamp(0.0, last);
+            (x - 0.5).ceil().max(0.0) as u32
+        })
+        .collect()
+}
+
+/// A box of the output grid: start and size per axis (z, y, x).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub start: [usize; 3],
+    pub size: [usize; 3],
+}
+
+impl Block {
+    pub fn len(&self) -> usize {
+        self.size.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Linear interpolation of the whole grid, prepared once per volume.
+pub struct LinearResampler {
+    in_shape: [usize; 3],
+    axes: [LinearAxis; 3],
+}
+
+#[inline]
+fn lerp(a: f32, b: f32, w: f32) -> f32 {
+    // a + (b - a) * w keeps constants exact (a == b gives a).
+    a + (b - a) * w
+}
+
+impl LinearResampler {
+    /// `in_shape` and `out_shape` are (z, y, x).
+    pub fn new(in_shape: [usize; 3], out_shape: [usize; 3]) -> Self {
+        let axes = [0, 1, 2].map(|a| LinearAxis::new(in_shape[a], out_shape[a]));
+        LinearResampler { in_shape, axes }
+    }
+
+    /// Fill `out` (len = block.len(), C order over block.size) from `input` (C order over in_shape).
+    /// Separable: x pass, then y, then z, each over only the input rows the block needs.
+    pub fn fill(&self, input: &[f32], block: Block, out: &mut [f32]) {
+        let [nz, ny, nx] = self.in_shape;
+        debug_assert_eq!(input.len(), nz * ny * nx);
+        debug_assert_eq!(out.len(), block.len());
+        let [az, ay, ax] = &self.axes;
+        let [bz, by, bx] = block.size;
+        let [sz, sy, sx] = block.start;
+        let (z0, z1) = az.input_range(sz, sz + bz);
+        let (y0, y1) = ay.input_range(sy, sy + by);
+        let (rz, ry) = (z1 - z0 + 1, y1 - y0 + 1);
+
+        let (xlo, xhi, xw) = (&ax.lo[sx..sx + bx], &ax.hi[sx..sx + bx], &ax.w[sx..sx + bx]);
+        // Pass 1: along x, for every needed (z, y) input row.
+        let mut t1 = vec![0.0f32; rz * ry * bx];
+        for iz in 0..rz {
+            for iy in 0..ry {
+                let row = &input[((z0 + iz) * ny + (y0 + iy)) * nx..][..nx];
+                let dst = &mut t1[(iz * ry + iy) * bx..][..bx];
+                for j in 0..bx {
+                    dst[j] = lerp(row[xlo[j] as usize], row[xhi[j] as usize], xw[j]);
+                }
+            }
+        }
+        // Pass 2: along y.
+        let mut t2 = vec![0.0f32; rz * by * bx];
+        for iz in 0..rz {
+            for j in 0..by {
+                let (lo, hi, w) = (ay.lo[sy + j] as usize - y0, ay.hi[sy + j] as usize - y0, ay.w[sy + j]);
+                let a = &t1[(iz * ry + lo) * bx..][..bx];
+                let b = &t1[(iz * ry + hi) * bx..][..bx];
+                let dst = &mut t2[(iz * by + j) * bx..][..bx];
+                for k in 0..bx {
+                    dst[k] = lerp(a[k], b[k], w);
+                }
+            }
+        }
+        drop(t1);
+        // Pass 3: along z, straight into the output.
+        let plane = by * bx;
+        for j in 0..bz {
+            let (lo, hi, w) = (az.lo[sz + j] as usize - z0, az.hi[sz + j] as usize - z0, az.w[sz + j]);
+            let a = &t2[lo * plane..][..plane];
+            let b = &t2[hi * plane..][..plane];
+            let dst = &mut out[j * plane..][..plane];
+            for k in 0..plane {
+                dst[k] = lerp(a[k], b[k], w);
+            }
+        }
+    }
+}
+
+/// Nearest-neighbour lookup of the whole grid, prepared once per volume (labels).
+pub struct NearestResampler {
+    in_shape: [usize; 3],
+    axes: [Vec<u32>; 3],
+}
+
+impl NearestResampler {
+    pub fn new(in_shape: [usize; 3], out_shape: [usize; 3]) -> Self {
+        let axes = [0, 1, 2].map(|a| nearest_axis(in_shape[a], out_shape[a]));
+        NearestResampler { in_shape, axes }
+    }
+
+    pub fn fill<T: Copy>(&self, input: &[T], block: Block, out: &mut [T]) {
+        let [_, ny, nx] = self.in_shape;
+        let [bz, by, bx] = block.size;
+        let [sz, sy, sx] = block.start;
+        let xs = &self.axes[2][sx..sx + bx];
+        let mut o = 0;
+        for jz in 0..bz {
+            let iz = self.axes[0][sz + jz] as usize;
+            for jy in 0..by {
+                let iy = self.axes[1][sy + jy] as usize;
+                let row = &input[(iz * ny + iy) * nx..][..nx];
+                for &ix in xs {
+                    out[o] = row[ix as usize];
+                    o += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Split a grid of `shape` into blocks of `block` (edge blocks are cut to the grid), C order.
+pub fn blocks(shape: [usize; 3], block: [usize; 3]) -> Vec<Block> {
+    let counts = [0, 1, 2].map(|a| shape[a].div_ceil(block[a]));
+    let mut out = Vec::with_capacity(counts.iter().product());
+    for cz in 0..counts[0] {
+        for cy in 0..counts[1] {
+            for cx in 0..counts[2] {
+                let idx = [cz, cy, cx];
+                let start = [0, 1, 2].map(|a| idx[a] * block[a]);
+                let size = [0, 1, 2].map(|a| block[a].min(shape[a] - start[a]));
+                out.push(Block { start, size });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_grid_is_exact() {
+        let shape = [3, 4, 5];
+        let input: Vec<f32> = (0..60).map(|v| v as f32 * 1.7 - 3.0).collect();
+        let r = LinearResampler::new(shape, shape);
+        let mut out = vec![0.0; 60];
+        r.fill(&input, Block { start: [0; 3], size: shape }, &mut out);
+        assert_eq!(out, input);
+        let n = NearestResampler::new(shape, shape);
+        let mut out2 = vec![0.0; 60];
+        n.fill(&input, Block { start: [0; 3], size: shape }, &mut out2);
+        assert_eq!(out2, input);
+    }
+
+    #[test]
+    fn nearest_ties_go_low() {
+        // n=2 -> m=4: x = -0.25, 0.25, 0.75, 1.25 -> 0, 0, 1, 1
+        assert_eq!(nearest_axis(2, 4), vec![0, 0, 1, 1]);
+        // n=4 -> m=2: x = 0.5, 2.5: ties -> 0, 2
+        assert_eq!(nearest_axis(4, 2), vec![0, 2]);
+    }
+
+    #[test]
+    fn blocks_cover_the_grid_once() {
+        let shape = [5, 7, 9];
+        let bs = blocks(shape, [2, 3, 4]);
+        let total: usize = bs.iter().map(|b| b.len()).sum();
+        assert_eq!(total, 5 * 7 * 9);
+        assert_eq!(bs.len(), 3 * 3 * 3);
+    }
+}
