@@ -198,7 +198,7 @@ fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
             if !p.is_finite() || p <= 0.0 {
                 return Err(Error::nifti(path, format!("invalid voxel spacing pixdim[{}] = {p} (must be a positive number)", a + 1)));
             }
-            *s = p as f64;
+            *s = f32_to_f64_decimal(p);
         }
     }
     if !raw.vox_offset.is_finite() || raw.vox_offset < 352.0 || raw.vox_offset > 1e9 {
@@ -239,6 +239,12 @@ fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
     })
 }
 
+/// Widen an f32 header field through its shortest decimal form, so 0.99f32 becomes 0.99 and
+/// not 0.9900000095367432 (headers store what a person typed, in single precision).
+pub fn f32_to_f64_decimal(v: f32) -> f64 {
+    format!("{v}").parse().unwrap_or(v as f64)
+}
+
 /// The voxel-to-world affine per the NIfTI-1 rules (sform first, then qform, then pixdim),
 /// computed here because the nifti crate's qform helper panics on some legal headers.
 fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
@@ -246,7 +252,7 @@ fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
         let mut m = [[0.0; 4]; 4];
         for (r, row) in [h.srow_x, h.srow_y, h.srow_z].iter().enumerate() {
             for c in 0..4 {
-                m[r][c] = row[c] as f64;
+                m[r][c] = f32_to_f64_decimal(row[c]);
             }
         }
         m[3][3] = 1.0;
@@ -272,9 +278,9 @@ fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
                 m[i][j] = r[i][j] * scale[j];
             }
         }
-        m[0][3] = h.quatern_x as f64;
-        m[1][3] = h.quatern_y as f64;
-        m[2][3] = h.quatern_z as f64;
+        m[0][3] = f32_to_f64_decimal(h.quatern_x);
+        m[1][3] = f32_to_f64_decimal(h.quatern_y);
+        m[2][3] = f32_to_f64_decimal(h.quatern_z);
         m[3][3] = 1.0;
         return (Affine(m), "qform");
     }

@@ -241,7 +241,35 @@ impl OutputParams {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// The grid unit of write (shard if sharded, else chunk), (z, y, x).
+    /// The chunk and shard shapes used for an output of `shape_zyx`: the configured chunk is an
+    /// upper bound, and each axis is cut into the fewest near-equal chunks no larger than it,
+    /// so edge chunks waste little padding (uncompressed edge chunks are stored full size).
+    /// A shard keeps its configured number of chunks per axis, capped to what the axis needs.
+    pub fn layout_for(&self, shape_zyx: [usize; 3]) -> ChunkLayout {
+        let chunk = [0, 1, 2].map(|a| {
+            let n = shape_zyx[a].max(1);
+            let pieces = n.div_ceil(self.chunk_zyx[a]);
+            n.div_ceil(pieces)
+        });
+        let shard = self.shard_zyx.map(|s| {
+            [0, 1, 2].map(|a| {
+                let per_shard = s[a] / self.chunk_zyx[a];
+                chunk[a] * per_shard.min(shape_zyx[a].max(1).div_ceil(chunk[a]))
+            })
+        });
+        ChunkLayout { chunk_zyx: chunk, shard_zyx: shard }
+    }
+}
+
+/// The chunk (and shard) shape of one entry's arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkLayout {
+    pub chunk_zyx: [usize; 3],
+    pub shard_zyx: Option<[usize; 3]>,
+}
+
+impl ChunkLayout {
+    /// The unit a worker computes and writes: a shard if sharded, else a chunk.
     pub fn write_block_zyx(&self) -> [usize; 3] {
         self.shard_zyx.unwrap_or(self.chunk_zyx)
     }
@@ -280,6 +308,21 @@ pub fn load_pipeline(name: &str) -> Result<(String, PipelineFile)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layout_splits_axes_evenly_under_the_bound() {
+        let mut st = Settings::default();
+        st.chunk_zyx = [32, 128, 128];
+        let p = OutputParams::new(&st, [1.0; 3], None);
+        let l = p.layout_for([41, 512, 100]);
+        assert_eq!(l.chunk_zyx, [21, 128, 100]);
+        assert_eq!(l.shard_zyx, None);
+        st.shard_zyx = Some([64, 256, 256]);
+        let p = OutputParams::new(&st, [1.0; 3], None);
+        let l = p.layout_for([41, 2545, 100]);
+        assert_eq!(l.chunk_zyx, [21, 128, 100]);
+        assert_eq!(l.shard_zyx, Some([42, 256, 100]));
+    }
 
     #[test]
     fn spacing_parses() {

@@ -22,7 +22,7 @@ use zarrs::group::GroupBuilder;
 use super::fg_index::{FgAccumulator, FgIndex};
 use crate::error::{Error, Result};
 use crate::nifti_io::LabelData;
-use crate::pipeline::{Compression, ImageDtype, OutputParams};
+use crate::pipeline::{ChunkLayout, Compression, ImageDtype, OutputParams};
 use crate::resample::{blocks, Block, LinearResampler, NearestResampler};
 
 /// The sidecar file with one blake3 per written block, checked by `prep inspect --verify`.
@@ -80,18 +80,19 @@ fn build_array(
     dir: &Path,
     name: &str,
     params: &OutputParams,
+    layout: &ChunkLayout,
     shape_zyx: [usize; 3],
     dtype: DataType,
     typesize: usize,
     fill: FillValue,
 ) -> Result<Array<FilesystemStore>> {
     let shape: Vec<u64> = shape_zyx.iter().map(|&v| v as u64).collect();
-    let write_block: Vec<u64> = params.write_block_zyx().iter().map(|&v| v as u64).collect();
+    let write_block: Vec<u64> = layout.write_block_zyx().iter().map(|&v| v as u64).collect();
     let mut b = ArrayBuilder::new(shape, write_block, dtype, fill);
     b.dimension_names(Some(["z", "y", "x"]));
     b.bytes_to_bytes_codecs(compression_codecs(params.compression, typesize)?);
-    if params.shard_zyx.is_some() {
-        b.subchunk_shape(params.chunk_zyx.iter().map(|&v| v as u64).collect::<Vec<u64>>());
+    if layout.shard_zyx.is_some() {
+        b.subchunk_shape(layout.chunk_zyx.iter().map(|&v| v as u64).collect::<Vec<u64>>());
         // Inner chunks in C order: the same shard bytes on every run.
         b.codec_specific_options(CodecSpecificOptions::default().with_option(
             ShardingCodecOptions::default().with_subchunk_write_order(SubchunkWriteOrder::C),
@@ -150,17 +151,18 @@ pub fn write_entry(dir: &Path, input: EntryInput, on_voxels: &(dyn Fn(u64) + Syn
     let store = Arc::new(FilesystemStore::new(dir).map_err(|e| Error::zarr(dir, e))?);
     let params = input.params;
     let out_shape = input.out_shape_zyx;
+    let layout = params.layout_for(out_shape);
     let image_array = match params.image_dtype {
-        ImageDtype::Float32 => build_array(&store, dir, "image", params, out_shape, data_type::float32(), 4, FillValue::from(0.0f32))?,
-        ImageDtype::Float16 => build_array(&store, dir, "image", params, out_shape, data_type::float16(), 2, FillValue::from(half::f16::ZERO))?,
+        ImageDtype::Float32 => build_array(&store, dir, "image", params, &layout, out_shape, data_type::float32(), 4, FillValue::from(0.0f32))?,
+        ImageDtype::Float16 => build_array(&store, dir, "image", params, &layout, out_shape, data_type::float16(), 2, FillValue::from(half::f16::ZERO))?,
     };
     let label_array = match input.label {
         None => None,
-        Some(LabelData::U8(_)) => Some(build_array(&store, dir, "label", params, out_shape, data_type::uint8(), 1, FillValue::from(0u8))?),
-        Some(LabelData::U16(_)) => Some(build_array(&store, dir, "label", params, out_shape, data_type::uint16(), 2, FillValue::from(0u16))?),
+        Some(LabelData::U8(_)) => Some(build_array(&store, dir, "label", params, &layout, out_shape, data_type::uint8(), 1, FillValue::from(0u8))?),
+        Some(LabelData::U16(_)) => Some(build_array(&store, dir, "label", params, &layout, out_shape, data_type::uint16(), 2, FillValue::from(0u16))?),
     };
 
-    let write_block = params.write_block_zyx();
+    let write_block = layout.write_block_zyx();
     let linear = LinearResampler::new(input.in_shape_zyx, out_shape);
     let nearest = NearestResampler::new(input.in_shape_zyx, out_shape);
     let fg = Mutex::new(FgAccumulator::new(params.fg_samples, params.seed, out_shape));
@@ -258,6 +260,7 @@ pub fn write_entry(dir: &Path, input: EntryInput, on_voxels: &(dyn Fn(u64) + Syn
         }),
     );
     attrs.insert("chunk_checksums".into(), Value::from(CHECKSUMS_FILE));
+    attrs.insert("layout".into(), json!(layout));
     let mut group_attrs = Map::new();
     group_attrs.insert("voxcache".into(), Value::Object(attrs));
     group_attrs.insert("ome".into(), ome_multiscales(input.case_id, input.out_spacing_xyz, input.unit));
