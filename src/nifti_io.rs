@@ -57,6 +57,7 @@ impl HeaderInfo {
 }
 
 /// A volume read into memory as f32, in C order with axes (z, y, x) (x fastest, as on disk).
+#[derive(Debug)]
 pub struct Volume {
     pub header: HeaderInfo,
     pub data: Vec<f32>,

@@ -1,0 +1,203 @@
+//! Test fixtures: a NIfTI-1 writer written from the spec, independent of the nifti crate, so
+//! the reader is checked against bytes we control (datatypes, endianness, odd headers).
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::Path;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+
+#[derive(Clone, Debug)]
+pub struct Nii {
+    pub dims: Vec<u16>,
+    pub datatype: i16,
+    pub bitpix: i16,
+    pub pixdim: [f32; 8],
+    pub scl: (f32, f32),
+    pub big_endian: bool,
+    pub qform_code: i16,
+    pub sform_code: i16,
+    pub quatern: [f32; 6],
+    pub srow: [[f32; 4]; 3],
+    pub magic: [u8; 4],
+    pub xyzt_units: u8,
+    /// Voxel bytes, already encoded in the file's byte order.
+    pub data: Vec<u8>,
+}
+
+/// Encode numbers in a given NIfTI datatype.
+pub trait Elem: Copy {
+    const CODE: i16;
+    const BITS: i16;
+    fn put(self, big: bool, out: &mut Vec<u8>);
+}
+
+macro_rules! elem {
+    ($t:ty, $code:expr) => {
+        impl Elem for $t {
+            const CODE: i16 = $code;
+            const BITS: i16 = (std::mem::size_of::<$t>() * 8) as i16;
+            fn put(self, big: bool, out: &mut Vec<u8>) {
+                if big {
+                    out.extend_from_slice(&self.to_be_bytes())
+                } else {
+                    out.extend_from_slice(&self.to_le_bytes())
+                }
+            }
+        }
+    };
+}
+elem!(u8, 2);
+elem!(i16, 4);
+elem!(i32, 8);
+elem!(f32, 16);
+elem!(f64, 64);
+elem!(i8, 256);
+elem!(u16, 512);
+elem!(u32, 768);
+elem!(i64, 1024);
+elem!(u64, 1280);
+
+impl Nii {
+    /// A 3D volume with voxels given in NIfTI order (x fastest).
+    pub fn new<T: Elem>(shape_xyz: [usize; 3], spacing: [f32; 3], values: &[T], big_endian: bool) -> Nii {
+        assert_eq!(values.len(), shape_xyz.iter().product::<usize>());
+        let mut data = Vec::new();
+        for v in values {
+            v.put(big_endian, &mut data);
+        }
+        Nii {
+            dims: shape_xyz.iter().map(|&d| d as u16).collect(),
+            datatype: T::CODE,
+            bitpix: T::BITS,
+            pixdim: [1.0, spacing[0], spacing[1], spacing[2], 1.0, 1.0, 1.0, 1.0],
+            scl: (1.0, 0.0),
+            big_endian,
+            qform_code: 0,
+            sform_code: 1,
+            quatern: [0.0; 6],
+            srow: [
+                [spacing[0], 0.0, 0.0, 0.0],
+                [0.0, spacing[1], 0.0, 0.0],
+                [0.0, 0.0, spacing[2], 0.0],
+            ],
+            magic: *b"n+1\0",
+            xyzt_units: 2,
+            data,
+        }
+    }
+
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut h = vec![0u8; 352];
+        let be = self.big_endian;
+        let i32b = |v: i32| if be { v.to_be_bytes() } else { v.to_le_bytes() };
+        let i16b = |v: i16| if be { v.to_be_bytes() } else { v.to_le_bytes() };
+        let f32b = |v: f32| if be { v.to_be_bytes() } else { v.to_le_bytes() };
+        h[0..4].copy_from_slice(&i32b(348));
+        let mut dim = [1i16; 8];
+        dim[0] = self.dims.len() as i16;
+        for (i, d) in self.dims.iter().enumerate() {
+            dim[i + 1] = *d as i16;
+        }
+        for (i, d) in dim.iter().enumerate() {
+            h[40 + 2 * i..42 + 2 * i].copy_from_slice(&i16b(*d));
+        }
+        h[70..72].copy_from_slice(&i16b(self.datatype));
+        h[72..74].copy_from_slice(&i16b(self.bitpix));
+        for (i, p) in self.pixdim.iter().enumerate() {
+            h[76 + 4 * i..80 + 4 * i].copy_from_slice(&f32b(*p));
+        }
+        h[108..112].copy_from_slice(&f32b(352.0));
+        h[112..116].copy_from_slice(&f32b(self.scl.0));
+        h[116..120].copy_from_slice(&f32b(self.scl.1));
+        h[123] = self.xyzt_units;
+        h[252..254].copy_from_slice(&i16b(self.qform_code));
+        h[254..256].copy_from_slice(&i16b(self.sform_code));
+        for (i, q) in self.quatern.iter().enumerate() {
+            h[256 + 4 * i..260 + 4 * i].copy_from_slice(&f32b(*q));
+        }
+        for (r, row) in self.srow.iter().enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                let o = 280 + 16 * r + 4 * c;
+                h[o..o + 4].copy_from_slice(&f32b(*v));
+            }
+        }
+        h[344..348].copy_from_slice(&self.magic);
+        h.extend_from_slice(&self.data);
+        h
+    }
+
+    pub fn write(&self, path: &Path) {
+        let bytes = self.bytes();
+        if path.to_string_lossy().ends_with(".gz") {
+            let f = std::fs::File::create(path).unwrap();
+            let mut gz = GzEncoder::new(f, Compression::fast());
+            gz.write_all(&bytes).unwrap();
+            gz.finish().unwrap();
+        } else {
+            std::fs::write(path, bytes).unwrap();
+        }
+    }
+
+    /// Gzip in several members (as some writers do): each member holds a slice of the bytes.
+    pub fn write_multi_member_gz(&self, path: &Path, members: usize) {
+        let bytes = self.bytes();
+        let mut out = Vec::new();
+        for part in bytes.chunks(bytes.len().div_ceil(members)) {
+            let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+            gz.write_all(part).unwrap();
+            out.extend(gz.finish().unwrap());
+        }
+        std::fs::write(path, out).unwrap();
+    }
+}
+
+/// A deterministic pseudo-random stream for fixtures.
+pub struct Lcg(pub u64);
+impl Lcg {
+    pub fn next_f32(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32) / (1u64 << 24) as f32
+    }
+}
+
+/// Write an nnU-Net style case (image int16 with a blob, label 0/1) into `dir`.
+pub fn write_case(dir: &Path, id: &str, shape: [usize; 3], spacing: [f32; 3], seed: u64) {
+    std::fs::create_dir_all(dir.join("imagesTr")).unwrap();
+    std::fs::create_dir_all(dir.join("labelsTr")).unwrap();
+    let mut rng = Lcg(seed);
+    let n = shape.iter().product::<usize>();
+    let mut img = Vec::with_capacity(n);
+    let mut lab = Vec::with_capacity(n);
+    for z in 0..shape[2] {
+        for y in 0..shape[1] {
+            for x in 0..shape[0] {
+                let d = ((x as f32 - shape[0] as f32 / 2.0).powi(2) + (y as f32 - shape[1] as f32 / 2.0).powi(2)).sqrt();
+                let inside = d < shape[0].min(shape[1]) as f32 / 4.0 && z > 0;
+                lab.push(inside as u8);
+                img.push((100.0 + 50.0 * rng.next_f32() + if inside { 300.0 } else { 0.0 }) as i16);
+            }
+        }
+    }
+    Nii::new(shape, spacing, &img, false).write(&dir.join(format!("imagesTr/{id}_0000.nii.gz")));
+    Nii::new(shape, spacing, &lab, false).write(&dir.join(format!("labelsTr/{id}.nii.gz")));
+}
+
+/// blake3 of every file under `dir`, by relative path.
+pub fn tree_hashes(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().to_string();
+                out.insert(rel, blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string());
+            }
+        }
+    }
+    out
+}

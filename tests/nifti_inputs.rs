@@ -1,0 +1,185 @@
+//! The NIfTI reader against bytes written from the spec: every datatype, both byte orders,
+//! scaling, multi-member gzip, odd geometry, and each kind of broken file.
+
+mod common;
+
+use common::Nii;
+use voxcache::nifti_io::{read_header, read_volume};
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+fn values() -> Vec<f64> {
+    (0..24).map(|i| (i as f64) * 3.0 - 10.0).collect()
+}
+
+fn check_roundtrip<T: common::Elem>(conv: impl Fn(f64) -> T, expect: impl Fn(f64) -> f32) {
+    let dir = tmp();
+    for big in [false, true] {
+        for ext in ["nii", "nii.gz"] {
+            let vals: Vec<T> = values().into_iter().map(&conv).collect();
+            let path = dir.path().join(format!("v_{big}.{ext}"));
+            Nii::new([4, 3, 2], [1.0, 2.0, 3.0], &vals, big).write(&path);
+            let v = read_volume(&path).unwrap();
+            assert_eq!(v.header.shape_xyz, [4, 3, 2]);
+            assert_eq!(v.header.big_endian, big);
+            let want: Vec<f32> = values().into_iter().map(&expect).collect();
+            assert_eq!(v.data, want, "datatype {} big-endian {big} {ext}", T::CODE);
+        }
+    }
+}
+
+#[test]
+fn every_scalar_datatype_in_both_byte_orders() {
+    check_roundtrip(|v| (v + 10.0) as u8, |v| (v + 10.0) as f32);
+    check_roundtrip(|v| v as i8, |v| v as f32);
+    check_roundtrip(|v| v as i16, |v| v as f32);
+    check_roundtrip(|v| (v + 10.0) as u16, |v| (v + 10.0) as f32);
+    check_roundtrip(|v| v as i32, |v| v as f32);
+    check_roundtrip(|v| (v + 10.0) as u32, |v| (v + 10.0) as f32);
+    check_roundtrip(|v| v as i64, |v| v as f32);
+    check_roundtrip(|v| (v + 10.0) as u64, |v| (v + 10.0) as f32);
+    check_roundtrip(|v| v as f32 * 0.5, |v| v as f32 * 0.5);
+    check_roundtrip(|v| v * 0.25, |v| (v * 0.25) as f32);
+}
+
+#[test]
+fn scl_slope_and_inter_are_applied_in_f32() {
+    let dir = tmp();
+    let vals: Vec<i16> = (0..8).collect();
+    let mut n = Nii::new([2, 2, 2], [1.0; 3], &vals, false);
+    n.scl = (0.5, -3.0);
+    let p = dir.path().join("s.nii");
+    n.write(&p);
+    let v = read_volume(&p).unwrap();
+    assert_eq!(v.data, (0..8).map(|i| i as f32 * 0.5 - 3.0).collect::<Vec<_>>());
+    // slope 0 means "no scaling" in NIfTI-1.
+    n.scl = (0.0, 5.0);
+    n.write(&p);
+    assert_eq!(read_volume(&p).unwrap().data, (0..8).map(|i| i as f32).collect::<Vec<_>>());
+}
+
+#[test]
+fn multi_member_gzip_reads_like_single_member() {
+    let dir = tmp();
+    let vals: Vec<i16> = (0..1000).map(|i| (i * 7 % 301) as i16).collect();
+    let n = Nii::new([10, 10, 10], [1.0; 3], &vals, false);
+    let a = dir.path().join("one.nii.gz");
+    let b = dir.path().join("many.nii.gz");
+    n.write(&a);
+    n.write_multi_member_gz(&b, 5);
+    assert_eq!(read_volume(&a).unwrap().data, read_volume(&b).unwrap().data);
+}
+
+#[test]
+fn a_4d_volume_with_one_frame_is_3d_and_more_frames_are_refused() {
+    let dir = tmp();
+    let vals: Vec<u8> = (0..8).collect();
+    let mut n = Nii::new([2, 2, 2], [1.0; 3], &vals, false);
+    n.dims = vec![2, 2, 2, 1];
+    let p = dir.path().join("one.nii");
+    n.write(&p);
+    assert_eq!(read_volume(&p).unwrap().header.shape_xyz, [2, 2, 2]);
+    n.dims = vec![2, 2, 1, 2];
+    n.write(&p);
+    let e = read_volume(&p).unwrap_err().to_string();
+    assert!(e.contains("one.nii") && e.contains("4D"), "{e}");
+}
+
+#[test]
+fn sform_wins_over_qform_and_qform_is_computed_per_spec() {
+    let dir = tmp();
+    let vals: Vec<u8> = vec![0; 8];
+    let mut n = Nii::new([2, 2, 2], [2.0, 3.0, 4.0], &vals, false);
+    // qform: 180 degrees about z (b=c=0, d=1): x -> -x, y -> -y, with qfac -1 flipping z.
+    n.qform_code = 1;
+    n.quatern = [0.0, 0.0, 1.0, 10.0, 20.0, 30.0];
+    n.pixdim[0] = -1.0;
+    n.sform_code = 0;
+    let p = dir.path().join("q.nii");
+    n.write(&p);
+    let h = read_header(&p).unwrap();
+    assert_eq!(h.affine_source, "qform");
+    let a = h.affine.0;
+    assert_eq!(a[0], [-2.0, 0.0, 0.0, 10.0]);
+    assert_eq!(a[1], [0.0, -3.0, 0.0, 20.0]);
+    assert_eq!(a[2], [0.0, 0.0, -4.0, 30.0]);
+    assert_eq!(h.affine.axis_codes(), "LPI");
+    n.sform_code = 2;
+    n.write(&p);
+    let h = read_header(&p).unwrap();
+    assert_eq!(h.affine_source, "sform");
+    assert_eq!(h.affine.0[0], [2.0, 0.0, 0.0, 0.0]);
+}
+
+fn expect_error(n: &Nii, name: &str, needle: &str) {
+    let dir = tmp();
+    let p = dir.path().join(name);
+    n.write(&p);
+    let e = read_volume(&p).err().expect("broken file must not read").to_string();
+    assert!(e.contains(name), "error must name the file: {e}");
+    assert!(e.to_lowercase().contains(needle), "error {e:?} should mention {needle:?}");
+}
+
+#[test]
+fn broken_headers_are_refused_with_the_file_named() {
+    let vals: Vec<i16> = vec![1; 27];
+    let good = Nii::new([3, 3, 3], [1.0; 3], &vals, false);
+    for (pix, label) in [(0.0f32, "zero"), (-1.0, "negative"), (f32::NAN, "nan")] {
+        let mut n = good.clone();
+        n.pixdim[2] = pix;
+        expect_error(&n, &format!("pixdim_{label}.nii.gz"), "spacing");
+    }
+    let mut n = good.clone();
+    n.magic = *b"xyz\0";
+    expect_error(&n, "magic.nii", "magic");
+    let mut n = good.clone();
+    n.datatype = 32; // complex64
+    expect_error(&n, "complex.nii", "datatype");
+    let mut n = good.clone();
+    n.dims = vec![3, 3, 30000];
+    expect_error(&n, "lying_dims.nii", "truncated");
+}
+
+#[test]
+fn a_lying_header_cannot_make_us_allocate() {
+    // 32767^3 int16 voxels would be 70 TB; the file holds 54 bytes of data.
+    let vals: Vec<i16> = vec![1; 27];
+    let mut n = Nii::new([3, 3, 3], [1.0; 3], &vals, false);
+    n.dims = vec![32767, 32767, 32767];
+    let dir = tmp();
+    for name in ["huge.nii", "huge.nii.gz"] {
+        let p = dir.path().join(name);
+        n.write(&p);
+        let e = read_volume(&p).err().unwrap().to_string();
+        assert!(e.contains("truncated") && e.contains(name), "{e}");
+    }
+}
+
+#[test]
+fn truncated_gzip_is_reported_as_truncated() {
+    let dir = tmp();
+    let vals: Vec<i16> = (0..4096).map(|i| (i * 31 % 1000) as i16).collect();
+    let p = dir.path().join("cut.nii.gz");
+    Nii::new([16, 16, 16], [1.0; 3], &vals, false).write(&p);
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let e = read_volume(&p).err().unwrap().to_string();
+    assert!(e.contains("cut.nii.gz") && e.contains("truncated"), "{e}");
+    std::fs::write(&p, &bytes[..20]).unwrap();
+    let e = read_header(&p).err().unwrap().to_string();
+    assert!(e.contains("cut.nii.gz"), "{e}");
+}
+
+#[test]
+fn not_nifti_at_all() {
+    let dir = tmp();
+    let p = dir.path().join("notes.nii");
+    std::fs::write(&p, b"hello").unwrap();
+    let e = read_volume(&p).err().unwrap().to_string();
+    assert!(e.contains("notes.nii") && e.contains("not a NIfTI-1 file"), "{e}");
+    let p = dir.path().join("empty.nii.gz");
+    std::fs::write(&p, b"").unwrap();
+    assert!(read_volume(&p).is_err());
+}
