@@ -37,6 +37,8 @@ pub struct BuildOptions {
     pub part: Option<(usize, usize)>,
     /// Show progress bars when stderr is a terminal.
     pub progress: bool,
+    /// Print only errors (no per-case lines).
+    pub quiet: bool,
 }
 
 /// A case's headers, checked against each other.
@@ -94,7 +96,12 @@ fn check_pair(id: &str, image: &HeaderInfo, label: &HeaderInfo) -> Result<()> {
             ),
         ));
     }
-    let scale = image.affine.0.iter().flatten().fold(1.0f64, |m, v| m.max(v.abs()));
+    let scale = image
+        .affine
+        .0
+        .iter()
+        .flatten()
+        .fold(1.0f64, |m, v| m.max(v.abs()));
     let diff = image.affine.max_abs_diff(&label.affine);
     if diff > 1e-4 * scale {
         return Err(Error::case(
@@ -143,8 +150,14 @@ pub fn decide_spacing(choice: SpacingChoice, scanned: &[&ScannedCase]) -> Result
         SpacingChoice::Explicit(t) => Ok(SpacingDecision {
             target_xyz: t,
             median_xyz: auto_spacing(
-                &scanned.iter().map(|s| s.image.spacing_xyz).collect::<Vec<_>>(),
-                &scanned.iter().map(|s| s.image.shape_xyz).collect::<Vec<_>>(),
+                &scanned
+                    .iter()
+                    .map(|s| s.image.spacing_xyz)
+                    .collect::<Vec<_>>(),
+                &scanned
+                    .iter()
+                    .map(|s| s.image.shape_xyz)
+                    .collect::<Vec<_>>(),
             )
             .median_xyz,
             rule: "explicit".into(),
@@ -152,18 +165,30 @@ pub fn decide_spacing(choice: SpacingChoice, scanned: &[&ScannedCase]) -> Result
         }),
         SpacingChoice::Auto => {
             if scanned.is_empty() {
-                return Err(Error::Dataset("no readable case to choose a spacing from".into()));
+                return Err(Error::Dataset(
+                    "no readable case to choose a spacing from".into(),
+                ));
             }
             Ok(auto_spacing(
-                &scanned.iter().map(|s| s.image.spacing_xyz).collect::<Vec<_>>(),
-                &scanned.iter().map(|s| s.image.shape_xyz).collect::<Vec<_>>(),
+                &scanned
+                    .iter()
+                    .map(|s| s.image.spacing_xyz)
+                    .collect::<Vec<_>>(),
+                &scanned
+                    .iter()
+                    .map(|s| s.image.shape_xyz)
+                    .collect::<Vec<_>>(),
             ))
         }
     }
 }
 
 /// Plans for scanned cases at a target spacing.
-pub fn plan_scanned(scanned: &[&ScannedCase], target: [f64; 3], image_dtype: ImageDtype) -> Vec<CasePlan> {
+pub fn plan_scanned(
+    scanned: &[&ScannedCase],
+    target: [f64; 3],
+    image_dtype: ImageDtype,
+) -> Vec<CasePlan> {
     let bpv = match image_dtype {
         ImageDtype::Float32 => 4,
         ImageDtype::Float16 => 2,
@@ -172,7 +197,12 @@ pub fn plan_scanned(scanned: &[&ScannedCase], target: [f64; 3], image_dtype: Ima
         .iter()
         .map(|s| {
             let label_bpv = s.label.as_ref().map_or(0, |_| 1);
-            (s.source.id.clone(), s.image.shape_xyz, s.image.spacing_xyz, label_bpv)
+            (
+                s.source.id.clone(),
+                s.image.shape_xyz,
+                s.image.spacing_xyz,
+                label_bpv,
+            )
         })
         .collect();
     plan_cases(&rows, target, bpv)
@@ -182,13 +212,20 @@ pub fn plan_scanned(scanned: &[&ScannedCase], target: [f64; 3], image_dtype: Ima
 fn dataset_foreground(scanned: &[&ScannedCase]) -> Result<ForegroundStats> {
     let mut samples = Vec::new();
     for s in scanned {
-        let Some(label_path) = &s.source.label else { continue };
+        let Some(label_path) = &s.source.label else {
+            continue;
+        };
         let image = nifti_io::read_volume(&s.source.image)?;
         let label = nifti_io::read_volume(label_path)?;
-        samples.extend(normalize::sample_foreground(&image.data, |i| label.data[i] > 0.0, 10_000));
+        samples.extend(normalize::sample_foreground(
+            &image.data,
+            |i| label.data[i] > 0.0,
+            10_000,
+        ));
     }
-    normalize::foreground_stats(samples)
-        .ok_or_else(|| Error::Dataset("ct normalization needs labelled foreground, and no case has any".into()))
+    normalize::foreground_stats(samples).ok_or_else(|| {
+        Error::Dataset("ct normalization needs labelled foreground, and no case has any".into())
+    })
 }
 
 fn make_progress(enabled: bool, total: u64) -> ProgressBar {
@@ -218,7 +255,9 @@ fn say(bar: &ProgressBar, line: String) {
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default()
+    p.file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default()
 }
 
 fn geometry_json(h: &HeaderInfo) -> Value {
@@ -249,35 +288,52 @@ fn build_one(
 ) -> Result<u64> {
     let s = job.scanned;
     let id = &s.source.id;
-    let image_file = nifti_io::read_file_hashed(&s.source.image)?;
-    let image_hash = image_file.hash;
-    let mut image = nifti_io::decode_volume(&s.source.image, image_file)?;
+    // Image and label inflate on two threads: gzip decoding is sequential within a file.
+    let (image, label) = rayon::join(
+        || nifti_io::read_volume(&s.source.image),
+        || s.source.label.as_ref().map(|p| nifti_io::read_volume(p)),
+    );
+    let mut image = image?;
+    let image_hash = image.file_hash;
     nifti_io::check_image_values(&s.source.image, &image.data)?;
-    let (label, label_hash) = match &s.source.label {
-        Some(p) => {
-            let v = nifti_io::read_volume(p)?;
+    let (label, label_hash) = match (label, &s.source.label) {
+        (Some(v), Some(p)) => {
+            let v = v?;
             check_pair(id, &image.header, &v.header)?;
             let h = v.file_hash;
             (Some(nifti_io::label_from_f32(p, v.data)?), Some(h))
         }
-        None => (None, None),
+        _ => (None, None),
     };
     // The files may have changed since the key was computed: refuse to file them under it.
     let key = content_key(params, id, &image_hash, label_hash.as_ref());
     if key != job.key {
-        return Err(Error::case(id, "an input file changed during the build; run it again"));
+        return Err(Error::case(
+            id,
+            "an input file changed during the build; run it again",
+        ));
     }
     let stats = normalize::intensity_stats(&image.data);
-    let applied = normalize::plan_normalization(params.normalization, &stats, params.dataset_foreground.as_ref())?;
+    let applied = normalize::plan_normalization(
+        params.normalization,
+        &stats,
+        params.dataset_foreground.as_ref(),
+    )?;
     normalize::apply(&mut image.data, &applied);
 
     let out_xyz = job.plan.out_shape_xyz;
-    let out_affine: Affine = image.header.affine.for_output_grid(image.header.shape_xyz, out_xyz);
+    let out_affine: Affine = image
+        .header
+        .affine
+        .for_output_grid(image.header.shape_xyz, out_xyz);
     let mut attrs = Map::new();
     attrs.insert("format_version".into(), json!(params.format_version));
     attrs.insert("case_id".into(), json!(id));
     attrs.insert("key".into(), json!(key));
-    attrs.insert("created_by".into(), json!(format!("voxcache {}", env!("CARGO_PKG_VERSION"))));
+    attrs.insert(
+        "created_by".into(),
+        json!(format!("voxcache {}", env!("CARGO_PKG_VERSION"))),
+    );
     attrs.insert(
         "source".into(),
         json!({
@@ -321,7 +377,9 @@ fn build_one(
         )?;
         let bytes = dir_bytes(&tmp);
         failpoint("after-write")?;
-        cache.commit(&tmp, &key).map(|c| if c == Commit::Placed { bytes } else { 0 })
+        cache
+            .commit(&tmp, &key)
+            .map(|c| if c == Commit::Placed { bytes } else { 0 })
     })();
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -344,7 +402,9 @@ fn dir_bytes(dir: &Path) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             match e.file_type() {
                 Ok(t) if t.is_dir() => stack.push(e.path()),
@@ -357,7 +417,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 fn is_disk_full(msg: &str) -> bool {
-    msg.contains("No space left on device") || msg.contains("StorageFull") || msg.contains("Disk quota exceeded")
+    msg.contains("No space left on device")
+        || msg.contains("StorageFull")
+        || msg.contains("Disk quota exceeded")
 }
 
 /// Run the whole job.
@@ -384,7 +446,9 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             Err(e) => reports.push(CaseReport {
                 id: c.id.clone(),
                 key: None,
-                outcome: CaseOutcome::Failed { error: e.to_string() },
+                outcome: CaseOutcome::Failed {
+                    error: e.to_string(),
+                },
             }),
         }
     }
@@ -421,7 +485,10 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     let cache = CacheDir::new(&opts.cache_dir);
     cache.prepare()?;
     for p in cache.sweep_tmp()? {
-        eprintln!("removed a stale temporary entry left by an interrupted build: {}", p.display());
+        eprintln!(
+            "removed a stale temporary entry left by an interrupted build: {}",
+            p.display()
+        );
     }
 
     // This build's share of the cases (all of them unless --part).
@@ -460,13 +527,34 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         match k {
             Err(e) => {
                 eprintln!("error: {e}");
-                reports.push(CaseReport { id: s.source.id.clone(), key: None, outcome: CaseOutcome::Failed { error: e.to_string() } });
+                reports.push(CaseReport {
+                    id: s.source.id.clone(),
+                    key: None,
+                    outcome: CaseOutcome::Failed {
+                        error: e.to_string(),
+                    },
+                });
             }
             Ok(key) if cache.has_entry(&key) => {
-                manifest_cases.insert(s.source.id.clone(), ManifestCase { key: key.clone(), entry: CacheDir::entry_rel(&key), out_shape_zyx: zyx(plans[i].out_shape_xyz) });
-                reports.push(CaseReport { id: s.source.id.clone(), key: Some(key), outcome: CaseOutcome::Cached });
+                manifest_cases.insert(
+                    s.source.id.clone(),
+                    ManifestCase {
+                        key: key.clone(),
+                        entry: CacheDir::entry_rel(&key),
+                        out_shape_zyx: zyx(plans[i].out_shape_xyz),
+                    },
+                );
+                reports.push(CaseReport {
+                    id: s.source.id.clone(),
+                    key: Some(key),
+                    outcome: CaseOutcome::Cached,
+                });
             }
-            Ok(key) => jobs.push(Job { scanned: s, plan: &plans[i], key }),
+            Ok(key) => jobs.push(Job {
+                scanned: s,
+                plan: &plans[i],
+                key,
+            }),
         }
     }
 
@@ -478,7 +566,11 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     for (n, job) in jobs.iter().enumerate() {
         let id = job.scanned.source.id.clone();
         if disk_full {
-            reports.push(CaseReport { id, key: Some(job.key.clone()), outcome: CaseOutcome::Skipped });
+            reports.push(CaseReport {
+                id,
+                key: Some(job.key.clone()),
+                outcome: CaseOutcome::Skipped,
+            });
             continue;
         }
         bar.set_prefix(format!("case {}/{}", n + 1, n_jobs));
@@ -493,15 +585,36 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             Ok(bytes) => {
                 let seconds = t0.elapsed().as_secs_f64();
                 let o = job.plan.out_shape_xyz;
-                say(&bar, format!(
-                    "built  {id}: {}x{}x{} -> {}x{}x{} ({}) in {seconds:.1} s{}",
-                    job.plan.in_shape_xyz[0], job.plan.in_shape_xyz[1], job.plan.in_shape_xyz[2],
-                    o[0], o[1], o[2], human_bytes(bytes),
-                    if job.plan.outlier { format!("  [outlier: {:.1}x the median size]", job.plan.size_factor) } else { String::new() }
-                ));
+                if !opts.quiet {
+                    say(
+                        &bar,
+                        format!(
+                            "built  {id}: {}x{}x{} -> {}x{}x{} ({}) in {seconds:.1} s{}",
+                            job.plan.in_shape_xyz[0],
+                            job.plan.in_shape_xyz[1],
+                            job.plan.in_shape_xyz[2],
+                            o[0],
+                            o[1],
+                            o[2],
+                            human_bytes(bytes),
+                            if job.plan.outlier {
+                                format!("  [outlier: {:.1}x the median size]", job.plan.size_factor)
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    );
+                }
                 report.bytes_written += bytes;
                 report.voxels_built += job.plan.out_voxels;
-                manifest_cases.insert(id.clone(), ManifestCase { key: job.key.clone(), entry: CacheDir::entry_rel(&job.key), out_shape_zyx: zyx(o) });
+                manifest_cases.insert(
+                    id.clone(),
+                    ManifestCase {
+                        key: job.key.clone(),
+                        entry: CacheDir::entry_rel(&job.key),
+                        out_shape_zyx: zyx(o),
+                    },
+                );
                 CaseOutcome::Built { bytes, seconds }
             }
             Err(e) => {
@@ -514,7 +627,11 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 CaseOutcome::Failed { error: msg }
             }
         };
-        reports.push(CaseReport { id, key: Some(job.key.clone()), outcome });
+        reports.push(CaseReport {
+            id,
+            key: Some(job.key.clone()),
+            outcome,
+        });
     }
     bar.finish_and_clear();
 
@@ -533,9 +650,18 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         )?;
     }
     reports.sort_by(|a, b| a.id.cmp(&b.id));
-    report.built = reports.iter().filter(|r| matches!(r.outcome, CaseOutcome::Built { .. })).count();
-    report.cached = reports.iter().filter(|r| r.outcome == CaseOutcome::Cached).count();
-    report.failed = reports.iter().filter(|r| matches!(r.outcome, CaseOutcome::Failed { .. } | CaseOutcome::Skipped)).count();
+    report.built = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, CaseOutcome::Built { .. }))
+        .count();
+    report.cached = reports
+        .iter()
+        .filter(|r| r.outcome == CaseOutcome::Cached)
+        .count();
+    report.failed = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, CaseOutcome::Failed { .. } | CaseOutcome::Skipped))
+        .count();
     report.cases = reports;
     report.wall_seconds = started.elapsed().as_secs_f64();
     report.peak_rss_bytes = peak_rss_bytes();

@@ -25,7 +25,10 @@ pub enum DatasetSource {
     /// A folder with imagesTr/ (and labelsTr/), or a folder of .nii(.gz) images alone.
     Folder(PathBuf),
     /// Glob patterns; the part matched by the single `*` in the file name is the case id.
-    Globs { images: String, labels: Option<String> },
+    Globs {
+        images: String,
+        labels: Option<String>,
+    },
 }
 
 const EXTENSIONS: [&str; 2] = [".nii.gz", ".nii"];
@@ -82,7 +85,9 @@ fn discover_folder(dir: &Path) -> Result<Vec<CaseSource>> {
     }
     let mut by_id: BTreeMap<String, PathBuf> = BTreeMap::new();
     for path in image_files {
-        let stem = strip_nifti_ext(file_name(&path)).unwrap_or_default().to_string();
+        let stem = strip_nifti_ext(file_name(&path))
+            .unwrap_or_default()
+            .to_string();
         // nnU-Net names channels CASE_0000, CASE_0001, ...; one channel is supported today.
         let (id, channel) = match stem.rsplit_once('_') {
             Some((id, ch)) if ch.len() == 4 && ch.bytes().all(|b| b.is_ascii_digit()) => {
@@ -109,7 +114,9 @@ fn discover_folder(dir: &Path) -> Result<Vec<CaseSource>> {
     let mut labels: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(ld) = labels_dir.filter(|d| d.is_dir()) {
         for path in list_nifti(&ld)? {
-            let id = strip_nifti_ext(file_name(&path)).unwrap_or_default().to_string();
+            let id = strip_nifti_ext(file_name(&path))
+                .unwrap_or_default()
+                .to_string();
             if !by_id.contains_key(&id) {
                 return Err(Error::Dataset(format!(
                     "{}: label without an image (no imagesTr/{id}_0000.nii.gz)",
@@ -149,7 +156,7 @@ fn glob_files(pattern: &str) -> Result<BTreeMap<String, PathBuf>> {
     let paths = glob::glob(pattern).map_err(|e| Error::Config(format!("glob {pattern:?}: {e}")))?;
     let mut out = BTreeMap::new();
     for p in paths {
-        let p = p.map_err(|e| Error::io(e.path().to_path_buf(), std::io::Error::other(e.to_string())))?;
+        let p = p.map_err(|e| Error::io(e.path(), std::io::Error::other(e.to_string())))?;
         let name = file_name(&p);
         if strip_nifti_ext(name).is_none() {
             continue;
@@ -170,14 +177,22 @@ fn glob_files(pattern: &str) -> Result<BTreeMap<String, PathBuf>> {
 fn discover_globs(images: &str, labels: Option<&str>) -> Result<Vec<CaseSource>> {
     let image_files = glob_files(images)?;
     if image_files.is_empty() {
-        return Err(Error::Dataset(format!("--images {images:?} matches no .nii/.nii.gz file")));
+        return Err(Error::Dataset(format!(
+            "--images {images:?} matches no .nii/.nii.gz file"
+        )));
     }
     let mut label_files = match labels {
         Some(l) => glob_files(l)?,
         None => BTreeMap::new(),
     };
-    if let Some((id, p)) = label_files.iter().find(|(id, _)| !image_files.contains_key(*id)) {
-        return Err(Error::Dataset(format!("{}: label of case {id} has no image", p.display())));
+    if let Some((id, p)) = label_files
+        .iter()
+        .find(|(id, _)| !image_files.contains_key(*id))
+    {
+        return Err(Error::Dataset(format!(
+            "{}: label of case {id} has no image",
+            p.display()
+        )));
     }
     Ok(image_files
         .into_iter()
@@ -211,7 +226,10 @@ mod tests {
 
     #[test]
     fn pattern_ids() {
-        assert_eq!(id_from_pattern("*_img.nii.gz", "a1_img.nii.gz").as_deref(), Some("a1"));
+        assert_eq!(
+            id_from_pattern("*_img.nii.gz", "a1_img.nii.gz").as_deref(),
+            Some("a1")
+        );
         assert_eq!(id_from_pattern("img_*", "img_7.nii").as_deref(), Some("7"));
         assert_eq!(id_from_pattern("*_img.nii.gz", "a1_seg.nii.gz"), None);
     }

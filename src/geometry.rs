@@ -109,7 +109,11 @@ pub fn output_len(n: usize, spacing: f64, target: f64) -> usize {
 }
 
 /// Output shape (x, y, z) for an input shape and spacing at a target spacing.
-pub fn output_shape(shape_xyz: [usize; 3], spacing_xyz: [f64; 3], target_xyz: [f64; 3]) -> [usize; 3] {
+pub fn output_shape(
+    shape_xyz: [usize; 3],
+    spacing_xyz: [f64; 3],
+    target_xyz: [f64; 3],
+) -> [usize; 3] {
     [0, 1, 2].map(|a| output_len(shape_xyz[a], spacing_xyz[a], target_xyz[a]))
 }
 
@@ -170,7 +174,10 @@ mod tests {
 
     #[test]
     fn output_shape_rounds_and_never_vanishes() {
-        assert_eq!(output_shape([512, 512, 61], [4.97, 4.97, 5.0], [1.0; 3]), [2545, 2545, 305]);
+        assert_eq!(
+            output_shape([512, 512, 61], [4.97, 4.97, 5.0], [1.0; 3]),
+            [2545, 2545, 305]
+        );
         assert_eq!(output_len(3, 0.1, 10.0), 1);
         assert_eq!(
             true_output_spacing([512, 512, 61], [4.97, 4.97, 5.0], [2545, 2545, 305]),

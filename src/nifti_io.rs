@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use flate2::read::MultiGzDecoder;
 use nifti::{InMemNiftiVolume, IntoNdArray, NiftiHeader, NiftiType};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -143,17 +144,32 @@ fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
     let sizeof_le = i32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     let sizeof_be = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
     if sizeof_le == 540 || sizeof_be == 540 {
-        return Err(Error::nifti(path, "NIfTI-2 files are not supported yet (convert to NIfTI-1, e.g. with nibabel)"));
+        return Err(Error::nifti(
+            path,
+            "NIfTI-2 files are not supported yet (convert to NIfTI-1, e.g. with nibabel)",
+        ));
     }
     if sizeof_le != 348 && sizeof_be != 348 {
-        return Err(Error::nifti(path, "not a NIfTI-1 file (sizeof_hdr is not 348)"));
+        return Err(Error::nifti(
+            path,
+            "not a NIfTI-1 file (sizeof_hdr is not 348)",
+        ));
     }
     let magic = &head[344..348];
     if magic == b"ni1\0" {
-        return Err(Error::nifti(path, "NIfTI-1 .hdr/.img pairs are not supported; use single-file .nii or .nii.gz"));
+        return Err(Error::nifti(
+            path,
+            "NIfTI-1 .hdr/.img pairs are not supported; use single-file .nii or .nii.gz",
+        ));
     }
     if magic != b"n+1\0" {
-        return Err(Error::nifti(path, format!("bad NIfTI-1 magic {:?} (expected \"n+1\")", String::from_utf8_lossy(magic))));
+        return Err(Error::nifti(
+            path,
+            format!(
+                "bad NIfTI-1 magic {:?} (expected \"n+1\")",
+                String::from_utf8_lossy(magic)
+            ),
+        ));
     }
     let mut raw = NiftiHeader::from_reader(head)
         .map_err(|e| Error::nifti(path, format!("invalid header: {e}")))?;
@@ -161,7 +177,10 @@ fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
 
     let ndim = raw.dim[0];
     if !(1..=7).contains(&ndim) {
-        return Err(Error::nifti(path, format!("invalid dim[0] = {ndim} (must be 1..7)")));
+        return Err(Error::nifti(
+            path,
+            format!("invalid dim[0] = {ndim} (must be 1..7)"),
+        ));
     }
     let ndim = ndim as usize;
     let mut shape = [1usize; 3];
@@ -169,7 +188,10 @@ fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
         if a < ndim {
             let d = raw.dim[a + 1];
             if d == 0 || d > i16::MAX as u16 {
-                return Err(Error::nifti(path, format!("invalid dim[{}] = {}", a + 1, d as i16)));
+                return Err(Error::nifti(
+                    path,
+                    format!("invalid dim[{}] = {}", a + 1, d as i16),
+                ));
             }
             *s = d as usize;
         }
@@ -190,20 +212,35 @@ fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
         .ok()
         .and_then(|t| datatype_facts(t).map(|f| (t, f)));
     let Some((_, (datatype, bytes_per_voxel))) = datatype else {
-        return Err(Error::nifti(path, format!("unsupported NIfTI datatype code {} (supported: integer and float scalars)", raw.datatype)));
+        return Err(Error::nifti(
+            path,
+            format!(
+                "unsupported NIfTI datatype code {} (supported: integer and float scalars)",
+                raw.datatype
+            ),
+        ));
     };
     let mut spacing = [1.0f64; 3];
     for (a, s) in spacing.iter_mut().enumerate() {
         let p = raw.pixdim[a + 1];
         if a < ndim || p != 0.0 {
             if !p.is_finite() || p <= 0.0 {
-                return Err(Error::nifti(path, format!("invalid voxel spacing pixdim[{}] = {p} (must be a positive number)", a + 1)));
+                return Err(Error::nifti(
+                    path,
+                    format!(
+                        "invalid voxel spacing pixdim[{}] = {p} (must be a positive number)",
+                        a + 1
+                    ),
+                ));
             }
             *s = f32_to_f64_decimal(p);
         }
     }
     if !raw.vox_offset.is_finite() || raw.vox_offset < 352.0 || raw.vox_offset > 1e9 {
-        return Err(Error::nifti(path, format!("invalid vox_offset {}", raw.vox_offset)));
+        return Err(Error::nifti(
+            path,
+            format!("invalid vox_offset {}", raw.vox_offset),
+        ));
     }
     let vox_offset = raw.vox_offset as usize;
     // NIfTI: slope 0 means "no scaling"; a non-finite slope or intercept is treated the same
@@ -214,7 +251,10 @@ fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
     }
     let (affine, affine_source) = header_affine(&raw, spacing);
     if !affine.is_finite() {
-        return Err(Error::nifti(path, format!("the {affine_source} affine holds non-finite numbers")));
+        return Err(Error::nifti(
+            path,
+            format!("the {affine_source} affine holds non-finite numbers"),
+        ));
     }
     let unit = match raw.xyzt_units & 0x07 {
         1 => "m",
@@ -267,9 +307,21 @@ fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
         let (b, c, d) = (h.quatern_b as f64, h.quatern_c as f64, h.quatern_d as f64);
         let a = (1.0 - (b * b + c * c + d * d)).max(0.0).sqrt();
         let r = [
-            [a * a + b * b - c * c - d * d, 2.0 * (b * c - a * d), 2.0 * (b * d + a * c)],
-            [2.0 * (b * c + a * d), a * a + c * c - b * b - d * d, 2.0 * (c * d - a * b)],
-            [2.0 * (b * d - a * c), 2.0 * (c * d + a * b), a * a + d * d - c * c - b * b],
+            [
+                a * a + b * b - c * c - d * d,
+                2.0 * (b * c - a * d),
+                2.0 * (b * d + a * c),
+            ],
+            [
+                2.0 * (b * c + a * d),
+                a * a + c * c - b * b - d * d,
+                2.0 * (c * d - a * b),
+            ],
+            [
+                2.0 * (b * d - a * c),
+                2.0 * (c * d + a * b),
+                a * a + d * d - c * c - b * b,
+            ],
         ];
         let qfac = if h.pixdim[0] < 0.0 { -1.0 } else { 1.0 };
         let scale = [spacing[0], spacing[1], spacing[2] * qfac];
@@ -307,7 +359,10 @@ pub fn read_volume(path: &Path) -> Result<Volume> {
 
 /// Decode a volume from a file's bytes.
 pub fn decode_volume(path: &Path, file: FileBytes) -> Result<Volume> {
-    let FileBytes { bytes, hash: file_hash } = file;
+    let FileBytes {
+        bytes,
+        hash: file_hash,
+    } = file;
     let file_bytes = bytes.len() as u64;
     let gzip = is_gzip(&bytes);
     let mut raw = if gzip {
@@ -348,11 +403,17 @@ pub fn decode_volume(path: &Path, file: FileBytes) -> Result<Volume> {
         .map_err(|e| Error::nifti(path, format!("cannot convert voxel data to float32: {e}")))?;
     // nifti gives a Fortran-ordered [x, y, z] array: its memory is exactly C order (z, y, x).
     if !array.t().is_standard_layout() {
-        return Err(Error::nifti(path, "unexpected memory layout from the NIfTI decoder"));
+        return Err(Error::nifti(
+            path,
+            "unexpected memory layout from the NIfTI decoder",
+        ));
     }
     let (data, offset) = array.into_raw_vec_and_offset();
     if offset.unwrap_or(0) != 0 || data.len() as u64 != header.voxel_count() {
-        return Err(Error::nifti(path, "unexpected voxel count from the NIfTI decoder"));
+        return Err(Error::nifti(
+            path,
+            "unexpected voxel count from the NIfTI decoder",
+        ));
     }
     Ok(Volume {
         header,
@@ -400,28 +461,32 @@ impl LabelData {
 
 /// Check that label voxels are whole numbers in 0..=65535 and narrow them.
 pub fn label_from_f32(path: &Path, data: Vec<f32>) -> Result<LabelData> {
-    let mut max = 0.0f32;
-    for (i, &v) in data.iter().enumerate() {
-        if !(v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 65535.0) {
-            return Err(Error::nifti(
-                path,
-                format!("label voxel {i} has value {v}: labels must be whole numbers from 0 to 65535"),
-            ));
-        }
-        max = max.max(v);
+    let valid = |v: f32| v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 65535.0;
+    if let Some(i) = data.par_iter().position_first(|&v| !valid(v)) {
+        return Err(Error::nifti(
+            path,
+            format!(
+                "label voxel {i} has value {}: labels must be whole numbers from 0 to 65535",
+                data[i]
+            ),
+        ));
     }
+    let max = data.par_iter().cloned().reduce(|| 0.0f32, f32::max);
     Ok(if max <= 255.0 {
-        LabelData::U8(data.into_iter().map(|v| v as u8).collect())
+        LabelData::U8(data.par_iter().map(|&v| v as u8).collect())
     } else {
-        LabelData::U16(data.into_iter().map(|v| v as u16).collect())
+        LabelData::U16(data.par_iter().map(|&v| v as u16).collect())
     })
 }
 
 /// Refuse images with NaN or infinite voxels: they would silently poison normalization.
 pub fn check_image_values(path: &Path, data: &[f32]) -> Result<()> {
-    let bad = data.iter().filter(|v| !v.is_finite()).count();
+    let bad = data.par_iter().filter(|v| !v.is_finite()).count();
     if bad > 0 {
-        let first = data.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        let first = data
+            .par_iter()
+            .position_first(|v| !v.is_finite())
+            .unwrap_or(0);
         return Err(Error::nifti(
             path,
             format!("{bad} voxels are NaN or infinite (first at index {first}); fix or mask them before caching"),

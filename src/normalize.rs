@@ -1,6 +1,7 @@
 //! Intensity normalization, applied to the input volume before resampling (as nnU-Net does),
 //! with the statistics recorded in the cache entry.
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -80,33 +81,52 @@ pub struct AppliedNormalization {
     pub only_nonzero: bool,
 }
 
+/// Fixed-size pieces for parallel reductions: partial sums are added in piece order, so the
+/// result is the same whatever the number of threads (entries must be byte-reproducible).
+const PIECE: usize = 1 << 16;
+
 /// Mean and standard deviation (population) of the values passing `keep`, in f64.
-fn mean_std(data: &[f32], keep: impl Fn(f32) -> bool) -> (u64, f64, f64) {
-    let (mut n, mut sum) = (0u64, 0.0f64);
-    for &v in data {
-        if keep(v) {
-            n += 1;
-            sum += v as f64;
-        }
-    }
+fn mean_std(data: &[f32], keep: impl Fn(f32) -> bool + Sync) -> (u64, f64, f64) {
+    let sums: Vec<(u64, f64)> = data
+        .par_chunks(PIECE)
+        .map(|c| {
+            c.iter()
+                .filter(|&&v| keep(v))
+                .fold((0u64, 0.0f64), |(n, s), &v| (n + 1, s + v as f64))
+        })
+        .collect();
+    let (n, sum) = sums
+        .iter()
+        .fold((0u64, 0.0), |(n, s), p| (n + p.0, s + p.1));
     if n == 0 {
         return (0, 0.0, 0.0);
     }
     let mean = sum / n as f64;
-    let mut ss = 0.0f64;
-    for &v in data {
-        if keep(v) {
-            let d = v as f64 - mean;
-            ss += d * d;
-        }
-    }
-    (n, mean, (ss / n as f64).sqrt())
+    let ss: Vec<f64> = data
+        .par_chunks(PIECE)
+        .map(|c| {
+            c.iter()
+                .filter(|&&v| keep(v))
+                .map(|&v| (v as f64 - mean).powi(2))
+                .sum::<f64>()
+        })
+        .collect();
+    (n, mean, (ss.iter().sum::<f64>() / n as f64).sqrt())
 }
 
 pub fn intensity_stats(data: &[f32]) -> IntensityStats {
     let (min, max) = data
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        .par_chunks(PIECE)
+        .map(|c| {
+            c.iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+                    (lo.min(v), hi.max(v))
+                })
+        })
+        .reduce(
+            || (f32::INFINITY, f32::NEG_INFINITY),
+            |a, b| (a.0.min(b.0), a.1.max(b.1)),
+        );
     let (_, mean, std) = mean_std(data, |_| true);
     let (nz, nz_mean, nz_std) = mean_std(data, |v| v != 0.0);
     IntensityStats {
@@ -136,13 +156,13 @@ pub fn plan_normalization(
         only_nonzero,
     };
     Ok(match scheme {
-        Normalization::ZscoreNonzero => {
-            applied(stats.nonzero_mean, stats.nonzero_std, None, true)
-        }
+        Normalization::ZscoreNonzero => applied(stats.nonzero_mean, stats.nonzero_std, None, true),
         Normalization::Zscore => applied(stats.mean, stats.std, None, false),
         Normalization::Ct => {
             let fg = dataset_fg.ok_or_else(|| {
-                Error::Config("ct normalization needs dataset foreground statistics (labels)".into())
+                Error::Config(
+                    "ct normalization needs dataset foreground statistics (labels)".into(),
+                )
             })?;
             applied(fg.mean, fg.std, Some([fg.lower, fg.upper]), false)
         }
@@ -162,13 +182,18 @@ pub fn apply(data: &mut [f32], n: &AppliedNormalization) {
         return;
     }
     let (shift, inv) = (n.shift, 1.0 / n.scale);
-    let (lo, hi) = n.clip.map_or((f64::NEG_INFINITY, f64::INFINITY), |c| (c[0], c[1]));
-    for v in data.iter_mut() {
-        if n.only_nonzero && *v == 0.0 {
-            continue;
+    let (lo, hi) = n
+        .clip
+        .map_or((f64::NEG_INFINITY, f64::INFINITY), |c| (c[0], c[1]));
+    let only_nonzero = n.only_nonzero;
+    data.par_chunks_mut(PIECE).for_each(|c| {
+        for v in c.iter_mut() {
+            if only_nonzero && *v == 0.0 {
+                continue;
+            }
+            *v = (((*v as f64).clamp(lo, hi) - shift) * inv) as f32;
         }
-        *v = (((*v as f64).clamp(lo, hi) - shift) * inv) as f32;
-    }
+    });
 }
 
 /// Up to `max` foreground intensities of one image (label > 0), evenly strided so the result
@@ -234,7 +259,12 @@ mod tests {
 
     #[test]
     fn ct_clips_then_standardizes() {
-        let fg = ForegroundStats { lower: -100.0, upper: 100.0, mean: 0.0, std: 50.0 };
+        let fg = ForegroundStats {
+            lower: -100.0,
+            upper: 100.0,
+            mean: 0.0,
+            std: 50.0,
+        };
         let s = intensity_stats(&[0.0]);
         let n = plan_normalization(Normalization::Ct, &s, Some(&fg)).unwrap();
         let mut v = vec![-1000.0, 50.0, 1000.0];

@@ -27,10 +27,17 @@ impl std::str::FromStr for SpacingChoice {
             return Ok(SpacingChoice::Auto);
         }
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-        let bad = || Error::Config(format!("spacing {s:?}: give auto or three positive numbers x,y,z"));
+        let bad = || {
+            Error::Config(format!(
+                "spacing {s:?}: give auto or three positive numbers x,y,z"
+            ))
+        };
         let vals: Vec<f64> = match parts.len() {
             1 => vec![parts[0].parse().map_err(|_| bad())?; 3],
-            3 => parts.iter().map(|p| p.parse().map_err(|_| bad())).collect::<Result<_>>()?,
+            3 => parts
+                .iter()
+                .map(|p| p.parse().map_err(|_| bad()))
+                .collect::<Result<_>>()?,
             _ => return Err(bad()),
         };
         if vals.iter().any(|v: &f64| !v.is_finite() || *v <= 0.0) {
@@ -54,7 +61,9 @@ impl std::str::FromStr for ImageDtype {
         match s {
             "float32" | "f32" => Ok(ImageDtype::Float32),
             "float16" | "f16" => Ok(ImageDtype::Float16),
-            _ => Err(Error::Config(format!("image dtype {s:?}: choose float32 or float16"))),
+            _ => Err(Error::Config(format!(
+                "image dtype {s:?}: choose float32 or float16"
+            ))),
         }
     }
 }
@@ -65,16 +74,22 @@ impl std::str::FromStr for ImageDtype {
 pub enum Compression {
     /// Raw little-endian chunks: the trainer memory-maps them.
     None,
-    Zstd { level: i32 },
+    Zstd {
+        level: i32,
+    },
     /// Blosc (zstd inside, byte shuffle).
-    Blosc { level: u8 },
+    Blosc {
+        level: u8,
+    },
 }
 
 impl Compression {
     pub fn parse(name: &str, level: Option<i32>) -> Result<Self> {
         Ok(match name {
             "none" | "raw" => Compression::None,
-            "zstd" => Compression::Zstd { level: level.unwrap_or(3) },
+            "zstd" => Compression::Zstd {
+                level: level.unwrap_or(3),
+            },
             "blosc" => {
                 let l = level.unwrap_or(5);
                 if !(0..=9).contains(&l) {
@@ -82,7 +97,11 @@ impl Compression {
                 }
                 Compression::Blosc { level: l as u8 }
             }
-            _ => return Err(Error::Config(format!("compression {name:?}: choose none, zstd or blosc"))),
+            _ => {
+                return Err(Error::Config(format!(
+                    "compression {name:?}: choose none, zstd or blosc"
+                )))
+            }
         })
     }
 
@@ -179,7 +198,10 @@ impl Settings {
 
     pub fn validate(&self) -> Result<()> {
         if self.chunk_zyx.iter().any(|&c| c == 0 || c > 4096) {
-            return Err(Error::Config(format!("chunk shape {:?}: each side must be 1..4096", self.chunk_zyx)));
+            return Err(Error::Config(format!(
+                "chunk shape {:?}: each side must be 1..4096",
+                self.chunk_zyx
+            )));
         }
         if let Some(s) = self.shard_zyx {
             for a in 0..3 {
@@ -192,7 +214,9 @@ impl Settings {
             }
             let bytes: usize = s.iter().product::<usize>() * 4;
             if bytes > 1 << 30 {
-                return Err(Error::Config(format!("shard shape {s:?} is over 1 GiB per shard")));
+                return Err(Error::Config(format!(
+                    "shard shape {s:?} is over 1 GiB per shard"
+                )));
             }
         }
         Ok(())
@@ -257,7 +281,10 @@ impl OutputParams {
                 chunk[a] * per_shard.min(shape_zyx[a].max(1).div_ceil(chunk[a]))
             })
         });
-        ChunkLayout { chunk_zyx: chunk, shard_zyx: shard }
+        ChunkLayout {
+            chunk_zyx: chunk,
+            shard_zyx: shard,
+        }
     }
 }
 
@@ -283,20 +310,27 @@ pub fn pipeline_path(name: &str) -> Result<PathBuf> {
     }
     let candidates = [
         PathBuf::from("pipelines").join(format!("{name}.toml")),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines").join(format!("{name}.toml")),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("pipelines")
+            .join(format!("{name}.toml")),
     ];
     candidates
         .iter()
         .find(|p| p.is_file())
         .cloned()
-        .ok_or_else(|| Error::Config(format!("pipeline {name:?} not found (looked for {})", candidates[0].display())))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "pipeline {name:?} not found (looked for {})",
+                candidates[0].display()
+            ))
+        })
 }
 
 pub fn load_pipeline(name: &str) -> Result<(String, PipelineFile)> {
     let path = pipeline_path(name)?;
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let file: PipelineFile = toml::from_str(&text)
-        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let file: PipelineFile =
+        toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
     let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -311,8 +345,10 @@ mod tests {
 
     #[test]
     fn layout_splits_axes_evenly_under_the_bound() {
-        let mut st = Settings::default();
-        st.chunk_zyx = [32, 128, 128];
+        let mut st = Settings {
+            chunk_zyx: [32, 128, 128],
+            ..Settings::default()
+        };
         let p = OutputParams::new(&st, [1.0; 3], None);
         let l = p.layout_for([41, 512, 100]);
         assert_eq!(l.chunk_zyx, [21, 128, 100]);
@@ -326,9 +362,18 @@ mod tests {
 
     #[test]
     fn spacing_parses() {
-        assert_eq!("auto".parse::<SpacingChoice>().unwrap(), SpacingChoice::Auto);
-        assert_eq!("1,1,2.5".parse::<SpacingChoice>().unwrap(), SpacingChoice::Explicit([1.0, 1.0, 2.5]));
-        assert_eq!("0.5".parse::<SpacingChoice>().unwrap(), SpacingChoice::Explicit([0.5; 3]));
+        assert_eq!(
+            "auto".parse::<SpacingChoice>().unwrap(),
+            SpacingChoice::Auto
+        );
+        assert_eq!(
+            "1,1,2.5".parse::<SpacingChoice>().unwrap(),
+            SpacingChoice::Explicit([1.0, 1.0, 2.5])
+        );
+        assert_eq!(
+            "0.5".parse::<SpacingChoice>().unwrap(),
+            SpacingChoice::Explicit([0.5; 3])
+        );
         assert!("1,nan,1".parse::<SpacingChoice>().is_err());
         assert!("1,-1,1".parse::<SpacingChoice>().is_err());
         assert!("1,1".parse::<SpacingChoice>().is_err());

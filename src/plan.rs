@@ -43,11 +43,17 @@ pub fn percentile(values: &[f64], q: f64) -> f64 {
 pub fn auto_spacing(spacings: &[[f64; 3]], shapes: &[[usize; 3]]) -> SpacingDecision {
     let axis = |a: usize| spacings.iter().map(|s| s[a]).collect::<Vec<f64>>();
     let med = [0, 1, 2].map(|a| median(&axis(a)));
-    let med_size = [0, 1, 2].map(|a| median(&shapes.iter().map(|s| s[a] as f64).collect::<Vec<_>>()));
-    let worst = (0..3).max_by(|&a, &b| med[a].total_cmp(&med[b])).unwrap_or(2);
+    let med_size =
+        [0, 1, 2].map(|a| median(&shapes.iter().map(|s| s[a] as f64).collect::<Vec<_>>()));
+    let worst = (0..3)
+        .max_by(|&a, &b| med[a].total_cmp(&med[b]))
+        .unwrap_or(2);
     let others: Vec<usize> = (0..3).filter(|&a| a != worst).collect();
     let max_other_spacing = others.iter().map(|&a| med[a]).fold(0.0, f64::max);
-    let min_other_size = others.iter().map(|&a| med_size[a]).fold(f64::INFINITY, f64::min);
+    let min_other_size = others
+        .iter()
+        .map(|&a| med_size[a])
+        .fold(f64::INFINITY, f64::min);
     let aniso_spacing = med[worst] > 3.0 * max_other_spacing;
     let aniso_voxels = med_size[worst] * 3.0 < min_other_size;
     let mut target = med;
@@ -121,9 +127,18 @@ pub fn plan_cases(
             }
         })
         .collect();
-    let med = median(&plans.iter().map(|p| p.out_voxels as f64).collect::<Vec<_>>());
+    let med = median(
+        &plans
+            .iter()
+            .map(|p| p.out_voxels as f64)
+            .collect::<Vec<_>>(),
+    );
     for p in &mut plans {
-        p.size_factor = if med > 0.0 { p.out_voxels as f64 / med } else { 1.0 };
+        p.size_factor = if med > 0.0 {
+            p.out_voxels as f64 / med
+        } else {
+            1.0
+        };
         p.outlier = p.size_factor >= OUTLIER_FACTOR;
     }
     plans
@@ -155,7 +170,10 @@ mod tests {
         s.extend(vec![[0.7, 0.7, 1.5]; 3]);
         let d = auto_spacing(&s, &vec![[512, 512, 20]; 10]);
         assert_eq!(d.rule, "anisotropy rule");
-        assert!((d.target_xyz[2] - percentile(&s.iter().map(|v| v[2]).collect::<Vec<_>>(), 10.0)).abs() < 1e-12);
+        assert!(
+            (d.target_xyz[2] - percentile(&s.iter().map(|v| v[2]).collect::<Vec<_>>(), 10.0)).abs()
+                < 1e-12
+        );
         assert_eq!(d.target_xyz[0], 0.7);
     }
 

@@ -115,7 +115,11 @@ impl LinearResampler {
         let mut t2 = vec![0.0f32; rz * by * bx];
         for iz in 0..rz {
             for j in 0..by {
-                let (lo, hi, w) = (ay.lo[sy + j] as usize - y0, ay.hi[sy + j] as usize - y0, ay.w[sy + j]);
+                let (lo, hi, w) = (
+                    ay.lo[sy + j] as usize - y0,
+                    ay.hi[sy + j] as usize - y0,
+                    ay.w[sy + j],
+                );
                 let a = &t1[(iz * ry + lo) * bx..][..bx];
                 let b = &t1[(iz * ry + hi) * bx..][..bx];
                 let dst = &mut t2[(iz * by + j) * bx..][..bx];
@@ -128,7 +132,11 @@ impl LinearResampler {
         // Pass 3: along z, straight into the output.
         let plane = by * bx;
         for j in 0..bz {
-            let (lo, hi, w) = (az.lo[sz + j] as usize - z0, az.hi[sz + j] as usize - z0, az.w[sz + j]);
+            let (lo, hi, w) = (
+                az.lo[sz + j] as usize - z0,
+                az.hi[sz + j] as usize - z0,
+                az.w[sz + j],
+            );
             let a = &t2[lo * plane..][..plane];
             let b = &t2[hi * plane..][..plane];
             let dst = &mut out[j * plane..][..plane];
@@ -198,11 +206,25 @@ mod tests {
         let input: Vec<f32> = (0..60).map(|v| v as f32 * 1.7 - 3.0).collect();
         let r = LinearResampler::new(shape, shape);
         let mut out = vec![0.0; 60];
-        r.fill(&input, Block { start: [0; 3], size: shape }, &mut out);
+        r.fill(
+            &input,
+            Block {
+                start: [0; 3],
+                size: shape,
+            },
+            &mut out,
+        );
         assert_eq!(out, input);
         let n = NearestResampler::new(shape, shape);
         let mut out2 = vec![0.0; 60];
-        n.fill(&input, Block { start: [0; 3], size: shape }, &mut out2);
+        n.fill(
+            &input,
+            Block {
+                start: [0; 3],
+                size: shape,
+            },
+            &mut out2,
+        );
         assert_eq!(out2, input);
     }
 

@@ -45,17 +45,25 @@ pub enum SynthPreset {
     Small,
     /// 70 cases of 512x512 in-plane and 5..110 slices with the spacing mix of MiniVess.
     Minivess,
+    /// The single real-world outlier on its own: one 512x512x61 case at (4.97, 4.97, 5.0), which
+    /// grows to 2545x2545x305 when resampled to 1 um (a benchmark of out-of-core resampling).
+    Outlier,
 }
 
 impl SynthPreset {
     /// Every preset, in the order they are listed to users.
-    pub const ALL: [SynthPreset; 2] = [SynthPreset::Small, SynthPreset::Minivess];
+    pub const ALL: [SynthPreset; 3] = [
+        SynthPreset::Small,
+        SynthPreset::Minivess,
+        SynthPreset::Outlier,
+    ];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             SynthPreset::Small => "small",
             SynthPreset::Minivess => "minivess",
+            SynthPreset::Outlier => "outlier",
         }
     }
 }
@@ -124,7 +132,11 @@ const TAG_PRESET: u64 = 0x7072_6573_6574_0001;
 const TAG_CASE: u64 = 0x6361_7365_0000_0002;
 const TAG_NOISE: u64 = 0x6e6f_6973_6500_0003;
 
+/// Shape of the in-plane outlier case (the real one from MiniVess).
+const OUTLIER_SHAPE: [usize; 3] = [512, 512, 61];
+
 /// The cases of a preset. Deterministic in `seed`; ids are `vessels_000`, `vessels_001`, ...
+/// (the Outlier preset's single case is `vessels_outlier`).
 pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
     let mut rng = Rng::new(mix(seed, TAG_PRESET ^ preset as u64));
     let mut specs: Vec<([usize; 3], [f64; 3])> = Vec::new();
@@ -137,7 +149,7 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
             rng.shuffle(&mut spacings);
             for sp in spacings {
                 let nz = if sp == OUTLIER_SPACING {
-                    61
+                    OUTLIER_SHAPE[2]
                 } else {
                     rng.range_usize(5, 110)
                 };
@@ -157,12 +169,16 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
             let thin = rng.range_usize(0, specs.len() - 1);
             specs[thin].0[2] = 5;
         }
+        SynthPreset::Outlier => specs.push((OUTLIER_SHAPE, OUTLIER_SPACING)),
     }
     specs
         .into_iter()
         .enumerate()
         .map(|(i, (shape_xyz, spacing_xyz))| SynthCaseSpec {
-            id: format!("vessels_{i:03}"),
+            id: match preset {
+                SynthPreset::Outlier => "vessels_outlier".to_string(),
+                _ => format!("vessels_{i:03}"),
+            },
             shape_xyz,
             spacing_xyz,
         })
@@ -353,7 +369,7 @@ impl Tube {
                     p[2] + WALK_STEP * d[2],
                 ];
                 len += WALK_STEP;
-                if step % emit_every == 0 {
+                if step.is_multiple_of(emit_every) {
                     out.push((p, r));
                 }
             }
@@ -912,6 +928,32 @@ mod tests {
         let var = s2 / n as f64 - mean * mean;
         assert!(mean.abs() < 0.01, "mean {mean}");
         assert!((var - 1.0).abs() < 0.02, "var {var}");
+    }
+
+    #[test]
+    fn outlier_preset_is_the_single_real_outlier() {
+        for seed in [0, 7, 123] {
+            let cases = preset_cases(SynthPreset::Outlier, seed);
+            assert_eq!(
+                cases,
+                vec![SynthCaseSpec {
+                    id: "vessels_outlier".to_string(),
+                    shape_xyz: [512, 512, 61],
+                    spacing_xyz: [4.97, 4.97, 5.0],
+                }]
+            );
+        }
+        assert_eq!(
+            "outlier".parse::<SynthPreset>().unwrap(),
+            SynthPreset::Outlier
+        );
+        assert_eq!(SynthPreset::Outlier.to_string(), "outlier");
+        assert!(SynthPreset::ALL.contains(&SynthPreset::Outlier));
+        // The Minivess preset's outlier has the same shape and spacing.
+        let minivess = preset_cases(SynthPreset::Minivess, 7);
+        assert!(minivess
+            .iter()
+            .any(|c| c.shape_xyz == [512, 512, 61] && c.spacing_xyz == [4.97, 4.97, 5.0]));
     }
 
     #[test]

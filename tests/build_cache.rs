@@ -17,7 +17,13 @@ fn prep(args: &[&str]) -> Output {
 }
 
 fn build(data: &Path, cache: &Path, extra: &[&str]) -> (Output, serde_json::Value) {
-    let mut args = vec!["build-cache", data.to_str().unwrap(), "--cache-dir", cache.to_str().unwrap(), "--json"];
+    let mut args = vec![
+        "build-cache",
+        data.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--json",
+    ];
     args.extend_from_slice(extra);
     let out = prep(&args);
     let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
@@ -61,13 +67,20 @@ fn rebuild_is_a_no_op_and_bytes_are_reproducible() {
     let (c1, c2) = (t.path().join("c1"), t.path().join("c2"));
     let (o, r) = build(&data, &c1, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!((count(&r, "built"), count(&r, "cached"), count(&r, "failed")), (3, 0, 0));
+    assert_eq!(
+        (count(&r, "built"), count(&r, "cached"), count(&r, "failed")),
+        (3, 0, 0)
+    );
     let before = tree_hashes(&c1.join("entries"));
 
     let (o, r) = build(&data, &c1, &[]);
     assert!(o.status.success());
     assert_eq!((count(&r, "built"), count(&r, "cached")), (0, 3));
-    assert_eq!(tree_hashes(&c1.join("entries")), before, "a rebuild must not touch entries");
+    assert_eq!(
+        tree_hashes(&c1.join("entries")),
+        before,
+        "a rebuild must not touch entries"
+    );
 
     // A second cache built from scratch holds the very same bytes.
     let (o, _) = build(&data, &c2, &["-j", "1"]);
@@ -79,7 +92,11 @@ fn rebuild_is_a_no_op_and_bytes_are_reproducible() {
 fn sharded_and_compressed_builds_are_reproducible_too() {
     let t = tempfile::tempdir().unwrap();
     let data = dataset(t.path());
-    for flags in [&["--chunk", "4,8,8", "--shard", "8,16,16"][..], &["--compression", "zstd"][..], &["--compression", "blosc", "--image-dtype", "float16"][..]] {
+    for flags in [
+        &["--chunk", "4,8,8", "--shard", "8,16,16"][..],
+        &["--compression", "zstd"][..],
+        &["--compression", "blosc", "--image-dtype", "float16"][..],
+    ] {
         let (c1, c2) = (t.path().join("s1"), t.path().join("s2"));
         let _ = std::fs::remove_dir_all(&c1);
         let _ = std::fs::remove_dir_all(&c2);
@@ -87,7 +104,11 @@ fn sharded_and_compressed_builds_are_reproducible_too() {
         assert!(o.status.success(), "{flags:?}: {}", stderr(&o));
         let (o, _) = build(&data, &c2, flags);
         assert!(o.status.success());
-        assert_eq!(tree_hashes(&c1.join("entries")), tree_hashes(&c2.join("entries")), "{flags:?}");
+        assert_eq!(
+            tree_hashes(&c1.join("entries")),
+            tree_hashes(&c2.join("entries")),
+            "{flags:?}"
+        );
     }
 }
 
@@ -110,8 +131,13 @@ fn a_changed_parameter_makes_new_entries_and_a_changed_file_rebuilds_one_case() 
     write_case(&data, "b", [16, 16, 9], [0.5, 0.5, 2.0], 99);
     let (_, r) = build(&data, &cache, &[]);
     assert_eq!((count(&r, "built"), count(&r, "cached")), (1, 2));
-    let built: Vec<&str> = r["cases"].as_array().unwrap().iter()
-        .filter(|c| c["outcome"]["status"] == "built").map(|c| c["id"].as_str().unwrap()).collect();
+    let built: Vec<&str> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outcome"]["status"] == "built")
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
     assert_eq!(built, vec!["b"]);
 }
 
@@ -121,15 +147,27 @@ fn a_build_killed_before_commit_leaves_nothing_that_looks_complete() {
     let data = dataset(t.path());
     let cache = t.path().join("cache");
     let out = Command::new(env!("CARGO_BIN_EXE_prep"))
-        .args(["build-cache", data.to_str().unwrap(), "--cache-dir", cache.to_str().unwrap(), "-q"])
+        .args([
+            "build-cache",
+            data.to_str().unwrap(),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "-q",
+        ])
         .env("VOXCACHE_FAILPOINT", "after-write")
         .output()
         .unwrap();
     assert!(!out.status.success(), "the failpoint must kill the build");
-    assert!(entries(&cache).is_empty(), "no entry may appear before its commit");
+    assert!(
+        entries(&cache).is_empty(),
+        "no entry may appear before its commit"
+    );
     assert!(!cache.join("manifest.json").exists());
     let leftovers = std::fs::read_dir(cache.join("tmp")).unwrap().count();
-    assert!(leftovers >= 1, "the killed build leaves its temporary folder");
+    assert!(
+        leftovers >= 1,
+        "the killed build leaves its temporary folder"
+    );
 
     let (o, r) = build(&data, &cache, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -146,16 +184,33 @@ fn the_forecast_is_what_gets_written() {
     let (_, plan) = build(&data, &cache, &["--dry-run", "--spacing", "0.7,0.9,1.3"]);
     assert!(!cache.exists(), "a dry run writes nothing");
     let (_, r) = build(&data, &cache, &["--spacing", "0.7,0.9,1.3"]);
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
     let cases = &manifest["datasets"]["ds"]["cases"];
     for p in plan["plans"].as_array().unwrap() {
         let id = p["id"].as_str().unwrap();
-        let xyz: Vec<u64> = p["out_shape_xyz"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-        let zyx: Vec<u64> = cases[id]["out_shape_zyx"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let xyz: Vec<u64> = p["out_shape_xyz"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let zyx: Vec<u64> = cases[id]["out_shape_zyx"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         assert_eq!(zyx, vec![xyz[2], xyz[1], xyz[0]], "{id}");
         let entry = cache.join(cases[id]["entry"].as_str().unwrap());
-        let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(entry.join("image/zarr.json")).unwrap()).unwrap();
-        let shape: Vec<u64> = meta["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry.join("image/zarr.json")).unwrap()).unwrap();
+        let shape: Vec<u64> = meta["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         assert_eq!(shape, zyx);
     }
     assert_eq!(count(&r, "built"), 3);
@@ -193,11 +248,28 @@ fn bad_cases_fail_alone_with_the_file_named() {
 
     let cache = t.path().join("cache");
     let (o, r) = build(&data, &cache, &[]);
-    assert_eq!(o.status.code(), Some(1), "any failed case makes the exit status non-zero");
-    assert_eq!((count(&r, "built"), count(&r, "failed")), (3, 6), "{}", stderr(&o));
-    let errors: std::collections::BTreeMap<String, String> = r["cases"].as_array().unwrap().iter()
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "any failed case makes the exit status non-zero"
+    );
+    assert_eq!(
+        (count(&r, "built"), count(&r, "failed")),
+        (3, 6),
+        "{}",
+        stderr(&o)
+    );
+    let errors: std::collections::BTreeMap<String, String> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
         .filter(|c| c["outcome"]["status"] == "failed")
-        .map(|c| (c["id"].as_str().unwrap().to_string(), c["outcome"]["error"].as_str().unwrap().to_string()))
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["outcome"]["error"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let expect = [
         ("trunc", "trunc_0000.nii.gz", "truncated"),
@@ -209,7 +281,10 @@ fn bad_cases_fail_alone_with_the_file_named() {
     ];
     for (id, name, needle) in expect {
         let e = &errors[id];
-        assert!(e.contains(name) && e.to_lowercase().contains(needle), "{id}: {e}");
+        assert!(
+            e.contains(name) && e.to_lowercase().contains(needle),
+            "{id}: {e}"
+        );
     }
     // Only the good cases have entries; no temporary folder is left behind.
     assert_eq!(entries(&cache).len(), 3);
@@ -221,15 +296,29 @@ fn empty_folder_and_unwritable_cache_are_clear_errors() {
     let t = tempfile::tempdir().unwrap();
     let empty = t.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
-    let o = prep(&["build-cache", empty.to_str().unwrap(), "--cache-dir", t.path().join("c").to_str().unwrap()]);
+    let o = prep(&[
+        "build-cache",
+        empty.to_str().unwrap(),
+        "--cache-dir",
+        t.path().join("c").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no NIfTI images found"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no NIfTI images found"),
+        "{}",
+        stderr(&o)
+    );
 
     let data = dataset(t.path());
     let blocker = t.path().join("a_file");
     std::fs::write(&blocker, b"x").unwrap();
     let bad_cache = blocker.join("cache");
-    let o = prep(&["build-cache", data.to_str().unwrap(), "--cache-dir", bad_cache.to_str().unwrap()]);
+    let o = prep(&[
+        "build-cache",
+        data.to_str().unwrap(),
+        "--cache-dir",
+        bad_cache.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("a_file"), "{}", stderr(&o));
 }
@@ -242,8 +331,15 @@ fn parts_build_disjoint_shares_that_merge_in_one_manifest() {
     let (_, r0) = build(&data, &cache, &["--part", "0/2"]);
     let (_, r1) = build(&data, &cache, &["--part", "1/2"]);
     assert_eq!(count(&r0, "built") + count(&r1, "built"), 3);
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["datasets"]["ds"]["cases"].as_object().unwrap().len(), 3);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["datasets"]["ds"]["cases"]
+            .as_object()
+            .unwrap()
+            .len(),
+        3
+    );
     let (_, r) = build(&data, &cache, &[]);
     assert_eq!(count(&r, "cached"), 3);
 }
@@ -256,7 +352,8 @@ fn entries_record_geometry_stats_and_a_consistent_foreground_index() {
     let (_, r) = build(&data, &cache, &["--spacing", "0.8,0.8,1.5"]);
     assert_eq!(count(&r, "built"), 3);
     for e in entries(&cache) {
-        let g: serde_json::Value = serde_json::from_slice(&std::fs::read(e.join("zarr.json")).unwrap()).unwrap();
+        let g: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(e.join("zarr.json")).unwrap()).unwrap();
         let a = &g["attributes"]["voxcache"];
         assert_eq!(a["format_version"], 1);
         let key = e.file_name().unwrap().to_str().unwrap();

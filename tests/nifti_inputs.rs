@@ -53,11 +53,17 @@ fn scl_slope_and_inter_are_applied_in_f32() {
     let p = dir.path().join("s.nii");
     n.write(&p);
     let v = read_volume(&p).unwrap();
-    assert_eq!(v.data, (0..8).map(|i| i as f32 * 0.5 - 3.0).collect::<Vec<_>>());
+    assert_eq!(
+        v.data,
+        (0..8).map(|i| i as f32 * 0.5 - 3.0).collect::<Vec<_>>()
+    );
     // slope 0 means "no scaling" in NIfTI-1.
     n.scl = (0.0, 5.0);
     n.write(&p);
-    assert_eq!(read_volume(&p).unwrap().data, (0..8).map(|i| i as f32).collect::<Vec<_>>());
+    assert_eq!(
+        read_volume(&p).unwrap().data,
+        (0..8).map(|i| i as f32).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -117,9 +123,14 @@ fn expect_error(n: &Nii, name: &str, needle: &str) {
     let dir = tmp();
     let p = dir.path().join(name);
     n.write(&p);
-    let e = read_volume(&p).err().expect("broken file must not read").to_string();
+    let e = read_volume(&p)
+        .expect_err("broken file must not read")
+        .to_string();
     assert!(e.contains(name), "error must name the file: {e}");
-    assert!(e.to_lowercase().contains(needle), "error {e:?} should mention {needle:?}");
+    assert!(
+        e.to_lowercase().contains(needle),
+        "error {e:?} should mention {needle:?}"
+    );
 }
 
 #[test]
@@ -178,7 +189,10 @@ fn not_nifti_at_all() {
     let p = dir.path().join("notes.nii");
     std::fs::write(&p, b"hello").unwrap();
     let e = read_volume(&p).err().unwrap().to_string();
-    assert!(e.contains("notes.nii") && e.contains("not a NIfTI-1 file"), "{e}");
+    assert!(
+        e.contains("notes.nii") && e.contains("not a NIfTI-1 file"),
+        "{e}"
+    );
     let p = dir.path().join("empty.nii.gz");
     std::fs::write(&p, b"").unwrap();
     assert!(read_volume(&p).is_err());

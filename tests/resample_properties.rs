@@ -34,7 +34,9 @@ fn naive_linear(input: &[f32], n: [usize; 3], m: [usize; 3]) -> Vec<f32> {
 
 fn random_volume(n: [usize; 3], seed: u64) -> Vec<f32> {
     let mut r = common::Lcg(seed);
-    (0..n.iter().product::<usize>()).map(|_| r.next_f32() * 1000.0 - 300.0).collect()
+    (0..n.iter().product::<usize>())
+        .map(|_| r.next_f32() * 1000.0 - 300.0)
+        .collect()
 }
 
 /// Resample block by block with a given block shape into one output array.
@@ -48,7 +50,8 @@ fn chunked(input: &[f32], n: [usize; 3], m: [usize; 3], block: [usize; 3]) -> Ve
         for z in 0..b.size[0] {
             for y in 0..b.size[1] {
                 for x in 0..b.size[2] {
-                    out[((b.start[0] + z) * m[1] + b.start[1] + y) * m[2] + b.start[2] + x] = buf[i];
+                    out[((b.start[0] + z) * m[1] + b.start[1] + y) * m[2] + b.start[2] + x] =
+                        buf[i];
                     i += 1;
                 }
             }
@@ -68,7 +71,12 @@ fn chunk_by_chunk_equals_whole_volume_bit_for_bit() {
         for block in [[1, 1, 1], [4, 3, 5], [8, 8, 8], [16, 2, 7]] {
             let c = chunked(&input, n, m, block);
             // Bit-identical, not merely close.
-            assert!(c.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "m={m:?} block={block:?}");
+            assert!(
+                c.iter()
+                    .zip(&reference)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "m={m:?} block={block:?}"
+            );
         }
     }
 }
@@ -91,14 +99,21 @@ fn a_linear_ramp_survives_at_arbitrary_ratios() {
         for jz in 0..m[0] {
             for jy in 0..m[1] {
                 for jx in 0..m[2] {
-                    let c = [source_coordinate(jz, n[0], m[0]), source_coordinate(jy, n[1], m[1]), source_coordinate(jx, n[2], m[2])];
+                    let c = [
+                        source_coordinate(jz, n[0], m[0]),
+                        source_coordinate(jy, n[1], m[1]),
+                        source_coordinate(jx, n[2], m[2]),
+                    ];
                     // Outside [0, n-1] the edge clamps, by design; the ramp holds inside.
                     if (0..3).any(|a| c[a] < 0.0 || c[a] > (n[a] - 1) as f64) {
                         continue;
                     }
                     let want = ramp(c[0], c[1], c[2]);
                     let got = out[(jz * m[1] + jy) * m[2] + jx] as f64;
-                    assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "m={m:?} at {jz},{jy},{jx}: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "m={m:?} at {jz},{jy},{jx}: {got} vs {want}"
+                    );
                     checked += 1;
                 }
             }
@@ -120,11 +135,20 @@ fn labels_keep_only_their_own_values() {
     let n = [6, 9, 8];
     let palette = [0u16, 3, 7, 300];
     let mut r = common::Lcg(9);
-    let input: Vec<u16> = (0..6 * 9 * 8).map(|_| palette[(r.next_f32() * 4.0) as usize % 4]).collect();
+    let input: Vec<u16> = (0..6 * 9 * 8)
+        .map(|_| palette[(r.next_f32() * 4.0) as usize % 4])
+        .collect();
     for m in [[13, 4, 20], [3, 30, 5]] {
         let res = NearestResampler::new(n, m);
         let mut out = vec![0u16; m.iter().product()];
-        res.fill(&input, Block { start: [0; 3], size: m }, &mut out);
+        res.fill(
+            &input,
+            Block {
+                start: [0; 3],
+                size: m,
+            },
+            &mut out,
+        );
         assert!(out.iter().all(|v| palette.contains(v)));
         // Every output voxel holds the value of the nearest input voxel (ties to the lower).
         for (i, v) in out.iter().enumerate() {
@@ -141,5 +165,8 @@ fn labels_keep_only_their_own_values() {
 
 #[test]
 fn the_outlier_grid_from_the_user_story() {
-    assert_eq!(output_shape([512, 512, 61], [4.97, 4.97, 5.0], [1.0, 1.0, 1.0]), [2545, 2545, 305]);
+    assert_eq!(
+        output_shape([512, 512, 61], [4.97, 4.97, 5.0], [1.0, 1.0, 1.0]),
+        [2545, 2545, 305]
+    );
 }

@@ -9,11 +9,15 @@ use clap::{Args, Parser, Subcommand};
 use voxcache::build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
 use voxcache::dataset::DatasetSource;
 use voxcache::pipeline::{load_pipeline, Compression, Settings};
-use voxcache::sysinfo::human_bytes;
 use voxcache::synth;
+use voxcache::sysinfo::human_bytes;
 
 #[derive(Parser)]
-#[command(name = "prep", version, about = "Build and inspect voxcache caches of NIfTI datasets")]
+#[command(
+    name = "prep",
+    version,
+    about = "Build and inspect voxcache caches of NIfTI datasets"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,7 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Resample and normalize a NIfTI dataset into a chunked, content-addressed Zarr v3 cache.
-    BuildCache(BuildArgs),
+    BuildCache(Box<BuildArgs>),
     /// Generate a synthetic vessel dataset (nnU-Net layout).
     Synth(SynthArgs),
 }
@@ -93,7 +97,8 @@ struct SynthArgs {
     /// Output folder.
     #[arg(long, default_value = "synthetic")]
     out: PathBuf,
-    /// small (the bundled dataset) or minivess (70 volumes of 512x512x5..110, ~6 GB raw).
+    /// small (the bundled dataset), minivess (70 volumes of 512x512x5..110, ~6 GB raw) or
+    /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story).
     #[arg(long, default_value = "small")]
     preset: String,
     #[arg(long, default_value_t = 7)]
@@ -113,7 +118,9 @@ fn parse_triple(s: &str, what: &str) -> Result<[usize; 3]> {
 }
 
 fn parse_part(s: &str) -> Result<(usize, usize)> {
-    let (i, n) = s.split_once('/').context("--part: expected I/N, e.g. 0/8")?;
+    let (i, n) = s
+        .split_once('/')
+        .context("--part: expected I/N, e.g. 0/8")?;
     let (i, n): (usize, usize) = (i.parse()?, n.parse()?);
     if n == 0 || i >= n {
         bail!("--part {s}: need 0 <= I < N");
@@ -151,7 +158,11 @@ fn settings_from(args: &BuildArgs) -> Result<Settings> {
         s.chunk_zyx = parse_triple(v, "--chunk")?;
     }
     if let Some(v) = &args.shard {
-        s.shard_zyx = if v == "none" { None } else { Some(parse_triple(v, "--shard")?) };
+        s.shard_zyx = if v == "none" {
+            None
+        } else {
+            Some(parse_triple(v, "--shard")?)
+        };
     }
     if let Some(c) = &args.compression {
         s.compression = Compression::parse(c, args.compression_level)?;
@@ -186,8 +197,8 @@ fn print_plan(r: &BuildReport) {
         );
     }
     println!(
-        "{:<20} {:>13} {:>20} {:>15} {:>10} {:>10} {:>10}  {}",
-        "case", "input", "spacing", "output", "cached", "whole f32", "whole f64", "flag"
+        "{:<20} {:>13} {:>20} {:>15} {:>10} {:>10} {:>10}  flag",
+        "case", "input", "spacing", "output", "cached", "whole f32", "whole f64"
     );
     let mut total = (0u64, 0u64, 0u64);
     for p in &r.plans {
@@ -203,7 +214,11 @@ fn print_plan(r: &BuildReport) {
             human_bytes(p.out_bytes),
             human_bytes(p.whole_volume_f32_bytes),
             human_bytes(p.whole_volume_f64_bytes),
-            if p.outlier { format!("OUTLIER {:.1}x median", p.size_factor) } else { String::new() }
+            if p.outlier {
+                format!("OUTLIER {:.1}x median", p.size_factor)
+            } else {
+                String::new()
+            }
         );
     }
     println!(
@@ -227,7 +242,11 @@ fn print_summary(r: &BuildReport) {
             eprintln!("skipped {}", c.id);
         }
     }
-    let rate = if r.wall_seconds > 0.0 { r.voxels_built as f64 / r.wall_seconds / 1e6 } else { 0.0 };
+    let rate = if r.wall_seconds > 0.0 {
+        r.voxels_built as f64 / r.wall_seconds / 1e6
+    } else {
+        0.0
+    };
     println!(
         "{} -> {}: {} built, {} cached, {} failed; {} written; {:.1} s; {:.1} Mvoxel/s; peak RSS {}",
         r.dataset,
@@ -245,7 +264,10 @@ fn print_summary(r: &BuildReport) {
 fn run_build(args: BuildArgs) -> Result<ExitCode> {
     let settings = settings_from(&args)?;
     let source = match (&args.images, &args.data) {
-        (Some(images), _) => DatasetSource::Globs { images: images.clone(), labels: args.labels.clone() },
+        (Some(images), _) => DatasetSource::Globs {
+            images: images.clone(),
+            labels: args.labels.clone(),
+        },
         (None, Some(d)) => DatasetSource::Folder(d.clone()),
         (None, None) => DatasetSource::Folder(default_data()),
     };
@@ -258,6 +280,7 @@ fn run_build(args: BuildArgs) -> Result<ExitCode> {
         dry_run: args.dry_run,
         part: args.part.as_deref().map(parse_part).transpose()?,
         progress: !args.quiet && !args.json,
+        quiet: args.quiet,
     };
     let report = build_cache(&opts)?;
     if args.json {
@@ -267,7 +290,11 @@ fn run_build(args: BuildArgs) -> Result<ExitCode> {
     } else {
         print_summary(&report);
     }
-    Ok(if report.failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if report.failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn run_synth(args: SynthArgs) -> Result<ExitCode> {
@@ -275,7 +302,13 @@ fn run_synth(args: SynthArgs) -> Result<ExitCode> {
     let specs = synth::preset_cases(preset, args.seed);
     let total = specs.len();
     synth::write_dataset(&args.out, &specs, args.seed, |i, s| {
-        eprintln!("[{}/{total}] {} {:?} at {:?}", i + 1, s.id, s.shape_xyz, s.spacing_xyz);
+        eprintln!(
+            "[{}/{total}] {} {:?} at {:?}",
+            i + 1,
+            s.id,
+            s.shape_xyz,
+            s.spacing_xyz
+        );
     })?;
     println!("wrote {total} cases to {}", args.out.display());
     Ok(ExitCode::SUCCESS)
@@ -284,7 +317,7 @@ fn run_synth(args: SynthArgs) -> Result<ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::BuildCache(a) => run_build(a),
+        Command::BuildCache(a) => run_build(*a),
         Command::Synth(a) => run_synth(a),
     };
     match result {

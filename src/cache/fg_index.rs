@@ -32,6 +32,10 @@ pub struct FgAccumulator {
     seed: u64,
     shape_zyx: [usize; 3],
     classes: BTreeMap<u16, ClassAcc>,
+    /// Per class, a priority no kept sample can reach (the k-th smallest seen elsewhere):
+    /// candidates at or above it are skipped early. Pruning only drops items that could never
+    /// make the final k, so the result is unchanged.
+    cutoff: BTreeMap<u16, u64>,
 }
 
 fn splitmix64(mut x: u64) -> u64 {
@@ -48,7 +52,21 @@ impl FgAccumulator {
             seed,
             shape_zyx,
             classes: BTreeMap::new(),
+            cutoff: BTreeMap::new(),
         }
+    }
+
+    /// A fresh accumulator for one block that skips candidates this one would reject anyway.
+    pub fn child(&self) -> FgAccumulator {
+        let mut c = FgAccumulator::new(self.k, self.seed, self.shape_zyx);
+        for (class, acc) in &self.classes {
+            if acc.heap.len() >= self.k {
+                if let Some(top) = acc.heap.peek() {
+                    c.cutoff.insert(*class, top.0);
+                }
+            }
+        }
+        c
     }
 
     /// Observe one block of label values (C order over `block.size`). Class 0 is background.
@@ -84,6 +102,9 @@ impl FgAccumulator {
                     }
                     let lin = ((gz * ny + gy) * nx + gx) as u64;
                     let item = (splitmix64(salt ^ lin), lin);
+                    if self.cutoff.get(&c).is_some_and(|&cut| item.0 > cut) {
+                        continue;
+                    }
                     if acc.heap.len() < self.k {
                         acc.heap.push(item);
                     } else if acc.heap.peek().is_some_and(|top| item < *top) {
@@ -136,7 +157,11 @@ impl FgAccumulator {
                 .into_iter()
                 .map(|l| {
                     let l = l as usize;
-                    [(l / (ny * nx)) as u32, ((l / nx) % ny) as u32, (l % nx) as u32]
+                    [
+                        (l / (ny * nx)) as u32,
+                        ((l / nx) % ny) as u32,
+                        (l % nx) as u32,
+                    ]
                 })
                 .collect();
             coords.insert(c, pts);
@@ -179,7 +204,13 @@ mod tests {
         let label: Vec<u8> = (0..6 * 7 * 8).map(|i| ((i * 7919) % 5 % 3) as u8).collect();
         let whole = {
             let mut a = FgAccumulator::new(10, 42, shape);
-            a.observe(Block { start: [0; 3], size: shape }, &label);
+            a.observe(
+                Block {
+                    start: [0; 3],
+                    size: shape,
+                },
+                &label,
+            );
             a.finish()
         };
         let mut parts: Vec<FgAccumulator> = blocks(shape, [2, 3, 3])
@@ -210,7 +241,10 @@ mod tests {
         assert_eq!(whole.classes[&1].voxels, ones);
         assert_eq!(whole.coords[&1].len(), 10);
         for p in &whole.coords[&2] {
-            assert_eq!(label[(p[0] as usize * 7 + p[1] as usize) * 8 + p[2] as usize], 2);
+            assert_eq!(
+                label[(p[0] as usize * 7 + p[1] as usize) * 8 + p[2] as usize],
+                2
+            );
         }
     }
 }

@@ -58,7 +58,9 @@ impl CacheDir {
         for d in [self.root.clone(), self.entries_dir(), self.tmp_dir()] {
             std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
         }
-        let probe = self.tmp_dir().join(format!(".probe.{}", std::process::id()));
+        let probe = self
+            .tmp_dir()
+            .join(format!(".probe.{}", std::process::id()));
         std::fs::write(&probe, b"ok").map_err(|e| Error::io(&probe, e))?;
         std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))?;
         Ok(())
@@ -68,11 +70,9 @@ impl CacheDir {
     /// so a sweep never deletes a folder another live builder is writing.
     pub fn new_tmp_entry(&self, key: &str) -> Result<PathBuf> {
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let p = self.tmp_dir().join(format!(
-            "{key}.{}.{}.{n}",
-            hostname(),
-            std::process::id()
-        ));
+        let p = self
+            .tmp_dir()
+            .join(format!("{key}.{}.{}.{n}", hostname(), std::process::id()));
         std::fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))?;
         Ok(p)
     }
@@ -91,7 +91,9 @@ impl CacheDir {
                 continue;
             }
             let (host, pid) = (parts[1..parts.len() - 2].join("."), parts[parts.len() - 2]);
-            let Ok(pid) = pid.parse::<u32>() else { continue };
+            let Ok(pid) = pid.parse::<u32>() else {
+                continue;
+            };
             if host == me && (pid != std::process::id()) && !pid_alive(pid) {
                 let p = e.path();
                 std::fs::remove_dir_all(&p).map_err(|err| Error::io(&p, err))?;

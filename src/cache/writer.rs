@@ -10,16 +10,18 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 use serde_json::{json, Map, Value};
 use zarrs::array::codec::{
-    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode,
-    ShardingCodecOptions, SubchunkWriteOrder, ZstdCodec,
+    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ShardingCodecOptions,
+    SubchunkWriteOrder, ZstdCodec,
 };
 use zarrs::array::{
-    data_type, Array, ArrayBuilder, BytesToBytesCodecTraits, CodecSpecificOptions, DataType, FillValue,
+    data_type, Array, ArrayBuilder, BytesToBytesCodecTraits, CodecSpecificOptions, DataType,
+    FillValue,
 };
-use zarrs::filesystem::FilesystemStore;
 use zarrs::group::GroupBuilder;
+use zarrs::storage::{StoreKey, WritableStorageTraits};
 
 use super::fg_index::{FgAccumulator, FgIndex};
+use super::store::EntryStore;
 use crate::error::{Error, Result};
 use crate::nifti_io::LabelData;
 use crate::pipeline::{ChunkLayout, Compression, ImageDtype, OutputParams};
@@ -55,7 +57,10 @@ pub fn configure_zarrs() {
     zarrs::config::global_config_mut().set_include_zarrs_metadata(false);
 }
 
-fn compression_codecs(c: Compression, typesize: usize) -> Result<Vec<Arc<dyn BytesToBytesCodecTraits>>> {
+fn compression_codecs(
+    c: Compression,
+    typesize: usize,
+) -> Result<Vec<Arc<dyn BytesToBytesCodecTraits>>> {
     Ok(match c {
         Compression::None => vec![],
         Compression::Zstd { level } => vec![Arc::new(ZstdCodec::new(level, false))],
@@ -75,43 +80,53 @@ fn compression_codecs(c: Compression, typesize: usize) -> Result<Vec<Arc<dyn Byt
     })
 }
 
-fn build_array(
-    store: &Arc<FilesystemStore>,
-    dir: &Path,
-    name: &str,
-    params: &OutputParams,
-    layout: &ChunkLayout,
-    shape_zyx: [usize; 3],
+/// One array of an entry: its name, element type and fill value.
+struct ArraySpec {
+    name: &'static str,
     dtype: DataType,
     typesize: usize,
     fill: FillValue,
-) -> Result<Array<FilesystemStore>> {
+}
+
+fn build_array(
+    store: &Arc<EntryStore>,
+    dir: &Path,
+    params: &OutputParams,
+    layout: &ChunkLayout,
+    shape_zyx: [usize; 3],
+    spec: ArraySpec,
+) -> Result<Array<EntryStore>> {
     let shape: Vec<u64> = shape_zyx.iter().map(|&v| v as u64).collect();
     let write_block: Vec<u64> = layout.write_block_zyx().iter().map(|&v| v as u64).collect();
-    let mut b = ArrayBuilder::new(shape, write_block, dtype, fill);
+    let mut b = ArrayBuilder::new(shape, write_block, spec.dtype, spec.fill);
     b.dimension_names(Some(["z", "y", "x"]));
-    b.bytes_to_bytes_codecs(compression_codecs(params.compression, typesize)?);
+    b.bytes_to_bytes_codecs(compression_codecs(params.compression, spec.typesize)?);
     if layout.shard_zyx.is_some() {
-        b.subchunk_shape(layout.chunk_zyx.iter().map(|&v| v as u64).collect::<Vec<u64>>());
+        b.subchunk_shape(
+            layout
+                .chunk_zyx
+                .iter()
+                .map(|&v| v as u64)
+                .collect::<Vec<u64>>(),
+        );
         // Inner chunks in C order: the same shard bytes on every run.
         b.codec_specific_options(CodecSpecificOptions::default().with_option(
             ShardingCodecOptions::default().with_subchunk_write_order(SubchunkWriteOrder::C),
         ));
     }
+    let path = dir.join(spec.name);
     let array = b
-        .build(store.clone(), &format!("/{name}"))
-        .map_err(|e| Error::zarr(dir.join(name), e))?;
-    array
-        .store_metadata()
-        .map_err(|e| Error::zarr(dir.join(name), e))?;
+        .build(store.clone(), &format!("/{}", spec.name))
+        .map_err(|e| Error::zarr(&path, e))?;
+    array.store_metadata().map_err(|e| Error::zarr(&path, e))?;
     Ok(array)
 }
 
 /// Copy a block computed at its own size into a full-chunk buffer (edge blocks are padded with
 /// the fill value, as Zarr stores them).
-fn pad_block<T: Copy>(data: &[T], size: [usize; 3], full: [usize; 3], fill: T) -> Vec<T> {
+fn pad_block<T: Copy>(data: Vec<T>, size: [usize; 3], full: [usize; 3], fill: T) -> Vec<T> {
     if size == full {
-        return data.to_vec();
+        return data;
     }
     let mut out = vec![fill; full.iter().product()];
     for z in 0..size[0] {
@@ -141,77 +156,123 @@ mod bytemuck_like {
 }
 
 fn block_key(b: &Block, write_block: [usize; 3]) -> (Vec<u64>, String) {
-    let idx: Vec<u64> = (0..3).map(|a| (b.start[a] / write_block[a]) as u64).collect();
+    let idx: Vec<u64> = (0..3)
+        .map(|a| (b.start[a] / write_block[a]) as u64)
+        .collect();
     let name = format!("{}.{}.{}", idx[0], idx[1], idx[2]);
     (idx, name)
 }
 
 /// Write the entry's arrays and metadata into `dir` (a fresh temporary folder).
-pub fn write_entry(dir: &Path, input: EntryInput, on_voxels: &(dyn Fn(u64) + Sync)) -> Result<EntryOutput> {
-    let store = Arc::new(FilesystemStore::new(dir).map_err(|e| Error::zarr(dir, e))?);
+pub fn write_entry(
+    dir: &Path,
+    input: EntryInput,
+    on_voxels: &(dyn Fn(u64) + Sync),
+) -> Result<EntryOutput> {
+    let store = Arc::new(EntryStore::new(dir));
     let params = input.params;
     let out_shape = input.out_shape_zyx;
     let layout = params.layout_for(out_shape);
-    let image_array = match params.image_dtype {
-        ImageDtype::Float32 => build_array(&store, dir, "image", params, &layout, out_shape, data_type::float32(), 4, FillValue::from(0.0f32))?,
-        ImageDtype::Float16 => build_array(&store, dir, "image", params, &layout, out_shape, data_type::float16(), 2, FillValue::from(half::f16::ZERO))?,
-    };
+    let array = |spec: ArraySpec| build_array(&store, dir, params, &layout, out_shape, spec);
+    let image_array = array(match params.image_dtype {
+        ImageDtype::Float32 => ArraySpec {
+            name: "image",
+            dtype: data_type::float32(),
+            typesize: 4,
+            fill: FillValue::from(0.0f32),
+        },
+        ImageDtype::Float16 => ArraySpec {
+            name: "image",
+            dtype: data_type::float16(),
+            typesize: 2,
+            fill: FillValue::from(half::f16::ZERO),
+        },
+    })?;
     let label_array = match input.label {
         None => None,
-        Some(LabelData::U8(_)) => Some(build_array(&store, dir, "label", params, &layout, out_shape, data_type::uint8(), 1, FillValue::from(0u8))?),
-        Some(LabelData::U16(_)) => Some(build_array(&store, dir, "label", params, &layout, out_shape, data_type::uint16(), 2, FillValue::from(0u16))?),
+        Some(LabelData::U8(_)) => Some(array(ArraySpec {
+            name: "label",
+            dtype: data_type::uint8(),
+            typesize: 1,
+            fill: FillValue::from(0u8),
+        })?),
+        Some(LabelData::U16(_)) => Some(array(ArraySpec {
+            name: "label",
+            dtype: data_type::uint16(),
+            typesize: 2,
+            fill: FillValue::from(0u16),
+        })?),
     };
 
     let write_block = layout.write_block_zyx();
     let linear = LinearResampler::new(input.in_shape_zyx, out_shape);
     let nearest = NearestResampler::new(input.in_shape_zyx, out_shape);
-    let fg = Mutex::new(FgAccumulator::new(params.fg_samples, params.seed, out_shape));
+    let fg = Mutex::new(FgAccumulator::new(
+        params.fg_samples,
+        params.seed,
+        out_shape,
+    ));
     let image_sums = Mutex::new(BTreeMap::new());
     let label_sums = Mutex::new(BTreeMap::new());
     let all_blocks = blocks(out_shape, write_block);
 
     all_blocks.par_iter().try_for_each(|b| -> Result<()> {
         let (idx, name) = block_key(b, write_block);
-        let chunk_path = || dir.join("image").join(format!("c/{}", name.replace('.', "/")));
+        let chunk_path = || {
+            dir.join("image")
+                .join(format!("c/{}", name.replace('.', "/")))
+        };
         let mut img = vec![0.0f32; b.len()];
         linear.fill(input.image, *b, &mut img);
-        let img = pad_block(&img, b.size, write_block, 0.0f32);
+        let img = pad_block(img, b.size, write_block, 0.0f32);
         let hash = match params.image_dtype {
             ImageDtype::Float32 => {
                 let h = blake3::hash(bytes_of(&img));
-                image_array.store_chunk(&idx, img.as_slice()).map_err(|e| Error::zarr(chunk_path(), e))?;
+                image_array
+                    .store_chunk(&idx, img.as_slice())
+                    .map_err(|e| Error::zarr(chunk_path(), e))?;
                 h
             }
             ImageDtype::Float16 => {
                 let half: Vec<half::f16> = img.iter().map(|&v| half::f16::from_f32(v)).collect();
                 let h = blake3::hash(bytes_of(&half));
-                image_array.store_chunk(&idx, half.as_slice()).map_err(|e| Error::zarr(chunk_path(), e))?;
+                image_array
+                    .store_chunk(&idx, half.as_slice())
+                    .map_err(|e| Error::zarr(chunk_path(), e))?;
                 h
             }
         };
-        image_sums.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), short_hex(&hash));
+        image_sums
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone(), short_hex(&hash));
 
         if let (Some(arr), Some(label)) = (&label_array, input.label) {
-            let mut local = FgAccumulator::new(params.fg_samples, params.seed, out_shape);
+            let mut local = fg.lock().unwrap_or_else(|p| p.into_inner()).child();
             let hash = match label {
                 LabelData::U8(src) => {
                     let mut lab = vec![0u8; b.len()];
                     nearest.fill(src, *b, &mut lab);
                     local.observe(*b, &lab);
-                    let lab = pad_block(&lab, b.size, write_block, 0u8);
-                    arr.store_chunk(&idx, lab.as_slice()).map_err(|e| Error::zarr(dir.join("label"), e))?;
+                    let lab = pad_block(lab, b.size, write_block, 0u8);
+                    arr.store_chunk(&idx, lab.as_slice())
+                        .map_err(|e| Error::zarr(dir.join("label"), e))?;
                     blake3::hash(&lab)
                 }
                 LabelData::U16(src) => {
                     let mut lab = vec![0u16; b.len()];
                     nearest.fill(src, *b, &mut lab);
                     local.observe(*b, &lab);
-                    let lab = pad_block(&lab, b.size, write_block, 0u16);
-                    arr.store_chunk(&idx, lab.as_slice()).map_err(|e| Error::zarr(dir.join("label"), e))?;
+                    let lab = pad_block(lab, b.size, write_block, 0u16);
+                    arr.store_chunk(&idx, lab.as_slice())
+                        .map_err(|e| Error::zarr(dir.join("label"), e))?;
                     blake3::hash(bytes_of(&lab))
                 }
             };
-            label_sums.lock().unwrap_or_else(|p| p.into_inner()).insert(name, short_hex(&hash));
+            label_sums
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name, short_hex(&hash));
             fg.lock().unwrap_or_else(|p| p.into_inner()).merge(local);
         }
         on_voxels(b.len() as u64);
@@ -223,11 +284,17 @@ pub fn write_entry(dir: &Path, input: EntryInput, on_voxels: &(dyn Fn(u64) + Syn
     let n_rows = rows.len() / 4;
     if n_rows > 0 {
         let store_fg = |e: &dyn std::fmt::Display| Error::zarr(dir.join("fg"), e);
-        let mut b = ArrayBuilder::new(vec![n_rows as u64, 4], vec![n_rows as u64, 4], data_type::uint32(), 0u32);
+        let mut b = ArrayBuilder::new(
+            vec![n_rows as u64, 4],
+            vec![n_rows as u64, 4],
+            data_type::uint32(),
+            0u32,
+        );
         b.dimension_names(Some(["sample", "class_z_y_x"]));
         let arr = b.build(store.clone(), "/fg").map_err(|e| store_fg(&e))?;
         arr.store_metadata().map_err(|e| store_fg(&e))?;
-        arr.store_chunk(&[0, 0], rows.as_slice()).map_err(|e| store_fg(&e))?;
+        arr.store_chunk(&[0, 0], rows.as_slice())
+            .map_err(|e| store_fg(&e))?;
     }
 
     let checksums = json!({
@@ -236,9 +303,15 @@ pub fn write_entry(dir: &Path, input: EntryInput, on_voxels: &(dyn Fn(u64) + Syn
         "image": image_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
         "label": label_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
     });
-    let sums_path = dir.join(CHECKSUMS_FILE);
-    std::fs::write(&sums_path, serde_json::to_vec_pretty(&checksums).unwrap_or_default())
-        .map_err(|e| Error::io(&sums_path, e))?;
+    let sums_key = StoreKey::new(CHECKSUMS_FILE).map_err(|e| Error::zarr(dir, e))?;
+    store
+        .set(
+            &sums_key,
+            serde_json::to_vec_pretty(&checksums)
+                .unwrap_or_default()
+                .into(),
+        )
+        .map_err(|e| Error::zarr(dir.join(CHECKSUMS_FILE), e))?;
 
     let mut attrs = input.attributes;
     attrs.insert(
@@ -263,13 +336,17 @@ pub fn write_entry(dir: &Path, input: EntryInput, on_voxels: &(dyn Fn(u64) + Syn
     attrs.insert("layout".into(), json!(layout));
     let mut group_attrs = Map::new();
     group_attrs.insert("voxcache".into(), Value::Object(attrs));
-    group_attrs.insert("ome".into(), ome_multiscales(input.case_id, input.out_spacing_xyz, input.unit));
+    group_attrs.insert(
+        "ome".into(),
+        ome_multiscales(input.case_id, input.out_spacing_xyz, input.unit),
+    );
     let group = GroupBuilder::new()
         .attributes(group_attrs)
         .build(store.clone(), "/")
         .map_err(|e| Error::zarr(dir, e))?;
     // The group's zarr.json is written last: an entry without it is never treated as complete.
     group.store_metadata().map_err(|e| Error::zarr(dir, e))?;
+    store.sync_all().map_err(|e| Error::io(dir, e))?;
     Ok(EntryOutput {
         fg,
         blocks: all_blocks.len(),

@@ -61,7 +61,12 @@ elem!(u64, 1280);
 
 impl Nii {
     /// A 3D volume with voxels given in NIfTI order (x fastest).
-    pub fn new<T: Elem>(shape_xyz: [usize; 3], spacing: [f32; 3], values: &[T], big_endian: bool) -> Nii {
+    pub fn new<T: Elem>(
+        shape_xyz: [usize; 3],
+        spacing: [f32; 3],
+        values: &[T],
+        big_endian: bool,
+    ) -> Nii {
         assert_eq!(values.len(), shape_xyz.iter().product::<usize>());
         let mut data = Vec::new();
         for v in values {
@@ -157,7 +162,10 @@ impl Nii {
 pub struct Lcg(pub u64);
 impl Lcg {
     pub fn next_f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32) / (1u64 << 24) as f32
     }
 }
@@ -173,7 +181,9 @@ pub fn write_case(dir: &Path, id: &str, shape: [usize; 3], spacing: [f32; 3], se
     for z in 0..shape[2] {
         for y in 0..shape[1] {
             for x in 0..shape[0] {
-                let d = ((x as f32 - shape[0] as f32 / 2.0).powi(2) + (y as f32 - shape[1] as f32 / 2.0).powi(2)).sqrt();
+                let d = ((x as f32 - shape[0] as f32 / 2.0).powi(2)
+                    + (y as f32 - shape[1] as f32 / 2.0).powi(2))
+                .sqrt();
                 let inside = d < shape[0].min(shape[1]) as f32 / 4.0 && z > 0;
                 lab.push(inside as u8);
                 img.push((100.0 + 50.0 * rng.next_f32() + if inside { 300.0 } else { 0.0 }) as i16);
@@ -195,7 +205,12 @@ pub fn tree_hashes(dir: &Path) -> std::collections::BTreeMap<String, String> {
                 stack.push(p);
             } else {
                 let rel = p.strip_prefix(dir).unwrap().to_string_lossy().to_string();
-                out.insert(rel, blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string());
+                out.insert(
+                    rel,
+                    blake3::hash(&std::fs::read(&p).unwrap())
+                        .to_hex()
+                        .to_string(),
+                );
             }
         }
     }
