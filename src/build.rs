@@ -1,7 +1,6 @@
 //! The `build-cache` job: scan, plan, then build each case's entry chunk by chunk.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -11,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::cache::layout::Commit;
 use crate::cache::manifest::{params_key, Manifest, ManifestCase, ManifestDataset};
+use crate::cache::store::EntryStore;
 use crate::cache::writer::{configure_zarrs, write_entry, EntryInput};
 use crate::cache::{content_key, CacheDir};
 use crate::dataset::{discover, CaseSource, DatasetSource};
@@ -279,34 +279,35 @@ struct Job<'a> {
     key: String,
 }
 
-/// Build one case's entry into a temporary folder and move it into place.
-fn build_one(
-    cache: &CacheDir,
-    job: &Job,
-    params: &OutputParams,
-    on_voxels: &(dyn Fn(u64) + Sync),
-) -> Result<u64> {
+/// A case read, checked and normalized, ready to be written.
+struct Decoded {
+    image: nifti_io::Volume,
+    label: Option<nifti_io::LabelData>,
+    label_hash: Option<blake3::Hash>,
+    stats: normalize::IntensityStats,
+    applied: normalize::AppliedNormalization,
+}
+
+/// Read, check and normalize one case's input (everything before resampling).
+fn decode_case(job: &Job, params: &OutputParams) -> Result<Decoded> {
     let s = job.scanned;
     let id = &s.source.id;
     // Image and label inflate on two threads: gzip decoding is sequential within a file.
     let (image, label) = rayon::join(
         || nifti_io::read_volume(&s.source.image),
-        || s.source.label.as_ref().map(|p| nifti_io::read_volume(p)),
+        || s.source.label.as_ref().map(|p| nifti_io::read_label(p)),
     );
     let mut image = image?;
-    let image_hash = image.file_hash;
-    nifti_io::check_image_values(&s.source.image, &image.data)?;
-    let (label, label_hash) = match (label, &s.source.label) {
-        (Some(v), Some(p)) => {
-            let v = v?;
-            check_pair(id, &image.header, &v.header)?;
-            let h = v.file_hash;
-            (Some(nifti_io::label_from_f32(p, v.data)?), Some(h))
+    let (label, label_hash) = match label {
+        Some(l) => {
+            let l = l?;
+            check_pair(id, &image.header, &l.header)?;
+            (Some(l.data), Some(l.file_hash))
         }
-        _ => (None, None),
+        None => (None, None),
     };
     // The files may have changed since the key was computed: refuse to file them under it.
-    let key = content_key(params, id, &image_hash, label_hash.as_ref());
+    let key = content_key(params, id, &image.file_hash, label_hash.as_ref());
     if key != job.key {
         return Err(Error::case(
             id,
@@ -314,13 +315,49 @@ fn build_one(
         ));
     }
     let stats = normalize::intensity_stats(&image.data);
+    if stats.nonfinite_voxels > 0 {
+        return Err(Error::nifti(
+            &s.source.image,
+            format!(
+                "{} voxels are NaN or infinite; fix or mask them before caching",
+                stats.nonfinite_voxels
+            ),
+        ));
+    }
     let applied = normalize::plan_normalization(
         params.normalization,
         &stats,
         params.dataset_foreground.as_ref(),
     )?;
     normalize::apply(&mut image.data, &applied);
+    Ok(Decoded {
+        image,
+        label,
+        label_hash,
+        stats,
+        applied,
+    })
+}
 
+/// Write one decoded case's entry into a temporary folder and move it into place.
+fn write_case(
+    cache: &CacheDir,
+    job: &Job,
+    params: &OutputParams,
+    decoded: Decoded,
+    on_voxels: &(dyn Fn(u64) + Sync),
+) -> Result<Written> {
+    let s = job.scanned;
+    let id = &s.source.id;
+    let key = &job.key;
+    let Decoded {
+        image,
+        label,
+        label_hash,
+        stats,
+        applied,
+    } = decoded;
+    let image_hash = image.file_hash;
     let out_xyz = job.plan.out_shape_xyz;
     let out_affine: Affine = image
         .header
@@ -358,9 +395,11 @@ fn build_one(
     attrs.insert("intensity".into(), json!(stats));
     attrs.insert("normalization".into(), json!(applied));
 
-    let tmp = cache.new_tmp_entry(&key)?;
+    let tmp = cache.new_tmp_entry(key)?;
+    let store = std::sync::Arc::new(EntryStore::new(&tmp));
     let result = (|| {
         write_entry(
+            &store,
             &tmp,
             EntryInput {
                 case_id: id,
@@ -375,17 +414,73 @@ fn build_one(
             },
             on_voxels,
         )?;
-        let bytes = dir_bytes(&tmp);
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(Written {
+            tmp,
+            key: key.clone(),
+            store,
+        }),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// An entry fully written into its temporary folder, not yet durable nor in place.
+struct Written {
+    tmp: PathBuf,
+    key: String,
+    store: std::sync::Arc<EntryStore>,
+}
+
+/// Make a written entry durable and rename it into place; returns the bytes it added.
+fn commit_written(cache: &CacheDir, w: Written) -> Result<u64> {
+    let result = (|| {
+        w.store.sync_all().map_err(|e| Error::io(&w.tmp, e))?;
+        let bytes = dir_bytes(&w.tmp);
         failpoint("after-write")?;
         cache
-            .commit(&tmp, &key)
+            .commit(&w.tmp, &w.key)
             .map(|c| if c == Commit::Placed { bytes } else { 0 })
     })();
     if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = std::fs::remove_dir_all(&w.tmp);
     }
-    drop(label);
     result
+}
+
+/// One line per finished case (errors always, successes unless quiet).
+fn report_case(bar: &ProgressBar, quiet: bool, job: &Job, t0: Instant, r: &Result<u64>) {
+    let id = &job.scanned.source.id;
+    match r {
+        Ok(bytes) if !quiet => {
+            let (i, o) = (job.plan.in_shape_xyz, job.plan.out_shape_xyz);
+            say(
+                bar,
+                format!(
+                    "built  {id}: {}x{}x{} -> {}x{}x{} ({}) in {:.1} s{}",
+                    i[0],
+                    i[1],
+                    i[2],
+                    o[0],
+                    o[1],
+                    o[2],
+                    human_bytes(*bytes),
+                    t0.elapsed().as_secs_f64(),
+                    if job.plan.outlier {
+                        format!("  [outlier: {:.1}x the median size]", job.plan.size_factor)
+                    } else {
+                        String::new()
+                    }
+                ),
+            );
+        }
+        Ok(_) => {}
+        Err(e) => say(bar, format!("error: {e}")),
+    }
 }
 
 /// Test hook: `VOXCACHE_FAILPOINT=after-write` makes a build die right before the commit, as a
@@ -560,51 +655,92 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
 
     let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
     let bar = make_progress(opts.progress, total_voxels);
-    let done = AtomicU64::new(0);
     let n_jobs = jobs.len();
     let mut disk_full = false;
-    for (n, job) in jobs.iter().enumerate() {
-        let id = job.scanned.source.id.clone();
-        if disk_full {
+    // Three stages overlap: case n+1 is read and normalized while case n is resampled and
+    // written, and case n-1 is fsynced and renamed into place in the background. Memory: two
+    // inputs at most; the output never sits in memory.
+    let mut next: Option<Result<Decoded>> = jobs
+        .first()
+        .map(|j| pool.install(|| decode_case(j, &params)));
+    let mut outcomes: Vec<(usize, Instant, Result<u64>)> = Vec::new();
+    std::thread::scope(|scope| {
+        let mut in_flight: Option<(usize, Instant, std::thread::ScopedJoinHandle<Result<u64>>)> =
+            None;
+        let settle = |done: (usize, Instant, std::thread::ScopedJoinHandle<Result<u64>>),
+                      disk_full: &mut bool,
+                      outcomes: &mut Vec<(usize, Instant, Result<u64>)>| {
+            let (i, t0, h) = done;
+            let r = h.join().unwrap_or_else(|_| {
+                Err(Error::case(
+                    &jobs[i].scanned.source.id,
+                    "the commit thread panicked",
+                ))
+            });
+            if let Err(e) = &r {
+                *disk_full |= is_disk_full(&e.to_string());
+            }
+            report_case(&bar, opts.quiet, &jobs[i], t0, &r);
+            outcomes.push((i, t0, r));
+        };
+        for (n, job) in jobs.iter().enumerate() {
+            let decoded = next.take();
+            if disk_full {
+                continue;
+            }
+            bar.set_prefix(format!("case {}/{}", n + 1, n_jobs));
+            bar.set_message(job.scanned.source.id.clone());
+            let t0 = Instant::now();
+            let on_voxels = |v: u64| bar.inc(v);
+            let (written, prefetched) = pool.install(|| {
+                rayon::join(
+                    || {
+                        decoded
+                            .unwrap_or_else(|| decode_case(job, &params))
+                            .and_then(|d| write_case(&cache, job, &params, d, &on_voxels))
+                    },
+                    || jobs.get(n + 1).map(|j| decode_case(j, &params)),
+                )
+            });
+            next = prefetched;
+            if let Some(prev) = in_flight.take() {
+                settle(prev, &mut disk_full, &mut outcomes);
+            }
+            match written {
+                Ok(w) => {
+                    let cache = &cache;
+                    in_flight = Some((n, t0, scope.spawn(move || commit_written(cache, w))));
+                }
+                Err(e) => {
+                    disk_full |= is_disk_full(&e.to_string());
+                    let r = Err(e);
+                    report_case(&bar, opts.quiet, job, t0, &r);
+                    outcomes.push((n, t0, r));
+                }
+            }
+        }
+        if let Some(prev) = in_flight.take() {
+            settle(prev, &mut disk_full, &mut outcomes);
+        }
+    });
+    if disk_full {
+        say(&bar, "the disk is full: the remaining cases were skipped; free space and run again (built entries are kept)".into());
+    }
+    let settled: std::collections::BTreeSet<usize> = outcomes.iter().map(|o| o.0).collect();
+    for (i, job) in jobs.iter().enumerate() {
+        if !settled.contains(&i) {
             reports.push(CaseReport {
-                id,
+                id: job.scanned.source.id.clone(),
                 key: Some(job.key.clone()),
                 outcome: CaseOutcome::Skipped,
             });
-            continue;
         }
-        bar.set_prefix(format!("case {}/{}", n + 1, n_jobs));
-        bar.set_message(id.clone());
-        let t0 = Instant::now();
-        let on_voxels = |v: u64| {
-            done.fetch_add(v, Ordering::Relaxed);
-            bar.inc(v);
-        };
-        let r = pool.install(|| build_one(&cache, job, &params, &on_voxels));
+    }
+    for (i, t0, r) in outcomes {
+        let job = &jobs[i];
+        let id = job.scanned.source.id.clone();
         let outcome = match r {
             Ok(bytes) => {
-                let seconds = t0.elapsed().as_secs_f64();
-                let o = job.plan.out_shape_xyz;
-                if !opts.quiet {
-                    say(
-                        &bar,
-                        format!(
-                            "built  {id}: {}x{}x{} -> {}x{}x{} ({}) in {seconds:.1} s{}",
-                            job.plan.in_shape_xyz[0],
-                            job.plan.in_shape_xyz[1],
-                            job.plan.in_shape_xyz[2],
-                            o[0],
-                            o[1],
-                            o[2],
-                            human_bytes(bytes),
-                            if job.plan.outlier {
-                                format!("  [outlier: {:.1}x the median size]", job.plan.size_factor)
-                            } else {
-                                String::new()
-                            }
-                        ),
-                    );
-                }
                 report.bytes_written += bytes;
                 report.voxels_built += job.plan.out_voxels;
                 manifest_cases.insert(
@@ -612,20 +748,17 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                     ManifestCase {
                         key: job.key.clone(),
                         entry: CacheDir::entry_rel(&job.key),
-                        out_shape_zyx: zyx(o),
+                        out_shape_zyx: zyx(job.plan.out_shape_xyz),
                     },
                 );
-                CaseOutcome::Built { bytes, seconds }
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                say(&bar, format!("error: {msg}"));
-                if is_disk_full(&msg) {
-                    disk_full = true;
-                    say(&bar, "the disk is full: the remaining cases are skipped; free space and run again (built entries are kept)".into());
+                CaseOutcome::Built {
+                    bytes,
+                    seconds: t0.elapsed().as_secs_f64(),
                 }
-                CaseOutcome::Failed { error: msg }
             }
+            Err(e) => CaseOutcome::Failed {
+                error: e.to_string(),
+            },
         };
         reports.push(CaseReport {
             id,

@@ -14,6 +14,8 @@ pub struct LinearAxis {
     pub lo: Vec<u32>,
     pub hi: Vec<u32>,
     pub w: Vec<f32>,
+    /// Output grid equals input grid on this axis.
+    pub identity: bool,
 }
 
 impl LinearAxis {
@@ -30,11 +32,19 @@ impl LinearAxis {
             hi.push(i1 as u32);
             w.push((x - i0) as f32);
         }
-        LinearAxis { lo, hi, w }
+        LinearAxis {
+            lo,
+            hi,
+            w,
+            identity: n == m,
+        }
     }
 
     /// Input index range [first, last] needed for output indices [start, end).
     fn input_range(&self, start: usize, end: usize) -> (usize, usize) {
+        if self.identity {
+            return (start, end - 1);
+        }
         (self.lo[start] as usize, self.hi[end - 1] as usize)
     }
 }
@@ -100,37 +110,51 @@ impl LinearResampler {
         let (rz, ry) = (z1 - z0 + 1, y1 - y0 + 1);
 
         let (xlo, xhi, xw) = (&ax.lo[sx..sx + bx], &ax.hi[sx..sx + bx], &ax.w[sx..sx + bx]);
+        // An axis whose output grid equals its input grid (m == n) is a plain copy: every
+        // weight is 0 there, and a copy is what interpolation at the sample points gives.
         // Pass 1: along x, for every needed (z, y) input row.
         let mut t1 = vec![0.0f32; rz * ry * bx];
         for iz in 0..rz {
             for iy in 0..ry {
                 let row = &input[((z0 + iz) * ny + (y0 + iy)) * nx..][..nx];
                 let dst = &mut t1[(iz * ry + iy) * bx..][..bx];
+                if ax.identity {
+                    dst.copy_from_slice(&row[sx..sx + bx]);
+                    continue;
+                }
                 for j in 0..bx {
                     dst[j] = lerp(row[xlo[j] as usize], row[xhi[j] as usize], xw[j]);
                 }
             }
         }
         // Pass 2: along y.
-        let mut t2 = vec![0.0f32; rz * by * bx];
-        for iz in 0..rz {
-            for j in 0..by {
-                let (lo, hi, w) = (
-                    ay.lo[sy + j] as usize - y0,
-                    ay.hi[sy + j] as usize - y0,
-                    ay.w[sy + j],
-                );
-                let a = &t1[(iz * ry + lo) * bx..][..bx];
-                let b = &t1[(iz * ry + hi) * bx..][..bx];
-                let dst = &mut t2[(iz * by + j) * bx..][..bx];
-                for k in 0..bx {
-                    dst[k] = lerp(a[k], b[k], w);
+        let t2 = if ay.identity {
+            t1
+        } else {
+            let mut t2 = vec![0.0f32; rz * by * bx];
+            for iz in 0..rz {
+                for j in 0..by {
+                    let (lo, hi, w) = (
+                        ay.lo[sy + j] as usize - y0,
+                        ay.hi[sy + j] as usize - y0,
+                        ay.w[sy + j],
+                    );
+                    let a = &t1[(iz * ry + lo) * bx..][..bx];
+                    let b = &t1[(iz * ry + hi) * bx..][..bx];
+                    let dst = &mut t2[(iz * by + j) * bx..][..bx];
+                    for k in 0..bx {
+                        dst[k] = lerp(a[k], b[k], w);
+                    }
                 }
             }
-        }
-        drop(t1);
+            t2
+        };
         // Pass 3: along z, straight into the output.
         let plane = by * bx;
+        if az.identity {
+            out.copy_from_slice(&t2[..bz * plane]);
+            return;
+        }
         for j in 0..bz {
             let (lo, hi, w) = (
                 az.lo[sz + j] as usize - z0,
@@ -150,13 +174,18 @@ impl LinearResampler {
 /// Nearest-neighbour lookup of the whole grid, prepared once per volume (labels).
 pub struct NearestResampler {
     in_shape: [usize; 3],
+    out_nx: usize,
     axes: [Vec<u32>; 3],
 }
 
 impl NearestResampler {
     pub fn new(in_shape: [usize; 3], out_shape: [usize; 3]) -> Self {
         let axes = [0, 1, 2].map(|a| nearest_axis(in_shape[a], out_shape[a]));
-        NearestResampler { in_shape, axes }
+        NearestResampler {
+            in_shape,
+            out_nx: out_shape[2],
+            axes,
+        }
     }
 
     pub fn fill<T: Copy>(&self, input: &[T], block: Block, out: &mut [T]) {
@@ -164,15 +193,18 @@ impl NearestResampler {
         let [bz, by, bx] = block.size;
         let [sz, sy, sx] = block.start;
         let xs = &self.axes[2][sx..sx + bx];
-        let mut o = 0;
-        for jz in 0..bz {
+        let x_identity = nx == self.out_nx;
+        for (jz, out_plane) in out.chunks_exact_mut(by * bx).enumerate().take(bz) {
             let iz = self.axes[0][sz + jz] as usize;
-            for jy in 0..by {
+            for (jy, dst) in out_plane.chunks_exact_mut(bx).enumerate() {
                 let iy = self.axes[1][sy + jy] as usize;
                 let row = &input[(iz * ny + iy) * nx..][..nx];
-                for &ix in xs {
-                    out[o] = row[ix as usize];
-                    o += 1;
+                if x_identity {
+                    dst.copy_from_slice(&row[sx..sx + bx]);
+                } else {
+                    for (d, &ix) in dst.iter_mut().zip(xs) {
+                        *d = row[ix as usize];
+                    }
                 }
             }
         }

@@ -163,17 +163,18 @@ fn block_key(b: &Block, write_block: [usize; 3]) -> (Vec<u64>, String) {
     (idx, name)
 }
 
-/// Write the entry's arrays and metadata into `dir` (a fresh temporary folder).
+/// Write the entry's arrays and metadata into `store` (a fresh temporary folder `dir`). Nothing
+/// is synced here: the caller makes it durable (`EntryStore::sync_all`) before the commit.
 pub fn write_entry(
+    store: &Arc<EntryStore>,
     dir: &Path,
     input: EntryInput,
     on_voxels: &(dyn Fn(u64) + Sync),
 ) -> Result<EntryOutput> {
-    let store = Arc::new(EntryStore::new(dir));
     let params = input.params;
     let out_shape = input.out_shape_zyx;
     let layout = params.layout_for(out_shape);
-    let array = |spec: ArraySpec| build_array(&store, dir, params, &layout, out_shape, spec);
+    let array = |spec: ArraySpec| build_array(store, dir, params, &layout, out_shape, spec);
     let image_array = array(match params.image_dtype {
         ImageDtype::Float32 => ArraySpec {
             name: "image",
@@ -346,7 +347,6 @@ pub fn write_entry(
         .map_err(|e| Error::zarr(dir, e))?;
     // The group's zarr.json is written last: an entry without it is never treated as complete.
     group.store_metadata().map_err(|e| Error::zarr(dir, e))?;
-    store.sync_all().map_err(|e| Error::io(dir, e))?;
     Ok(EntryOutput {
         fg,
         blocks: all_blocks.len(),
