@@ -13,7 +13,9 @@ use zarrs::array::{Array, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 
 fn lcg(state: &mut u64) -> u64 {
-    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     *state >> 33
 }
 
@@ -36,7 +38,11 @@ fn main() -> anyhow::Result<()> {
         }
     }
     anyhow::ensure!(!arrays.is_empty(), "no entries under {}", cache.display());
-    let elem = if arrays[0].data_type().to_string().contains("16") { 2 } else { 4 };
+    let elem = if arrays[0].data_type().to_string().contains("16") {
+        2
+    } else {
+        4
+    };
     let mut rounds = Vec::new();
     let mut rng = 42u64;
     let mut bytes = 0usize;
@@ -54,7 +60,10 @@ fn main() -> anyhow::Result<()> {
                 })
                 .collect();
             let subset = ArraySubset::new_with_ranges(&ranges);
-            let got: Vec<u8> = a.retrieve_array_subset::<zarrs::array::ArrayBytes>(&subset)?.into_fixed()?.to_vec();
+            let got: Vec<u8> = a
+                .retrieve_array_subset::<zarrs::array::ArrayBytes>(&subset)?
+                .into_fixed()?
+                .to_vec();
             bytes += got.len();
             std::hint::black_box(&got);
         }

@@ -546,12 +546,14 @@ fn narrow_labels<T: RawInt>(path: &Path, raw: &[u8], big: bool) -> Result<LabelD
     for piece in pieces {
         match piece {
             Ok(m) => max = max.max(m),
-            Err((i, v)) => return Err(Error::nifti(
-                path,
-                format!(
+            Err((i, v)) => {
+                return Err(Error::nifti(
+                    path,
+                    format!(
                     "label voxel {i} has value {v}: labels must be whole numbers from 0 to 65535"
                 ),
-            )),
+                ))
+            }
         }
     }
     Ok(if max <= 255 {

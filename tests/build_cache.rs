@@ -375,3 +375,77 @@ fn entries_record_geometry_stats_and_a_consistent_foreground_index() {
         assert!(e.join("voxcache_chunks.json").is_file());
     }
 }
+
+/// Unmounts the tiny filesystem even when the test fails.
+struct TinyFs(PathBuf);
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
+    let t = tempfile::tempdir().unwrap();
+    let mnt = t.path().join("tiny");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=3m",
+            "tmpfs",
+            mnt.to_str().unwrap(),
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a 3 MB tmpfs here (needs root)");
+        return;
+    }
+    let _guard = TinyFs(mnt.clone());
+    // The bundled dataset: its first case (1.2 MiB) fits, the 4.97 um outlier does not.
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+    let cache = mnt.join("cache");
+    let (o, r) = build(&data, &cache, &["--spacing", "0.99,0.99,2.9"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(count(&r, "built"), 1);
+    let cases = r["cases"].as_array().unwrap();
+    let failed: Vec<&serde_json::Value> = cases
+        .iter()
+        .filter(|c| c["outcome"]["status"] == "failed")
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert!(failed[0]["outcome"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("No space left on device"));
+    assert_eq!(
+        cases
+            .iter()
+            .filter(|c| c["outcome"]["status"] == "skipped")
+            .count(),
+        8
+    );
+    assert!(stderr(&o).contains("disk is full"));
+    assert_eq!(
+        entries(&cache).len(),
+        1,
+        "the entry built before the disk filled is kept"
+    );
+    assert_eq!(
+        std::fs::read_dir(cache.join("tmp")).unwrap().count(),
+        0,
+        "no partial entry is left"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["datasets"]["vessels"]["cases"]
+            .as_object()
+            .unwrap()
+            .len(),
+        1
+    );
+}
