@@ -11,6 +11,7 @@
 //! - [`pipeline`]: named parameter sets (pipelines/*.toml) and their canonical form.
 //! - [`cache`]: content keys, entry writer, manifest, reader.
 //! - [`build`]: the `build-cache` job that ties the above together.
+//! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.
 //! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
 //! - [`sysinfo`]: peak memory and host facts for reports.
 
@@ -19,6 +20,7 @@ pub mod cache;
 pub mod dataset;
 pub mod error;
 pub mod geometry;
+pub mod inspect;
 pub mod nifti_io;
 pub mod normalize;
 pub mod pipeline;

@@ -29,6 +29,9 @@ enum Command {
     BuildCache(Box<BuildArgs>),
     /// Generate a synthetic vessel dataset (nnU-Net layout).
     Synth(SynthArgs),
+    /// Report on a dataset (fingerprint, target spacing, cost forecast) or a cache (entries,
+    /// orphans, leftovers; --verify re-hashes every chunk). Never writes into the cache.
+    Inspect(Box<InspectArgs>),
 }
 
 #[derive(Args)]
@@ -314,11 +317,78 @@ fn run_synth(args: SynthArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[derive(Args)]
+struct InspectArgs {
+    /// A dataset folder (imagesTr/ or .nii(.gz) files) or a cache folder (manifest.json, entries/).
+    path: PathBuf,
+    /// Target spacing for the forecast: auto (default) or x,y,z ("what if").
+    #[arg(long)]
+    spacing: Option<String>,
+    /// Pipeline whose spacing and image dtype the forecast uses (default: default).
+    #[arg(long)]
+    pipeline: Option<String>,
+    /// Print the report as one JSON document (shape documented in voxcache::inspect).
+    #[arg(long)]
+    json: bool,
+    /// Cache: re-hash every chunk against voxcache_chunks.json; exit 1 on any corrupt or missing.
+    #[arg(long)]
+    verify: bool,
+    /// Dataset: read headers only (no intensity or label statistics).
+    #[arg(long)]
+    headers_only: bool,
+    /// Cases read at once (each holds about one volume in memory).
+    #[arg(long, short = 'j', default_value_t = 2)]
+    jobs: usize,
+    /// Draw this case's three middle slices with its label overlay (needs --out).
+    #[arg(long, value_name = "CASE", requires = "out")]
+    preview: Option<String>,
+    /// PNG file for --preview.
+    #[arg(long, value_name = "FILE.png", requires = "preview")]
+    out: Option<PathBuf>,
+}
+
+/// Exit 0: no problem is an error; 1: some problem is (or --verify found damage); 2: cannot inspect.
+fn run_inspect(args: InspectArgs) -> Result<ExitCode> {
+    use voxcache::inspect;
+    if let (Some(case), Some(out)) = (&args.preview, &args.out) {
+        let info = inspect::write_preview(&args.path, case, out)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&info)?);
+        } else {
+            println!(
+                "wrote {} ({}x{} px from the {}, slices z,y,x = {:?}, {:.4} per pixel)",
+                out.display(),
+                info.width,
+                info.height,
+                info.source,
+                info.slices_zyx,
+                info.pixel_size
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let opts = inspect::InspectOptions {
+        settings: inspect::settings_for(args.pipeline.as_deref(), args.spacing.as_deref())?,
+        verify: args.verify,
+        read_voxels: !args.headers_only,
+        jobs: args.jobs,
+        ..inspect::InspectOptions::new(&args.path)
+    };
+    let report = inspect::inspect(&opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(ExitCode::from(u8::from(report.errors > 0)))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::BuildCache(a) => run_build(*a),
         Command::Synth(a) => run_synth(a),
+        Command::Inspect(a) => run_inspect(*a),
     };
     match result {
         Ok(code) => code,

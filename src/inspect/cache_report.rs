@@ -1,0 +1,568 @@
+//! The cache report: datasets in the manifest, every entry with its layout and size, entries no
+//! manifest refers to, and what interrupted builds left in tmp/.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::entry_meta::{
+    dtype_bytes, entry_dir, entry_dirs, read_entry, short_key, EntryMeta, Found,
+};
+use super::table::{count, shape3, spacing3, wrap, Align, Table};
+use super::verify::{verify_entry, VerifySummary};
+use super::{rel_path, Problem};
+use crate::cache::fg_index::ClassStats;
+use crate::cache::manifest::Manifest;
+use crate::cache::CacheDir;
+use crate::error::Result;
+use crate::pipeline::{Compression, ImageDtype};
+use crate::sysinfo::{hostname, human_bytes, pid_alive};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DatasetInfo {
+    pub name: String,
+    pub pipeline: String,
+    pub params_key: String,
+    pub target_spacing_xyz: [f64; 3],
+    pub spacing_rule: String,
+    pub spacing_reason: String,
+    pub normalization: String,
+    pub image_dtype: ImageDtype,
+    pub chunk_zyx: [usize; 3],
+    pub shard_zyx: Option<[usize; 3]>,
+    pub compression: String,
+    pub cases: usize,
+    /// Cases whose entry is not in entries/.
+    pub missing_entries: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EntryInfo {
+    pub key: String,
+    pub path: String,
+    pub case_id: String,
+    pub datasets: Vec<String>,
+    pub orphan: bool,
+    pub shape_zyx: [usize; 3],
+    pub spacing_xyz: [f64; 3],
+    pub unit: String,
+    pub image_dtype: String,
+    pub label_dtype: Option<String>,
+    pub chunk_zyx: [usize; 3],
+    pub shard_zyx: Option<[usize; 3]>,
+    pub codec: String,
+    pub bytes_on_disk: u64,
+    /// Bytes of the image, label and fg arrays once decoded.
+    pub decoded_bytes: u64,
+    /// decoded_bytes / bytes_on_disk.
+    pub compression_ratio: f64,
+    pub label_classes: BTreeMap<String, ClassStats>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TmpInfo {
+    pub name: String,
+    pub path: String,
+    pub bytes: u64,
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    /// Whether the builder that owns it still runs (known only on its own host).
+    pub owner_alive: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CacheTotals {
+    pub entries: usize,
+    pub orphans: usize,
+    pub bytes_on_disk: u64,
+    pub decoded_bytes: u64,
+    pub tmp_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CacheReport {
+    pub manifest_format_version: Option<u32>,
+    pub datasets: Vec<DatasetInfo>,
+    pub entries: Vec<EntryInfo>,
+    pub tmp: Vec<TmpInfo>,
+    pub totals: CacheTotals,
+    pub verify: Option<VerifySummary>,
+}
+
+/// Total bytes of the files under `dir`.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(_) => total += e.metadata().map(|m| m.len()).unwrap_or(0),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+fn compression_name(c: &Compression) -> String {
+    match c {
+        Compression::None => "none".into(),
+        Compression::Zstd { level } => format!("zstd-{level}"),
+        Compression::Blosc { level } => format!("blosc-{level}"),
+    }
+}
+
+/// `tmp/<key>.<host>.<pid>.<n>`: who owns it.
+fn tmp_owner(name: &str) -> (Option<String>, Option<u32>) {
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() < 4 {
+        return (None, None);
+    }
+    let pid = parts[parts.len() - 2].parse::<u32>().ok();
+    let host = parts[1..parts.len() - 2].join(".");
+    (pid.map(|_| host), pid)
+}
+
+fn tmp_leftovers(root: &Path, problems: &mut Vec<Problem>) -> Vec<TmpInfo> {
+    let Ok(rd) = std::fs::read_dir(root.join("tmp")) else {
+        return Vec::new();
+    };
+    let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    let me = hostname();
+    paths
+        .into_iter()
+        .map(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            let (host, pid) = tmp_owner(&name);
+            let owner_alive = match (&host, pid) {
+                (Some(h), Some(pid)) if *h == me => Some(pid_alive(pid)),
+                _ => None,
+            };
+            let bytes = if p.is_dir() {
+                dir_bytes(&p)
+            } else {
+                p.metadata().map(|m| m.len()).unwrap_or(0)
+            };
+            let why = match owner_alive {
+                Some(true) => "a build in progress (its process is alive)",
+                Some(false) => "left by an interrupted build (its process is gone); the next build-cache removes it",
+                None => "left by a build on another host, or not voxcache's",
+            };
+            problems.push(
+                Problem::warning("tmp-leftover", format!("{why}; {}", human_bytes(bytes)))
+                    .path(rel_path(root, &p)),
+            );
+            TmpInfo {
+                path: rel_path(root, &p),
+                name,
+                bytes,
+                host,
+                pid,
+                owner_alive,
+            }
+        })
+        .collect()
+}
+
+fn decoded_bytes(m: &EntryMeta) -> u64 {
+    let voxels: u64 = m.shape_zyx.iter().map(|&v| v as u64).product();
+    let image = dtype_bytes(&m.image_dtype).unwrap_or(0) as u64;
+    let label = m.label_dtype.as_deref().and_then(dtype_bytes).unwrap_or(0) as u64;
+    voxels * (image + label) + m.fg_rows * 16
+}
+
+/// Check that the arrays' own zarr.json files parse (cheap; `--verify` opens them for real).
+fn check_array_metadata(root: &Path, m: &EntryMeta) -> Vec<Problem> {
+    let mut arrays = vec!["image"];
+    if m.label_dtype.is_some() {
+        arrays.push("label");
+    }
+    if m.fg_rows > 0 {
+        arrays.push("fg");
+    }
+    arrays
+        .into_iter()
+        .filter_map(|a| {
+            super::entry_meta::read_json(root, &m.dir.join(a).join("zarr.json"))
+                .err()
+                .map(|p| (*p).case(&m.case_id))
+        })
+        .collect()
+}
+
+/// Inspect a cache folder (and re-hash every block with `verify`).
+pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
+    let cache = CacheDir::new(root);
+    let mut problems = Vec::new();
+    let manifest = match Manifest::load(&cache) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            problems.push(
+                Problem::error(
+                    "manifest",
+                    super::file_message(root, &cache.manifest_path(), &e.to_string()),
+                )
+                .path("manifest.json"),
+            );
+            None
+        }
+    };
+    let have_manifest = cache.manifest_path().is_file() && manifest.is_some();
+
+    let (dirs, stray) = entry_dirs(root);
+    problems.extend(stray);
+    let parsed: Vec<Found<EntryMeta>> = dirs.par_iter().map(|d| read_entry(root, d)).collect();
+
+    // Which datasets refer to which key.
+    let mut refs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut datasets = Vec::new();
+    for (name, d) in manifest.iter().flat_map(|m| m.datasets.iter()) {
+        let mut missing = Vec::new();
+        for (case, c) in &d.cases {
+            refs.entry(c.key.clone()).or_default().push(name.clone());
+            let there = entry_dir(root, &c.key).is_some_and(|p| p.join("zarr.json").is_file());
+            if !there {
+                missing.push(case.clone());
+                problems.push(
+                    Problem::error(
+                        "missing-entry",
+                        format!(
+                            "dataset {name} names entry {} for this case, and it is not there",
+                            short_key(&c.key)
+                        ),
+                    )
+                    .case(case)
+                    .path(c.entry.clone()),
+                );
+            }
+        }
+        let p = &d.params;
+        datasets.push(DatasetInfo {
+            name: name.clone(),
+            pipeline: d.pipeline.clone(),
+            params_key: d.params_key.clone(),
+            target_spacing_xyz: p.target_spacing_xyz,
+            spacing_rule: d.spacing_rule.clone(),
+            spacing_reason: d.spacing_reason.clone(),
+            normalization: serde_json::to_value(p.normalization)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            image_dtype: p.image_dtype,
+            chunk_zyx: p.chunk_zyx,
+            shard_zyx: p.shard_zyx,
+            compression: compression_name(&p.compression),
+            cases: d.cases.len(),
+            missing_entries: missing,
+        });
+    }
+
+    let mut entries = Vec::new();
+    let mut metas = Vec::new();
+    for r in parsed {
+        let m = match r {
+            Ok(m) => m,
+            Err(p) => {
+                problems.push(*p);
+                continue;
+            }
+        };
+        let folder = m.dir.file_name().map(|n| n.to_string_lossy().to_string());
+        if folder.as_deref() != Some(m.key.as_str()) {
+            problems.push(
+                Problem::error(
+                    "metadata",
+                    format!(
+                        "the entry says its key is {}, but its folder is named otherwise",
+                        short_key(&m.key)
+                    ),
+                )
+                .case(&m.case_id)
+                .path(format!("{}/zarr.json", m.rel)),
+            );
+        }
+        problems.extend(check_array_metadata(root, &m));
+        let names = folder
+            .as_ref()
+            .and_then(|f| refs.get(f))
+            .cloned()
+            .unwrap_or_default();
+        let orphan = have_manifest && names.is_empty();
+        if orphan {
+            problems.push(
+                Problem::warning(
+                    "orphan",
+                    "no dataset in the manifest refers to this entry (a rebuild with other parameters replaced it); it is safe to delete",
+                )
+                .case(&m.case_id)
+                .path(m.rel.clone()),
+            );
+        }
+        let bytes_on_disk = dir_bytes(&m.dir);
+        let decoded = decoded_bytes(&m);
+        entries.push(EntryInfo {
+            key: m.key.clone(),
+            path: m.rel.clone(),
+            case_id: m.case_id.clone(),
+            datasets: names,
+            orphan,
+            shape_zyx: m.shape_zyx,
+            spacing_xyz: m.spacing_xyz,
+            unit: m.unit.clone(),
+            image_dtype: m.image_dtype.clone(),
+            label_dtype: m.label_dtype.clone(),
+            chunk_zyx: m.chunk_zyx,
+            shard_zyx: m.shard_zyx,
+            codec: m.codec.clone(),
+            bytes_on_disk,
+            decoded_bytes: decoded,
+            compression_ratio: if bytes_on_disk > 0 {
+                decoded as f64 / bytes_on_disk as f64
+            } else {
+                0.0
+            },
+            label_classes: m.classes.clone(),
+        });
+        metas.push(m);
+    }
+    entries.sort_by(|a, b| (&a.case_id, &a.key).cmp(&(&b.case_id, &b.key)));
+
+    let verify = verify.then(|| {
+        // One entry at a time: blocks are checked in parallel within it, and a shard can be
+        // a gigabyte decoded.
+        let results: Vec<(VerifySummary, Vec<Problem>)> =
+            metas.iter().map(|m| verify_entry(root, m)).collect();
+        let mut total = VerifySummary {
+            entries: metas.len(),
+            ..VerifySummary::default()
+        };
+        for (s, p) in results {
+            total.add(&s);
+            problems.extend(p);
+        }
+        total
+    });
+
+    let tmp = tmp_leftovers(root, &mut problems);
+    let totals = CacheTotals {
+        entries: entries.len(),
+        orphans: entries.iter().filter(|e| e.orphan).count(),
+        bytes_on_disk: entries.iter().map(|e| e.bytes_on_disk).sum(),
+        decoded_bytes: entries.iter().map(|e| e.decoded_bytes).sum(),
+        tmp_bytes: tmp.iter().map(|t| t.bytes).sum(),
+    };
+    Ok((
+        CacheReport {
+            manifest_format_version: manifest
+                .as_ref()
+                .filter(|_| have_manifest)
+                .map(|m| m.format_version),
+            datasets,
+            entries,
+            tmp,
+            totals,
+            verify,
+        },
+        problems,
+    ))
+}
+
+fn classes_cell(c: &BTreeMap<String, ClassStats>) -> String {
+    if c.is_empty() {
+        return "-".into();
+    }
+    let mut v: Vec<(u32, u64)> = c
+        .iter()
+        .map(|(k, s)| (k.parse().unwrap_or(u32::MAX), s.voxels))
+        .collect();
+    v.sort_unstable();
+    v.iter()
+        .map(|(k, n)| format!("{k}:{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn short_dtype(d: &str) -> String {
+    match d {
+        "float32" => "f32".into(),
+        "float16" => "f16".into(),
+        "uint8" => "u8".into(),
+        "uint16" => "u16".into(),
+        other => other.into(),
+    }
+}
+
+/// The human report of a cache.
+pub fn render(r: &CacheReport, path: &str) -> String {
+    const W: usize = 100;
+    let t = &r.totals;
+    let mut out = format!(
+        "cache {path}\n{}, {} ({} orphaned), {} in tmp/; {} on disk, {} decoded\n",
+        count(r.datasets.len(), "dataset", "datasets"),
+        count(t.entries, "entry", "entries"),
+        t.orphans,
+        count(r.tmp.len(), "leftover", "leftovers"),
+        human_bytes(t.bytes_on_disk),
+        human_bytes(t.decoded_bytes)
+    );
+    if r.manifest_format_version.is_none() {
+        out.push_str("no readable manifest.json: no dataset is recorded\n");
+    }
+
+    if !r.datasets.is_empty() {
+        let mut tb = Table::new(&[
+            ("dataset", Align::Left),
+            ("pipeline", Align::Left),
+            ("cases", Align::Right),
+            ("target (x,y,z)", Align::Right),
+            ("image", Align::Left),
+            ("norm", Align::Left),
+            ("chunk (z,y,x)", Align::Right),
+            ("shard", Align::Right),
+            ("codec", Align::Left),
+        ]);
+        for d in &r.datasets {
+            tb.row(vec![
+                d.name.clone(),
+                d.pipeline.clone(),
+                if d.missing_entries.is_empty() {
+                    d.cases.to_string()
+                } else {
+                    format!("{} ({} missing)", d.cases, d.missing_entries.len())
+                },
+                spacing3(&d.target_spacing_xyz),
+                short_dtype(match d.image_dtype {
+                    ImageDtype::Float32 => "float32",
+                    ImageDtype::Float16 => "float16",
+                }),
+                d.normalization.clone(),
+                shape3(&d.chunk_zyx),
+                d.shard_zyx
+                    .map(|s| shape3(&s))
+                    .unwrap_or_else(|| "-".into()),
+                d.compression.clone(),
+            ]);
+        }
+        out.push_str(&format!("\ndatasets\n{}", tb.render(W)));
+        for d in &r.datasets {
+            let head = format!("{}: target by {}:", d.name, d.spacing_rule);
+            out.push_str(&head);
+            out.push(' ');
+            out.push_str(&wrap(&d.spacing_reason, W, head.len() + 1, 2));
+        }
+    }
+
+    if !r.entries.is_empty() {
+        let mut tb = Table::new(&[
+            ("case", Align::Left),
+            ("key", Align::Left),
+            ("dataset", Align::Left),
+            ("shape (z,y,x)", Align::Right),
+            ("spacing (x,y,z)", Align::Right),
+            ("classes (voxels)", Align::Left),
+        ]);
+        for e in &r.entries {
+            tb.row(vec![
+                e.case_id.clone(),
+                short_key(&e.key),
+                if e.orphan {
+                    "ORPHAN".into()
+                } else if e.datasets.is_empty() {
+                    "-".into()
+                } else {
+                    e.datasets.join(",")
+                },
+                shape3(&e.shape_zyx),
+                format!("{} {}", spacing3(&e.spacing_xyz), e.unit),
+                classes_cell(&e.label_classes),
+            ]);
+        }
+        out.push_str(&format!("\nentries\n{}", tb.render(W)));
+
+        let mut tb = Table::new(&[
+            ("case", Align::Left),
+            ("key", Align::Left),
+            ("dtypes", Align::Left),
+            ("chunk (z,y,x)", Align::Right),
+            ("shard (z,y,x)", Align::Right),
+            ("codec", Align::Left),
+            ("on disk", Align::Right),
+            ("decoded", Align::Right),
+            ("ratio", Align::Right),
+        ]);
+        for e in &r.entries {
+            tb.row(vec![
+                e.case_id.clone(),
+                short_key(&e.key),
+                format!(
+                    "{}/{}",
+                    short_dtype(&e.image_dtype),
+                    e.label_dtype
+                        .as_deref()
+                        .map(short_dtype)
+                        .unwrap_or_else(|| "-".into())
+                ),
+                shape3(&e.chunk_zyx),
+                e.shard_zyx
+                    .map(|s| shape3(&s))
+                    .unwrap_or_else(|| "-".into()),
+                e.codec.clone(),
+                human_bytes(e.bytes_on_disk),
+                human_bytes(e.decoded_bytes),
+                format!("{:.2}", e.compression_ratio),
+            ]);
+        }
+        out.push_str(&format!(
+            "\nentry layouts and sizes (dtypes: image/label; ratio: decoded / on disk)\n{}",
+            tb.render(W)
+        ));
+    }
+
+    if !r.tmp.is_empty() {
+        let mut tb = Table::new(&[
+            ("tmp leftover", Align::Left),
+            ("bytes", Align::Right),
+            ("owner", Align::Left),
+        ]);
+        for t in &r.tmp {
+            tb.row(vec![
+                t.path.clone(),
+                human_bytes(t.bytes),
+                match (&t.host, t.pid, t.owner_alive) {
+                    (Some(h), Some(p), Some(true)) => format!("{h} pid {p} (running)"),
+                    (Some(h), Some(p), Some(false)) => format!("{h} pid {p} (gone)"),
+                    (Some(h), Some(p), None) => format!("{h} pid {p}"),
+                    _ => "unknown".into(),
+                },
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&tb.render(W));
+    }
+
+    if let Some(v) = &r.verify {
+        let line = format!(
+            "verify: {}, {}: {} ok, {} absent (all fill value, as recorded), {} corrupt, {} missing, {} other problems",
+            count(v.entries, "entry", "entries"),
+            count(v.blocks_checked as usize, "block", "blocks"),
+            v.blocks_ok,
+            v.blocks_absent,
+            v.corrupt,
+            v.missing,
+            v.other
+        );
+        out.push('\n');
+        out.push_str(&wrap(&line, W, 0, 2));
+    }
+    out
+}

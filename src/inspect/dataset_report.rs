@@ -1,0 +1,692 @@
+//! The dataset report: per-case header facts and voxel statistics, the spacing distribution,
+//! the target spacing `auto` chooses and why, and each case's output size at the target.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::table::{count, num, shape3, spacing3, value, wrap, Align, Table};
+use super::{file_message, rel_message, rel_path, InspectOptions, Problem};
+use crate::build::{decide_spacing, plan_scanned, scan, ScannedCase};
+use crate::dataset::{discover, CaseSource, DatasetSource};
+use crate::error::{Error, Result};
+use crate::nifti_io::{self, HeaderInfo, LabelData};
+use crate::pipeline::{ImageDtype, SpacingChoice};
+use crate::plan::{percentile, SpacingDecision, OUTLIER_FACTOR};
+use crate::sysinfo::human_bytes;
+
+/// What a case's image header says.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeaderFacts {
+    pub shape_xyz: [usize; 3],
+    pub spacing_xyz: [f64; 3],
+    pub unit: &'static str,
+    pub datatype: &'static str,
+    pub orientation: String,
+    pub qform_code: i16,
+    pub sform_code: i16,
+    pub affine_source: &'static str,
+}
+
+impl HeaderFacts {
+    fn of(h: &HeaderInfo) -> Self {
+        HeaderFacts {
+            shape_xyz: h.shape_xyz,
+            spacing_xyz: h.spacing_xyz,
+            unit: h.unit,
+            datatype: h.datatype,
+            orientation: h.affine.axis_codes(),
+            qform_code: h.qform_code,
+            sform_code: h.sform_code,
+            affine_source: h.affine_source,
+        }
+    }
+}
+
+/// Intensity statistics over the finite voxels of an image.
+#[derive(Clone, Debug, Serialize)]
+pub struct IntensityFacts {
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    pub mean: Option<f64>,
+    /// NaN or infinite voxels.
+    pub non_finite: u64,
+}
+
+/// One case's output grid and cost at the target spacing.
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseForecast {
+    pub out_shape_xyz: [usize; 3],
+    pub out_spacing_xyz: [f64; 3],
+    pub out_voxels: u64,
+    /// Cached image (at the pipeline's dtype) plus label.
+    pub out_bytes: u64,
+    pub whole_volume_f32_bytes: u64,
+    pub whole_volume_f64_bytes: u64,
+    /// Output voxels over the dataset's median.
+    pub size_factor: f64,
+    pub outlier: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseInfo {
+    pub id: String,
+    pub image: String,
+    pub label: Option<String>,
+    pub header: Option<HeaderFacts>,
+    pub label_datatype: Option<&'static str>,
+    pub intensity: Option<IntensityFacts>,
+    pub label_values: Option<BTreeMap<String, u64>>,
+    pub forecast: Option<CaseForecast>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SpacingCount {
+    pub spacing_xyz: [f64; 3],
+    pub count: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AxisStats {
+    pub min: f64,
+    pub p10: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub max: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PerAxis {
+    pub x: AxisStats,
+    pub y: AxisStats,
+    pub z: AxisStats,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SpacingReport {
+    /// Distinct spacings, most common first (ties: smallest spacing first).
+    pub distinct: Vec<SpacingCount>,
+    pub per_axis: PerAxis,
+    pub units: Vec<&'static str>,
+    /// What `--spacing auto` chooses.
+    pub auto: Option<SpacingDecision>,
+    /// What the forecast uses (`auto`, or the explicit spacing asked for).
+    pub target: SpacingDecision,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ForecastTotals {
+    pub target_xyz: [f64; 3],
+    pub image_dtype: ImageDtype,
+    pub cases: usize,
+    pub out_bytes: u64,
+    pub whole_volume_f32_bytes: u64,
+    pub whole_volume_f64_bytes: u64,
+    pub outliers: Vec<String>,
+    pub outlier_factor: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DatasetReport {
+    pub pipeline: String,
+    pub image_dtype: ImageDtype,
+    pub voxels_read: bool,
+    pub n_cases: usize,
+    pub n_labelled: usize,
+    pub cases: Vec<CaseInfo>,
+    pub spacing: Option<SpacingReport>,
+    pub forecast: Option<ForecastTotals>,
+}
+
+/// Voxel facts of one case.
+#[derive(Default)]
+struct VoxelFacts {
+    intensity: Option<IntensityFacts>,
+    label_values: Option<BTreeMap<String, u64>>,
+    problems: Vec<Problem>,
+}
+
+fn intensity_of(data: &[f32]) -> IntensityFacts {
+    let (mut lo, mut hi, mut sum, mut n, mut bad) =
+        (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0u64, 0);
+    for &v in data {
+        if v.is_finite() {
+            lo = lo.min(v);
+            hi = hi.max(v);
+            sum += v as f64;
+            n += 1;
+        } else {
+            bad += 1;
+        }
+    }
+    IntensityFacts {
+        min: (n > 0).then_some(lo as f64),
+        max: (n > 0).then_some(hi as f64),
+        mean: (n > 0).then(|| sum / n as f64),
+        non_finite: bad,
+    }
+}
+
+fn label_counts(label: &LabelData) -> BTreeMap<String, u64> {
+    let mut counts = vec![0u64; 1 << 16];
+    match label {
+        LabelData::U8(v) => v.iter().for_each(|&c| counts[c as usize] += 1),
+        LabelData::U16(v) => v.iter().for_each(|&c| counts[c as usize] += 1),
+    }
+    counts
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(c, &n)| (c.to_string(), n))
+        .collect()
+}
+
+/// Read one case's voxels: the image, then (after the image is dropped) the label, so one
+/// worker holds about one volume at a time.
+fn read_voxels(root: &Path, c: &CaseSource, image_ok: bool, label_ok: bool) -> VoxelFacts {
+    let mut f = VoxelFacts::default();
+    let unreadable = |p: &Path, e: Error| {
+        Problem::error("unreadable", file_message(root, p, &e.to_string()))
+            .case(&c.id)
+            .path(rel_path(root, p))
+    };
+    if image_ok {
+        match nifti_io::read_volume(&c.image) {
+            Ok(v) => {
+                let facts = intensity_of(&v.data);
+                if facts.non_finite > 0 {
+                    f.problems.push(
+                        Problem::error(
+                            "non-finite",
+                            format!(
+                                "{} voxels are NaN or infinite (build-cache refuses this image)",
+                                facts.non_finite
+                            ),
+                        )
+                        .case(&c.id)
+                        .path(rel_path(root, &c.image)),
+                    );
+                }
+                f.intensity = Some(facts);
+            }
+            Err(e) => f.problems.push(unreadable(&c.image, e)),
+        }
+    }
+    if let (Some(lp), true) = (&c.label, label_ok) {
+        let label = nifti_io::read_volume(lp).map(|v| nifti_io::label_from_f32(lp, v.data));
+        match label {
+            Ok(Ok(l)) => {
+                let counts = label_counts(&l);
+                if counts.keys().all(|k| k == "0") {
+                    f.problems.push(
+                        Problem::warning("empty-label", "the label has no foreground voxel")
+                            .case(&c.id)
+                            .path(rel_path(root, lp)),
+                    );
+                }
+                f.label_values = Some(counts);
+            }
+            Ok(Err(e)) => f.problems.push(
+                Problem::error("bad-label", file_message(root, lp, &e.to_string()))
+                    .case(&c.id)
+                    .path(rel_path(root, lp)),
+            ),
+            Err(e) => f.problems.push(unreadable(lp, e)),
+        }
+    }
+    f
+}
+
+fn axis_stats(v: &[f64]) -> AxisStats {
+    AxisStats {
+        min: v.iter().cloned().fold(f64::INFINITY, f64::min),
+        p10: percentile(v, 10.0),
+        p50: percentile(v, 50.0),
+        p90: percentile(v, 90.0),
+        max: v.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+fn spacing_report(
+    ok: &[&ScannedCase],
+    choice: SpacingChoice,
+    problems: &mut Vec<Problem>,
+) -> Result<Option<SpacingReport>> {
+    if ok.is_empty() {
+        return Ok(None);
+    }
+    let spacings: Vec<[f64; 3]> = ok.iter().map(|s| s.image.spacing_xyz).collect();
+    let mut counts: BTreeMap<[u64; 3], usize> = BTreeMap::new();
+    for s in &spacings {
+        *counts.entry(s.map(f64::to_bits)).or_default() += 1;
+    }
+    let mut distinct: Vec<SpacingCount> = counts
+        .into_iter()
+        .map(|(k, count)| SpacingCount {
+            spacing_xyz: k.map(f64::from_bits),
+            count,
+        })
+        .collect();
+    distinct.sort_by(|a, b| {
+        b.count.cmp(&a.count).then_with(|| {
+            (0..3)
+                .map(|i| a.spacing_xyz[i].total_cmp(&b.spacing_xyz[i]))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+    });
+    let axis = |a: usize| axis_stats(&spacings.iter().map(|s| s[a]).collect::<Vec<_>>());
+    let mut units: Vec<&'static str> = ok.iter().map(|s| s.image.unit).collect();
+    units.sort_unstable();
+    units.dedup();
+    if units.len() > 1 {
+        problems.push(Problem::warning(
+            "mixed-units",
+            format!(
+                "the images' spatial units differ ({}): spacings are compared as plain numbers",
+                units.join(", ")
+            ),
+        ));
+    }
+    let auto = decide_spacing(SpacingChoice::Auto, ok).ok();
+    let target = match (choice, &auto) {
+        (SpacingChoice::Auto, Some(a)) => a.clone(),
+        _ => decide_spacing(choice, ok)?,
+    };
+    Ok(Some(SpacingReport {
+        distinct,
+        per_axis: PerAxis {
+            x: axis(0),
+            y: axis(1),
+            z: axis(2),
+        },
+        units,
+        auto,
+        target,
+    }))
+}
+
+/// Read headers (and voxels unless told not to), then plan every readable case.
+pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
+    let root = opts.path.as_path();
+    let settings = &opts.settings;
+    let cases = discover(&DatasetSource::Folder(root.to_path_buf()))?;
+    let mut problems = Vec::new();
+
+    // Header facts per file; scan() adds the image/label pair checks.
+    let headers: Vec<(Result<HeaderInfo>, Option<Result<HeaderInfo>>)> = cases
+        .par_iter()
+        .map(|c| {
+            (
+                nifti_io::read_header(&c.image),
+                c.label.as_ref().map(|l| nifti_io::read_header(l)),
+            )
+        })
+        .collect();
+    let scanned = scan(&cases);
+
+    let jobs = if opts.jobs == 0 { 2 } else { opts.jobs };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {jobs} worker threads: {e}")))?;
+    let voxels: Vec<VoxelFacts> = if opts.read_voxels {
+        pool.install(|| {
+            cases
+                .par_iter()
+                .zip(headers.par_iter())
+                .with_max_len(1)
+                .map(|(c, (ih, lh))| {
+                    read_voxels(root, c, ih.is_ok(), lh.as_ref().is_some_and(|r| r.is_ok()))
+                })
+                .collect()
+        })
+    } else {
+        cases.iter().map(|_| VoxelFacts::default()).collect()
+    };
+
+    let mut infos = Vec::new();
+    for ((c, (ih, lh)), vf) in cases.iter().zip(headers).zip(voxels) {
+        if let Err(e) = &ih {
+            problems.push(
+                Problem::error("unreadable", file_message(root, &c.image, &e.to_string()))
+                    .case(&c.id)
+                    .path(rel_path(root, &c.image)),
+            );
+        }
+        match (&lh, &c.label) {
+            (Some(Err(e)), Some(l)) => problems.push(
+                Problem::error("unreadable", file_message(root, l, &e.to_string()))
+                    .case(&c.id)
+                    .path(rel_path(root, l)),
+            ),
+            (None, _) => problems.push(
+                Problem::warning("missing-label", "no label file for this image")
+                    .case(&c.id)
+                    .path(rel_path(root, &c.image)),
+            ),
+            _ => {}
+        }
+        problems.extend(vf.problems);
+        infos.push(CaseInfo {
+            id: c.id.clone(),
+            image: rel_path(root, &c.image),
+            label: c.label.as_ref().map(|l| rel_path(root, l)),
+            header: ih.as_ref().ok().map(HeaderFacts::of),
+            label_datatype: lh.and_then(|r| r.ok()).map(|h| h.datatype),
+            intensity: vf.intensity,
+            label_values: vf.label_values,
+            forecast: None,
+        });
+    }
+    let mut ok: Vec<&ScannedCase> = Vec::new();
+    for (c, r) in &scanned {
+        match r {
+            Ok(s) => ok.push(s),
+            Err(e @ Error::Case { .. }) => problems.push(
+                Problem::error("mismatch", rel_message(root, &e.to_string()))
+                    .case(&c.id)
+                    .path(rel_path(root, c.label.as_ref().unwrap_or(&c.image))),
+            ),
+            // Unreadable files are already reported above, each by its own name.
+            Err(_) => {}
+        }
+    }
+    if ok.is_empty() {
+        problems.push(Problem::error(
+            "no-cases",
+            "no case has a readable image (and matching label): nothing to plan",
+        ));
+    }
+
+    let spacing = spacing_report(&ok, settings.spacing, &mut problems)?;
+    let forecast = spacing.as_ref().map(|sp| {
+        let plans = plan_scanned(&ok, sp.target.target_xyz, settings.image_dtype);
+        let mut totals = ForecastTotals {
+            target_xyz: sp.target.target_xyz,
+            image_dtype: settings.image_dtype,
+            cases: plans.len(),
+            out_bytes: 0,
+            whole_volume_f32_bytes: 0,
+            whole_volume_f64_bytes: 0,
+            outliers: Vec::new(),
+            outlier_factor: OUTLIER_FACTOR,
+        };
+        for p in plans {
+            totals.out_bytes += p.out_bytes;
+            totals.whole_volume_f32_bytes += p.whole_volume_f32_bytes;
+            totals.whole_volume_f64_bytes += p.whole_volume_f64_bytes;
+            if p.outlier {
+                totals.outliers.push(p.id.clone());
+            }
+            if let Some(info) = infos.iter_mut().find(|i| i.id == p.id) {
+                info.forecast = Some(CaseForecast {
+                    out_shape_xyz: p.out_shape_xyz,
+                    out_spacing_xyz: p.out_spacing_xyz,
+                    out_voxels: p.out_voxels,
+                    out_bytes: p.out_bytes,
+                    whole_volume_f32_bytes: p.whole_volume_f32_bytes,
+                    whole_volume_f64_bytes: p.whole_volume_f64_bytes,
+                    size_factor: p.size_factor,
+                    outlier: p.outlier,
+                });
+            }
+        }
+        totals
+    });
+
+    let report = DatasetReport {
+        pipeline: settings.pipeline.clone(),
+        image_dtype: settings.image_dtype,
+        voxels_read: opts.read_voxels,
+        n_cases: infos.len(),
+        n_labelled: infos.iter().filter(|i| i.label.is_some()).count(),
+        cases: infos,
+        spacing,
+        forecast,
+    };
+    Ok((report, problems))
+}
+
+fn dtype_name(d: ImageDtype) -> &'static str {
+    match d {
+        ImageDtype::Float32 => "float32",
+        ImageDtype::Float16 => "float16",
+    }
+}
+
+/// The human report of a dataset.
+pub fn render(r: &DatasetReport, path: &str) -> String {
+    const W: usize = 100;
+    let mut out = format!(
+        "dataset {path}\n{}, {} with labels; pipeline {}, image dtype {}\n",
+        count(r.n_cases, "case", "cases"),
+        r.n_labelled,
+        r.pipeline,
+        dtype_name(r.image_dtype)
+    );
+
+    let mut t = Table::new(&[
+        ("case", Align::Left),
+        ("shape (x,y,z)", Align::Right),
+        ("dtype", Align::Left),
+        ("label", Align::Left),
+        ("spacing (x,y,z)", Align::Right),
+        ("unit", Align::Left),
+        ("orient", Align::Left),
+        ("qform/sform", Align::Right),
+    ]);
+    for c in &r.cases {
+        match &c.header {
+            Some(h) => t.row(vec![
+                c.id.clone(),
+                shape3(&h.shape_xyz),
+                h.datatype.into(),
+                c.label_datatype.unwrap_or("-").into(),
+                spacing3(&h.spacing_xyz),
+                h.unit.into(),
+                h.orientation.clone(),
+                format!("{}/{}", h.qform_code, h.sform_code),
+            ]),
+            None => t.row(vec![c.id.clone(), "unreadable".into()]),
+        }
+    }
+    out.push_str(&format!("\ncases\n{}", t.render(W)));
+
+    let mut t = Table::new(&[
+        ("case", Align::Left),
+        ("image", Align::Left),
+        ("label", Align::Left),
+    ]);
+    for c in &r.cases {
+        t.row(vec![
+            c.id.clone(),
+            c.image.clone(),
+            c.label.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    out.push_str(&format!("\nfiles\n{}", t.render(W)));
+
+    if r.voxels_read {
+        let mut t = Table::new(&[
+            ("case", Align::Left),
+            ("min", Align::Right),
+            ("max", Align::Right),
+            ("mean", Align::Right),
+            ("non-finite", Align::Right),
+            ("label values (voxels)", Align::Left),
+        ]);
+        for c in &r.cases {
+            let opt = |v: Option<f64>| v.map(value).unwrap_or_else(|| "-".into());
+            let (lo, hi, mean, bad) = match &c.intensity {
+                Some(i) => (
+                    opt(i.min),
+                    opt(i.max),
+                    opt(i.mean),
+                    i.non_finite.to_string(),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            let labels = match &c.label_values {
+                Some(m) => {
+                    let mut v: Vec<(u32, u64)> = m
+                        .iter()
+                        .map(|(k, n)| (k.parse().unwrap_or(u32::MAX), *n))
+                        .collect();
+                    v.sort_unstable();
+                    v.iter()
+                        .map(|(k, n)| format!("{k}:{n}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                }
+                None => "-".into(),
+            };
+            t.row(vec![c.id.clone(), lo, hi, mean, bad, labels]);
+        }
+        out.push_str(&format!("\nintensities and labels\n{}", t.render(W)));
+    } else {
+        out.push_str("\nintensities and labels: not read (--headers-only)\n");
+    }
+
+    let Some(sp) = &r.spacing else {
+        out.push_str("\nspacing: no readable case\n");
+        return out;
+    };
+    let mut t = Table::new(&[
+        ("spacing (x,y,z)", Align::Right),
+        ("cases", Align::Right),
+        ("share", Align::Right),
+    ]);
+    let n: usize = sp.distinct.iter().map(|d| d.count).sum();
+    for d in &sp.distinct {
+        t.row(vec![
+            spacing3(&d.spacing_xyz),
+            d.count.to_string(),
+            format!("{:.0}%", 100.0 * d.count as f64 / n.max(1) as f64),
+        ]);
+    }
+    out.push_str(&format!(
+        "\nspacing distribution ({} distinct, most common first; unit {})\n{}",
+        sp.distinct.len(),
+        sp.units.join(", "),
+        t.render(W)
+    ));
+    let mut t = Table::new(&[
+        ("axis", Align::Left),
+        ("min", Align::Right),
+        ("p10", Align::Right),
+        ("p50", Align::Right),
+        ("p90", Align::Right),
+        ("max", Align::Right),
+    ]);
+    for (name, a) in [
+        ("x", &sp.per_axis.x),
+        ("y", &sp.per_axis.y),
+        ("z", &sp.per_axis.z),
+    ] {
+        t.row(vec![
+            name.into(),
+            num(a.min),
+            num(a.p10),
+            num(a.p50),
+            num(a.p90),
+            num(a.max),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&t.render(W));
+    let decision = |label: &str, d: &SpacingDecision| {
+        let head = format!("{label}: {} by {}:", spacing3(&d.target_xyz), d.rule);
+        format!("{head} {}", wrap(&d.reason, W, head.len() + 1, 2))
+    };
+    match &sp.auto {
+        Some(a) if sp.target.rule == "explicit" => {
+            out.push_str(&format!(
+                "\ntarget spacing (x,y,z): {} (explicit: what if)\n{}",
+                spacing3(&sp.target.target_xyz),
+                decision("auto would choose", a)
+            ));
+        }
+        _ => {
+            out.push('\n');
+            out.push_str(&decision("target spacing (x,y,z)", &sp.target));
+        }
+    }
+
+    if let Some(f) = &r.forecast {
+        let mut t = Table::new(&[
+            ("case", Align::Left),
+            ("input (x,y,z)", Align::Right),
+            ("output (x,y,z)", Align::Right),
+            ("cached", Align::Right),
+            ("whole f32", Align::Right),
+            ("whole f64", Align::Right),
+            ("flag", Align::Left),
+        ]);
+        for c in &r.cases {
+            let (Some(h), Some(p)) = (&c.header, &c.forecast) else {
+                t.row(vec![c.id.clone(), "-".into(), "not planned".into()]);
+                continue;
+            };
+            t.row(vec![
+                c.id.clone(),
+                shape3(&h.shape_xyz),
+                shape3(&p.out_shape_xyz),
+                human_bytes(p.out_bytes),
+                human_bytes(p.whole_volume_f32_bytes),
+                human_bytes(p.whole_volume_f64_bytes),
+                if p.outlier {
+                    format!("OUTLIER {:.1}x median", p.size_factor)
+                } else {
+                    String::new()
+                },
+            ]);
+        }
+        t.row(vec![
+            format!("total ({})", f.cases),
+            String::new(),
+            String::new(),
+            human_bytes(f.out_bytes),
+            human_bytes(f.whole_volume_f32_bytes),
+            human_bytes(f.whole_volume_f64_bytes),
+        ]);
+        out.push_str(&format!(
+            "\nforecast at {} ({} image{})\n{}",
+            spacing3(&f.target_xyz),
+            dtype_name(f.image_dtype),
+            if r.n_labelled > 0 { " + label" } else { "" },
+            t.render(W)
+        ));
+        if f.outliers.is_empty() {
+            out.push_str(&format!(
+                "outliers (>= {}x the median output size): none\n",
+                num(f.outlier_factor)
+            ));
+        } else {
+            out.push_str(&format!(
+                "outliers (>= {}x the median output size): {}\n",
+                num(f.outlier_factor),
+                f.outliers.join(", ")
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intensities_skip_non_finite_voxels() {
+        let f = intensity_of(&[1.0, f32::NAN, 3.0, f32::INFINITY]);
+        assert_eq!(
+            (f.min, f.max, f.mean, f.non_finite),
+            (Some(1.0), Some(3.0), Some(2.0), 2)
+        );
+        let f = intensity_of(&[f32::NAN]);
+        assert_eq!((f.min, f.non_finite), (None, 1));
+    }
+}
