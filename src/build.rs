@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use crate::cache::layout::Commit;
+use crate::cache::layout::{dir_bytes, Commit};
 use crate::cache::manifest::{params_key, Manifest, ManifestCase, ManifestDataset};
 use crate::cache::store::EntryStore;
 use crate::cache::writer::{configure_zarrs, write_entry, EntryInput};
@@ -146,41 +146,30 @@ pub fn scan(cases: &[CaseSource]) -> Vec<(CaseSource, Result<ScannedCase>)> {
 
 /// Choose the target spacing for a set of scanned cases.
 pub fn decide_spacing(choice: SpacingChoice, scanned: &[&ScannedCase]) -> Result<SpacingDecision> {
-    match choice {
-        SpacingChoice::Explicit(t) => Ok(SpacingDecision {
+    if scanned.is_empty() && choice == SpacingChoice::Auto {
+        return Err(Error::Dataset(
+            "no readable case to choose a spacing from".into(),
+        ));
+    }
+    let auto = auto_spacing(
+        &scanned
+            .iter()
+            .map(|s| s.image.spacing_xyz)
+            .collect::<Vec<_>>(),
+        &scanned
+            .iter()
+            .map(|s| s.image.shape_xyz)
+            .collect::<Vec<_>>(),
+    );
+    Ok(match choice {
+        SpacingChoice::Auto => auto,
+        SpacingChoice::Explicit(t) => SpacingDecision {
             target_xyz: t,
-            median_xyz: auto_spacing(
-                &scanned
-                    .iter()
-                    .map(|s| s.image.spacing_xyz)
-                    .collect::<Vec<_>>(),
-                &scanned
-                    .iter()
-                    .map(|s| s.image.shape_xyz)
-                    .collect::<Vec<_>>(),
-            )
-            .median_xyz,
+            median_xyz: auto.median_xyz,
             rule: "explicit".into(),
             reason: "given with --spacing or by the pipeline".into(),
-        }),
-        SpacingChoice::Auto => {
-            if scanned.is_empty() {
-                return Err(Error::Dataset(
-                    "no readable case to choose a spacing from".into(),
-                ));
-            }
-            Ok(auto_spacing(
-                &scanned
-                    .iter()
-                    .map(|s| s.image.spacing_xyz)
-                    .collect::<Vec<_>>(),
-                &scanned
-                    .iter()
-                    .map(|s| s.image.shape_xyz)
-                    .collect::<Vec<_>>(),
-            ))
-        }
-    }
+        },
+    })
 }
 
 /// Plans for scanned cases at a target spacing.
@@ -491,24 +480,6 @@ fn failpoint(name: &str) -> Result<()> {
         std::process::abort();
     }
     Ok(())
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(_) => total += e.metadata().map(|m| m.len()).unwrap_or(0),
-                Err(_) => {}
-            }
-        }
-    }
-    total
 }
 
 fn is_disk_full(msg: &str) -> bool {

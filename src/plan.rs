@@ -100,6 +100,15 @@ pub struct CasePlan {
     pub outlier: bool,
 }
 
+/// The flag a table shows for a case: "OUTLIER 51.6x median" or nothing.
+pub fn outlier_flag(outlier: bool, size_factor: f64) -> String {
+    if outlier {
+        format!("OUTLIER {size_factor:.1}x median")
+    } else {
+        String::new()
+    }
+}
+
 /// Plan every case at `target`. `image_bytes_per_voxel` is 4 for float32 and 2 for float16,
 /// `label_bytes_per_voxel` 0 when the case has no label.
 pub fn plan_cases(

@@ -217,11 +217,7 @@ fn print_plan(r: &BuildReport) {
             human_bytes(p.out_bytes),
             human_bytes(p.whole_volume_f32_bytes),
             human_bytes(p.whole_volume_f64_bytes),
-            if p.outlier {
-                format!("OUTLIER {:.1}x median", p.size_factor)
-            } else {
-                String::new()
-            }
+            voxcache::plan::outlier_flag(p.outlier, p.size_factor)
         );
     }
     println!(

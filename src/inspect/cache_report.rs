@@ -91,24 +91,7 @@ pub struct CacheReport {
     pub verify: Option<VerifySummary>,
 }
 
-/// Total bytes of the files under `dir`.
-pub fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(_) => total += e.metadata().map(|m| m.len()).unwrap_or(0),
-                Err(_) => {}
-            }
-        }
-    }
-    total
-}
+pub use crate::cache::layout::dir_bytes;
 
 fn compression_name(c: &Compression) -> String {
     match c {

@@ -637,11 +637,7 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
                 human_bytes(p.out_bytes),
                 human_bytes(p.whole_volume_f32_bytes),
                 human_bytes(p.whole_volume_f64_bytes),
-                if p.outlier {
-                    format!("OUTLIER {:.1}x median", p.size_factor)
-                } else {
-                    String::new()
-                },
+                crate::plan::outlier_flag(p.outlier, p.size_factor),
             ]);
         }
         t.row(vec![
