@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -224,11 +224,27 @@ fn make_progress(enabled: bool, total: u64) -> ProgressBar {
         ProgressDrawTarget::hidden()
     };
     let bar = ProgressBar::with_draw_target(Some(total), target);
+    let mvox = |v: u64| format!("{:.1}", v as f64 / 1e6);
     bar.set_style(
         ProgressStyle::with_template(
-            "{prefix:>12} [{bar:30}] {human_pos}/{human_len} voxels {per_sec:>14} eta {eta} {msg}",
+            "{prefix:>11} [{bar:24}] {done}/{total} Mvoxel {rate} eta {eta} {msg}",
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key(
+            "done",
+            move |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&mvox(s.pos()));
+            },
+        )
+        .with_key(
+            "total",
+            move |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&mvox(s.len().unwrap_or(0)));
+            },
+        )
+        .with_key("rate", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.1} Mvoxel/s", s.per_sec() / 1e6);
+        })
         .progress_chars("=> "),
     );
     bar
