@@ -1,0 +1,805 @@
+//! Reading training patches out of a cache: the trainer's data path.
+//!
+//! ```no_run
+//! use voxcache::cache::reader::CacheReader;
+//! # fn main() -> voxcache::Result<()> {
+//! let cache = CacheReader::open("cache")?;
+//! let entry = cache.open_entry("vessels", "vessels_000")?;
+//! let (size, n) = ([32, 64, 64], 32 * 64 * 64);
+//! let (mut image, mut label) = (vec![0.0f32; n], vec![0u16; n]);
+//! // Boxes may stick out of the volume (negative start, past the end): that part reads as 0.
+//! entry.read_patch([-4, 10, 10], size, &mut image, Some(&mut label))?;
+//! let centres = entry.fg_coords(1)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Uncompressed chunks (plain chunk files, and shards of uncompressed inner chunks) are
+//! memory-mapped, each file once, and patch rows are copied straight out of the mapping: no
+//! system call per row or per patch once a file is mapped, and no allocation per patch.
+//! Compressed chunks are decoded by zarrs (`retrieve_chunk`, or one inner chunk of a shard)
+//! into a cache of decoded chunks bounded by bytes, and rows are copied out the same way.
+//!
+//! Both caches live in a [`ChunkCache`] shared by every entry opened through one
+//! [`CacheReader`], so the bounds hold for a whole training run, not per case. Maps are bounded
+//! by count, not bytes: a map costs address space and one kernel mapping (`vm.max_map_count`,
+//! 65530 by default, is the real limit when thousands of cases are open), while its resident
+//! pages are clean page cache the kernel reclaims under pressure. Entry chunk counts are small
+//! (tens to thousands), so the default of 4096 maps keeps every file of several typical entries
+//! mapped and only evicts on very large datasets.
+//!
+//! [`EntryReader`] and [`CacheReader`] are `Send + Sync` and cheap to clone (an `Arc`): loader
+//! threads share one reader; the caches take a short lock per chunk touched, never while
+//! copying.
+
+mod array;
+mod crc32c;
+mod lru;
+mod sample;
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use serde_json::Value;
+use zarrs::array::{Array, ArraySubset};
+use zarrs::filesystem::FilesystemStore;
+
+use self::array::{ravel, ArrayReader, Decoded, Held, MappedBlock};
+use self::lru::Lru;
+pub use self::sample::{Sample, StoredDtype};
+use super::layout::CacheDir;
+use super::manifest::{Manifest, ManifestDataset};
+use crate::error::{Error, Result};
+use crate::pipeline::FORMAT_VERSION;
+
+/// How entries are read.
+#[derive(Clone, Debug)]
+pub struct ReaderOptions {
+    /// Memory-map uncompressed chunks (the fast path). `false` decodes every array through
+    /// zarrs, as for compressed caches (for comparisons).
+    pub mmap: bool,
+    /// The most files kept mapped at once, over all entries sharing the [`ChunkCache`].
+    pub max_maps: usize,
+    /// Bytes of decoded (compressed) chunks kept, over all entries sharing the cache.
+    pub decoded_cache_bytes: usize,
+}
+
+impl Default for ReaderOptions {
+    fn default() -> Self {
+        ReaderOptions {
+            mmap: true,
+            max_maps: 4096,
+            decoded_cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// (entry serial, array id, chunk or file index)
+type Key = (u64, u8, usize);
+
+struct Shared {
+    options: ReaderOptions,
+    /// `None`: the file does not exist (all fill value); remembered so it is not looked up again.
+    maps: Mutex<Lru<Key, Option<Arc<MappedBlock>>>>,
+    decoded: Mutex<Lru<Key, Arc<Decoded>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Mapped files and decoded chunks, shared by the entries opened with it. Cloning shares.
+#[derive(Clone)]
+pub struct ChunkCache {
+    shared: Arc<Shared>,
+}
+
+/// What a [`ChunkCache`] holds right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkCacheStats {
+    pub mapped_files: usize,
+    pub decoded_chunks: usize,
+    pub decoded_bytes: usize,
+}
+
+impl ChunkCache {
+    pub fn new(options: ReaderOptions) -> Self {
+        ChunkCache {
+            shared: Arc::new(Shared {
+                maps: Mutex::new(Lru::new(options.max_maps.max(1))),
+                decoded: Mutex::new(Lru::new(options.decoded_cache_bytes)),
+                options,
+            }),
+        }
+    }
+
+    pub fn options(&self) -> &ReaderOptions {
+        &self.shared.options
+    }
+
+    pub fn stats(&self) -> ChunkCacheStats {
+        let maps = lock(&self.shared.maps);
+        let decoded = lock(&self.shared.decoded);
+        ChunkCacheStats {
+            mapped_files: maps.len(),
+            decoded_chunks: decoded.len(),
+            decoded_bytes: decoded.used(),
+        }
+    }
+
+    /// Forget everything an entry put here (when its last reader is dropped).
+    fn purge(&self, entry: u64) {
+        lock(&self.shared.maps).retain(|k| k.0 != entry);
+        lock(&self.shared.decoded).retain(|k| k.0 != entry);
+    }
+}
+
+impl std::fmt::Debug for ChunkCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkCache")
+            .field("options", &self.shared.options)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// Rows ahead of the copy whose source is prefetched: rows are short (a patch's width) and
+/// 4 KiB pages apart every few rows, which hardware prefetchers do not cross.
+const PREFETCH_ROWS: usize = 4;
+
+/// Hint the CPU to fetch `bytes[at..at + len]` into cache; never faults.
+#[inline(always)]
+fn prefetch(bytes: &[u8], at: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = bytes.get(at..at + len) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for off in (0..len).step_by(64) {
+            // SAFETY: a prefetch is only a hint, here on an address inside `bytes`; it neither
+            // faults nor writes.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().add(off).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (bytes, at, len);
+}
+
+static NEXT_ENTRY: AtomicU64 = AtomicU64::new(0);
+
+/// A foreground-index class range: rows `start..start + count` of the `fg` array.
+#[derive(Clone, Copy, Debug)]
+struct FgRange {
+    start: usize,
+    count: usize,
+}
+
+struct EntryInner {
+    serial: u64,
+    dir: PathBuf,
+    case_id: Option<String>,
+    shape: [usize; 3],
+    image: ArrayReader,
+    label: Option<ArrayReader>,
+    fg_array: Option<String>,
+    fg_ranges: BTreeMap<u16, FgRange>,
+    /// The `fg` array's rows (class, z, y, x), flat, read on first use.
+    fg_rows: OnceLock<Vec<u32>>,
+    cache: ChunkCache,
+}
+
+impl Drop for EntryInner {
+    fn drop(&mut self) {
+        self.cache.purge(self.serial);
+    }
+}
+
+/// Reads patches and foreground coordinates of one cache entry. Clones share everything.
+#[derive(Clone)]
+pub struct EntryReader {
+    inner: Arc<EntryInner>,
+}
+
+impl std::fmt::Debug for EntryReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EntryReader")
+            .field("dir", &self.inner.dir)
+            .field("shape_zyx", &self.inner.shape)
+            .field("image", &self.inner.image.dtype)
+            .field("label", &self.inner.label.as_ref().map(|l| l.dtype))
+            .field("mapped", &self.is_mapped())
+            .finish()
+    }
+}
+
+fn json_shape(v: Option<&Value>) -> Option<[usize; 3]> {
+    let a = v?.as_array()?;
+    if a.len() != 3 {
+        return None;
+    }
+    let mut out = [0usize; 3];
+    for (o, x) in out.iter_mut().zip(a) {
+        *o = usize::try_from(x.as_u64()?).ok().filter(|&n| n > 0)?;
+    }
+    Some(out)
+}
+
+/// A plain file or folder name (no separators, no `..`).
+fn plain_name(s: &str) -> bool {
+    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\\'])
+}
+
+impl EntryReader {
+    /// Open one entry folder (`CACHE/entries/ab/KEY`) with its own [`ChunkCache`].
+    pub fn open(entry_dir: impl AsRef<Path>) -> Result<EntryReader> {
+        Self::open_with(entry_dir, &ChunkCache::new(ReaderOptions::default()))
+    }
+
+    /// Open one entry folder, sharing `cache` with other entries.
+    pub fn open_with(entry_dir: impl AsRef<Path>, cache: &ChunkCache) -> Result<EntryReader> {
+        let dir = entry_dir.as_ref().to_path_buf();
+        let meta_path = dir.join("zarr.json");
+        let text = match std::fs::read_to_string(&meta_path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::cache(
+                    &dir,
+                    if dir.is_dir() {
+                        "not a cache entry: no zarr.json (an unfinished build, or not voxcache's)"
+                    } else {
+                        "cache entry not found"
+                    },
+                ));
+            }
+            Err(e) => return Err(Error::io(&meta_path, e)),
+        };
+        let bad = |msg: String| Error::cache(&meta_path, msg);
+        let meta: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let vc = meta
+            .pointer("/attributes/voxcache")
+            .filter(|v| v.is_object())
+            .ok_or_else(|| bad("no attributes.voxcache: not a voxcache entry".into()))?;
+        match vc.get("format_version").and_then(Value::as_u64) {
+            Some(v) if v == FORMAT_VERSION as u64 => {}
+            Some(v) => {
+                return Err(bad(format!(
+                    "entry format version {v} (this voxcache reads version {FORMAT_VERSION}); rebuild the cache"
+                )))
+            }
+            None => return Err(bad("no format_version: not a voxcache entry".into())),
+        }
+        let shape = json_shape(vc.pointer("/output/shape_zyx"))
+            .ok_or_else(|| bad("output.shape_zyx is not three positive sides".into()))?;
+        let mmap = cache.options().mmap;
+        let image = ArrayReader::open(&dir, "image", 0, shape, mmap)?;
+        if !matches!(image.dtype, StoredDtype::Float32 | StoredDtype::Float16) {
+            return Err(bad(format!(
+                "image data type {} (expected float32 or float16)",
+                image.dtype.name()
+            )));
+        }
+        let label = match vc.get("label") {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let l = ArrayReader::open(&dir, "label", 1, shape, mmap)?;
+                if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16) {
+                    return Err(bad(format!(
+                        "label data type {} (expected uint8 or uint16)",
+                        l.dtype.name()
+                    )));
+                }
+                Some(l)
+            }
+        };
+        let fg_array = match vc.pointer("/fg_index/array") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if plain_name(s) => Some(s.clone()),
+            Some(v) => return Err(bad(format!("fg_index.array {v} is not an array name"))),
+        };
+        let mut fg_ranges = BTreeMap::new();
+        if let Some(rows) = vc.pointer("/fg_index/rows_per_class") {
+            let rows = rows
+                .as_object()
+                .ok_or_else(|| bad("fg_index.rows_per_class is not an object".into()))?;
+            for (class, r) in rows {
+                let c: u16 = class
+                    .parse()
+                    .map_err(|_| bad(format!("fg_index: class {class:?} is not a label value")))?;
+                let field = |f: &str| {
+                    r.get(f)
+                        .and_then(Value::as_u64)
+                        .and_then(|v| usize::try_from(v).ok())
+                        .ok_or_else(|| bad(format!("fg_index: class {c} has no {f}")))
+                };
+                fg_ranges.insert(
+                    c,
+                    FgRange {
+                        start: field("start")?,
+                        count: field("count")?,
+                    },
+                );
+            }
+        }
+        Ok(EntryReader {
+            inner: Arc::new(EntryInner {
+                serial: NEXT_ENTRY.fetch_add(1, Ordering::Relaxed),
+                case_id: vc.get("case_id").and_then(Value::as_str).map(String::from),
+                dir,
+                shape,
+                image,
+                label,
+                fg_array,
+                fg_ranges,
+                fg_rows: OnceLock::new(),
+                cache: cache.clone(),
+            }),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The case id recorded in the entry.
+    pub fn case_id(&self) -> Option<&str> {
+        self.inner.case_id.as_deref()
+    }
+
+    /// Volume shape (z, y, x).
+    pub fn shape_zyx(&self) -> [usize; 3] {
+        self.inner.shape
+    }
+
+    /// The chunk (or inner chunk of a shard) shape the image is stored in.
+    pub fn chunk_zyx(&self) -> [usize; 3] {
+        self.inner.image.chunk
+    }
+
+    pub fn image_dtype(&self) -> StoredDtype {
+        self.inner.image.dtype
+    }
+
+    /// `None` for an entry built without a label.
+    pub fn label_dtype(&self) -> Option<StoredDtype> {
+        self.inner.label.as_ref().map(|l| l.dtype)
+    }
+
+    /// Whether patches come straight from memory-mapped files (image and label).
+    pub fn is_mapped(&self) -> bool {
+        self.inner.image.is_mapped() && self.inner.label.as_ref().is_none_or(|l| l.is_mapped())
+    }
+
+    /// Copy the box `start_zyx .. start_zyx + size_zyx` into `out_image` (and `out_label`),
+    /// C order (z, y, x). Whatever lies outside the volume reads as 0; `start` may be negative
+    /// and the box larger than the volume. float16 images are widened to f32.
+    pub fn read_patch(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out_image: &mut [f32],
+        out_label: Option<&mut [u16]>,
+    ) -> Result<()> {
+        self.read_image(start_zyx, size_zyx, out_image)?;
+        if let Some(l) = out_label {
+            self.read_label(start_zyx, size_zyx, l)?;
+        }
+        Ok(())
+    }
+
+    /// The image part of [`EntryReader::read_patch`].
+    pub fn read_image<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+    ) -> Result<()> {
+        self.read_region(&self.inner.image, start_zyx, size_zyx, out)
+    }
+
+    /// The label part of [`EntryReader::read_patch`], into `u16`, or `u8` for uint8 labels.
+    pub fn read_label<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+    ) -> Result<()> {
+        let label = self
+            .inner
+            .label
+            .as_ref()
+            .ok_or_else(|| Error::cache(&self.inner.dir, "entry has no label"))?;
+        self.read_region(label, start_zyx, size_zyx, out)
+    }
+
+    /// The chunk `c` of `arr`, from the shared caches or freshly mapped / decoded.
+    fn chunk(&self, arr: &ArrayReader, c: [usize; 3]) -> Result<Held> {
+        let shared = &self.inner.cache.shared;
+        if arr.is_mapped() {
+            let (b, inner) = arr.block_of(c);
+            let key = (self.inner.serial, arr.id, ravel(b, arr.block_grid));
+            let slot = lock(&shared.maps).get(&key);
+            let slot = match slot {
+                Some(s) => s,
+                None => {
+                    // Mapped outside the lock; a racing thread maps the same file at worst.
+                    let s = arr.map_block(b)?.map(Arc::new);
+                    lock(&shared.maps).insert(key, s.clone(), 1);
+                    s
+                }
+            };
+            Ok(match slot {
+                None => Held::Fill,
+                Some(m) => Held::Mapped(m, inner),
+            })
+        } else {
+            let grid = [0, 1, 2].map(|a| arr.shape[a].div_ceil(arr.chunk[a]));
+            let key = (self.inner.serial, arr.id, ravel(c, grid));
+            let hit = lock(&shared.decoded).get(&key);
+            let d = match hit {
+                Some(d) => d,
+                None => {
+                    let d = Arc::new(arr.decode_chunk(c)?);
+                    let cost = d.bytes.len().max(1);
+                    lock(&shared.decoded).insert(key, d.clone(), cost);
+                    d
+                }
+            };
+            Ok(Held::Decoded(d))
+        }
+    }
+
+    fn read_region<T: Sample>(
+        &self,
+        arr: &ArrayReader,
+        start: [i64; 3],
+        size: [usize; 3],
+        out: &mut [T],
+    ) -> Result<()> {
+        if !T::accepts(arr.dtype) {
+            return Err(Error::Config(format!(
+                "{}: {} {} cannot be read into {} without loss",
+                self.inner.dir.display(),
+                arr.name,
+                arr.dtype.name(),
+                std::any::type_name::<T>()
+            )));
+        }
+        let n = size[0]
+            .checked_mul(size[1])
+            .and_then(|v| v.checked_mul(size[2]));
+        if n != Some(out.len()) {
+            return Err(Error::Config(format!(
+                "a {}x{}x{} patch needs {} elements but the buffer holds {}",
+                size[0],
+                size[1],
+                size[2],
+                n.map_or("too many".to_string(), |n| n.to_string()),
+                out.len()
+            )));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        // The part of the box inside the volume, lo..hi per axis.
+        let (mut lo, mut hi) = ([0usize; 3], [0usize; 3]);
+        let mut inside = true;
+        for a in 0..3 {
+            let (s, dim) = (start[a] as i128, arr.shape[a] as i128);
+            let e = s + size[a] as i128;
+            inside &= s >= 0 && e <= dim;
+            lo[a] = s.clamp(0, dim) as usize;
+            hi[a] = e.clamp(0, dim) as usize;
+        }
+        if !inside {
+            out.fill(T::default());
+        }
+        if (0..3).any(|a| lo[a] >= hi[a]) {
+            return Ok(());
+        }
+        // Position of voxel (z, y, x) in the output: lo - start >= 0 on every axis here.
+        let off = [0, 1, 2].map(|a| (lo[a] as i128 - start[a] as i128) as usize);
+        let es = arr.dtype.size();
+        let c = arr.chunk;
+        for cz in lo[0] / c[0]..=(hi[0] - 1) / c[0] {
+            let (z0, z1) = (lo[0].max(cz * c[0]), hi[0].min((cz + 1) * c[0]));
+            for cy in lo[1] / c[1]..=(hi[1] - 1) / c[1] {
+                let (y0, y1) = (lo[1].max(cy * c[1]), hi[1].min((cy + 1) * c[1]));
+                for cx in lo[2] / c[2]..=(hi[2] - 1) / c[2] {
+                    let (x0, x1) = (lo[2].max(cx * c[2]), hi[2].min((cx + 1) * c[2]));
+                    let row = x1 - x0;
+                    let held = self.chunk(arr, [cz, cy, cx])?;
+                    let (ny, nrows) = (y1 - y0, (z1 - z0) * (y1 - y0));
+                    // Output position of (z, y0, x0).
+                    let dst_at = |z: usize| {
+                        ((z - lo[0] + off[0]) * size[1] + (y0 - lo[1] + off[1])) * size[2]
+                            + (x0 - lo[2] + off[2])
+                    };
+                    match held.view(arr) {
+                        None => {
+                            if inside {
+                                for z in z0..z1 {
+                                    let d = dst_at(z);
+                                    for k in 0..ny {
+                                        let d = d + k * size[2];
+                                        out[d..d + row].fill(T::default());
+                                    }
+                                }
+                            }
+                        }
+                        Some((bytes, dims)) => {
+                            let (sy, sz) = (dims[2] * es, dims[1] * dims[2] * es);
+                            // Byte offset of row k (z-major over z0..z1, y0..y1) in the chunk.
+                            let src_at = |k: usize| {
+                                let (z, y) = (z0 + k / ny, y0 + k % ny);
+                                (z - cz * c[0]) * sz + (y - cy * c[1]) * sy + (x0 - cx * c[2]) * es
+                            };
+                            let mut k = 0;
+                            for z in z0..z1 {
+                                let mut d = dst_at(z);
+                                let mut s = src_at(k);
+                                for _ in 0..ny {
+                                    if k + PREFETCH_ROWS < nrows {
+                                        prefetch(bytes, src_at(k + PREFETCH_ROWS), row * es);
+                                    }
+                                    T::convert_row(
+                                        arr.dtype,
+                                        &bytes[s..s + row * es],
+                                        &mut out[d..d + row],
+                                    );
+                                    s += sy;
+                                    d += size[2];
+                                    k += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Label values with sampled foreground coordinates, ascending.
+    pub fn classes(&self) -> Vec<u16> {
+        self.inner.fg_ranges.keys().copied().collect()
+    }
+
+    /// The sampled foreground coordinates (z, y, x) of `class` (empty if the class is absent).
+    pub fn fg_coords(&self, class: u16) -> Result<Vec<[u32; 3]>> {
+        let Some(range) = self.inner.fg_ranges.get(&class).copied() else {
+            return Ok(Vec::new());
+        };
+        let rows = self.fg_rows()?;
+        let path = || {
+            self.inner
+                .dir
+                .join(self.inner.fg_array.as_deref().unwrap_or("fg"))
+        };
+        let n = rows.len() / 4;
+        let end = range.start.checked_add(range.count).filter(|&e| e <= n);
+        let Some(end) = end else {
+            return Err(Error::cache(
+                path(),
+                format!(
+                    "class {class}: rows {}..+{} are past the {n} rows of the foreground index",
+                    range.start, range.count
+                ),
+            ));
+        };
+        let shape = self.inner.shape;
+        let mut out = Vec::with_capacity(range.count);
+        for r in rows[range.start * 4..end * 4].chunks_exact(4) {
+            let p = [r[1], r[2], r[3]];
+            if r[0] != class as u32 || (0..3).any(|a| p[a] as usize >= shape[a]) {
+                return Err(Error::cache(
+                    path(),
+                    format!("class {class}: foreground row {r:?} is not a voxel of this class inside {shape:?}"),
+                ));
+            }
+            out.push(p);
+        }
+        Ok(out)
+    }
+
+    fn fg_rows(&self) -> Result<&[u32]> {
+        if let Some(rows) = self.inner.fg_rows.get() {
+            return Ok(rows.as_slice());
+        }
+        let rows = match &self.inner.fg_array {
+            None => Vec::new(),
+            Some(name) => {
+                let dir = &self.inner.dir;
+                let path = dir.join(name);
+                let store = FilesystemStore::new(dir).map_err(|e| Error::zarr(dir, e))?;
+                let array = Array::open(Arc::new(store), &format!("/{name}"))
+                    .map_err(|e| Error::zarr(&path, e))?;
+                let shape = array.shape().to_vec();
+                let dtype = array.data_type().to_string();
+                if shape.len() != 2 || shape[1] != 4 || dtype.split(' ').next() != Some("uint32") {
+                    return Err(Error::cache(
+                        &path,
+                        format!(
+                            "foreground index is {:?} {}, expected (N, 4) uint32",
+                            shape, dtype
+                        ),
+                    ));
+                }
+                array
+                    .retrieve_array_subset::<Vec<u32>>(&ArraySubset::new_with_shape(shape))
+                    .map_err(|e| Error::zarr(&path, e))?
+            }
+        };
+        Ok(self.inner.fg_rows.get_or_init(|| rows).as_slice())
+    }
+}
+
+/// One case of a dataset in the manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaseInfo {
+    pub case_id: String,
+    pub key: String,
+    pub entry_dir: PathBuf,
+    pub shape_zyx: [usize; 3],
+}
+
+/// A whole cache: its manifest, and entries opened with one shared [`ChunkCache`].
+#[derive(Clone)]
+pub struct CacheReader {
+    root: PathBuf,
+    manifest: Arc<Manifest>,
+    cache: ChunkCache,
+}
+
+impl std::fmt::Debug for CacheReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheReader")
+            .field("root", &self.root)
+            .field("datasets", &self.datasets())
+            .finish()
+    }
+}
+
+impl CacheReader {
+    /// Open a cache folder written by `prep build-cache`, with default [`ReaderOptions`].
+    pub fn open(cache_dir: impl AsRef<Path>) -> Result<CacheReader> {
+        Self::open_with(cache_dir, ReaderOptions::default())
+    }
+
+    pub fn open_with(cache_dir: impl AsRef<Path>, options: ReaderOptions) -> Result<CacheReader> {
+        let root = cache_dir.as_ref().to_path_buf();
+        if !root.is_dir() {
+            return Err(Error::cache(&root, "cache folder not found"));
+        }
+        let path = CacheDir::new(&root).manifest_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::cache(
+                    &root,
+                    if root.join("entries").is_dir() {
+                        "no manifest.json: no build has finished in this cache yet"
+                    } else {
+                        "not a voxcache cache: no manifest.json (build one with prep build-cache)"
+                    },
+                ));
+            }
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let foreign = |why: String| Error::cache(&path, format!("not a voxcache manifest: {why}"));
+        let value: Value = serde_json::from_str(&text).map_err(|e| foreign(e.to_string()))?;
+        let version = value
+            .get("format_version")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| foreign("no format_version".into()))?;
+        if version != FORMAT_VERSION as u64 {
+            return Err(Error::cache(
+                &path,
+                format!(
+                    "cache format version {version} (this voxcache reads version {FORMAT_VERSION}); rebuild into a new cache folder"
+                ),
+            ));
+        }
+        let manifest: Manifest =
+            serde_json::from_value(value).map_err(|e| foreign(e.to_string()))?;
+        Ok(CacheReader {
+            root,
+            manifest: Arc::new(manifest),
+            cache: ChunkCache::new(options),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The cache shared by every entry opened through this reader.
+    pub fn chunk_cache(&self) -> &ChunkCache {
+        &self.cache
+    }
+
+    /// Dataset names, sorted.
+    pub fn datasets(&self) -> Vec<&str> {
+        self.manifest.datasets.keys().map(String::as_str).collect()
+    }
+
+    pub fn dataset(&self, name: &str) -> Result<&ManifestDataset> {
+        self.manifest.datasets.get(name).ok_or_else(|| {
+            Error::cache(
+                self.root.join("manifest.json"),
+                format!(
+                    "no dataset {name:?} in this cache (it has: {})",
+                    self.datasets().join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The cases of a dataset, sorted by case id.
+    pub fn cases(&self, dataset: &str) -> Result<Vec<CaseInfo>> {
+        let ds = self.dataset(dataset)?;
+        ds.cases
+            .iter()
+            .map(|(id, c)| {
+                let rel = Path::new(&c.entry);
+                if !rel.components().all(|p| matches!(p, Component::Normal(_))) {
+                    return Err(Error::cache(
+                        self.root.join("manifest.json"),
+                        format!(
+                            "case {id}: entry path {:?} leaves the cache folder",
+                            c.entry
+                        ),
+                    ));
+                }
+                Ok(CaseInfo {
+                    case_id: id.clone(),
+                    key: c.key.clone(),
+                    entry_dir: self.root.join(rel),
+                    shape_zyx: c.out_shape_zyx,
+                })
+            })
+            .collect()
+    }
+
+    /// Open the entry of one case.
+    pub fn open_entry(&self, dataset: &str, case_id: &str) -> Result<EntryReader> {
+        let case = self
+            .cases(dataset)?
+            .into_iter()
+            .find(|c| c.case_id == case_id)
+            .ok_or_else(|| {
+                Error::cache(
+                    self.root.join("manifest.json"),
+                    format!("no case {case_id:?} in dataset {dataset:?}"),
+                )
+            })?;
+        let entry = EntryReader::open_with(&case.entry_dir, &self.cache)?;
+        if entry.shape_zyx() != case.shape_zyx {
+            return Err(Error::cache(
+                &case.entry_dir,
+                format!(
+                    "entry shape {:?} differs from the manifest's {:?}",
+                    entry.shape_zyx(),
+                    case.shape_zyx
+                ),
+            ));
+        }
+        Ok(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readers_are_shareable_between_threads() {
+        fn send_sync<T: Send + Sync + Clone>() {}
+        send_sync::<EntryReader>();
+        send_sync::<CacheReader>();
+        send_sync::<ChunkCache>();
+    }
+}

@@ -1,0 +1,468 @@
+//! One array of an entry (`image` or `label`): its metadata, where each chunk's bytes live and
+//! how to get at them, memory-mapped or decoded through zarrs.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use serde_json::Value;
+use zarrs::array::{
+    Array, ArrayBytes, ArrayShardedReadableExt, ArrayShardedReadableExtCache, CodecOptions,
+};
+use zarrs::filesystem::FilesystemStore;
+
+use super::crc32c::crc32c;
+use super::sample::StoredDtype;
+use crate::error::{Error, Result};
+
+/// An inner chunk that a shard does not hold (all fill value).
+const EMPTY: u64 = u64::MAX;
+
+/// One chunk file, or one shard file with its validated index, mapped read-only.
+pub(crate) struct MappedBlock {
+    map: Mmap,
+    /// Byte offset of each inner chunk (C order) of a shard, [`EMPTY`] for an absent one;
+    /// `None` for a plain chunk file (the chunk starts at 0).
+    inner: Option<Box<[u64]>>,
+}
+
+/// A chunk decoded by zarrs, little-endian, C order over `dims`.
+pub(crate) struct Decoded {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) dims: [usize; 3],
+}
+
+/// A chunk while a patch is copied out of it.
+pub(crate) enum Held {
+    /// Not stored: every element is the fill value (zero).
+    Fill,
+    Mapped(Arc<MappedBlock>, [usize; 3]),
+    Decoded(Arc<Decoded>),
+}
+
+impl Held {
+    /// The chunk's bytes and the dimensions they are laid out in.
+    pub(crate) fn view(&self, arr: &ArrayReader) -> Option<(&[u8], [usize; 3])> {
+        match self {
+            Held::Fill => None,
+            Held::Mapped(block, inner) => {
+                let start = match &block.inner {
+                    None => 0,
+                    Some(offsets) => {
+                        let o = offsets[ravel(*inner, arr.per_block)];
+                        if o == EMPTY {
+                            return None;
+                        }
+                        o as usize
+                    }
+                };
+                Some((&block.map[start..start + arr.chunk_bytes], arr.chunk))
+            }
+            Held::Decoded(d) => Some((&d.bytes, d.dims)),
+        }
+    }
+}
+
+/// How a shard's index is stored (zarr `sharding_indexed` with a little-endian `bytes` index).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IndexFormat {
+    at_end: bool,
+    crc32c: bool,
+}
+
+pub(crate) enum Source {
+    /// Uncompressed little-endian chunks: plain chunk files, or shards of them.
+    Mapped { index: Option<IndexFormat> },
+    /// Anything else (compressed, or mapping turned off): decoded chunk by chunk by zarrs.
+    Zarrs {
+        array: Box<Array<FilesystemStore>>,
+        shards: Box<ArrayShardedReadableExtCache>,
+    },
+}
+
+/// The whole of what the reader needs to know about one array.
+pub(crate) struct ArrayReader {
+    /// Distinguishes the arrays of one entry in the shared caches.
+    pub(crate) id: u8,
+    pub(crate) name: &'static str,
+    pub(crate) dir: PathBuf,
+    pub(crate) dtype: StoredDtype,
+    pub(crate) shape: [usize; 3],
+    /// The unit a patch is copied from: the chunk, or the inner chunk of a shard.
+    pub(crate) chunk: [usize; 3],
+    pub(crate) chunk_bytes: usize,
+    /// Chunks per file (shard); [1, 1, 1] when not sharded.
+    pub(crate) per_block: [usize; 3],
+    /// Files (chunks or shards) per axis.
+    pub(crate) block_grid: [usize; 3],
+    separator: String,
+    pub(crate) source: Source,
+}
+
+pub(crate) fn ravel(idx: [usize; 3], dims: [usize; 3]) -> usize {
+    (idx[0] * dims[1] + idx[1]) * dims[2] + idx[2]
+}
+
+fn shape3(v: Option<&Value>) -> Option<[usize; 3]> {
+    let a = v?.as_array()?;
+    if a.len() != 3 {
+        return None;
+    }
+    let mut out = [0usize; 3];
+    for (o, x) in out.iter_mut().zip(a) {
+        *o = usize::try_from(x.as_u64()?).ok()?;
+    }
+    Some(out)
+}
+
+/// The `bytes` codec writing little-endian (the byte order does not matter for 1-byte types).
+fn is_le_bytes(codec: &Value, elem_size: usize) -> bool {
+    codec.get("name").and_then(Value::as_str) == Some("bytes")
+        && match codec
+            .pointer("/configuration/endian")
+            .and_then(Value::as_str)
+        {
+            Some("little") => true,
+            Some(_) | None => elem_size == 1,
+        }
+}
+
+fn codec_name(codec: &Value) -> Option<&str> {
+    codec.get("name").and_then(Value::as_str)
+}
+
+fn product(dims: [usize; 3]) -> Option<usize> {
+    dims[0].checked_mul(dims[1])?.checked_mul(dims[2])
+}
+
+impl ArrayReader {
+    /// Read `entry/name/zarr.json` and decide how chunks are reached.
+    pub(crate) fn open(
+        entry: &Path,
+        name: &'static str,
+        id: u8,
+        expect_shape: [usize; 3],
+        mmap: bool,
+    ) -> Result<ArrayReader> {
+        let dir = entry.join(name);
+        let meta_path = dir.join("zarr.json");
+        let text = std::fs::read_to_string(&meta_path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::cache(
+                    &meta_path,
+                    format!("array {name:?} is missing from the entry"),
+                )
+            } else {
+                Error::io(&meta_path, e)
+            }
+        })?;
+        let bad = |msg: String| Error::cache(&meta_path, msg);
+        let meta: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        if meta.get("zarr_format").and_then(Value::as_u64) != Some(3)
+            || meta.get("node_type").and_then(Value::as_str) != Some("array")
+        {
+            return Err(bad("not a Zarr v3 array".into()));
+        }
+        let shape = shape3(meta.get("shape")).ok_or_else(|| bad("shape is not 3-D".into()))?;
+        if shape != expect_shape {
+            return Err(bad(format!(
+                "array shape {shape:?} differs from the entry's output shape {expect_shape:?}"
+            )));
+        }
+        let dtype_name = meta.get("data_type").and_then(Value::as_str).unwrap_or("?");
+        let dtype = StoredDtype::from_zarr(dtype_name).ok_or_else(|| {
+            bad(format!(
+                "data type {dtype_name:?} is not one voxcache writes (float32, float16, uint8, uint16)"
+            ))
+        })?;
+        let es = dtype.size();
+        if meta.pointer("/chunk_grid/name").and_then(Value::as_str) != Some("regular") {
+            return Err(bad("chunk grid is not regular".into()));
+        }
+        let outer = shape3(meta.pointer("/chunk_grid/configuration/chunk_shape"))
+            .filter(|c| c.iter().all(|&v| v > 0))
+            .ok_or_else(|| bad("chunk_shape is not three positive sides".into()))?;
+        let key_encoding = meta
+            .pointer("/chunk_key_encoding/name")
+            .and_then(Value::as_str);
+        let separator = meta
+            .pointer("/chunk_key_encoding/configuration/separator")
+            .and_then(Value::as_str)
+            .unwrap_or("/")
+            .to_string();
+        let zero_fill = meta
+            .get("fill_value")
+            .and_then(Value::as_f64)
+            .is_some_and(|v| v == 0.0);
+        let codecs = meta
+            .get("codecs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("no codecs".into()))?;
+
+        // The single sharding codec, if the array is sharded.
+        let sharding = match codecs.as_slice() {
+            [c] if codec_name(c) == Some("sharding_indexed") => c.get("configuration"),
+            _ => None,
+        };
+        let chunk = match sharding {
+            None => outer,
+            Some(cfg) => shape3(cfg.get("chunk_shape"))
+                .filter(|c| c.iter().all(|&v| v > 0))
+                .ok_or_else(|| bad("sharding chunk_shape is not three positive sides".into()))?,
+        };
+        if (0..3).any(|a| outer[a] % chunk[a] != 0) {
+            return Err(bad(format!(
+                "shard shape {outer:?} is not a whole multiple of its chunk shape {chunk:?}"
+            )));
+        }
+        let per_block = [0, 1, 2].map(|a| outer[a] / chunk[a]);
+        let chunk_bytes = product(chunk)
+            .and_then(|n| n.checked_mul(es))
+            .filter(|&n| n < isize::MAX as usize)
+            .ok_or_else(|| bad(format!("chunk shape {chunk:?} is too large")))?;
+        product(per_block)
+            .and_then(|n| n.checked_mul(16))
+            .ok_or_else(|| bad(format!("shard shape {outer:?} is too large")))?;
+
+        // Memory-mappable: uncompressed little-endian chunks with zero fill and default keys.
+        let mappable = mmap && zero_fill && key_encoding == Some("default");
+        let mapped = match (codecs.as_slice(), sharding) {
+            ([c], None) if mappable && is_le_bytes(c, es) => Some(None),
+            (_, Some(cfg)) if mappable => {
+                let inner_ok = matches!(
+                    cfg.get("codecs").and_then(Value::as_array).map(Vec::as_slice),
+                    Some([c]) if is_le_bytes(c, es)
+                );
+                let index = match cfg
+                    .get("index_codecs")
+                    .and_then(Value::as_array)
+                    .map(Vec::as_slice)
+                {
+                    Some([b]) if is_le_bytes(b, 8) => Some(false),
+                    Some([b, c]) if is_le_bytes(b, 8) && codec_name(c) == Some("crc32c") => {
+                        Some(true)
+                    }
+                    _ => None,
+                };
+                let at_end = match cfg.get("index_location").and_then(Value::as_str) {
+                    None | Some("end") => Some(true),
+                    Some("start") => Some(false),
+                    Some(_) => None,
+                };
+                match (inner_ok, index, at_end) {
+                    (true, Some(crc32c), Some(at_end)) => {
+                        Some(Some(IndexFormat { at_end, crc32c }))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let source = match mapped {
+            Some(index) => Source::Mapped { index },
+            None => {
+                let store = FilesystemStore::new(entry).map_err(|e| Error::zarr(entry, e))?;
+                let array = Array::open(Arc::new(store), &format!("/{name}"))
+                    .map_err(|e| Error::zarr(&dir, e))?;
+                let shards = ArrayShardedReadableExtCache::new(&array);
+                Source::Zarrs {
+                    array: Box::new(array),
+                    shards: Box::new(shards),
+                }
+            }
+        };
+        Ok(ArrayReader {
+            id,
+            name,
+            dir,
+            dtype,
+            shape,
+            chunk,
+            chunk_bytes,
+            per_block,
+            block_grid: [0, 1, 2].map(|a| shape[a].div_ceil(outer[a])),
+            separator,
+            source,
+        })
+    }
+
+    /// The file holding block (chunk or shard) `b`.
+    pub(crate) fn block_path(&self, b: [usize; 3]) -> PathBuf {
+        let s = &self.separator;
+        self.dir.join(format!("c{s}{}{s}{}{s}{}", b[0], b[1], b[2]))
+    }
+
+    /// The block (file) holding chunk `c`, and the chunk's place inside it.
+    pub(crate) fn block_of(&self, c: [usize; 3]) -> ([usize; 3], [usize; 3]) {
+        let p = self.per_block;
+        (
+            [c[0] / p[0], c[1] / p[1], c[2] / p[2]],
+            [c[0] % p[0], c[1] % p[1], c[2] % p[2]],
+        )
+    }
+
+    pub(crate) fn is_mapped(&self) -> bool {
+        matches!(self.source, Source::Mapped { .. })
+    }
+
+    /// Map block `b` and validate its size (and shard index); `None` if the file does not
+    /// exist (every element is the fill value).
+    pub(crate) fn map_block(&self, b: [usize; 3]) -> Result<Option<MappedBlock>> {
+        let Source::Mapped { index } = &self.source else {
+            return Err(Error::cache(&self.dir, "array is not memory-mapped"));
+        };
+        let path = self.block_path(b);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+        let [cz, cy, cx] = self.chunk;
+        let what = format!("{cz}x{cy}x{cx} {}", self.dtype.name());
+        let n_inner = self.per_block.iter().product::<usize>();
+        let index_len = match index {
+            None => {
+                if len != self.chunk_bytes as u64 {
+                    return Err(Error::cache(
+                        &path,
+                        format!(
+                            "chunk file holds {len} bytes but a {what} chunk is {} bytes: truncated or corrupt",
+                            self.chunk_bytes
+                        ),
+                    ));
+                }
+                0
+            }
+            Some(f) => {
+                let index_len = n_inner * 16 + if f.crc32c { 4 } else { 0 };
+                if len < index_len as u64 {
+                    return Err(Error::cache(
+                        &path,
+                        format!(
+                            "shard file holds {len} bytes, less than its {index_len}-byte index: truncated or corrupt"
+                        ),
+                    ));
+                }
+                index_len
+            }
+        };
+        // SAFETY: the mapping is read-only and private to this reader. Cache entries are
+        // immutable once committed (written into tmp/, then renamed into place), so the file is
+        // not modified or truncated while mapped; every access below is bounds-checked against
+        // the length validated here.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        if map.len() as u64 != len {
+            return Err(Error::cache(&path, "file changed size while being opened"));
+        }
+        let inner = match index {
+            None => None,
+            Some(f) => {
+                let len = map.len();
+                let (ix, data) = if f.at_end {
+                    (&map[len - index_len..], 0..len - index_len)
+                } else {
+                    (&map[..index_len], index_len..len)
+                };
+                let entries = &ix[..n_inner * 16];
+                if f.crc32c {
+                    let stored = u32::from_le_bytes([
+                        ix[n_inner * 16],
+                        ix[n_inner * 16 + 1],
+                        ix[n_inner * 16 + 2],
+                        ix[n_inner * 16 + 3],
+                    ]);
+                    if crc32c(entries) != stored {
+                        return Err(Error::cache(
+                            &path,
+                            "shard index checksum mismatch: truncated or corrupt shard file",
+                        ));
+                    }
+                }
+                let mut offsets = Vec::with_capacity(n_inner);
+                for (i, e) in entries.chunks_exact(16).enumerate() {
+                    let word = |k: usize| {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(&e[k..k + 8]);
+                        u64::from_le_bytes(w)
+                    };
+                    let (off, nbytes) = (word(0), word(8));
+                    if off == EMPTY && nbytes == EMPTY {
+                        offsets.push(EMPTY);
+                        continue;
+                    }
+                    if nbytes != self.chunk_bytes as u64 {
+                        return Err(Error::cache(
+                            &path,
+                            format!(
+                                "shard index: inner chunk {i} is {nbytes} bytes but a {what} chunk is {} bytes",
+                                self.chunk_bytes
+                            ),
+                        ));
+                    }
+                    let inside = off >= data.start as u64
+                        && off
+                            .checked_add(nbytes)
+                            .is_some_and(|end| end <= data.end as u64);
+                    if !inside {
+                        return Err(Error::cache(
+                            &path,
+                            format!(
+                                "shard index: inner chunk {i} (bytes {off}..+{nbytes}) lies outside the shard's data"
+                            ),
+                        ));
+                    }
+                    offsets.push(off);
+                }
+                Some(offsets.into_boxed_slice())
+            }
+        };
+        Ok(Some(MappedBlock { map, inner }))
+    }
+
+    /// Decode chunk `c` through zarrs (`retrieve_chunk`, or the inner chunk of a shard).
+    pub(crate) fn decode_chunk(&self, c: [usize; 3]) -> Result<Decoded> {
+        let Source::Zarrs { array, shards } = &self.source else {
+            return Err(Error::cache(
+                &self.dir,
+                "array is memory-mapped, not decoded",
+            ));
+        };
+        let path = || self.block_path(self.block_of(c).0);
+        let idx = [c[0] as u64, c[1] as u64, c[2] as u64];
+        let bytes = array
+            .retrieve_subchunk_opt::<ArrayBytes<'static>>(shards, &idx, &CodecOptions::default())
+            .map_err(|e| Error::zarr(path(), e))?;
+        let mut bytes = bytes
+            .into_fixed()
+            .map_err(|e| Error::zarr(path(), e))?
+            .into_owned();
+        let es = self.dtype.size();
+        // zarrs hands back the full chunk; accept one clipped at the array's edge as well.
+        let full = self.chunk;
+        let clipped = [0, 1, 2].map(|a| full[a].min(self.shape[a].saturating_sub(c[a] * full[a])));
+        let dims = if bytes.len() == self.chunk_bytes {
+            full
+        } else if Some(bytes.len()) == product(clipped).map(|n| n * es) {
+            clipped
+        } else {
+            return Err(Error::zarr(
+                path(),
+                format!(
+                    "decoded chunk {idx:?} holds {} bytes, expected {}",
+                    bytes.len(),
+                    self.chunk_bytes
+                ),
+            ));
+        };
+        // zarrs decodes to native byte order; rows are copied out as little-endian.
+        if cfg!(target_endian = "big") && es > 1 {
+            for e in bytes.chunks_exact_mut(es) {
+                e.reverse();
+            }
+        }
+        Ok(Decoded { bytes, dims })
+    }
+}

@@ -1,0 +1,630 @@
+//! The patch reader against zarrs' own reads of the same caches: plain, sharded, compressed and
+//! float16 layouts, boxes inside a chunk, across chunk and shard borders and past the volume's
+//! edge; foreground coordinates; flat memory; bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
+use zarrs::array::{Array, ArraySubset};
+use zarrs::filesystem::FilesystemStore;
+
+const CHUNK: &str = "4,16,16";
+const SHARD: &str = "8,32,32";
+
+/// The cache layouts under test: name and build flags.
+const LAYOUTS: &[(&str, &[&str])] = &[
+    ("plain", &["--chunk", CHUNK]),
+    ("sharded", &["--chunk", CHUNK, "--shard", SHARD]),
+    ("zstd", &["--chunk", CHUNK, "--compression", "zstd"]),
+    (
+        "sharded-zstd",
+        &["--chunk", CHUNK, "--shard", SHARD, "--compression", "zstd"],
+    ),
+    ("f16", &["--chunk", CHUNK, "--image-dtype", "float16"]),
+    (
+        "f16-sharded",
+        &[
+            "--chunk",
+            CHUNK,
+            "--shard",
+            SHARD,
+            "--image-dtype",
+            "float16",
+        ],
+    ),
+];
+
+fn build(data: &Path, cache: &Path, extra: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_prep"))
+        .arg("build-cache")
+        .arg(data)
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(["-q", "-j", "2"])
+        .args(extra)
+        .env_remove("VOXCACHE_FAILPOINT")
+        .output()
+        .expect("run prep");
+    assert!(
+        out.status.success(),
+        "prep build-cache {extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Caches of the bundled data, one per layout, built once per test run (read-only to tests).
+fn caches() -> &'static Vec<(&'static str, PathBuf)> {
+    static CACHES: OnceLock<(tempfile::TempDir, Vec<(&'static str, PathBuf)>)> = OnceLock::new();
+    &CACHES
+        .get_or_init(|| {
+            let t = tempfile::tempdir().unwrap();
+            let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+            let list = LAYOUTS
+                .iter()
+                .map(|(name, flags)| {
+                    let dir = t.path().join(name);
+                    build(&data, &dir, flags);
+                    (*name, dir)
+                })
+                .collect();
+            (t, list)
+        })
+        .1
+}
+
+fn cache(name: &str) -> &'static Path {
+    &caches().iter().find(|(n, _)| *n == name).unwrap().1
+}
+
+fn entries(reader: &CacheReader) -> Vec<EntryReader> {
+    let ds = reader.datasets()[0].to_string();
+    reader
+        .cases(&ds)
+        .unwrap()
+        .iter()
+        .map(|c| reader.open_entry(&ds, &c.case_id).unwrap())
+        .collect()
+}
+
+/// What zarrs itself returns for the box, zeros outside the volume, as f64 (exact for every
+/// stored type).
+fn zarrs_patch(entry: &Path, name: &str, start: [i64; 3], size: [usize; 3]) -> Vec<f64> {
+    let store = Arc::new(FilesystemStore::new(entry).unwrap());
+    let array = Array::open(store, &format!("/{name}")).unwrap();
+    let shape = array.shape().to_vec();
+    let mut out = vec![0.0f64; size.iter().product()];
+    let mut ranges = Vec::new();
+    for a in 0..3 {
+        let lo = start[a].clamp(0, shape[a] as i64) as u64;
+        let hi = (start[a] + size[a] as i64).clamp(0, shape[a] as i64) as u64;
+        if lo >= hi {
+            return out;
+        }
+        ranges.push(lo..hi);
+    }
+    let subset = ArraySubset::new_with_ranges(&ranges);
+    let values: Vec<f64> = match array.data_type().to_string().split(' ').next().unwrap() {
+        "float32" => array
+            .retrieve_array_subset::<Vec<f32>>(&subset)
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        "float16" => array
+            .retrieve_array_subset::<Vec<half::f16>>(&subset)
+            .unwrap()
+            .into_iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        "uint8" => array
+            .retrieve_array_subset::<Vec<u8>>(&subset)
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        "uint16" => array
+            .retrieve_array_subset::<Vec<u16>>(&subset)
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        other => panic!("data type {other}"),
+    };
+    let n = [0, 1, 2].map(|a| (ranges[a].end - ranges[a].start) as usize);
+    let mut i = 0;
+    for z in 0..n[0] {
+        for y in 0..n[1] {
+            let oz = (ranges[0].start as i64 + z as i64 - start[0]) as usize;
+            let oy = (ranges[1].start as i64 + y as i64 - start[1]) as usize;
+            let ox = (ranges[2].start as i64 - start[2]) as usize;
+            let d = (oz * size[1] + oy) * size[2] + ox;
+            out[d..d + n[2]].copy_from_slice(&values[i..i + n[2]]);
+            i += n[2];
+        }
+    }
+    out
+}
+
+fn bits(v: impl IntoIterator<Item = f64>) -> Vec<u64> {
+    v.into_iter().map(f64::to_bits).collect()
+}
+
+/// Read the box with the reader and with zarrs; image and label must agree exactly.
+fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
+    let n: usize = size.iter().product();
+    let mut img = vec![f32::NAN; n];
+    let mut lab = vec![u16::MAX; n];
+    e.read_patch(start, size, &mut img, Some(&mut lab))
+        .unwrap_or_else(|err| panic!("{start:?} {size:?}: {err}"));
+    let want_img = zarrs_patch(e.dir(), "image", start, size);
+    let want_lab = zarrs_patch(e.dir(), "label", start, size);
+    assert!(
+        bits(img.iter().map(|&v| v as f64)) == bits(want_img),
+        "image differs at {start:?} {size:?} in {}",
+        e.dir().display()
+    );
+    assert!(
+        bits(lab.iter().map(|&v| v as f64)) == bits(want_lab),
+        "label differs at {start:?} {size:?} in {}",
+        e.dir().display()
+    );
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n.max(1)
+    }
+    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo) as u64) as i64
+    }
+}
+
+/// Boxes that matter: inside one chunk, across chunk and shard borders, past every edge,
+/// larger than the volume, wholly outside; then random ones.
+fn check_entry(e: &EntryReader, shard_chunks: usize, seed: u64) {
+    let s = e.shape_zyx().map(|v| v as i64);
+    let c = e.chunk_zyx().map(|v| v as i64);
+    let sc = c.map(|v| v * shard_chunks as i64);
+    let fixed: Vec<([i64; 3], [usize; 3])> = vec![
+        ([0, 1, 1], [(c[0] as usize).min(2), 3, 4]),
+        ([0, 0, 0], c.map(|v| v as usize)),
+        ([c[0] - 1, c[1] - 2, c[2] - 3], [2, 5, 7]),
+        ([sc[0] - 1, sc[1] - 3, sc[2] - 2], [3, 6, 5]),
+        ([-3, -5, -7], [(s[0] / 2 + 3) as usize, 10, 12]),
+        ([s[0] - 2, s[1] - 5, s[2] - 4], [6, 12, 12]),
+        (
+            [-2, -3, -4],
+            [
+                (s[0] + 5) as usize,
+                (s[1] + 7) as usize,
+                (s[2] + 9) as usize,
+            ],
+        ),
+        ([s[0] + 1, 0, 0], [2, 2, 2]),
+        ([-10, -10, -10], [3, 3, 3]),
+        ([0, 0, s[2] - 1], [1, 1, 1]),
+    ];
+    for (start, size) in fixed {
+        check_box(e, start, size);
+    }
+    let mut rng = Lcg(seed);
+    for _ in 0..60 {
+        let size = [0, 1, 2].map(|a| 1 + rng.below(2 * c[a] as u64 + 2) as usize);
+        let start = [0, 1, 2].map(|a| rng.range(-(size[a] as i64) - 1, s[a] + 1));
+        check_box(e, start, size);
+    }
+}
+
+#[test]
+fn patches_equal_zarrs_reads_in_every_layout() {
+    for (name, dir) in caches() {
+        let reader = CacheReader::open(dir).unwrap();
+        let mapped = !name.contains("zstd");
+        let shard_chunks = if name.contains("shard") { 2 } else { 1 };
+        let es = entries(&reader);
+        assert!(es.len() >= 5, "{name}: {} entries", es.len());
+        for (i, e) in es.iter().enumerate() {
+            assert_eq!(e.is_mapped(), mapped, "{name}");
+            let want = if name.starts_with("f16") {
+                StoredDtype::Float16
+            } else {
+                StoredDtype::Float32
+            };
+            assert_eq!(e.image_dtype(), want);
+            assert_eq!(e.label_dtype(), Some(StoredDtype::Uint8));
+            check_entry(e, shard_chunks, i as u64 + 1);
+        }
+    }
+}
+
+#[test]
+fn zarrs_decoded_path_matches_on_uncompressed_caches_and_under_eviction() {
+    for name in ["plain", "sharded"] {
+        // Room for about two chunks only: constant eviction.
+        let opts = ReaderOptions {
+            mmap: false,
+            decoded_cache_bytes: 2 * 4 * 13 * 14 * 4,
+            ..ReaderOptions::default()
+        };
+        let reader = CacheReader::open_with(cache(name), opts).unwrap();
+        for (i, e) in entries(&reader).iter().take(3).enumerate() {
+            assert!(!e.is_mapped());
+            check_entry(e, if name == "sharded" { 2 } else { 1 }, 100 + i as u64);
+        }
+        let st = reader.chunk_cache().stats();
+        assert!(st.decoded_bytes <= 2 * 4 * 13 * 14 * 4, "{st:?}");
+        assert_eq!(st.mapped_files, 0);
+    }
+    // Few maps allowed: files are unmapped and mapped again.
+    let opts = ReaderOptions {
+        max_maps: 2,
+        ..ReaderOptions::default()
+    };
+    let reader = CacheReader::open_with(cache("sharded"), opts).unwrap();
+    for (i, e) in entries(&reader).iter().take(3).enumerate() {
+        check_entry(e, 2, 200 + i as u64);
+    }
+    assert!(reader.chunk_cache().stats().mapped_files <= 2);
+}
+
+#[test]
+fn uint16_labels_and_label_buffers() {
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("ds");
+    std::fs::create_dir_all(data.join("imagesTr")).unwrap();
+    std::fs::create_dir_all(data.join("labelsTr")).unwrap();
+    let shape = [21usize, 19, 7];
+    let n = shape.iter().product::<usize>();
+    let img: Vec<i16> = (0..n).map(|i| (i % 97) as i16).collect();
+    let lab: Vec<u16> = (0..n)
+        .map(|i| match i % 11 {
+            0 => 300,
+            1 | 2 => 2,
+            _ => 0,
+        })
+        .collect();
+    common::Nii::new(shape, [1.0, 1.0, 1.0], &img, false)
+        .write(&data.join("imagesTr/u_0000.nii.gz"));
+    common::Nii::new(shape, [1.0, 1.0, 1.0], &lab, false).write(&data.join("labelsTr/u.nii.gz"));
+    for (flags, shard_chunks) in [
+        (&["--chunk", "3,8,8", "--spacing", "1,1,1"][..], 1),
+        (
+            &[
+                "--chunk",
+                "3,8,8",
+                "--shard",
+                "6,16,16",
+                "--spacing",
+                "1,1,1",
+            ],
+            2,
+        ),
+    ] {
+        let dir = t.path().join(format!("c{shard_chunks}"));
+        build(&data, &dir, flags);
+        let reader = CacheReader::open(&dir).unwrap();
+        let e = reader.open_entry("ds", "u").unwrap();
+        assert_eq!(e.label_dtype(), Some(StoredDtype::Uint16));
+        assert_eq!(e.classes(), vec![2, 300]);
+        check_entry(&e, shard_chunks, 7);
+        // u8 cannot hold uint16 labels: a clear error, not truncation.
+        let mut small = vec![0u8; 8];
+        let err = e.read_label([0, 0, 0], [2, 2, 2], &mut small).unwrap_err();
+        assert!(err.to_string().contains("uint16"), "{err}");
+        for class in e.classes() {
+            let pts = e.fg_coords(class).unwrap();
+            assert!(!pts.is_empty());
+            for p in pts.iter().take(50) {
+                let v = zarrs_patch(e.dir(), "label", p.map(|v| v as i64), [1, 1, 1]);
+                assert_eq!(v, vec![class as f64]);
+            }
+        }
+    }
+    // uint8 labels read into u8 too.
+    let reader = CacheReader::open(cache("plain")).unwrap();
+    let e = &entries(&reader)[0];
+    let (mut a, mut b) = (vec![0u8; 512], vec![0u16; 512]);
+    e.read_label([1, 2, 3], [8, 8, 8], &mut a).unwrap();
+    e.read_label([1, 2, 3], [8, 8, 8], &mut b).unwrap();
+    assert!(a.iter().zip(&b).all(|(&x, &y)| x as u16 == y));
+}
+
+#[test]
+fn fg_coordinates_point_at_their_class() {
+    for name in ["plain", "sharded-zstd"] {
+        let reader = CacheReader::open(cache(name)).unwrap();
+        let mut total = 0;
+        for e in entries(&reader) {
+            for class in e.classes() {
+                let pts = e.fg_coords(class).unwrap();
+                assert!(!pts.is_empty());
+                for p in &pts {
+                    let start = p.map(|v| v as i64);
+                    let mut lab = [0u16; 1];
+                    e.read_label(start, [1, 1, 1], &mut lab).unwrap();
+                    assert_eq!(lab[0], class, "{name} {p:?}");
+                    total += 1;
+                }
+                for p in pts.iter().step_by(97) {
+                    let v = zarrs_patch(e.dir(), "label", p.map(|v| v as i64), [1, 1, 1]);
+                    assert_eq!(v, vec![class as f64]);
+                }
+            }
+            assert!(e.fg_coords(77).unwrap().is_empty());
+        }
+        assert!(total > 100, "{name}: {total} foreground samples");
+    }
+}
+
+#[test]
+fn threads_share_one_reader() {
+    let reader = CacheReader::open(cache("sharded")).unwrap();
+    let es = entries(&reader);
+    let size = [4usize, 12, 12];
+    let n = size.iter().product::<usize>();
+    let boxes: Vec<(usize, [i64; 3])> = {
+        let mut rng = Lcg(5);
+        (0..400)
+            .map(|_| {
+                let i = rng.below(es.len() as u64) as usize;
+                let s = es[i].shape_zyx();
+                (i, [0, 1, 2].map(|a| rng.range(-3, s[a] as i64)))
+            })
+            .collect()
+    };
+    let read = |i: usize, start: [i64; 3]| {
+        let mut img = vec![0.0f32; n];
+        es[i].read_patch(start, size, &mut img, None).unwrap();
+        img
+    };
+    let want: Vec<Vec<f32>> = boxes.iter().map(|&(i, s)| read(i, s)).collect();
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let (boxes, want, read) = (&boxes, &want, &read);
+            sc.spawn(move || {
+                for k in (t..boxes.len()).step_by(4) {
+                    let (i, s) = boxes[k];
+                    assert_eq!(read(i, s), want[k]);
+                }
+            });
+        }
+    });
+}
+
+fn vm_rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The caches the RSS probe reads, passed to its own process.
+const RSS_CACHES_ENV: &str = "VOXCACHE_TEST_RSS_CACHES";
+
+#[test]
+fn memory_stays_flat_over_many_patches() {
+    if !Path::new("/proc/self/status").exists() {
+        return;
+    }
+    // Other tests of this binary allocate in parallel threads, which would show in this
+    // process's RSS: measure in a process of its own.
+    let dirs: Vec<String> = ["plain", "sharded-zstd"]
+        .iter()
+        .map(|n| cache(n).display().to_string())
+        .collect();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["rss_probe", "--exact", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(RSS_CACHES_ENV, dirs.join("\n"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "the probe did not run: {text}");
+}
+
+#[test]
+#[ignore = "run in its own process by memory_stays_flat_over_many_patches"]
+fn rss_probe() {
+    let dirs: Vec<PathBuf> = match std::env::var(RSS_CACHES_ENV) {
+        Ok(v) => v.lines().map(PathBuf::from).collect(),
+        Err(_) => vec![cache("plain").into(), cache("sharded-zstd").into()],
+    };
+    let size = [8usize, 24, 24];
+    let n = size.iter().product::<usize>();
+    let mut img = vec![0.0f32; n];
+    let mut lab = vec![0u16; n];
+    for dir in dirs {
+        let opts = ReaderOptions {
+            decoded_cache_bytes: 1 << 20,
+            ..ReaderOptions::default()
+        };
+        let reader = CacheReader::open_with(&dir, opts).unwrap();
+        let es = entries(&reader);
+        let mut rng = Lcg(11);
+        let mut run = |count: usize| {
+            for _ in 0..count {
+                let e = &es[rng.below(es.len() as u64) as usize];
+                let s = e.shape_zyx();
+                let start = [0, 1, 2].map(|a| rng.range(-4, s[a] as i64));
+                e.read_patch(start, size, &mut img, Some(&mut lab)).unwrap();
+            }
+        };
+        run(500);
+        let before = vm_rss_kib();
+        run(10_000);
+        let after = vm_rss_kib();
+        println!(
+            "{}: VmRSS {before} KiB -> {after} KiB over 10,000 patches",
+            dir.display()
+        );
+        assert!(
+            after <= before + 64 * 1024,
+            "{}: VmRSS grew from {before} KiB to {after} KiB over 10,000 patches",
+            dir.display()
+        );
+        assert!(reader.chunk_cache().stats().decoded_bytes <= 1 << 20);
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        let dest = to.join(e.file_name());
+        if p.is_dir() {
+            copy_tree(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+/// A private copy of the first entry of a layout, to damage.
+fn entry_copy(layout: &str, into: &Path) -> PathBuf {
+    let reader = CacheReader::open(cache(layout)).unwrap();
+    let ds = reader.datasets()[0].to_string();
+    let case = reader.cases(&ds).unwrap().remove(0);
+    let dest = into.join(layout);
+    copy_tree(&case.entry_dir, &dest);
+    dest
+}
+
+fn truncate(path: &Path, keep: u64) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(keep).unwrap();
+}
+
+#[test]
+fn truncated_chunks_are_errors_naming_the_file() {
+    let t = tempfile::tempdir().unwrap();
+    for layout in ["plain", "sharded", "zstd", "sharded-zstd"] {
+        let entry = entry_copy(layout, t.path());
+        let file = entry.join("image/c/0/0/0");
+        let len = std::fs::metadata(&file).unwrap().len();
+        truncate(&file, len / 2);
+        let e = EntryReader::open(&entry).unwrap();
+        let mut img = vec![0.0f32; 2 * 3 * 3];
+        let err = e
+            .read_patch([0, 0, 0], [2, 3, 3], &mut img, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&file.display().to_string()),
+            "{layout}: error does not name {}: {err}",
+            file.display()
+        );
+        // The rest of the entry still reads (the label is intact).
+        let mut lab = vec![0u16; 8];
+        e.read_label([0, 0, 0], [2, 2, 2], &mut lab).unwrap();
+    }
+    // An empty chunk file.
+    let entry = entry_copy("plain", &t.path().join("empty"));
+    let file = entry.join("image/c/0/0/0");
+    truncate(&file, 0);
+    let e = EntryReader::open(&entry).unwrap();
+    let mut img = vec![0.0f32; 8];
+    let err = e.read_image([0, 0, 0], [2, 2, 2], &mut img).unwrap_err();
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn a_corrupt_shard_index_is_an_error() {
+    let t = tempfile::tempdir().unwrap();
+    let entry = entry_copy("sharded", t.path());
+    let file = entry.join("image/c/0/0/0");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[n - 20] ^= 0x40; // inside the last index entry
+    std::fs::write(&file, &bytes).unwrap();
+    let e = EntryReader::open(&entry).unwrap();
+    let mut img = vec![0.0f32; 8];
+    let err = e
+        .read_patch([0, 0, 0], [2, 2, 2], &mut img, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    assert!(err.to_string().contains(&file.display().to_string()));
+}
+
+#[test]
+fn missing_and_foreign_caches_and_entries() {
+    let t = tempfile::tempdir().unwrap();
+    let err = |r: voxcache::Result<CacheReader>| r.unwrap_err().to_string();
+
+    let nowhere = t.path().join("nowhere");
+    assert!(err(CacheReader::open(&nowhere)).contains("not found"));
+    std::fs::create_dir_all(t.path().join("empty")).unwrap();
+    assert!(err(CacheReader::open(t.path().join("empty"))).contains("not a voxcache cache"));
+
+    let foreign = t.path().join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("manifest.json"), r#"{"hello": "world"}"#).unwrap();
+    assert!(err(CacheReader::open(&foreign)).contains("not a voxcache manifest"));
+    std::fs::write(foreign.join("manifest.json"), "[1, 2").unwrap();
+    assert!(err(CacheReader::open(&foreign)).contains("not a voxcache manifest"));
+
+    let old = t.path().join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    let text = std::fs::read_to_string(cache("plain").join("manifest.json")).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    m["format_version"] = 99.into();
+    std::fs::write(old.join("manifest.json"), m.to_string()).unwrap();
+    let msg = err(CacheReader::open(&old));
+    assert!(msg.contains("version 99"), "{msg}");
+
+    // A manifest whose entry folder is gone.
+    let ds = m["datasets"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    m["format_version"] = 1.into();
+    std::fs::write(old.join("manifest.json"), m.to_string()).unwrap();
+    let reader = CacheReader::open(&old).unwrap();
+    let case = reader.cases(&ds).unwrap().remove(0);
+    let e = reader
+        .open_entry(&ds, &case.case_id)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&case.entry_dir.display().to_string()) && e.contains("not found"),
+        "{e}"
+    );
+    assert!(reader.open_entry(&ds, "no-such-case").is_err());
+    assert!(reader.open_entry("no-such-dataset", &case.case_id).is_err());
+
+    // An entry folder without its group metadata (an unfinished build).
+    let half = t.path().join("half");
+    std::fs::create_dir_all(half.join("image")).unwrap();
+    let e = EntryReader::open(&half).unwrap_err().to_string();
+    assert!(e.contains("no zarr.json"), "{e}");
+
+    // A wrong buffer size or a label read on a buffer of the wrong length.
+    let reader = CacheReader::open(cache("plain")).unwrap();
+    let e = &entries(&reader)[0];
+    let mut img = vec![0.0f32; 7];
+    assert!(e.read_patch([0, 0, 0], [2, 2, 2], &mut img, None).is_err());
+    let mut img = vec![0.0f32; 8];
+    let mut lab = vec![0u16; 9];
+    assert!(e
+        .read_patch([0, 0, 0], [2, 2, 2], &mut img, Some(&mut lab))
+        .is_err());
+    // Extreme coordinates are handled, not overflowed.
+    e.read_patch([i64::MIN, i64::MAX, 0], [2, 2, 2], &mut img, None)
+        .unwrap();
+    assert!(img.iter().all(|&v| v == 0.0));
+}
