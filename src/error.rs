@@ -31,6 +31,12 @@ pub enum Error {
     /// A cache folder whose content is not what voxcache wrote.
     #[error("{path}: {message}")]
     Cache { path: PathBuf, message: String },
+    /// A failure inside the tensor library (shapes, devices, kernels) while training.
+    #[error("tensor: {0}")]
+    Tensor(#[from] candle_core::Error),
+    /// Invalid training options or run state (checkpoints, run folder).
+    #[error("{0}")]
+    Train(String),
 }
 
 impl Error {

@@ -14,6 +14,7 @@
 //! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.
 //! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
 //! - [`sysinfo`]: peak memory and host facts for reports.
+//! - [`train`]: the `train` command: 3D ops, U-Net, patch loader, optimizer, checkpoints.
 
 pub mod build;
 pub mod cache;
@@ -28,5 +29,6 @@ pub mod plan;
 pub mod resample;
 pub mod synth;
 pub mod sysinfo;
+pub mod train;
 
 pub use error::{Error, Result};

@@ -1,0 +1,31 @@
+//! The `train` command: a 3D U-Net in candle fed by memory-mapped patches from the cache.
+//!
+//! Module map (one job each):
+//! - [`ops`]: 3D convolution, transposed convolution, pooling and upsampling with gradients.
+//! - [`model`]: the U-Net (depth, width, norm, up-sampling mode).
+//! - [`loss`]: Dice + cross-entropy.
+//! - [`optim`]: AdamW and SGD with Nesterov momentum, poly learning rate, state for checkpoints.
+//! - [`rng`]: the seeded, checkpointable random generator every draw comes from.
+//! - [`sampler`]: which case and which box each patch of a batch comes from.
+//! - [`augment`]: flips, 90-degree rotations, intensity scale/shift, noise.
+//! - [`loader`]: worker threads filling a bounded, ordered queue of batches.
+//! - [`validate`]: sliding-window inference over cached volumes, Dice per class.
+//! - [`checkpoint`]: atomic checkpoints (safetensors + JSON state), keep last K and best.
+//! - [`metrics`]: the JSONL metrics log; [`plot`]: its PNG curves.
+//! - [`config`]: training options from the pipeline file and the command line.
+//! - [`trainer`]: the loop that ties them together.
+
+pub mod augment;
+pub mod checkpoint;
+pub mod config;
+pub mod loader;
+pub mod loss;
+pub mod metrics;
+pub mod model;
+pub mod ops;
+pub mod optim;
+pub mod plot;
+pub mod rng;
+pub mod sampler;
+pub mod trainer;
+pub mod validate;
