@@ -1,1 +1,325 @@
-//! (being written)
+//! Worker threads filling a bounded, ordered queue of batches.
+//!
+//! Workers claim step numbers from a shared counter, build batch `s` from
+//! `sampler.choose(s)` (read each box, augment it with `Rng::derive(seed, &[AUGMENT_STREAM, s,
+//! i])`), and file it in a reorder buffer; the consumer takes batches strictly in step order.
+//! Because a batch depends only on its step, the stream is the same for any number of workers.
+//!
+//! Memory is bounded whatever the dataset size: a worker does not start step `s` until
+//! `s < consumer_next + queue_depth`, so at most `queue_depth` batches are being built or
+//! waiting, plus the one the consumer holds. A failed read (a corrupt chunk) becomes the error
+//! of its step, naming the case; a panic in a worker likewise; neither hangs the consumer.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::cache::reader::EntryReader;
+use crate::error::{Error, Result};
+use crate::train::augment::{augment, AugmentConfig};
+use crate::train::rng::Rng;
+use crate::train::sampler::{PatchChoice, Sampler};
+
+/// Stream tag of augmentation draws (`Rng::derive(seed, &[AUGMENT_STREAM, step, sample])`).
+pub const AUGMENT_STREAM: u64 = 0x6175_676d_656e_0002;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoaderConfig {
+    /// Threads reading and augmenting patches (at least 1).
+    pub workers: usize,
+    /// Batches that may be built ahead of the consumer (at least 1).
+    pub queue_depth: usize,
+    pub augment: AugmentConfig,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            workers: 2,
+            queue_depth: 4,
+            augment: AugmentConfig::default(),
+        }
+    }
+}
+
+/// One training batch. `image` is (B, 1, D, H, W) and `label` (B, D, H, W), C order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub step: u64,
+    pub batch_size: usize,
+    pub patch_zyx: [usize; 3],
+    pub image: Vec<f32>,
+    pub label: Vec<u16>,
+    /// Where each patch came from (before augmentation).
+    pub choices: Vec<PatchChoice>,
+}
+
+/// What the workers build batches from.
+struct Job {
+    entries: Vec<EntryReader>,
+    sampler: Sampler,
+    augment: AugmentConfig,
+}
+
+struct State {
+    /// The next step a worker will claim.
+    next_claim: u64,
+    /// The step the consumer waits for next.
+    consumer_next: u64,
+    /// Finished steps not yet taken (the reorder buffer).
+    ready: BTreeMap<u64, Result<Batch>>,
+    /// Buffers handed back with [`Loader::recycle`].
+    pool: Vec<(Vec<f32>, Vec<u16>)>,
+    live_workers: usize,
+    stop: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when the consumer takes a batch (room for another step) or on stop.
+    room: Condvar,
+    /// Signalled when a batch is filed or a worker exits.
+    filed: Condvar,
+    depth: u64,
+    pool_cap: usize,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A worker panic is caught before it can poison the lock; recover anyway rather than
+    // turning one failure into a hang or a second panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Loader {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    next_step: u64,
+}
+
+impl Loader {
+    /// Start the workers; the first [`Loader::next`] returns batch `first_step`.
+    pub fn start(
+        entries: Vec<EntryReader>,
+        sampler: Sampler,
+        cfg: LoaderConfig,
+        first_step: u64,
+    ) -> Result<Loader> {
+        if cfg.workers == 0 || cfg.queue_depth == 0 {
+            return Err(Error::Config(format!(
+                "loader needs at least one worker and a queue depth of at least 1 (got {} workers, depth {})",
+                cfg.workers, cfg.queue_depth
+            )));
+        }
+        cfg.augment.validate()?;
+        if entries.len() != sampler.num_cases() {
+            return Err(Error::Config(format!(
+                "{} entries for a sampler of {} cases",
+                entries.len(),
+                sampler.num_cases()
+            )));
+        }
+        for (i, e) in entries.iter().enumerate() {
+            if sampler.shape_zyx(i) != Some(e.shape_zyx()) {
+                return Err(Error::Config(format!(
+                    "case {}: entry shape {:?} differs from the sampler's {:?}",
+                    case_name(e),
+                    e.shape_zyx(),
+                    sampler.shape_zyx(i)
+                )));
+            }
+            if e.label_dtype().is_none() {
+                return Err(Error::case(
+                    case_name(e),
+                    "cache entry has no label: it cannot be used for training",
+                ));
+            }
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                next_claim: first_step,
+                consumer_next: first_step,
+                ready: BTreeMap::new(),
+                pool: Vec::new(),
+                live_workers: 0,
+                stop: false,
+            }),
+            room: Condvar::new(),
+            filed: Condvar::new(),
+            depth: cfg.queue_depth as u64,
+            pool_cap: cfg.queue_depth + cfg.workers,
+        });
+        let job = Arc::new(Job {
+            entries,
+            sampler,
+            augment: cfg.augment,
+        });
+        // Built before spawning so that a failed spawn stops and joins the others (Drop).
+        let mut loader = Loader {
+            shared,
+            workers: Vec::with_capacity(cfg.workers),
+            next_step: first_step,
+        };
+        for w in 0..cfg.workers {
+            let (shared, job) = (loader.shared.clone(), job.clone());
+            lock(&loader.shared.state).live_workers += 1;
+            let spawned = std::thread::Builder::new()
+                .name(format!("voxcache-loader-{w}"))
+                .spawn(move || work(&shared, &job));
+            match spawned {
+                Ok(h) => loader.workers.push(h),
+                Err(e) => {
+                    lock(&loader.shared.state).live_workers -= 1;
+                    return Err(Error::Train(format!("cannot start loader thread: {e}")));
+                }
+            }
+        }
+        Ok(loader)
+    }
+
+    /// The step the next call to [`Loader::next`] returns.
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Blocks until batch `first_step + n` (n-th call) is ready; returns it and the time spent
+    /// waiting. A step whose batch could not be built returns its error; the following call
+    /// goes on with the next step.
+    #[allow(clippy::should_implement_trait)] // fallible and blocking: not an Iterator
+    pub fn next(&mut self) -> Result<(Batch, Duration)> {
+        let t0 = Instant::now();
+        let step = self.next_step;
+        let mut st = lock(&self.shared.state);
+        let result = loop {
+            if let Some(r) = st.ready.remove(&step) {
+                break r;
+            }
+            if st.live_workers == 0 {
+                return Err(Error::Train(format!(
+                    "loader workers stopped before batch {step} was built"
+                )));
+            }
+            st = self
+                .shared
+                .filed
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        };
+        self.next_step = step + 1;
+        st.consumer_next = self.next_step;
+        drop(st);
+        self.shared.room.notify_all();
+        result.map(|b| (b, t0.elapsed()))
+    }
+
+    /// Hand a batch's buffers back for reuse by the workers (optional; saves allocations).
+    pub fn recycle(&self, batch: Batch) {
+        let mut st = lock(&self.shared.state);
+        if st.pool.len() < self.shared.pool_cap {
+            st.pool.push((batch.image, batch.label));
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        lock(&self.shared.state).stop = true;
+        self.shared.room.notify_all();
+        self.shared.filed.notify_all();
+        for h in self.workers.drain(..) {
+            // Worker panics are caught per step; a join error has nothing left to report.
+            let _ = h.join();
+        }
+    }
+}
+
+/// Counts a worker out when it exits, however it exits, so the consumer never waits on
+/// workers that are gone.
+struct LiveGuard<'a>(&'a Shared);
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).live_workers -= 1;
+        self.0.filed.notify_all();
+    }
+}
+
+fn work(shared: &Shared, job: &Job) {
+    let _live = LiveGuard(shared);
+    loop {
+        let (step, buffers) = {
+            let mut st = lock(&shared.state);
+            while !st.stop && st.next_claim >= st.consumer_next + shared.depth {
+                st = shared.room.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if st.stop {
+                return;
+            }
+            let step = st.next_claim;
+            st.next_claim += 1;
+            (step, st.pool.pop().unwrap_or_default())
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| build_batch(job, step, buffers)))
+            .unwrap_or_else(|panic| {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Train(format!(
+                    "loader worker failed building batch {step}: {why}"
+                )))
+            });
+        let mut st = lock(&shared.state);
+        if st.stop {
+            return;
+        }
+        st.ready.insert(step, result);
+        drop(st);
+        shared.filed.notify_all();
+    }
+}
+
+fn case_name(e: &EntryReader) -> String {
+    e.case_id()
+        .map(String::from)
+        .unwrap_or_else(|| e.dir().display().to_string())
+}
+
+/// Batch `step`: a pure function of the job and the step.
+fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Batch> {
+    let cfg = job.sampler.config();
+    let patch = cfg.patch_zyx;
+    let n: usize = patch.iter().product();
+    let choices = job.sampler.choose(step);
+    let (mut image, mut label) = buffers;
+    // Every voxel is overwritten by the read; resizing only sets the length.
+    image.resize(choices.len() * n, 0.0);
+    label.resize(choices.len() * n, 0);
+    let pieces = image.chunks_exact_mut(n).zip(label.chunks_exact_mut(n));
+    for (i, (c, (img, lab))) in choices.iter().zip(pieces).enumerate() {
+        let entry = &job.entries[c.case];
+        entry
+            .read_patch(c.start_zyx, patch, img, Some(lab))
+            .map_err(|err| {
+                Error::case(
+                    case_name(entry),
+                    format!(
+                        "batch {step}, sample {i}: reading the box at {:?} of size {patch:?}: {err}",
+                        c.start_zyx
+                    ),
+                )
+            })?;
+        let mut rng = Rng::derive(cfg.seed, &[AUGMENT_STREAM, step, i as u64]);
+        augment(img, lab, patch, &job.augment, &mut rng);
+    }
+    Ok(Batch {
+        step,
+        batch_size: choices.len(),
+        patch_zyx: patch,
+        image,
+        label,
+        choices,
+    })
+}
