@@ -213,6 +213,12 @@ impl Loader {
         result.map(|b| (b, t0.elapsed()))
     }
 
+    /// Batches built and waiting (at most `queue_depth`), e.g. to tell whether training is
+    /// starved by the loader.
+    pub fn ready_ahead(&self) -> usize {
+        lock(&self.shared.state).ready.len()
+    }
+
     /// Hand a batch's buffers back for reuse by the workers (optional; saves allocations).
     pub fn recycle(&self, batch: Batch) {
         let mut st = lock(&self.shared.state);
