@@ -581,3 +581,56 @@ fn loader_rss_probe() {
         "RssAnon grew from {anon0} KiB to {anon1} KiB"
     );
 }
+
+/// Rough figures for the report (`cargo test --release --test train_loader -- --ignored
+/// --nocapture throughput`): augmentation alone, then the loader on the bundled data.
+#[test]
+#[ignore = "timing, run by hand"]
+fn throughput() {
+    use voxcache::train::augment::augment;
+    use voxcache::train::rng::Rng;
+    let size = [32, 128, 128];
+    let n: usize = size.iter().product();
+    let mut img: Vec<f32> = (0..n).map(|i| (i % 97) as f32).collect();
+    let mut lab: Vec<u16> = (0..n).map(|i| (i % 3) as u16).collect();
+    let all = AugmentConfig {
+        flip_prob: 1.0,
+        scale_prob: 1.0,
+        shift_prob: 1.0,
+        noise_prob: 1.0,
+        noise_std: (0.05, 0.1),
+        ..AugmentConfig::default()
+    };
+    for (name, cfg) in [
+        ("every transform", all),
+        ("default", AugmentConfig::default()),
+    ] {
+        let t0 = Instant::now();
+        for s in 0..20 {
+            augment(&mut img, &mut lab, size, &cfg, &mut Rng::new(s));
+        }
+        let ms = t0.elapsed().as_secs_f64() * 1000.0 / 20.0;
+        println!("augment {size:?} ({name}): {ms:.1} ms per patch");
+    }
+    let es = entries(cache("plain"));
+    for workers in [1, 2] {
+        let mut loader = start(
+            &es,
+            SamplerConfig::new(size, 2, 1),
+            workers,
+            AugmentConfig::default(),
+            0,
+        );
+        loader.next().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..40 {
+            let (b, _) = loader.next().unwrap();
+            loader.recycle(b);
+        }
+        let s = t0.elapsed().as_secs_f64();
+        println!(
+            "loader, {workers} workers, batches of 2 x {size:?}: {:.1} batches/s",
+            40.0 / s
+        );
+    }
+}
