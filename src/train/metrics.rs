@@ -112,7 +112,7 @@ impl MetricsLog {
                 None => whole_lines.to_vec(),
             };
             if kept.len() != bytes.len() {
-                rewrite_atomically(path, &kept)?;
+                write_atomically(path, &kept)?;
             }
         }
         let file = fs::OpenOptions::new()
@@ -187,12 +187,15 @@ fn lines_up_to(path: &Path, whole_lines: &[u8], resume_step: u64) -> Result<Vec<
 }
 
 /// Replace `path` with `content`: temp file in the same folder, fsync, rename, fsync folder.
-pub(crate) fn rewrite_atomically(path: &Path, content: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, content: &[u8]) -> Result<()> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    // Unique per process and call, so two writers of one file never share a temp file.
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()));
     let written = (|| {
         let mut f = fs::File::create(&tmp)?;
         f.write_all(content)?;
