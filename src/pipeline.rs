@@ -132,6 +132,9 @@ pub struct PipelineFile {
     /// Foreground coordinates sampled per class for the patch sampler.
     pub fg_samples: Option<usize>,
     pub seed: Option<u64>,
+    /// Training options for `train` (see `train::config::TrainConfig`); they do not shape the
+    /// cache, so they are not part of its content key.
+    pub train: Option<toml::Table>,
 }
 
 /// Parameters after defaults, pipeline file and flags are merged (spacing not yet resolved).

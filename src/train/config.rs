@@ -1,1 +1,232 @@
-//! (being written)
+//! Training options: defaults, then the pipeline file's `[train]` table, then command-line flags.
+//!
+//! The merged [`TrainConfig`] is saved in the run folder; `--resume` refuses a config that
+//! differs from it in anything that shapes the weights, because "resume gives the same weights
+//! as an uninterrupted run" only holds for the same settings.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{Norm, Upsampling};
+use crate::error::{Error, Result};
+
+/// Which optimizer, with nnU-Net-like defaults for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    Adamw,
+    Sgd,
+}
+
+/// Every option of a training run. Field names are the `[train]` keys of a pipeline file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Dataset in the cache's manifest; may be omitted when the cache holds one.
+    pub dataset: Option<String>,
+    /// Patch size (z, y, x) in voxels of the cached (resampled) volumes.
+    pub patch: [usize; 3],
+    pub batch_size: usize,
+    /// Optimizer steps of the run.
+    pub steps: u64,
+    /// Batches whose gradients are summed into one optimizer step.
+    pub accumulate: usize,
+    pub optimizer: OptimizerName,
+    /// Initial learning rate (poly schedule down to 0 at `steps`).
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// SGD momentum (Nesterov).
+    pub momentum: f64,
+    pub poly_exponent: f64,
+    /// Global gradient-norm clip (nnU-Net: 12); 0 disables.
+    pub clip_grad_norm: f64,
+    /// Fraction of each batch centred on a foreground voxel.
+    pub fg_fraction: f64,
+    /// Network: channels of the first stage, cap, number of resolution stages.
+    pub base_channels: usize,
+    pub max_channels: usize,
+    pub stages: usize,
+    pub norm: Norm,
+    pub upsampling: Upsampling,
+    pub augment: bool,
+    /// Fraction of cases held out for validation (at least one when there are two or more).
+    pub val_fraction: f64,
+    /// Validate every N optimizer steps (and at the end); 0 = only at the end.
+    pub val_every: u64,
+    /// Sliding-window overlap (fraction of the patch) during validation.
+    pub val_overlap: f64,
+    /// Checkpoint every N steps (and at the end and on Ctrl-C).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept besides `best`.
+    pub keep_last: usize,
+    /// Print/log a metrics line every N steps.
+    pub log_every: u64,
+    /// Loader threads and batches prepared ahead.
+    pub workers: usize,
+    pub queue_depth: usize,
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            dataset: None,
+            patch: [16, 48, 48],
+            batch_size: 2,
+            steps: 300,
+            accumulate: 1,
+            optimizer: OptimizerName::Adamw,
+            lr: 3e-3,
+            weight_decay: 1e-4,
+            momentum: 0.99,
+            poly_exponent: 0.9,
+            clip_grad_norm: 12.0,
+            fg_fraction: 1.0 / 3.0,
+            base_channels: 8,
+            max_channels: 128,
+            stages: 4,
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            augment: true,
+            val_fraction: 0.2,
+            val_every: 100,
+            val_overlap: 0.5,
+            checkpoint_every: 50,
+            keep_last: 2,
+            log_every: 10,
+            workers: 2,
+            queue_depth: 4,
+            seed: 1234,
+        }
+    }
+}
+
+/// Largest patch axis and volume we accept: beyond that a batch alone would not fit in memory.
+pub const MAX_PATCH_AXIS: usize = 512;
+pub const MAX_PATCH_VOXELS: usize = 1 << 24;
+
+impl TrainConfig {
+    /// Merge a pipeline file's `[train]` table over the defaults.
+    pub fn from_table(table: Option<&toml::Table>, source: &str) -> Result<Self> {
+        match table {
+            None => Ok(TrainConfig::default()),
+            Some(t) => t
+                .clone()
+                .try_into()
+                .map_err(|e| Error::Config(format!("{source}: [train]: {e}"))),
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        let p = self.patch;
+        if p.contains(&0) || p.iter().any(|&a| a > MAX_PATCH_AXIS) {
+            return bad(format!(
+                "patch {p:?} (z, y, x): each axis must be 1..={MAX_PATCH_AXIS}"
+            ));
+        }
+        let voxels = p.iter().product::<usize>() * self.batch_size.max(1);
+        if voxels > MAX_PATCH_VOXELS {
+            return bad(format!(
+                "patch {p:?} x batch {} = {voxels} voxels: more than the {MAX_PATCH_VOXELS} allowed (activations would need tens of GB); use a smaller patch or batch",
+                self.batch_size
+            ));
+        }
+        if self.batch_size == 0 || self.accumulate == 0 {
+            return bad("batch_size and accumulate must be at least 1".into());
+        }
+        if self.steps == 0 {
+            return bad("steps must be at least 1".into());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("lr must be a positive number, got {}", self.lr));
+        }
+        if !(0.0..=1.0).contains(&self.fg_fraction) {
+            return bad(format!(
+                "fg_fraction must be in 0..=1, got {}",
+                self.fg_fraction
+            ));
+        }
+        if !(0.0..1.0).contains(&self.val_fraction) {
+            return bad(format!(
+                "val_fraction must be in 0..1, got {}",
+                self.val_fraction
+            ));
+        }
+        if !(0.0..0.95).contains(&self.val_overlap) {
+            return bad(format!(
+                "val_overlap must be in 0..0.95, got {}",
+                self.val_overlap
+            ));
+        }
+        if self.stages == 0 || self.stages > 8 {
+            return bad(format!("stages must be 1..=8, got {}", self.stages));
+        }
+        if self.workers == 0 || self.queue_depth == 0 {
+            return bad("workers and queue_depth must be at least 1".into());
+        }
+        if !(0.0..1.0).contains(&self.momentum)
+            || self.weight_decay.is_nan()
+            || self.weight_decay < 0.0
+        {
+            return bad("momentum must be in 0..1 and weight_decay >= 0".into());
+        }
+        Ok(())
+    }
+
+    /// Settings whose change would change the weights; `--resume` requires them equal.
+    /// Logging, checkpoint cadence, worker count and validation cadence may change.
+    pub fn weight_shaping(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            for k in [
+                "val_every",
+                "checkpoint_every",
+                "keep_last",
+                "log_every",
+                "workers",
+                "queue_depth",
+                "val_overlap",
+            ] {
+                o.remove(k);
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_overrides_defaults_and_unknown_keys_are_errors() {
+        let t: toml::Table =
+            toml::from_str("patch = [8, 32, 32]\noptimizer = \"sgd\"\nnorm = { group = 4 }")
+                .unwrap();
+        let c = TrainConfig::from_table(Some(&t), "p.toml").unwrap();
+        assert_eq!(c.patch, [8, 32, 32]);
+        assert_eq!(c.optimizer, OptimizerName::Sgd);
+        assert_eq!(c.norm, Norm::Group(4));
+        assert_eq!(c.batch_size, TrainConfig::default().batch_size);
+        let t: toml::Table = toml::from_str("pach = [8, 32, 32]").unwrap();
+        let e = TrainConfig::from_table(Some(&t), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("p.toml") && e.contains("pach"), "{e}");
+    }
+
+    #[test]
+    fn oversized_patches_are_refused() {
+        let c = TrainConfig {
+            patch: [256, 512, 512],
+            ..TrainConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("voxels"));
+        let c = TrainConfig {
+            patch: [0, 32, 32],
+            ..TrainConfig::default()
+        };
+        assert!(c.validate().is_err());
+        TrainConfig::default().validate().unwrap();
+    }
+}

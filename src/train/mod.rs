@@ -12,12 +12,14 @@
 //! - [`validate`]: sliding-window inference over cached volumes, Dice per class.
 //! - [`checkpoint`]: atomic checkpoints (safetensors + JSON state), keep last K and best.
 //! - [`metrics`]: the JSONL metrics log; [`plot`]: its PNG curves.
+//! - [`device`]: CPU or CUDA, the one place that knows.
 //! - [`config`]: training options from the pipeline file and the command line.
 //! - [`trainer`]: the loop that ties them together.
 
 pub mod augment;
 pub mod checkpoint;
 pub mod config;
+pub mod device;
 pub mod loader;
 pub mod loss;
 pub mod metrics;

@@ -1,1 +1,495 @@
-//! (being written)
+//! The 3D U-Net: nnU-Net's plain convolutional U-Net, without deep supervision.
+//!
+//! Each encoder stage is two (conv 3x3x3 -> norm -> LeakyReLU 0.01) blocks, the first of which
+//! downsamples with its stride (no pooling layers, as nnU-Net). Each decoder stage upsamples
+//! (transposed conv with kernel = stride, or nearest + 1x1x1 conv), concatenates the skip
+//! connection and applies two blocks; a 1x1x1 conv gives the class logits.
+//!
+//! Parameters are created here from our seeded [`Rng`], not candle's initializers (those draw
+//! from an unseeded thread RNG), so a run's initial weights depend only on its seed.
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::GroupNorm;
+use serde::{Deserialize, Serialize};
+
+use super::ops;
+use super::rng::Rng;
+use crate::error::{Error, Result};
+
+/// Normalization after each convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Norm {
+    /// Instance norm with affine parameters (nnU-Net's default): GroupNorm with one channel a group.
+    Instance,
+    /// Group norm with this many groups (capped by the channel count).
+    Group(usize),
+}
+
+/// How the decoder goes up one resolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Upsampling {
+    /// Transposed convolution with kernel = stride (nnU-Net, DynUNet).
+    Transpose,
+    /// Nearest-neighbour upsampling followed by a 1x1x1 convolution.
+    Nearest,
+}
+
+/// The network's shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UNetConfig {
+    pub in_channels: usize,
+    /// Output channels, background included (2 for a binary task).
+    pub num_classes: usize,
+    /// Channels of the first stage; each deeper stage doubles them up to `max_channels`.
+    pub base_channels: usize,
+    pub max_channels: usize,
+    /// Strides (z, y, x) of stages 1.. (stage 0 has stride 1): depth = strides.len() + 1.
+    pub strides: Vec<[usize; 3]>,
+    pub norm: Norm,
+    pub upsampling: Upsampling,
+}
+
+impl UNetConfig {
+    /// nnU-Net-like plan: keep halving each axis while it stays at least `min_size` voxels at the
+    /// next stage, up to `max_stages` stages in all. An axis of the patch too small to halve
+    /// keeps stride 1 (anisotropic data: thin z gets (1, 2, 2) strides first).
+    pub fn plan_strides(
+        patch_zyx: [usize; 3],
+        max_stages: usize,
+        min_size: usize,
+    ) -> Vec<[usize; 3]> {
+        let mut size = patch_zyx;
+        let mut strides = Vec::new();
+        while strides.len() + 1 < max_stages {
+            let s: [usize; 3] = std::array::from_fn(|a| {
+                if size[a].is_multiple_of(2) && size[a] / 2 >= min_size {
+                    2
+                } else {
+                    1
+                }
+            });
+            if s == [1, 1, 1] {
+                break;
+            }
+            for a in 0..3 {
+                size[a] /= s[a];
+            }
+            strides.push(s);
+        }
+        strides
+    }
+
+    pub fn channels(&self, stage: usize) -> usize {
+        (self.base_channels << stage.min(16)).min(self.max_channels)
+    }
+
+    /// The patch sizes this network accepts are multiples of the total stride.
+    pub fn total_stride(&self) -> [usize; 3] {
+        let mut t = [1; 3];
+        for s in &self.strides {
+            for a in 0..3 {
+                t[a] *= s[a];
+            }
+        }
+        t
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("model: {m}")));
+        if self.in_channels == 0 || self.num_classes < 2 {
+            return bad(format!(
+                "needs at least 1 input channel and 2 classes, got {} and {}",
+                self.in_channels, self.num_classes
+            ));
+        }
+        if self.base_channels == 0 || self.max_channels < self.base_channels {
+            return bad(format!(
+                "base_channels {} must be > 0 and <= max_channels {}",
+                self.base_channels, self.max_channels
+            ));
+        }
+        if let Norm::Group(0) = self.norm {
+            return bad("group norm needs at least one group".into());
+        }
+        if self.strides.iter().flatten().any(|&s| s == 0 || s > 4) {
+            return bad(format!("strides must be 1..=4, got {:?}", self.strides));
+        }
+        Ok(())
+    }
+
+    /// Check that a patch fits the network (each axis a multiple of the total stride).
+    pub fn check_patch(&self, patch_zyx: [usize; 3]) -> Result<()> {
+        let t = self.total_stride();
+        if (0..3).any(|a| patch_zyx[a] == 0 || !patch_zyx[a].is_multiple_of(t[a])) {
+            return Err(Error::Config(format!(
+                "patch {patch_zyx:?} (z, y, x) must be a positive multiple of the network's total stride {t:?} on each axis"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Named trainable parameters, created with seeded initial values.
+pub struct ParamStore {
+    params: Vec<(String, Var)>,
+    rng: Rng,
+    dev: Device,
+}
+
+impl ParamStore {
+    fn new(rng: Rng, dev: &Device) -> Self {
+        ParamStore {
+            params: Vec::new(),
+            rng,
+            dev: dev.clone(),
+        }
+    }
+
+    fn add(&mut self, name: String, values: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+        let var = Var::from_tensor(&Tensor::from_vec(values, shape, &self.dev)?)?;
+        let t = var.as_tensor().clone();
+        self.params.push((name, var));
+        Ok(t)
+    }
+
+    /// He-normal weights for LeakyReLU(0.01) (nnU-Net's init), fan-in = product of the other dims.
+    fn kaiming(&mut self, name: String, shape: &[usize], fan_in: usize) -> Result<Tensor> {
+        let gain = (2.0 / (1.0 + 0.01f64 * 0.01)).sqrt();
+        let std = gain / (fan_in.max(1) as f64).sqrt();
+        let n: usize = shape.iter().product();
+        let values = (0..n).map(|_| (self.rng.normal() * std) as f32).collect();
+        self.add(name, values, shape)
+    }
+
+    fn constant(&mut self, name: String, n: usize, value: f32) -> Result<Tensor> {
+        self.add(name, vec![value; n], &[n])
+    }
+
+    /// Parameters sorted by name (the order optimizers and checkpoints use).
+    pub fn sorted(&self) -> Vec<(String, Var)> {
+        let mut p = self.params.clone();
+        p.sort_by(|a, b| a.0.cmp(&b.0));
+        p
+    }
+}
+
+struct Conv {
+    weight: Tensor,
+    bias: Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+}
+
+impl Conv {
+    fn new(
+        ps: &mut ParamStore,
+        name: &str,
+        cin: usize,
+        cout: usize,
+        k: [usize; 3],
+        stride: [usize; 3],
+    ) -> Result<Self> {
+        let fan_in = cin * k.iter().product::<usize>();
+        let weight = ps.kaiming(
+            format!("{name}.weight"),
+            &[cout, cin, k[0], k[1], k[2]],
+            fan_in,
+        )?;
+        let bias = ps.constant(format!("{name}.bias"), cout, 0.0)?;
+        Ok(Conv {
+            weight,
+            bias,
+            padding: k.map(|k| k / 2),
+            stride,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = ops::conv3d(x, &self.weight, self.padding, self.stride)?;
+        Ok(y.broadcast_add(&self.bias.reshape((1, (), 1, 1, 1))?)?)
+    }
+}
+
+/// conv -> norm -> LeakyReLU.
+struct Block {
+    conv: Conv,
+    norm: GroupNorm,
+}
+
+impl Block {
+    fn new(
+        ps: &mut ParamStore,
+        name: &str,
+        cin: usize,
+        cout: usize,
+        stride: [usize; 3],
+        norm: Norm,
+    ) -> Result<Self> {
+        let conv = Conv::new(ps, &format!("{name}.conv"), cin, cout, [3, 3, 3], stride)?;
+        let groups = match norm {
+            Norm::Instance => cout,
+            Norm::Group(g) => largest_divisor_at_most(cout, g),
+        };
+        let w = ps.constant(format!("{name}.norm.weight"), cout, 1.0)?;
+        let b = ps.constant(format!("{name}.norm.bias"), cout, 0.0)?;
+        let norm = GroupNorm::new(w, b, cout, groups, 1e-5)?;
+        Ok(Block { conv, norm })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.conv.forward(x)?;
+        let y = candle_core::Module::forward(&self.norm, &y)?;
+        Ok(candle_nn::ops::leaky_relu(&y, 0.01)?)
+    }
+}
+
+fn largest_divisor_at_most(n: usize, g: usize) -> usize {
+    (1..=g.min(n))
+        .rev()
+        .find(|d| n.is_multiple_of(*d))
+        .unwrap_or(1)
+}
+
+enum Up {
+    Transpose {
+        weight: Tensor,
+        bias: Tensor,
+        stride: [usize; 3],
+    },
+    Nearest {
+        conv: Conv,
+        scale: [usize; 3],
+    },
+}
+
+impl Up {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Up::Transpose {
+                weight,
+                bias,
+                stride,
+            } => {
+                let y = ops::conv_transpose3d(x, weight, *stride)?;
+                Ok(y.broadcast_add(&bias.reshape((1, (), 1, 1, 1))?)?)
+            }
+            Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?),
+        }
+    }
+}
+
+/// The U-Net with its parameters.
+pub struct UNet {
+    config: UNetConfig,
+    encoder: Vec<[Block; 2]>,
+    /// Decoder stages from the deepest up: (upsampling, two blocks).
+    decoder: Vec<(Up, [Block; 2])>,
+    head: Conv,
+    params: ParamStore,
+}
+
+impl UNet {
+    /// Build with seeded initial weights.
+    pub fn new(config: UNetConfig, seed: u64, dev: &Device) -> Result<UNet> {
+        config.validate()?;
+        let mut ps = ParamStore::new(Rng::derive(seed, &[0x004d_4f44_454c]), dev);
+        let depth = config.strides.len() + 1;
+        let mut encoder = Vec::with_capacity(depth);
+        for s in 0..depth {
+            let cin = if s == 0 {
+                config.in_channels
+            } else {
+                config.channels(s - 1)
+            };
+            let cout = config.channels(s);
+            let stride = if s == 0 {
+                [1; 3]
+            } else {
+                config.strides[s - 1]
+            };
+            let name = format!("enc{s}");
+            encoder.push([
+                Block::new(
+                    &mut ps,
+                    &format!("{name}.0"),
+                    cin,
+                    cout,
+                    stride,
+                    config.norm,
+                )?,
+                Block::new(
+                    &mut ps,
+                    &format!("{name}.1"),
+                    cout,
+                    cout,
+                    [1; 3],
+                    config.norm,
+                )?,
+            ]);
+        }
+        let mut decoder = Vec::with_capacity(depth - 1);
+        for s in (0..depth - 1).rev() {
+            let (cdeep, cout) = (config.channels(s + 1), config.channels(s));
+            let stride = config.strides[s];
+            let name = format!("dec{s}");
+            let up = match config.upsampling {
+                Upsampling::Transpose => {
+                    let fan_in = cdeep * stride.iter().product::<usize>();
+                    let weight = ps.kaiming(
+                        format!("{name}.up.weight"),
+                        &[cdeep, cout, stride[0], stride[1], stride[2]],
+                        fan_in,
+                    )?;
+                    let bias = ps.constant(format!("{name}.up.bias"), cout, 0.0)?;
+                    Up::Transpose {
+                        weight,
+                        bias,
+                        stride,
+                    }
+                }
+                Upsampling::Nearest => Up::Nearest {
+                    conv: Conv::new(&mut ps, &format!("{name}.up"), cdeep, cout, [1; 3], [1; 3])?,
+                    scale: stride,
+                },
+            };
+            decoder.push((
+                up,
+                [
+                    Block::new(
+                        &mut ps,
+                        &format!("{name}.0"),
+                        2 * cout,
+                        cout,
+                        [1; 3],
+                        config.norm,
+                    )?,
+                    Block::new(
+                        &mut ps,
+                        &format!("{name}.1"),
+                        cout,
+                        cout,
+                        [1; 3],
+                        config.norm,
+                    )?,
+                ],
+            ));
+        }
+        let head = Conv::new(
+            &mut ps,
+            "head",
+            config.channels(0),
+            config.num_classes,
+            [1; 3],
+            [1; 3],
+        )?;
+        Ok(UNet {
+            config,
+            encoder,
+            decoder,
+            head,
+            params: ps,
+        })
+    }
+
+    pub fn config(&self) -> &UNetConfig {
+        &self.config
+    }
+
+    /// Trainable parameters sorted by name.
+    pub fn params(&self) -> Vec<(String, Var)> {
+        self.params.sorted()
+    }
+
+    pub fn num_parameters(&self) -> usize {
+        self.params.params.iter().map(|(_, v)| v.elem_count()).sum()
+    }
+
+    /// Overwrite parameter values (from a checkpoint); names and shapes must all match.
+    pub fn load(&self, values: &std::collections::HashMap<String, Tensor>) -> Result<()> {
+        for (name, var) in &self.params.params {
+            let t = values
+                .get(name)
+                .ok_or_else(|| Error::Train(format!("checkpoint has no parameter {name}")))?;
+            if t.dims() != var.dims() {
+                return Err(Error::Train(format!(
+                    "checkpoint parameter {name} has shape {:?}, the model {:?}",
+                    t.dims(),
+                    var.dims()
+                )));
+            }
+            var.set(&t.to_dtype(DType::F32)?.to_device(var.device())?)?;
+        }
+        if values.len() != self.params.params.len() {
+            return Err(Error::Train(format!(
+                "checkpoint has {} parameters, the model {}: it was trained with another network shape",
+                values.len(),
+                self.params.params.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Logits (N, num_classes, D, H, W) of an input (N, in_channels, D, H, W).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut skips = Vec::with_capacity(self.encoder.len());
+        let mut h = x.clone();
+        for [a, b] in &self.encoder {
+            h = b.forward(&a.forward(&h)?)?;
+            skips.push(h.clone());
+        }
+        skips.pop();
+        for (up, [a, b]) in &self.decoder {
+            let skip = skips
+                .pop()
+                .ok_or_else(|| Error::Train("U-Net: decoder deeper than encoder".into()))?;
+            let u = up.forward(&h)?;
+            h = b.forward(&a.forward(&Tensor::cat(&[&u, &skip], 1)?)?)?;
+        }
+        self.head.forward(&h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strides_follow_the_patch() {
+        assert_eq!(
+            UNetConfig::plan_strides([16, 64, 64], 5, 4),
+            vec![[2, 2, 2], [2, 2, 2], [1, 2, 2], [1, 2, 2]]
+        );
+        assert_eq!(
+            UNetConfig::plan_strides([5, 32, 32], 3, 4),
+            vec![[1, 2, 2], [1, 2, 2]]
+        );
+    }
+
+    #[test]
+    fn forward_keeps_the_spatial_shape() -> Result<()> {
+        for up in [Upsampling::Transpose, Upsampling::Nearest] {
+            let cfg = UNetConfig {
+                in_channels: 1,
+                num_classes: 3,
+                base_channels: 4,
+                max_channels: 8,
+                strides: UNetConfig::plan_strides([8, 16, 16], 3, 4),
+                norm: Norm::Group(2),
+                upsampling: up,
+            };
+            let net = UNet::new(cfg, 1, &Device::Cpu)?;
+            let x = Tensor::ones((2, 1, 8, 16, 16), DType::F32, &Device::Cpu)?;
+            assert_eq!(net.forward(&x)?.dims(), &[2, 3, 8, 16, 16]);
+            // Same seed, same weights.
+            let again = UNet::new(net.config().clone(), 1, &Device::Cpu)?;
+            let (a, b) = (&net.params()[0].1, &again.params()[0].1);
+            assert_eq!(
+                a.flatten_all()?.to_vec1::<f32>()?,
+                b.flatten_all()?.to_vec1::<f32>()?
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,1 +1,642 @@
-//! (being written)
+//! The training loop: cache -> loader -> U-Net -> Dice+CE -> optimizer, with validation,
+//! checkpoints, metrics and progress.
+//!
+//! Reproducibility: the initial weights come from the seed, batch `s` is a pure function of
+//! (seed, s) (see `sampler`/`loader`), and every update is deterministic on the CPU. So a run
+//! resumed from its step-k checkpoint (weights, optimizer moments, step) continues exactly as the
+//! uninterrupted run would have, which the tests check.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use super::augment::AugmentConfig;
+use super::checkpoint::{Checkpointer, TrainState};
+use super::config::{OptimizerName, TrainConfig};
+use super::loader::{Loader, LoaderConfig};
+use super::loss::{dice_ce, one_hot};
+use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
+use super::model::{UNet, UNetConfig};
+use super::optim::{poly_lr, Optimizer, OptimizerKind};
+use super::sampler::{Sampler, SamplerConfig};
+use super::validate::{SlidingWindow, ValidationResult};
+use super::{device, plot};
+use crate::cache::layout::write_atomic;
+use crate::cache::reader::{CacheReader, EntryReader};
+use crate::error::{Error, Result};
+use crate::sysinfo;
+
+/// What one `train` invocation is asked to do.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub cache_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub resume: bool,
+    pub device: String,
+    pub progress: bool,
+    pub config: TrainConfig,
+    /// Testing aid: return right after this step, writing nothing more (as if killed).
+    pub halt_after: Option<u64>,
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    pub dataset: String,
+    pub start_step: u64,
+    pub steps_done: u64,
+    /// Mean loss of the first and last logged windows.
+    pub first_loss: Option<f64>,
+    pub last_loss: Option<f64>,
+    pub last_validation: Option<ValidationResult>,
+    pub best_dice: Option<f64>,
+    pub interrupted: bool,
+    pub seconds: f64,
+    pub data_wait_frac: f64,
+    pub patches_per_s: f64,
+    pub num_parameters: usize,
+    pub train_cases: usize,
+    pub val_cases: usize,
+    pub peak_rss: Option<u64>,
+}
+
+/// Which cases train and which validate, saved in the run folder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Split {
+    pub train: Vec<String>,
+    pub val: Vec<String>,
+}
+
+/// Deterministic split by case: cases ordered by a seeded hash of their id, the first
+/// `round(n * fraction)` (at least one when n >= 2) validate. Adding a case moves no other.
+pub fn split_cases(ids: &[String], fraction: f64, seed: u64) -> Split {
+    let mut keyed: Vec<(blake3::Hash, &String)> = ids
+        .iter()
+        .map(|id| {
+            let mut h = blake3::Hasher::new();
+            h.update(&seed.to_le_bytes());
+            h.update(id.as_bytes());
+            (h.finalize(), id)
+        })
+        .collect();
+    keyed.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let n = ids.len();
+    let mut n_val = (n as f64 * fraction).round() as usize;
+    if fraction > 0.0 && n >= 2 {
+        n_val = n_val.max(1);
+    }
+    n_val = n_val.min(n.saturating_sub(1));
+    let mut val: Vec<String> = keyed[..n_val].iter().map(|(_, id)| (*id).clone()).collect();
+    let mut train: Vec<String> = keyed[n_val..].iter().map(|(_, id)| (*id).clone()).collect();
+    val.sort();
+    train.sort();
+    Split { train, val }
+}
+
+/// Everything opened from the cache for a run.
+struct Data {
+    dataset: String,
+    train: Vec<(String, EntryReader)>,
+    val: Vec<(String, EntryReader)>,
+    num_classes: usize,
+}
+
+fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
+    let reader = CacheReader::open(cache_dir)?;
+    let names = reader.datasets();
+    let dataset = match (&cfg.dataset, names.as_slice()) {
+        (Some(name), _) => {
+            reader.dataset(name)?;
+            name.clone()
+        }
+        (None, []) => {
+            return Err(Error::cache(
+                cache_dir,
+                "the cache has no datasets (build one with prep build-cache)",
+            ))
+        }
+        (None, [one]) => one.to_string(),
+        (None, many) => {
+            return Err(Error::Config(format!(
+                "the cache holds several datasets ({}): choose one with --dataset",
+                many.join(", ")
+            )))
+        }
+    };
+    let cases = reader.cases(&dataset)?;
+    if cases.is_empty() {
+        return Err(Error::cache(
+            cache_dir,
+            format!("dataset {dataset:?} has no cases"),
+        ));
+    }
+    let ids: Vec<String> = cases.iter().map(|c| c.case_id.clone()).collect();
+    let split = split_cases(&ids, cfg.val_fraction, cfg.seed);
+    let mut num_classes = 2usize;
+    let mut open = |list: &[String]| -> Result<Vec<(String, EntryReader)>> {
+        list.iter()
+            .map(|id| {
+                let e = reader.open_entry(&dataset, id)?;
+                if e.label_dtype().is_none() {
+                    return Err(Error::cache(
+                        e.dir(),
+                        format!("case {id} has no label: training needs labelled cases"),
+                    ));
+                }
+                if let Some(&max) = e.classes().iter().max() {
+                    num_classes = num_classes.max(max as usize + 1);
+                }
+                Ok((id.clone(), e))
+            })
+            .collect()
+    };
+    let train = open(&split.train)?;
+    let val = open(&split.val)?;
+    Ok(Data {
+        dataset,
+        train,
+        val,
+        num_classes,
+    })
+}
+
+fn optimizer_kind(cfg: &TrainConfig) -> OptimizerKind {
+    match cfg.optimizer {
+        OptimizerName::Adamw => OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: cfg.weight_decay,
+        },
+        OptimizerName::Sgd => OptimizerKind::Sgd {
+            momentum: cfg.momentum,
+            nesterov: true,
+            weight_decay: cfg.weight_decay,
+        },
+    }
+}
+
+/// The network for a config and the number of classes found in the cache.
+pub fn build_model(cfg: &TrainConfig, num_classes: usize, dev: &Device) -> Result<UNet> {
+    let strides = UNetConfig::plan_strides(cfg.patch, cfg.stages, 4);
+    let ucfg = UNetConfig {
+        in_channels: 1,
+        num_classes,
+        base_channels: cfg.base_channels,
+        max_channels: cfg.max_channels,
+        strides,
+        norm: cfg.norm,
+        upsampling: cfg.upsampling,
+    };
+    ucfg.check_patch(cfg.patch)?;
+    UNet::new(ucfg, cfg.seed, dev)
+}
+
+/// What the run folder records about the run's identity, compared on `--resume`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct RunIdentity {
+    dataset: String,
+    num_classes: usize,
+    config: serde_json::Value,
+    split: Split,
+}
+
+fn prepare_run_dir(opts: &RunOptions, identity: &RunIdentity) -> Result<()> {
+    let dir = &opts.run_dir;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let path = dir.join("run.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) if opts.resume => {
+            let old: RunIdentity = serde_json::from_str(&text)
+                .map_err(|e| Error::Train(format!("{}: {e}", path.display())))?;
+            if old != *identity {
+                return Err(Error::Train(format!(
+                    "{}: --resume with settings that differ from the run's (dataset, classes, split or a weight-shaping option); \
+                     resume with the original options or start a new --out.\n  run:  {}\n  now:  {}",
+                    path.display(),
+                    serde_json::to_string(&old).unwrap_or_default(),
+                    serde_json::to_string(identity).unwrap_or_default()
+                )));
+            }
+            return Ok(());
+        }
+        Ok(_) => {
+            if dir.join("checkpoints").is_dir() {
+                return Err(Error::Train(format!(
+                    "{} already holds a run: pass --resume to continue it, or choose another --out",
+                    dir.display()
+                )));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&path, e)),
+    }
+    let text = serde_json::to_string_pretty(identity).unwrap_or_default();
+    write_atomic(&path, text.as_bytes())
+}
+
+/// Sum of per-parameter gradients over micro-batches (accumulation).
+fn add_grads(
+    acc: &mut Option<Vec<Tensor>>,
+    params: &[(String, candle_core::Var)],
+    grads: &candle_core::backprop::GradStore,
+    scale: f64,
+) -> Result<()> {
+    let mut fresh = Vec::with_capacity(params.len());
+    for (_, v) in params {
+        let g = match grads.get(v.as_tensor()) {
+            Some(g) => g.clone(),
+            None => v.as_tensor().zeros_like()?,
+        };
+        fresh.push(if scale == 1.0 { g } else { (g * scale)? });
+    }
+    *acc = Some(match acc.take() {
+        None => fresh,
+        Some(old) => old
+            .iter()
+            .zip(&fresh)
+            .map(|(a, b)| a.add(b))
+            .collect::<candle_core::Result<Vec<_>>>()?,
+    });
+    Ok(())
+}
+
+/// Running sums between two log lines.
+#[derive(Default)]
+struct Window {
+    steps: u64,
+    loss: f64,
+    ce: f64,
+    dice: f64,
+    grad_norm: f64,
+    patches: u64,
+    wait: Duration,
+    started: Option<Instant>,
+}
+
+/// Train (or resume) a run. `stop` is polled after every step (Ctrl-C): a checkpoint is written
+/// and the run returns with `interrupted`.
+pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
+    let cfg = &opts.config;
+    cfg.validate()?;
+    let dev = device::select(&opts.device)?;
+    let data = open_data(&opts.cache_dir, cfg)?;
+    let model = build_model(cfg, data.num_classes, &dev)?;
+    let split = Split {
+        train: data.train.iter().map(|c| c.0.clone()).collect(),
+        val: data.val.iter().map(|c| c.0.clone()).collect(),
+    };
+    let identity = RunIdentity {
+        dataset: data.dataset.clone(),
+        num_classes: data.num_classes,
+        config: cfg.weight_shaping(),
+        split,
+    };
+    prepare_run_dir(opts, &identity)?;
+
+    let params = model.params();
+    let mut optimizer = Optimizer::new(params.clone(), optimizer_kind(cfg))?;
+    let checkpointer = Checkpointer::new(&opts.run_dir, cfg.keep_last)?;
+    let mut start_step = 0u64;
+    let mut best: Option<(f64, u64)> = None;
+    if opts.resume {
+        if let Some(ck) = checkpointer.latest(&dev)? {
+            model.load(&ck.model)?;
+            optimizer.load_state(&ck.optimizer, ck.state.optimizer_steps)?;
+            start_step = ck.state.step;
+            best = ck.state.best_metric.zip(ck.state.best_step);
+        }
+    }
+    let metrics_path = opts.run_dir.join("metrics.jsonl");
+    let mut log = MetricsLog::open(&metrics_path, opts.resume.then_some(start_step))?;
+
+    let accumulate = cfg.accumulate as u64;
+    let train_entries: Vec<EntryReader> = data.train.iter().map(|c| c.1.clone()).collect();
+    let sampler = Sampler::new(
+        &train_entries,
+        vec![1.0; train_entries.len()],
+        SamplerConfig {
+            patch_zyx: cfg.patch,
+            batch_size: cfg.batch_size,
+            fg_fraction: cfg.fg_fraction,
+            seed: cfg.seed,
+        },
+    )?;
+    let augment = if cfg.augment {
+        AugmentConfig::default()
+    } else {
+        AugmentConfig::none()
+    };
+    let mut loader = Loader::start(
+        train_entries,
+        sampler,
+        LoaderConfig {
+            workers: cfg.workers,
+            queue_depth: cfg.queue_depth,
+            augment,
+        },
+        start_step * accumulate,
+    )?;
+
+    let bar = if opts.progress {
+        let b = ProgressBar::new(cfg.steps);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} steps {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b.set_position(start_step);
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    if start_step > 0 {
+        say(&bar, format!("resumed from step {start_step}"));
+    }
+
+    let run_started = Instant::now();
+    let mut window = Window::default();
+    let mut totals = (0u64, Duration::ZERO); // patches, wait
+    let (mut first_loss, mut last_loss) = (None, None);
+    let mut last_validation = None;
+    let mut interrupted = false;
+    let clip = (cfg.clip_grad_norm > 0.0).then_some(cfg.clip_grad_norm);
+    let patch = cfg.patch;
+    let mut step = start_step;
+
+    while step < cfg.steps {
+        if window.started.is_none() {
+            window.started = Some(Instant::now());
+        }
+        let mut grads: Option<Vec<Tensor>> = None;
+        for _ in 0..accumulate {
+            let (batch, waited) = loader.next()?;
+            window.wait += waited;
+            let n = batch.batch_size;
+            let x = Tensor::from_vec(batch.image, (n, 1, patch[0], patch[1], patch[2]), &dev)?;
+            let target = one_hot(&batch.label, n, data.num_classes, patch, &dev)?;
+            let logits = model.forward(&x)?;
+            let parts = dice_ce(&logits, &target)?;
+            if !(parts.ce.is_finite() && parts.dice_loss.is_finite()) {
+                return Err(Error::Train(format!(
+                    "step {step}: the loss is not finite (ce {}, dice {}); lower --lr",
+                    parts.ce, parts.dice_loss
+                )));
+            }
+            let g = parts.total.backward()?;
+            add_grads(&mut grads, &params, &g, 1.0 / accumulate as f64)?;
+            window.loss += (parts.ce + parts.dice_loss) / accumulate as f64;
+            window.ce += parts.ce / accumulate as f64;
+            window.dice += parts.dice_loss / accumulate as f64;
+            window.patches += n as u64;
+        }
+        let lr = poly_lr(cfg.lr, step, cfg.steps, cfg.poly_exponent);
+        let grads = grads.ok_or_else(|| Error::Train("no gradients".into()))?;
+        let norm = optimizer.step(&grads, lr, clip)?;
+        if norm.is_finite() {
+            window.grad_norm += norm;
+        } else {
+            say(
+                &bar,
+                format!("step {}: gradient norm {norm}: update skipped", step + 1),
+            );
+        }
+        window.steps += 1;
+        step += 1;
+        bar.set_position(step);
+
+        let last = step == cfg.steps;
+        if step.is_multiple_of(cfg.log_every.max(1)) || last {
+            let secs = window
+                .started
+                .map_or(0.0, |t| t.elapsed().as_secs_f64())
+                .max(1e-9);
+            let k = window.steps.max(1) as f64;
+            let rec = TrainRecord {
+                step,
+                loss: window.loss / k,
+                dice_loss: window.dice / k,
+                ce_loss: window.ce / k,
+                lr,
+                grad_norm: window.grad_norm / k,
+                patches_per_s: window.patches as f64 / secs,
+                data_wait_frac: window.wait.as_secs_f64() / secs,
+                peak_rss_mb: sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+                elapsed_s: run_started.elapsed().as_secs_f64(),
+            };
+            bar.set_message(format!(
+                "loss {:.4}  {:.1} patches/s  data wait {:.1}%",
+                rec.loss,
+                rec.patches_per_s,
+                100.0 * rec.data_wait_frac
+            ));
+            first_loss.get_or_insert(rec.loss);
+            last_loss = Some(rec.loss);
+            totals.0 += window.patches;
+            totals.1 += window.wait;
+            log.append(&Record::Train(rec))?;
+            window = Window::default();
+        }
+
+        let due_val = !data.val.is_empty()
+            && (last || (cfg.val_every > 0 && step.is_multiple_of(cfg.val_every)));
+        let mut improved = false;
+        if due_val {
+            let t = Instant::now();
+            bar.set_message("validating");
+            let v = SlidingWindow {
+                model: &model,
+                device: &dev,
+                patch,
+                overlap: cfg.val_overlap,
+                batch: cfg.batch_size,
+            }
+            .run(&data.val)?;
+            log.append(&Record::Val(ValRecord {
+                step,
+                dice_per_class: v.dice_per_class.clone(),
+                mean_dice: v.mean_dice,
+                dice_per_case: v.dice_per_case.clone(),
+                seconds: t.elapsed().as_secs_f64(),
+            }))?;
+            say(
+                &bar,
+                format!(
+                    "step {step}: validation Dice {:.4} (per class {:?}) in {:.1} s",
+                    v.mean_dice,
+                    v.dice_per_class
+                        .iter()
+                        .map(|d| (d * 1e4).round() / 1e4)
+                        .collect::<Vec<_>>(),
+                    t.elapsed().as_secs_f64()
+                ),
+            );
+            if v.mean_dice.is_finite() && best.is_none_or(|(b, _)| v.mean_dice > b) {
+                best = Some((v.mean_dice, step));
+                improved = true;
+            }
+            last_validation = Some(v);
+        }
+
+        if opts.halt_after == Some(step) {
+            bar.abandon();
+            return Ok(summary(
+                opts,
+                &data,
+                &model,
+                start_step,
+                step,
+                first_loss,
+                last_loss,
+                last_validation,
+                best,
+                false,
+                run_started,
+                totals,
+            ));
+        }
+        interrupted = stop.load(Ordering::SeqCst);
+        let due_ckpt = last
+            || interrupted
+            || improved
+            || (cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every));
+        if due_ckpt {
+            let named: Vec<(String, Tensor)> = params
+                .iter()
+                .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+                .collect();
+            let state = TrainState {
+                step,
+                optimizer_steps: optimizer.steps_taken(),
+                seed: cfg.seed,
+                best_metric: best.map(|b| b.0),
+                best_step: best.map(|b| b.1),
+                config: serde_json::to_value(cfg).unwrap_or_default(),
+                extra: serde_json::json!({ "dataset": data.dataset, "num_classes": data.num_classes }),
+            };
+            let saved = checkpointer.save(&named, &optimizer.state_tensors()?, &state)?;
+            if improved {
+                checkpointer.mark_best(&saved)?;
+            }
+        }
+        if due_val || last || interrupted {
+            write_plot(&metrics_path, &opts.run_dir.join("curves.png"));
+        }
+        if interrupted {
+            say(
+                &bar,
+                format!("interrupted: checkpoint of step {step} written; `--resume` continues"),
+            );
+            break;
+        }
+    }
+    bar.finish();
+    Ok(summary(
+        opts,
+        &data,
+        &model,
+        start_step,
+        step,
+        first_loss,
+        last_loss,
+        last_validation,
+        best,
+        interrupted,
+        run_started,
+        totals,
+    ))
+}
+
+/// A line for the person watching: above the progress bar, or on stderr when it is hidden.
+fn say(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+/// The PNG curves are a convenience: failing to draw them never fails a run.
+fn write_plot(metrics: &Path, png: &Path) {
+    if let Ok(records) = MetricsLog::read_all(metrics) {
+        if let Err(e) = plot::plot_curves(&records, png) {
+            eprintln!("warning: could not draw {}: {e}", png.display());
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn summary(
+    opts: &RunOptions,
+    data: &Data,
+    model: &UNet,
+    start_step: u64,
+    step: u64,
+    first_loss: Option<f64>,
+    last_loss: Option<f64>,
+    last_validation: Option<ValidationResult>,
+    best: Option<(f64, u64)>,
+    interrupted: bool,
+    started: Instant,
+    totals: (u64, Duration),
+) -> RunSummary {
+    let secs = started.elapsed().as_secs_f64();
+    RunSummary {
+        run_dir: opts.run_dir.clone(),
+        dataset: data.dataset.clone(),
+        start_step,
+        steps_done: step,
+        first_loss,
+        last_loss,
+        last_validation,
+        best_dice: best.map(|b| b.0),
+        interrupted,
+        seconds: secs,
+        data_wait_frac: totals.1.as_secs_f64() / secs.max(1e-9),
+        patches_per_s: totals.0 as f64 / secs.max(1e-9),
+        num_parameters: model.num_parameters(),
+        train_cases: data.train.len(),
+        val_cases: data.val.len(),
+        peak_rss: sysinfo::peak_rss_bytes(),
+    }
+}
+
+/// Named tensors of a model's parameters (for tests and tools).
+pub fn model_tensors(model: &UNet) -> HashMap<String, Tensor> {
+    model
+        .params()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_deterministic_and_stable_under_additions() {
+        let ids: Vec<String> = (0..10).map(|i| format!("case_{i:03}")).collect();
+        let a = split_cases(&ids, 0.2, 7);
+        assert_eq!(a, split_cases(&ids, 0.2, 7));
+        assert_eq!((a.train.len(), a.val.len()), (8, 2));
+        let mut more = ids.clone();
+        more.push("case_999".into());
+        let b = split_cases(&more, 0.2, 7);
+        // Cases keep their side unless the count of validation cases changes.
+        assert!(a
+            .val
+            .iter()
+            .all(|v| b.val.contains(v) || b.val.len() == a.val.len()));
+        assert_eq!(split_cases(&ids[..1], 0.2, 7).val.len(), 0);
+        assert_eq!(split_cases(&ids[..2], 0.2, 7).val.len(), 1);
+    }
+}

@@ -1,0 +1,92 @@
+//! Training-step benchmark: forward + backward + AdamW step of the U-Net on random data, the
+//! same network and loss as scripts/torch_unet_step.py. Prints one JSON line.
+//!
+//! `cargo run --release --example bench_train_step -- [z,y,x] [batch] [base] [stages] [steps]`
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use voxcache::train::config::TrainConfig;
+use voxcache::train::loss::{dice_ce, one_hot};
+use voxcache::train::optim::{Optimizer, OptimizerKind};
+use voxcache::train::rng::Rng;
+use voxcache::train::trainer::build_model;
+
+fn main() -> voxcache::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize, d: &str| args.get(i).cloned().unwrap_or_else(|| d.to_string());
+    let patch: Vec<usize> = arg(0, "32,64,64")
+        .split(',')
+        .map(|v| v.parse().expect("z,y,x"))
+        .collect();
+    let patch = [patch[0], patch[1], patch[2]];
+    let batch: usize = arg(1, "2").parse().expect("batch");
+    let base: usize = arg(2, "16").parse().expect("base");
+    let stages: usize = arg(3, "4").parse().expect("stages");
+    let steps: usize = arg(4, "10").parse().expect("steps");
+    let cfg = TrainConfig {
+        patch,
+        batch_size: batch,
+        base_channels: base,
+        stages,
+        ..TrainConfig::default()
+    };
+    let dev = Device::Cpu;
+    let model = build_model(&cfg, 2, &dev)?;
+    let mut opt = Optimizer::new(
+        model.params(),
+        OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 1e-4,
+        },
+    )?;
+    let v: usize = patch.iter().product();
+    let mut rng = Rng::new(0);
+    let image: Vec<f32> = (0..batch * v).map(|_| rng.normal() as f32).collect();
+    let label: Vec<u16> = (0..batch * v).map(|_| rng.chance(0.1) as u16).collect();
+    let x = Tensor::from_vec(image, (batch, 1, patch[0], patch[1], patch[2]), &dev)?;
+    let t = one_hot(&label, batch, 2, patch, &dev)?;
+    let params = model.params();
+    let mut times = Vec::new();
+    let (mut fwd_t, mut bwd_t) = (Vec::new(), Vec::new());
+    for i in 0..steps + 2 {
+        let t0 = Instant::now();
+        let loss = dice_ce(&model.forward(&x)?, &t)?;
+        let t1 = Instant::now();
+        let grads = loss.total.backward()?;
+        let g: Vec<Tensor> = params
+            .iter()
+            .map(|(_, p)| {
+                grads
+                    .get(p.as_tensor())
+                    .cloned()
+                    .ok_or(candle_core::Error::Msg("no grad".into()))
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let t2 = Instant::now();
+        opt.step(&g, 1e-3, Some(12.0))?;
+        if i >= 2 {
+            times.push(t0.elapsed().as_secs_f64());
+            fwd_t.push((t1 - t0).as_secs_f64());
+            bwd_t.push((t2 - t1).as_secs_f64());
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    println!(
+        "{{\"impl\": \"voxcache\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}}}",
+        rayon::current_num_threads(),
+        patch,
+        model.num_parameters(),
+        median(&mut times.clone()),
+        median(&mut fwd_t),
+        median(&mut bwd_t),
+        times.len(),
+        voxcache::sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}

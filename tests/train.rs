@@ -1,0 +1,353 @@
+//! The trainer end to end on the bundled data: a tiny U-Net overfits one case, a run resumed
+//! after a halt (in-process) or a SIGKILL (the binary) ends with the same weights as an
+//! uninterrupted run, the run folder holds what the README promises, and bad input gets a
+//! clear error.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use voxcache::cache::reader::CacheReader;
+use voxcache::train::augment::AugmentConfig;
+use voxcache::train::config::TrainConfig;
+use voxcache::train::loader::{Loader, LoaderConfig};
+use voxcache::train::loss::{dice_ce, one_hot};
+use voxcache::train::model::Norm;
+use voxcache::train::optim::{Optimizer, OptimizerKind};
+use voxcache::train::sampler::{Sampler, SamplerConfig};
+use voxcache::train::trainer::{build_model, run, RunOptions};
+use voxcache::train::validate::SlidingWindow;
+
+/// A cache of the bundled data, built once for all tests (read-only to them).
+fn cache() -> &'static Path {
+    static CACHE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &CACHE
+        .get_or_init(|| {
+            let t = tempfile::tempdir().unwrap();
+            let dir = t.path().join("cache");
+            let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+            let out = Command::new(env!("CARGO_BIN_EXE_prep"))
+                .arg("build-cache")
+                .arg(&data)
+                .arg("--cache-dir")
+                .arg(&dir)
+                .args(["-q", "-j", "2"])
+                .env_remove("VOXCACHE_FAILPOINT")
+                .output()
+                .expect("run prep");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (t, dir)
+        })
+        .1
+}
+
+/// A small, fast configuration.
+fn tiny() -> TrainConfig {
+    TrainConfig {
+        patch: [8, 32, 32],
+        batch_size: 2,
+        steps: 12,
+        base_channels: 4,
+        max_channels: 16,
+        stages: 3,
+        norm: Norm::Group(2),
+        lr: 3e-3,
+        val_every: 0,
+        checkpoint_every: 4,
+        keep_last: 2,
+        log_every: 2,
+        workers: 2,
+        ..TrainConfig::default()
+    }
+}
+
+fn options(run_dir: &Path, config: TrainConfig) -> RunOptions {
+    RunOptions {
+        cache_dir: cache().to_path_buf(),
+        run_dir: run_dir.to_path_buf(),
+        resume: false,
+        device: "cpu".into(),
+        progress: false,
+        config,
+        halt_after: None,
+    }
+}
+
+/// The weights of the newest checkpoint of a run.
+fn final_weights(run_dir: &Path) -> HashMap<String, Vec<f32>> {
+    let ck = run_dir.join("checkpoints");
+    let mut steps: Vec<PathBuf> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("step-"))
+        })
+        .collect();
+    steps.sort();
+    let last = steps.last().expect("a checkpoint");
+    candle_core::safetensors::load(last.join("model.safetensors"), &Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_tiny_unet_overfits_one_case() {
+    let reader = CacheReader::open(cache()).unwrap();
+    let entry = reader.open_entry("vessels", "vessels_000").unwrap();
+    let cfg = TrainConfig {
+        fg_fraction: 0.5,
+        ..tiny()
+    };
+    let dev = Device::Cpu;
+    let model = build_model(&cfg, 2, &dev).unwrap();
+    let mut opt = Optimizer::new(
+        model.params(),
+        OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+    )
+    .unwrap();
+    let sampler = Sampler::new(
+        std::slice::from_ref(&entry),
+        vec![1.0],
+        SamplerConfig {
+            patch_zyx: cfg.patch,
+            batch_size: cfg.batch_size,
+            fg_fraction: cfg.fg_fraction,
+            seed: 3,
+        },
+    )
+    .unwrap();
+    let mut loader = Loader::start(
+        vec![entry.clone()],
+        sampler,
+        LoaderConfig {
+            workers: 1,
+            queue_depth: 2,
+            augment: AugmentConfig::none(),
+        },
+        0,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let params = model.params();
+    let mut losses = Vec::new();
+    for _ in 0..80 {
+        let (b, _) = loader.next().unwrap();
+        let p = cfg.patch;
+        let x = Tensor::from_vec(b.image, (b.batch_size, 1, p[0], p[1], p[2]), &dev).unwrap();
+        let t = one_hot(&b.label, b.batch_size, 2, p, &dev).unwrap();
+        let l = dice_ce(&model.forward(&x).unwrap(), &t).unwrap();
+        losses.push(l.ce + l.dice_loss);
+        let g = l.total.backward().unwrap();
+        let grads: Vec<Tensor> = params
+            .iter()
+            .map(|(_, v)| g.get(v.as_tensor()).unwrap().clone())
+            .collect();
+        opt.step(&grads, 1e-2, Some(12.0)).unwrap();
+    }
+    let first: f64 = losses[..5].iter().sum::<f64>() / 5.0;
+    let last: f64 = losses[losses.len() - 5..].iter().sum::<f64>() / 5.0;
+    let v = SlidingWindow {
+        model: &model,
+        device: &dev,
+        patch: cfg.patch,
+        overlap: 0.5,
+        batch: 2,
+    }
+    .run(&[("vessels_000".to_string(), entry)])
+    .unwrap();
+    eprintln!(
+        "overfit: loss {first:.3} -> {last:.3}, Dice {:.3}, {:.1} s",
+        v.mean_dice,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(last < first / 3.0, "loss fell only from {first} to {last}");
+    assert!(
+        v.mean_dice > 0.7,
+        "Dice on the training case {}",
+        v.mean_dice
+    );
+}
+
+#[test]
+fn resume_after_a_halt_gives_the_uninterrupted_weights() {
+    let t = tempfile::tempdir().unwrap();
+    let stop = AtomicBool::new(false);
+    let full = t.path().join("full");
+    let s = run(&options(&full, tiny()), &stop).unwrap();
+    assert_eq!(s.steps_done, 12);
+
+    let halted = t.path().join("halted");
+    let mut o = options(&halted, tiny());
+    o.halt_after = Some(6); // killed after step 6: the step-4 checkpoint is the latest
+    run(&o, &stop).unwrap();
+    o.halt_after = None;
+    o.resume = true;
+    let s = run(&o, &stop).unwrap();
+    assert_eq!((s.start_step, s.steps_done), (4, 12));
+    assert_eq!(final_weights(&full), final_weights(&halted));
+
+    // The run folder: metrics for every logged step once, curves, at most keep_last + best.
+    let log = std::fs::read_to_string(halted.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("\"train\""))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, vec![2, 4, 6, 8, 10, 12], "{log}");
+    assert!(halted.join("curves.png").is_file());
+    let kept = std::fs::read_dir(halted.join("checkpoints"))
+        .unwrap()
+        .count();
+    assert!(kept <= 3, "{kept} checkpoint folders");
+}
+
+#[test]
+fn validation_reports_dice_and_keeps_the_best() {
+    let t = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig {
+        steps: 6,
+        val_every: 3,
+        val_fraction: 0.2,
+        ..tiny()
+    };
+    let s = run(&options(t.path(), cfg), &AtomicBool::new(false)).unwrap();
+    assert_eq!(s.val_cases, 2);
+    let v = s.last_validation.expect("validation ran");
+    assert_eq!(v.dice_per_class.len(), 1);
+    assert_eq!(v.dice_per_case.len(), 2);
+    assert!((0.0..=1.0).contains(&v.mean_dice), "{v:?}");
+    assert!(t
+        .path()
+        .join("checkpoints/best/model.safetensors")
+        .is_file());
+    let log = std::fs::read_to_string(t.path().join("metrics.jsonl")).unwrap();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("\"val\"")).count(),
+        2,
+        "{log}"
+    );
+}
+
+fn train_cmd(run_dir: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_train"));
+    c.arg("--cache-dir")
+        .arg(cache())
+        .arg("--out")
+        .arg(run_dir)
+        .args([
+            "--patch",
+            "8,32,32",
+            "--base-channels",
+            "4",
+            "--stages",
+            "3",
+            "--norm",
+            "group:2",
+            "--steps",
+            "16",
+            "--checkpoint-every",
+            "2",
+            "--val-every",
+            "0",
+            "--no-progress",
+        ])
+        .args(extra);
+    c
+}
+
+#[test]
+fn sigkill_and_resume_gives_the_uninterrupted_weights() {
+    let t = tempfile::tempdir().unwrap();
+    let full = t.path().join("full");
+    let out = train_cmd(&full, &[]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let killed = t.path().join("killed");
+    let mut child = train_cmd(&killed, &[]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !killed.join("checkpoints/step-00000006").is_dir() {
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL: no handler runs
+    child.wait().unwrap();
+    let out = train_cmd(&killed, &["--resume"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("resumed from step"), "{err}");
+    assert_eq!(final_weights(&full), final_weights(&killed));
+}
+
+fn train_error(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(args)
+        .arg("--no-progress")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let t = tempfile::tempdir().unwrap();
+    let missing = t.path().join("nope");
+    let e = train_error(&["--cache-dir", missing.to_str().unwrap()]);
+    assert!(e.contains("cache folder not found"), "{e}");
+
+    let empty = t.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let e = train_error(&["--cache-dir", empty.to_str().unwrap()]);
+    assert!(e.contains("not a voxcache cache"), "{e}");
+
+    let c = cache().to_str().unwrap();
+    let out = t.path().join("run");
+    let o = out.to_str().unwrap();
+    let e = train_error(&["--cache-dir", c, "--out", o, "--dataset", "liver"]);
+    assert!(
+        e.contains("no dataset \"liver\"") && e.contains("vessels"),
+        "{e}"
+    );
+    let e = train_error(&["--cache-dir", c, "--out", o, "--patch", "256,512,512"]);
+    assert!(e.contains("voxels"), "{e}");
+    let e = train_error(&["--cache-dir", c, "--out", o, "--patch", "8,32"]);
+    assert!(e.contains("three numbers"), "{e}");
+
+    // Another format version.
+    let other = t.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let m = std::fs::read_to_string(cache().join("manifest.json")).unwrap();
+    let m = m.replace("\"format_version\": 1", "\"format_version\": 99");
+    std::fs::write(other.join("manifest.json"), m).unwrap();
+    let e = train_error(&["--cache-dir", other.to_str().unwrap()]);
+    assert!(e.contains("format version 99"), "{e}");
+}
