@@ -1,1 +1,82 @@
-//! (being written)
+//! 3D convolution, transposed convolution, pooling and upsampling for candle, with gradients.
+//!
+//! Tensors are f32 NCDHW, weights laid out as in PyTorch. On the CPU the convolutions are
+//! custom ops (blocked im2col + `gemm`, workspace bounded per worker; see [`conv`]
+//! for the family); on other devices they fall back to compositions of candle's built-in ops
+//! ([`conv3d_generic`]). The signatures mirror what a future `Tensor::conv3d` would take.
+//!
+//! - [`geometry`]: shapes and per-axis tap index maps;
+//! - [`columns`]: blocks of the column (im2col) matrix; [`blocks`]: block plan and workers;
+//! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops;
+//! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling.
+
+pub mod blocks;
+pub mod columns;
+pub mod conv;
+pub mod generic;
+pub mod geometry;
+pub mod matmul;
+pub mod pool3d;
+
+use candle_core::{bail, DType, Result, Tensor};
+
+pub use generic::{conv3d_generic, conv_transpose3d_generic};
+pub use pool3d::{avg_pool3d, max_pool3d_generic};
+
+use conv::{Conv3dForward, Conv3dGradInput};
+use geometry::ConvGeom;
+
+/// Whether the CPU custom ops can run on these tensors.
+fn fast_path(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == DType::F32)
+}
+
+/// x: (N, Cin, D, H, W), w: (Cout, Cin, kd, kh, kw); zero padding and stride per axis (d, h, w).
+pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -> Result<Tensor> {
+    if !fast_path(&[x, w]) {
+        return conv3d_generic(x, w, padding, stride);
+    }
+    let geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, Conv3dForward(geom))
+}
+
+/// Transposed conv with kernel == stride (nnU-Net's up path): x (N, Cin, D, H, W),
+/// w (Cin, Cout, sd, sh, sw) -> (N, Cout, D*sd, H*sh, W*sw).
+pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Tensor> {
+    if !fast_path(&[x, w]) {
+        return conv_transpose3d_generic(x, w, stride);
+    }
+    let (n, cin, d, h, wd) = x.dims5()?;
+    let (wcin, cout, kd, kh, kw) = w.dims5()?;
+    generic::check_transpose(cin, wcin, [kd, kh, kw], stride)?;
+    // It is the input gradient of the convolution (N, Cout, D*s..) -> (N, Cin, D, H, W) with
+    // kernel == stride, whose weight (Cin, Cout, s..) is exactly `w`.
+    let up = [d * kd, h * kh, wd * kw];
+    let geom = ConvGeom::new(&[n, cout, up[0], up[1], up[2]], w.dims(), [0; 3], stride)?;
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, Conv3dGradInput(geom))
+}
+
+/// Max pooling with kernel == stride (dims must divide; error otherwise).
+pub fn max_pool3d(x: &Tensor, k: [usize; 3]) -> Result<Tensor> {
+    if !fast_path(&[x]) {
+        return max_pool3d_generic(x, k);
+    }
+    pool3d::pooled_dims(x.dims(), k, "max_pool3d")?;
+    x.contiguous()?.apply_op1(pool3d::MaxPool3d(k))
+}
+
+/// Nearest-neighbour upsampling by integer factors: a broadcast whose gradient is the sum
+/// over each replicated block (candle's 2D upsampling gradient overwrites instead).
+pub fn upsample_nearest3d(x: &Tensor, scale: [usize; 3]) -> Result<Tensor> {
+    let (n, c, d, h, w) = x.dims5()?;
+    if scale.contains(&0) {
+        bail!("upsample_nearest3d: scale {scale:?} must be positive");
+    }
+    let [sd, sh, sw] = scale;
+    x.reshape(vec![n, c, d, 1, h, 1, w, 1])?
+        .broadcast_as(vec![n, c, d, sd, h, sh, w, sw])?
+        .reshape((n, c, d * sd, h * sh, w * sw))
+}

@@ -1,0 +1,81 @@
+//! Blocks of a convolution's "column" matrix: one row per (source channel, kernel tap), one
+//! column per grid voxel. Only a block of whole grid rows is ever built, so the workspace stays
+//! bounded whatever the volume (a full im2col of a 32-channel 2x32x64x64 input is 0.9 GB).
+
+use super::geometry::{AxisMap, ConvGeom};
+
+/// How to build column blocks from one sample of a source volume.
+pub struct ColumnGather {
+    /// Source channels (rows are `channels * taps`).
+    channels: usize,
+    /// Source volume size (D, H, W).
+    src: [usize; 3],
+    /// Index maps of the grid axes (D, H, W) onto the source.
+    maps: [AxisMap; 3],
+}
+
+impl ColumnGather {
+    /// Columns of the forward pass: grid = output voxels, source = input `x`.
+    pub fn forward(g: &ConvGeom) -> Self {
+        Self {
+            channels: g.cin,
+            src: g.input,
+            maps: [0, 1, 2].map(|a| AxisMap::forward(g, a)),
+        }
+    }
+
+    /// Columns of the input gradient: grid = input voxels, source = output gradient.
+    pub fn grad_input(g: &ConvGeom) -> Self {
+        Self {
+            channels: g.cout,
+            src: g.output,
+            maps: [0, 1, 2].map(|a| AxisMap::grad_input(g, a)),
+        }
+    }
+
+    fn taps(&self) -> [usize; 3] {
+        [0, 1, 2].map(|a| self.maps[a].runs.len())
+    }
+
+    /// Rows of the column matrix, ordered (channel, td, th, tw) like a PyTorch weight.
+    pub fn rows(&self) -> usize {
+        self.channels * self.taps().iter().product::<usize>()
+    }
+
+    /// Grid rows (one per (d, h) position) and their length (W).
+    pub fn grid_rows(&self) -> (usize, usize) {
+        (self.maps[0].grid * self.maps[1].grid, self.maps[2].grid)
+    }
+
+    /// Fills `col` (rows() x ((r1 - r0) * row_len), row-major) with grid rows `r0..r1` read from
+    /// `src`, one sample (channels x D x H x W).
+    pub fn fill(&self, src: &[f32], r0: usize, r1: usize, col: &mut [f32]) {
+        let [td_n, th_n, tw_n] = self.taps();
+        let [_, sh_n, sw_n] = self.src;
+        let grid_h = self.maps[1].grid;
+        let row_len = self.maps[2].grid;
+        let cols = (r1 - r0) * row_len;
+        let mut rows = col[..self.rows() * cols].chunks_exact_mut(cols);
+        for c in 0..self.channels {
+            let channel = &src[c * self.src.iter().product::<usize>()..];
+            for td in 0..td_n {
+                for th in 0..th_n {
+                    for tw in 0..tw_n {
+                        let Some(dst_row) = rows.next() else { return };
+                        let run = &self.maps[2].runs[tw];
+                        for (r, dst) in (r0..r1).zip(dst_row.chunks_exact_mut(row_len)) {
+                            let (qd, qh) = (r / grid_h, r % grid_h);
+                            match (self.maps[0].source(td, qd), self.maps[1].source(th, qh)) {
+                                (Some(sd), Some(sh)) => {
+                                    let start = (sd * sh_n + sh) * sw_n;
+                                    run.copy_row(&channel[start..start + sw_n], dst);
+                                }
+                                _ => dst.fill(0.0),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Shapes of one 3D convolution, validated once, and the per-axis index maps that say which
+//! source voxel each kernel tap reads. The forward pass, both gradients and the transposed
+//! convolution are all "gather then matrix product" over these maps.
+
+use candle_core::{bail, Result};
+
+/// Everything needed to index one 3D convolution `y = conv3d(x, w)`, with `x` (N, Cin, D, H, W)
+/// and `w` (Cout, Cin, kd, kh, kw).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvGeom {
+    pub batch: usize,
+    pub cin: usize,
+    pub cout: usize,
+    pub input: [usize; 3],
+    pub kernel: [usize; 3],
+    pub padding: [usize; 3],
+    pub stride: [usize; 3],
+    pub output: [usize; 3],
+}
+
+impl ConvGeom {
+    /// Checks the shapes of `x` and `w` against each other and derives the output size.
+    pub fn new(
+        x_dims: &[usize],
+        w_dims: &[usize],
+        padding: [usize; 3],
+        stride: [usize; 3],
+    ) -> Result<Self> {
+        let (&[batch, cin, d, h, w], &[cout, wcin, kd, kh, kw]) = (x_dims, w_dims) else {
+            bail!("conv3d: expected x (N, C, D, H, W) and w (Cout, Cin, kd, kh, kw), got {x_dims:?} and {w_dims:?}")
+        };
+        if cin != wcin {
+            bail!("conv3d: x has {cin} channels but w expects {wcin}");
+        }
+        let (input, kernel) = ([d, h, w], [kd, kh, kw]);
+        let mut output = [0; 3];
+        for a in 0..3 {
+            if stride[a] == 0 || kernel[a] == 0 {
+                bail!("conv3d: stride {stride:?} and kernel {kernel:?} must be positive");
+            }
+            let padded = input[a] + 2 * padding[a];
+            if padded < kernel[a] {
+                bail!("conv3d: kernel {kernel:?} larger than padded input {input:?} + 2 * {padding:?}");
+            }
+            output[a] = (padded - kernel[a]) / stride[a] + 1;
+        }
+        if [batch, cin, cout].contains(&0) || input.contains(&0) {
+            bail!("conv3d: empty tensor x {x_dims:?} / w {w_dims:?}");
+        }
+        Ok(Self {
+            batch,
+            cin,
+            cout,
+            input,
+            kernel,
+            padding,
+            stride,
+            output,
+        })
+    }
+
+    pub fn taps(&self) -> usize {
+        self.kernel.iter().product()
+    }
+
+    pub fn input_voxels(&self) -> usize {
+        self.input.iter().product()
+    }
+
+    pub fn output_voxels(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    pub fn x_dims(&self) -> [usize; 5] {
+        let [d, h, w] = self.input;
+        [self.batch, self.cin, d, h, w]
+    }
+
+    pub fn y_dims(&self) -> [usize; 5] {
+        let [d, h, w] = self.output;
+        [self.batch, self.cout, d, h, w]
+    }
+
+    pub fn w_dims(&self) -> [usize; 5] {
+        let [kd, kh, kw] = self.kernel;
+        [self.cout, self.cin, kd, kh, kw]
+    }
+
+    /// True when kernel == stride and no padding: every input voxel is read by exactly one
+    /// (output voxel, tap) pair, the case of the transposed convolution on the up path.
+    pub fn is_non_overlapping(&self) -> bool {
+        self.kernel == self.stride && self.padding == [0; 3]
+    }
+}
+
+/// For one tap of one axis: grid positions `q0 + j * qstep` read source index `s0 + j * sstep`
+/// for `j < count`; every other grid position reads zero padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TapRun {
+    pub q0: usize,
+    pub qstep: usize,
+    pub s0: usize,
+    pub sstep: usize,
+    pub count: usize,
+}
+
+impl TapRun {
+    /// The output positions `o` for which tap `t` lands inside the input: 0 <= o*s + t - p < len.
+    fn valid_outputs(input: usize, output: usize, t: usize, p: usize, s: usize) -> (usize, usize) {
+        let lo = if t >= p { 0 } else { (p - t).div_ceil(s) }.min(output);
+        let hi = if input + p > t {
+            ((input - 1 + p - t) / s + 1).min(output)
+        } else {
+            0
+        };
+        (lo, hi.max(lo))
+    }
+
+    /// Forward pass: the grid is the output, the source the input (`o -> o*s + t - p`).
+    fn forward(input: usize, output: usize, t: usize, p: usize, s: usize) -> Self {
+        let (lo, hi) = Self::valid_outputs(input, output, t, p, s);
+        Self {
+            q0: lo,
+            qstep: 1,
+            s0: (lo * s + t).saturating_sub(p),
+            sstep: s,
+            count: hi - lo,
+        }
+    }
+
+    /// Input gradient: the grid is the input, the source the output gradient (inverse map).
+    fn grad_input(input: usize, output: usize, t: usize, p: usize, s: usize) -> Self {
+        let (lo, hi) = Self::valid_outputs(input, output, t, p, s);
+        Self {
+            q0: (lo * s + t).saturating_sub(p),
+            qstep: s,
+            s0: lo,
+            sstep: 1,
+            count: hi - lo,
+        }
+    }
+
+    /// Writes one grid row: `dst[q] = src[map(q)]`, zero where the tap falls into padding.
+    #[inline]
+    pub fn copy_row(&self, src: &[f32], dst: &mut [f32]) {
+        if self.count == 0 {
+            dst.fill(0.0);
+        } else if self.qstep == 1 {
+            let end = self.q0 + self.count;
+            dst[..self.q0].fill(0.0);
+            dst[end..].fill(0.0);
+            let run = &mut dst[self.q0..end];
+            if self.sstep == 1 {
+                run.copy_from_slice(&src[self.s0..self.s0 + self.count]);
+            } else {
+                for (j, v) in run.iter_mut().enumerate() {
+                    *v = src[self.s0 + j * self.sstep];
+                }
+            }
+        } else {
+            dst.fill(0.0);
+            for j in 0..self.count {
+                dst[self.q0 + j * self.qstep] = src[self.s0 + j * self.sstep];
+            }
+        }
+    }
+}
+
+/// The index maps of one axis for all its taps, plus a lookup table `table[t * grid + q]`
+/// (source index, or -1 for padding) for the two outer axes where a row is the unit of work.
+#[derive(Clone, Debug)]
+pub struct AxisMap {
+    pub grid: usize,
+    pub runs: Vec<TapRun>,
+    pub table: Vec<i64>,
+}
+
+impl AxisMap {
+    fn from_runs(grid: usize, runs: Vec<TapRun>) -> Self {
+        let mut table = vec![-1i64; grid * runs.len()];
+        for (t, r) in runs.iter().enumerate() {
+            for j in 0..r.count {
+                table[t * grid + r.q0 + j * r.qstep] = (r.s0 + j * r.sstep) as i64;
+            }
+        }
+        Self { grid, runs, table }
+    }
+
+    pub fn forward(g: &ConvGeom, axis: usize) -> Self {
+        let (i, o, p, s) = (
+            g.input[axis],
+            g.output[axis],
+            g.padding[axis],
+            g.stride[axis],
+        );
+        let runs = (0..g.kernel[axis])
+            .map(|t| TapRun::forward(i, o, t, p, s))
+            .collect();
+        Self::from_runs(o, runs)
+    }
+
+    pub fn grad_input(g: &ConvGeom, axis: usize) -> Self {
+        let (i, o, p, s) = (
+            g.input[axis],
+            g.output[axis],
+            g.padding[axis],
+            g.stride[axis],
+        );
+        let runs = (0..g.kernel[axis])
+            .map(|t| TapRun::grad_input(i, o, t, p, s))
+            .collect();
+        Self::from_runs(i, runs)
+    }
+
+    /// Source index of grid position `q` for tap `t`, None in the padding.
+    #[inline]
+    pub fn source(&self, t: usize, q: usize) -> Option<usize> {
+        usize::try_from(self.table[t * self.grid + q]).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom(input: usize, k: usize, p: usize, s: usize) -> ConvGeom {
+        ConvGeom::new(&[1, 1, input, 1, 1], &[1, 1, k, 1, 1], [p, 0, 0], [s, 1, 1]).unwrap()
+    }
+
+    /// The table must agree with the definition `src = o*s + t - p` inside the input.
+    #[test]
+    fn forward_and_inverse_maps_match_definition() {
+        for (input, k, p, s) in [
+            (7, 3, 1, 1),
+            (7, 3, 1, 2),
+            (8, 3, 0, 2),
+            (5, 1, 0, 1),
+            (6, 2, 0, 2),
+            (4, 5, 2, 3),
+        ] {
+            let g = geom(input, k, p, s);
+            let fwd = AxisMap::forward(&g, 0);
+            let inv = AxisMap::grad_input(&g, 0);
+            for t in 0..k {
+                for o in 0..g.output[0] {
+                    let z = (o * s + t) as i64 - p as i64;
+                    let expect = (0..input as i64).contains(&z).then_some(z as usize);
+                    assert_eq!(fwd.source(t, o), expect, "{input} {k} {p} {s} t={t} o={o}");
+                    if let Some(z) = expect {
+                        assert_eq!(inv.source(t, z), Some(o));
+                    }
+                }
+                let hits = (0..input).filter(|&z| inv.source(t, z).is_some()).count();
+                let valid = (0..g.output[0])
+                    .filter(|&o| fwd.source(t, o).is_some())
+                    .count();
+                assert_eq!(hits, valid);
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert!(ConvGeom::new(&[1, 2, 4, 4, 4], &[1, 3, 3, 3, 3], [1; 3], [1; 3]).is_err());
+        assert!(ConvGeom::new(&[1, 2, 4, 4], &[1, 2, 3, 3, 3], [1; 3], [1; 3]).is_err());
+        assert!(ConvGeom::new(&[1, 2, 1, 4, 4], &[1, 2, 3, 3, 3], [0; 3], [1; 3]).is_err());
+        assert!(ConvGeom::new(&[1, 2, 4, 4, 4], &[1, 2, 3, 3, 3], [1; 3], [0, 1, 1]).is_err());
+    }
+}
