@@ -145,6 +145,9 @@ fn conv3d_kernel3_pad1_stride1() {
 fn conv3d_kernel3_stride2_odd_sizes_batch2() {
     check_conv(2, [2, 2, 7, 8, 9], [3, 2, 3, 3, 3], [1; 3], [2; 3]);
     check_conv(3, [2, 3, 7, 5, 6], [2, 3, 3, 3, 3], [0; 3], [2; 3]);
+    // Stride phases that no tap reaches (kernel 1, stride 2) and uneven phases (stride 3).
+    check_conv(12, [1, 2, 5, 6, 7], [3, 2, 1, 1, 1], [0; 3], [2; 3]);
+    check_conv(13, [1, 2, 7, 8, 9], [2, 2, 3, 3, 3], [1, 0, 2], [3, 2, 3]);
 }
 
 #[test]
