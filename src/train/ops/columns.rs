@@ -24,13 +24,17 @@ impl ColumnGather {
         }
     }
 
-    /// Columns of the input gradient: grid = input voxels, source = output gradient.
-    pub fn grad_input(g: &ConvGeom) -> Self {
-        Self {
+    /// Columns of the input gradient for one stride phase: grid = input voxels
+    /// `r + j * stride`, source = output gradient. Also returns the kernel taps kept per axis.
+    pub fn grad_input_phase(g: &ConvGeom, r: [usize; 3]) -> Option<(Self, [Vec<usize>; 3])> {
+        let [d, h, w] = [0, 1, 2].map(|a| AxisMap::grad_input_phase(g, a, r[a]));
+        let ((md, td), (mh, th), (mw, tw)) = (d?, h?, w?);
+        let gather = Self {
             channels: g.cout,
             src: g.output,
-            maps: [0, 1, 2].map(|a| AxisMap::grad_input(g, a)),
-        }
+            maps: [md, mh, mw],
+        };
+        Some((gather, [td, th, tw]))
     }
 
     fn taps(&self) -> [usize; 3] {
@@ -45,6 +49,11 @@ impl ColumnGather {
     /// Grid rows (one per (d, h) position) and their length (W).
     pub fn grid_rows(&self) -> (usize, usize) {
         (self.maps[0].grid * self.maps[1].grid, self.maps[2].grid)
+    }
+
+    /// Length of the grid's depth axis.
+    pub fn grid_rows_d(&self) -> usize {
+        self.maps[0].grid
     }
 
     /// Fills `col` (rows() x ((r1 - r0) * row_len), row-major) with grid rows `r0..r1` read from

@@ -65,51 +65,80 @@ pub fn forward_cpu(g: &ConvGeom, x: &[f32], w: &[f32]) -> Vec<f32> {
     y
 }
 
-/// `dx` from `dy`: columns of `dy` over the input grid, times `w` as (Cin x Cout*k^3).
+/// `dx` from `dy`. Per stride phase (input voxels `r + j * stride`) only some taps reach an
+/// output, so each phase is a stride-1 gather of `dy` times `w` as (Cin x Cout*taps kept):
+/// no multiplications by the zeros a plain transposed im2col would insert.
 pub fn grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
     if g.is_non_overlapping() {
         return scatter_grad_input_cpu(g, dy, w);
     }
-    let gather = ColumnGather::grad_input(g);
-    let k = gather.rows();
-    let taps = g.taps();
-    // (Cout, Cin, taps) -> (Cin, Cout, taps): the row order the columns use.
-    let mut wt = vec![0f32; w.len()];
-    for co in 0..g.cout {
-        for ci in 0..g.cin {
-            let src = &w[(co * g.cin + ci) * taps..][..taps];
-            wt[(ci * g.cout + co) * taps..][..taps].copy_from_slice(src);
-        }
-    }
-    let (grid_rows, row_len) = gather.grid_rows();
     let (vi, vo) = (g.input_voxels(), g.output_voxels());
-    let plan = BlockPlan::new(g.batch, grid_rows, row_len, k);
+    let [_, ih, iw] = g.input;
+    let [sd, sh, sw] = g.stride;
+    let direct = g.stride == [1; 3];
     let mut dx = vec![0f32; g.batch * g.cin * vi];
     let out = SharedOut(dx.as_mut_ptr());
-    plan.run(
-        || (),
-        |ws, _, b, par| {
-            let cols = (b.r1 - b.r0) * row_len;
-            gather.fill(&dy[b.n * g.cout * vo..][..g.cout * vo], b.r0, b.r1, ws);
-            // SAFETY: block (n, r0..r1) writes only its own columns of sample n's planes.
-            unsafe {
-                let dst = out.at(b.n * g.cin * vi + b.r0 * row_len);
+    for r in (0..sd * sh * sw).map(|i| [i / (sh * sw), (i / sw) % sh, i % sw]) {
+        let Some((gather, taps)) = ColumnGather::grad_input_phase(g, r) else {
+            continue; // no tap reaches these voxels: their gradient stays zero
+        };
+        let k = gather.rows();
+        let wt = phase_weights(g, w, &taps);
+        let (grid_rows, row_len) = gather.grid_rows();
+        let grid_h = grid_rows / gather.grid_rows_d().max(1);
+        let extra = if direct { 0 } else { g.cin };
+        let plan = BlockPlan::new(g.batch, grid_rows, row_len, k + extra);
+        plan.run(
+            || (),
+            |ws, _, b, par| {
+                let cols = (b.r1 - b.r0) * row_len;
+                let (col, tmp) = ws.split_at_mut(k * cols);
+                gather.fill(&dy[b.n * g.cout * vo..][..g.cout * vo], b.r0, b.r1, col);
                 let lhs = View::rows(wt.as_ptr(), k);
-                matmul(
-                    g.cin,
-                    cols,
-                    k,
-                    dst,
-                    vi,
-                    false,
-                    lhs,
-                    View::rows(ws.as_ptr(), cols),
-                    par,
-                );
-            }
-        },
-    );
+                let rhs = View::rows(col.as_ptr(), cols);
+                if direct {
+                    // SAFETY: block (n, r0..r1) writes only its own columns of sample n.
+                    unsafe {
+                        let dst = out.at(b.n * g.cin * vi + b.r0 * row_len);
+                        matmul(g.cin, cols, k, dst, vi, false, lhs, rhs, par);
+                    }
+                    return;
+                }
+                // SAFETY: tmp holds cin x cols floats (the plan counted them).
+                unsafe { matmul(g.cin, cols, k, tmp.as_mut_ptr(), cols, false, lhs, rhs, par) };
+                for (ci, plane) in tmp[..g.cin * cols].chunks_exact(cols).enumerate() {
+                    for (row, src) in (b.r0..b.r1).zip(plane.chunks_exact(row_len)) {
+                        let (zd, zh) = (r[0] + (row / grid_h) * sd, r[1] + (row % grid_h) * sh);
+                        let base = (b.n * g.cin + ci) * vi + (zd * ih + zh) * iw + r[2];
+                        for (j, &v) in src.iter().enumerate() {
+                            // SAFETY: phases and blocks own disjoint input voxels.
+                            unsafe { *out.at(base + j * sw) = v };
+                        }
+                    }
+                }
+            },
+        );
+    }
     dx
+}
+
+/// `w` (Cout, Cin, kd, kh, kw) as (Cin x Cout*taps), keeping only the listed taps per axis, in
+/// the row order of the input-gradient columns.
+fn phase_weights(g: &ConvGeom, w: &[f32], taps: &[Vec<usize>; 3]) -> Vec<f32> {
+    let [_, kh, kw] = g.kernel;
+    let kept = taps.iter().map(Vec::len).product::<usize>();
+    let mut wt = Vec::with_capacity(g.cin * g.cout * kept);
+    for ci in 0..g.cin {
+        for co in 0..g.cout {
+            let filter = &w[(co * g.cin + ci) * g.taps()..][..g.taps()];
+            for &td in &taps[0] {
+                for &th in &taps[1] {
+                    wt.extend(taps[2].iter().map(|&tw| filter[(td * kh + th) * kw + tw]));
+                }
+            }
+        }
+    }
+    wt
 }
 
 /// Kernel == stride, no padding: every input voxel gets exactly one (output voxel, tap)

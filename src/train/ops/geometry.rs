@@ -128,18 +128,6 @@ impl TapRun {
         }
     }
 
-    /// Input gradient: the grid is the input, the source the output gradient (inverse map).
-    fn grad_input(input: usize, output: usize, t: usize, p: usize, s: usize) -> Self {
-        let (lo, hi) = Self::valid_outputs(input, output, t, p, s);
-        Self {
-            q0: (lo * s + t).saturating_sub(p),
-            qstep: s,
-            s0: lo,
-            sstep: 1,
-            count: hi - lo,
-        }
-    }
-
     /// Writes one grid row: `dst[q] = src[map(q)]`, zero where the tap falls into padding.
     #[inline]
     pub fn copy_row(&self, src: &[f32], dst: &mut [f32]) {
@@ -199,17 +187,38 @@ impl AxisMap {
         Self::from_runs(o, runs)
     }
 
-    pub fn grad_input(g: &ConvGeom, axis: usize) -> Self {
+    /// Input gradient, one phase `r` of the stride: the grid is the input positions
+    /// `z = r + j * s`, and only the taps `t` with `z + p - t` divisible by `s` reach an output
+    /// (`o = j + (r + p - t) / s`), so each phase is a stride-1 correlation with fewer taps.
+    /// Returns the map over `j` and the original indices of the taps kept; None when the phase
+    /// is empty or no tap reaches it (its input gradient is zero).
+    pub fn grad_input_phase(g: &ConvGeom, axis: usize, r: usize) -> Option<(Self, Vec<usize>)> {
         let (i, o, p, s) = (
             g.input[axis],
             g.output[axis],
             g.padding[axis],
             g.stride[axis],
         );
-        let runs = (0..g.kernel[axis])
-            .map(|t| TapRun::grad_input(i, o, t, p, s))
-            .collect();
-        Self::from_runs(i, runs)
+        let grid = if r < i { (i - r).div_ceil(s) } else { 0 };
+        let (mut runs, mut taps) = (vec![], vec![]);
+        for t in 0..g.kernel[axis] {
+            let shift = r as i64 + p as i64 - t as i64;
+            if grid == 0 || shift.rem_euclid(s as i64) != 0 {
+                continue;
+            }
+            let c = shift.div_euclid(s as i64);
+            let lo = (-c).clamp(0, grid as i64);
+            let hi = (o as i64 - c).clamp(lo, grid as i64);
+            runs.push(TapRun {
+                q0: lo as usize,
+                qstep: 1,
+                s0: (lo + c).max(0) as usize,
+                sstep: 1,
+                count: (hi - lo) as usize,
+            });
+            taps.push(t);
+        }
+        (!taps.is_empty()).then(|| (Self::from_runs(grid, runs), taps))
     }
 
     /// Source index of grid position `q` for tap `t`, None in the padding.
@@ -237,25 +246,39 @@ mod tests {
             (5, 1, 0, 1),
             (6, 2, 0, 2),
             (4, 5, 2, 3),
+            (9, 1, 0, 2),
+            (9, 3, 2, 3),
         ] {
             let g = geom(input, k, p, s);
             let fwd = AxisMap::forward(&g, 0);
-            let inv = AxisMap::grad_input(&g, 0);
+            // Every (tap, input, output) triple inside the input, from the definition.
+            let mut pairs = vec![];
             for t in 0..k {
                 for o in 0..g.output[0] {
                     let z = (o * s + t) as i64 - p as i64;
                     let expect = (0..input as i64).contains(&z).then_some(z as usize);
                     assert_eq!(fwd.source(t, o), expect, "{input} {k} {p} {s} t={t} o={o}");
                     if let Some(z) = expect {
-                        assert_eq!(inv.source(t, z), Some(o));
+                        pairs.push((t, z, o));
                     }
                 }
-                let hits = (0..input).filter(|&z| inv.source(t, z).is_some()).count();
-                let valid = (0..g.output[0])
-                    .filter(|&o| fwd.source(t, o).is_some())
-                    .count();
-                assert_eq!(hits, valid);
             }
+            // The stride phases of the inverse map must list exactly the same triples.
+            let mut inverse = vec![];
+            for r in 0..s {
+                let Some((map, taps)) = AxisMap::grad_input_phase(&g, 0, r) else {
+                    continue;
+                };
+                for (i, &t) in taps.iter().enumerate() {
+                    for j in 0..map.grid {
+                        if let Some(o) = map.source(i, j) {
+                            inverse.push((t, r + j * s, o));
+                        }
+                    }
+                }
+            }
+            inverse.sort();
+            assert_eq!(inverse, pairs, "{input} {k} {p} {s}");
         }
     }
 

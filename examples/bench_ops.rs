@@ -1,0 +1,183 @@
+//! 3D op benchmark: median forward + backward time of the CPU fast paths against the generic
+//! (built-in candle ops) fallbacks on the trainer's level-1 shapes.
+//!
+//!   cargo run --release --example bench_ops [-- fast|generic] [-- --runs N]
+//!
+//! Each case times `out = op(x, w); out.sum_all().backward()` with x and w as variables, after
+//! one untimed warm-up; `fast` or `generic` runs one side only (for peak-RSS measurements).
+
+use std::time::Instant;
+
+use candle_core::{Device, Result, Tensor, Var};
+use voxcache::train::ops;
+use voxcache::train::rng::Rng;
+
+type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
+
+/// One benchmark line: input and weight shapes, fast path and fallback.
+struct Case {
+    name: &'static str,
+    x: Vec<usize>,
+    w: Vec<usize>,
+    fast: Op,
+    generic: Op,
+}
+
+fn random_var(rng: &mut Rng, dims: &[usize]) -> Result<Var> {
+    let n = dims.iter().product();
+    let data: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+    Var::from_vec(data, dims, &Device::Cpu)
+}
+
+/// Median milliseconds of forward + backward over `runs` timed runs.
+fn time(op: Op, x: &Var, w: &Var, runs: usize) -> Result<f64> {
+    let step = || -> Result<()> {
+        let out = op(x.as_tensor(), w.as_tensor())?;
+        let grads = out.sum_all()?.backward()?;
+        assert!(grads.get(x.as_tensor()).is_some());
+        Ok(())
+    };
+    step()?;
+    let mut ms = vec![];
+    for _ in 0..runs {
+        let t = Instant::now();
+        step()?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
+
+/// Median milliseconds of `f` over `runs` runs after one warm-up.
+fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut ms: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms[ms.len() / 2]
+}
+
+/// The three passes of the CPU convolution timed separately (no autograd around them).
+fn passes(
+    rng: &mut Rng,
+    x: [usize; 5],
+    w: [usize; 5],
+    p: [usize; 3],
+    s: [usize; 3],
+    runs: usize,
+) -> Result<()> {
+    let g = ops::geometry::ConvGeom::new(&x, &w, p, s)?;
+    let xs: Vec<f32> = (0..x.iter().product())
+        .map(|_| rng.normal() as f32)
+        .collect();
+    let ws: Vec<f32> = (0..w.iter().product())
+        .map(|_| rng.normal() as f32)
+        .collect();
+    let dy: Vec<f32> = (0..g.batch * g.cout * g.output_voxels())
+        .map(|_| rng.normal() as f32)
+        .collect();
+    let fwd = median_ms(runs, || drop(ops::conv::forward_cpu(&g, &xs, &ws)));
+    let gi = median_ms(runs, || drop(ops::conv::grad_input_cpu(&g, &dy, &ws)));
+    let gw = median_ms(runs, || drop(ops::conv::grad_weight_cpu(&g, &xs, &dy)));
+    println!("  passes x{x:?} w{w:?} s{s:?}: forward {fwd:.1} ms, grad-input {gi:.1} ms, grad-weight {gw:.1} ms");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let only = args
+        .iter()
+        .find(|a| *a == "fast" || *a == "generic")
+        .cloned();
+    let runs = args
+        .iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(5);
+    let mut rng = Rng::new(7);
+    println!("threads: {}, runs: {runs}", rayon::current_num_threads());
+    let cases = [
+        Case {
+            name: "conv3d 2x32x32x64x64 3^3 32->32",
+            x: vec![2, 32, 32, 64, 64],
+            w: vec![32, 32, 3, 3, 3],
+            fast: |x, w| ops::conv3d(x, w, [1; 3], [1; 3]),
+            generic: |x, w| ops::conv3d_generic(x, w, [1; 3], [1; 3]),
+        },
+        Case {
+            name: "conv3d 1x8x32x64x64 3^3 8->8",
+            x: vec![1, 8, 32, 64, 64],
+            w: vec![8, 8, 3, 3, 3],
+            fast: |x, w| ops::conv3d(x, w, [1; 3], [1; 3]),
+            generic: |x, w| ops::conv3d_generic(x, w, [1; 3], [1; 3]),
+        },
+        Case {
+            name: "conv3d 2x32x32x64x64 3^3 s2 32->64",
+            x: vec![2, 32, 32, 64, 64],
+            w: vec![64, 32, 3, 3, 3],
+            fast: |x, w| ops::conv3d(x, w, [1; 3], [2; 3]),
+            generic: |x, w| ops::conv3d_generic(x, w, [1; 3], [2; 3]),
+        },
+        Case {
+            name: "conv_transpose3d 2x64x16x32x32 s2 64->32",
+            x: vec![2, 64, 16, 32, 32],
+            w: vec![64, 32, 2, 2, 2],
+            fast: |x, w| ops::conv_transpose3d(x, w, [2; 3]),
+            generic: |x, w| ops::conv_transpose3d_generic(x, w, [2; 3]),
+        },
+        Case {
+            name: "max_pool3d 2x32x32x64x64 k2",
+            x: vec![2, 32, 32, 64, 64],
+            w: vec![1],
+            fast: |x, _| ops::max_pool3d(x, [2; 3]),
+            generic: |x, _| ops::max_pool3d_generic(x, [2; 3]),
+        },
+    ];
+    for Case {
+        name,
+        x,
+        w,
+        fast,
+        generic,
+    } in cases
+    {
+        let x = random_var(&mut rng, &x)?;
+        let w = random_var(&mut rng, &w)?;
+        let f = match only.as_deref() {
+            Some("generic") => f64::NAN,
+            _ => time(fast, &x, &w, runs)?,
+        };
+        let g = match only.as_deref() {
+            Some("fast") => f64::NAN,
+            _ => time(generic, &x, &w, runs.min(3))?,
+        };
+        println!(
+            "{name:<42} fast {f:>9.1} ms   generic {g:>9.1} ms   speed-up {:>5.1}x",
+            g / f
+        );
+    }
+    if only.as_deref() != Some("generic") {
+        passes(
+            &mut rng,
+            [2, 32, 32, 64, 64],
+            [32, 32, 3, 3, 3],
+            [1; 3],
+            [1; 3],
+            runs,
+        )?;
+        passes(
+            &mut rng,
+            [2, 32, 32, 64, 64],
+            [64, 32, 3, 3, 3],
+            [1; 3],
+            [2; 3],
+            runs,
+        )?;
+    }
+    Ok(())
+}
