@@ -13,6 +13,7 @@ use voxcache::train::rng::Rng;
 use voxcache::train::trainer::build_model;
 
 fn main() -> voxcache::Result<()> {
+    voxcache::train::device::default_cpu_threads();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, d: &str| args.get(i).cloned().unwrap_or_else(|| d.to_string());
     let patch: Vec<usize> = arg(0, "32,64,64")

@@ -157,6 +157,7 @@ fn config_from(cli: &Cli) -> Result<TrainConfig> {
 }
 
 fn main() -> ExitCode {
+    voxcache::train::device::default_cpu_threads();
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(code) => code,

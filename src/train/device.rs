@@ -39,6 +39,22 @@ fn cuda(_ordinal: usize) -> Result<Device> {
     ))
 }
 
+/// The environment variable of candle's pool for element-wise CPU ops.
+pub const CANDLE_THREADS_VAR: &str = "CANDLE_NUM_THREADS";
+
+/// Default candle's element-wise CPU pool to one thread unless the user chose otherwise.
+///
+/// Why: its workers spin-wait between ops; with a 2-core machine shared with our loader
+/// threads and the rayon pool of the convolutions, the spinning took about half the CPU time
+/// and a training step ran 2.2x slower (scripts/bench_train.sh, `perf`). Convolutions and
+/// matrix products still use every core through rayon. Call this first thing in `main`,
+/// before any thread exists (setting the environment is not thread-safe).
+pub fn default_cpu_threads() {
+    if std::env::var_os(CANDLE_THREADS_VAR).is_none() {
+        std::env::set_var(CANDLE_THREADS_VAR, "1");
+    }
+}
+
 /// A short description for logs.
 pub fn describe(dev: &Device) -> String {
     match dev {
