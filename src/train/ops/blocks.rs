@@ -31,11 +31,7 @@ impl BlockPlan {
     /// `col_rows` rows of column matrix per grid voxel, `row_len` voxels per grid row.
     pub fn new(batch: usize, grid_rows: usize, row_len: usize, col_rows: usize) -> Self {
         let per_row = (col_rows * row_len).max(1);
-        let budget: usize = std::env::var("WSF")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(WORKSPACE_FLOATS);
-        let mut rows_per_block = (budget / per_row).clamp(1, grid_rows.max(1));
+        let mut rows_per_block = (WORKSPACE_FLOATS / per_row).clamp(1, grid_rows.max(1));
         // Enough blocks to keep every worker busy.
         let want = 2 * rayon::current_num_threads();
         let blocks = batch * grid_rows.div_ceil(rows_per_block);
