@@ -48,9 +48,25 @@ fn time(op: Op, x: &Var, w: &Var, runs: usize) -> Result<f64> {
     Ok(ms[ms.len() / 2])
 }
 
-/// Median milliseconds of `f` over `runs` runs after one warm-up.
-fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+/// CPU time (user + system) of this process in milliseconds, from /proc (Linux; NaN elsewhere).
+fn cpu_ms() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(f64::NAN))
+        .collect();
+    (f[11] + f[12]) * 10.0 // clock ticks of 10 ms
+}
+
+/// Median and minimum wall milliseconds of `f` over `runs` runs after one warm-up, and the mean
+/// CPU milliseconds per run (the figure least disturbed by other processes on a shared machine).
+fn median_ms(runs: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
     f();
+    let cpu0 = cpu_ms();
     let mut ms: Vec<f64> = (0..runs)
         .map(|_| {
             let t = Instant::now();
@@ -58,8 +74,9 @@ fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
             t.elapsed().as_secs_f64() * 1e3
         })
         .collect();
+    let cpu = (cpu_ms() - cpu0) / runs as f64;
     ms.sort_by(f64::total_cmp);
-    ms[ms.len() / 2]
+    (ms[ms.len() / 2], ms[0], cpu)
 }
 
 /// The three passes of the CPU convolution timed separately (no autograd around them).
@@ -84,7 +101,10 @@ fn passes(
     let fwd = median_ms(runs, || drop(ops::conv::forward_cpu(&g, &xs, &ws)));
     let gi = median_ms(runs, || drop(ops::conv::grad_input_cpu(&g, &dy, &ws)));
     let gw = median_ms(runs, || drop(ops::conv::grad_weight_cpu(&g, &xs, &dy)));
-    println!("  passes x{x:?} w{w:?} s{s:?}: forward {fwd:.1} ms, grad-input {gi:.1} ms, grad-weight {gw:.1} ms");
+    println!(
+        "  passes x{x:?} w{w:?} s{s:?} (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
+        fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
+    );
     Ok(())
 }
 
