@@ -9,7 +9,6 @@
 //! from an unseeded thread RNG), so a run's initial weights depend only on its seed.
 
 use candle_core::{DType, Device, Tensor, Var};
-use candle_nn::GroupNorm;
 use serde::{Deserialize, Serialize};
 
 use super::ops;
@@ -212,10 +211,12 @@ impl Conv {
     }
 }
 
-/// conv -> norm -> LeakyReLU.
+/// conv -> norm -> LeakyReLU (the last two fused in [`ops::group_norm_leaky_relu`]).
 struct Block {
     conv: Conv,
-    norm: GroupNorm,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    groups: usize,
 }
 
 impl Block {
@@ -232,16 +233,26 @@ impl Block {
             Norm::Instance => cout,
             Norm::Group(g) => largest_divisor_at_most(cout, g),
         };
-        let w = ps.constant(format!("{name}.norm.weight"), cout, 1.0)?;
-        let b = ps.constant(format!("{name}.norm.bias"), cout, 0.0)?;
-        let norm = GroupNorm::new(w, b, cout, groups, 1e-5)?;
-        Ok(Block { conv, norm })
+        let norm_weight = ps.constant(format!("{name}.norm.weight"), cout, 1.0)?;
+        let norm_bias = ps.constant(format!("{name}.norm.bias"), cout, 0.0)?;
+        Ok(Block {
+            conv,
+            norm_weight,
+            norm_bias,
+            groups,
+        })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.conv.forward(x)?;
-        let y = candle_core::Module::forward(&self.norm, &y)?;
-        Ok(candle_nn::ops::leaky_relu(&y, 0.01)?)
+        Ok(ops::group_norm_leaky_relu(
+            &y,
+            &self.norm_weight,
+            &self.norm_bias,
+            self.groups,
+            1e-5,
+            0.01,
+        )?)
     }
 }
 

@@ -8,7 +8,8 @@
 //! - [`geometry`]: shapes and per-axis tap index maps;
 //! - [`columns`]: blocks of the column (im2col) matrix; [`blocks`]: block plan and workers;
 //! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops;
-//! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling.
+//! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling;
+//! - [`norm`]: group/instance norm fused with LeakyReLU.
 
 pub mod blocks;
 pub mod columns;
@@ -16,11 +17,13 @@ pub mod conv;
 pub mod generic;
 pub mod geometry;
 pub mod matmul;
+pub mod norm;
 pub mod pool3d;
 
 use candle_core::{bail, DType, Result, Tensor};
 
 pub use generic::{conv3d_generic, conv_transpose3d_generic};
+pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic};
 pub use pool3d::{avg_pool3d, max_pool3d_generic};
 
 use conv::{Conv3dForward, Conv3dGradInput};

@@ -1,0 +1,352 @@
+//! Group (or instance) normalization fused with LeakyReLU, with a hand-written backward.
+//!
+//! candle's composed GroupNorm + leaky_relu makes ~15 full-size temporaries forward and slow
+//! strided reductions backward. On the CPU this is one custom op: every (sample, group) slab is
+//! contiguous in NCDHW, so one rayon task per slab computes its statistics and writes its output
+//! (forward), or its input gradient and per-channel partial sums (backward). Each slab is
+//! reduced by one task in a fixed order and the per-sample partials of the parameter gradients
+//! are summed afterwards in sample order, so results do not depend on the thread count.
+//! Mean and inverse standard deviation are recomputed in backward instead of being stored.
+
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_nn::GroupNorm;
+use rayon::prelude::*;
+
+/// Sizes of one application: x is (N, C, spatial...) with `groups` groups of channels.
+#[derive(Clone, Copy, Debug)]
+struct NormGeom {
+    batch: usize,
+    channels: usize,
+    groups: usize,
+    /// Voxels per channel (D * H * W).
+    voxels: usize,
+}
+
+impl NormGeom {
+    fn new(x: &[usize], w: &[usize], b: &[usize], groups: usize) -> Result<Self> {
+        let &[batch, channels, d, h, wd] = x else {
+            bail!("group_norm_leaky_relu: expected x (N, C, D, H, W), got {x:?}")
+        };
+        if w != [channels] || b != [channels] {
+            bail!("group_norm_leaky_relu: weight {w:?} and bias {b:?} must be ({channels},)");
+        }
+        if groups == 0 || !channels.is_multiple_of(groups) {
+            bail!("group_norm_leaky_relu: {groups} groups must divide {channels} channels");
+        }
+        Ok(NormGeom {
+            batch,
+            channels,
+            groups,
+            voxels: d * h * wd,
+        })
+    }
+
+    fn channels_per_group(&self) -> usize {
+        self.channels / self.groups
+    }
+
+    /// Elements of one (sample, group) slab: the count M the statistics are taken over.
+    fn slab(&self) -> usize {
+        self.channels_per_group() * self.voxels
+    }
+
+    fn numel(&self) -> usize {
+        self.batch * self.channels * self.voxels
+    }
+}
+
+/// Mean and 1/sqrt(var + eps) of one slab, accumulated in f64.
+///
+/// Sums are taken about the slab's first value (shifted data) so a large common offset does
+/// not cancel catastrophically in E[x^2] - E[x]^2; eight fixed lanes let the compiler
+/// vectorize while keeping the summation order fixed.
+fn slab_stats(x: &[f32], eps: f64) -> (f32, f32) {
+    let Some(&first) = x.first() else {
+        return (0.0, 0.0);
+    };
+    let k = first as f64;
+    let (mut s, mut q) = ([0f64; 8], [0f64; 8]);
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            let v = c[l] as f64 - k;
+            s[l] += v;
+            q[l] += v * v;
+        }
+    }
+    let (mut sum, mut sq) = (s.iter().sum::<f64>(), q.iter().sum::<f64>());
+    for &v in tail {
+        let v = v as f64 - k;
+        sum += v;
+        sq += v * v;
+    }
+    let m = x.len() as f64;
+    let shifted_mean = sum / m;
+    let var = (sq / m - shifted_mean * shifted_mean).max(0.0);
+    ((k + shifted_mean) as f32, (1.0 / (var + eps).sqrt()) as f32)
+}
+
+/// Per-channel affine map of the normalized value: z = x * scale + shift.
+fn channel_affine(mean: f32, rstd: f32, w: f32, b: f32) -> (f32, f32) {
+    let scale = w * rstd;
+    (scale, b - mean * scale)
+}
+
+/// LeakyReLU derivative factor at pre-activation z (forward uses `z > 0` too).
+#[inline]
+fn act_slope(z: f32, slope: f32) -> f32 {
+    if z > 0.0 {
+        1.0
+    } else {
+        slope
+    }
+}
+
+fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    let CpuStorage::F32(data) = s else {
+        bail!("{what}: only f32 tensors are supported")
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => bail!("{what}: argument must be contiguous"),
+    }
+}
+
+/// Forward custom op on (x, weight, bias), all contiguous f32.
+struct GroupNormLeakyRelu {
+    groups: usize,
+    eps: f64,
+    slope: f32,
+}
+
+/// Backward custom op on (x, dy, [weight | bias]); output is the flat [dx | dweight | dbias].
+struct GroupNormLeakyReluGrad {
+    groups: usize,
+    eps: f64,
+    slope: f32,
+}
+
+impl CustomOp3 for GroupNormLeakyRelu {
+    fn name(&self) -> &'static str {
+        "group-norm-leaky-relu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let what = "group_norm_leaky_relu";
+        let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.groups)?;
+        let x = contiguous_f32(s1, l1, what)?;
+        let (w, b) = (contiguous_f32(s2, l2, what)?, contiguous_f32(s3, l3, what)?);
+        let (cg, slope) = (g.channels_per_group(), self.slope);
+        let mut y = vec![0f32; g.numel()];
+        if g.numel() > 0 {
+            y.par_chunks_mut(g.slab())
+                .zip(x.par_chunks(g.slab()))
+                .enumerate()
+                .for_each(|(i, (ys, xs))| {
+                    let (mean, rstd) = slab_stats(xs, self.eps);
+                    let c0 = (i % g.groups) * cg;
+                    let rows = ys.chunks_mut(g.voxels).zip(xs.chunks(g.voxels));
+                    for (c, (yc, xc)) in (c0..).zip(rows) {
+                        let (scale, shift) = channel_affine(mean, rstd, w[c], b[c]);
+                        for (o, &v) in yc.iter_mut().zip(xc) {
+                            let z = v * scale + shift;
+                            *o = z * act_slope(z, slope);
+                        }
+                    }
+                });
+        }
+        Ok((CpuStorage::F32(y), Shape::from(l1.dims())))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // The activation's branch is recomputed from x (same f32 formula as forward, so the
+        // same sign), which unlike `res` also works for a negative slope.
+        let c = w.elem_count();
+        let params = Tensor::cat(&[w, b], 0)?;
+        let grad = GroupNormLeakyReluGrad {
+            groups: self.groups,
+            eps: self.eps,
+            slope: self.slope,
+        };
+        let flat = x.apply_op3_no_bwd(&dy.contiguous()?, &params, &grad)?;
+        let n = x.elem_count();
+        let dx = flat.narrow(0, 0, n)?.reshape(x.shape())?;
+        let dw = flat.narrow(0, n, c)?;
+        let db = flat.narrow(0, n + c, c)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// Sums over one channel of dz and dz * xhat, in f64 with fixed lanes (see [`slab_stats`]).
+fn channel_grad_sums(
+    x: &[f32],
+    dy: &[f32],
+    (scale, shift): (f32, f32),
+    (mean, rstd): (f32, f32),
+    slope: f32,
+) -> (f64, f64) {
+    let (mut s, mut q) = ([0f64; 8], [0f64; 8]);
+    let term = |v: f32, d: f32| {
+        let dz = d * act_slope(v * scale + shift, slope);
+        (dz as f64, (dz * ((v - mean) * rstd)) as f64)
+    };
+    let (xc, dc) = (x.chunks_exact(8), dy.chunks_exact(8));
+    let (xt, dt) = (xc.remainder(), dc.remainder());
+    for (xv, dv) in xc.zip(dc) {
+        for l in 0..8 {
+            let (a, b) = term(xv[l], dv[l]);
+            s[l] += a;
+            q[l] += b;
+        }
+    }
+    let (mut sum, mut sum_x) = (s.iter().sum::<f64>(), q.iter().sum::<f64>());
+    for (&v, &d) in xt.iter().zip(dt) {
+        let (a, b) = term(v, d);
+        sum += a;
+        sum_x += b;
+    }
+    (sum, sum_x)
+}
+
+impl CustomOp3 for GroupNormLeakyReluGrad {
+    fn name(&self) -> &'static str {
+        "group-norm-leaky-relu-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let what = "group_norm_leaky_relu backward";
+        let c = l1.dims().get(1).copied().unwrap_or(0);
+        let g = NormGeom::new(l1.dims(), &[c], &[c], self.groups)?;
+        if l2.dims() != l1.dims() || l3.dims() != [2 * c] {
+            bail!(
+                "{what}: dy {:?} / params {:?} do not match x",
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        let x = contiguous_f32(s1, l1, what)?;
+        let dy = contiguous_f32(s2, l2, what)?;
+        let (w, b) = contiguous_f32(s3, l3, what)?.split_at(c);
+        let (cg, slope, n) = (g.channels_per_group(), self.slope, g.numel());
+        let mut out = vec![0f32; n + 2 * c];
+        // Per (sample, channel) partial sums of dz and dz * xhat: the bias and weight gradients.
+        let mut partials = vec![(0f64, 0f64); g.batch * c];
+        if n > 0 {
+            let m = g.slab() as f64;
+            out[..n]
+                .par_chunks_mut(g.slab())
+                .zip(x.par_chunks(g.slab()).zip(dy.par_chunks(g.slab())))
+                .zip(partials.par_chunks_mut(cg))
+                .enumerate()
+                .for_each(|(i, ((dxs, (xs, dys)), part))| {
+                    let (mean, rstd) = slab_stats(xs, self.eps);
+                    let c0 = (i % g.groups) * cg;
+                    let affine = |c: usize| channel_affine(mean, rstd, w[c], b[c]);
+                    let rows = || xs.chunks(g.voxels).zip(dys.chunks(g.voxels));
+                    // Group sums of dxhat = w * dz and of dxhat * xhat.
+                    let (mut a, mut bsum) = (0f64, 0f64);
+                    for ((c, (xc, dc)), p) in (c0..).zip(rows()).zip(part.iter_mut()) {
+                        *p = channel_grad_sums(xc, dc, affine(c), (mean, rstd), slope);
+                        a += w[c] as f64 * p.0;
+                        bsum += w[c] as f64 * p.1;
+                    }
+                    let (a, bsum) = ((a / m) as f32, (bsum / m) as f32);
+                    // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+                    let out_rows = dxs.chunks_mut(g.voxels);
+                    for (c, (o, (xc, dc))) in (c0..).zip(out_rows.zip(rows())) {
+                        let (scale, shift) = affine(c);
+                        for ((o, &v), &d) in o.iter_mut().zip(xc).zip(dc) {
+                            let dxhat = w[c] * d * act_slope(v * scale + shift, slope);
+                            let xhat = (v - mean) * rstd;
+                            *o = rstd * (dxhat - a - xhat * bsum);
+                        }
+                    }
+                });
+        }
+        // Parameter gradients: sum the per-sample partials in sample order (deterministic).
+        for ch in 0..c {
+            let (mut db, mut dw) = (0f64, 0f64);
+            for s in 0..g.batch {
+                let (pb, pw) = partials[s * c + ch];
+                db += pb;
+                dw += pw;
+            }
+            out[n + ch] = dw as f32;
+            out[n + c + ch] = db as f32;
+        }
+        Ok((CpuStorage::F32(out), Shape::from(vec![n + 2 * c])))
+    }
+}
+
+/// y = LeakyReLU(slope)( (x - mean_g) / sqrt(var_g + eps) * weight[c] + bias[c] ), statistics
+/// over each (sample, group of channels) across the group's channels and all voxels (biased
+/// variance, as PyTorch GroupNorm / InstanceNorm). x: (N, C, D, H, W) f32 contiguous or not;
+/// weight, bias: (C,). groups == C is InstanceNorm. slope 0.01 in the U-Net; slope 1.0 means
+/// no activation.
+pub fn group_norm_leaky_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    groups: usize,
+    eps: f64,
+    slope: f64,
+) -> Result<Tensor> {
+    let cpu_f32 = [x, weight, bias]
+        .iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == DType::F32);
+    if !cpu_f32 {
+        return group_norm_leaky_relu_generic(x, weight, bias, groups, eps, slope);
+    }
+    NormGeom::new(x.dims(), weight.dims(), bias.dims(), groups)?;
+    let op = GroupNormLeakyRelu {
+        groups,
+        eps,
+        slope: slope as f32,
+    };
+    x.contiguous()?
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+}
+
+/// The same function composed from candle's built-in ops (any device): candle_nn's GroupNorm,
+/// then LeakyReLU as max(z, 0) + slope * min(z, 0).
+pub fn group_norm_leaky_relu_generic(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    groups: usize,
+    eps: f64,
+    slope: f64,
+) -> Result<Tensor> {
+    let g = NormGeom::new(x.dims(), weight.dims(), bias.dims(), groups)?;
+    let norm = GroupNorm::new(weight.clone(), bias.clone(), g.channels, groups, eps)?;
+    let z = candle_core::Module::forward(&norm, x)?;
+    if slope == 1.0 {
+        return Ok(z);
+    }
+    let zeros = z.zeros_like()?;
+    z.maximum(&zeros)? + (z.minimum(&zeros)? * slope)?
+}
