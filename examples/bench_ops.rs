@@ -1,10 +1,12 @@
 //! 3D op benchmark: median forward + backward time of the CPU fast paths against the generic
 //! (built-in candle ops) fallbacks on the trainer's level-1 shapes.
 //!
-//!   cargo run --release --example bench_ops [-- fast|generic] [-- --runs N]
+//!   cargo run --release --example bench_ops [-- fast|generic] [-- norm] [-- --runs N]
 //!
 //! Each case times `out = op(x, w); out.sum_all().backward()` with x and w as variables, after
-//! one untimed warm-up; `fast` or `generic` runs one side only (for peak-RSS measurements).
+//! one untimed warm-up; `fast` or `generic` runs one side only (for peak-RSS measurements);
+//! `norm` runs only the fused instance norm + LeakyReLU cases (x, weight and bias variables).
+//! Run with `CANDLE_NUM_THREADS=1`: candle's own elementwise pool spins badly on few cores.
 
 use std::time::Instant;
 
@@ -46,6 +48,58 @@ fn time(op: Op, x: &Var, w: &Var, runs: usize) -> Result<f64> {
     }
     ms.sort_by(f64::total_cmp);
     Ok(ms[ms.len() / 2])
+}
+
+type NormOp = fn(&Tensor, &Tensor, &Tensor, usize, f64, f64) -> Result<Tensor>;
+
+/// Median milliseconds of forward + backward of instance norm + LeakyReLU(0.01).
+fn time_norm(op: NormOp, x: &Var, w: &Var, b: &Var, runs: usize) -> Result<f64> {
+    let groups = x.dims()[1];
+    let step = || -> Result<()> {
+        let out = op(
+            x.as_tensor(),
+            w.as_tensor(),
+            b.as_tensor(),
+            groups,
+            1e-5,
+            0.01,
+        )?;
+        let grads = out.sum_all()?.backward()?;
+        assert!(grads.get(x.as_tensor()).is_some() && grads.get(w.as_tensor()).is_some());
+        Ok(())
+    };
+    step()?;
+    let mut ms = vec![];
+    for _ in 0..runs {
+        let t = Instant::now();
+        step()?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
+
+/// Fused norm + activation against candle's GroupNorm + leaky_relu composition.
+fn norm_cases(rng: &mut Rng, only: Option<&str>, runs: usize) -> Result<()> {
+    for dims in [[2, 16, 16, 48, 48], [2, 32, 32, 64, 64]] {
+        let x = random_var(rng, &dims)?;
+        let w = random_var(rng, &dims[1..2])?;
+        let b = random_var(rng, &dims[1..2])?;
+        let f = match only {
+            Some("generic") => f64::NAN,
+            _ => time_norm(ops::group_norm_leaky_relu, &x, &w, &b, runs)?,
+        };
+        let g = match only {
+            Some("fast") => f64::NAN,
+            _ => time_norm(ops::group_norm_leaky_relu_generic, &x, &w, &b, runs)?,
+        };
+        let name = format!("instnorm+lrelu {dims:?}");
+        println!(
+            "{name:<42} fast {f:>9.1} ms   generic {g:>9.1} ms   speed-up {:>5.1}x",
+            g / f
+        );
+    }
+    Ok(())
 }
 
 /// CPU time (user + system) of this process in milliseconds, from /proc (Linux; NaN elsewhere).
@@ -120,7 +174,14 @@ fn main() -> Result<()> {
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(5);
     let mut rng = Rng::new(7);
-    println!("threads: {}, runs: {runs}", rayon::current_num_threads());
+    println!(
+        "threads: {}, runs: {runs}, CANDLE_NUM_THREADS={}",
+        rayon::current_num_threads(),
+        std::env::var("CANDLE_NUM_THREADS").unwrap_or_else(|_| "unset".into())
+    );
+    if args.iter().any(|a| a == "norm") {
+        return norm_cases(&mut rng, only.as_deref(), runs);
+    }
     let cases = [
         Case {
             name: "conv3d 2x32x32x64x64 3^3 32->32",
@@ -181,6 +242,7 @@ fn main() -> Result<()> {
             g / f
         );
     }
+    norm_cases(&mut rng, only.as_deref(), runs)?;
     if only.as_deref() != Some("generic") {
         passes(
             &mut rng,
