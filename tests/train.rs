@@ -61,6 +61,7 @@ fn tiny() -> TrainConfig {
         norm: Norm::Group(2),
         lr: 3e-3,
         val_every: 0,
+        val_fraction: 0.0,
         checkpoint_every: 4,
         keep_last: 2,
         log_every: 2,

@@ -73,6 +73,9 @@ struct Cli {
     /// Turn data augmentation off.
     #[arg(long)]
     no_augment: bool,
+    /// Share of cases held out for validation (0 = none).
+    #[arg(long)]
+    val_fraction: Option<f64>,
     #[arg(long)]
     val_every: Option<u64>,
     #[arg(long)]
