@@ -120,6 +120,7 @@ fn config_from(cli: &Cli) -> Result<TrainConfig> {
         fg_fraction,
         base_channels,
         stages,
+        val_fraction,
         val_every,
         checkpoint_every,
         log_every,
@@ -159,6 +160,28 @@ fn config_from(cli: &Cli) -> Result<TrainConfig> {
     Ok(c)
 }
 
+/// `runs/NAME`, `runs/NAME-2`, ...: a new run takes the first free folder, `--resume` the
+/// newest existing one, so running the README command twice starts a second run instead of
+/// failing or overwriting the first.
+fn default_run_dir(root: &std::path::Path, name: &str, resume: bool) -> PathBuf {
+    let candidate = |i: usize| {
+        if i == 1 {
+            root.join(name)
+        } else {
+            root.join(format!("{name}-{i}"))
+        }
+    };
+    let mut i = 1;
+    while candidate(i).exists() {
+        i += 1;
+    }
+    if resume && i > 1 {
+        candidate(i - 1)
+    } else {
+        candidate(i)
+    }
+}
+
 fn main() -> ExitCode {
     voxcache::train::device::default_cpu_threads();
     let cli = Cli::parse();
@@ -190,7 +213,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                     .map(|s| s.to_string())
                     .unwrap_or_else(|| "run".into()),
             };
-            PathBuf::from("runs").join(name)
+            default_run_dir(&PathBuf::from("runs"), &name, cli.resume)
         }
     };
 

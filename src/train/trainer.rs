@@ -207,6 +207,38 @@ struct RunIdentity {
     split: Split,
 }
 
+/// "key: was X, now Y" for each differing part of two run identities.
+fn identity_differences(old: &RunIdentity, new: &RunIdentity) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut diff = |key: &str, a: String, b: String| {
+        if a != b {
+            out.push(format!("{key} was {a}, now {b}"));
+        }
+    };
+    diff("dataset", old.dataset.clone(), new.dataset.clone());
+    diff(
+        "classes",
+        old.num_classes.to_string(),
+        new.num_classes.to_string(),
+    );
+    let empty = serde_json::Map::new();
+    let (a, b) = (
+        old.config.as_object().unwrap_or(&empty),
+        new.config.as_object().unwrap_or(&empty),
+    );
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for k in keys {
+        let show = |v: Option<&serde_json::Value>| v.map_or("unset".to_string(), |v| v.to_string());
+        diff(k, show(a.get(k)), show(b.get(k)));
+    }
+    if old.split != new.split {
+        out.push("the train/validation split differs".into());
+    }
+    out
+}
+
 fn prepare_run_dir(opts: &RunOptions, identity: &RunIdentity) -> Result<()> {
     let dir = &opts.run_dir;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -217,11 +249,9 @@ fn prepare_run_dir(opts: &RunOptions, identity: &RunIdentity) -> Result<()> {
                 .map_err(|e| Error::Train(format!("{}: {e}", path.display())))?;
             if old != *identity {
                 return Err(Error::Train(format!(
-                    "{}: --resume with settings that differ from the run's (dataset, classes, split or a weight-shaping option); \
-                     resume with the original options or start a new --out.\n  run:  {}\n  now:  {}",
+                    "{}: --resume with settings that differ from the run's: {}; resume with the run's options or start a new --out",
                     path.display(),
-                    serde_json::to_string(&old).unwrap_or_default(),
-                    serde_json::to_string(identity).unwrap_or_default()
+                    identity_differences(&old, identity).join(", ")
                 )));
             }
             return Ok(());

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Cross-check voxcache's candle U-Net against PyTorch on the same weights and input.
+
+Usage:
+
+    cargo run --release --example export_forward -- /tmp/xc 16,48,48 8 4 2 > /tmp/xc/config.json
+    python scripts/torch_crosscheck.py /tmp/xc            # reads /tmp/xc/config.json
+
+(or pass the JSON line with --config). The example writes weights.safetensors (every parameter
+by voxcache's name) and io.safetensors (input, labels, logits, loss, grad/<name>); this script
+builds the PyTorch U-Net of scripts/torch_unet_step.py with the same shape, loads the weights
+through an explicit name map, runs forward + the same Dice + CE loss + backward, and compares
+logits, loss and gradients. It exits 1 when the logits differ by more than --tol (relative to
+max |logit|) or any gradient by more than --tol (relative to that gradient's max |value|).
+Needs torch and numpy only (safetensors is read by hand).
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_unet_step import UNet, dice_ce  # noqa: E402
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "U32": np.uint32, "U8": np.uint8,
+          "I64": np.int64, "F16": np.float16}
+
+
+def read_safetensors(path):
+    """Tiny reader: u64 LE header length, JSON header, raw little-endian data."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        arr = np.frombuffer(data[a:b], dtype=np.dtype(DTYPES[meta["dtype"]]).newbyteorder("<"))
+        out[name] = torch.from_numpy(arr.reshape(meta["shape"]).copy())
+    return out
+
+
+def name_map(depth):
+    """voxcache parameter name -> PyTorch state_dict key.
+
+    voxcache: enc{s}.{b}.conv|norm.{weight,bias}, dec{s}.up.{weight,bias}, dec{s}.{b}.conv|norm,
+    head. PyTorch (torch_unet_step.UNet): enc.{s}.{b}.0 (conv) / .1 (norm); up/dec ModuleLists
+    run from the deepest decoder stage, so voxcache's dec{s} is index depth - 2 - s there.
+    """
+    m = {}
+    parts = ("weight", "bias")
+    for s in range(depth):
+        for b in (0, 1):
+            for p in parts:
+                m[f"enc{s}.{b}.conv.{p}"] = f"enc.{s}.{b}.0.{p}"
+                m[f"enc{s}.{b}.norm.{p}"] = f"enc.{s}.{b}.1.{p}"
+    for s in range(depth - 1):
+        i = depth - 2 - s
+        for p in parts:
+            m[f"dec{s}.up.{p}"] = f"up.{i}.{p}"
+            for b in (0, 1):
+                m[f"dec{s}.{b}.conv.{p}"] = f"dec.{i}.{b}.0.{p}"
+                m[f"dec{s}.{b}.norm.{p}"] = f"dec.{i}.{b}.1.{p}"
+    for p in parts:
+        m[f"head.{p}"] = f"head.{p}"
+    return m
+
+
+def load_weights(net, ours, depth):
+    mapping = name_map(depth)
+    sd = net.state_dict()
+    errors = []
+    missing_ours = sorted(set(mapping) - set(ours))
+    extra_ours = sorted(set(ours) - set(mapping))
+    unmapped_torch = sorted(set(sd) - set(mapping.values()))
+    if missing_ours:
+        errors.append(f"voxcache export lacks {missing_ours}")
+    if extra_ours:
+        errors.append(f"voxcache parameters with no PyTorch counterpart: {extra_ours}")
+    if unmapped_torch:
+        errors.append(f"PyTorch parameters nobody maps to: {unmapped_torch}")
+    new = {}
+    for ours_name, torch_name in mapping.items():
+        if ours_name not in ours:
+            continue
+        if torch_name not in sd:
+            errors.append(f"{ours_name} maps to {torch_name}, which PyTorch does not have")
+            continue
+        if tuple(ours[ours_name].shape) != tuple(sd[torch_name].shape):
+            errors.append(f"{ours_name} {tuple(ours[ours_name].shape)} vs {torch_name} "
+                          f"{tuple(sd[torch_name].shape)}")
+            continue
+        new[torch_name] = ours[ours_name].to(sd[torch_name].dtype)
+    if errors:
+        sys.exit("weight mapping failed:\n  " + "\n  ".join(errors))
+    net.load_state_dict(new, strict=True)
+    return mapping
+
+
+def diff(ours, ref, scale=None):
+    """(max abs difference, relative to `scale` (default max |ref|), scale)."""
+    d = (ours.double() - ref.double()).abs().max().item()
+    scale = ref.double().abs().max().item() if scale is None else scale
+    return d, d / max(scale, 1e-30), scale
+
+
+def reference(cfg, ours_w, io, dtype):
+    """PyTorch forward + loss + backward in `dtype`: (logits, loss, {torch name: grad}, map)."""
+    strides = [list(s) for s in cfg["strides"]]
+    net = UNet(cfg["num_classes"], cfg["base_channels"], cfg["max_channels"], strides)
+    n_torch = sum(p.numel() for p in net.parameters())
+    if n_torch != cfg["params"]:
+        sys.exit(f"parameter count differs: PyTorch {n_torch}, voxcache {cfg['params']}")
+    mapping = load_weights(net, ours_w, len(strides) + 1)
+    net = net.to(dtype)
+    onehot = F.one_hot(io["labels"].long(), cfg["num_classes"]).permute(0, 4, 1, 2, 3)
+    logits = net(io["input"].to(dtype))
+    loss = dice_ce(logits, onehot.to(dtype))
+    loss.backward()
+    grads = {n: p.grad for n, p in net.named_parameters()}
+    return logits.detach(), loss.item(), grads, mapping
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir", help="folder written by examples/export_forward.rs")
+    ap.add_argument("--config", help="the example's JSON line (default: DIR/config.json)")
+    ap.add_argument("--tol", type=float, default=1e-3)
+    ap.add_argument("--slack", type=float, default=3.0,
+                    help="a gradient over --tol still passes within this factor of PyTorch "
+                         "float32's own difference from float64")
+    ap.add_argument("--show", type=int, default=6, help="gradient rows shown (worst first)")
+    a = ap.parse_args()
+    cfg = json.loads(a.config if a.config else open(os.path.join(a.dir, "config.json")).read())
+    if cfg["norm"] != "instance" or cfg["upsampling"] != "transpose":
+        sys.exit(f"torch_unet_step.UNet has instance norm and transposed-conv up only, "
+                 f"got {cfg['norm']} / {cfg['upsampling']}")
+    torch.manual_seed(0)
+    ours_w = read_safetensors(os.path.join(a.dir, "weights.safetensors"))
+    io = read_safetensors(os.path.join(a.dir, "io.safetensors"))
+
+    # The reference runs in float64, so the differences measure float32 error (ours) alone;
+    # PyTorch's own float32 run gives the error a correct float32 implementation has.
+    logits, loss, grads, mapping = reference(cfg, ours_w, io, torch.float64)
+    logits32, loss32, grads32, _ = reference(cfg, ours_w, io, torch.float32)
+
+    print(f"patch {cfg['patch_zyx']} base {cfg['base_channels']} stages {cfg['stages']} "
+          f"classes {cfg['num_classes']} strides {cfg['strides']} params {cfg['params']}")
+    head = f"{'vs PyTorch float64':<26} {'max|ref|':>9} {'ours abs':>10} {'ours rel':>9} " \
+           f"{'torch32 rel':>11}"
+    print(head)
+    failed = False
+    ab, rel, sc = diff(io["logits"], logits)
+    rel32 = diff(logits32, logits)[1]
+    print(f"{'logits':<26} {sc:>9.4g} {ab:>10.2e} {rel:>9.2e} {rel32:>11.2e}")
+    failed |= rel > a.tol
+    ab_l = abs(io["loss"].double().item() - loss)
+    print(f"{'loss':<26} {loss:>9.6g} {ab_l:>10.2e} {ab_l / abs(loss):>9.2e} "
+          f"{abs(loss32 - loss) / abs(loss):>11.2e}")
+    failed |= ab_l / abs(loss) > a.tol
+
+    rows = []
+    for ours_name, torch_name in mapping.items():
+        g = io.get(f"grad/{ours_name}")
+        if g is None:
+            sys.exit(f"io.safetensors has no grad/{ours_name}")
+        scale = None
+        if ours_name.endswith("conv.bias"):
+            # A conv bias ahead of an instance norm has zero gradient exactly (the norm
+            # subtracts the mean); judge its float noise against the conv weight's gradient.
+            scale = grads[mapping[ours_name[:-4] + "weight"]].abs().max().item()
+        ab, rel, sc = diff(g, grads[torch_name], scale)
+        rel32 = diff(grads32[torch_name], grads[torch_name], scale)[1]
+        ok = rel <= a.tol or rel <= a.slack * rel32
+        rows.append((ours_name, sc, ab, rel, rel32, ok))
+    rows.sort(key=lambda r: (r[5], -r[3]))
+    picks = {"enc0.0.conv.weight", "enc1.0.norm.weight", "dec0.up.weight", "head.weight"}
+    shown = rows[:a.show] + [r for r in rows[a.show:] if r[0] in picks]
+    for name, sc, ab, rel, rel32, ok in shown:
+        mark = "" if ok else "  <- FAIL"
+        print(f"{'grad ' + name:<26} {sc:>9.3g} {ab:>10.2e} {rel:>9.2e} {rel32:>11.2e}{mark}")
+    bad = [r for r in rows if not r[5]]
+    worst = max(rows, key=lambda r: r[3])
+    over = [r[3] / max(r[4], 1e-30) for r in rows if r[3] > a.tol]
+    ratio = max(over, default=0.0)
+    print(f"gradients: {len(rows)} tensors, worst relative {worst[3]:.2e} ({worst[0]}; PyTorch "
+          f"float32 {worst[4]:.2e}), worst ours/torch32 ratio over --tol {ratio:.2f}, {len(bad)} failing")
+    failed |= bool(bad)
+    print("FAIL" if failed else "OK", f"(logits/loss within {a.tol:g} relative; each gradient "
+          f"within {a.tol:g} or {a.slack:g}x PyTorch float32's own error)")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
