@@ -6,6 +6,8 @@
 #    same Dice + CE loss on random data, batch 2, patch 32x64x64 (z,y,x), in voxcache
 #    (examples/bench_train_step.rs, candle on the CPU) and in PyTorch on the CPU
 #    (scripts/torch_unet_step.py). Same thread count for both.
+#    Before the timing, scripts/torch_crosscheck.py checks that both compute the same thing: the
+#    same weights and input give the same logits, loss and gradients (it stops the script if not).
 # 2. A whole `train` run on a cache of the bundled data: peak RSS (/usr/bin/time -v), the
 #    fraction of time spent waiting for data, patches/s (from the run's metrics.jsonl).
 #
@@ -39,8 +41,14 @@ if [[ -z "${TORCH_PYTHON:-}" ]]; then
 fi
 
 step "building (release)"
-(cd "$REPO" && cargo build --release -q --example bench_train_step --bin train --bin prep)
+(cd "$REPO" && cargo build --release -q --example bench_train_step --example export_forward --bin train --bin prep)
 BIN="$REPO/target/release"
+
+step "cross-check: same weights and input in PyTorch (scripts/torch_crosscheck.py)"
+xc="$BENCH_DIR/crosscheck"
+mkdir -p "$xc"
+"$BIN/examples/export_forward" "$xc" "$PATCH" "$BASE" "$STAGES" 2 > "$xc/config.json"
+"$TORCH_PYTHON" "$REPO/scripts/torch_crosscheck.py" "$xc" --show 4
 
 step "step time: batch 2, patch $PATCH, base $BASE, $STAGES stages, $THREADS threads, $ROUNDS rounds of $STEPS steps"
 results="$BENCH_DIR/train_steps.jsonl"
