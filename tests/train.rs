@@ -352,3 +352,36 @@ fn bad_input_gets_a_clear_error() {
     let e = train_error(&["--cache-dir", other.to_str().unwrap()]);
     assert!(e.contains("format version 99"), "{e}");
 }
+
+#[test]
+fn ctrl_c_writes_a_checkpoint_and_exits_130() {
+    let t = tempfile::tempdir().unwrap();
+    let run_dir = t.path().join("run");
+    let mut child = train_cmd(&run_dir, &["--steps", "400", "--checkpoint-every", "4"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !run_dir.join("checkpoints/step-00000004").is_dir() {
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    let step: u64 = err
+        .split("interrupted: checkpoint of step ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no interruption line in {err}"));
+    assert!((4..400).contains(&step), "{err}");
+    let dir = run_dir.join(format!("checkpoints/step-{step:08}"));
+    assert!(dir.join("model.safetensors").is_file(), "{err}");
+    assert!(dir.join("state.json").is_file());
+}

@@ -64,6 +64,9 @@ pub struct TrainConfig {
     pub workers: usize,
     pub queue_depth: usize,
     pub seed: u64,
+    /// Sampling weight of named training cases (default 1 each: every case is equally likely,
+    /// whatever its size, as nnU-Net). 0 leaves a case out of training.
+    pub case_weights: std::collections::BTreeMap<String, f64>,
 }
 
 impl Default for TrainConfig {
@@ -96,6 +99,7 @@ impl Default for TrainConfig {
             workers: 2,
             queue_depth: 4,
             seed: 1234,
+            case_weights: Default::default(),
         }
     }
 }

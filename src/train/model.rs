@@ -207,7 +207,7 @@ impl Conv {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = ops::conv3d(x, &self.weight, self.padding, self.stride)?;
-        Ok(y.broadcast_add(&self.bias.reshape((1, (), 1, 1, 1))?)?)
+        Ok(ops::add_channel_bias(&y, &self.bias)?)
     }
 }
 
@@ -284,7 +284,7 @@ impl Up {
                 stride,
             } => {
                 let y = ops::conv_transpose3d(x, weight, *stride)?;
-                Ok(y.broadcast_add(&bias.reshape((1, (), 1, 1, 1))?)?)
+                Ok(ops::add_channel_bias(&y, bias)?)
             }
             Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?),
         }

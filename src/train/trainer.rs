@@ -105,6 +105,8 @@ struct Data {
     train: Vec<(String, EntryReader)>,
     val: Vec<(String, EntryReader)>,
     num_classes: usize,
+    /// Cases skipped for having no label.
+    unlabelled: Vec<String>,
 }
 
 fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
@@ -136,33 +138,55 @@ fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
             format!("dataset {dataset:?} has no cases"),
         ));
     }
-    let ids: Vec<String> = cases.iter().map(|c| c.case_id.clone()).collect();
-    let split = split_cases(&ids, cfg.val_fraction, cfg.seed);
+    // Cases without a label (test cases) are skipped; they cannot be trained or validated on.
     let mut num_classes = 2usize;
-    let mut open = |list: &[String]| -> Result<Vec<(String, EntryReader)>> {
-        list.iter()
-            .map(|id| {
-                let e = reader.open_entry(&dataset, id)?;
-                if e.label_dtype().is_none() {
-                    return Err(Error::cache(
-                        e.dir(),
-                        format!("case {id} has no label: training needs labelled cases"),
-                    ));
-                }
-                if let Some(&max) = e.classes().iter().max() {
-                    num_classes = num_classes.max(max as usize + 1);
-                }
-                Ok((id.clone(), e))
-            })
-            .collect()
-    };
-    let train = open(&split.train)?;
-    let val = open(&split.val)?;
+    let mut labelled: Vec<(String, EntryReader)> = Vec::with_capacity(cases.len());
+    let mut unlabelled = Vec::new();
+    for c in &cases {
+        let e = reader.open_entry(&dataset, &c.case_id)?;
+        if e.label_dtype().is_none() {
+            unlabelled.push(c.case_id.clone());
+            continue;
+        }
+        if let Some(&max) = e.classes().iter().max() {
+            num_classes = num_classes.max(max as usize + 1);
+        }
+        labelled.push((c.case_id.clone(), e));
+    }
+    if labelled.is_empty() {
+        return Err(Error::cache(
+            cache_dir,
+            format!("dataset {dataset:?}: none of its {} cases has a label; training needs labelled cases", cases.len()),
+        ));
+    }
+    for (id, w) in &cfg.case_weights {
+        if !labelled.iter().any(|(c, _)| c == id) {
+            return Err(Error::Config(format!(
+                "case_weights: {id:?} is not a labelled case of dataset {dataset:?}"
+            )));
+        }
+        if !(w.is_finite() && *w >= 0.0) {
+            return Err(Error::Config(format!(
+                "case_weights: {id:?} has weight {w}; weights must be finite and >= 0"
+            )));
+        }
+    }
+    let ids: Vec<String> = labelled.iter().map(|c| c.0.clone()).collect();
+    let split = split_cases(&ids, cfg.val_fraction, cfg.seed);
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for (id, e) in labelled {
+        if split.val.contains(&id) {
+            val.push((id, e));
+        } else {
+            train.push((id, e));
+        }
+    }
     Ok(Data {
         dataset,
         train,
         val,
         num_classes,
+        unlabelled,
     })
 }
 
@@ -348,9 +372,14 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
 
     let accumulate = cfg.accumulate as u64;
     let train_entries: Vec<EntryReader> = data.train.iter().map(|c| c.1.clone()).collect();
+    let weights: Vec<f64> = data
+        .train
+        .iter()
+        .map(|(id, _)| cfg.case_weights.get(id).copied().unwrap_or(1.0))
+        .collect();
     let sampler = Sampler::new(
         &train_entries,
-        vec![1.0; train_entries.len()],
+        weights,
         SamplerConfig {
             patch_zyx: cfg.patch,
             batch_size: cfg.batch_size,
@@ -388,6 +417,16 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     } else {
         ProgressBar::hidden()
     };
+    if !data.unlabelled.is_empty() {
+        say(
+            &bar,
+            format!(
+                "{} case(s) without a label skipped: {}",
+                data.unlabelled.len(),
+                data.unlabelled.join(", ")
+            ),
+        );
+    }
     if start_step > 0 {
         say(&bar, format!("resumed from step {start_step}"));
     }

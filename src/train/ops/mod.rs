@@ -9,8 +9,9 @@
 //! - [`columns`]: blocks of the column (im2col) matrix; [`blocks`]: block plan and workers;
 //! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops;
 //! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling;
-//! - [`norm`]: group/instance norm fused with LeakyReLU.
+//! - [`norm`]: group/instance norm fused with LeakyReLU; [`bias`]: per-channel bias add.
 
+pub mod bias;
 pub mod blocks;
 pub mod columns;
 pub mod conv;
@@ -22,6 +23,7 @@ pub mod pool3d;
 
 use candle_core::{bail, DType, Result, Tensor};
 
+pub use bias::add_channel_bias;
 pub use generic::{conv3d_generic, conv_transpose3d_generic};
 pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic};
 pub use pool3d::{avg_pool3d, max_pool3d_generic};

@@ -103,7 +103,7 @@ fn act_slope(z: f32, slope: f32) -> f32 {
     }
 }
 
-fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+pub(crate) fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
     let CpuStorage::F32(data) = s else {
         bail!("{what}: only f32 tensors are supported")
     };

@@ -1,0 +1,136 @@
+//! Per-channel bias add with a fast gradient.
+//!
+//! `x.broadcast_add(bias.reshape((1, C, 1, 1, 1)))` is correct everywhere, but on the CPU its
+//! backward sums the gradient over dims (0, 2, 3, 4) with candle's generic strided reduction,
+//! which `perf` showed at 14-20% of a U-Net training step. Here the bias gradient is one
+//! sequential pass per (sample, channel) row, in a fixed order (deterministic).
+
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+use super::norm::contiguous_f32;
+
+/// y = x + bias[c] for x (N, C, ...) and bias (C,).
+pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    if x.rank() < 2 || bias.dims() != [x.dim(1)?] {
+        bail!(
+            "add_channel_bias: x {:?} and bias {:?} do not fit (N, C, ...) and (C,)",
+            x.dims(),
+            bias.dims()
+        );
+    }
+    if x.device().is_cpu() && x.dtype() == candle_core::DType::F32 && bias.dtype() == x.dtype() {
+        x.contiguous()?
+            .apply_op2(&bias.contiguous()?, AddChannelBias)
+    } else {
+        let mut shape = vec![1; x.rank()];
+        shape[1] = x.dim(1)?;
+        x.broadcast_add(&bias.reshape(shape)?)
+    }
+}
+
+struct AddChannelBias;
+
+/// (N, C, ...) -> (C,): the sum of each channel over samples and voxels.
+struct ChannelSum;
+
+fn rows(dims: &[usize]) -> (usize, usize, usize) {
+    let (n, c) = (dims[0], dims[1]);
+    (n, c, dims[2..].iter().product())
+}
+
+impl CustomOp2 for AddChannelBias {
+    fn name(&self) -> &'static str {
+        "add-channel-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = contiguous_f32(s1, l1, self.name())?;
+        let b = contiguous_f32(s2, l2, self.name())?;
+        let (_, c, v) = rows(l1.dims());
+        let mut y = x.to_vec();
+        if v > 0 {
+            for (i, row) in y.chunks_mut(v).enumerate() {
+                let bc = b[i % c];
+                row.iter_mut().for_each(|e| *e += bc);
+            }
+        }
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _bias: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let gb = grad.contiguous()?.apply_op1_no_bwd(&ChannelSum)?;
+        Ok((Some(grad.clone()), Some(gb)))
+    }
+}
+
+impl CustomOp1 for ChannelSum {
+    fn name(&self) -> &'static str {
+        "channel-sum"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = contiguous_f32(s, l, self.name())?;
+        let (_, c, v) = rows(l.dims());
+        let mut acc = vec![0f64; c];
+        if v > 0 {
+            for (i, row) in g.chunks(v).enumerate() {
+                acc[i % c] += row.iter().map(|&e| e as f64).sum::<f64>();
+            }
+        }
+        let out = acc.into_iter().map(|a| a as f32).collect();
+        Ok((CpuStorage::F32(out), Shape::from(c)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn matches_broadcast_add_forward_and_backward() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(
+            &Tensor::arange(0f32, 2.0 * 3.0 * 20.0, &dev)?.reshape((2, 3, 4, 5, 1))?,
+        )?;
+        let b = Var::from_tensor(&Tensor::new(&[0.5f32, -1.0, 2.0], &dev)?)?;
+        let r = Tensor::arange(0f32, 120.0, &dev)?
+            .reshape((2, 3, 4, 5, 1))?
+            .cos()?;
+        let fast = add_channel_bias(x.as_tensor(), b.as_tensor())?;
+        let slow = x
+            .as_tensor()
+            .broadcast_add(&b.as_tensor().reshape((1, 3, 1, 1, 1))?)?;
+        let diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
+            a.sub(b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()
+        };
+        assert_eq!(diff(&fast, &slow)?, 0.0);
+        let gf = (fast * &r)?.sum_all()?.backward()?;
+        let gs = (slow * &r)?.sum_all()?.backward()?;
+        for v in [&x, &b] {
+            let (a, s) = (
+                gf.get(v.as_tensor()).unwrap(),
+                gs.get(v.as_tensor()).unwrap(),
+            );
+            assert!(diff(a, s)? < 1e-4, "{a} {s}");
+        }
+        assert!(add_channel_bias(
+            x.as_tensor(),
+            &Tensor::zeros(4, candle_core::DType::F32, &dev)?
+        )
+        .is_err());
+        Ok(())
+    }
+}
