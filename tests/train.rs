@@ -265,11 +265,7 @@ fn train_cmd(run_dir: &Path, extra: &[&str]) -> Command {
             "3",
             "--norm",
             "group:2",
-            "--steps",
-            "16",
-            "--checkpoint-every",
-            "2",
-            "--val-every",
+            "--val-fraction",
             "0",
             "--no-progress",
         ])
@@ -281,7 +277,8 @@ fn train_cmd(run_dir: &Path, extra: &[&str]) -> Command {
 fn sigkill_and_resume_gives_the_uninterrupted_weights() {
     let t = tempfile::tempdir().unwrap();
     let full = t.path().join("full");
-    let out = train_cmd(&full, &[]).output().unwrap();
+    const SHORT: [&str; 4] = ["--steps", "16", "--checkpoint-every", "2"];
+    let out = train_cmd(&full, &SHORT).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -289,7 +286,7 @@ fn sigkill_and_resume_gives_the_uninterrupted_weights() {
     );
 
     let killed = t.path().join("killed");
-    let mut child = train_cmd(&killed, &[]).spawn().unwrap();
+    let mut child = train_cmd(&killed, &SHORT).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while !killed.join("checkpoints/step-00000006").is_dir() {
         assert!(Instant::now() < deadline, "no checkpoint appeared");
@@ -297,7 +294,9 @@ fn sigkill_and_resume_gives_the_uninterrupted_weights() {
     }
     child.kill().unwrap(); // SIGKILL: no handler runs
     child.wait().unwrap();
-    let out = train_cmd(&killed, &["--resume"]).output().unwrap();
+    let out = train_cmd(&killed, &[&SHORT[..], &["--resume"]].concat())
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -357,7 +356,7 @@ fn bad_input_gets_a_clear_error() {
 fn ctrl_c_writes_a_checkpoint_and_exits_130() {
     let t = tempfile::tempdir().unwrap();
     let run_dir = t.path().join("run");
-    let mut child = train_cmd(&run_dir, &["--steps", "400", "--checkpoint-every", "4"])
+    let child = train_cmd(&run_dir, &["--steps", "400", "--checkpoint-every", "4"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
