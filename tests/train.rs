@@ -224,6 +224,32 @@ fn resume_after_a_halt_gives_the_uninterrupted_weights() {
 }
 
 #[test]
+fn resume_with_gradient_accumulation_and_sgd_gives_the_uninterrupted_weights() {
+    let t = tempfile::tempdir().unwrap();
+    let stop = AtomicBool::new(false);
+    let cfg = TrainConfig {
+        steps: 6,
+        accumulate: 2,
+        batch_size: 1,
+        optimizer: voxcache::train::config::OptimizerName::Sgd,
+        lr: 1e-2,
+        checkpoint_every: 2,
+        ..tiny()
+    };
+    let full = t.path().join("full");
+    run(&options(&full, cfg.clone()), &stop).unwrap();
+    let halted = t.path().join("halted");
+    let mut o = options(&halted, cfg);
+    o.halt_after = Some(3);
+    run(&o, &stop).unwrap();
+    o.halt_after = None;
+    o.resume = true;
+    let s = run(&o, &stop).unwrap();
+    assert_eq!((s.start_step, s.steps_done), (2, 6));
+    assert_eq!(final_weights(&full), final_weights(&halted));
+}
+
+#[test]
 fn validation_reports_dice_and_keeps_the_best() {
     let t = tempfile::tempdir().unwrap();
     let cfg = TrainConfig {

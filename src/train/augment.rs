@@ -80,7 +80,8 @@ impl AugmentConfig {
 
 impl Default for AugmentConfig {
     /// nnU-Net-like: mirror each axis half the time, rotate, and mild intensity changes on a
-    /// minority of patches (nnU-Net: brightness 0.75..1.25 at 15 %, noise variance 0..0.1 at 10 %).
+    /// minority of patches (nnU-Net: brightness 0.75..1.25 at 15 %; noise at 10 %, where nnU-Net draws a variance in
+    /// 0..0.1 we draw the standard deviation in 0..0.1, milder).
     fn default() -> Self {
         AugmentConfig {
             flip_prob: 0.5,

@@ -128,7 +128,10 @@ impl TrainConfig {
                 "patch {p:?} (z, y, x): each axis must be 1..={MAX_PATCH_AXIS}"
             ));
         }
-        let voxels = p.iter().product::<usize>() * self.batch_size.max(1);
+        let voxels = p
+            .iter()
+            .product::<usize>()
+            .saturating_mul(self.batch_size.max(1));
         if voxels > MAX_PATCH_VOXELS {
             return bad(format!(
                 "patch {p:?} x batch {} = {voxels} voxels: more than the {MAX_PATCH_VOXELS} allowed (activations would need tens of GB); use a smaller patch or batch",
@@ -165,6 +168,21 @@ impl TrainConfig {
         if self.stages == 0 || self.stages > 8 {
             return bad(format!("stages must be 1..=8, got {}", self.stages));
         }
+        if !(self.poly_exponent.is_finite() && self.poly_exponent >= 0.0) {
+            return bad(format!(
+                "poly_exponent must be >= 0, got {}",
+                self.poly_exponent
+            ));
+        }
+        if !(self.clip_grad_norm.is_finite() && self.clip_grad_norm >= 0.0) {
+            return bad(format!(
+                "clip_grad_norm must be >= 0 (0 = off), got {}",
+                self.clip_grad_norm
+            ));
+        }
+        if self.keep_last == 0 {
+            return bad("keep_last must be at least 1".into());
+        }
         if self.workers == 0 || self.queue_depth == 0 {
             return bad("workers and queue_depth must be at least 1".into());
         }
@@ -182,7 +200,9 @@ impl TrainConfig {
     pub fn weight_shaping(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
+            // The dataset is compared resolved (RunIdentity::dataset), not as typed.
             for k in [
+                "dataset",
                 "val_every",
                 "checkpoint_every",
                 "keep_last",

@@ -99,6 +99,10 @@ pub fn split_cases(ids: &[String], fraction: f64, seed: u64) -> Split {
     Split { train, val }
 }
 
+/// Most output classes (background included) a run accepts: beyond that a label value is
+/// almost surely an ignore label (255) or an instance id, not a class.
+pub const MAX_CLASSES: usize = 64;
+
 /// Everything opened from the cache for a run.
 struct Data {
     dataset: String,
@@ -153,6 +157,15 @@ fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
         }
         labelled.push((c.case_id.clone(), e));
     }
+    if num_classes > MAX_CLASSES {
+        return Err(Error::cache(
+            cache_dir,
+            format!(
+                "dataset {dataset:?}: label value {} found; the trainer expects consecutive labels 0..K with K < {MAX_CLASSES} (remap ignore labels such as 255 before caching)",
+                num_classes - 1
+            ),
+        ));
+    }
     if labelled.is_empty() {
         return Err(Error::cache(
             cache_dir,
@@ -160,6 +173,18 @@ fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
         ));
     }
     for (id, w) in &cfg.case_weights {
+        if split_cases(
+            &labelled.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
+            cfg.val_fraction,
+            cfg.seed,
+        )
+        .val
+        .contains(id)
+        {
+            return Err(Error::Config(format!(
+                "case_weights: {id:?} is a validation case (weights apply to training cases)"
+            )));
+        }
         if !labelled.iter().any(|(c, _)| c == id) {
             return Err(Error::Config(format!(
                 "case_weights: {id:?} is not a labelled case of dataset {dataset:?}"
@@ -359,16 +384,40 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     let checkpointer = Checkpointer::new(&opts.run_dir, cfg.keep_last)?;
     let mut start_step = 0u64;
     let mut best: Option<(f64, u64)> = None;
+    let mut notices = Vec::new();
     if opts.resume {
-        if let Some(ck) = checkpointer.latest(&dev)? {
-            model.load(&ck.model)?;
-            optimizer.load_state(&ck.optimizer, ck.state.optimizer_steps)?;
-            start_step = ck.state.step;
-            best = ck.state.best_metric.zip(ck.state.best_step);
+        match checkpointer.latest(&dev)? {
+            Some(ck) => {
+                for s in &ck.skipped {
+                    notices.push(format!("warning: checkpoint skipped: {s}"));
+                }
+                model.load(&ck.model)?;
+                optimizer.load_state(&ck.optimizer, ck.state.optimizer_steps)?;
+                start_step = ck.state.step;
+                best = ck.state.best_metric.zip(ck.state.best_step);
+                if let Some((_, b)) = best {
+                    remark_best_if_stale(&checkpointer, &opts.run_dir, b)?;
+                }
+            }
+            None => notices.push(format!(
+                "--resume: no complete checkpoint in {}, starting at step 0",
+                opts.run_dir.display()
+            )),
         }
     }
+    if data.val.is_empty() {
+        notices.push("no validation cases (val_fraction 0 or a single labelled case): no validation Dice and no best checkpoint".into());
+    }
+    notices.push(format!(
+        "U-Net: {} stages, strides {:?}, {} parameters, {} classes",
+        model.config().strides.len() + 1,
+        model.config().strides,
+        model.num_parameters(),
+        data.num_classes
+    ));
     let metrics_path = opts.run_dir.join("metrics.jsonl");
-    let mut log = MetricsLog::open(&metrics_path, opts.resume.then_some(start_step))?;
+    // A fresh run also truncates: a folder without checkpoints may hold an abandoned log.
+    let mut log = MetricsLog::open(&metrics_path, Some(start_step))?;
 
     let accumulate = cfg.accumulate as u64;
     let train_entries: Vec<EntryReader> = data.train.iter().map(|c| c.1.clone()).collect();
@@ -417,6 +466,9 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     } else {
         ProgressBar::hidden()
     };
+    for n in notices {
+        say(&bar, n);
+    }
     if !data.unlabelled.is_empty() {
         say(
             &bar,
@@ -456,7 +508,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             let parts = dice_ce(&logits, &target)?;
             if !(parts.ce.is_finite() && parts.dice_loss.is_finite()) {
                 return Err(Error::Train(format!(
-                    "step {step}: the loss is not finite (ce {}, dice {}); lower --lr",
+                    "step {step}: the loss is not finite (ce {}, dice {}); start a new run (--out) with a lower --lr",
                     parts.ce, parts.dice_loss
                 )));
             }
@@ -631,6 +683,23 @@ fn say(bar: &ProgressBar, line: String) {
     } else {
         bar.println(line);
     }
+}
+
+/// A kill between saving a checkpoint and marking it best leaves `best/` behind the state's
+/// `best_step`; put it right on resume.
+fn remark_best_if_stale(ck: &Checkpointer, run_dir: &Path, best_step: u64) -> Result<()> {
+    let best_state = run_dir.join("checkpoints/best/state.json");
+    let current = std::fs::read_to_string(&best_state)
+        .ok()
+        .and_then(|t| serde_json::from_str::<TrainState>(&t).ok())
+        .map(|s| s.step);
+    let saved = run_dir
+        .join("checkpoints")
+        .join(super::checkpoint::step_dir_name(best_step));
+    if current != Some(best_step) && saved.join("state.json").is_file() {
+        ck.mark_best(&saved)?;
+    }
+    Ok(())
 }
 
 /// The PNG curves are a convenience: failing to draw them never fails a run.

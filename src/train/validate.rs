@@ -195,6 +195,12 @@ impl SlidingWindow<'_> {
 
     /// Validate on cases (id, entry): mean Dice per foreground class and per case.
     pub fn run(&self, cases: &[(String, EntryReader)]) -> Result<ValidationResult> {
+        if !(0.0..1.0).contains(&self.overlap) {
+            return Err(Error::Config(format!(
+                "sliding-window overlap must be in 0..1, got {}",
+                self.overlap
+            )));
+        }
         let classes = self.model.config().num_classes;
         let mut per_class: Vec<Vec<f64>> = vec![Vec::new(); classes];
         let mut per_case = Vec::with_capacity(cases.len());
