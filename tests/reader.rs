@@ -6,11 +6,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
-use zarrs::array::{Array, ArraySubset};
-use zarrs::filesystem::FilesystemStore;
 
 const CHUNK: &str = "4,16,16";
 const SHARD: &str = "8,32,32";
@@ -90,65 +88,6 @@ fn entries(reader: &CacheReader) -> Vec<EntryReader> {
         .collect()
 }
 
-/// What zarrs itself returns for the box, zeros outside the volume, as f64 (exact for every
-/// stored type).
-fn zarrs_patch(entry: &Path, name: &str, start: [i64; 3], size: [usize; 3]) -> Vec<f64> {
-    let store = Arc::new(FilesystemStore::new(entry).unwrap());
-    let array = Array::open(store, &format!("/{name}")).unwrap();
-    let shape = array.shape().to_vec();
-    let mut out = vec![0.0f64; size.iter().product()];
-    let mut ranges = Vec::new();
-    for a in 0..3 {
-        let lo = start[a].clamp(0, shape[a] as i64) as u64;
-        let hi = (start[a] + size[a] as i64).clamp(0, shape[a] as i64) as u64;
-        if lo >= hi {
-            return out;
-        }
-        ranges.push(lo..hi);
-    }
-    let subset = ArraySubset::new_with_ranges(&ranges);
-    let values: Vec<f64> = match array.data_type().to_string().split(' ').next().unwrap() {
-        "float32" => array
-            .retrieve_array_subset::<Vec<f32>>(&subset)
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        "float16" => array
-            .retrieve_array_subset::<Vec<half::f16>>(&subset)
-            .unwrap()
-            .into_iter()
-            .map(|v| v.to_f64())
-            .collect(),
-        "uint8" => array
-            .retrieve_array_subset::<Vec<u8>>(&subset)
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        "uint16" => array
-            .retrieve_array_subset::<Vec<u16>>(&subset)
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        other => panic!("data type {other}"),
-    };
-    let n = [0, 1, 2].map(|a| (ranges[a].end - ranges[a].start) as usize);
-    let mut i = 0;
-    for z in 0..n[0] {
-        for y in 0..n[1] {
-            let oz = (ranges[0].start as i64 + z as i64 - start[0]) as usize;
-            let oy = (ranges[1].start as i64 + y as i64 - start[1]) as usize;
-            let ox = (ranges[2].start as i64 - start[2]) as usize;
-            let d = (oz * size[1] + oy) * size[2] + ox;
-            out[d..d + n[2]].copy_from_slice(&values[i..i + n[2]]);
-            i += n[2];
-        }
-    }
-    out
-}
-
 fn bits(v: impl IntoIterator<Item = f64>) -> Vec<u64> {
     v.into_iter().map(f64::to_bits).collect()
 }
@@ -160,8 +99,8 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
     let mut lab = vec![u16::MAX; n];
     e.read_patch(start, size, &mut img, Some(&mut lab))
         .unwrap_or_else(|err| panic!("{start:?} {size:?}: {err}"));
-    let want_img = zarrs_patch(e.dir(), "image", start, size);
-    let want_lab = zarrs_patch(e.dir(), "label", start, size);
+    let want_img = common::zarrs_box(e.dir(), "image", start, size);
+    let want_lab = common::zarrs_box(e.dir(), "label", start, size);
     assert!(
         bits(img.iter().map(|&v| v as f64)) == bits(want_img),
         "image differs at {start:?} {size:?} in {}",
@@ -324,7 +263,7 @@ fn uint16_labels_and_label_buffers() {
             let pts = e.fg_coords(class).unwrap();
             assert!(!pts.is_empty());
             for p in pts.iter().take(50) {
-                let v = zarrs_patch(e.dir(), "label", p.map(|v| v as i64), [1, 1, 1]);
+                let v = common::zarrs_box(e.dir(), "label", p.map(|v| v as i64), [1, 1, 1]);
                 assert_eq!(v, vec![class as f64]);
             }
         }
@@ -355,7 +294,7 @@ fn fg_coordinates_point_at_their_class() {
                     total += 1;
                 }
                 for p in pts.iter().step_by(97) {
-                    let v = zarrs_patch(e.dir(), "label", p.map(|v| v as i64), [1, 1, 1]);
+                    let v = common::zarrs_box(e.dir(), "label", p.map(|v| v as i64), [1, 1, 1]);
                     assert_eq!(v, vec![class as f64]);
                 }
             }

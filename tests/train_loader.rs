@@ -2,17 +2,17 @@
 //! bundled data, checked against zarrs' own reads, exact foreground statistics, determinism
 //! across thread counts and resumes, bounded memory, read errors and shutdown.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use voxcache::cache::reader::{CacheReader, EntryReader};
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::loader::{Batch, Loader, LoaderConfig};
 use voxcache::train::sampler::{Sampler, SamplerConfig};
-use zarrs::array::{Array, ArraySubset};
-use zarrs::filesystem::FilesystemStore;
 
 const CHUNK: [usize; 3] = [4, 16, 16];
 
@@ -83,61 +83,6 @@ fn start(
     Loader::start(es.to_vec(), sampler, loader_cfg(workers, augment), first).unwrap()
 }
 
-/// zarrs' read of the box, zeros outside the volume, as f64 (exact for f32 and integers).
-fn zarrs_box(entry: &Path, name: &str, start: [i64; 3], size: [usize; 3]) -> Vec<f64> {
-    let array = Array::open(
-        Arc::new(FilesystemStore::new(entry).unwrap()),
-        &format!("/{name}"),
-    )
-    .unwrap();
-    let shape = array.shape().to_vec();
-    let mut out = vec![0.0f64; size.iter().product()];
-    let mut ranges = Vec::new();
-    for a in 0..3 {
-        let lo = start[a].clamp(0, shape[a] as i64) as u64;
-        let hi = (start[a] + size[a] as i64).clamp(0, shape[a] as i64) as u64;
-        if lo >= hi {
-            return out;
-        }
-        ranges.push(lo..hi);
-    }
-    let subset = ArraySubset::new_with_ranges(&ranges);
-    let values: Vec<f64> = match array.data_type().to_string().split(' ').next().unwrap() {
-        "float32" => array
-            .retrieve_array_subset::<Vec<f32>>(&subset)
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        "uint8" => array
-            .retrieve_array_subset::<Vec<u8>>(&subset)
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        "uint16" => array
-            .retrieve_array_subset::<Vec<u16>>(&subset)
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        other => panic!("data type {other}"),
-    };
-    let n = [0, 1, 2].map(|a| (ranges[a].end - ranges[a].start) as usize);
-    let mut i = 0;
-    for z in 0..n[0] {
-        for y in 0..n[1] {
-            let oz = (ranges[0].start as i64 + z as i64 - start[0]) as usize;
-            let oy = (ranges[1].start as i64 + y as i64 - start[1]) as usize;
-            let ox = (ranges[2].start as i64 - start[2]) as usize;
-            let d = (oz * size[1] + oy) * size[2] + ox;
-            out[d..d + n[2]].copy_from_slice(&values[i..i + n[2]]);
-            i += n[2];
-        }
-    }
-    out
-}
-
 fn bits(v: impl IntoIterator<Item = f64>) -> Vec<u64> {
     v.into_iter().map(f64::to_bits).collect()
 }
@@ -167,8 +112,8 @@ fn unaugmented_patches_equal_zarrs_reads() {
             assert_eq!(b.label.len(), b.image.len());
             for (i, c) in b.choices.iter().enumerate() {
                 let e = &es[c.case];
-                let img = zarrs_box(e.dir(), "image", c.start_zyx, size);
-                let lab = zarrs_box(e.dir(), "label", c.start_zyx, size);
+                let img = common::zarrs_box(e.dir(), "image", c.start_zyx, size);
+                let lab = common::zarrs_box(e.dir(), "label", c.start_zyx, size);
                 let got_img = patch_of(&b.image, &b, i).into_iter().map(f64::from);
                 let got_lab = patch_of(&b.label, &b, i).into_iter().map(f64::from);
                 assert!(

@@ -2,6 +2,10 @@
 //! the reader is checked against bytes we control (datatypes, endianness, odd headers).
 #![allow(dead_code)]
 
+mod zarr_read;
+#[allow(unused_imports)] // not every test crate reads zarr arrays
+pub use zarr_read::zarrs_box;
+
 use std::io::Write;
 use std::path::Path;
 
