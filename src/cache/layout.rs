@@ -129,15 +129,45 @@ impl CacheDir {
     }
 }
 
-/// Write a file atomically: temporary sibling, fsync, rename.
+/// Write a file atomically: a temporary sibling unique to this process and call, fsync,
+/// rename, fsync of the folder (so the rename itself survives a power cut). A failed write
+/// removes its temporary file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => sync_dir(p),
+        _ => Ok(()),
+    }
+}
+
+/// fsync a folder so a rename or a new entry in it survives a power cut. Only possible (and
+/// only needed) on Unix.
+pub fn sync_dir(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        std::fs::File::open(path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(path, e))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
 }
 
 /// Total bytes of the files under `dir` (0 for what cannot be read).

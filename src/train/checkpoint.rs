@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+pub(crate) use crate::cache::layout::sync_dir;
 use crate::error::{Error, Result};
 
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -347,22 +348,6 @@ fn sync_file(path: &Path) -> Result<()> {
     fs::File::open(path)
         .and_then(|f| f.sync_all())
         .map_err(|e| Error::io(path, e))
-}
-
-/// fsync a directory so a rename or a new entry in it survives a power cut. Only possible
-/// (and only needed) on Unix.
-pub(crate) fn sync_dir(path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        fs::File::open(path)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(path, e))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -186,31 +186,7 @@ fn lines_up_to(path: &Path, whole_lines: &[u8], resume_step: u64) -> Result<Vec<
     Ok(kept)
 }
 
-/// Replace `path` with `content`: temp file in the same folder, fsync, rename, fsync folder.
-pub(crate) fn write_atomically(path: &Path, content: &[u8]) -> Result<()> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Unique per process and call, so two writers of one file never share a temp file.
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()));
-    let written = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(content)?;
-        f.sync_all()
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(&tmp, e));
-    }
-    fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => super::checkpoint::sync_dir(p),
-        _ => Ok(()),
-    }
-}
+pub(crate) use crate::cache::layout::write_atomic as write_atomically;
 
 #[cfg(test)]
 mod tests {
