@@ -17,10 +17,9 @@ use crate::train::rng::Rng;
 /// Stream tag of the sampler's draws (`Rng::derive(seed, &[SAMPLE_STREAM, step, i])`).
 pub const SAMPLE_STREAM: u64 = 0x7361_6d70_6c65_0001;
 
-/// Largest patch side accepted (voxels).
-pub const MAX_PATCH_SIDE: usize = 1024;
-/// Largest patch accepted (voxels): 512 MiB of f32 per patch, far beyond any GPU batch.
-pub const MAX_PATCH_VOXELS: usize = 1 << 27;
+/// The patch limits are the training config's: one definition for the command line and the
+/// library.
+pub use crate::train::config::{MAX_PATCH_AXIS as MAX_PATCH_SIDE, MAX_PATCH_VOXELS};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
@@ -299,7 +298,7 @@ mod tests {
 
     #[test]
     fn bad_configurations_are_errors() {
-        for p in [[0, 8, 8], [8, 2048, 8], [1024, 1024, 1024]] {
+        for p in [[0, 8, 8], [8, 2048, 8], [512, 512, 512]] {
             assert!(SamplerConfig::new(p, 2, 0).validate().is_err(), "{p:?}");
         }
         assert!(SamplerConfig::new([8, 8, 8], 0, 0).validate().is_err());
