@@ -264,9 +264,16 @@ impl CustomOp2 for Conv3dForward {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dy = dy.contiguous()?;
-        let dx = dy.apply_op2(w, Conv3dGradInput(self.0))?;
-        let dw = x.apply_op2(&dy, Conv3dGradWeight(self.0))?;
-        Ok((Some(dx), Some(dw)))
+        // The network's input image needs no gradient: skip that whole-volume product.
+        let dx = match x.track_op() {
+            true => Some(dy.apply_op2(w, Conv3dGradInput(self.0))?),
+            false => None,
+        };
+        let dw = match w.track_op() {
+            true => Some(x.apply_op2(&dy, Conv3dGradWeight(self.0))?),
+            false => None,
+        };
+        Ok((dx, dw))
     }
 }
 
