@@ -6,15 +6,15 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
-use serde_json::{json, Map, Value};
 
 use crate::cache::layout::{dir_bytes, Commit};
-use crate::cache::manifest::{params_key, Manifest, ManifestCase, ManifestDataset};
+use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
 use crate::cache::store::EntryStore;
 use crate::cache::writer::{configure_zarrs, write_entry, EntryInput};
 use crate::cache::{content_key, CacheDir};
 use crate::dataset::{discover, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
+use crate::format::entry::{InputGeometry, OutputGeometry, SourceFile, Sources};
 use crate::geometry::{output_shape, true_output_spacing, zyx, Affine};
 use crate::nifti_io::{self, HeaderInfo};
 use crate::normalize::{self, ForegroundStats, Normalization};
@@ -265,18 +265,6 @@ fn file_name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn geometry_json(h: &HeaderInfo) -> Value {
-    json!({
-        "shape_xyz": h.shape_xyz,
-        "spacing_xyz": h.spacing_xyz,
-        "affine": h.affine,
-        "affine_source": h.affine_source,
-        "orientation": h.affine.axis_codes(),
-        "datatype": h.datatype,
-        "unit": h.unit,
-    })
-}
-
 /// Everything known about one case before it is built.
 struct Job<'a> {
     scanned: &'a ScannedCase,
@@ -288,7 +276,8 @@ struct Job<'a> {
 struct Decoded {
     image: nifti_io::Volume,
     label: Option<nifti_io::LabelData>,
-    label_hash: Option<blake3::Hash>,
+    /// The label file's blake3 and size.
+    label_hash: Option<(blake3::Hash, u64)>,
     stats: normalize::IntensityStats,
     applied: normalize::AppliedNormalization,
 }
@@ -307,12 +296,17 @@ fn decode_case(job: &Job, params: &OutputParams) -> Result<Decoded> {
         Some(l) => {
             let l = l?;
             check_pair(id, &image.header, &l.header)?;
-            (Some(l.data), Some(l.file_hash))
+            (Some(l.data), Some((l.file_hash, l.file_bytes)))
         }
         None => (None, None),
     };
     // The files may have changed since the key was computed: refuse to file them under it.
-    let key = content_key(params, id, &image.file_hash, label_hash.as_ref());
+    let key = content_key(
+        params,
+        id,
+        &image.file_hash,
+        label_hash.as_ref().map(|h| &h.0),
+    );
     if key != job.key {
         return Err(Error::case(
             id,
@@ -368,37 +362,37 @@ fn write_case(
         .header
         .affine
         .for_output_grid(image.header.shape_xyz, out_xyz);
-    let mut attrs = Map::new();
-    attrs.insert("format_version".into(), json!(params.format_version));
-    attrs.insert("case_id".into(), json!(id));
-    attrs.insert("key".into(), json!(key));
-    attrs.insert(
-        "created_by".into(),
-        json!(format!("voxcache {}", env!("CARGO_PKG_VERSION"))),
+    let h = &image.header;
+    let source = Sources {
+        image: SourceFile {
+            file: file_name(&s.source.image),
+            blake3: image_hash.to_hex().to_string(),
+            bytes: image.file_bytes,
+        },
+        label: match (&s.source.label, &label_hash) {
+            (Some(p), Some((hash, bytes))) => Some(SourceFile {
+                file: file_name(p),
+                blake3: hash.to_hex().to_string(),
+                bytes: *bytes,
+            }),
+            _ => None,
+        },
+    };
+    let input = InputGeometry {
+        shape_xyz: h.shape_xyz,
+        spacing_xyz: h.spacing_xyz,
+        affine: h.affine,
+        affine_source: h.affine_source.to_string(),
+        orientation: h.affine.axis_codes(),
+        datatype: h.datatype.to_string(),
+        unit: h.unit.to_string(),
+    };
+    let output = OutputGeometry::new(
+        out_xyz,
+        job.plan.out_spacing_xyz,
+        params.target_spacing_xyz,
+        out_affine,
     );
-    attrs.insert(
-        "source".into(),
-        json!({
-            "image": {"file": file_name(&s.source.image), "blake3": image_hash.to_hex().to_string(), "bytes": image.file_bytes},
-            "label": s.source.label.as_ref().map(|p| json!({"file": file_name(p), "blake3": label_hash.map(|h| h.to_hex().to_string())})),
-        }),
-    );
-    attrs.insert("input".into(), geometry_json(&image.header));
-    attrs.insert(
-        "output".into(),
-        json!({
-            "axes": ["z", "y", "x"],
-            "shape_zyx": zyx(out_xyz),
-            "shape_xyz": out_xyz,
-            "spacing_xyz": job.plan.out_spacing_xyz,
-            "target_spacing_xyz": params.target_spacing_xyz,
-            "affine": out_affine,
-            "orientation": out_affine.axis_codes(),
-        }),
-    );
-    attrs.insert("params".into(), json!(params));
-    attrs.insert("intensity".into(), json!(stats));
-    attrs.insert("normalization".into(), json!(applied));
 
     let tmp = cache.new_tmp_entry(key)?;
     let store = std::sync::Arc::new(EntryStore::new(&tmp));
@@ -408,14 +402,17 @@ fn write_case(
             &tmp,
             EntryInput {
                 case_id: id,
+                key,
                 image: &image.data,
                 label: label.as_ref(),
                 in_shape_zyx: zyx(image.header.shape_xyz),
                 out_shape_zyx: zyx(out_xyz),
                 params,
-                out_spacing_xyz: job.plan.out_spacing_xyz,
-                unit: image.header.unit,
-                attributes: attrs,
+                source,
+                input,
+                output,
+                intensity: stats,
+                normalization: applied,
             },
             on_voxels,
         )?;
@@ -756,7 +753,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     bar.finish_and_clear();
 
     if !manifest_cases.is_empty() {
-        Manifest::record(
+        manifest::record(
             &cache,
             &name,
             ManifestDataset {

@@ -9,7 +9,8 @@
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`normalize`]: intensity normalization schemes.
 //! - [`pipeline`]: named parameter sets (pipelines/*.toml) and their canonical form.
-//! - [`cache`]: content keys, entry writer, manifest, reader.
+//! - [`format`]: the on-disk schema (entry attributes, manifest, checksums, array metadata).
+//! - [`cache`]: content keys, entry writer, manifest merging, reader.
 //! - [`build`]: the `build-cache` job that ties the above together.
 //! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.
 //! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
@@ -20,6 +21,7 @@ pub mod build;
 pub mod cache;
 pub mod dataset;
 pub mod error;
+pub mod format;
 pub mod geometry;
 pub mod inspect;
 pub mod nifti_io;

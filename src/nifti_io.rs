@@ -440,12 +440,14 @@ pub struct LabelVolume {
     pub header: HeaderInfo,
     pub data: LabelData,
     pub file_hash: blake3::Hash,
+    pub file_bytes: u64,
 }
 
 /// Read a label: integer files without scaling go straight to u8/u16 (no float copy, a quarter
 /// of the memory); anything else goes through f32 and must hold whole numbers.
 pub fn read_label(path: &Path) -> Result<LabelVolume> {
     let FileBytes { bytes, hash } = read_file_hashed(path)?;
+    let file_bytes = bytes.len() as u64;
     let (header, raw) = voxel_bytes(path, bytes)?;
     let unscaled =
         header.raw.scl_slope == 0.0 || (header.raw.scl_slope == 1.0 && header.raw.scl_inter == 0.0);
@@ -462,6 +464,7 @@ pub fn read_label(path: &Path) -> Result<LabelVolume> {
         header,
         data,
         file_hash: hash,
+        file_bytes,
     })
 }
 
@@ -599,10 +602,11 @@ impl LabelData {
         self.len() == 0
     }
 
-    pub fn dtype(&self) -> &'static str {
+    /// The element type it is stored as.
+    pub fn stored_dtype(&self) -> crate::format::Dtype {
         match self {
-            LabelData::U8(_) => "uint8",
-            LabelData::U16(_) => "uint16",
+            LabelData::U8(_) => crate::format::Dtype::Uint8,
+            LabelData::U16(_) => crate::format::Dtype::Uint16,
         }
     }
 }

@@ -6,10 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::normalize::{ForegroundStats, Normalization};
-
-/// Bumped whenever the bytes an entry holds would change for the same parameters.
-pub const FORMAT_VERSION: u32 = 1;
+pub use crate::format::{ChunkLayout, Compression, ImageDtype, OutputParams, FORMAT_VERSION};
+use crate::normalize::Normalization;
 
 /// How the target spacing is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -44,73 +42,6 @@ impl std::str::FromStr for SpacingChoice {
             return Err(bad());
         }
         Ok(SpacingChoice::Explicit([vals[0], vals[1], vals[2]]))
-    }
-}
-
-/// Element type of the cached image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ImageDtype {
-    Float32,
-    Float16,
-}
-
-impl std::str::FromStr for ImageDtype {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "float32" | "f32" => Ok(ImageDtype::Float32),
-            "float16" | "f16" => Ok(ImageDtype::Float16),
-            _ => Err(Error::Config(format!(
-                "image dtype {s:?}: choose float32 or float16"
-            ))),
-        }
-    }
-}
-
-/// Chunk compression.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "codec", rename_all = "lowercase")]
-pub enum Compression {
-    /// Raw little-endian chunks: the trainer memory-maps them.
-    None,
-    Zstd {
-        level: i32,
-    },
-    /// Blosc (zstd inside, byte shuffle).
-    Blosc {
-        level: u8,
-    },
-}
-
-impl Compression {
-    pub fn parse(name: &str, level: Option<i32>) -> Result<Self> {
-        Ok(match name {
-            "none" | "raw" => Compression::None,
-            "zstd" => Compression::Zstd {
-                level: level.unwrap_or(3),
-            },
-            "blosc" => {
-                let l = level.unwrap_or(5);
-                if !(0..=9).contains(&l) {
-                    return Err(Error::Config(format!("blosc level {l}: must be 0..9")));
-                }
-                Compression::Blosc { level: l as u8 }
-            }
-            _ => {
-                return Err(Error::Config(format!(
-                    "compression {name:?}: choose none, zstd or blosc"
-                )))
-            }
-        })
-    }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Compression::None => "none",
-            Compression::Zstd { .. } => "zstd",
-            Compression::Blosc { .. } => "blosc",
-        }
     }
 }
 
@@ -223,85 +154,6 @@ impl Settings {
             }
         }
         Ok(())
-    }
-}
-
-/// Every parameter that shapes an entry's bytes. Its canonical JSON goes into the content key.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OutputParams {
-    pub format_version: u32,
-    pub grid_convention: String,
-    pub target_spacing_xyz: [f64; 3],
-    pub image_interpolation: String,
-    pub label_interpolation: String,
-    pub normalization: Normalization,
-    pub dataset_foreground: Option<ForegroundStats>,
-    pub image_dtype: ImageDtype,
-    pub chunk_zyx: [usize; 3],
-    pub shard_zyx: Option<[usize; 3]>,
-    pub compression: Compression,
-    pub fg_samples: usize,
-    pub seed: u64,
-}
-
-impl OutputParams {
-    pub fn new(settings: &Settings, target: [f64; 3], fg: Option<ForegroundStats>) -> Self {
-        OutputParams {
-            format_version: FORMAT_VERSION,
-            grid_convention: "edge-aligned".into(),
-            target_spacing_xyz: target,
-            image_interpolation: "linear".into(),
-            label_interpolation: "nearest".into(),
-            normalization: settings.normalization,
-            dataset_foreground: fg,
-            image_dtype: settings.image_dtype,
-            chunk_zyx: settings.chunk_zyx,
-            shard_zyx: settings.shard_zyx,
-            compression: settings.compression,
-            fg_samples: settings.fg_samples,
-            seed: settings.seed,
-        }
-    }
-
-    /// Canonical JSON: fixed field order, shortest round-trip float formatting.
-    pub fn canonical_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    /// The chunk and shard shapes used for an output of `shape_zyx`: the configured chunk is an
-    /// upper bound, and each axis is cut into the fewest near-equal chunks no larger than it,
-    /// so edge chunks waste little padding (uncompressed edge chunks are stored full size).
-    /// A shard keeps its configured number of chunks per axis, capped to what the axis needs.
-    pub fn layout_for(&self, shape_zyx: [usize; 3]) -> ChunkLayout {
-        let chunk = [0, 1, 2].map(|a| {
-            let n = shape_zyx[a].max(1);
-            let pieces = n.div_ceil(self.chunk_zyx[a]);
-            n.div_ceil(pieces)
-        });
-        let shard = self.shard_zyx.map(|s| {
-            [0, 1, 2].map(|a| {
-                let per_shard = s[a] / self.chunk_zyx[a];
-                chunk[a] * per_shard.min(shape_zyx[a].max(1).div_ceil(chunk[a]))
-            })
-        });
-        ChunkLayout {
-            chunk_zyx: chunk,
-            shard_zyx: shard,
-        }
-    }
-}
-
-/// The chunk (and shard) shape of one entry's arrays.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChunkLayout {
-    pub chunk_zyx: [usize; 3],
-    pub shard_zyx: Option<[usize; 3]>,
-}
-
-impl ChunkLayout {
-    /// The unit a worker computes and writes: a shard if sharded, else a chunk.
-    pub fn write_block_zyx(&self) -> [usize; 3] {
-        self.shard_zyx.unwrap_or(self.chunk_zyx)
     }
 }
 

@@ -355,7 +355,7 @@ fn entries_record_geometry_stats_and_a_consistent_foreground_index() {
         let g: serde_json::Value =
             serde_json::from_slice(&std::fs::read(e.join("zarr.json")).unwrap()).unwrap();
         let a = &g["attributes"]["voxcache"];
-        assert_eq!(a["format_version"], 1);
+        assert_eq!(a["format_version"], voxcache::format::FORMAT_VERSION);
         let key = e.file_name().unwrap().to_str().unwrap();
         assert_eq!(a["key"], key);
         let classes = a["label"]["classes"].as_object().unwrap();

@@ -522,6 +522,14 @@ fn missing_and_foreign_caches_and_entries() {
     std::fs::write(old.join("manifest.json"), m.to_string()).unwrap();
     let msg = err(CacheReader::open(&old));
     assert!(msg.contains("version 99"), "{msg}");
+    // A cache of the previous format gets one sentence that says what to do.
+    m["format_version"] = 1.into();
+    std::fs::write(old.join("manifest.json"), m.to_string()).unwrap();
+    let msg = err(CacheReader::open(&old));
+    assert!(
+        msg.contains("format version 1") && msg.contains("rebuild the cache"),
+        "{msg}"
+    );
 
     // A manifest whose entry folder is gone.
     let ds = m["datasets"]
@@ -531,7 +539,7 @@ fn missing_and_foreign_caches_and_entries() {
         .next()
         .unwrap()
         .clone();
-    m["format_version"] = 1.into();
+    m["format_version"] = voxcache::format::FORMAT_VERSION.into();
     std::fs::write(old.join("manifest.json"), m.to_string()).unwrap();
     let reader = CacheReader::open(&old).unwrap();
     let case = reader.cases(&ds).unwrap().remove(0);

@@ -372,7 +372,11 @@ fn bad_input_gets_a_clear_error() {
     let other = t.path().join("other");
     std::fs::create_dir(&other).unwrap();
     let m = std::fs::read_to_string(cache().join("manifest.json")).unwrap();
-    let m = m.replace("\"format_version\": 1", "\"format_version\": 99");
+    let v = voxcache::format::FORMAT_VERSION;
+    let m = m.replace(
+        &format!("\"format_version\": {v}"),
+        "\"format_version\": 99",
+    );
     std::fs::write(other.join("manifest.json"), m).unwrap();
     let e = train_error(&["--cache-dir", other.to_str().unwrap()]);
     assert!(e.contains("format version 99"), "{e}");

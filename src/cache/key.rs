@@ -1,6 +1,6 @@
 //! Content keys: blake3 over everything that shapes an entry's bytes.
 
-use crate::pipeline::{OutputParams, FORMAT_VERSION};
+use crate::format::{OutputParams, FORMAT_VERSION};
 
 /// The key of one case's entry: format version, the canonical parameters, the case id and the
 /// blake3 hashes of the image and label files' bytes.

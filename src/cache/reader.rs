@@ -37,21 +37,18 @@ mod lru;
 mod sample;
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use serde_json::Value;
 use zarrs::array::{Array, ArraySubset};
-use zarrs::filesystem::FilesystemStore;
 
 use self::array::{ravel, ArrayReader, Decoded, Held, MappedBlock};
 use self::lru::Lru;
 pub use self::sample::{Sample, StoredDtype};
 use super::layout::CacheDir;
-use super::manifest::{Manifest, ManifestDataset};
 use crate::error::{Error, Result};
-use crate::pipeline::FORMAT_VERSION;
+use crate::format::{EntryAttrs, Manifest, ManifestDataset, IMAGE_ARRAY, LABEL_ARRAY};
 
 /// How entries are read.
 #[derive(Clone, Debug)]
@@ -211,23 +208,6 @@ impl std::fmt::Debug for EntryReader {
     }
 }
 
-fn json_shape(v: Option<&Value>) -> Option<[usize; 3]> {
-    let a = v?.as_array()?;
-    if a.len() != 3 {
-        return None;
-    }
-    let mut out = [0usize; 3];
-    for (o, x) in out.iter_mut().zip(a) {
-        *o = usize::try_from(x.as_u64()?).ok().filter(|&n| n > 0)?;
-    }
-    Some(out)
-}
-
-/// A plain file or folder name (no separators, no `..`).
-fn plain_name(s: &str) -> bool {
-    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\\'])
-}
-
 impl EntryReader {
     /// Open one entry folder (`CACHE/entries/ab/KEY`) with its own [`ChunkCache`].
     pub fn open(entry_dir: impl AsRef<Path>) -> Result<EntryReader> {
@@ -238,7 +218,7 @@ impl EntryReader {
     pub fn open_with(entry_dir: impl AsRef<Path>, cache: &ChunkCache) -> Result<EntryReader> {
         let dir = entry_dir.as_ref().to_path_buf();
         let meta_path = dir.join("zarr.json");
-        let text = match std::fs::read_to_string(&meta_path) {
+        let bytes = match std::fs::read(&meta_path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::cache(
@@ -252,78 +232,52 @@ impl EntryReader {
             }
             Err(e) => return Err(Error::io(&meta_path, e)),
         };
+        let attrs = EntryAttrs::from_group_json(&meta_path, &bytes)?;
         let bad = |msg: String| Error::cache(&meta_path, msg);
-        let meta: Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        let vc = meta
-            .pointer("/attributes/voxcache")
-            .filter(|v| v.is_object())
-            .ok_or_else(|| bad("no attributes.voxcache: not a voxcache entry".into()))?;
-        match vc.get("format_version").and_then(Value::as_u64) {
-            Some(v) if v == FORMAT_VERSION as u64 => {}
-            Some(v) => {
-                return Err(bad(format!(
-                    "entry format version {v} (this voxcache reads version {FORMAT_VERSION}); rebuild the cache"
-                )))
-            }
-            None => return Err(bad("no format_version: not a voxcache entry".into())),
-        }
-        let shape = json_shape(vc.pointer("/output/shape_zyx"))
-            .ok_or_else(|| bad("output.shape_zyx is not three positive sides".into()))?;
+        let shape = attrs.output.shape_zyx;
         let mmap = cache.options().mmap;
-        let image = ArrayReader::open(&dir, "image", 0, shape, mmap)?;
+        let image = ArrayReader::open(&dir, IMAGE_ARRAY, 0, shape, mmap)?;
         if !matches!(image.dtype, StoredDtype::Float32 | StoredDtype::Float16) {
             return Err(bad(format!(
                 "image data type {} (expected float32 or float16)",
                 image.dtype.name()
             )));
         }
-        let label = match vc.get("label") {
-            None | Some(Value::Null) => None,
-            Some(_) => {
-                let l = ArrayReader::open(&dir, "label", 1, shape, mmap)?;
-                if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16) {
+        let label = match &attrs.label {
+            None => None,
+            Some(info) => {
+                let l = ArrayReader::open(&dir, LABEL_ARRAY, 1, shape, mmap)?;
+                if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16)
+                    || l.dtype != info.dtype
+                {
                     return Err(bad(format!(
-                        "label data type {} (expected uint8 or uint16)",
-                        l.dtype.name()
+                        "label data type {} (the entry records {}; expected uint8 or uint16)",
+                        l.dtype.name(),
+                        info.dtype
                     )));
                 }
                 Some(l)
             }
         };
-        let fg_array = match vc.pointer("/fg_index/array") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if plain_name(s) => Some(s.clone()),
-            Some(v) => return Err(bad(format!("fg_index.array {v} is not an array name"))),
-        };
+        let fg_array = attrs.fg_index.array.clone();
         let mut fg_ranges = BTreeMap::new();
-        if let Some(rows) = vc.pointer("/fg_index/rows_per_class") {
-            let rows = rows
-                .as_object()
-                .ok_or_else(|| bad("fg_index.rows_per_class is not an object".into()))?;
-            for (class, r) in rows {
-                let c: u16 = class
-                    .parse()
-                    .map_err(|_| bad(format!("fg_index: class {class:?} is not a label value")))?;
-                let field = |f: &str| {
-                    r.get(f)
-                        .and_then(Value::as_u64)
-                        .and_then(|v| usize::try_from(v).ok())
-                        .ok_or_else(|| bad(format!("fg_index: class {c} has no {f}")))
-                };
-                fg_ranges.insert(
-                    c,
-                    FgRange {
-                        start: field("start")?,
-                        count: field("count")?,
-                    },
-                );
-            }
+        for (&c, r) in &attrs.fg_index.rows_per_class {
+            let field = |v: u64, f: &str| {
+                usize::try_from(v)
+                    .map_err(|_| bad(format!("fg_index: class {c} {f} {v} is too large")))
+            };
+            fg_ranges.insert(
+                c,
+                FgRange {
+                    start: field(r.start, "start")?,
+                    count: field(r.count, "count")?,
+                },
+            );
         }
         Ok(EntryReader {
             inner: Arc::new(EntryInner {
                 serial: NEXT_ENTRY.fetch_add(1, Ordering::Relaxed),
-                case_id: vc.get("case_id").and_then(Value::as_str).map(String::from),
+                case_id: Some(attrs.case_id.clone()),
                 dir,
                 shape,
                 image,
@@ -610,9 +564,9 @@ impl EntryReader {
             Some(name) => {
                 let dir = &self.inner.dir;
                 let path = dir.join(name);
-                let store = FilesystemStore::new(dir).map_err(|e| Error::zarr(dir, e))?;
-                let array = Array::open(Arc::new(store), &format!("/{name}"))
-                    .map_err(|e| Error::zarr(&path, e))?;
+                let store = super::store::open_readable(dir)?;
+                let array =
+                    Array::open(store, &format!("/{name}")).map_err(|e| Error::zarr(&path, e))?;
                 let shape = array.shape().to_vec();
                 let dtype = array.data_type().to_string();
                 if shape.len() != 2 || shape[1] != 4 || dtype.split(' ').next() != Some("uint32") {
@@ -671,36 +625,16 @@ impl CacheReader {
             return Err(Error::cache(&root, "cache folder not found"));
         }
         let path = CacheDir::new(&root).manifest_path();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::cache(
-                    &root,
-                    if root.join("entries").is_dir() {
-                        "no manifest.json: no build has finished in this cache yet"
-                    } else {
-                        "not a voxcache cache: no manifest.json (build one with prep build-cache)"
-                    },
-                ));
-            }
-            Err(e) => return Err(Error::io(&path, e)),
-        };
-        let foreign = |why: String| Error::cache(&path, format!("not a voxcache manifest: {why}"));
-        let value: Value = serde_json::from_str(&text).map_err(|e| foreign(e.to_string()))?;
-        let version = value
-            .get("format_version")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| foreign("no format_version".into()))?;
-        if version != FORMAT_VERSION as u64 {
+        let Some(manifest) = Manifest::read(&path)? else {
             return Err(Error::cache(
-                &path,
-                format!(
-                    "cache format version {version} (this voxcache reads version {FORMAT_VERSION}); rebuild into a new cache folder"
-                ),
+                &root,
+                if root.join("entries").is_dir() {
+                    "no manifest.json: no build has finished in this cache yet"
+                } else {
+                    "not a voxcache cache: no manifest.json (build one with prep build-cache)"
+                },
             ));
-        }
-        let manifest: Manifest =
-            serde_json::from_value(value).map_err(|e| foreign(e.to_string()))?;
+        };
         Ok(CacheReader {
             root,
             manifest: Arc::new(manifest),
@@ -744,16 +678,8 @@ impl CacheReader {
         ds.cases
             .iter()
             .map(|(id, c)| {
+                // format::Manifest checked on reading that the path stays inside entries/.
                 let rel = Path::new(&c.entry);
-                if !rel.components().all(|p| matches!(p, Component::Normal(_))) {
-                    return Err(Error::cache(
-                        self.root.join("manifest.json"),
-                        format!(
-                            "case {id}: entry path {:?} leaves the cache folder",
-                            c.entry
-                        ),
-                    ));
-                }
                 Ok(CaseInfo {
                     case_id: id.clone(),
                     key: c.key.clone(),

@@ -1,4 +1,8 @@
-//! A write-only Zarr store for building one entry in its temporary folder.
+//! The storage seam: where entry bytes are written and read through zarrs' storage traits.
+//! Today both sides are the local filesystem; an object store is another implementation of
+//! the same traits, chosen in [`open_readable`] and [`EntryStore`].
+//!
+//! Writing: a write-only Zarr store for building one entry in its temporary folder.
 //!
 //! zarrs' FilesystemStore fsyncs every chunk as it is written, which on this kind of disk halves
 //! write throughput. An entry only needs to be durable at the moment it is renamed into place,
@@ -9,10 +13,24 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
+use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{
-    Bytes, OffsetBytesIterator, StorageError, StoreKey, StorePrefix, WritableStorageTraits,
+    Bytes, OffsetBytesIterator, ReadableStorageTraits, StorageError, StoreKey, StorePrefix,
+    WritableStorageTraits,
 };
 
+use crate::error::{Error, Result};
+
+/// A readable store, as every reading module takes it.
+pub type ReadStore = dyn ReadableStorageTraits;
+
+/// Open an entry folder (or any folder of Zarr nodes) for reading through zarrs.
+pub fn open_readable(dir: &Path) -> Result<Arc<ReadStore>> {
+    let store = FilesystemStore::new(dir).map_err(|e| Error::zarr(dir, e))?;
+    Ok(Arc::new(store))
+}
+
+/// Writes one entry's files; durable only after [`EntryStore::sync_all`].
 pub struct EntryStore {
     root: PathBuf,
     written: Mutex<Vec<PathBuf>>,

@@ -8,42 +8,44 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
-use serde_json::{json, Map, Value};
 use zarrs::array::codec::{
     BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ShardingCodecOptions,
     SubchunkWriteOrder, ZstdCodec,
 };
-use zarrs::array::{
-    data_type, Array, ArrayBuilder, BytesToBytesCodecTraits, CodecSpecificOptions, DataType,
-    FillValue,
-};
+use zarrs::array::{Array, ArrayBuilder, BytesToBytesCodecTraits, CodecSpecificOptions};
 use zarrs::group::GroupBuilder;
 use zarrs::storage::{StoreKey, WritableStorageTraits};
 
 use super::fg_index::{FgAccumulator, FgIndex};
 use super::store::EntryStore;
 use crate::error::{Error, Result};
+use crate::format::entry::{
+    FgIndexInfo, InputGeometry, LabelInfo, OutputGeometry, RowRange, Sources,
+};
+use crate::format::{
+    ChunkChecksums, ChunkLayout, Compression, Dtype, EntryAttrs, ImageDtype, OutputParams,
+    CHECKSUMS_FILE, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
+};
 use crate::nifti_io::LabelData;
-use crate::pipeline::{ChunkLayout, Compression, ImageDtype, OutputParams};
+use crate::normalize::{AppliedNormalization, IntensityStats};
 use crate::resample::{blocks, Block, LinearResampler, NearestResampler};
-
-/// The sidecar file with one blake3 per written block, checked by `prep inspect --verify`.
-pub const CHECKSUMS_FILE: &str = "voxcache_chunks.json";
 
 /// What to write for one case.
 pub struct EntryInput<'a> {
     pub case_id: &'a str,
+    pub key: &'a str,
     /// Normalized input image, C order (z, y, x).
     pub image: &'a [f32],
     pub label: Option<&'a LabelData>,
     pub in_shape_zyx: [usize; 3],
     pub out_shape_zyx: [usize; 3],
     pub params: &'a OutputParams,
-    /// Output spacing (x, y, z) and its unit, for the OME-Zarr scale.
-    pub out_spacing_xyz: [f64; 3],
-    pub unit: &'a str,
-    /// Attributes prepared by the caller (source, geometry, statistics), extended here.
-    pub attributes: Map<String, Value>,
+    /// The facts known before writing, recorded in the entry's attributes.
+    pub source: Sources,
+    pub input: InputGeometry,
+    pub output: OutputGeometry,
+    pub intensity: IntensityStats,
+    pub normalization: AppliedNormalization,
 }
 
 /// What was written.
@@ -80,12 +82,10 @@ fn compression_codecs(
     })
 }
 
-/// One array of an entry: its name, element type and fill value.
+/// One array of an entry: its name and element type (the fill value is zero).
 struct ArraySpec {
     name: &'static str,
-    dtype: DataType,
-    typesize: usize,
-    fill: FillValue,
+    dtype: Dtype,
 }
 
 fn build_array(
@@ -98,9 +98,14 @@ fn build_array(
 ) -> Result<Array<EntryStore>> {
     let shape: Vec<u64> = shape_zyx.iter().map(|&v| v as u64).collect();
     let write_block: Vec<u64> = layout.write_block_zyx().iter().map(|&v| v as u64).collect();
-    let mut b = ArrayBuilder::new(shape, write_block, spec.dtype, spec.fill);
+    let mut b = ArrayBuilder::new(
+        shape,
+        write_block,
+        spec.dtype.zarrs(),
+        spec.dtype.zero_fill(),
+    );
     b.dimension_names(Some(["z", "y", "x"]));
-    b.bytes_to_bytes_codecs(compression_codecs(params.compression, spec.typesize)?);
+    b.bytes_to_bytes_codecs(compression_codecs(params.compression, spec.dtype.size())?);
     if layout.shard_zyx.is_some() {
         b.subchunk_shape(
             layout
@@ -175,33 +180,16 @@ pub fn write_entry(
     let out_shape = input.out_shape_zyx;
     let layout = params.layout_for(out_shape);
     let array = |spec: ArraySpec| build_array(store, dir, params, &layout, out_shape, spec);
-    let image_array = array(match params.image_dtype {
-        ImageDtype::Float32 => ArraySpec {
-            name: "image",
-            dtype: data_type::float32(),
-            typesize: 4,
-            fill: FillValue::from(0.0f32),
-        },
-        ImageDtype::Float16 => ArraySpec {
-            name: "image",
-            dtype: data_type::float16(),
-            typesize: 2,
-            fill: FillValue::from(half::f16::ZERO),
-        },
+    let image_array = array(ArraySpec {
+        name: IMAGE_ARRAY,
+        dtype: params.image_dtype.dtype(),
     })?;
-    let label_array = match input.label {
+    let label_dtype = input.label.map(LabelData::stored_dtype);
+    let label_array = match label_dtype {
         None => None,
-        Some(LabelData::U8(_)) => Some(array(ArraySpec {
-            name: "label",
-            dtype: data_type::uint8(),
-            typesize: 1,
-            fill: FillValue::from(0u8),
-        })?),
-        Some(LabelData::U16(_)) => Some(array(ArraySpec {
-            name: "label",
-            dtype: data_type::uint16(),
-            typesize: 2,
-            fill: FillValue::from(0u16),
+        Some(dtype) => Some(array(ArraySpec {
+            name: LABEL_ARRAY,
+            dtype,
         })?),
     };
 
@@ -220,7 +208,7 @@ pub fn write_entry(
     all_blocks.par_iter().try_for_each(|b| -> Result<()> {
         let (idx, name) = block_key(b, write_block);
         let chunk_path = || {
-            dir.join("image")
+            dir.join(IMAGE_ARRAY)
                 .join(format!("c/{}", name.replace('.', "/")))
         };
         let mut img = vec![0.0f32; b.len()];
@@ -257,7 +245,7 @@ pub fn write_entry(
                     local.observe(*b, &lab);
                     let lab = pad_block(lab, b.size, write_block, 0u8);
                     arr.store_chunk(&idx, lab.as_slice())
-                        .map_err(|e| Error::zarr(dir.join("label"), e))?;
+                        .map_err(|e| Error::zarr(dir.join(LABEL_ARRAY), e))?;
                     blake3::hash(&lab)
                 }
                 LabelData::U16(src) => {
@@ -266,7 +254,7 @@ pub fn write_entry(
                     local.observe(*b, &lab);
                     let lab = pad_block(lab, b.size, write_block, 0u16);
                     arr.store_chunk(&idx, lab.as_slice())
-                        .map_err(|e| Error::zarr(dir.join("label"), e))?;
+                        .map_err(|e| Error::zarr(dir.join(LABEL_ARRAY), e))?;
                     blake3::hash(bytes_of(&lab))
                 }
             };
@@ -284,65 +272,66 @@ pub fn write_entry(
     let (rows, ranges) = fg.rows();
     let n_rows = rows.len() / 4;
     if n_rows > 0 {
-        let store_fg = |e: &dyn std::fmt::Display| Error::zarr(dir.join("fg"), e);
+        let store_fg = |e: &dyn std::fmt::Display| Error::zarr(dir.join(FG_ARRAY), e);
         let mut b = ArrayBuilder::new(
             vec![n_rows as u64, 4],
             vec![n_rows as u64, 4],
-            data_type::uint32(),
-            0u32,
+            Dtype::Uint32.zarrs(),
+            Dtype::Uint32.zero_fill(),
         );
         b.dimension_names(Some(["sample", "class_z_y_x"]));
-        let arr = b.build(store.clone(), "/fg").map_err(|e| store_fg(&e))?;
+        let arr = b
+            .build(store.clone(), &format!("/{FG_ARRAY}"))
+            .map_err(|e| store_fg(&e))?;
         arr.store_metadata().map_err(|e| store_fg(&e))?;
         arr.store_chunk(&[0, 0], rows.as_slice())
             .map_err(|e| store_fg(&e))?;
     }
 
-    let checksums = json!({
-        "algorithm": "blake3-128 of each block's decoded little-endian bytes (edge blocks padded with the fill value)",
-        "block_shape_zyx": write_block,
-        "image": image_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
-        "label": label_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
-    });
+    let checksums = ChunkChecksums {
+        image: image_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
+        label: label_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
+        ..ChunkChecksums::new(write_block)
+    };
     let sums_key = StoreKey::new(CHECKSUMS_FILE).map_err(|e| Error::zarr(dir, e))?;
     store
-        .set(
-            &sums_key,
-            serde_json::to_vec_pretty(&checksums)
-                .unwrap_or_default()
-                .into(),
-        )
+        .set(&sums_key, checksums.to_json().into())
         .map_err(|e| Error::zarr(dir.join(CHECKSUMS_FILE), e))?;
 
-    let mut attrs = input.attributes;
-    attrs.insert(
-        "label".into(),
-        match input.label {
-            None => Value::Null,
-            Some(l) => json!({
-                "dtype": l.dtype(),
-                "classes": fg.classes.iter().map(|(c, s)| (c.to_string(), json!(s))).collect::<Map<_, _>>(),
-            }),
-        },
-    );
-    attrs.insert(
-        "fg_index".into(),
-        json!({
-            "array": if n_rows > 0 { Value::from("fg") } else { Value::Null },
-            "columns": ["class", "z", "y", "x"],
-            "rows_per_class": ranges.iter().map(|(c, r)| (c.to_string(), json!({"start": r[0], "count": r[1]}))).collect::<Map<_, _>>(),
+    let attrs = EntryAttrs {
+        format_version: FORMAT_VERSION,
+        case_id: input.case_id.to_string(),
+        key: input.key.to_string(),
+        created_by: format!("voxcache {}", env!("CARGO_PKG_VERSION")),
+        source: input.source,
+        input: input.input,
+        output: input.output,
+        params: params.clone(),
+        layout,
+        intensity: input.intensity,
+        normalization: input.normalization,
+        label: label_dtype.map(|dtype| LabelInfo {
+            dtype,
+            classes: fg.classes.clone(),
         }),
-    );
-    attrs.insert("chunk_checksums".into(), Value::from(CHECKSUMS_FILE));
-    attrs.insert("layout".into(), json!(layout));
-    let mut group_attrs = Map::new();
-    group_attrs.insert("voxcache".into(), Value::Object(attrs));
-    group_attrs.insert(
-        "ome".into(),
-        ome_multiscales(input.case_id, input.out_spacing_xyz, input.unit),
-    );
+        fg_index: FgIndexInfo {
+            array: (n_rows > 0).then(|| FG_ARRAY.to_string()),
+            columns: ["class", "z", "y", "x"].map(String::from),
+            rows_per_class: ranges
+                .iter()
+                .map(|(c, r)| {
+                    let range = RowRange {
+                        start: r[0] as u64,
+                        count: r[1] as u64,
+                    };
+                    (*c, range)
+                })
+                .collect(),
+        },
+        chunk_checksums: CHECKSUMS_FILE.to_string(),
+    };
     let group = GroupBuilder::new()
-        .attributes(group_attrs)
+        .attributes(attrs.to_group_attributes()?)
         .build(store.clone(), "/")
         .map_err(|e| Error::zarr(dir, e))?;
     // The group's zarr.json is written last: an entry without it is never treated as complete.
@@ -355,29 +344,4 @@ pub fn write_entry(
 
 fn short_hex(h: &blake3::Hash) -> String {
     h.to_hex()[..32].to_string()
-}
-
-/// OME-Zarr (NGFF 0.5) multiscale metadata so viewers place the image at its physical size.
-fn ome_multiscales(name: &str, spacing_xyz: [f64; 3], unit: &str) -> Value {
-    let unit = match unit {
-        "um" => Some("micrometer"),
-        "mm" => Some("millimeter"),
-        "m" => Some("meter"),
-        _ => None,
-    };
-    let axis = |n: &str| match unit {
-        Some(u) => json!({"name": n, "type": "space", "unit": u}),
-        None => json!({"name": n, "type": "space"}),
-    };
-    json!({
-        "version": "0.5",
-        "multiscales": [{
-            "name": name,
-            "axes": [axis("z"), axis("y"), axis("x")],
-            "datasets": [{
-                "path": "image",
-                "coordinateTransformations": [{"type": "scale", "scale": [spacing_xyz[2], spacing_xyz[1], spacing_xyz[0]]}]
-            }]
-        }]
-    })
 }

@@ -8,16 +8,15 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::entry_meta::{
-    dtype_bytes, entry_dir, entry_dirs, read_entry, short_key, EntryMeta, Found,
+    codec_name, entry_dir, entry_dirs, read_entry, short_key, EntryMeta, Found,
 };
 use super::table::{count, shape3, spacing3, wrap, Align, Table};
 use super::verify::{verify_entry, VerifySummary};
 use super::{rel_path, Problem};
 use crate::cache::fg_index::ClassStats;
-use crate::cache::manifest::Manifest;
 use crate::cache::CacheDir;
 use crate::error::Result;
-use crate::pipeline::{Compression, ImageDtype};
+use crate::format::{Dtype, ImageDtype};
 use crate::sysinfo::{hostname, human_bytes, pid_alive};
 
 #[derive(Clone, Debug, Serialize)]
@@ -48,8 +47,8 @@ pub struct EntryInfo {
     pub shape_zyx: [usize; 3],
     pub spacing_xyz: [f64; 3],
     pub unit: String,
-    pub image_dtype: String,
-    pub label_dtype: Option<String>,
+    pub image_dtype: Dtype,
+    pub label_dtype: Option<Dtype>,
     pub chunk_zyx: [usize; 3],
     pub shard_zyx: Option<[usize; 3]>,
     pub codec: String,
@@ -58,7 +57,7 @@ pub struct EntryInfo {
     pub decoded_bytes: u64,
     /// decoded_bytes / bytes_on_disk.
     pub compression_ratio: f64,
-    pub label_classes: BTreeMap<String, ClassStats>,
+    pub label_classes: BTreeMap<u16, ClassStats>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -92,14 +91,6 @@ pub struct CacheReport {
 }
 
 pub use crate::cache::layout::dir_bytes;
-
-fn compression_name(c: &Compression) -> String {
-    match c {
-        Compression::None => "none".into(),
-        Compression::Zstd { level } => format!("zstd-{level}"),
-        Compression::Blosc { level } => format!("blosc-{level}"),
-    }
-}
 
 /// `tmp/<key>.<host>.<pid>.<n>`: who owns it.
 fn tmp_owner(name: &str) -> (Option<String>, Option<u32>) {
@@ -159,8 +150,8 @@ fn tmp_leftovers(root: &Path, problems: &mut Vec<Problem>) -> Vec<TmpInfo> {
 
 fn decoded_bytes(m: &EntryMeta) -> u64 {
     let voxels: u64 = m.shape_zyx.iter().map(|&v| v as u64).product();
-    let image = dtype_bytes(&m.image_dtype).unwrap_or(0) as u64;
-    let label = m.label_dtype.as_deref().and_then(dtype_bytes).unwrap_or(0) as u64;
+    let image = m.image_dtype.size() as u64;
+    let label = m.label_dtype.map_or(0, |d| d.size()) as u64;
     voxels * (image + label) + m.fg_rows * 16
 }
 
@@ -176,7 +167,7 @@ fn check_array_metadata(root: &Path, m: &EntryMeta) -> Vec<Problem> {
     arrays
         .into_iter()
         .filter_map(|a| {
-            super::entry_meta::read_json(root, &m.dir.join(a).join("zarr.json"))
+            super::entry_meta::check_array_json(root, &m.dir.join(a).join("zarr.json"))
                 .err()
                 .map(|p| (*p).case(&m.case_id))
         })
@@ -187,7 +178,7 @@ fn check_array_metadata(root: &Path, m: &EntryMeta) -> Vec<Problem> {
 pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
     let cache = CacheDir::new(root);
     let mut problems = Vec::new();
-    let manifest = match Manifest::load(&cache) {
+    let manifest = match crate::cache::manifest::load_or_empty(&cache) {
         Ok(m) => Some(m),
         Err(e) => {
             problems.push(
@@ -244,7 +235,7 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
             image_dtype: p.image_dtype,
             chunk_zyx: p.chunk_zyx,
             shard_zyx: p.shard_zyx,
-            compression: compression_name(&p.compression),
+            compression: codec_name(&p.compression),
             cases: d.cases.len(),
             missing_entries: missing,
         });
@@ -302,8 +293,8 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
             shape_zyx: m.shape_zyx,
             spacing_xyz: m.spacing_xyz,
             unit: m.unit.clone(),
-            image_dtype: m.image_dtype.clone(),
-            label_dtype: m.label_dtype.clone(),
+            image_dtype: m.image_dtype,
+            label_dtype: m.label_dtype,
             chunk_zyx: m.chunk_zyx,
             shard_zyx: m.shard_zyx,
             codec: m.codec.clone(),
@@ -360,29 +351,15 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
     ))
 }
 
-fn classes_cell(c: &BTreeMap<String, ClassStats>) -> String {
+fn classes_cell(c: &BTreeMap<u16, ClassStats>) -> String {
     if c.is_empty() {
         return "-".into();
     }
-    let mut v: Vec<(u32, u64)> = c
-        .iter()
-        .map(|(k, s)| (k.parse().unwrap_or(u32::MAX), s.voxels))
-        .collect();
-    v.sort_unstable();
-    v.iter()
+    c.iter()
+        .map(|(k, s)| (k, s.voxels))
         .map(|(k, n)| format!("{k}:{n}"))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn short_dtype(d: &str) -> String {
-    match d {
-        "float32" => "f32".into(),
-        "float16" => "f16".into(),
-        "uint8" => "u8".into(),
-        "uint16" => "u16".into(),
-        other => other.into(),
-    }
 }
 
 /// The human report of a cache.
@@ -424,10 +401,7 @@ pub fn render(r: &CacheReport, path: &str) -> String {
                     format!("{} ({} missing)", d.cases, d.missing_entries.len())
                 },
                 spacing3(&d.target_spacing_xyz),
-                short_dtype(match d.image_dtype {
-                    ImageDtype::Float32 => "float32",
-                    ImageDtype::Float16 => "float16",
-                }),
+                d.image_dtype.dtype().short_name().to_string(),
                 d.normalization.clone(),
                 shape3(&d.chunk_zyx),
                 d.shard_zyx
@@ -489,11 +463,8 @@ pub fn render(r: &CacheReport, path: &str) -> String {
                 short_key(&e.key),
                 format!(
                     "{}/{}",
-                    short_dtype(&e.image_dtype),
-                    e.label_dtype
-                        .as_deref()
-                        .map(short_dtype)
-                        .unwrap_or_else(|| "-".into())
+                    e.image_dtype.short_name(),
+                    e.label_dtype.map_or("-", Dtype::short_name)
                 ),
                 shape3(&e.chunk_zyx),
                 e.shard_zyx

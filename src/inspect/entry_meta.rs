@@ -4,13 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use super::{rel_path, Problem};
 use crate::cache::fg_index::ClassStats;
-use crate::cache::manifest::Manifest;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
+use crate::format::{Compression, Dtype, EntryAttrs};
 
 /// What an entry's group `zarr.json` says about it.
 #[derive(Clone, Debug)]
@@ -23,60 +21,37 @@ pub struct EntryMeta {
     pub shape_zyx: [usize; 3],
     pub spacing_xyz: [f64; 3],
     pub unit: String,
-    pub image_dtype: String,
-    pub label_dtype: Option<String>,
+    pub image_dtype: Dtype,
+    pub label_dtype: Option<Dtype>,
     pub chunk_zyx: [usize; 3],
     pub shard_zyx: Option<[usize; 3]>,
     pub codec: String,
-    pub classes: BTreeMap<String, ClassStats>,
+    pub classes: BTreeMap<u16, ClassStats>,
     /// Rows of the `fg` array (0 when there is none).
     pub fg_rows: u64,
-    /// Name of the checksums file, when the entry records one.
-    pub checksums: Option<String>,
+    /// Name of the checksums file.
+    pub checksums: String,
 }
 
 /// A result whose error is a problem to report (boxed: problems are large).
 pub type Found<T> = std::result::Result<T, Box<Problem>>;
 
-/// Read and parse a JSON file, or say what is wrong with it.
-pub fn read_json(root: &Path, path: &Path) -> Found<Value> {
+/// Check that an array's `zarr.json` reads as Zarr v3 array metadata, or say what is wrong.
+pub fn check_array_json(root: &Path, path: &Path) -> Found<()> {
     let rel = rel_path(root, path);
-    let bytes = std::fs::read(path).map_err(|e| {
-        Box::new(Problem::error("metadata", format!("cannot read: {e}")).path(rel.clone()))
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        let what = if e.is_eof() {
-            "truncated JSON"
-        } else {
-            "unparsable JSON"
-        };
-        Box::new(Problem::error("metadata", format!("{what} ({e})")).path(rel))
-    })
+    let problem = |msg: String| Box::new(Problem::error("metadata", msg).path(rel.clone()));
+    let bytes = std::fs::read(path).map_err(|e| problem(format!("cannot read: {e}")))?;
+    crate::format::array::parse_metadata(path, &bytes)
+        .map(|_| ())
+        .map_err(|e| problem(super::file_message(root, path, &e.to_string())))
 }
 
-fn usize3(v: &Value) -> Option<[usize; 3]> {
-    let a = v.as_array()?;
-    if a.len() != 3 {
-        return None;
-    }
-    let n = |i: usize| a[i].as_u64().map(|x| x as usize);
-    Some([n(0)?, n(1)?, n(2)?])
-}
-
-fn f64x3(v: &Value) -> Option<[f64; 3]> {
-    let a = v.as_array()?;
-    if a.len() != 3 {
-        return None;
-    }
-    Some([a[0].as_f64()?, a[1].as_f64()?, a[2].as_f64()?])
-}
-
-/// "none", "zstd-3", "blosc-5" from the entry's `params.compression`.
-pub fn codec_name(c: &Value) -> String {
-    let name = c.get("codec").and_then(Value::as_str).unwrap_or("?");
-    match c.get("level").and_then(Value::as_i64) {
-        Some(l) => format!("{name}-{l}"),
-        None => name.to_string(),
+/// "none", "zstd-3", "blosc-5".
+pub fn codec_name(c: &Compression) -> String {
+    match c {
+        Compression::None => "none".into(),
+        Compression::Zstd { level } => format!("zstd-{level}"),
+        Compression::Blosc { level } => format!("blosc-{level}"),
     }
 }
 
@@ -93,77 +68,30 @@ pub fn read_entry(root: &Path, dir: &Path) -> Found<EntryMeta> {
             .path(rel),
         ));
     }
-    let doc = read_json(root, &zj)?;
     let zrel = rel_path(root, &zj);
-    let bad = |what: &str| {
-        Box::new(
-            Problem::error(
-                "metadata",
-                format!("not a voxcache entry: {what} is missing or malformed"),
-            )
-            .path(zrel.clone()),
-        )
-    };
-    let a = doc
-        .get("attributes")
-        .and_then(|a| a.get("voxcache"))
-        .ok_or_else(|| bad("attributes.voxcache"))?;
-    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
-    let key = s(a, "key").ok_or_else(|| bad("key"))?;
-    let case_id = s(a, "case_id").ok_or_else(|| bad("case_id"))?;
-    let out = a.get("output").ok_or_else(|| bad("output"))?;
-    let shape_zyx = out
-        .get("shape_zyx")
-        .and_then(usize3)
-        .ok_or_else(|| bad("output.shape_zyx"))?;
-    let spacing_xyz = out
-        .get("spacing_xyz")
-        .and_then(f64x3)
-        .ok_or_else(|| bad("output.spacing_xyz"))?;
-    let params = a.get("params").ok_or_else(|| bad("params"))?;
-    let layout = a.get("layout").unwrap_or(params);
-    let chunk_zyx = layout
-        .get("chunk_zyx")
-        .and_then(usize3)
-        .ok_or_else(|| bad("layout.chunk_zyx"))?;
-    let shard_zyx = layout.get("shard_zyx").and_then(usize3);
-    let label = a.get("label").filter(|l| !l.is_null());
-    let classes: BTreeMap<String, ClassStats> = label
-        .and_then(|l| l.get("classes"))
-        .and_then(|c| serde_json::from_value(c.clone()).ok())
-        .unwrap_or_default();
-    let fg_rows = a
-        .get("fg_index")
-        .and_then(|f| f.get("rows_per_class"))
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.values()
-                .filter_map(|r| r.get("count").and_then(Value::as_u64))
-                .sum()
-        })
-        .unwrap_or(0);
+    let bytes = std::fs::read(&zj).map_err(|e| {
+        Box::new(Problem::error("metadata", format!("cannot read: {e}")).path(zrel.clone()))
+    })?;
+    let a = EntryAttrs::from_group_json(&zj, &bytes).map_err(|e| {
+        let msg = super::file_message(root, &zj, &e.to_string());
+        Box::new(Problem::error("metadata", msg).path(zrel.clone()))
+    })?;
     Ok(EntryMeta {
         dir: dir.to_path_buf(),
         rel,
-        key,
-        case_id,
-        shape_zyx,
-        spacing_xyz,
-        unit: a
-            .get("input")
-            .and_then(|i| s(i, "unit"))
-            .unwrap_or_else(|| "unknown".into()),
-        image_dtype: s(params, "image_dtype").ok_or_else(|| bad("params.image_dtype"))?,
-        label_dtype: label.and_then(|l| s(l, "dtype")),
-        chunk_zyx,
-        shard_zyx,
-        codec: params
-            .get("compression")
-            .map(codec_name)
-            .unwrap_or_else(|| "?".into()),
-        classes,
-        fg_rows,
-        checksums: s(a, "chunk_checksums"),
+        key: a.key,
+        case_id: a.case_id,
+        shape_zyx: a.output.shape_zyx,
+        spacing_xyz: a.output.spacing_xyz,
+        unit: a.input.unit,
+        image_dtype: a.params.image_dtype.dtype(),
+        label_dtype: a.label.as_ref().map(|l| l.dtype),
+        chunk_zyx: a.layout.chunk_zyx,
+        shard_zyx: a.layout.shard_zyx,
+        codec: codec_name(&a.params.compression),
+        fg_rows: a.fg_index.total_rows(),
+        classes: a.label.map(|l| l.classes).unwrap_or_default(),
+        checksums: a.chunk_checksums,
     })
 }
 
@@ -176,17 +104,6 @@ pub fn entry_dir(root: &Path, key: &str) -> Option<PathBuf> {
 /// The first 8 characters of a key: enough to tell entries apart.
 pub fn short_key(key: &str) -> String {
     key.chars().take(8).collect()
-}
-
-/// Bytes per element of a Zarr data type name.
-pub fn dtype_bytes(name: &str) -> Option<usize> {
-    Some(match name {
-        "uint8" | "int8" => 1,
-        "float16" | "uint16" | "int16" => 2,
-        "float32" | "uint32" | "int32" => 4,
-        "float64" | "uint64" | "int64" => 8,
-        _ => return None,
-    })
 }
 
 /// Every folder under entries/ab/, sorted; anything else there is a problem.
@@ -237,7 +154,7 @@ pub fn entry_dirs(root: &Path) -> (Vec<PathBuf>, Vec<Problem>) {
 /// one key across them), else a key prefix, else a case id found in the entries' metadata.
 pub fn find_entry(root: &Path, case: &str) -> Result<EntryMeta> {
     let cache = CacheDir::new(root);
-    let manifest = Manifest::load(&cache).unwrap_or_default();
+    let manifest = crate::cache::manifest::load_or_empty(&cache).unwrap_or_default();
     let mut keys: Vec<(String, String)> = manifest
         .datasets
         .iter()

@@ -15,14 +15,12 @@
 //! read from the entry's arrays, never the whole volume.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::Serialize;
-use zarrs::array::{Array, ArraySubset};
-use zarrs::filesystem::FilesystemStore;
 
 use super::entry_meta::find_entry;
 use super::{detect, Kind};
+use crate::cache::reader::EntryReader;
 use crate::dataset::{discover, DatasetSource};
 use crate::error::{Error, Result};
 use crate::nifti_io::{self, LabelData};
@@ -168,82 +166,35 @@ fn from_dataset(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
     ))
 }
 
-fn subsets(shape_zyx: [usize; 3]) -> [ArraySubset; 3] {
-    let [nz, ny, nx] = shape_zyx.map(|v| v as u64);
-    let [mz, my, mx] = middles(shape_zyx).map(|v| v as u64);
+/// The boxes (start, size) of the three middle slices: axial, coronal, sagittal.
+fn slice_boxes(shape_zyx: [usize; 3]) -> [([i64; 3], [usize; 3]); 3] {
+    let [nz, ny, nx] = shape_zyx;
+    let [mz, my, mx] = middles(shape_zyx).map(|v| v as i64);
     [
-        ArraySubset::new_with_ranges(&[mz..mz + 1, 0..ny, 0..nx]),
-        ArraySubset::new_with_ranges(&[0..nz, my..my + 1, 0..nx]),
-        ArraySubset::new_with_ranges(&[0..nz, 0..ny, mx..mx + 1]),
+        ([mz, 0, 0], [1, ny, nx]),
+        ([0, my, 0], [nz, 1, nx]),
+        ([0, 0, mx], [nz, ny, 1]),
     ]
 }
 
 fn from_cache(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
     let m = find_entry(root, case)?;
-    let store = Arc::new(FilesystemStore::new(&m.dir).map_err(|e| Error::zarr(&m.dir, e))?);
-    let shape = m.shape_zyx;
-    let subs = subsets(shape);
-    let open = |name: &str| {
-        let path = m.dir.join(name);
-        Array::open(store.clone(), &format!("/{name}")).map_err(|e| Error::zarr(&path, e))
-    };
-    let zerr = |name: &str| {
-        let path = m.dir.join(name);
-        move |e: zarrs::array::ArrayError| Error::zarr(&path, e)
-    };
-    let image = open("image")?;
-    if image.shape() != shape.map(|v| v as u64).as_slice() {
-        return Err(Error::cache(
-            m.dir.join("image"),
-            format!(
-                "array shape {:?} differs from the entry's {shape:?}",
-                image.shape()
-            ),
-        ));
-    }
+    // The trainer's reader: only the chunks under each slice are read.
+    let entry = EntryReader::open(&m.dir)?;
+    let shape = entry.shape_zyx();
+    let boxes = slice_boxes(shape);
     let mut images: [Vec<f32>; 3] = Default::default();
-    for (i, s) in subs.iter().enumerate() {
-        images[i] = match m.image_dtype.as_str() {
-            "float32" => image
-                .retrieve_array_subset::<Vec<f32>>(s)
-                .map_err(zerr("image"))?,
-            "float16" => image
-                .retrieve_array_subset::<Vec<half::f16>>(s)
-                .map_err(zerr("image"))?
-                .into_iter()
-                .map(f32::from)
-                .collect(),
-            other => {
-                return Err(Error::cache(
-                    m.dir.join("image"),
-                    format!("image data type {other} is not one voxcache writes"),
-                ))
-            }
-        };
+    for (i, (start, size)) in boxes.iter().enumerate() {
+        images[i] = vec![0.0; size.iter().product()];
+        entry.read_image(*start, *size, &mut images[i])?;
     }
-    let labels = match m.label_dtype.as_deref() {
+    let labels = match entry.label_dtype() {
         None => None,
-        Some(dt) => {
-            let label = open("label")?;
+        Some(_) => {
             let mut out: [Vec<u16>; 3] = Default::default();
-            for (i, s) in subs.iter().enumerate() {
-                out[i] = match dt {
-                    "uint8" => label
-                        .retrieve_array_subset::<Vec<u8>>(s)
-                        .map_err(zerr("label"))?
-                        .into_iter()
-                        .map(u16::from)
-                        .collect(),
-                    "uint16" => label
-                        .retrieve_array_subset::<Vec<u16>>(s)
-                        .map_err(zerr("label"))?,
-                    other => {
-                        return Err(Error::cache(
-                            m.dir.join("label"),
-                            format!("label data type {other} is not one voxcache writes"),
-                        ))
-                    }
-                };
+            for (i, (start, size)) in boxes.iter().enumerate() {
+                out[i] = vec![0; size.iter().product()];
+                entry.read_label(*start, *size, &mut out[i])?;
             }
             Some(out)
         }

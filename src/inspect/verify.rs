@@ -4,17 +4,15 @@
 //! does not write such blocks.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use rayon::prelude::*;
 use serde::Serialize;
-use serde_json::Value;
 use zarrs::array::Array;
-use zarrs::filesystem::FilesystemStore;
 
-use super::entry_meta::{dtype_bytes, read_json, EntryMeta};
+use super::entry_meta::EntryMeta;
 use super::{rel_path, Problem};
-use crate::cache::writer::CHECKSUMS_FILE;
+use crate::cache::store::{open_readable, ReadStore};
+use crate::format::{ArrayLayout, ChunkChecksums, Dtype, CHECKSUMS_FILE, FG_ARRAY};
 
 /// Counts over the blocks checked.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -45,38 +43,35 @@ impl VerifySummary {
 /// Blocks bigger than this are checked one at a time (shards can be up to 1 GiB decoded).
 const PARALLEL_BLOCK_BYTES: usize = 64 << 20;
 
-fn short_hash(bytes: &[u8]) -> String {
-    blake3::hash(bytes).to_hex()[..32].to_string()
-}
-
 /// Decode one block into the little-endian bytes the build hashed.
-fn block_bytes(
-    array: &Array<FilesystemStore>,
-    dtype: &str,
-    idx: &[u64],
-) -> Result<Vec<u8>, String> {
+fn block_bytes(array: &Array<ReadStore>, dtype: Dtype, idx: &[u64]) -> Result<Vec<u8>, String> {
     let e = |e: zarrs::array::ArrayError| e.to_string();
     Ok(match dtype {
-        "float32" => array
+        Dtype::Float32 => array
             .retrieve_chunk::<Vec<f32>>(idx)
             .map_err(e)?
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect(),
-        "float16" => array
+        Dtype::Float16 => array
             .retrieve_chunk::<Vec<half::f16>>(idx)
             .map_err(e)?
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect(),
-        "uint8" => array.retrieve_chunk::<Vec<u8>>(idx).map_err(e)?,
-        "uint16" => array
+        Dtype::Uint8 => array.retrieve_chunk::<Vec<u8>>(idx).map_err(e)?,
+        Dtype::Uint16 => array
             .retrieve_chunk::<Vec<u16>>(idx)
             .map_err(e)?
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect(),
-        other => return Err(format!("data type {other} is not one voxcache writes")),
+        Dtype::Uint32 => array
+            .retrieve_chunk::<Vec<u32>>(idx)
+            .map_err(e)?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
     })
 }
 
@@ -92,9 +87,9 @@ struct ArrayCheck<'a> {
     root: &'a Path,
     meta: &'a EntryMeta,
     name: &'a str,
-    array: &'a Array<FilesystemStore>,
-    dtype: &'a str,
-    recorded: &'a serde_json::Map<String, Value>,
+    array: &'a Array<ReadStore>,
+    dtype: Dtype,
+    recorded: &'a std::collections::BTreeMap<String, String>,
     zero_hash: String,
 }
 
@@ -110,14 +105,14 @@ impl ArrayCheck<'_> {
                 .path(rel.clone())
                 .block(self.name, name.clone())
         };
-        let Some(want) = self.recorded.get(&name).and_then(Value::as_str) else {
+        let Some(want) = self.recorded.get(&name) else {
             return Outcome::Other(problem(
                 "unrecorded-chunk",
                 format!("no checksum recorded for this block in {CHECKSUMS_FILE}"),
             ));
         };
         if !path.is_file() {
-            return if want == self.zero_hash {
+            return if *want == self.zero_hash {
                 Outcome::Absent
             } else {
                 Outcome::Missing(problem(
@@ -130,8 +125,8 @@ impl ArrayCheck<'_> {
         match block_bytes(self.array, self.dtype, &idx) {
             Err(e) => Outcome::Corrupt(problem("corrupt-chunk", format!("does not decode: {e}"))),
             Ok(bytes) => {
-                let got = short_hash(&bytes);
-                if got == want {
+                let got = ChunkChecksums::hash(&bytes);
+                if got == *want {
                     Outcome::Ok
                 } else {
                     Outcome::Corrupt(problem(
@@ -162,13 +157,6 @@ impl Acc<'_> {
     }
 }
 
-fn usize3(v: Option<&Value>) -> Option<[usize; 3]> {
-    let a = v?.as_array()?;
-    (a.len() == 3).then_some(())?;
-    let n = |i: usize| a[i].as_u64().map(|x| x as usize);
-    Some([n(0)?, n(1)?, n(2)?])
-}
-
 /// Verify one entry: every block of its image and label, and that its fg array decodes.
 pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>) {
     let mut acc = Acc {
@@ -176,31 +164,37 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         problems: Vec::new(),
         case: &m.case_id,
     };
-    let sums_path = m.dir.join(m.checksums.as_deref().unwrap_or(CHECKSUMS_FILE));
-    let sums = match read_json(root, &sums_path) {
+    let sums_path = m.dir.join(&m.checksums);
+    let sums_rel = rel_path(root, &sums_path);
+    let sums = std::fs::read(&sums_path)
+        .map_err(|e| format!("cannot read: {e}"))
+        .and_then(|b| {
+            ChunkChecksums::from_json(&sums_path, &b)
+                .map_err(|e| super::file_message(root, &sums_path, &e.to_string()))
+        });
+    let sums = match sums {
         Ok(v) => v,
-        Err(p) => {
-            acc.other(*p);
+        Err(msg) => {
+            acc.other(Problem::error("metadata", msg).path(sums_rel));
             return acc.done();
         }
     };
     let block_shape = m.shard_zyx.unwrap_or(m.chunk_zyx);
-    if usize3(sums.get("block_shape_zyx")) != Some(block_shape) {
+    if sums.block_shape_zyx != block_shape {
         acc.other(
             Problem::error(
                 "metadata",
                 format!(
-                    "block_shape_zyx is {}, but the entry's layout writes blocks of {:?}",
-                    sums.get("block_shape_zyx").cloned().unwrap_or(Value::Null),
-                    block_shape
+                    "block_shape_zyx is {:?}, but the entry's layout writes blocks of {:?}",
+                    sums.block_shape_zyx, block_shape
                 ),
             )
-            .path(rel_path(root, &sums_path)),
+            .path(sums_rel),
         );
         return acc.done();
     }
-    let store = match FilesystemStore::new(&m.dir) {
-        Ok(s) => Arc::new(s),
+    let store = match open_readable(&m.dir) {
+        Ok(s) => s,
         Err(e) => {
             acc.other(
                 Problem::error("metadata", format!("cannot open the entry: {e}"))
@@ -210,16 +204,35 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         }
     };
 
-    let mut arrays = vec![("image", m.image_dtype.as_str())];
-    if let Some(l) = &m.label_dtype {
-        arrays.push(("label", l.as_str()));
+    let mut arrays = vec![(crate::format::IMAGE_ARRAY, m.image_dtype)];
+    if let Some(l) = m.label_dtype {
+        arrays.push((crate::format::LABEL_ARRAY, l));
     }
     for (name, dtype) in arrays {
         let meta_path = m.dir.join(name).join("zarr.json");
         let meta_rel = rel_path(root, &meta_path);
-        if let Err(p) = read_json(root, &meta_path) {
-            acc.other(*p);
-            continue;
+        let layout = std::fs::read(&meta_path)
+            .map_err(|e| format!("cannot read: {e}"))
+            .and_then(|b| {
+                ArrayLayout::from_json(&meta_path, &b)
+                    .map_err(|e| super::file_message(root, &meta_path, &e.to_string()))
+            });
+        match layout {
+            Err(msg) => {
+                acc.other(Problem::error("metadata", msg).path(meta_rel));
+                continue;
+            }
+            Ok(l) if l.dtype != dtype => {
+                acc.other(
+                    Problem::error(
+                        "metadata",
+                        format!("data type {} but the entry records {dtype}", l.dtype),
+                    )
+                    .path(meta_rel),
+                );
+                continue;
+            }
+            Ok(_) => {}
         }
         let array = match Array::open(store.clone(), &format!("/{name}")) {
             Ok(a) => a,
@@ -252,14 +265,9 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
             );
             continue;
         }
-        let Some(bpe) = dtype_bytes(dtype) else {
-            acc.other(
-                Problem::error("metadata", format!("unknown data type {dtype}")).path(meta_rel),
-            );
-            continue;
-        };
-        let empty = serde_json::Map::new();
-        let recorded = sums.get(name).and_then(Value::as_object).unwrap_or(&empty);
+        let bpe = dtype.size();
+        let empty = std::collections::BTreeMap::new();
+        let recorded = sums.of(name).unwrap_or(&empty);
         let block_len = block_shape.iter().product::<usize>() * bpe;
         let check = ArrayCheck {
             root,
@@ -268,7 +276,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
             array: &array,
             dtype,
             recorded,
-            zero_hash: short_hash(&vec![0u8; block_len]),
+            zero_hash: ChunkChecksums::hash(&vec![0u8; block_len]),
         };
         let g = &expected_grid;
         let indices: Vec<[u64; 3]> = (0..g[0])
@@ -285,7 +293,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                         "metadata",
                         format!("{CHECKSUMS_FILE} records {name} block {k}, outside the array"),
                     )
-                    .path(rel_path(root, &sums_path)),
+                    .path(sums_rel.clone()),
                 );
             }
         }
@@ -313,7 +321,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
     }
 
     if m.fg_rows > 0 {
-        let fg = Array::open(store.clone(), "/fg")
+        let fg = Array::open(store.clone(), &format!("/{FG_ARRAY}"))
             .map_err(|e| e.to_string())
             .and_then(|a| {
                 let subset = zarrs::array::ArraySubset::new_with_shape(a.shape().to_vec());
@@ -331,11 +339,11 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                         m.fg_rows
                     ),
                 )
-                .path(rel_path(root, &m.dir.join("fg"))),
+                .path(rel_path(root, &m.dir.join(FG_ARRAY))),
             ),
             Err(e) => acc.other(
                 Problem::error("corrupt-chunk", format!("the fg array does not read: {e}"))
-                    .path(rel_path(root, &m.dir.join("fg"))),
+                    .path(rel_path(root, &m.dir.join(FG_ARRAY))),
             ),
         }
     }

@@ -15,30 +15,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{Device, Tensor};
-use serde::{Deserialize, Serialize};
 
 pub(crate) use crate::cache::layout::sync_dir;
 use crate::error::{Error, Result};
 
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-pub const STATE_FILE: &str = "state.json";
+pub use crate::format::run::{StateExtra, TrainState, STATE_FILE};
 pub const BEST_DIR: &str = "best";
 const TMP_PREFIX: &str = ".tmp-";
 const OLD_PREFIX: &str = ".old-";
 const STEP_PREFIX: &str = "step-";
-
-/// Everything besides the tensors that a resumed run needs.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct TrainState {
-    pub step: u64,
-    pub optimizer_steps: u64,
-    pub seed: u64,
-    pub best_metric: Option<f64>,
-    pub best_step: Option<u64>,
-    pub config: serde_json::Value,
-    pub extra: serde_json::Value,
-}
 
 /// A loaded checkpoint.
 pub struct Checkpoint {
@@ -171,13 +158,7 @@ impl Checkpointer {
     /// Load one checkpoint folder; errors name the file at fault.
     pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
         let state_path = dir.join(STATE_FILE);
-        let text = fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
-        let state: TrainState = serde_json::from_str(&text).map_err(|e| {
-            Error::Train(format!(
-                "{}: not a valid training state: {e}",
-                state_path.display()
-            ))
-        })?;
+        let state = TrainState::read(&state_path)?;
         let model = load_tensors(&dir.join(MODEL_FILE), device)?;
         let optimizer = load_tensors(&dir.join(OPTIMIZER_FILE), device)?;
         Ok(Checkpoint {
@@ -258,8 +239,7 @@ fn write_files(
         .map_err(|e| Error::Train(format!("{}: {e}", opt_path.display())))?;
     sync_file(&opt_path)?;
     let state_path = dir.join(STATE_FILE);
-    let json = serde_json::to_vec_pretty(state)
-        .map_err(|e| Error::Train(format!("{}: {e}", state_path.display())))?;
+    let json = state.to_json();
     let mut f = fs::File::create(&state_path).map_err(|e| Error::io(&state_path, e))?;
     f.write_all(&json)
         .and_then(|_| f.sync_all())
@@ -362,7 +342,10 @@ mod tests {
             best_metric: Some(0.75),
             best_step: Some(step),
             config: serde_json::json!({"lr": 0.01, "patch": [64, 64, 64]}),
-            extra: serde_json::json!({"rng": 123456789u64}),
+            extra: StateExtra {
+                dataset: Some("vessels".into()),
+                num_classes: Some(3),
+            },
         }
     }
 

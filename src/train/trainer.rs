@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
 
 use super::augment::AugmentConfig;
-use super::checkpoint::{Checkpointer, TrainState};
+use super::checkpoint::{Checkpointer, StateExtra, TrainState};
 use super::config::{OptimizerName, TrainConfig};
 use super::loader::{Loader, LoaderConfig};
 use super::loss::{dice_ce, one_hot};
@@ -29,6 +28,7 @@ use super::{device, plot};
 use crate::cache::layout::write_atomic;
 use crate::cache::reader::{CacheReader, EntryReader};
 use crate::error::{Error, Result};
+use crate::format::run::{RunRecord, RUN_FILE};
 use crate::sysinfo;
 
 /// What one `train` invocation is asked to do.
@@ -66,12 +66,7 @@ pub struct RunSummary {
     pub peak_rss: Option<u64>,
 }
 
-/// Which cases train and which validate, saved in the run folder.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Split {
-    pub train: Vec<String>,
-    pub val: Vec<String>,
-}
+pub use crate::format::run::Split;
 
 /// Deterministic split by case: cases ordered by a seeded hash of their id, the first
 /// `round(n * fraction)` (at least one when n >= 2) validate. Adding a case moves no other.
@@ -247,17 +242,8 @@ pub fn build_model(cfg: &TrainConfig, num_classes: usize, dev: &Device) -> Resul
     UNet::new(ucfg, cfg.seed, dev)
 }
 
-/// What the run folder records about the run's identity, compared on `--resume`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct RunIdentity {
-    dataset: String,
-    num_classes: usize,
-    config: serde_json::Value,
-    split: Split,
-}
-
 /// "key: was X, now Y" for each differing part of two run identities.
-fn identity_differences(old: &RunIdentity, new: &RunIdentity) -> Vec<String> {
+fn identity_differences(old: &RunRecord, new: &RunRecord) -> Vec<String> {
     let mut out = Vec::new();
     let mut diff = |key: &str, a: String, b: String| {
         if a != b {
@@ -288,14 +274,12 @@ fn identity_differences(old: &RunIdentity, new: &RunIdentity) -> Vec<String> {
     out
 }
 
-fn prepare_run_dir(opts: &RunOptions, identity: &RunIdentity) -> Result<()> {
+fn prepare_run_dir(opts: &RunOptions, identity: &RunRecord) -> Result<()> {
     let dir = &opts.run_dir;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let path = dir.join("run.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) if opts.resume => {
-            let old: RunIdentity = serde_json::from_str(&text)
-                .map_err(|e| Error::Train(format!("{}: {e}", path.display())))?;
+    let path = dir.join(RUN_FILE);
+    match RunRecord::read(&path)? {
+        Some(old) if opts.resume => {
             if old != *identity {
                 return Err(Error::Train(format!(
                     "{}: --resume with settings that differ from the run's: {}; resume with the run's options or start a new --out",
@@ -305,19 +289,15 @@ fn prepare_run_dir(opts: &RunOptions, identity: &RunIdentity) -> Result<()> {
             }
             return Ok(());
         }
-        Ok(_) => {
-            if dir.join("checkpoints").is_dir() {
-                return Err(Error::Train(format!(
-                    "{} already holds a run: pass --resume to continue it, or choose another --out",
-                    dir.display()
-                )));
-            }
+        Some(_) if dir.join("checkpoints").is_dir() => {
+            return Err(Error::Train(format!(
+                "{} already holds a run: pass --resume to continue it, or choose another --out",
+                dir.display()
+            )));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(&path, e)),
+        Some(_) | None => {}
     }
-    let text = serde_json::to_string_pretty(identity).unwrap_or_default();
-    write_atomic(&path, text.as_bytes())
+    write_atomic(&path, &identity.to_json())
 }
 
 /// Sum of per-parameter gradients over micro-batches (accumulation).
@@ -371,7 +351,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
         train: data.train.iter().map(|c| c.0.clone()).collect(),
         val: data.val.iter().map(|c| c.0.clone()).collect(),
     };
-    let identity = RunIdentity {
+    let identity = RunRecord {
         dataset: data.dataset.clone(),
         num_classes: data.num_classes,
         config: cfg.weight_shaping(),
@@ -630,7 +610,10 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 best_metric: best.map(|b| b.0),
                 best_step: best.map(|b| b.1),
                 config: serde_json::to_value(cfg).unwrap_or_default(),
-                extra: serde_json::json!({ "dataset": data.dataset, "num_classes": data.num_classes }),
+                extra: StateExtra {
+                    dataset: Some(data.dataset.clone()),
+                    num_classes: Some(data.num_classes),
+                },
             };
             let saved = checkpointer.save(&named, &optimizer.state_tensors()?, &state)?;
             if improved {
@@ -682,10 +665,7 @@ fn say(bar: &ProgressBar, line: String) {
 /// `best_step`; put it right on resume.
 fn remark_best_if_stale(ck: &Checkpointer, run_dir: &Path, best_step: u64) -> Result<()> {
     let best_state = run_dir.join("checkpoints/best/state.json");
-    let current = std::fs::read_to_string(&best_state)
-        .ok()
-        .and_then(|t| serde_json::from_str::<TrainState>(&t).ok())
-        .map(|s| s.step);
+    let current = TrainState::read(&best_state).ok().map(|s| s.step);
     let saved = run_dir
         .join("checkpoints")
         .join(super::checkpoint::step_dir_name(best_step));

@@ -6,15 +6,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::Mmap;
-use serde_json::Value;
 use zarrs::array::{
     Array, ArrayBytes, ArrayShardedReadableExt, ArrayShardedReadableExtCache, CodecOptions,
 };
-use zarrs::filesystem::FilesystemStore;
 
 use super::crc32c::crc32c;
 use super::sample::StoredDtype;
+use crate::cache::store::ReadStore;
 use crate::error::{Error, Result};
+use crate::format::{ArrayLayout, Encoding};
 
 /// An inner chunk that a shard does not hold (all fill value).
 const EMPTY: u64 = u64::MAX;
@@ -76,7 +76,7 @@ pub(crate) enum Source {
     Mapped { index: Option<IndexFormat> },
     /// Anything else (compressed, or mapping turned off): decoded chunk by chunk by zarrs.
     Zarrs {
-        array: Box<Array<FilesystemStore>>,
+        array: Box<Array<ReadStore>>,
         shards: Box<ArrayShardedReadableExtCache>,
     },
 }
@@ -96,40 +96,12 @@ pub(crate) struct ArrayReader {
     pub(crate) per_block: [usize; 3],
     /// Files (chunks or shards) per axis.
     pub(crate) block_grid: [usize; 3],
-    separator: String,
+    layout: ArrayLayout,
     pub(crate) source: Source,
 }
 
 pub(crate) fn ravel(idx: [usize; 3], dims: [usize; 3]) -> usize {
     (idx[0] * dims[1] + idx[1]) * dims[2] + idx[2]
-}
-
-fn shape3(v: Option<&Value>) -> Option<[usize; 3]> {
-    let a = v?.as_array()?;
-    if a.len() != 3 {
-        return None;
-    }
-    let mut out = [0usize; 3];
-    for (o, x) in out.iter_mut().zip(a) {
-        *o = usize::try_from(x.as_u64()?).ok()?;
-    }
-    Some(out)
-}
-
-/// The `bytes` codec writing little-endian (the byte order does not matter for 1-byte types).
-fn is_le_bytes(codec: &Value, elem_size: usize) -> bool {
-    codec.get("name").and_then(Value::as_str) == Some("bytes")
-        && match codec
-            .pointer("/configuration/endian")
-            .and_then(Value::as_str)
-        {
-            Some("little") => true,
-            Some(_) | None => elem_size == 1,
-        }
-}
-
-fn codec_name(codec: &Value) -> Option<&str> {
-    codec.get("name").and_then(Value::as_str)
 }
 
 fn product(dims: [usize; 3]) -> Option<usize> {
@@ -147,77 +119,24 @@ impl ArrayReader {
     ) -> Result<ArrayReader> {
         let dir = entry.join(name);
         let meta_path = dir.join("zarr.json");
-        let text = std::fs::read_to_string(&meta_path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::cache(
-                    &meta_path,
-                    format!("array {name:?} is missing from the entry"),
-                )
-            } else {
-                Error::io(&meta_path, e)
-            }
+        let layout = ArrayLayout::read(&dir).map_err(|e| match e {
+            Error::Cache { message, .. } if !meta_path.exists() => Error::cache(
+                &meta_path,
+                format!("array {name:?} is missing from the entry ({message})"),
+            ),
+            e => e,
         })?;
         let bad = |msg: String| Error::cache(&meta_path, msg);
-        let meta: Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        if meta.get("zarr_format").and_then(Value::as_u64) != Some(3)
-            || meta.get("node_type").and_then(Value::as_str) != Some("array")
-        {
-            return Err(bad("not a Zarr v3 array".into()));
-        }
-        let shape = shape3(meta.get("shape")).ok_or_else(|| bad("shape is not 3-D".into()))?;
+        let shape = layout.shape;
         if shape != expect_shape {
             return Err(bad(format!(
                 "array shape {shape:?} differs from the entry's output shape {expect_shape:?}"
             )));
         }
-        let dtype_name = meta.get("data_type").and_then(Value::as_str).unwrap_or("?");
-        let dtype = StoredDtype::from_zarr(dtype_name).ok_or_else(|| {
-            bad(format!(
-                "data type {dtype_name:?} is not one voxcache writes (float32, float16, uint8, uint16)"
-            ))
-        })?;
+        let dtype = layout.dtype;
         let es = dtype.size();
-        if meta.pointer("/chunk_grid/name").and_then(Value::as_str) != Some("regular") {
-            return Err(bad("chunk grid is not regular".into()));
-        }
-        let outer = shape3(meta.pointer("/chunk_grid/configuration/chunk_shape"))
-            .filter(|c| c.iter().all(|&v| v > 0))
-            .ok_or_else(|| bad("chunk_shape is not three positive sides".into()))?;
-        let key_encoding = meta
-            .pointer("/chunk_key_encoding/name")
-            .and_then(Value::as_str);
-        let separator = meta
-            .pointer("/chunk_key_encoding/configuration/separator")
-            .and_then(Value::as_str)
-            .unwrap_or("/")
-            .to_string();
-        let zero_fill = meta
-            .get("fill_value")
-            .and_then(Value::as_f64)
-            .is_some_and(|v| v == 0.0);
-        let codecs = meta
-            .get("codecs")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("no codecs".into()))?;
-
-        // The single sharding codec, if the array is sharded.
-        let sharding = match codecs.as_slice() {
-            [c] if codec_name(c) == Some("sharding_indexed") => c.get("configuration"),
-            _ => None,
-        };
-        let chunk = match sharding {
-            None => outer,
-            Some(cfg) => shape3(cfg.get("chunk_shape"))
-                .filter(|c| c.iter().all(|&v| v > 0))
-                .ok_or_else(|| bad("sharding chunk_shape is not three positive sides".into()))?,
-        };
-        if (0..3).any(|a| outer[a] % chunk[a] != 0) {
-            return Err(bad(format!(
-                "shard shape {outer:?} is not a whole multiple of its chunk shape {chunk:?}"
-            )));
-        }
-        let per_block = [0, 1, 2].map(|a| outer[a] / chunk[a]);
+        let (outer, chunk) = (layout.block, layout.chunk);
+        let per_block = layout.per_block();
         let chunk_bytes = product(chunk)
             .and_then(|n| n.checked_mul(es))
             .filter(|&n| n < isize::MAX as usize)
@@ -226,46 +145,23 @@ impl ArrayReader {
             .and_then(|n| n.checked_mul(16))
             .ok_or_else(|| bad(format!("shard shape {outer:?} is too large")))?;
 
-        // Memory-mappable: uncompressed little-endian chunks with zero fill and default keys.
-        let mappable = mmap && zero_fill && key_encoding == Some("default");
-        let mapped = match (codecs.as_slice(), sharding) {
-            ([c], None) if mappable && is_le_bytes(c, es) => Some(None),
-            (_, Some(cfg)) if mappable => {
-                let inner_ok = matches!(
-                    cfg.get("codecs").and_then(Value::as_array).map(Vec::as_slice),
-                    Some([c]) if is_le_bytes(c, es)
-                );
-                let index = match cfg
-                    .get("index_codecs")
-                    .and_then(Value::as_array)
-                    .map(Vec::as_slice)
-                {
-                    Some([b]) if is_le_bytes(b, 8) => Some(false),
-                    Some([b, c]) if is_le_bytes(b, 8) && codec_name(c) == Some("crc32c") => {
-                        Some(true)
-                    }
-                    _ => None,
-                };
-                let at_end = match cfg.get("index_location").and_then(Value::as_str) {
-                    None | Some("end") => Some(true),
-                    Some("start") => Some(false),
-                    Some(_) => None,
-                };
-                match (inner_ok, index, at_end) {
-                    (true, Some(crc32c), Some(at_end)) => {
-                        Some(Some(IndexFormat { at_end, crc32c }))
-                    }
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        let source = match mapped {
-            Some(index) => Source::Mapped { index },
-            None => {
-                let store = FilesystemStore::new(entry).map_err(|e| Error::zarr(entry, e))?;
-                let array = Array::open(Arc::new(store), &format!("/{name}"))
-                    .map_err(|e| Error::zarr(&dir, e))?;
+        let source = match layout.encoding {
+            Encoding::Raw if mmap && layout.mappable() => Source::Mapped { index: None },
+            Encoding::ShardedRaw {
+                index_at_end,
+                index_crc32c,
+            } if mmap && layout.mappable() => Source::Mapped {
+                index: Some(IndexFormat {
+                    at_end: index_at_end,
+                    crc32c: index_crc32c,
+                }),
+            },
+            _ => {
+                let array = Array::open(
+                    super::super::store::open_readable(entry)?,
+                    &format!("/{name}"),
+                )
+                .map_err(|e| Error::zarr(&dir, e))?;
                 let shards = ArrayShardedReadableExtCache::new(&array);
                 Source::Zarrs {
                     array: Box::new(array),
@@ -282,16 +178,15 @@ impl ArrayReader {
             chunk,
             chunk_bytes,
             per_block,
-            block_grid: [0, 1, 2].map(|a| shape[a].div_ceil(outer[a])),
-            separator,
+            block_grid: layout.block_grid(),
+            layout,
             source,
         })
     }
 
     /// The file holding block (chunk or shard) `b`.
     pub(crate) fn block_path(&self, b: [usize; 3]) -> PathBuf {
-        let s = &self.separator;
-        self.dir.join(format!("c{s}{}{s}{}{s}{}", b[0], b[1], b[2]))
+        self.dir.join(self.layout.block_key(b))
     }
 
     /// The block (file) holding chunk `c`, and the chunk's place inside it.

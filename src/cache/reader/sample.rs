@@ -1,47 +1,9 @@
-//! Stored element types and the row conversions from stored little-endian bytes into the
-//! caller's buffer.
+//! The row conversions from stored little-endian bytes into the caller's buffer (the element
+//! types themselves are [`crate::format::Dtype`]).
 
 use half::f16;
 
-/// Element type of a stored array.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StoredDtype {
-    Float32,
-    Float16,
-    Uint8,
-    Uint16,
-}
-
-impl StoredDtype {
-    /// From a Zarr v3 `data_type` name.
-    pub fn from_zarr(name: &str) -> Option<Self> {
-        Some(match name {
-            "float32" => StoredDtype::Float32,
-            "float16" => StoredDtype::Float16,
-            "uint8" => StoredDtype::Uint8,
-            "uint16" => StoredDtype::Uint16,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            StoredDtype::Float32 => "float32",
-            StoredDtype::Float16 => "float16",
-            StoredDtype::Uint8 => "uint8",
-            StoredDtype::Uint16 => "uint16",
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            StoredDtype::Float32 => 4,
-            StoredDtype::Float16 | StoredDtype::Uint16 => 2,
-            StoredDtype::Uint8 => 1,
-        }
-    }
-}
+pub use crate::format::Dtype as StoredDtype;
 
 mod private {
     pub trait Sealed {}
@@ -88,8 +50,9 @@ fn f16_row(src: &[u8], dst: &mut [f32]) {
 }
 
 impl Sample for f32 {
-    fn accepts(_: StoredDtype) -> bool {
-        true
+    fn accepts(dtype: StoredDtype) -> bool {
+        // uint32 holds values f32 cannot (above 2^24).
+        dtype != StoredDtype::Uint32
     }
 
     fn convert_row(dtype: StoredDtype, src: &[u8], dst: &mut [f32]) {
@@ -112,6 +75,12 @@ impl Sample for f32 {
             StoredDtype::Uint16 => {
                 for (o, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
                     *o = u16::from_le_bytes([c[0], c[1]]) as f32;
+                }
+            }
+            // Not accepted (see `accepts`); converted anyway rather than left unwritten.
+            StoredDtype::Uint32 => {
+                for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                    *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32;
                 }
             }
         }

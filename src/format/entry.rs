@@ -1,0 +1,243 @@
+//! An entry's group attributes (`entries/ab/KEY/zarr.json` -> `attributes.voxcache`): what was
+//! built from which files, with which parameters, on which grid, and where its parts are.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::dtype::Dtype;
+use super::params::{ChunkLayout, OutputParams};
+use super::{check_version, ome, positive3, FORMAT_VERSION};
+use crate::cache::fg_index::ClassStats;
+use crate::error::{Error, Result};
+use crate::geometry::Affine;
+use crate::normalize::{AppliedNormalization, IntensityStats};
+
+/// Name of the entry's array holding the image.
+pub const IMAGE_ARRAY: &str = "image";
+/// Name of the entry's array holding the label.
+pub const LABEL_ARRAY: &str = "label";
+/// Name of the entry's foreground index array.
+pub const FG_ARRAY: &str = "fg";
+
+/// One input file of a case.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SourceFile {
+    /// File name (no folder: the dataset may move).
+    pub file: String,
+    /// blake3 of the file's bytes, hex.
+    pub blake3: String,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// The files an entry was built from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sources {
+    pub image: SourceFile,
+    pub label: Option<SourceFile>,
+}
+
+/// The input image's grid as its header describes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InputGeometry {
+    #[serde(deserialize_with = "positive3")]
+    pub shape_xyz: [usize; 3],
+    pub spacing_xyz: [f64; 3],
+    pub affine: Affine,
+    /// "sform", "qform" or "pixdim".
+    pub affine_source: String,
+    /// Axis codes of the affine, e.g. "RAS".
+    pub orientation: String,
+    /// NIfTI datatype name, e.g. "int16".
+    pub datatype: String,
+    /// "mm", "um", "m" or "unknown".
+    pub unit: String,
+}
+
+/// The cached grid.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutputGeometry {
+    /// Array axis names: always `["z", "y", "x"]`.
+    pub axes: [String; 3],
+    #[serde(deserialize_with = "positive3")]
+    pub shape_zyx: [usize; 3],
+    /// The same shape in NIfTI axis order (x, y, z).
+    #[serde(deserialize_with = "positive3")]
+    pub shape_xyz: [usize; 3],
+    /// True output spacing (x, y, z): the input extent over the output voxel count.
+    pub spacing_xyz: [f64; 3],
+    /// The spacing asked for (x, y, z).
+    pub target_spacing_xyz: [f64; 3],
+    /// Voxel (x, y, z) to world, like the input's.
+    pub affine: Affine,
+    pub orientation: String,
+}
+
+impl OutputGeometry {
+    /// The output grid of `shape_xyz` voxels.
+    pub fn new(
+        shape_xyz: [usize; 3],
+        spacing_xyz: [f64; 3],
+        target_spacing_xyz: [f64; 3],
+        affine: Affine,
+    ) -> Self {
+        OutputGeometry {
+            axes: ["z", "y", "x"].map(String::from),
+            shape_zyx: crate::geometry::zyx(shape_xyz),
+            shape_xyz,
+            spacing_xyz,
+            target_spacing_xyz,
+            orientation: affine.axis_codes(),
+            affine,
+        }
+    }
+}
+
+/// The label array's type and what it holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LabelInfo {
+    pub dtype: Dtype,
+    /// Per label value present (background included): voxel count and bounding box.
+    pub classes: BTreeMap<u16, ClassStats>,
+}
+
+/// Rows `start..start + count` of the `fg` array belong to one class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowRange {
+    pub start: u64,
+    pub count: u64,
+}
+
+/// Where the sampled foreground coordinates are.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FgIndexInfo {
+    /// The array's name (`fg`), `None` when no class has a voxel.
+    pub array: Option<String>,
+    /// What each row of the array holds: `["class", "z", "y", "x"]`.
+    pub columns: [String; 4],
+    pub rows_per_class: BTreeMap<u16, RowRange>,
+}
+
+impl FgIndexInfo {
+    /// Rows over all classes.
+    pub fn total_rows(&self) -> u64 {
+        self.rows_per_class.values().map(|r| r.count).sum()
+    }
+}
+
+/// Everything voxcache records about one entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntryAttrs {
+    pub format_version: u32,
+    pub case_id: String,
+    /// The content key (the entry's folder name).
+    pub key: String,
+    /// "voxcache VERSION".
+    pub created_by: String,
+    pub source: Sources,
+    pub input: InputGeometry,
+    pub output: OutputGeometry,
+    pub params: OutputParams,
+    /// This entry's chunk and shard shape (the configured ones, fitted to its shape).
+    pub layout: ChunkLayout,
+    /// Statistics of the input image before normalization.
+    pub intensity: IntensityStats,
+    pub normalization: AppliedNormalization,
+    /// `None` for a case built without a label.
+    pub label: Option<LabelInfo>,
+    pub fg_index: FgIndexInfo,
+    /// The checksums file (`voxcache_chunks.json`).
+    pub chunk_checksums: String,
+}
+
+/// The attributes key voxcache's record lives under in the group's `zarr.json`.
+const ATTRS_KEY: &str = "voxcache";
+
+impl EntryAttrs {
+    /// The group attributes to write: ours, and OME-Zarr's so viewers place the image.
+    pub fn to_group_attributes(&self) -> Result<Map<String, Value>> {
+        let mut attrs = Map::new();
+        let ours = serde_json::to_value(self)
+            .map_err(|e| Error::Config(format!("entry attributes do not serialize: {e}")))?;
+        attrs.insert(ATTRS_KEY.into(), ours);
+        let o = &self.output;
+        attrs.insert(
+            "ome".into(),
+            ome::multiscales(&self.case_id, o.spacing_xyz, &self.input.unit),
+        );
+        Ok(attrs)
+    }
+
+    /// Parse a group `zarr.json` (its bytes; `path` names it in errors).
+    pub fn from_group_json(path: &std::path::Path, bytes: &[u8]) -> Result<EntryAttrs> {
+        #[derive(Deserialize)]
+        struct Group {
+            #[serde(default)]
+            attributes: Map<String, Value>,
+        }
+        let group: Group = serde_json::from_slice(bytes).map_err(|e| {
+            let what = if e.is_eof() { "truncated" } else { "not valid" };
+            Error::cache(path, format!("{what} JSON ({e})"))
+        })?;
+        let ours = group
+            .attributes
+            .get(ATTRS_KEY)
+            .filter(|v| v.is_object())
+            .ok_or_else(|| Error::cache(path, "no attributes.voxcache: not a voxcache entry"))?;
+        check_version(path, "entry", ours.get("format_version"))?;
+        let attrs = EntryAttrs::deserialize(ours)
+            .map_err(|e| Error::cache(path, format!("malformed voxcache attributes: {e}")))?;
+        attrs.check(path)?;
+        Ok(attrs)
+    }
+
+    /// Consistency a reader relies on: names are plain, the layout fits, the index fits.
+    fn check(&self, path: &std::path::Path) -> Result<()> {
+        let bad = |m: String| Err(Error::cache(path, m));
+        if self.format_version != FORMAT_VERSION {
+            return bad(format!("format_version {}", self.format_version));
+        }
+        if self.output.shape_xyz != crate::geometry::zyx(self.output.shape_zyx) {
+            return bad(format!(
+                "output.shape_xyz {:?} is not output.shape_zyx {:?} reversed",
+                self.output.shape_xyz, self.output.shape_zyx
+            ));
+        }
+        if let Some(a) = &self.fg_index.array {
+            if a != FG_ARRAY {
+                return bad(format!("fg_index.array {a:?} is not {FG_ARRAY:?}"));
+            }
+        }
+        let l = &self.layout;
+        if l.chunk_zyx.contains(&0) {
+            return bad(format!(
+                "layout.chunk_zyx {:?} has a zero side",
+                l.chunk_zyx
+            ));
+        }
+        if let Some(s) = l.shard_zyx {
+            if (0..3).any(|a| s[a] == 0 || s[a] % l.chunk_zyx[a] != 0) {
+                return bad(format!(
+                    "layout.shard_zyx {s:?} is not a whole multiple of the chunk {:?}",
+                    l.chunk_zyx
+                ));
+            }
+        }
+        let mut end = 0u64;
+        for (c, r) in &self.fg_index.rows_per_class {
+            if r.start != end {
+                return bad(format!(
+                    "fg_index: class {c} starts at row {} where row {end} was expected",
+                    r.start
+                ));
+            }
+            end = r.start.saturating_add(r.count);
+        }
+        if end > 0 && self.fg_index.array.is_none() {
+            return bad("fg_index has rows but no array".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,101 @@
+//! `manifest.json`: per dataset, the parameters it was built with and its cases' entries.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path};
+
+use serde::{Deserialize, Serialize};
+
+use super::params::OutputParams;
+use super::{check_version, positive3, FORMAT_VERSION};
+use crate::error::{Error, Result};
+
+/// One case of a dataset.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ManifestCase {
+    pub key: String,
+    /// The entry folder relative to the cache root: `entries/ab/KEY`.
+    pub entry: String,
+    #[serde(deserialize_with = "positive3")]
+    pub out_shape_zyx: [usize; 3],
+}
+
+/// One dataset: the parameters every one of its entries was built with.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ManifestDataset {
+    pub pipeline: String,
+    /// blake3 of the canonical parameters: builds with equal params_key merge their cases.
+    pub params_key: String,
+    /// Everything predict needs to preprocess a new volume the same way (target spacing,
+    /// normalization and its dataset statistics, dtype).
+    pub params: OutputParams,
+    /// How the target spacing was chosen (rule and reason).
+    pub spacing_rule: String,
+    pub spacing_reason: String,
+    pub cases: BTreeMap<String, ManifestCase>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub datasets: BTreeMap<String, ManifestDataset>,
+}
+
+impl Default for Manifest {
+    fn default() -> Self {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            datasets: BTreeMap::new(),
+        }
+    }
+}
+
+/// The short key of a parameter set: builds with equal keys share a dataset's case list.
+pub fn params_key(params: &OutputParams) -> String {
+    blake3::hash(params.canonical_json().as_bytes()).to_hex()[..16].to_string()
+}
+
+/// An entry path from a manifest: `entries/...`, plain components only (nothing may point
+/// outside the cache folder).
+pub fn entry_path_is_safe(rel: &str) -> bool {
+    let p = Path::new(rel);
+    p.components().all(|c| matches!(c, Component::Normal(_)))
+        && p.components().next() == Some(Component::Normal("entries".as_ref()))
+}
+
+impl Manifest {
+    /// Parse a manifest's bytes (`path` names it in errors).
+    pub fn from_json(path: &Path, bytes: &[u8]) -> Result<Manifest> {
+        let value: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| Error::cache(path, format!("not a voxcache manifest: {e}")))?;
+        check_version(path, "manifest", value.get("format_version"))?;
+        let m = Manifest::deserialize(value)
+            .map_err(|e| Error::cache(path, format!("not a voxcache manifest: {e}")))?;
+        for (name, d) in &m.datasets {
+            for (id, c) in &d.cases {
+                if !entry_path_is_safe(&c.entry) {
+                    return Err(Error::cache(
+                        path,
+                        format!(
+                            "dataset {name}, case {id}: entry path {:?} leaves the cache's entries/ folder",
+                            c.entry
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(m)
+    }
+
+    /// Read `path`; `Ok(None)` when there is no such file.
+    pub fn read(path: &Path) -> Result<Option<Manifest>> {
+        match std::fs::read(path) {
+            Ok(b) => Manifest::from_json(path, &b).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).unwrap_or_default()
+    }
+}

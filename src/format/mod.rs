@@ -1,0 +1,106 @@
+//! The on-disk format: the only code that reads or writes voxcache's own JSON (entry
+//! attributes, the manifest, chunk checksums) and parses array metadata (through zarrs' types).
+//! Every other module goes through these typed structs, so a field is spelt, checked and
+//! versioned in one place.
+//!
+//! - [`entry`]: an entry's group attributes ([`EntryAttrs`]).
+//! - [`manifest`]: `manifest.json` ([`Manifest`]).
+//! - [`checksums`]: `voxcache_chunks.json` ([`ChunkChecksums`]).
+//! - [`params`]: the parameters that shape an entry's bytes ([`OutputParams`]).
+//! - [`array`]: an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
+//! - [`dtype`]: the one table of stored element types ([`Dtype`]).
+//! - [`run`]: a training run folder's `run.json` and checkpoints' `state.json`.
+//!
+//! A cache written by another format version is refused with one sentence that says what to do.
+
+pub mod array;
+pub mod checksums;
+pub mod dtype;
+pub mod entry;
+pub mod manifest;
+mod ome;
+pub mod params;
+pub mod run;
+
+use std::path::Path;
+
+use serde::{Deserialize, Deserializer};
+
+pub use array::{ArrayLayout, Encoding};
+pub use checksums::{ChunkChecksums, CHECKSUMS_FILE};
+pub use dtype::Dtype;
+pub use entry::{EntryAttrs, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY};
+pub use manifest::{Manifest, ManifestCase, ManifestDataset};
+pub use params::{ChunkLayout, Compression, ImageDtype, OutputParams};
+
+/// Bumped whenever the bytes or the schema of an entry change for the same parameters.
+/// 1: the first release. 2: typed schema (sources record sizes, label classes keyed by value).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Refuse anything but this version, with one sentence that says what to do.
+fn check_version(path: &Path, what: &str, v: Option<&serde_json::Value>) -> crate::Result<()> {
+    match v.and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(FORMAT_VERSION) => Ok(()),
+        Some(v) if v < u64::from(FORMAT_VERSION) => Err(crate::Error::cache(
+            path,
+            format!(
+                "this {what} was written in voxcache format version {v}, which this voxcache (format version {FORMAT_VERSION}) no longer reads: rebuild the cache with prep build-cache into a new cache folder"
+            ),
+        )),
+        Some(v) => Err(crate::Error::cache(
+            path,
+            format!(
+                "this {what} was written in voxcache format version {v} by a newer voxcache than this one (format version {FORMAT_VERSION}): upgrade voxcache to read it"
+            ),
+        )),
+        None => Err(crate::Error::cache(
+            path,
+            format!("not a voxcache {what}: no format_version"),
+        )),
+    }
+}
+
+/// Three sides from a list of numbers (`positive`: none may be zero); `None` otherwise.
+pub fn dims3<T: Copy + TryInto<u64>>(v: &[T], positive: bool) -> Option<[usize; 3]> {
+    let [a, b, c] = v else { return None };
+    let one = |x: T| -> Option<usize> {
+        let n = usize::try_from(x.try_into().ok()?).ok()?;
+        (!positive || n > 0).then_some(n)
+    };
+    Some([one(*a)?, one(*b)?, one(*c)?])
+}
+
+/// serde: three positive whole numbers (shapes, chunk sides).
+fn positive3<'de, D: Deserializer<'de>>(d: D) -> Result<[usize; 3], D::Error> {
+    let v = <[u64; 3]>::deserialize(d)?;
+    dims3(&v, true).ok_or_else(|| serde::de::Error::custom(format!("{v:?} has a zero side")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dims3_checks_length_range_and_zero() {
+        assert_eq!(dims3(&[1u64, 2, 3], true), Some([1, 2, 3]));
+        assert_eq!(dims3(&[1u64, 0, 3], true), None);
+        assert_eq!(dims3(&[1u64, 0, 3], false), Some([1, 0, 3]));
+        assert_eq!(dims3(&[1u64, 2], false), None);
+        let nz = std::num::NonZeroU64::new(5).unwrap();
+        assert_eq!(dims3(&[nz, nz, nz], true), Some([5, 5, 5]));
+    }
+
+    #[test]
+    fn other_versions_get_one_clear_sentence() {
+        let p = Path::new("cache/manifest.json");
+        let old = check_version(p, "cache", Some(&serde_json::json!(1)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            old.contains("format version 1") && old.contains("rebuild"),
+            "{old}"
+        );
+        assert!(check_version(p, "cache", Some(&serde_json::json!(FORMAT_VERSION))).is_ok());
+        assert!(check_version(p, "cache", None).is_err());
+    }
+}
