@@ -4,35 +4,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
+use common::fixtures::{build_report, bundled_data, entry_dirs, prep, stderr};
 use common::{tree_hashes, write_case, Nii};
-
-fn prep(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_prep"))
-        .args(args)
-        .env_remove("VOXCACHE_FAILPOINT")
-        .output()
-        .expect("run prep")
-}
-
-fn build(data: &Path, cache: &Path, extra: &[&str]) -> (Output, serde_json::Value) {
-    let mut args = vec![
-        "build-cache",
-        data.to_str().unwrap(),
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let out = prep(&args);
-    let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out, report)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
 
 fn count(report: &serde_json::Value, what: &str) -> u64 {
     report[what].as_u64().unwrap_or(u64::MAX)
@@ -47,25 +22,12 @@ fn dataset(dir: &Path) -> PathBuf {
     d
 }
 
-fn entries(cache: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(cache.join("entries")) {
-        for shard in rd.flatten() {
-            for e in std::fs::read_dir(shard.path()).unwrap().flatten() {
-                out.push(e.path());
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn rebuild_is_a_no_op_and_bytes_are_reproducible() {
     let t = tempfile::tempdir().unwrap();
     let data = dataset(t.path());
     let (c1, c2) = (t.path().join("c1"), t.path().join("c2"));
-    let (o, r) = build(&data, &c1, &[]);
+    let (o, r) = build_report(&data, &c1, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
         (count(&r, "built"), count(&r, "cached"), count(&r, "failed")),
@@ -73,7 +35,7 @@ fn rebuild_is_a_no_op_and_bytes_are_reproducible() {
     );
     let before = tree_hashes(&c1.join("entries"));
 
-    let (o, r) = build(&data, &c1, &[]);
+    let (o, r) = build_report(&data, &c1, &[]);
     assert!(o.status.success());
     assert_eq!((count(&r, "built"), count(&r, "cached")), (0, 3));
     assert_eq!(
@@ -83,7 +45,7 @@ fn rebuild_is_a_no_op_and_bytes_are_reproducible() {
     );
 
     // A second cache built from scratch holds the very same bytes.
-    let (o, _) = build(&data, &c2, &["-j", "1"]);
+    let (o, _) = build_report(&data, &c2, &["-j", "1"]);
     assert!(o.status.success());
     assert_eq!(tree_hashes(&c2.join("entries")), before);
 }
@@ -100,9 +62,9 @@ fn sharded_and_compressed_builds_are_reproducible_too() {
         let (c1, c2) = (t.path().join("s1"), t.path().join("s2"));
         let _ = std::fs::remove_dir_all(&c1);
         let _ = std::fs::remove_dir_all(&c2);
-        let (o, _) = build(&data, &c1, flags);
+        let (o, _) = build_report(&data, &c1, flags);
         assert!(o.status.success(), "{flags:?}: {}", stderr(&o));
-        let (o, _) = build(&data, &c2, flags);
+        let (o, _) = build_report(&data, &c2, flags);
         assert!(o.status.success());
         assert_eq!(
             tree_hashes(&c1.join("entries")),
@@ -117,19 +79,19 @@ fn a_changed_parameter_makes_new_entries_and_a_changed_file_rebuilds_one_case() 
     let t = tempfile::tempdir().unwrap();
     let data = dataset(t.path());
     let cache = t.path().join("cache");
-    let (_, r) = build(&data, &cache, &[]);
+    let (_, r) = build_report(&data, &cache, &[]);
     assert_eq!(count(&r, "built"), 3);
-    let (_, r) = build(&data, &cache, &["--normalization", "zscore"]);
+    let (_, r) = build_report(&data, &cache, &["--normalization", "zscore"]);
     assert_eq!((count(&r, "built"), count(&r, "cached")), (3, 0));
-    assert_eq!(entries(&cache).len(), 6);
-    let (_, r) = build(&data, &cache, &["--spacing", "1,1,2"]);
+    assert_eq!(entry_dirs(&cache).len(), 6);
+    let (_, r) = build_report(&data, &cache, &["--spacing", "1,1,2"]);
     assert_eq!(count(&r, "built"), 3);
     // Back to the first parameters: all cached.
-    let (_, r) = build(&data, &cache, &[]);
+    let (_, r) = build_report(&data, &cache, &[]);
     assert_eq!((count(&r, "built"), count(&r, "cached")), (0, 3));
     // Touch one input's bytes: only that case is rebuilt.
     write_case(&data, "b", [16, 16, 9], [0.5, 0.5, 2.0], 99);
-    let (_, r) = build(&data, &cache, &[]);
+    let (_, r) = build_report(&data, &cache, &[]);
     assert_eq!((count(&r, "built"), count(&r, "cached")), (1, 2));
     let built: Vec<&str> = r["cases"]
         .as_array()
@@ -159,7 +121,7 @@ fn a_build_killed_before_commit_leaves_nothing_that_looks_complete() {
         .unwrap();
     assert!(!out.status.success(), "the failpoint must kill the build");
     assert!(
-        entries(&cache).is_empty(),
+        entry_dirs(&cache).is_empty(),
         "no entry may appear before its commit"
     );
     assert!(!cache.join("manifest.json").exists());
@@ -169,7 +131,7 @@ fn a_build_killed_before_commit_leaves_nothing_that_looks_complete() {
         "the killed build leaves its temporary folder"
     );
 
-    let (o, r) = build(&data, &cache, &[]);
+    let (o, r) = build_report(&data, &cache, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(count(&r, "built"), 3);
     assert!(stderr(&o).contains("stale temporary entry"));
@@ -181,9 +143,9 @@ fn the_forecast_is_what_gets_written() {
     let t = tempfile::tempdir().unwrap();
     let data = dataset(t.path());
     let cache = t.path().join("cache");
-    let (_, plan) = build(&data, &cache, &["--dry-run", "--spacing", "0.7,0.9,1.3"]);
+    let (_, plan) = build_report(&data, &cache, &["--dry-run", "--spacing", "0.7,0.9,1.3"]);
     assert!(!cache.exists(), "a dry run writes nothing");
-    let (_, r) = build(&data, &cache, &["--spacing", "0.7,0.9,1.3"]);
+    let (_, r) = build_report(&data, &cache, &["--spacing", "0.7,0.9,1.3"]);
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
     let cases = &manifest["datasets"]["ds"]["cases"];
@@ -247,7 +209,7 @@ fn bad_cases_fail_alone_with_the_file_named() {
     n.write(&img("pixnan"));
 
     let cache = t.path().join("cache");
-    let (o, r) = build(&data, &cache, &[]);
+    let (o, r) = build_report(&data, &cache, &[]);
     assert_eq!(
         o.status.code(),
         Some(1),
@@ -287,7 +249,7 @@ fn bad_cases_fail_alone_with_the_file_named() {
         );
     }
     // Only the good cases have entries; no temporary folder is left behind.
-    assert_eq!(entries(&cache).len(), 3);
+    assert_eq!(entry_dirs(&cache).len(), 3);
     assert_eq!(std::fs::read_dir(cache.join("tmp")).unwrap().count(), 0);
 }
 
@@ -328,8 +290,8 @@ fn parts_build_disjoint_shares_that_merge_in_one_manifest() {
     let t = tempfile::tempdir().unwrap();
     let data = dataset(t.path());
     let cache = t.path().join("cache");
-    let (_, r0) = build(&data, &cache, &["--part", "0/2"]);
-    let (_, r1) = build(&data, &cache, &["--part", "1/2"]);
+    let (_, r0) = build_report(&data, &cache, &["--part", "0/2"]);
+    let (_, r1) = build_report(&data, &cache, &["--part", "1/2"]);
     assert_eq!(count(&r0, "built") + count(&r1, "built"), 3);
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
@@ -340,7 +302,7 @@ fn parts_build_disjoint_shares_that_merge_in_one_manifest() {
             .len(),
         3
     );
-    let (_, r) = build(&data, &cache, &[]);
+    let (_, r) = build_report(&data, &cache, &[]);
     assert_eq!(count(&r, "cached"), 3);
 }
 
@@ -349,9 +311,9 @@ fn entries_record_geometry_stats_and_a_consistent_foreground_index() {
     let t = tempfile::tempdir().unwrap();
     let data = dataset(t.path());
     let cache = t.path().join("cache");
-    let (_, r) = build(&data, &cache, &["--spacing", "0.8,0.8,1.5"]);
+    let (_, r) = build_report(&data, &cache, &["--spacing", "0.8,0.8,1.5"]);
     assert_eq!(count(&r, "built"), 3);
-    for e in entries(&cache) {
+    for e in entry_dirs(&cache) {
         let g: serde_json::Value =
             serde_json::from_slice(&std::fs::read(e.join("zarr.json")).unwrap()).unwrap();
         let a = &g["attributes"]["voxcache"];
@@ -406,9 +368,9 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
     }
     let _guard = TinyFs(mnt.clone());
     // The bundled dataset: its first case (1.2 MiB) fits, the 4.97 um outlier does not.
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+    let data = bundled_data();
     let cache = mnt.join("cache");
-    let (o, r) = build(&data, &cache, &["--spacing", "0.99,0.99,2.9"]);
+    let (o, r) = build_report(&data, &cache, &["--spacing", "0.99,0.99,2.9"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(count(&r, "built"), 1);
     let cases = r["cases"].as_array().unwrap();
@@ -430,7 +392,7 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
     );
     assert!(stderr(&o).contains("disk is full"));
     assert_eq!(
-        entries(&cache).len(),
+        entry_dirs(&cache).len(),
         1,
         "the entry built before the disk filled is kept"
     );

@@ -5,35 +5,14 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::fixtures::{build, entry_dirs, prep, prep_in, text};
 use common::{tree_hashes, write_case, Nii};
 use serde_json::Value;
 
-fn prep_in(cwd: Option<&Path>, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_prep"));
-    c.args(args).env_remove("VOXCACHE_FAILPOINT");
-    if let Some(d) = cwd {
-        c.current_dir(d);
-    }
-    c.output().expect("run prep")
-}
-
-fn prep(args: &[&str]) -> Output {
-    prep_in(None, args)
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn inspect_json(path: &Path, extra: &[&str]) -> (Output, Value) {
@@ -42,13 +21,6 @@ fn inspect_json(path: &Path, extra: &[&str]) -> (Output, Value) {
     let o = prep(&args);
     let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
     (o, v)
-}
-
-fn build(data: &Path, cache: &Path, extra: &[&str]) {
-    let mut args = vec!["build-cache", s(data), "--cache-dir", s(cache), "--quiet"];
-    args.extend_from_slice(extra);
-    let o = prep(&args);
-    assert!(o.status.success(), "{}", text(&o));
 }
 
 fn xyz(v: &Value) -> [f64; 3] {
@@ -259,17 +231,6 @@ fn an_explicit_spacing_answers_what_if_and_still_shows_auto() {
         "{out}"
     );
     assert!(out.contains("auto would choose: 1x1x2 by median:"), "{out}");
-}
-
-fn entry_dirs(cache: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for shard in std::fs::read_dir(cache.join("entries")).unwrap().flatten() {
-        for e in std::fs::read_dir(shard.path()).unwrap().flatten() {
-            out.push(e.path());
-        }
-    }
-    out.sort();
-    out
 }
 
 fn files_under(dir: &Path) -> Vec<PathBuf> {

@@ -6,8 +6,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
+use common::fixtures::{bits, build, bundled_cache, copy_tree, open_entries};
+use common::probe::{assert_probe_sees_an_allocation, vm_rss_kib};
+use common::Lcg;
 use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
 
 const CHUNK: &str = "4,16,16";
@@ -36,60 +38,11 @@ const LAYOUTS: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn build(data: &Path, cache: &Path, extra: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_prep"))
-        .arg("build-cache")
-        .arg(data)
-        .arg("--cache-dir")
-        .arg(cache)
-        .args(["-q", "-j", "2"])
-        .args(extra)
-        .env_remove("VOXCACHE_FAILPOINT")
-        .output()
-        .expect("run prep");
-    assert!(
-        out.status.success(),
-        "prep build-cache {extra:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Caches of the bundled data, one per layout, built once per test run (read-only to tests).
-fn caches() -> &'static Vec<(&'static str, PathBuf)> {
-    static CACHES: OnceLock<(tempfile::TempDir, Vec<(&'static str, PathBuf)>)> = OnceLock::new();
-    &CACHES
-        .get_or_init(|| {
-            let t = tempfile::tempdir().unwrap();
-            let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
-            let list = LAYOUTS
-                .iter()
-                .map(|(name, flags)| {
-                    let dir = t.path().join(name);
-                    build(&data, &dir, flags);
-                    (*name, dir)
-                })
-                .collect();
-            (t, list)
-        })
-        .1
-}
-
+/// The cache of the bundled data in a layout of [`LAYOUTS`], built once per test run
+/// (read-only to tests).
 fn cache(name: &str) -> &'static Path {
-    &caches().iter().find(|(n, _)| *n == name).unwrap().1
-}
-
-fn entries(reader: &CacheReader) -> Vec<EntryReader> {
-    let ds = reader.datasets()[0].to_string();
-    reader
-        .cases(&ds)
-        .unwrap()
-        .iter()
-        .map(|c| reader.open_entry(&ds, &c.case_id).unwrap())
-        .collect()
-}
-
-fn bits(v: impl IntoIterator<Item = f64>) -> Vec<u64> {
-    v.into_iter().map(f64::to_bits).collect()
+    let (_, flags) = LAYOUTS.iter().find(|(n, _)| *n == name).unwrap();
+    bundled_cache(name, flags)
 }
 
 /// Read the box with the reader and with zarrs; image and label must agree exactly.
@@ -111,20 +64,6 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
         "label differs at {start:?} {size:?} in {}",
         e.dir().display()
     );
-}
-
-struct Lcg(u64);
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n.max(1)
-    }
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo) as u64) as i64
-    }
 }
 
 /// Boxes that matter: inside one chunk, across chunk and shard borders, past every edge,
@@ -165,11 +104,11 @@ fn check_entry(e: &EntryReader, shard_chunks: usize, seed: u64) {
 
 #[test]
 fn patches_equal_zarrs_reads_in_every_layout() {
-    for (name, dir) in caches() {
-        let reader = CacheReader::open(dir).unwrap();
+    for (name, _) in LAYOUTS {
+        let reader = CacheReader::open(cache(name)).unwrap();
         let mapped = !name.contains("zstd");
         let shard_chunks = if name.contains("shard") { 2 } else { 1 };
-        let es = entries(&reader);
+        let es = open_entries(&reader);
         assert!(es.len() >= 5, "{name}: {} entries", es.len());
         for (i, e) in es.iter().enumerate() {
             assert_eq!(e.is_mapped(), mapped, "{name}");
@@ -195,7 +134,7 @@ fn zarrs_decoded_path_matches_on_uncompressed_caches_and_under_eviction() {
             ..ReaderOptions::default()
         };
         let reader = CacheReader::open_with(cache(name), opts).unwrap();
-        for (i, e) in entries(&reader).iter().take(3).enumerate() {
+        for (i, e) in open_entries(&reader).iter().take(3).enumerate() {
             assert!(!e.is_mapped());
             check_entry(e, if name == "sharded" { 2 } else { 1 }, 100 + i as u64);
         }
@@ -209,7 +148,7 @@ fn zarrs_decoded_path_matches_on_uncompressed_caches_and_under_eviction() {
         ..ReaderOptions::default()
     };
     let reader = CacheReader::open_with(cache("sharded"), opts).unwrap();
-    for (i, e) in entries(&reader).iter().take(3).enumerate() {
+    for (i, e) in open_entries(&reader).iter().take(3).enumerate() {
         check_entry(e, 2, 200 + i as u64);
     }
     assert!(reader.chunk_cache().stats().mapped_files <= 2);
@@ -270,7 +209,7 @@ fn uint16_labels_and_label_buffers() {
     }
     // uint8 labels read into u8 too.
     let reader = CacheReader::open(cache("plain")).unwrap();
-    let e = &entries(&reader)[0];
+    let e = &open_entries(&reader)[0];
     let (mut a, mut b) = (vec![0u8; 512], vec![0u16; 512]);
     e.read_label([1, 2, 3], [8, 8, 8], &mut a).unwrap();
     e.read_label([1, 2, 3], [8, 8, 8], &mut b).unwrap();
@@ -282,7 +221,7 @@ fn fg_coordinates_point_at_their_class() {
     for name in ["plain", "sharded-zstd"] {
         let reader = CacheReader::open(cache(name)).unwrap();
         let mut total = 0;
-        for e in entries(&reader) {
+        for e in open_entries(&reader) {
             for class in e.classes() {
                 let pts = e.fg_coords(class).unwrap();
                 assert!(!pts.is_empty());
@@ -307,7 +246,7 @@ fn fg_coordinates_point_at_their_class() {
 #[test]
 fn threads_share_one_reader() {
     let reader = CacheReader::open(cache("sharded")).unwrap();
-    let es = entries(&reader);
+    let es = open_entries(&reader);
     let size = [4usize, 12, 12];
     let n = size.iter().product::<usize>();
     let boxes: Vec<(usize, [i64; 3])> = {
@@ -339,23 +278,11 @@ fn threads_share_one_reader() {
     });
 }
 
-fn vm_rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// The caches the RSS probe reads, passed to its own process.
 const RSS_CACHES_ENV: &str = "VOXCACHE_TEST_RSS_CACHES";
 
 #[test]
 fn memory_stays_flat_over_many_patches() {
-    if !Path::new("/proc/self/status").exists() {
-        return;
-    }
     // Other tests of this binary allocate in parallel threads, which would show in this
     // process's RSS: measure in a process of its own.
     let dirs: Vec<String> = ["plain", "sharded-zstd"]
@@ -377,6 +304,7 @@ fn memory_stays_flat_over_many_patches() {
 #[test]
 #[ignore = "run in its own process by memory_stays_flat_over_many_patches"]
 fn rss_probe() {
+    assert_probe_sees_an_allocation();
     let dirs: Vec<PathBuf> = match std::env::var(RSS_CACHES_ENV) {
         Ok(v) => v.lines().map(PathBuf::from).collect(),
         Err(_) => vec![cache("plain").into(), cache("sharded-zstd").into()],
@@ -391,7 +319,7 @@ fn rss_probe() {
             ..ReaderOptions::default()
         };
         let reader = CacheReader::open_with(&dir, opts).unwrap();
-        let es = entries(&reader);
+        let es = open_entries(&reader);
         let mut rng = Lcg(11);
         let mut run = |count: usize| {
             for _ in 0..count {
@@ -415,19 +343,6 @@ fn rss_probe() {
             dir.display()
         );
         assert!(reader.chunk_cache().stats().decoded_bytes <= 1 << 20);
-    }
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let p = e.path();
-        let dest = to.join(e.file_name());
-        if p.is_dir() {
-            copy_tree(&p, &dest);
-        } else {
-            std::fs::copy(&p, &dest).unwrap();
-        }
     }
 }
 
@@ -562,7 +477,7 @@ fn missing_and_foreign_caches_and_entries() {
 
     // A wrong buffer size or a label read on a buffer of the wrong length.
     let reader = CacheReader::open(cache("plain")).unwrap();
-    let e = &entries(&reader)[0];
+    let e = &open_entries(&reader)[0];
     let mut img = vec![0.0f32; 7];
     assert!(e.read_patch([0, 0, 0], [2, 2, 2], &mut img, None).is_err());
     let mut img = vec![0.0f32; 8];

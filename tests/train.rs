@@ -3,14 +3,16 @@
 //! uninterrupted run, the run folder holds what the README promises, and bad input gets a
 //! clear error.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
+use common::fixtures::bundled_cache;
 use voxcache::cache::reader::CacheReader;
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::config::TrainConfig;
@@ -24,29 +26,7 @@ use voxcache::train::validate::SlidingWindow;
 
 /// A cache of the bundled data, built once for all tests (read-only to them).
 fn cache() -> &'static Path {
-    static CACHE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &CACHE
-        .get_or_init(|| {
-            let t = tempfile::tempdir().unwrap();
-            let dir = t.path().join("cache");
-            let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
-            let out = Command::new(env!("CARGO_BIN_EXE_prep"))
-                .arg("build-cache")
-                .arg(&data)
-                .arg("--cache-dir")
-                .arg(&dir)
-                .args(["-q", "-j", "2"])
-                .env_remove("VOXCACHE_FAILPOINT")
-                .output()
-                .expect("run prep");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (t, dir)
-        })
-        .1
+    bundled_cache("default", &[])
 }
 
 /// A small, fast configuration.

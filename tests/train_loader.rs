@@ -6,9 +6,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use common::fixtures::{bits, bundled_cache, copy_tree, open_entries};
+use common::probe::{assert_probe_sees_an_allocation, status_kib, vm_rss_kib};
 use voxcache::cache::reader::{CacheReader, EntryReader};
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::loader::{Batch, Loader, LoaderConfig};
@@ -16,52 +17,18 @@ use voxcache::train::sampler::{Sampler, SamplerConfig};
 
 const CHUNK: [usize; 3] = [4, 16, 16];
 
-fn build(data: &Path, cache: &Path, extra: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_prep"))
-        .arg("build-cache")
-        .arg(data)
-        .arg("--cache-dir")
-        .arg(cache)
-        .args(["-q", "-j", "2", "--chunk", "4,16,16"])
-        .args(extra)
-        .env_remove("VOXCACHE_FAILPOINT")
-        .output()
-        .expect("run prep");
-    assert!(
-        out.status.success(),
-        "prep build-cache {extra:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Caches of the bundled data (volumes of 9 to 69 slices), plain and zstd, built once.
 fn cache(name: &str) -> &'static Path {
-    static CACHES: OnceLock<(tempfile::TempDir, Vec<(&'static str, PathBuf)>)> = OnceLock::new();
-    let (_, list) = CACHES.get_or_init(|| {
-        let t = tempfile::tempdir().unwrap();
-        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
-        let list = [("plain", &[][..]), ("zstd", &["--compression", "zstd"][..])]
-            .into_iter()
-            .map(|(name, flags)| {
-                let dir = t.path().join(name);
-                build(&data, &dir, flags);
-                (name, dir)
-            })
-            .collect();
-        (t, list)
-    });
-    &list.iter().find(|(n, _)| *n == name).unwrap().1
+    match name {
+        "plain" => bundled_cache(name, &["--chunk", "4,16,16"]),
+        "zstd" => bundled_cache(name, &["--chunk", "4,16,16", "--compression", "zstd"]),
+        _ => panic!("no cache layout {name:?}"),
+    }
 }
 
+/// Every case of a cache, opened.
 fn entries(dir: &Path) -> Vec<EntryReader> {
-    let reader = CacheReader::open(dir).unwrap();
-    let ds = reader.datasets()[0].to_string();
-    reader
-        .cases(&ds)
-        .unwrap()
-        .iter()
-        .map(|c| reader.open_entry(&ds, &c.case_id).unwrap())
-        .collect()
+    open_entries(&CacheReader::open(dir).unwrap())
 }
 
 fn loader_cfg(workers: usize, augment: AugmentConfig) -> LoaderConfig {
@@ -81,10 +48,6 @@ fn start(
 ) -> Loader {
     let sampler = Sampler::new(es, Vec::new(), cfg).unwrap();
     Loader::start(es.to_vec(), sampler, loader_cfg(workers, augment), first).unwrap()
-}
-
-fn bits(v: impl IntoIterator<Item = f64>) -> Vec<u64> {
-    v.into_iter().map(f64::to_bits).collect()
 }
 
 fn patch_of<T: Copy>(data: &[T], b: &Batch, i: usize) -> Vec<T> {
@@ -403,19 +366,6 @@ fn bad_loader_settings_are_errors() {
     assert!(Loader::start(fewer, sampler(), LoaderConfig::default(), 0).is_err());
 }
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let p = e.path();
-        let dest = to.join(e.file_name());
-        if p.is_dir() {
-            copy_tree(&p, &dest);
-        } else {
-            std::fs::copy(&p, &dest).unwrap();
-        }
-    }
-}
-
 #[test]
 fn a_corrupt_chunk_is_the_error_of_its_step_only() {
     for layout in ["plain", "zstd"] {
@@ -454,22 +404,10 @@ fn a_corrupt_chunk_is_the_error_of_its_step_only() {
     }
 }
 
-fn status_kib(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 const RSS_CACHE_ENV: &str = "VOXCACHE_TEST_LOADER_RSS_CACHE";
 
 #[test]
 fn memory_stays_flat_over_many_batches() {
-    if !Path::new("/proc/self/status").exists() {
-        return;
-    }
     // Other tests of this binary allocate in parallel: measure in a process of its own.
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["loader_rss_probe", "--exact", "--ignored", "--nocapture"])
@@ -486,6 +424,7 @@ fn memory_stays_flat_over_many_batches() {
 #[test]
 #[ignore = "run in its own process by memory_stays_flat_over_many_batches"]
 fn loader_rss_probe() {
+    assert_probe_sees_an_allocation();
     let dir = std::env::var(RSS_CACHE_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|_| cache("plain").to_path_buf());
@@ -508,11 +447,11 @@ fn loader_rss_probe() {
         }
     };
     run(200);
-    let (rss0, anon0) = (status_kib("VmRSS:"), status_kib("RssAnon:"));
+    let (rss0, anon0) = (vm_rss_kib(), status_kib("RssAnon"));
     let t0 = Instant::now();
     run(2000);
     let secs = t0.elapsed().as_secs_f64();
-    let (rss1, anon1) = (status_kib("VmRSS:"), status_kib("RssAnon:"));
+    let (rss1, anon1) = (vm_rss_kib(), status_kib("RssAnon"));
     println!(
         "2000 batches of 4 x 16x32x32 in {secs:.2} s ({:.0} batches/s); VmRSS {rss0} -> {rss1} KiB, RssAnon {anon0} -> {anon1} KiB",
         2000.0 / secs

@@ -1,7 +1,15 @@
-//! Test fixtures: a NIfTI-1 writer written from the spec, independent of the nifti crate, so
-//! the reader is checked against bytes we control (datatypes, endianness, odd headers).
+//! Fixtures and probes shared by the integration tests (each test binary uses a subset, hence
+//! the `dead_code` allowance):
+//! - here: a NIfTI-1 writer written from the spec, independent of the nifti crate, so the reader
+//!   is checked against bytes we control (datatypes, endianness, odd headers), nnU-Net style
+//!   cases and a deterministic random stream;
+//! - [`fixtures`]: running `prep build-cache` into caches, and walking and copying them;
+//! - [`probe`]: this process's memory use, read from `/proc/self/status`;
+//! - `zarr_read`: zarrs' own reads, the reference for the patch readers.
 #![allow(dead_code)]
 
+pub mod fixtures;
+pub mod probe;
 mod zarr_read;
 #[allow(unused_imports)] // not every test crate reads zarr arrays
 pub use zarr_read::zarrs_box;
@@ -165,12 +173,27 @@ impl Nii {
 /// A deterministic pseudo-random stream for fixtures.
 pub struct Lcg(pub u64);
 impl Lcg {
-    pub fn next_f32(&mut self) -> f32 {
+    fn step(&mut self) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32) / (1u64 << 24) as f32
+        self.0
+    }
+
+    /// Uniform in [0, 1), 24 bits.
+    pub fn next_f32(&mut self) -> f32 {
+        ((self.step() >> 40) as f32) / (1u64 << 24) as f32
+    }
+
+    /// In 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        (self.step() >> 33) % n.max(1)
+    }
+
+    /// In lo..hi (lo when the range is empty).
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo) as u64) as i64
     }
 }
 

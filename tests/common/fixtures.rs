@@ -1,0 +1,155 @@
+//! Caches for the tests: the `prep` binary run on a data folder (with its JSON report or
+//! checked for success), caches of the bundled data built once per test binary, and walking and
+//! copying cache folders.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, PoisonError};
+
+use voxcache::cache::reader::{CacheReader, EntryReader};
+
+/// Run `prep` in `cwd` (the test's own when `None`), never under a failpoint left in the
+/// environment.
+pub fn prep_in(cwd: Option<&Path>, args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_prep"));
+    c.args(args).env_remove("VOXCACHE_FAILPOINT");
+    if let Some(d) = cwd {
+        c.current_dir(d);
+    }
+    c.output().expect("run prep")
+}
+
+/// Run `prep` with `args`.
+pub fn prep(args: &[&str]) -> Output {
+    prep_in(None, args)
+}
+
+/// What a command wrote to stderr.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// Exit status, stdout and stderr of a command, for assertion messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `prep build-cache DATA --cache-dir CACHE --json EXTRA...`: the output and the JSON report
+/// (`Null` when stdout holds none, as after a usage error); success is not checked.
+pub fn build_report(data: &Path, cache: &Path, extra: &[&str]) -> (Output, serde_json::Value) {
+    let mut args = vec![
+        "build-cache",
+        data.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = prep(&args);
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out, report)
+}
+
+/// `prep build-cache DATA --cache-dir CACHE -q -j 2 EXTRA...`, which must succeed.
+pub fn build(data: &Path, cache: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "build-cache",
+        data.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "-q",
+        "-j",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let o = prep(&args);
+    assert!(
+        o.status.success(),
+        "prep build-cache {extra:?}: {}",
+        text(&o)
+    );
+}
+
+/// The bundled dataset (data/vessels).
+pub fn bundled_data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels")
+}
+
+/// A cache of the bundled data built with `flags`, once per test binary and `name` (read-only
+/// to tests). Asking for a name again with other flags is a bug in the test.
+pub fn bundled_cache(name: &str, flags: &[&str]) -> &'static Path {
+    struct Built {
+        root: tempfile::TempDir,
+        caches: Vec<(String, Vec<String>, &'static Path)>,
+    }
+    // One lock for all: tests that need a cache wait for it, and builds do not compete for the
+    // cores. A build that failed poisons nothing: the next test tries again.
+    static BUILT: Mutex<Option<Built>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(PoisonError::into_inner);
+    let built = built.get_or_insert_with(|| Built {
+        root: tempfile::tempdir().unwrap(),
+        caches: Vec::new(),
+    });
+    if let Some((_, had, dir)) = built.caches.iter().find(|(n, ..)| n == name) {
+        assert!(
+            had.iter().map(String::as_str).eq(flags.iter().copied()),
+            "bundled cache {name:?} asked for with flags {flags:?}, built with {had:?}"
+        );
+        return dir;
+    }
+    let dir: &'static Path = Box::leak(built.root.path().join(name).into_boxed_path());
+    build(&bundled_data(), dir, flags);
+    let flags = flags.iter().map(|f| f.to_string()).collect();
+    built.caches.push((name.to_string(), flags, dir));
+    dir
+}
+
+/// The entry folders of a cache (`entries/<shard>/<key>`), sorted; none when it has no
+/// `entries` folder.
+pub fn entry_dirs(cache: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(cache.join("entries")) {
+        for shard in rd.flatten() {
+            for e in std::fs::read_dir(shard.path()).unwrap().flatten() {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every case of the reader's first dataset, opened.
+pub fn open_entries(reader: &CacheReader) -> Vec<EntryReader> {
+    let ds = reader.datasets()[0].to_string();
+    reader
+        .cases(&ds)
+        .unwrap()
+        .iter()
+        .map(|c| reader.open_entry(&ds, &c.case_id).unwrap())
+        .collect()
+}
+
+/// Copy a folder tree.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        let dest = to.join(e.file_name());
+        if p.is_dir() {
+            copy_tree(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+/// Bit patterns, so that values compare exactly (NaN and -0.0 included).
+pub fn bits(v: impl IntoIterator<Item = f64>) -> Vec<u64> {
+    v.into_iter().map(f64::to_bits).collect()
+}
