@@ -26,8 +26,20 @@ pub enum Error {
     #[error("{0}")]
     Config(String),
     /// A failure in the Zarr store or codecs.
-    #[error("{path}: zarr: {message}")]
-    Zarr { path: PathBuf, message: String },
+    #[error("{path}: zarr: {source}")]
+    Zarr {
+        path: PathBuf,
+        #[source]
+        source: BoxError,
+    },
+    /// The disk (or the user's quota) is full: found from the operating system's error, never
+    /// from message text. The build stops writing new cases when it sees one.
+    #[error("{path}: the disk is full ({source})")]
+    DiskFull {
+        path: PathBuf,
+        #[source]
+        source: BoxError,
+    },
     /// A cache folder whose content is not what voxcache wrote.
     #[error("{path}: {message}")]
     Cache { path: PathBuf, message: String },
@@ -39,12 +51,86 @@ pub enum Error {
     Train(String),
 }
 
+/// Any error kept as the source of ours.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Whether an operating-system error kind means no space is left.
+fn is_full(kind: std::io::ErrorKind) -> bool {
+    matches!(
+        kind,
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// The I/O error kind inside a zarrs storage error.
+fn storage_kind(e: &zarrs::storage::StorageError) -> Option<std::io::ErrorKind> {
+    match e {
+        zarrs::storage::StorageError::IOError(io) => Some(io.kind()),
+        _ => None,
+    }
+}
+
+/// The I/O error kind inside a zarrs codec error (codecs wrap storage and I/O errors).
+fn codec_kind(e: &zarrs::array::CodecError) -> Option<std::io::ErrorKind> {
+    match e {
+        zarrs::array::CodecError::IOError(io) => Some(io.kind()),
+        zarrs::array::CodecError::StorageError(s) => storage_kind(s),
+        _ => None,
+    }
+}
+
+/// The I/O error kind somewhere in `err`: zarrs wraps the `io::Error` of a failed write with
+/// `#[error(transparent)]`, which hides it from `source()`, so its wrappers are opened by type.
+fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    use zarrs::array::{ArrayCreateError, ArrayError, CodecError};
+    use zarrs::group::GroupCreateError;
+    use zarrs::storage::StorageError;
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        let kind = if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            Some(io.kind())
+        } else if let Some(s) = e.downcast_ref::<StorageError>() {
+            storage_kind(s)
+        } else if let Some(c) = e.downcast_ref::<CodecError>() {
+            codec_kind(c)
+        } else if let Some(a) = e.downcast_ref::<ArrayError>() {
+            match a {
+                ArrayError::StorageError(s) => storage_kind(s),
+                ArrayError::CodecError(c) => codec_kind(c),
+                _ => None,
+            }
+        } else if let Some(ArrayCreateError::StorageError(s)) = e.downcast_ref::<ArrayCreateError>()
+        {
+            storage_kind(s)
+        } else if let Some(GroupCreateError::StorageError(s)) = e.downcast_ref::<GroupCreateError>()
+        {
+            storage_kind(s)
+        } else {
+            None
+        };
+        if kind.is_some() {
+            return kind;
+        }
+        cur = e.source();
+    }
+    None
+}
+
 impl Error {
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.as_ref().to_path_buf(),
-            source,
+        let path = path.as_ref().to_path_buf();
+        if is_full(source.kind()) {
+            return Error::DiskFull {
+                path,
+                source: Box::new(source),
+            };
         }
+        Error::Io { path, source }
+    }
+
+    /// Whether this is the disk running out of space.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, Error::DiskFull { .. })
     }
 
     pub fn nifti(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
@@ -61,11 +147,14 @@ impl Error {
         }
     }
 
-    pub fn zarr(path: impl AsRef<Path>, err: impl std::fmt::Display) -> Self {
-        Error::Zarr {
-            path: path.as_ref().to_path_buf(),
-            message: err.to_string(),
+    /// A zarrs error (or a message) about `path`; a full disk underneath becomes [`Error::DiskFull`].
+    pub fn zarr(path: impl AsRef<Path>, err: impl Into<BoxError>) -> Self {
+        let path = path.as_ref().to_path_buf();
+        let source = err.into();
+        if io_kind(source.as_ref()).is_some_and(is_full) {
+            return Error::DiskFull { path, source };
         }
+        Error::Zarr { path, source }
     }
 
     pub fn cache(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
@@ -77,3 +166,25 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_found_through_zarrs_errors() {
+        let enospc = || std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert!(Error::io("a", enospc()).is_disk_full());
+        let storage = zarrs::storage::StorageError::from(enospc());
+        let array = zarrs::array::ArrayError::StorageError(storage);
+        let e = Error::zarr("chunk", array);
+        assert!(e.is_disk_full(), "{e:?}");
+        // The source stays reachable for whoever wants the details.
+        assert!(std::error::Error::source(&e).is_some());
+        let other = zarrs::storage::StorageError::from(std::io::Error::from(
+            std::io::ErrorKind::PermissionDenied,
+        ));
+        assert!(!Error::zarr("chunk", other).is_disk_full());
+        assert!(!Error::zarr("x", "a plain message").is_disk_full());
+    }
+}

@@ -4,14 +4,14 @@
 //! Module map (one job each):
 //! - [`nifti_io`]: read and validate NIfTI-1 headers and volumes (into f32, any datatype).
 //! - [`geometry`]: affines, spacing, the output grid convention.
-//! - [`dataset`]: find image/label pairs and name cases.
-//! - [`plan`]: target spacing, output shapes, memory cost, outliers.
+//! - [`dataset`]: find image/label pairs, name cases, scan and check their headers.
+//! - [`plan`]: target spacing, output shapes, memory cost, outliers, dataset statistics.
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`normalize`]: intensity normalization schemes.
 //! - [`pipeline`]: named parameter sets (pipelines/*.toml) and their canonical form.
 //! - [`format`]: the on-disk schema (entry attributes, manifest, checksums, array metadata).
 //! - [`cache`]: content keys, entry writer, manifest merging, reader.
-//! - [`build`]: the `build-cache` job that ties the above together.
+//! - [`build`]: the `build-cache` job: an orchestrator over the stages above.
 //! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.
 //! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
 //! - [`sysinfo`]: peak memory and host facts for reports.

@@ -1,9 +1,16 @@
-//! Planning: the target spacing, each case's output grid, what it costs, and which cases are
-//! outliers. Nothing here reads voxel data.
+//! Planning: the target spacing, each case's output grid, what it costs, which cases are
+//! outliers, and the dataset statistics a normalization needs. Only [`dataset_foreground`]
+//! reads voxel data (the CT scheme's dataset-wide percentiles).
 
 use serde::Serialize;
 
+use crate::dataset::scan::ScannedCase;
+use crate::error::{Error, Result};
+use crate::format::ImageDtype;
 use crate::geometry::{output_shape, true_output_spacing, voxels};
+use crate::nifti_io;
+use crate::normalize::{self, ForegroundStats};
+use crate::pipeline::SpacingChoice;
 
 /// How many times the dataset's median output size makes a case an outlier.
 pub const OUTLIER_FACTOR: f64 = 4.0;
@@ -151,6 +158,79 @@ pub fn plan_cases(
         p.outlier = p.size_factor >= OUTLIER_FACTOR;
     }
     plans
+}
+
+/// Choose the target spacing for a set of scanned cases.
+pub fn decide_spacing(choice: SpacingChoice, scanned: &[&ScannedCase]) -> Result<SpacingDecision> {
+    if scanned.is_empty() && choice == SpacingChoice::Auto {
+        return Err(Error::Dataset(
+            "no readable case to choose a spacing from".into(),
+        ));
+    }
+    let auto = auto_spacing(
+        &scanned
+            .iter()
+            .map(|s| s.image.spacing_xyz)
+            .collect::<Vec<_>>(),
+        &scanned
+            .iter()
+            .map(|s| s.image.shape_xyz)
+            .collect::<Vec<_>>(),
+    );
+    Ok(match choice {
+        SpacingChoice::Auto => auto,
+        SpacingChoice::Explicit(t) => SpacingDecision {
+            target_xyz: t,
+            median_xyz: auto.median_xyz,
+            rule: "explicit".into(),
+            reason: "given with --spacing or by the pipeline".into(),
+        },
+    })
+}
+
+/// Plans for scanned cases at a target spacing.
+pub fn plan_scanned(
+    scanned: &[&ScannedCase],
+    target: [f64; 3],
+    image_dtype: ImageDtype,
+) -> Vec<CasePlan> {
+    let bpv = match image_dtype {
+        ImageDtype::Float32 => 4,
+        ImageDtype::Float16 => 2,
+    };
+    let rows: Vec<(String, [usize; 3], [f64; 3], usize)> = scanned
+        .iter()
+        .map(|s| {
+            let label_bpv = s.label.as_ref().map_or(0, |_| 1);
+            (
+                s.source.id.clone(),
+                s.image.shape_xyz,
+                s.image.spacing_xyz,
+                label_bpv,
+            )
+        })
+        .collect();
+    plan_cases(&rows, target, bpv)
+}
+
+/// Pool foreground intensities over the dataset for CT normalization.
+pub fn dataset_foreground(scanned: &[&ScannedCase]) -> Result<ForegroundStats> {
+    let mut samples = Vec::new();
+    for s in scanned {
+        let Some(label_path) = &s.source.label else {
+            continue;
+        };
+        let image = nifti_io::read_volume(&s.source.image)?;
+        let label = nifti_io::read_volume(label_path)?;
+        samples.extend(normalize::sample_foreground(
+            &image.data,
+            |i| label.data[i] > 0.0,
+            10_000,
+        ));
+    }
+    normalize::foreground_stats(samples).ok_or_else(|| {
+        Error::Dataset("ct normalization needs labelled foreground, and no case has any".into())
+    })
 }
 
 #[cfg(test)]

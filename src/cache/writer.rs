@@ -272,7 +272,7 @@ pub fn write_entry(
     let (rows, ranges) = fg.rows();
     let n_rows = rows.len() / 4;
     if n_rows > 0 {
-        let store_fg = |e: &dyn std::fmt::Display| Error::zarr(dir.join(FG_ARRAY), e);
+        let store_fg = |e: crate::error::BoxError| Error::zarr(dir.join(FG_ARRAY), e);
         let mut b = ArrayBuilder::new(
             vec![n_rows as u64, 4],
             vec![n_rows as u64, 4],
@@ -282,10 +282,10 @@ pub fn write_entry(
         b.dimension_names(Some(["sample", "class_z_y_x"]));
         let arr = b
             .build(store.clone(), &format!("/{FG_ARRAY}"))
-            .map_err(|e| store_fg(&e))?;
-        arr.store_metadata().map_err(|e| store_fg(&e))?;
+            .map_err(|e| store_fg(e.into()))?;
+        arr.store_metadata().map_err(|e| store_fg(e.into()))?;
         arr.store_chunk(&[0, 0], rows.as_slice())
-            .map_err(|e| store_fg(&e))?;
+            .map_err(|e| store_fg(e.into()))?;
     }
 
     let checksums = ChunkChecksums {

@@ -9,11 +9,12 @@ use serde::Serialize;
 
 use super::table::{count, num, shape3, spacing3, value, wrap, Align, Table};
 use super::{file_message, rel_message, rel_path, InspectOptions, Problem};
-use crate::build::{decide_spacing, plan_scanned, scan, ScannedCase};
+use crate::dataset::scan::{scan, ScannedCase};
 use crate::dataset::{discover, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
 use crate::nifti_io::{self, HeaderInfo, LabelData};
 use crate::pipeline::{ImageDtype, SpacingChoice};
+use crate::plan::{decide_spacing, plan_scanned};
 use crate::plan::{percentile, SpacingDecision, OUTLIER_FACTOR};
 use crate::sysinfo::human_bytes;
 

@@ -4,6 +4,8 @@
 //! (`imagesTr/CASE_0000.nii.gz` or `imagesTr/CASE.nii.gz`, `labelsTr/CASE.nii.gz`), or explicit
 //! `--images` / `--labels` globs whose single `*` names the case.
 
+pub mod scan;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

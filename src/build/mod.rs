@@ -1,0 +1,282 @@
+//! The `build-cache` job: scan, plan, then build each case's entry chunk by chunk.
+//!
+//! This module is the orchestrator (which cases to build, in what order, what to report);
+//! [`case`] does one case's work and [`progress`] shows it. Scanning lives in
+//! [`crate::dataset::scan`], planning in [`crate::plan`], the entry's bytes in
+//! [`crate::cache::writer`] and their schema in [`crate::format`].
+
+mod case;
+mod progress;
+mod run;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use self::case::{case_key, Job};
+use self::progress::make_progress;
+use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
+use crate::cache::writer::configure_zarrs;
+use crate::cache::CacheDir;
+use crate::dataset::scan::{scan, ScannedCase};
+use crate::dataset::{discover, DatasetSource};
+use crate::error::{Error, Result};
+use crate::geometry::zyx;
+use crate::normalize::Normalization;
+use crate::pipeline::{OutputParams, Settings};
+use crate::plan::{dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision};
+use crate::sysinfo::peak_rss_bytes;
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    pub source: DatasetSource,
+    pub cache_dir: PathBuf,
+    /// Dataset name in the manifest; defaults to the data folder's name.
+    pub name: Option<String>,
+    pub settings: Settings,
+    /// Worker threads; 0 means one per core.
+    pub jobs: usize,
+    pub dry_run: bool,
+    /// Build only cases whose index modulo `count` is `index` (one part per array job).
+    pub part: Option<(usize, usize)>,
+    /// Show progress bars when stderr is a terminal.
+    pub progress: bool,
+    /// Print only errors (no per-case lines).
+    pub quiet: bool,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum CaseOutcome {
+    Built { bytes: u64, seconds: f64 },
+    Cached,
+    Failed { error: String },
+    Skipped,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseReport {
+    pub id: String,
+    pub key: Option<String>,
+    pub outcome: CaseOutcome,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BuildReport {
+    pub dataset: String,
+    pub cache_dir: PathBuf,
+    pub decision: Option<SpacingDecision>,
+    pub plans: Vec<CasePlan>,
+    pub cases: Vec<CaseReport>,
+    pub dry_run: bool,
+    pub built: usize,
+    pub cached: usize,
+    pub failed: usize,
+    pub bytes_written: u64,
+    pub voxels_built: u64,
+    pub wall_seconds: f64,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// Run the whole job.
+pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
+    let started = Instant::now();
+    opts.settings.validate()?;
+    configure_zarrs();
+    let name = opts
+        .name
+        .clone()
+        .unwrap_or_else(|| crate::dataset::default_name(&opts.source));
+    let cases = discover(&opts.source)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.jobs)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {} worker threads: {e}", opts.jobs)))?;
+
+    let scanned_all = pool.install(|| scan(&cases));
+    let mut reports: Vec<CaseReport> = Vec::new();
+    let mut ok: Vec<&ScannedCase> = Vec::new();
+    for (c, r) in &scanned_all {
+        match r {
+            Ok(s) => ok.push(s),
+            Err(e) => reports.push(CaseReport {
+                id: c.id.clone(),
+                key: None,
+                outcome: CaseOutcome::Failed {
+                    error: e.to_string(),
+                },
+            }),
+        }
+    }
+    for r in &reports {
+        if let CaseOutcome::Failed { error } = &r.outcome {
+            eprintln!("error: {error}");
+        }
+    }
+    let decision = decide_spacing(opts.settings.spacing, &ok)?;
+    let plans = plan_scanned(&ok, decision.target_xyz, opts.settings.image_dtype);
+
+    let mut report = BuildReport {
+        dataset: name.clone(),
+        cache_dir: opts.cache_dir.clone(),
+        decision: Some(decision.clone()),
+        plans: plans.clone(),
+        cases: Vec::new(),
+        dry_run: opts.dry_run,
+        built: 0,
+        cached: 0,
+        failed: reports.len(),
+        bytes_written: 0,
+        voxels_built: 0,
+        wall_seconds: 0.0,
+        peak_rss_bytes: None,
+    };
+    if opts.dry_run {
+        report.finish(reports, started);
+        return Ok(report);
+    }
+
+    let cache = CacheDir::new(&opts.cache_dir);
+    cache.prepare()?;
+    for p in cache.sweep_tmp()? {
+        eprintln!(
+            "removed a stale temporary entry left by an interrupted build: {}",
+            p.display()
+        );
+    }
+
+    // This build's share of the cases (all of them unless --part).
+    let mine: Vec<usize> = (0..ok.len())
+        .filter(|i| opts.part.is_none_or(|(k, n)| i % n == k))
+        .collect();
+    let fg_stats = if opts.settings.normalization == Normalization::Ct {
+        Some(dataset_foreground(&ok)?)
+    } else {
+        None
+    };
+    let params = OutputParams::new(&opts.settings, decision.target_xyz, fg_stats);
+
+    // Keys first (hashing is cheap), so we know what is cached before any heavy work.
+    let keyed: Vec<(usize, Result<String>)> = pool.install(|| {
+        mine.par_iter()
+            .map(|&i| (i, case_key(&params, ok[i])))
+            .collect()
+    });
+
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut manifest_cases = std::collections::BTreeMap::new();
+    for (i, k) in keyed {
+        let s = ok[i];
+        match k {
+            Err(e) => {
+                eprintln!("error: {e}");
+                reports.push(CaseReport {
+                    id: s.source.id.clone(),
+                    key: None,
+                    outcome: CaseOutcome::Failed {
+                        error: e.to_string(),
+                    },
+                });
+            }
+            Ok(key) if cache.has_entry(&key) => {
+                manifest_cases.insert(
+                    s.source.id.clone(),
+                    ManifestCase {
+                        key: key.clone(),
+                        entry: CacheDir::entry_rel(&key),
+                        out_shape_zyx: zyx(plans[i].out_shape_xyz),
+                    },
+                );
+                reports.push(CaseReport {
+                    id: s.source.id.clone(),
+                    key: Some(key),
+                    outcome: CaseOutcome::Cached,
+                });
+            }
+            Ok(key) => jobs.push(Job {
+                scanned: s,
+                plan: &plans[i],
+                key,
+            }),
+        }
+    }
+
+    let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
+    let bar = make_progress(opts.progress, total_voxels);
+    let outcomes = run::run_jobs(&pool, &cache, &jobs, &params, &bar, opts.quiet);
+    let settled: std::collections::BTreeSet<usize> = outcomes.iter().map(|o| o.0).collect();
+    for (i, job) in jobs.iter().enumerate() {
+        if !settled.contains(&i) {
+            reports.push(CaseReport {
+                id: job.scanned.source.id.clone(),
+                key: Some(job.key.clone()),
+                outcome: CaseOutcome::Skipped,
+            });
+        }
+    }
+    for (i, t0, r) in outcomes {
+        let job = &jobs[i];
+        let id = job.scanned.source.id.clone();
+        let outcome = match r {
+            Ok(bytes) => {
+                report.bytes_written += bytes;
+                report.voxels_built += job.plan.out_voxels;
+                manifest_cases.insert(
+                    id.clone(),
+                    ManifestCase {
+                        key: job.key.clone(),
+                        entry: CacheDir::entry_rel(&job.key),
+                        out_shape_zyx: zyx(job.plan.out_shape_xyz),
+                    },
+                );
+                CaseOutcome::Built {
+                    bytes,
+                    seconds: t0.elapsed().as_secs_f64(),
+                }
+            }
+            Err(e) => CaseOutcome::Failed {
+                error: e.to_string(),
+            },
+        };
+        reports.push(CaseReport {
+            id,
+            key: Some(job.key.clone()),
+            outcome,
+        });
+    }
+    bar.finish_and_clear();
+
+    if !manifest_cases.is_empty() {
+        manifest::record(
+            &cache,
+            &name,
+            ManifestDataset {
+                pipeline: opts.settings.pipeline.clone(),
+                params_key: params_key(&params),
+                params: params.clone(),
+                spacing_rule: decision.rule.clone(),
+                spacing_reason: decision.reason.clone(),
+                cases: manifest_cases,
+            },
+        )?;
+    }
+    report.finish(reports, started);
+    Ok(report)
+}
+
+impl BuildReport {
+    /// Sort the case reports, count the outcomes, take the time and the peak memory.
+    fn finish(&mut self, mut reports: Vec<CaseReport>, started: Instant) {
+        reports.sort_by(|a, b| a.id.cmp(&b.id));
+        let count = |f: fn(&CaseOutcome) -> bool| reports.iter().filter(|r| f(&r.outcome)).count();
+        self.built = count(|o| matches!(o, CaseOutcome::Built { .. }));
+        self.cached = count(|o| *o == CaseOutcome::Cached);
+        self.failed = count(|o| matches!(o, CaseOutcome::Failed { .. } | CaseOutcome::Skipped));
+        self.cases = reports;
+        self.wall_seconds = started.elapsed().as_secs_f64();
+        self.peak_rss_bytes = peak_rss_bytes();
+    }
+}

@@ -1,0 +1,78 @@
+//! Scanning: every case's headers read (never voxels) and checked against each other.
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::CaseSource;
+use crate::error::{Error, Result};
+use crate::nifti_io::{self, HeaderInfo};
+
+/// A case's headers, checked against each other.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScannedCase {
+    pub source: CaseSource,
+    pub image: HeaderInfo,
+    pub label: Option<HeaderInfo>,
+}
+
+/// Check that an image and its label describe the same grid.
+pub fn check_pair(id: &str, image: &HeaderInfo, label: &HeaderInfo) -> Result<()> {
+    if image.shape_xyz != label.shape_xyz {
+        return Err(Error::case(
+            id,
+            format!(
+                "image {} is {:?} voxels but label {} is {:?}",
+                image.path.display(),
+                image.shape_xyz,
+                label.path.display(),
+                label.shape_xyz
+            ),
+        ));
+    }
+    let scale = image
+        .affine
+        .0
+        .iter()
+        .flatten()
+        .fold(1.0f64, |m, v| m.max(v.abs()));
+    let diff = image.affine.max_abs_diff(&label.affine);
+    if diff > 1e-4 * scale {
+        return Err(Error::case(
+            id,
+            format!(
+                "image {} and label {} have different geometry (affines differ by up to {diff:.3e}; spacings {:?} vs {:?})",
+                image.path.display(),
+                label.path.display(),
+                image.spacing_xyz,
+                label.spacing_xyz
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Read and check every case's headers (in parallel; only header bytes are read).
+pub fn scan(cases: &[CaseSource]) -> Vec<(CaseSource, Result<ScannedCase>)> {
+    cases
+        .par_iter()
+        .map(|c| {
+            let r = (|| {
+                let image = nifti_io::read_header(&c.image)?;
+                let label = match &c.label {
+                    Some(l) => {
+                        let h = nifti_io::read_header(l)?;
+                        check_pair(&c.id, &image, &h)?;
+                        Some(h)
+                    }
+                    None => None,
+                };
+                Ok(ScannedCase {
+                    source: c.clone(),
+                    image,
+                    label,
+                })
+            })();
+            (c.clone(), r)
+        })
+        .collect()
+}
