@@ -12,8 +12,10 @@ pub mod key;
 pub mod layout;
 pub mod manifest;
 pub mod reader;
+pub mod source;
 pub mod store;
 pub mod writer;
 
 pub use key::content_key;
 pub use layout::CacheDir;
+pub use source::PatchSource;

@@ -32,7 +32,6 @@
 //! copying.
 
 mod array;
-mod crc32c;
 mod lru;
 mod sample;
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::cache::reader::EntryReader;
+use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::train::augment::{augment, AugmentConfig};
 use crate::train::rng::Rng;
@@ -58,7 +58,7 @@ pub struct Batch {
 
 /// What the workers build batches from.
 struct Job {
-    entries: Vec<EntryReader>,
+    entries: Vec<Arc<dyn PatchSource>>,
     sampler: Sampler,
     augment: AugmentConfig,
 }
@@ -100,12 +100,16 @@ pub struct Loader {
 
 impl Loader {
     /// Start the workers; the first [`Loader::next`] returns batch `first_step`.
-    pub fn start(
-        entries: Vec<EntryReader>,
+    pub fn start<S: PatchSource + 'static>(
+        entries: Vec<S>,
         sampler: Sampler,
         cfg: LoaderConfig,
         first_step: u64,
     ) -> Result<Loader> {
+        let entries: Vec<Arc<dyn PatchSource>> = entries
+            .into_iter()
+            .map(|e| Arc::new(e) as Arc<dyn PatchSource>)
+            .collect();
         if cfg.workers == 0 || cfg.queue_depth == 0 {
             return Err(Error::Config(format!(
                 "loader needs at least one worker and a queue depth of at least 1 (got {} workers, depth {})",
@@ -129,7 +133,7 @@ impl Loader {
                     sampler.shape_zyx(i)
                 )));
             }
-            if e.label_dtype().is_none() {
+            if !e.has_label() {
                 return Err(Error::case(
                     case_name(e),
                     "cache entry has no label: it cannot be used for training",
@@ -287,10 +291,8 @@ fn work(shared: &Shared, job: &Job) {
     }
 }
 
-fn case_name(e: &EntryReader) -> String {
-    e.case_id()
-        .map(String::from)
-        .unwrap_or_else(|| e.dir().display().to_string())
+fn case_name(e: &Arc<dyn PatchSource>) -> String {
+    e.name()
 }
 
 /// Batch `step`: a pure function of the job and the step.

@@ -10,7 +10,7 @@
 //! `round(batch_size * fg_fraction)` samples of every batch are centred on a foreground voxel,
 //! so that rare thin structures are seen often enough.
 
-use crate::cache::reader::EntryReader;
+use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::train::rng::Rng;
 
@@ -100,7 +100,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// `weights` has one entry per case (empty: all 1.0). Reads every case's foreground index.
-    pub fn new(cases: &[EntryReader], weights: Vec<f64>, cfg: SamplerConfig) -> Result<Self> {
+    pub fn new<S: PatchSource>(cases: &[S], weights: Vec<f64>, cfg: SamplerConfig) -> Result<Self> {
         cfg.validate()?;
         if cases.is_empty() {
             return Err(Error::Config("no cases to sample patches from".into()));

@@ -11,7 +11,7 @@
 use candle_core::{Device, Tensor};
 
 use super::model::UNet;
-use crate::cache::reader::EntryReader;
+use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 
 /// Dice of one validation pass.
@@ -111,7 +111,7 @@ pub struct SlidingWindow<'a> {
 
 impl SlidingWindow<'_> {
     /// Predict one cached case and count agreement with its label, slab by slab.
-    fn case_counts(&self, entry: &EntryReader) -> Result<Counts> {
+    fn case_counts<S: PatchSource>(&self, entry: &S) -> Result<Counts> {
         let classes = self.model.config().num_classes;
         let shape = entry.shape_zyx();
         let p = self.patch;
@@ -194,7 +194,7 @@ impl SlidingWindow<'_> {
     }
 
     /// Validate on cases (id, entry): mean Dice per foreground class and per case.
-    pub fn run(&self, cases: &[(String, EntryReader)]) -> Result<ValidationResult> {
+    pub fn run<S: PatchSource>(&self, cases: &[(String, S)]) -> Result<ValidationResult> {
         if !(0.0..1.0).contains(&self.overlap) {
             return Err(Error::Config(format!(
                 "sliding-window overlap must be in 0..1, got {}",
@@ -205,11 +205,8 @@ impl SlidingWindow<'_> {
         let mut per_class: Vec<Vec<f64>> = vec![Vec::new(); classes];
         let mut per_case = Vec::with_capacity(cases.len());
         for (id, entry) in cases {
-            if entry.label_dtype().is_none() {
-                return Err(Error::cache(
-                    entry.dir(),
-                    format!("validation case {id} has no label"),
-                ));
+            if !entry.has_label() {
+                return Err(Error::case(id, "validation case has no label"));
             }
             let counts = self.case_counts(entry)?;
             let mut case_dice = Vec::new();

@@ -10,7 +10,6 @@ use zarrs::array::{
     Array, ArrayBytes, ArrayShardedReadableExt, ArrayShardedReadableExtCache, CodecOptions,
 };
 
-use super::crc32c::crc32c;
 use super::sample::StoredDtype;
 use crate::cache::store::ReadStore;
 use crate::error::{Error, Result};
@@ -269,7 +268,7 @@ impl ArrayReader {
                         ix[n_inner * 16 + 2],
                         ix[n_inner * 16 + 3],
                     ]);
-                    if crc32c(entries) != stored {
+                    if crc32c::crc32c(entries) != stored {
                         return Err(Error::cache(
                             &path,
                             "shard index checksum mismatch: truncated or corrupt shard file",

@@ -1,47 +1,28 @@
-//! A least-recently-used map bounded by a total cost (bytes, or a count when every cost is 1).
+//! A least-recently-used map bounded by a total cost (bytes, or a count when every cost is 1):
+//! the `lru` crate's list, with the cost accounting on top.
 
-use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-pub(crate) struct Lru<K, V> {
-    items: HashMap<K, Item<V>>,
-    /// Last-use tick -> key: the first entry is the least recently used.
-    order: BTreeMap<u64, K>,
-    tick: u64,
+use lru::LruCache;
+
+pub(crate) struct Lru<K: Hash + Eq, V> {
+    items: LruCache<K, (V, usize)>,
     used: usize,
     budget: usize,
-}
-
-struct Item<V> {
-    value: V,
-    cost: usize,
-    tick: u64,
 }
 
 impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
     pub(crate) fn new(budget: usize) -> Self {
         Lru {
-            items: HashMap::new(),
-            order: BTreeMap::new(),
-            tick: 0,
+            items: LruCache::unbounded(),
             used: 0,
             budget,
         }
     }
 
-    fn next_tick(&mut self) -> u64 {
-        self.tick += 1;
-        self.tick
-    }
-
     /// The value for `key`, marked as just used.
     pub(crate) fn get(&mut self, key: &K) -> Option<V> {
-        let tick = self.next_tick();
-        let item = self.items.get_mut(key)?;
-        self.order.remove(&item.tick);
-        item.tick = tick;
-        self.order.insert(tick, key.clone());
-        Some(item.value.clone())
+        self.items.get(key).map(|(v, _)| v.clone())
     }
 
     /// Keep `value` unless it alone is over the budget; evicts the least recently used items
@@ -52,29 +33,29 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
             return;
         }
         while self.used + cost > self.budget {
-            let Some((_, old)) = self.order.pop_first() else {
+            let Some((_, (_, c))) = self.items.pop_lru() else {
                 break;
             };
-            if let Some(item) = self.items.remove(&old) {
-                self.used -= item.cost;
-            }
+            self.used -= c;
         }
-        let tick = self.next_tick();
-        self.order.insert(tick, key.clone());
-        self.items.insert(key, Item { value, cost, tick });
+        self.items.put(key, (value, cost));
         self.used += cost;
     }
 
     pub(crate) fn remove(&mut self, key: &K) {
-        if let Some(item) = self.items.remove(key) {
-            self.order.remove(&item.tick);
-            self.used -= item.cost;
+        if let Some((_, c)) = self.items.pop(key) {
+            self.used -= c;
         }
     }
 
     /// Drop every item whose key fails `keep`.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
-        let gone: Vec<K> = self.items.keys().filter(|k| !keep(k)).cloned().collect();
+        let gone: Vec<K> = self
+            .items
+            .iter()
+            .filter(|(k, _)| !keep(k))
+            .map(|(k, _)| k.clone())
+            .collect();
         for k in gone {
             self.remove(&k);
         }

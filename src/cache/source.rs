@@ -1,0 +1,79 @@
+//! The seam between where patches come from and the code that trains on them: the sampler,
+//! the loader and validation take any [`PatchSource`]. The memory-mapped cache entry
+//! ([`EntryReader`]) is the fast implementation; another store (an object store, a
+//! preprocessed volume in memory for predict) implements the same few methods.
+
+use super::reader::EntryReader;
+use crate::error::Result;
+
+/// One case's arrays on one grid: an image, optionally a label, and a foreground index.
+pub trait PatchSource: Send + Sync {
+    /// What to call the case in messages (its id, else where it is stored).
+    fn name(&self) -> String;
+
+    /// Volume shape (z, y, x).
+    fn shape_zyx(&self) -> [usize; 3];
+
+    /// Whether the case has a label array.
+    fn has_label(&self) -> bool;
+
+    /// Label values with sampled foreground coordinates, ascending.
+    fn classes(&self) -> Vec<u16>;
+
+    /// The sampled foreground coordinates (z, y, x) of `class` (empty if absent).
+    fn fg_coords(&self, class: u16) -> Result<Vec<[u32; 3]>>;
+
+    /// Copy the box `start_zyx .. start_zyx + size_zyx` of the image into `out` (C order);
+    /// whatever lies outside the volume reads as 0.
+    fn read_image(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [f32]) -> Result<()>;
+
+    /// The same box of the label (an error when the case has none).
+    fn read_label(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [u16]) -> Result<()>;
+
+    /// Image and label of one box.
+    fn read_patch(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        image: &mut [f32],
+        label: Option<&mut [u16]>,
+    ) -> Result<()> {
+        self.read_image(start_zyx, size_zyx, image)?;
+        if let Some(l) = label {
+            self.read_label(start_zyx, size_zyx, l)?;
+        }
+        Ok(())
+    }
+}
+
+impl PatchSource for EntryReader {
+    fn name(&self) -> String {
+        self.case_id()
+            .map(String::from)
+            .unwrap_or_else(|| self.dir().display().to_string())
+    }
+
+    fn shape_zyx(&self) -> [usize; 3] {
+        EntryReader::shape_zyx(self)
+    }
+
+    fn has_label(&self) -> bool {
+        self.label_dtype().is_some()
+    }
+
+    fn classes(&self) -> Vec<u16> {
+        EntryReader::classes(self)
+    }
+
+    fn fg_coords(&self, class: u16) -> Result<Vec<[u32; 3]>> {
+        EntryReader::fg_coords(self, class)
+    }
+
+    fn read_image(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [f32]) -> Result<()> {
+        EntryReader::read_image(self, start_zyx, size_zyx, out)
+    }
+
+    fn read_label(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [u16]) -> Result<()> {
+        EntryReader::read_label(self, start_zyx, size_zyx, out)
+    }
+}
