@@ -8,7 +8,8 @@
 //! - [`plan`]: target spacing, output shapes, memory cost, outliers, dataset statistics.
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`normalize`]: intensity normalization schemes.
-//! - [`pipeline`]: named parameter sets (pipelines/*.toml) and their canonical form.
+//! - [`config`]: defaults, bundled pipelines and flags merged into the settings of every command;
+//!   run folders; exit statuses.
 //! - [`format`]: the on-disk schema (entry attributes, manifest, checksums, array metadata).
 //! - [`cache`]: content keys, entry writer, manifest merging, reader.
 //! - [`build`]: the `build-cache` job: an orchestrator over the stages above.
@@ -19,6 +20,7 @@
 
 pub mod build;
 pub mod cache;
+pub mod config;
 pub mod dataset;
 pub mod error;
 pub mod format;
@@ -26,7 +28,6 @@ pub mod geometry;
 pub mod inspect;
 pub mod nifti_io;
 pub mod normalize;
-pub mod pipeline;
 pub mod plan;
 pub mod resample;
 pub mod synth;

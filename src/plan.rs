@@ -4,13 +4,13 @@
 
 use serde::Serialize;
 
+use crate::config::SpacingChoice;
 use crate::dataset::scan::ScannedCase;
 use crate::error::{Error, Result};
 use crate::format::ImageDtype;
 use crate::geometry::{output_shape, true_output_spacing, voxels};
 use crate::nifti_io;
 use crate::normalize::{self, ForegroundStats};
-use crate::pipeline::SpacingChoice;
 
 /// How many times the dataset's median output size makes a case an outlier.
 pub const OUTLIER_FACTOR: f64 = 4.0;

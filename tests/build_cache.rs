@@ -179,6 +179,57 @@ fn the_forecast_is_what_gets_written() {
 }
 
 #[test]
+fn the_dry_run_prints_the_forecast_inspect_prints() {
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    let d = data.to_str().unwrap();
+    let cache = t.path().join("cache");
+    let c = cache.to_str().unwrap();
+    let flags = ["--spacing", "0.7,0.9,1.3", "--pipeline", "compact"];
+    let dry = prep(
+        &[
+            &["build-cache", d, "--cache-dir", c, "--dry-run"][..],
+            &flags,
+        ]
+        .concat(),
+    );
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    assert!(!cache.exists(), "a dry run writes nothing");
+    let inspect = prep(&[&["inspect", d, "--headers-only"][..], &flags].concat());
+    assert!(inspect.status.success(), "{}", stderr(&inspect));
+    let dry = String::from_utf8_lossy(&dry.stdout);
+    let inspect = String::from_utf8_lossy(&inspect.stdout);
+    let forecast = &inspect[inspect.find("forecast at").expect("a forecast")..];
+    let forecast = &forecast[..forecast.find("\nproblems").unwrap_or(forecast.len())];
+    assert!(forecast.contains("(float16 image + label)"), "{forecast}");
+    assert!(
+        dry.ends_with(forecast),
+        "dry run:\n{dry}\ninspect:\n{forecast}"
+    );
+    assert!(
+        dry.starts_with("target spacing (x,y,z): 0.7x0.9x1.3"),
+        "{dry}"
+    );
+}
+
+#[test]
+fn a_broken_pipeline_stops_the_job_and_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    let bad = t.path().join("mine.toml");
+    std::fs::write(&bad, "chunk = [32, 128, 128]\nnormalisation = \"zscore\"\n").unwrap();
+    let cache = t.path().join("cache");
+    let (o, _) = build_report(&data, &cache, &["--pipeline", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("mine.toml") && e.contains("normalisation"),
+        "{e}"
+    );
+    assert!(!cache.exists());
+}
+
+#[test]
 fn bad_cases_fail_alone_with_the_file_named() {
     let t = tempfile::tempdir().unwrap();
     let data = dataset(t.path());

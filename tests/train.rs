@@ -319,8 +319,10 @@ fn train_error(args: &[&str]) -> String {
         .arg("--no-progress")
         .output()
         .unwrap();
-    assert!(!out.status.success(), "{args:?} should fail");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    // The exit convention of both binaries: 2 when the command could not run.
+    assert_eq!(out.status.code(), Some(2), "{args:?} should fail: {err}");
+    err
 }
 
 #[test]

@@ -1,14 +1,19 @@
-//! `prep`: build and inspect voxcache caches, and generate synthetic datasets.
+//! `prep`: build and inspect voxcache caches, and generate synthetic datasets. Arguments are
+//! parsed here; what they mean is resolved by `voxcache::config`, and the work and the report
+//! formats belong to the library.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use voxcache::build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
-use voxcache::dataset::DatasetSource;
-use voxcache::pipeline::{load_pipeline, Compression, Settings};
+use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::settings::{dataset_source, resolve};
+use voxcache::config::values::parse_part;
+use voxcache::config::{Exit, PrepFlags};
+use voxcache::inspect::dataset_report::render_plan;
 use voxcache::synth;
 use voxcache::sysinfo::human_bytes;
 
@@ -16,7 +21,8 @@ use voxcache::sysinfo::human_bytes;
 #[command(
     name = "prep",
     version,
-    about = "Build and inspect voxcache caches of NIfTI datasets"
+    about = "Build and inspect voxcache caches of NIfTI datasets",
+    after_help = EXIT_STATUS_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -26,11 +32,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Resample and normalize a NIfTI dataset into a chunked, content-addressed Zarr v3 cache.
+    #[command(after_help = EXIT_STATUS_HELP)]
     BuildCache(Box<BuildArgs>),
     /// Generate a synthetic vessel dataset (nnU-Net layout).
     Synth(SynthArgs),
     /// Report on a dataset (fingerprint, target spacing, cost forecast) or a cache (entries,
     /// orphans, leftovers; --verify re-hashes every chunk). Never writes into the cache.
+    #[command(after_help = EXIT_STATUS_HELP)]
     Inspect(Box<InspectArgs>),
 }
 
@@ -50,41 +58,15 @@ struct BuildArgs {
     /// Dataset name in the cache manifest (default: the data folder's name).
     #[arg(long)]
     name: Option<String>,
-    /// Named pipeline (pipelines/NAME.toml) or a path to a .toml file; flags override it.
-    #[arg(long)]
-    pipeline: Option<String>,
-    /// Target spacing: auto (median + anisotropy rule) or x,y,z in the files' units.
-    #[arg(long)]
-    spacing: Option<String>,
-    /// zscore-nonzero (default), zscore, ct or none.
-    #[arg(long)]
-    normalization: Option<String>,
-    /// float32 (default) or float16.
-    #[arg(long)]
-    image_dtype: Option<String>,
-    /// Chunk shape z,y,x in voxels.
-    #[arg(long)]
-    chunk: Option<String>,
-    /// Shard shape z,y,x (whole multiples of the chunk); omit for no sharding.
-    #[arg(long)]
-    shard: Option<String>,
-    /// none (memory-mappable), zstd or blosc.
-    #[arg(long)]
-    compression: Option<String>,
-    #[arg(long)]
-    compression_level: Option<i32>,
-    /// Foreground coordinates sampled per class for patch sampling.
-    #[arg(long)]
-    fg_samples: Option<usize>,
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    settings: PrepFlags,
     /// Worker threads (default: one per core).
     #[arg(long, short = 'j', default_value_t = 0)]
     jobs: usize,
     /// Build only part I of N (0-based), e.g. one part per Slurm array task.
-    #[arg(long, value_name = "I/N")]
-    part: Option<String>,
-    /// Print the plan without writing anything.
+    #[arg(long, value_name = "I/N", value_parser = parse_part)]
+    part: Option<(usize, usize)>,
+    /// Print the plan (the table `prep inspect DATA` forecasts) without writing anything.
     #[arg(long)]
     dry_run: bool,
     /// Print the report as JSON on stdout.
@@ -103,133 +85,9 @@ struct SynthArgs {
     /// small (the bundled dataset), minivess (70 volumes of 512x512x5..110, ~6 GB raw) or
     /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story).
     #[arg(long, default_value = "small")]
-    preset: String,
+    preset: synth::SynthPreset,
     #[arg(long, default_value_t = 7)]
     seed: u64,
-}
-
-fn parse_triple(s: &str, what: &str) -> Result<[usize; 3]> {
-    let v: Vec<usize> = s
-        .split(',')
-        .map(|p| p.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{what} {s:?}: expected three whole numbers z,y,x"))?;
-    match v.as_slice() {
-        [a, b, c] => Ok([*a, *b, *c]),
-        _ => bail!("{what} {s:?}: expected three whole numbers z,y,x"),
-    }
-}
-
-fn parse_part(s: &str) -> Result<(usize, usize)> {
-    let (i, n) = s
-        .split_once('/')
-        .context("--part: expected I/N, e.g. 0/8")?;
-    let (i, n): (usize, usize) = (i.parse()?, n.parse()?);
-    if n == 0 || i >= n {
-        bail!("--part {s}: need 0 <= I < N");
-    }
-    Ok((i, n))
-}
-
-/// The bundled dataset, found next to the working folder or next to the crate.
-fn default_data() -> PathBuf {
-    let local = PathBuf::from("data/vessels");
-    if local.is_dir() {
-        return local;
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels")
-}
-
-fn settings_from(args: &BuildArgs) -> Result<Settings> {
-    let mut s = Settings::default();
-    if let Some(p) = &args.pipeline {
-        let (name, file) = load_pipeline(p)?;
-        s.apply_file(&name, &file)?;
-    } else if let Ok((name, file)) = load_pipeline("default") {
-        s.apply_file(&name, &file)?;
-    }
-    if let Some(v) = &args.spacing {
-        s.spacing = v.parse()?;
-    }
-    if let Some(v) = &args.normalization {
-        s.normalization = v.parse()?;
-    }
-    if let Some(v) = &args.image_dtype {
-        s.image_dtype = v.parse()?;
-    }
-    if let Some(v) = &args.chunk {
-        s.chunk_zyx = parse_triple(v, "--chunk")?;
-    }
-    if let Some(v) = &args.shard {
-        s.shard_zyx = if v == "none" {
-            None
-        } else {
-            Some(parse_triple(v, "--shard")?)
-        };
-    }
-    if let Some(c) = &args.compression {
-        s.compression = Compression::parse(c, args.compression_level)?;
-    } else if let Some(l) = args.compression_level {
-        s.compression = Compression::parse(s.compression.name(), Some(l))?;
-    }
-    if let Some(v) = args.fg_samples {
-        s.fg_samples = v;
-    }
-    if let Some(v) = args.seed {
-        s.seed = v;
-    }
-    s.validate()?;
-    Ok(s)
-}
-
-fn fmt3<T: std::fmt::Display>(v: &[T; 3]) -> String {
-    format!("{}x{}x{}", v[0], v[1], v[2])
-}
-
-fn fmt_spacing(v: &[f64; 3]) -> String {
-    format!("{:.4}x{:.4}x{:.4}", v[0], v[1], v[2])
-}
-
-fn print_plan(r: &BuildReport) {
-    if let Some(d) = &r.decision {
-        println!(
-            "target spacing (x,y,z) {} ({}: {})",
-            fmt_spacing(&d.target_xyz),
-            d.rule,
-            d.reason
-        );
-    }
-    println!(
-        "{:<20} {:>13} {:>20} {:>15} {:>10} {:>10} {:>10}  flag",
-        "case", "input", "spacing", "output", "cached", "whole f32", "whole f64"
-    );
-    let mut total = (0u64, 0u64, 0u64);
-    for p in &r.plans {
-        total.0 += p.out_bytes;
-        total.1 += p.whole_volume_f32_bytes;
-        total.2 += p.whole_volume_f64_bytes;
-        println!(
-            "{:<20} {:>13} {:>20} {:>15} {:>10} {:>10} {:>10}  {}",
-            p.id,
-            fmt3(&p.in_shape_xyz),
-            fmt_spacing(&p.in_spacing_xyz),
-            fmt3(&p.out_shape_xyz),
-            human_bytes(p.out_bytes),
-            human_bytes(p.whole_volume_f32_bytes),
-            human_bytes(p.whole_volume_f64_bytes),
-            voxcache::plan::outlier_flag(p.outlier, p.size_factor)
-        );
-    }
-    println!(
-        "{:<20} {:>13} {:>20} {:>15} {:>10} {:>10} {:>10}",
-        format!("total ({})", r.plans.len()),
-        "",
-        "",
-        "",
-        human_bytes(total.0),
-        human_bytes(total.1),
-        human_bytes(total.2)
-    );
 }
 
 fn print_summary(r: &BuildReport) {
@@ -260,24 +118,17 @@ fn print_summary(r: &BuildReport) {
     );
 }
 
-fn run_build(args: BuildArgs) -> Result<ExitCode> {
-    let settings = settings_from(&args)?;
-    let source = match (&args.images, &args.data) {
-        (Some(images), _) => DatasetSource::Globs {
-            images: images.clone(),
-            labels: args.labels.clone(),
-        },
-        (None, Some(d)) => DatasetSource::Folder(d.clone()),
-        (None, None) => DatasetSource::Folder(default_data()),
-    };
+fn run_build(args: BuildArgs) -> Result<Exit> {
+    let settings = resolve(&args.settings)?;
+    let image_dtype = settings.image_dtype;
     let opts = BuildOptions {
-        source,
-        cache_dir: args.cache_dir.clone(),
-        name: args.name.clone(),
+        source: dataset_source(args.data, args.images, args.labels)?,
+        cache_dir: args.cache_dir,
+        name: args.name,
         settings,
         jobs: args.jobs,
         dry_run: args.dry_run,
-        part: args.part.as_deref().map(parse_part).transpose()?,
+        part: args.part,
         progress: !args.quiet && !args.json,
         quiet: args.quiet,
     };
@@ -285,20 +136,17 @@ fn run_build(args: BuildArgs) -> Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else if args.dry_run {
-        print_plan(&report);
+        if let Some(d) = &report.decision {
+            print!("{}", render_plan(d, &report.plans, image_dtype));
+        }
     } else {
         print_summary(&report);
     }
-    Ok(if report.failed > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(Exit::unless_failed(report.failed > 0))
 }
 
-fn run_synth(args: SynthArgs) -> Result<ExitCode> {
-    let preset: synth::SynthPreset = args.preset.parse()?;
-    let specs = synth::preset_cases(preset, args.seed);
+fn run_synth(args: SynthArgs) -> Result<Exit> {
+    let specs = synth::preset_cases(args.preset, args.seed);
     let total = specs.len();
     synth::write_dataset(&args.out, &specs, args.seed, |i, s| {
         eprintln!(
@@ -310,19 +158,17 @@ fn run_synth(args: SynthArgs) -> Result<ExitCode> {
         );
     })?;
     println!("wrote {total} cases to {}", args.out.display());
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 #[derive(Args)]
 struct InspectArgs {
     /// A dataset folder (imagesTr/ or .nii(.gz) files) or a cache folder (manifest.json, entries/).
     path: PathBuf,
-    /// Target spacing for the forecast: auto (default) or x,y,z ("what if").
-    #[arg(long)]
-    spacing: Option<String>,
-    /// Pipeline whose spacing and image dtype the forecast uses (default: default).
-    #[arg(long)]
-    pipeline: Option<String>,
+    /// The cache options of build-cache: the dataset forecast is of the build they would make
+    /// (--spacing x,y,z asks "what if").
+    #[command(flatten)]
+    settings: PrepFlags,
     /// Print the report as one JSON document (shape documented in voxcache::inspect).
     #[arg(long)]
     json: bool,
@@ -344,7 +190,7 @@ struct InspectArgs {
 }
 
 /// Exit 0: no problem is an error; 1: some problem is (or --verify found damage); 2: cannot inspect.
-fn run_inspect(args: InspectArgs) -> Result<ExitCode> {
+fn run_inspect(args: InspectArgs) -> Result<Exit> {
     use voxcache::inspect;
     if let (Some(case), Some(out)) = (&args.preview, &args.out) {
         let info = inspect::write_preview(&args.path, case, out)?;
@@ -361,10 +207,10 @@ fn run_inspect(args: InspectArgs) -> Result<ExitCode> {
                 info.pixel_size
             );
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Success);
     }
     let opts = inspect::InspectOptions {
-        settings: inspect::settings_for(args.pipeline.as_deref(), args.spacing.as_deref())?,
+        settings: resolve(&args.settings)?,
         verify: args.verify,
         read_voxels: !args.headers_only,
         jobs: args.jobs,
@@ -376,7 +222,7 @@ fn run_inspect(args: InspectArgs) -> Result<ExitCode> {
     } else {
         print!("{}", report.to_text());
     }
-    Ok(ExitCode::from(u8::from(report.errors > 0)))
+    Ok(Exit::unless_failed(report.errors > 0))
 }
 
 fn main() -> ExitCode {
@@ -387,10 +233,10 @@ fn main() -> ExitCode {
         Command::Inspect(a) => run_inspect(*a),
     };
     match result {
-        Ok(code) => code,
+        Ok(exit) => exit.into(),
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            Exit::CouldNotRun.into()
         }
     }
 }

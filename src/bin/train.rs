@@ -1,4 +1,5 @@
-//! `train`: train a 3D U-Net on patches streamed from a voxcache cache.
+//! `train`: train a 3D U-Net on patches streamed from a voxcache cache. Arguments are parsed
+//! here; the options are resolved by `voxcache::config` and the run belongs to the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,86 +8,35 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use voxcache::cache::reader::CacheReader;
-use voxcache::pipeline::load_pipeline;
+use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::run_dir::run_dir;
+use voxcache::config::{train, Exit, TrainFlags};
 use voxcache::sysinfo::human_bytes;
-use voxcache::train::config::{OptimizerName, TrainConfig};
-use voxcache::train::model::{Norm, Upsampling};
 use voxcache::train::trainer::{run, RunOptions};
 
 /// Train a 3D U-Net (candle) on patches memory-mapped from a cache built by `prep build-cache`.
 ///
-/// Options come from the pipeline file's [train] table, then these flags. The run folder gets
+/// Options come from the pipeline's [train] table, then these flags. The run folder gets
 /// checkpoints (every --checkpoint-every steps, at the end, on Ctrl-C, and the best by
 /// validation Dice), metrics.jsonl and curves.png. Re-run with --resume after a crash.
 #[derive(Parser, Debug)]
-#[command(name = "train", version)]
+#[command(name = "train", version, after_help = EXIT_STATUS_HELP)]
 struct Cli {
     /// Cache folder written by `prep build-cache`.
     #[arg(long, default_value = "cache")]
     cache_dir: PathBuf,
-    /// Dataset in the cache (needed when it holds several).
-    #[arg(long)]
-    dataset: Option<String>,
-    /// Pipeline (pipelines/NAME.toml or a path) whose [train] table gives the defaults.
-    #[arg(long, default_value = "default")]
-    pipeline: String,
-    /// Run folder [default: runs/DATASET].
+    /// Run folder [default: runs/DATASET, or runs/DATASET-2, -3... when taken].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Continue the run in --out from its latest checkpoint.
+    /// Continue a run from its latest checkpoint: the one in --out, else the newest
+    /// runs/DATASET*.
     #[arg(long)]
     resume: bool,
     /// cpu, cuda or cuda:N (cuda needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Optimizer steps.
-    #[arg(long)]
-    steps: Option<u64>,
-    #[arg(long)]
-    batch_size: Option<usize>,
-    /// Patch size z,y,x in voxels.
-    #[arg(long, value_parser = parse_zyx)]
-    patch: Option<[usize; 3]>,
-    #[arg(long)]
-    lr: Option<f64>,
-    #[arg(long, value_parser = ["adamw", "sgd"])]
-    optimizer: Option<String>,
-    /// Batches per optimizer step (gradient accumulation).
-    #[arg(long)]
-    accumulate: Option<usize>,
-    /// Fraction of each batch centred on foreground.
-    #[arg(long)]
-    fg_fraction: Option<f64>,
-    /// Channels of the first U-Net stage.
-    #[arg(long)]
-    base_channels: Option<usize>,
-    /// Resolution stages of the U-Net.
-    #[arg(long)]
-    stages: Option<usize>,
-    /// instance, or group:G.
-    #[arg(long)]
-    norm: Option<String>,
-    /// transpose or nearest.
-    #[arg(long)]
-    upsampling: Option<String>,
-    /// Turn data augmentation off.
-    #[arg(long)]
-    no_augment: bool,
-    /// Share of cases held out for validation (0 = none).
-    #[arg(long)]
-    val_fraction: Option<f64>,
-    #[arg(long)]
-    val_every: Option<u64>,
-    #[arg(long)]
-    checkpoint_every: Option<u64>,
-    #[arg(long)]
-    log_every: Option<u64>,
-    /// Loader threads.
-    #[arg(long)]
-    workers: Option<usize>,
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    options: TrainFlags,
     /// Compute threads (default: all cores).
     #[arg(short = 'j', long)]
     threads: Option<usize>,
@@ -95,127 +45,32 @@ struct Cli {
     no_progress: bool,
 }
 
-fn parse_zyx(s: &str) -> Result<[usize; 3], String> {
-    let v: Vec<usize> = s
-        .split(',')
-        .map(|p| p.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{s:?}: {e}"))?;
-    v.try_into()
-        .map_err(|_| format!("{s:?}: expected three numbers z,y,x"))
-}
-
-fn config_from(cli: &Cli) -> Result<TrainConfig> {
-    let (stem, file) = load_pipeline(&cli.pipeline)?;
-    let mut c = TrainConfig::from_table(file.train.as_ref(), &format!("pipeline {stem}"))?;
-    macro_rules! set {
-        ($($f:ident),*) => { $( if let Some(v) = cli.$f.clone() { c.$f = v; } )* };
-    }
-    set!(
-        steps,
-        batch_size,
-        patch,
-        lr,
-        accumulate,
-        fg_fraction,
-        base_channels,
-        stages,
-        val_fraction,
-        val_every,
-        checkpoint_every,
-        log_every,
-        workers,
-        seed
-    );
-    if cli.dataset.is_some() {
-        c.dataset = cli.dataset.clone();
-    }
-    if let Some(o) = &cli.optimizer {
-        c.optimizer = if o == "sgd" {
-            OptimizerName::Sgd
-        } else {
-            OptimizerName::Adamw
-        };
-    }
-    if let Some(n) = &cli.norm {
-        c.norm = match n.as_str() {
-            "instance" => Norm::Instance,
-            g => match g.strip_prefix("group:").and_then(|n| n.parse().ok()) {
-                Some(groups) => Norm::Group(groups),
-                None => anyhow::bail!("--norm {n:?}: expected instance or group:G"),
-            },
-        };
-    }
-    if let Some(u) = &cli.upsampling {
-        c.upsampling = match u.as_str() {
-            "transpose" => Upsampling::Transpose,
-            "nearest" => Upsampling::Nearest,
-            _ => anyhow::bail!("--upsampling {u:?}: expected transpose or nearest"),
-        };
-    }
-    if cli.no_augment {
-        c.augment = false;
-    }
-    c.validate()?;
-    Ok(c)
-}
-
-/// `runs/NAME`, `runs/NAME-2`, ...: a new run takes the first free folder, `--resume` the
-/// newest existing one, so running the README command twice starts a second run instead of
-/// failing or overwriting the first.
-fn default_run_dir(root: &std::path::Path, name: &str, resume: bool) -> PathBuf {
-    let candidate = |i: usize| {
-        if i == 1 {
-            root.join(name)
-        } else {
-            root.join(format!("{name}-{i}"))
-        }
-    };
-    let mut i = 1;
-    while candidate(i).exists() {
-        i += 1;
-    }
-    if resume && i > 1 {
-        candidate(i - 1)
-    } else {
-        candidate(i)
-    }
-}
-
 fn main() -> ExitCode {
     voxcache::train::device::default_cpu_threads();
     let cli = Cli::parse();
     match real_main(cli) {
-        Ok(code) => code,
+        Ok(exit) => exit.into(),
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(1)
+            Exit::CouldNotRun.into()
         }
     }
 }
 
-fn real_main(cli: Cli) -> Result<ExitCode> {
+fn real_main(cli: Cli) -> Result<Exit> {
     if let Some(n) = cli.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
             .build_global()
             .context("setting the thread count")?;
     }
-    let config = config_from(&cli)?;
-    let run_dir = match &cli.out {
-        Some(p) => p.clone(),
-        None => {
-            let name = match &config.dataset {
-                Some(d) => d.clone(),
-                None => CacheReader::open(&cli.cache_dir)?
-                    .datasets()
-                    .first()
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "run".into()),
-            };
-            default_run_dir(&PathBuf::from("runs"), &name, cli.resume)
-        }
-    };
+    let config = train::resolve(&cli.options)?;
+    let run_dir = run_dir(
+        cli.out.as_deref(),
+        config.dataset.as_deref(),
+        &cli.cache_dir,
+        cli.resume,
+    )?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let presses = Arc::new(AtomicUsize::new(0));
@@ -224,7 +79,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         ctrlc::set_handler(move || {
             if presses.fetch_add(1, Ordering::SeqCst) > 0 {
                 eprintln!("\nsecond Ctrl-C: exiting without a checkpoint");
-                std::process::exit(130);
+                std::process::exit(Exit::Interrupted.code().into());
             }
             eprintln!(
                 "\nCtrl-C: finishing this step and writing a checkpoint (Ctrl-C again to abort)"
@@ -281,8 +136,8 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         s.run_dir.display()
     );
     Ok(if s.interrupted {
-        ExitCode::from(130)
+        Exit::Interrupted
     } else {
-        ExitCode::SUCCESS
+        Exit::Success
     })
 }

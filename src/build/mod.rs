@@ -20,12 +20,13 @@ use self::progress::make_progress;
 use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
 use crate::cache::writer::configure_zarrs;
 use crate::cache::CacheDir;
+use crate::config::Settings;
 use crate::dataset::scan::{scan, ScannedCase};
 use crate::dataset::{discover, DatasetSource};
 use crate::error::{Error, Result};
+use crate::format::OutputParams;
 use crate::geometry::zyx;
 use crate::normalize::Normalization;
-use crate::pipeline::{OutputParams, Settings};
 use crate::plan::{dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision};
 use crate::sysinfo::peak_rss_bytes;
 

@@ -29,7 +29,7 @@ pub fn content_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::Settings;
+    use crate::config::Settings;
 
     #[test]
     fn key_is_stable_and_sensitive() {

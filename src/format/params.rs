@@ -5,9 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use super::dtype::Dtype;
 use super::FORMAT_VERSION;
+use crate::config::Settings;
 use crate::error::{Error, Result};
 use crate::normalize::{ForegroundStats, Normalization};
-use crate::pipeline::Settings;
 
 /// Element type of the cached image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,13 +9,14 @@ use serde::Serialize;
 
 use super::table::{count, num, shape3, spacing3, value, wrap, Align, Table};
 use super::{file_message, rel_message, rel_path, InspectOptions, Problem};
+use crate::config::SpacingChoice;
 use crate::dataset::scan::{scan, ScannedCase};
 use crate::dataset::{discover, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
+use crate::format::ImageDtype;
 use crate::nifti_io::{self, HeaderInfo, LabelData};
-use crate::pipeline::{ImageDtype, SpacingChoice};
 use crate::plan::{decide_spacing, plan_scanned};
-use crate::plan::{percentile, SpacingDecision, OUTLIER_FACTOR};
+use crate::plan::{percentile, CasePlan, SpacingDecision, OUTLIER_FACTOR};
 use crate::sysinfo::human_bytes;
 
 /// What a case's image header says.
@@ -458,9 +459,118 @@ fn dtype_name(d: ImageDtype) -> &'static str {
     }
 }
 
+/// Width of the human reports.
+const W: usize = 100;
+
+/// One row of the forecast table.
+pub enum ForecastRow<'a> {
+    /// A case planned at the target spacing.
+    Planned(&'a CasePlan),
+    /// A case that could not be planned (unreadable, or image and label disagree).
+    NotPlanned(&'a str),
+}
+
+/// `LABEL: 1x1x3 by RULE: REASON`, the reason wrapped under it.
+pub fn render_decision(label: &str, d: &SpacingDecision) -> String {
+    let head = format!("{label}: {} by {}:", spacing3(&d.target_xyz), d.rule);
+    format!("{head} {}", wrap(&d.reason, W, head.len() + 1, 2))
+}
+
+/// The forecast table (per case: input and output shape, cached bytes, what a whole-volume
+/// resampler would hold), its total and the outliers line. `prep inspect DATA` and
+/// `prep build-cache --dry-run` both print it, so a plan reads the same wherever it is shown.
+pub fn render_forecast(
+    target_xyz: &[f64; 3],
+    image_dtype: ImageDtype,
+    labelled: bool,
+    rows: &[ForecastRow],
+) -> String {
+    let mut t = Table::new(&[
+        ("case", Align::Left),
+        ("input (x,y,z)", Align::Right),
+        ("output (x,y,z)", Align::Right),
+        ("cached", Align::Right),
+        ("whole f32", Align::Right),
+        ("whole f64", Align::Right),
+        ("flag", Align::Left),
+    ]);
+    let (mut cases, mut cached, mut f32_bytes, mut f64_bytes) = (0usize, 0u64, 0u64, 0u64);
+    let mut outliers = Vec::new();
+    for row in rows {
+        let p = match row {
+            ForecastRow::Planned(p) => p,
+            ForecastRow::NotPlanned(id) => {
+                t.row(vec![id.to_string(), "-".into(), "not planned".into()]);
+                continue;
+            }
+        };
+        cases += 1;
+        cached += p.out_bytes;
+        f32_bytes += p.whole_volume_f32_bytes;
+        f64_bytes += p.whole_volume_f64_bytes;
+        if p.outlier {
+            outliers.push(p.id.as_str());
+        }
+        t.row(vec![
+            p.id.clone(),
+            shape3(&p.in_shape_xyz),
+            shape3(&p.out_shape_xyz),
+            human_bytes(p.out_bytes),
+            human_bytes(p.whole_volume_f32_bytes),
+            human_bytes(p.whole_volume_f64_bytes),
+            crate::plan::outlier_flag(p.outlier, p.size_factor),
+        ]);
+    }
+    t.row(vec![
+        format!("total ({cases})"),
+        String::new(),
+        String::new(),
+        human_bytes(cached),
+        human_bytes(f32_bytes),
+        human_bytes(f64_bytes),
+    ]);
+    let mut out = format!(
+        "forecast at {} ({} image{})\n{}",
+        spacing3(target_xyz),
+        dtype_name(image_dtype),
+        if labelled { " + label" } else { "" },
+        t.render(W)
+    );
+    out.push_str(&format!(
+        "outliers (>= {}x the median output size): {}\n",
+        num(OUTLIER_FACTOR),
+        if outliers.is_empty() {
+            "none".to_string()
+        } else {
+            outliers.join(", ")
+        }
+    ));
+    out
+}
+
+/// What `prep build-cache --dry-run` prints: the target spacing with the rule that chose it,
+/// then the forecast table of the build's own plans.
+pub fn render_plan(
+    decision: &SpacingDecision,
+    plans: &[CasePlan],
+    image_dtype: ImageDtype,
+) -> String {
+    // A plan's cached bytes are image plus label, so they exceed the image's alone exactly when
+    // the case has a label.
+    let image_bytes = image_dtype.dtype().size() as u64;
+    let labelled = plans
+        .iter()
+        .any(|p| p.out_bytes > p.out_voxels * image_bytes);
+    let rows: Vec<ForecastRow> = plans.iter().map(ForecastRow::Planned).collect();
+    format!(
+        "{}\n{}",
+        render_decision("target spacing (x,y,z)", decision),
+        render_forecast(&decision.target_xyz, image_dtype, labelled, &rows)
+    )
+}
+
 /// The human report of a dataset.
 pub fn render(r: &DatasetReport, path: &str) -> String {
-    const W: usize = 100;
     let mut out = format!(
         "dataset {path}\n{}, {} with labels; pipeline {}, image dtype {}\n",
         count(r.n_cases, "case", "cases"),
@@ -598,76 +708,59 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
     }
     out.push('\n');
     out.push_str(&t.render(W));
-    let decision = |label: &str, d: &SpacingDecision| {
-        let head = format!("{label}: {} by {}:", spacing3(&d.target_xyz), d.rule);
-        format!("{head} {}", wrap(&d.reason, W, head.len() + 1, 2))
-    };
     match &sp.auto {
         Some(a) if sp.target.rule == "explicit" => {
             out.push_str(&format!(
                 "\ntarget spacing (x,y,z): {} (explicit: what if)\n{}",
                 spacing3(&sp.target.target_xyz),
-                decision("auto would choose", a)
+                render_decision("auto would choose", a)
             ));
         }
         _ => {
             out.push('\n');
-            out.push_str(&decision("target spacing (x,y,z)", &sp.target));
+            out.push_str(&render_decision("target spacing (x,y,z)", &sp.target));
         }
     }
 
     if let Some(f) = &r.forecast {
-        let mut t = Table::new(&[
-            ("case", Align::Left),
-            ("input (x,y,z)", Align::Right),
-            ("output (x,y,z)", Align::Right),
-            ("cached", Align::Right),
-            ("whole f32", Align::Right),
-            ("whole f64", Align::Right),
-            ("flag", Align::Left),
-        ]);
-        for c in &r.cases {
-            let (Some(h), Some(p)) = (&c.header, &c.forecast) else {
-                t.row(vec![c.id.clone(), "-".into(), "not planned".into()]);
-                continue;
-            };
-            t.row(vec![
-                c.id.clone(),
-                shape3(&h.shape_xyz),
-                shape3(&p.out_shape_xyz),
-                human_bytes(p.out_bytes),
-                human_bytes(p.whole_volume_f32_bytes),
-                human_bytes(p.whole_volume_f64_bytes),
-                crate::plan::outlier_flag(p.outlier, p.size_factor),
-            ]);
-        }
-        t.row(vec![
-            format!("total ({})", f.cases),
-            String::new(),
-            String::new(),
-            human_bytes(f.out_bytes),
-            human_bytes(f.whole_volume_f32_bytes),
-            human_bytes(f.whole_volume_f64_bytes),
-        ]);
-        out.push_str(&format!(
-            "\nforecast at {} ({} image{})\n{}",
-            spacing3(&f.target_xyz),
-            dtype_name(f.image_dtype),
-            if r.n_labelled > 0 { " + label" } else { "" },
-            t.render(W)
+        // The facts of each case's plan, as `build-cache` has them.
+        let plans: Vec<(&str, Option<CasePlan>)> = r
+            .cases
+            .iter()
+            .map(|c| {
+                let plan = match (&c.header, &c.forecast) {
+                    (Some(h), Some(p)) => Some(CasePlan {
+                        id: c.id.clone(),
+                        in_shape_xyz: h.shape_xyz,
+                        in_spacing_xyz: h.spacing_xyz,
+                        out_shape_xyz: p.out_shape_xyz,
+                        out_spacing_xyz: p.out_spacing_xyz,
+                        out_voxels: p.out_voxels,
+                        out_bytes: p.out_bytes,
+                        whole_volume_f32_bytes: p.whole_volume_f32_bytes,
+                        whole_volume_f64_bytes: p.whole_volume_f64_bytes,
+                        size_factor: p.size_factor,
+                        outlier: p.outlier,
+                    }),
+                    _ => None,
+                };
+                (c.id.as_str(), plan)
+            })
+            .collect();
+        let rows: Vec<ForecastRow> = plans
+            .iter()
+            .map(|(id, p)| match p {
+                Some(p) => ForecastRow::Planned(p),
+                None => ForecastRow::NotPlanned(id),
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&render_forecast(
+            &f.target_xyz,
+            f.image_dtype,
+            r.n_labelled > 0,
+            &rows,
         ));
-        if f.outliers.is_empty() {
-            out.push_str(&format!(
-                "outliers (>= {}x the median output size): none\n",
-                num(f.outlier_factor)
-            ));
-        } else {
-            out.push_str(&format!(
-                "outliers (>= {}x the median output size): {}\n",
-                num(f.outlier_factor),
-                f.outliers.join(", ")
-            ));
-        }
     }
     out
 }

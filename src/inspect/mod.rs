@@ -94,8 +94,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::config::Settings;
 use crate::error::{Error, Result};
-use crate::pipeline::{load_pipeline, Settings};
 
 pub use cache_report::CacheReport;
 pub use dataset_report::DatasetReport;
@@ -105,7 +105,8 @@ pub use preview::{write_preview, PreviewInfo};
 #[derive(Clone, Debug)]
 pub struct InspectOptions {
     pub path: PathBuf,
-    /// Pipeline and spacing for the forecast (datasets only).
+    /// Pipeline and spacing for the forecast (datasets only): what `build-cache` would use with
+    /// the same flags (`config::settings::resolve`).
     pub settings: Settings,
     /// Re-hash every block of every entry (caches only).
     pub verify: bool,
@@ -125,22 +126,6 @@ impl InspectOptions {
             jobs: 0,
         }
     }
-}
-
-/// The settings `build-cache` would use with the same `--pipeline` and `--spacing`.
-pub fn settings_for(pipeline: Option<&str>, spacing: Option<&str>) -> Result<Settings> {
-    let mut s = Settings::default();
-    if let Some(p) = pipeline {
-        let (name, file) = load_pipeline(p)?;
-        s.apply_file(&name, &file)?;
-    } else if let Ok((name, file)) = load_pipeline("default") {
-        s.apply_file(&name, &file)?;
-    }
-    if let Some(v) = spacing {
-        s.spacing = v.parse()?;
-    }
-    s.validate()?;
-    Ok(s)
 }
 
 /// What PATH is.

@@ -1,4 +1,5 @@
-//! Training options: defaults, then the pipeline file's `[train]` table, then command-line flags.
+//! Training options: defaults, then the pipeline file's `[train]` table, then command-line flags
+//! (merged by [`crate::config::train::resolve`]).
 //!
 //! The merged [`TrainConfig`] is saved in the run folder; `--resume` refuses a config that
 //! differs from it in anything that shapes the weights, because "resume gives the same weights
@@ -9,12 +10,45 @@ use serde::{Deserialize, Serialize};
 use super::model::{Norm, Upsampling};
 use crate::error::{Error, Result};
 
-/// Which optimizer, with nnU-Net-like defaults for each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// Which optimizer, with nnU-Net-like defaults for each: `adamw` or `sgd`, the same in a
+/// pipeline file and on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptimizerName {
     Adamw,
     Sgd,
+}
+
+impl OptimizerName {
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerName::Adamw => "adamw",
+            OptimizerName::Sgd => "sgd",
+        }
+    }
+}
+
+impl std::str::FromStr for OptimizerName {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [OptimizerName::Adamw, OptimizerName::Sgd]
+            .into_iter()
+            .find(|o| o.name() == s.trim())
+            .ok_or_else(|| Error::Config(format!("optimizer {s:?}: give adamw or sgd")))
+    }
+}
+
+impl Serialize for OptimizerName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for OptimizerName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// Every option of a training run. Field names are the `[train]` keys of a pipeline file.
@@ -109,17 +143,6 @@ pub const MAX_PATCH_AXIS: usize = 512;
 pub const MAX_PATCH_VOXELS: usize = 1 << 24;
 
 impl TrainConfig {
-    /// Merge a pipeline file's `[train]` table over the defaults.
-    pub fn from_table(table: Option<&toml::Table>, source: &str) -> Result<Self> {
-        match table {
-            None => Ok(TrainConfig::default()),
-            Some(t) => t
-                .clone()
-                .try_into()
-                .map_err(|e| Error::Config(format!("{source}: [train]: {e}"))),
-        }
-    }
-
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         let p = self.patch;
@@ -224,19 +247,20 @@ mod tests {
 
     #[test]
     fn table_overrides_defaults_and_unknown_keys_are_errors() {
-        let t: toml::Table =
-            toml::from_str("patch = [8, 32, 32]\noptimizer = \"sgd\"\nnorm = { group = 4 }")
-                .unwrap();
-        let c = TrainConfig::from_table(Some(&t), "p.toml").unwrap();
+        let c: TrainConfig =
+            toml::from_str("patch = [8, 32, 32]\noptimizer = \"sgd\"\nnorm = \"group:4\"").unwrap();
         assert_eq!(c.patch, [8, 32, 32]);
         assert_eq!(c.optimizer, OptimizerName::Sgd);
         assert_eq!(c.norm, Norm::Group(4));
         assert_eq!(c.batch_size, TrainConfig::default().batch_size);
-        let t: toml::Table = toml::from_str("pach = [8, 32, 32]").unwrap();
-        let e = TrainConfig::from_table(Some(&t), "p.toml")
+        let e = toml::from_str::<TrainConfig>("pach = [8, 32, 32]")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("p.toml") && e.contains("pach"), "{e}");
+        assert!(e.contains("pach"), "{e}");
+        let e = toml::from_str::<TrainConfig>("optimizer = \"adam\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("adamw or sgd"), "{e}");
     }
 
     #[test]

@@ -15,9 +15,9 @@ use super::ops;
 use super::rng::Rng;
 use crate::error::{Error, Result};
 
-/// Normalization after each convolution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// Normalization after each convolution. Written `instance` or `group:G`, the same in a
+/// pipeline file, on the command line and in a run's saved configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Norm {
     /// Instance norm with affine parameters (nnU-Net's default): GroupNorm with one channel a group.
     Instance,
@@ -25,14 +25,111 @@ pub enum Norm {
     Group(usize),
 }
 
-/// How the decoder goes up one resolution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+impl std::fmt::Display for Norm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Norm::Instance => f.write_str("instance"),
+            Norm::Group(g) => write!(f, "group:{g}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Norm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "instance" => Ok(Norm::Instance),
+            t => match t.strip_prefix("group:").map(|g| g.trim().parse::<usize>()) {
+                Some(Ok(g)) if g > 0 => Ok(Norm::Group(g)),
+                _ => Err(Error::Config(format!(
+                    "norm {s:?}: give instance or group:G (G groups, at least 1)"
+                ))),
+            },
+        }
+    }
+}
+
+impl Serialize for Norm {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Norm {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(NormVisitor)
+    }
+}
+
+/// Reads the string spelling; the table `{ group = G }` of earlier versions gets an error that
+/// gives the string to write instead.
+struct NormVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NormVisitor {
+    type Value = Norm;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"instance\" or \"group:G\"")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Norm, E> {
+        s.parse().map_err(E::custom)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut m: A,
+    ) -> std::result::Result<Norm, A::Error> {
+        let write = match m.next_entry::<String, usize>() {
+            Ok(Some((k, g))) if k == "group" => format!("\"group:{g}\""),
+            _ => "\"group:G\"".into(),
+        };
+        Err(serde::de::Error::custom(format!(
+            "norm is written as a string: {write} (or \"instance\"), not a table"
+        )))
+    }
+}
+
+/// How the decoder goes up one resolution: `transpose` or `nearest`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Upsampling {
     /// Transposed convolution with kernel = stride (nnU-Net, DynUNet).
     Transpose,
     /// Nearest-neighbour upsampling followed by a 1x1x1 convolution.
     Nearest,
+}
+
+impl Upsampling {
+    pub fn name(self) -> &'static str {
+        match self {
+            Upsampling::Transpose => "transpose",
+            Upsampling::Nearest => "nearest",
+        }
+    }
+}
+
+impl std::str::FromStr for Upsampling {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [Upsampling::Transpose, Upsampling::Nearest]
+            .into_iter()
+            .find(|u| u.name() == s.trim())
+            .ok_or_else(|| Error::Config(format!("upsampling {s:?}: give transpose or nearest")))
+    }
+}
+
+impl Serialize for Upsampling {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Upsampling {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// The network's shape.
@@ -465,6 +562,32 @@ impl UNet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn norm_and_upsampling_have_one_spelling() {
+        for (text, norm) in [("instance", Norm::Instance), ("group:8", Norm::Group(8))] {
+            assert_eq!(text.parse::<Norm>().unwrap(), norm);
+            assert_eq!(norm.to_string(), text);
+            assert_eq!(serde_json::to_value(norm).unwrap(), text);
+            let t: toml::Table = toml::from_str(&format!("norm = \"{text}\"")).unwrap();
+            assert_eq!(t["norm"].clone().try_into::<Norm>().unwrap(), norm);
+        }
+        for bad in ["group:0", "group:", "group", "batch"] {
+            assert!(bad.parse::<Norm>().is_err(), "{bad}");
+        }
+        let t: toml::Table = toml::from_str("norm = { group = 8 }").unwrap();
+        let e = t["norm"]
+            .clone()
+            .try_into::<Norm>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"group:8\""), "{e}");
+        for u in [Upsampling::Transpose, Upsampling::Nearest] {
+            assert_eq!(u.name().parse::<Upsampling>().unwrap(), u);
+            assert_eq!(serde_json::to_value(u).unwrap(), u.name());
+        }
+        assert!("bilinear".parse::<Upsampling>().is_err());
+    }
 
     #[test]
     fn strides_follow_the_patch() {

@@ -1,0 +1,70 @@
+//! The exit statuses of `prep` and `train`: one convention for both binaries, documented in the
+//! README ("Commands") and in each binary's `--help`, so scripts and schedulers can tell "some
+//! work failed" from "nothing could run" without parsing messages.
+
+use std::process::ExitCode;
+
+/// How a command ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// 0: the command did all of its work.
+    Success,
+    /// 1: the command ran, but some of its work failed: a case did not build, inspect found
+    /// errors, `--verify` found damage.
+    PartlyFailed,
+    /// 2: the command could not run: bad arguments (clap's usage errors exit 2 too), a bad
+    /// configuration or pipeline, an unreadable dataset or cache, a training error.
+    CouldNotRun,
+    /// 130: interrupted by Ctrl-C (128 + SIGINT, as shells report it).
+    Interrupted,
+}
+
+impl Exit {
+    pub const fn code(self) -> u8 {
+        match self {
+            Exit::Success => 0,
+            Exit::PartlyFailed => 1,
+            Exit::CouldNotRun => 2,
+            Exit::Interrupted => 130,
+        }
+    }
+
+    /// `Success`, or `PartlyFailed` when `failed`.
+    pub const fn unless_failed(failed: bool) -> Exit {
+        if failed {
+            Exit::PartlyFailed
+        } else {
+            Exit::Success
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e.code())
+    }
+}
+
+/// The convention in words, for the binaries' `--help`.
+pub const EXIT_STATUS_HELP: &str = "Exit status: 0 success; 1 the command ran but some of its \
+work failed (a case did not build, inspect found errors or --verify found damage); 2 the command \
+could not run (bad arguments, configuration or pipeline, unreadable dataset or cache, a training \
+error); 130 interrupted by Ctrl-C.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes() {
+        let all = [
+            Exit::Success,
+            Exit::PartlyFailed,
+            Exit::CouldNotRun,
+            Exit::Interrupted,
+        ];
+        assert_eq!(all.map(Exit::code), [0, 1, 2, 130]);
+        assert_eq!(Exit::unless_failed(true), Exit::PartlyFailed);
+        assert_eq!(Exit::unless_failed(false), Exit::Success);
+    }
+}

@@ -1,0 +1,319 @@
+//! The cache parameters of `prep build-cache` and `prep inspect`: built-in defaults, then a
+//! pipeline, then command-line flags, merged by one function ([`resolve`]).
+
+use std::path::PathBuf;
+
+use super::pipeline::{Pipeline, DEFAULT_PIPELINE};
+use super::values::{parse_three, parse_zyx, Shard};
+use crate::dataset::DatasetSource;
+use crate::error::{Error, Result};
+use crate::format::{Compression, ImageDtype};
+use crate::normalize::Normalization;
+
+/// How the target spacing is chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SpacingChoice {
+    /// Per-axis median with nnU-Net's anisotropy rule.
+    Auto,
+    /// Explicit (x, y, z), in the files' units.
+    Explicit([f64; 3]),
+}
+
+/// `auto`, `x,y,z`, or one number for all three axes.
+impl std::str::FromStr for SpacingChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s.trim() == "auto" {
+            return Ok(SpacingChoice::Auto);
+        }
+        match parse_three::<f64>(s, true) {
+            Some(v) if v.iter().all(|x| x.is_finite() && *x > 0.0) => {
+                Ok(SpacingChoice::Explicit(v))
+            }
+            _ => Err(Error::Config(format!(
+                "spacing {s:?}: give auto, three positive numbers x,y,z, or one for all three"
+            ))),
+        }
+    }
+}
+
+/// Overrides of the cache parameters, every one optional: what the command line says (both
+/// `prep build-cache` and `prep inspect` take these flags), or what a pipeline file says
+/// ([`super::PipelineFile::cache_layer`]). Field names and value spellings are the pipeline
+/// file's keys and values.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct PrepFlags {
+    /// Bundled pipeline (default, ct, compact, minivess) or a path to a .toml file; the flags
+    /// below override it [default: default].
+    #[arg(long, value_name = "NAME|FILE.toml")]
+    pub pipeline: Option<String>,
+    /// Target spacing: auto (per-axis median + anisotropy rule), x,y,z in the files' units, or
+    /// one number for all three axes.
+    #[arg(long, value_name = "auto|x,y,z")]
+    pub spacing: Option<SpacingChoice>,
+    /// zscore-nonzero (default), zscore, ct or none.
+    #[arg(long)]
+    pub normalization: Option<Normalization>,
+    /// float32 (default) or float16.
+    #[arg(long)]
+    pub image_dtype: Option<ImageDtype>,
+    /// Chunk shape z,y,x in voxels (an upper bound per axis).
+    #[arg(long, value_name = "z,y,x", value_parser = parse_zyx)]
+    pub chunk: Option<[usize; 3]>,
+    /// Shard shape z,y,x (whole multiples of the chunk), or none.
+    #[arg(long, value_name = "z,y,x|none")]
+    pub shard: Option<Shard>,
+    /// none (memory-mappable), zstd or blosc.
+    #[arg(long)]
+    pub compression: Option<String>,
+    /// Level of the codec (zstd: default 3; blosc: 0..9, default 5).
+    #[arg(long)]
+    pub compression_level: Option<i32>,
+    /// Foreground coordinates sampled per class for patch sampling.
+    #[arg(long)]
+    pub fg_samples: Option<usize>,
+    /// Seed of the foreground sample.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Parameters after defaults, pipeline and flags are merged (spacing not yet resolved).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub pipeline: String,
+    pub spacing: SpacingChoice,
+    pub normalization: Normalization,
+    pub image_dtype: ImageDtype,
+    pub chunk_zyx: [usize; 3],
+    pub shard_zyx: Option<[usize; 3]>,
+    pub compression: Compression,
+    pub fg_samples: usize,
+    pub seed: u64,
+}
+
+/// The defaults (see README, "Choosing the chunk layout", for the measurement behind them).
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            pipeline: DEFAULT_PIPELINE.into(),
+            spacing: SpacingChoice::Auto,
+            normalization: Normalization::ZscoreNonzero,
+            image_dtype: ImageDtype::Float32,
+            chunk_zyx: [32, 128, 128],
+            shard_zyx: None,
+            compression: Compression::None,
+            fg_samples: 10_000,
+            seed: 1234,
+        }
+    }
+}
+
+impl Settings {
+    /// Overlay one layer of overrides (a pipeline file's, or the flags). A codec named without a
+    /// level gets that codec's default level; a level alone applies to the current codec.
+    pub fn apply(&mut self, l: &PrepFlags) -> Result<()> {
+        if let Some(v) = l.spacing {
+            self.spacing = v;
+        }
+        if let Some(v) = l.normalization {
+            self.normalization = v;
+        }
+        if let Some(v) = l.image_dtype {
+            self.image_dtype = v;
+        }
+        if let Some(v) = l.chunk {
+            self.chunk_zyx = v;
+        }
+        if let Some(Shard(v)) = l.shard {
+            self.shard_zyx = v;
+        }
+        match (&l.compression, l.compression_level) {
+            (Some(c), level) => self.compression = Compression::parse(c, level)?,
+            (None, Some(level)) => {
+                self.compression = Compression::parse(self.compression.name(), Some(level))?
+            }
+            (None, None) => {}
+        }
+        if let Some(v) = l.fg_samples {
+            self.fg_samples = v;
+        }
+        if let Some(v) = l.seed {
+            self.seed = v;
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.chunk_zyx.iter().any(|&c| c == 0 || c > 4096) {
+            return Err(Error::Config(format!(
+                "chunk shape {:?}: each side must be 1..4096",
+                self.chunk_zyx
+            )));
+        }
+        if let Some(s) = self.shard_zyx {
+            for a in 0..3 {
+                if s[a] == 0 || s[a] % self.chunk_zyx[a] != 0 {
+                    return Err(Error::Config(format!(
+                        "shard shape {s:?} must be a whole multiple of the chunk shape {:?}",
+                        self.chunk_zyx
+                    )));
+                }
+            }
+            let bytes: usize = s.iter().product::<usize>() * 4;
+            if bytes > 1 << 30 {
+                return Err(Error::Config(format!(
+                    "shard shape {s:?} is over 1 GiB per shard"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The settings of a build (or of inspect's forecast of one): the pipeline the flags name (the
+/// default one otherwise), then the flags, checked together.
+pub fn resolve(flags: &PrepFlags) -> Result<Settings> {
+    let pipeline = Pipeline::load(flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE))?;
+    let mut s = pipeline.settings;
+    s.apply(flags)?;
+    s.validate()?;
+    Ok(s)
+}
+
+/// The dataset folder used when `prep build-cache` is given none, relative to the working folder
+/// (the repository root in the README's first command).
+pub const BUNDLED_DATA: &str = "data/vessels";
+
+/// Where the cases come from: `--images`/`--labels` globs, else DATA, else the bundled dataset.
+pub fn dataset_source(
+    data: Option<PathBuf>,
+    images: Option<String>,
+    labels: Option<String>,
+) -> Result<DatasetSource> {
+    Ok(match (images, data) {
+        (Some(images), _) => DatasetSource::Globs { images, labels },
+        (None, Some(d)) => DatasetSource::Folder(d),
+        (None, None) => {
+            let d = PathBuf::from(BUNDLED_DATA);
+            if !d.is_dir() {
+                return Err(Error::Config(format!(
+                    "no DATA given, and the bundled dataset {BUNDLED_DATA} is not under the \
+                     working folder: give a dataset folder or --images"
+                )));
+            }
+            DatasetSource::Folder(d)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::OutputParams;
+
+    #[test]
+    fn layout_splits_axes_evenly_under_the_bound() {
+        let mut st = Settings {
+            chunk_zyx: [32, 128, 128],
+            ..Settings::default()
+        };
+        let p = OutputParams::new(&st, [1.0; 3], None);
+        let l = p.layout_for([41, 512, 100]);
+        assert_eq!(l.chunk_zyx, [21, 128, 100]);
+        assert_eq!(l.shard_zyx, None);
+        st.shard_zyx = Some([64, 256, 256]);
+        let p = OutputParams::new(&st, [1.0; 3], None);
+        let l = p.layout_for([41, 2545, 100]);
+        assert_eq!(l.chunk_zyx, [21, 128, 100]);
+        assert_eq!(l.shard_zyx, Some([42, 256, 100]));
+    }
+
+    #[test]
+    fn spacing_parses() {
+        assert_eq!(
+            "auto".parse::<SpacingChoice>().unwrap(),
+            SpacingChoice::Auto
+        );
+        assert_eq!(
+            "1,1,2.5".parse::<SpacingChoice>().unwrap(),
+            SpacingChoice::Explicit([1.0, 1.0, 2.5])
+        );
+        assert_eq!(
+            "0.5".parse::<SpacingChoice>().unwrap(),
+            SpacingChoice::Explicit([0.5; 3])
+        );
+        assert!("1,nan,1".parse::<SpacingChoice>().is_err());
+        assert!("1,-1,1".parse::<SpacingChoice>().is_err());
+        assert!("1,1".parse::<SpacingChoice>().is_err());
+    }
+
+    #[test]
+    fn every_parameter_changes_the_canonical_json() {
+        let base = OutputParams::new(&Settings::default(), [1.0, 1.0, 1.0], None);
+        let mut variants = vec![];
+        let mut p = base.clone();
+        p.target_spacing_xyz[2] = 1.0000001;
+        variants.push(p);
+        let mut p = base.clone();
+        p.normalization = Normalization::Zscore;
+        variants.push(p);
+        let mut p = base.clone();
+        p.chunk_zyx = [16, 16, 16];
+        variants.push(p);
+        let mut p = base.clone();
+        p.compression = Compression::Zstd { level: 3 };
+        variants.push(p);
+        let mut p = base.clone();
+        p.seed = 7;
+        variants.push(p);
+        for v in variants {
+            assert_ne!(v.canonical_json(), base.canonical_json());
+        }
+    }
+
+    #[test]
+    fn flags_override_the_pipeline_and_are_checked_with_it() {
+        let s = resolve(&PrepFlags {
+            pipeline: Some("compact".into()),
+            chunk: Some([16, 64, 64]),
+            ..PrepFlags::default()
+        })
+        .unwrap();
+        assert_eq!(s.pipeline, "compact");
+        assert_eq!(s.image_dtype, ImageDtype::Float16);
+        assert_eq!(s.chunk_zyx, [16, 64, 64]);
+        assert_eq!(s.shard_zyx, Some([64, 256, 256]));
+        assert_eq!(s.compression, Compression::Zstd { level: 3 });
+
+        // A level alone keeps the pipeline's codec; --shard none turns sharding off.
+        let s = resolve(&PrepFlags {
+            pipeline: Some("compact".into()),
+            compression_level: Some(9),
+            shard: Some(Shard(None)),
+            ..PrepFlags::default()
+        })
+        .unwrap();
+        assert_eq!(s.compression, Compression::Zstd { level: 9 });
+        assert_eq!(s.shard_zyx, None);
+
+        // The compact pipeline's shard is not a multiple of this chunk.
+        let e = resolve(&PrepFlags {
+            pipeline: Some("compact".into()),
+            chunk: Some([48, 64, 64]),
+            ..PrepFlags::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("whole multiple"), "{e}");
+    }
+
+    #[test]
+    fn no_flags_means_the_default_pipeline() {
+        let s = resolve(&PrepFlags::default()).unwrap();
+        let d = Settings::default();
+        assert_eq!(s.pipeline, "default");
+        assert_eq!(
+            OutputParams::new(&s, [1.0; 3], None).canonical_json(),
+            OutputParams::new(&d, [1.0; 3], None).canonical_json()
+        );
+    }
+}
