@@ -32,113 +32,24 @@
 //! copying.
 
 mod array;
+mod cache_reader;
+mod chunk_cache;
 mod lru;
 mod sample;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use zarrs::array::{Array, ArraySubset};
 
-use self::array::{ravel, ArrayReader, Decoded, Held, MappedBlock};
-use self::lru::Lru;
+use self::array::{ravel, ArrayReader, Held};
+pub use self::cache_reader::{CacheReader, CaseInfo};
+pub use self::chunk_cache::{ChunkCache, ChunkCacheStats, ReaderOptions};
 pub use self::sample::{Sample, StoredDtype};
-use super::layout::CacheDir;
 use crate::error::{Error, Result};
-use crate::format::{EntryAttrs, Manifest, ManifestDataset, IMAGE_ARRAY, LABEL_ARRAY};
-
-/// How entries are read.
-#[derive(Clone, Debug)]
-pub struct ReaderOptions {
-    /// Memory-map uncompressed chunks (the fast path). `false` decodes every array through
-    /// zarrs, as for compressed caches (for comparisons).
-    pub mmap: bool,
-    /// The most files kept mapped at once, over all entries sharing the [`ChunkCache`].
-    pub max_maps: usize,
-    /// Bytes of decoded (compressed) chunks kept, over all entries sharing the cache.
-    pub decoded_cache_bytes: usize,
-}
-
-impl Default for ReaderOptions {
-    fn default() -> Self {
-        ReaderOptions {
-            mmap: true,
-            max_maps: 4096,
-            decoded_cache_bytes: 256 << 20,
-        }
-    }
-}
-
-/// (entry serial, array id, chunk or file index)
-type Key = (u64, u8, usize);
-
-struct Shared {
-    options: ReaderOptions,
-    /// `None`: the file does not exist (all fill value); remembered so it is not looked up again.
-    maps: Mutex<Lru<Key, Option<Arc<MappedBlock>>>>,
-    decoded: Mutex<Lru<Key, Arc<Decoded>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Mapped files and decoded chunks, shared by the entries opened with it. Cloning shares.
-#[derive(Clone)]
-pub struct ChunkCache {
-    shared: Arc<Shared>,
-}
-
-/// What a [`ChunkCache`] holds right now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkCacheStats {
-    pub mapped_files: usize,
-    pub decoded_chunks: usize,
-    pub decoded_bytes: usize,
-}
-
-impl ChunkCache {
-    pub fn new(options: ReaderOptions) -> Self {
-        ChunkCache {
-            shared: Arc::new(Shared {
-                maps: Mutex::new(Lru::new(options.max_maps.max(1))),
-                decoded: Mutex::new(Lru::new(options.decoded_cache_bytes)),
-                options,
-            }),
-        }
-    }
-
-    pub fn options(&self) -> &ReaderOptions {
-        &self.shared.options
-    }
-
-    pub fn stats(&self) -> ChunkCacheStats {
-        let maps = lock(&self.shared.maps);
-        let decoded = lock(&self.shared.decoded);
-        ChunkCacheStats {
-            mapped_files: maps.len(),
-            decoded_chunks: decoded.len(),
-            decoded_bytes: decoded.used(),
-        }
-    }
-
-    /// Forget everything an entry put here (when its last reader is dropped).
-    fn purge(&self, entry: u64) {
-        lock(&self.shared.maps).retain(|k| k.0 != entry);
-        lock(&self.shared.decoded).retain(|k| k.0 != entry);
-    }
-}
-
-impl std::fmt::Debug for ChunkCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChunkCache")
-            .field("options", &self.shared.options)
-            .field("stats", &self.stats())
-            .finish()
-    }
-}
+use crate::format::{EntryAttrs, IMAGE_ARRAY, LABEL_ARRAY};
 
 /// Rows ahead of the copy whose source is prefetched: rows are short (a patch's width) and
 /// 4 KiB pages apart every few rows, which hardware prefetchers do not cross.
@@ -366,20 +277,11 @@ impl EntryReader {
 
     /// The chunk `c` of `arr`, from the shared caches or freshly mapped / decoded.
     fn chunk(&self, arr: &ArrayReader, c: [usize; 3]) -> Result<Held> {
-        let shared = &self.inner.cache.shared;
+        let cache = &self.inner.cache;
         if arr.is_mapped() {
             let (b, inner) = arr.block_of(c);
             let key = (self.inner.serial, arr.id, ravel(b, arr.block_grid));
-            let slot = lock(&shared.maps).get(&key);
-            let slot = match slot {
-                Some(s) => s,
-                None => {
-                    // Mapped outside the lock; a racing thread maps the same file at worst.
-                    let s = arr.map_block(b)?.map(Arc::new);
-                    lock(&shared.maps).insert(key, s.clone(), 1);
-                    s
-                }
-            };
+            let slot = cache.mapped(key, || Ok(arr.map_block(b)?.map(Arc::new)))?;
             Ok(match slot {
                 None => Held::Fill,
                 Some(m) => Held::Mapped(m, inner),
@@ -387,16 +289,7 @@ impl EntryReader {
         } else {
             let grid = [0, 1, 2].map(|a| arr.shape[a].div_ceil(arr.chunk[a]));
             let key = (self.inner.serial, arr.id, ravel(c, grid));
-            let hit = lock(&shared.decoded).get(&key);
-            let d = match hit {
-                Some(d) => d,
-                None => {
-                    let d = Arc::new(arr.decode_chunk(c)?);
-                    let cost = d.bytes.len().max(1);
-                    lock(&shared.decoded).insert(key, d.clone(), cost);
-                    d
-                }
-            };
+            let d = cache.decoded(key, || Ok(Arc::new(arr.decode_chunk(c)?)))?;
             Ok(Held::Decoded(d))
         }
     }
@@ -583,136 +476,6 @@ impl EntryReader {
             }
         };
         Ok(self.inner.fg_rows.get_or_init(|| rows).as_slice())
-    }
-}
-
-/// One case of a dataset in the manifest.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CaseInfo {
-    pub case_id: String,
-    pub key: String,
-    pub entry_dir: PathBuf,
-    pub shape_zyx: [usize; 3],
-}
-
-/// A whole cache: its manifest, and entries opened with one shared [`ChunkCache`].
-#[derive(Clone)]
-pub struct CacheReader {
-    root: PathBuf,
-    manifest: Arc<Manifest>,
-    cache: ChunkCache,
-}
-
-impl std::fmt::Debug for CacheReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CacheReader")
-            .field("root", &self.root)
-            .field("datasets", &self.datasets())
-            .finish()
-    }
-}
-
-impl CacheReader {
-    /// Open a cache folder written by `prep build-cache`, with default [`ReaderOptions`].
-    pub fn open(cache_dir: impl AsRef<Path>) -> Result<CacheReader> {
-        Self::open_with(cache_dir, ReaderOptions::default())
-    }
-
-    pub fn open_with(cache_dir: impl AsRef<Path>, options: ReaderOptions) -> Result<CacheReader> {
-        let root = cache_dir.as_ref().to_path_buf();
-        if !root.is_dir() {
-            return Err(Error::cache(&root, "cache folder not found"));
-        }
-        let path = CacheDir::new(&root).manifest_path();
-        let Some(manifest) = Manifest::read(&path)? else {
-            return Err(Error::cache(
-                &root,
-                if root.join("entries").is_dir() {
-                    "no manifest.json: no build has finished in this cache yet"
-                } else {
-                    "not a voxcache cache: no manifest.json (build one with prep build-cache)"
-                },
-            ));
-        };
-        Ok(CacheReader {
-            root,
-            manifest: Arc::new(manifest),
-            cache: ChunkCache::new(options),
-        })
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    pub fn manifest(&self) -> &Manifest {
-        &self.manifest
-    }
-
-    /// The cache shared by every entry opened through this reader.
-    pub fn chunk_cache(&self) -> &ChunkCache {
-        &self.cache
-    }
-
-    /// Dataset names, sorted.
-    pub fn datasets(&self) -> Vec<&str> {
-        self.manifest.datasets.keys().map(String::as_str).collect()
-    }
-
-    pub fn dataset(&self, name: &str) -> Result<&ManifestDataset> {
-        self.manifest.datasets.get(name).ok_or_else(|| {
-            Error::cache(
-                self.root.join("manifest.json"),
-                format!(
-                    "no dataset {name:?} in this cache (it has: {})",
-                    self.datasets().join(", ")
-                ),
-            )
-        })
-    }
-
-    /// The cases of a dataset, sorted by case id.
-    pub fn cases(&self, dataset: &str) -> Result<Vec<CaseInfo>> {
-        let ds = self.dataset(dataset)?;
-        ds.cases
-            .iter()
-            .map(|(id, c)| {
-                // format::Manifest checked on reading that the path stays inside entries/.
-                let rel = Path::new(&c.entry);
-                Ok(CaseInfo {
-                    case_id: id.clone(),
-                    key: c.key.clone(),
-                    entry_dir: self.root.join(rel),
-                    shape_zyx: c.out_shape_zyx,
-                })
-            })
-            .collect()
-    }
-
-    /// Open the entry of one case.
-    pub fn open_entry(&self, dataset: &str, case_id: &str) -> Result<EntryReader> {
-        let case = self
-            .cases(dataset)?
-            .into_iter()
-            .find(|c| c.case_id == case_id)
-            .ok_or_else(|| {
-                Error::cache(
-                    self.root.join("manifest.json"),
-                    format!("no case {case_id:?} in dataset {dataset:?}"),
-                )
-            })?;
-        let entry = EntryReader::open_with(&case.entry_dir, &self.cache)?;
-        if entry.shape_zyx() != case.shape_zyx {
-            return Err(Error::cache(
-                &case.entry_dir,
-                format!(
-                    "entry shape {:?} differs from the manifest's {:?}",
-                    entry.shape_zyx(),
-                    case.shape_zyx
-                ),
-            ));
-        }
-        Ok(entry)
     }
 }
 

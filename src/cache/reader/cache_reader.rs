@@ -1,0 +1,140 @@
+//! A whole cache: its manifest, its datasets and cases, and entries opened with one shared
+//! [`ChunkCache`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{ChunkCache, EntryReader, ReaderOptions};
+use crate::cache::layout::CacheDir;
+use crate::error::{Error, Result};
+use crate::format::{Manifest, ManifestDataset};
+
+/// One case of a dataset in the manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaseInfo {
+    pub case_id: String,
+    pub key: String,
+    pub entry_dir: PathBuf,
+    pub shape_zyx: [usize; 3],
+}
+
+/// A whole cache: its manifest, and entries opened with one shared [`ChunkCache`].
+#[derive(Clone)]
+pub struct CacheReader {
+    root: PathBuf,
+    manifest: Arc<Manifest>,
+    cache: ChunkCache,
+}
+
+impl std::fmt::Debug for CacheReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheReader")
+            .field("root", &self.root)
+            .field("datasets", &self.datasets())
+            .finish()
+    }
+}
+
+impl CacheReader {
+    /// Open a cache folder written by `prep build-cache`, with default [`ReaderOptions`].
+    pub fn open(cache_dir: impl AsRef<Path>) -> Result<CacheReader> {
+        Self::open_with(cache_dir, ReaderOptions::default())
+    }
+
+    pub fn open_with(cache_dir: impl AsRef<Path>, options: ReaderOptions) -> Result<CacheReader> {
+        let root = cache_dir.as_ref().to_path_buf();
+        if !root.is_dir() {
+            return Err(Error::cache(&root, "cache folder not found"));
+        }
+        let path = CacheDir::new(&root).manifest_path();
+        let Some(manifest) = Manifest::read(&path)? else {
+            return Err(Error::cache(
+                &root,
+                if root.join("entries").is_dir() {
+                    "no manifest.json: no build has finished in this cache yet"
+                } else {
+                    "not a voxcache cache: no manifest.json (build one with prep build-cache)"
+                },
+            ));
+        };
+        Ok(CacheReader {
+            root,
+            manifest: Arc::new(manifest),
+            cache: ChunkCache::new(options),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The cache shared by every entry opened through this reader.
+    pub fn chunk_cache(&self) -> &ChunkCache {
+        &self.cache
+    }
+
+    /// Dataset names, sorted.
+    pub fn datasets(&self) -> Vec<&str> {
+        self.manifest.datasets.keys().map(String::as_str).collect()
+    }
+
+    pub fn dataset(&self, name: &str) -> Result<&ManifestDataset> {
+        self.manifest.datasets.get(name).ok_or_else(|| {
+            Error::cache(
+                self.root.join("manifest.json"),
+                format!(
+                    "no dataset {name:?} in this cache (it has: {})",
+                    self.datasets().join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The cases of a dataset, sorted by case id.
+    pub fn cases(&self, dataset: &str) -> Result<Vec<CaseInfo>> {
+        let ds = self.dataset(dataset)?;
+        ds.cases
+            .iter()
+            .map(|(id, c)| {
+                // format::Manifest checked on reading that the path stays inside entries/.
+                let rel = Path::new(&c.entry);
+                Ok(CaseInfo {
+                    case_id: id.clone(),
+                    key: c.key.clone(),
+                    entry_dir: self.root.join(rel),
+                    shape_zyx: c.out_shape_zyx,
+                })
+            })
+            .collect()
+    }
+
+    /// Open the entry of one case.
+    pub fn open_entry(&self, dataset: &str, case_id: &str) -> Result<EntryReader> {
+        let case = self
+            .cases(dataset)?
+            .into_iter()
+            .find(|c| c.case_id == case_id)
+            .ok_or_else(|| {
+                Error::cache(
+                    self.root.join("manifest.json"),
+                    format!("no case {case_id:?} in dataset {dataset:?}"),
+                )
+            })?;
+        let entry = EntryReader::open_with(&case.entry_dir, &self.cache)?;
+        if entry.shape_zyx() != case.shape_zyx {
+            return Err(Error::cache(
+                &case.entry_dir,
+                format!(
+                    "entry shape {:?} differs from the manifest's {:?}",
+                    entry.shape_zyx(),
+                    case.shape_zyx
+                ),
+            ));
+        }
+        Ok(entry)
+    }
+}

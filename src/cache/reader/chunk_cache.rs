@@ -1,0 +1,129 @@
+//! The chunk caches shared by every entry a [`super::CacheReader`] opens: mapped files
+//! (bounded by count) and decoded chunks (bounded by bytes).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::array::{Decoded, MappedBlock};
+use super::lru::Lru;
+use crate::error::Result;
+
+/// How entries are read.
+#[derive(Clone, Debug)]
+pub struct ReaderOptions {
+    /// Memory-map uncompressed chunks (the fast path). `false` decodes every array through
+    /// zarrs, as for compressed caches (for comparisons).
+    pub mmap: bool,
+    /// The most files kept mapped at once, over all entries sharing the [`ChunkCache`].
+    pub max_maps: usize,
+    /// Bytes of decoded (compressed) chunks kept, over all entries sharing the cache.
+    pub decoded_cache_bytes: usize,
+}
+
+impl Default for ReaderOptions {
+    fn default() -> Self {
+        ReaderOptions {
+            mmap: true,
+            max_maps: 4096,
+            decoded_cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// (entry serial, array id, chunk or file index)
+pub(super) type Key = (u64, u8, usize);
+
+struct Shared {
+    options: ReaderOptions,
+    /// `None`: the file does not exist (all fill value); remembered so it is not looked up again.
+    maps: Mutex<Lru<Key, Option<Arc<MappedBlock>>>>,
+    decoded: Mutex<Lru<Key, Arc<Decoded>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Mapped files and decoded chunks, shared by the entries opened with it. Cloning shares.
+#[derive(Clone)]
+pub struct ChunkCache {
+    shared: Arc<Shared>,
+}
+
+/// What a [`ChunkCache`] holds right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkCacheStats {
+    pub mapped_files: usize,
+    pub decoded_chunks: usize,
+    pub decoded_bytes: usize,
+}
+
+impl ChunkCache {
+    pub fn new(options: ReaderOptions) -> Self {
+        ChunkCache {
+            shared: Arc::new(Shared {
+                maps: Mutex::new(Lru::new(options.max_maps.max(1))),
+                decoded: Mutex::new(Lru::new(options.decoded_cache_bytes)),
+                options,
+            }),
+        }
+    }
+
+    pub fn options(&self) -> &ReaderOptions {
+        &self.shared.options
+    }
+
+    pub fn stats(&self) -> ChunkCacheStats {
+        let maps = lock(&self.shared.maps);
+        let decoded = lock(&self.shared.decoded);
+        ChunkCacheStats {
+            mapped_files: maps.len(),
+            decoded_chunks: decoded.len(),
+            decoded_bytes: decoded.used(),
+        }
+    }
+
+    /// The mapped file (or its absence) under `key`, mapping it with `map` on a miss. Mapped
+    /// outside the lock: a racing thread maps the same file at worst.
+    pub(super) fn mapped(
+        &self,
+        key: Key,
+        map: impl FnOnce() -> Result<Option<Arc<MappedBlock>>>,
+    ) -> Result<Option<Arc<MappedBlock>>> {
+        if let Some(slot) = lock(&self.shared.maps).get(&key) {
+            return Ok(slot);
+        }
+        let slot = map()?;
+        lock(&self.shared.maps).insert(key, slot.clone(), 1);
+        Ok(slot)
+    }
+
+    /// The decoded chunk under `key`, decoding it with `decode` on a miss (outside the lock).
+    pub(super) fn decoded(
+        &self,
+        key: Key,
+        decode: impl FnOnce() -> Result<Arc<Decoded>>,
+    ) -> Result<Arc<Decoded>> {
+        if let Some(d) = lock(&self.shared.decoded).get(&key) {
+            return Ok(d);
+        }
+        let d = decode()?;
+        let cost = d.bytes.len().max(1);
+        lock(&self.shared.decoded).insert(key, d.clone(), cost);
+        Ok(d)
+    }
+
+    /// Forget everything an entry put here (when its last reader is dropped).
+    pub(super) fn purge(&self, entry: u64) {
+        lock(&self.shared.maps).retain(|k| k.0 != entry);
+        lock(&self.shared.decoded).retain(|k| k.0 != entry);
+    }
+}
+
+impl std::fmt::Debug for ChunkCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkCache")
+            .field("options", &self.shared.options)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
