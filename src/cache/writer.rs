@@ -149,12 +149,12 @@ fn bytes_of<T: bytemuck_like::Pod>(v: &[T]) -> &[u8] {
 
 /// Minimal plain-old-data view, to hash what Zarr stores without another dependency.
 mod bytemuck_like {
-    pub trait Pod: Copy {}
+    pub(super) trait Pod: Copy {}
     impl Pod for f32 {}
     impl Pod for u8 {}
     impl Pod for u16 {}
     impl Pod for half::f16 {}
-    pub fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
+    pub(super) fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
         // SAFETY: T is a plain numeric type without padding; the slice is valid for its length.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
     }

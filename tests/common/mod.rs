@@ -6,7 +6,8 @@
 //! - [`fixtures`]: running `prep build-cache` into caches, and walking and copying them;
 //! - [`probe`]: this process's memory use, read from `/proc/self/status`;
 //! - `zarr_read`: zarrs' own reads, the reference for the patch readers.
-#![allow(dead_code)]
+// Each test crate uses a subset of these helpers, reached through `pub`.
+#![allow(dead_code, unreachable_pub)]
 
 pub mod fixtures;
 pub mod probe;
