@@ -9,16 +9,28 @@ pub enum Error {
     /// An operating-system I/O failure on a named path (missing file, permission, full disk).
     #[error("{path}: {source}")]
     Io {
+        /// The file or folder the operation was on.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
     /// A NIfTI file that cannot be read or whose header is invalid.
     #[error("{path}: {message}")]
-    Nifti { path: PathBuf, message: String },
+    Nifti {
+        /// The NIfTI file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
     /// Image and label of one case that do not fit together, or voxel values we refuse.
     #[error("case {case}: {message}")]
-    Case { case: String, message: String },
+    Case {
+        /// The case id.
+        case: String,
+        /// What is wrong, naming the files involved.
+        message: String,
+    },
     /// A dataset folder or glob that does not yield usable cases.
     #[error("{0}")]
     Dataset(String),
@@ -28,7 +40,9 @@ pub enum Error {
     /// A failure in the Zarr store or codecs.
     #[error("{path}: zarr: {source}")]
     Zarr {
+        /// The entry, array or chunk being read or written.
         path: PathBuf,
+        /// zarrs' error (or a message).
         #[source]
         source: BoxError,
     },
@@ -36,13 +50,20 @@ pub enum Error {
     /// from message text. The build stops writing new cases when it sees one.
     #[error("{path}: the disk is full ({source})")]
     DiskFull {
+        /// What was being written when the disk filled.
         path: PathBuf,
+        /// The error that reported it.
         #[source]
         source: BoxError,
     },
     /// A cache folder whose content is not what voxcache wrote.
     #[error("{path}: {message}")]
-    Cache { path: PathBuf, message: String },
+    Cache {
+        /// The file or folder in the cache.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A failure inside the tensor library (shapes, devices, kernels) while training.
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
@@ -117,6 +138,7 @@ fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind
 }
 
 impl Error {
+    /// An I/O error on `path`; a full disk (or quota) becomes [`Error::DiskFull`].
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
         let path = path.as_ref().to_path_buf();
         if is_full(source.kind()) {
@@ -133,6 +155,7 @@ impl Error {
         matches!(self, Error::DiskFull { .. })
     }
 
+    /// A NIfTI file at `path` that cannot be read or is invalid; `message` says why.
     pub fn nifti(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
         Error::Nifti {
             path: path.as_ref().to_path_buf(),
@@ -140,6 +163,7 @@ impl Error {
         }
     }
 
+    /// A problem with one case (its pair of files, or its voxel values).
     pub fn case(case: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Case {
             case: case.into(),
@@ -157,6 +181,7 @@ impl Error {
         Error::Zarr { path, source }
     }
 
+    /// A file or folder at `path` in a cache that is not what voxcache wrote.
     pub fn cache(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
         Error::Cache {
             path: path.as_ref().to_path_buf(),
@@ -165,6 +190,7 @@ impl Error {
     }
 }
 
+/// The library's result type: [`Error`] unless another is named.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]

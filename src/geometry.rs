@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 pub struct Affine(pub [[f64; 4]; 4]);
 
 impl Affine {
+    /// An axis-aligned affine: voxel sizes `spacing_xyz` on the diagonal, origin at voxel 0.
     pub fn diagonal(spacing_xyz: [f64; 3]) -> Self {
         let mut m = [[0.0; 4]; 4];
         for (a, s) in spacing_xyz.iter().enumerate() {
@@ -83,6 +84,7 @@ impl Affine {
             .collect()
     }
 
+    /// Whether every element is finite (a header with a NaN or infinite affine is refused).
     pub fn is_finite(&self) -> bool {
         self.0.iter().flatten().all(|v| v.is_finite())
     }

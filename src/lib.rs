@@ -20,33 +20,22 @@
 
 // `missing_docs` is on for the whole library (Cargo.toml [lints]); the modules below marked
 // `allow` document their items at module level for now (README, "Code map": what is left).
-#[allow(missing_docs)]
 pub mod build;
-#[allow(missing_docs)]
 pub mod cache;
-#[allow(missing_docs)]
 pub mod config;
-#[allow(missing_docs)]
 pub mod dataset;
-#[allow(missing_docs)]
 pub mod error;
-#[allow(missing_docs)]
 pub mod format;
-#[allow(missing_docs)]
 pub mod geometry;
 #[allow(missing_docs)]
 pub mod inspect;
 #[allow(missing_docs)]
 pub mod nifti_io;
-#[allow(missing_docs)]
 pub mod normalize;
-#[allow(missing_docs)]
 pub mod plan;
-#[allow(missing_docs)]
 pub mod resample;
 #[allow(missing_docs)]
 pub mod synth;
-#[allow(missing_docs)]
 pub mod sysinfo;
 #[allow(missing_docs)]
 pub mod train;

@@ -40,6 +40,7 @@ impl std::str::FromStr for Normalization {
 }
 
 impl Normalization {
+    /// The spelling used by flags, pipeline files and entries (`zscore-nonzero`, ...).
     pub fn name(&self) -> &'static str {
         match self {
             Normalization::ZscoreNonzero => "zscore-nonzero",
@@ -53,21 +54,32 @@ impl Normalization {
 /// Dataset-wide foreground statistics for CT normalization.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ForegroundStats {
+    /// 0.5 percentile of the pooled foreground intensities: the lower clip.
     pub lower: f64,
+    /// 99.5 percentile: the upper clip.
     pub upper: f64,
+    /// Mean of the pooled foreground intensities (subtracted).
     pub mean: f64,
+    /// Their standard deviation (divided by).
     pub std: f64,
 }
 
 /// Intensity statistics of one input image, recorded in the entry.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IntensityStats {
+    /// Smallest finite voxel value (0 when there is none).
     pub min: f64,
+    /// Largest finite voxel value (0 when there is none).
     pub max: f64,
+    /// Mean of the finite voxels.
     pub mean: f64,
+    /// Standard deviation (population) of the finite voxels.
     pub std: f64,
+    /// Finite voxels that are not zero.
     pub nonzero_voxels: u64,
+    /// Mean of the nonzero voxels (what zscore-nonzero subtracts).
     pub nonzero_mean: f64,
+    /// Their standard deviation (what zscore-nonzero divides by).
     pub nonzero_std: f64,
     /// NaN or infinite voxels (an image with any is refused).
     pub nonfinite_voxels: u64,
@@ -76,10 +88,15 @@ pub struct IntensityStats {
 /// What was applied: out = (clamp(v, clip) - shift) / scale, on `only_nonzero` voxels or all.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AppliedNormalization {
+    /// The scheme this transform came from.
     pub scheme: Normalization,
+    /// Subtracted after clipping: a mean (0 for `none`).
     pub shift: f64,
+    /// Divided by after the shift: a standard deviation, at least 1e-8 (1 for `none`).
     pub scale: f64,
+    /// Range [low, high] values are clamped to first (the CT scheme only).
     pub clip: Option<[f64; 2]>,
+    /// Leave zero voxels at zero (zscore-nonzero).
     pub only_nonzero: bool,
 }
 

@@ -18,7 +18,9 @@ pub const OUTLIER_FACTOR: f64 = 4.0;
 /// The chosen target spacing and why.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpacingDecision {
+    /// Target spacing (x, y, z) in the files' units.
     pub target_xyz: [f64; 3],
+    /// The dataset's per-axis median spacing (x, y, z), whatever the rule.
     pub median_xyz: [f64; 3],
     /// "explicit", "median" or "anisotropy rule".
     pub rule: String,
@@ -91,19 +93,27 @@ pub fn auto_spacing(spacings: &[[f64; 3]], shapes: &[[usize; 3]]) -> SpacingDeci
 /// One case's output grid and memory cost.
 #[derive(Clone, Debug, Serialize)]
 pub struct CasePlan {
+    /// Case id, from the file names.
     pub id: String,
+    /// Input shape (x, y, z) in voxels.
     pub in_shape_xyz: [usize; 3],
+    /// Input spacing (x, y, z) in the files' units.
     pub in_spacing_xyz: [f64; 3],
+    /// Output shape (x, y, z) in voxels.
     pub out_shape_xyz: [usize; 3],
+    /// True output spacing (x, y, z): `s * n / m`, close to the target.
     pub out_spacing_xyz: [f64; 3],
+    /// Voxels of the output grid.
     pub out_voxels: u64,
     /// Bytes of the cached image (at the chosen dtype) plus label.
     pub out_bytes: u64,
-    /// What a whole-volume resampler holds for the image alone, float32 and float64.
+    /// What a whole-volume resampler holds for the image alone, in float32 (bytes).
     pub whole_volume_f32_bytes: u64,
+    /// The same in float64 (bytes).
     pub whole_volume_f64_bytes: u64,
     /// Output voxels over the dataset's median output voxels.
     pub size_factor: f64,
+    /// Whether `size_factor` reaches [`OUTLIER_FACTOR`].
     pub outlier: bool,
 }
 

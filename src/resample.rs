@@ -10,16 +10,16 @@ use crate::geometry::source_coordinate;
 
 /// Per output index along one axis: the two input neighbours and the weight of the upper one.
 #[derive(Clone, Debug)]
-pub struct LinearAxis {
-    pub lo: Vec<u32>,
-    pub hi: Vec<u32>,
-    pub w: Vec<f32>,
+pub(crate) struct LinearAxis {
+    pub(crate) lo: Vec<u32>,
+    pub(crate) hi: Vec<u32>,
+    pub(crate) w: Vec<f32>,
     /// Output grid equals input grid on this axis.
-    pub identity: bool,
+    pub(crate) identity: bool,
 }
 
 impl LinearAxis {
-    pub fn new(n: usize, m: usize) -> Self {
+    pub(crate) fn new(n: usize, m: usize) -> Self {
         let mut lo = Vec::with_capacity(m);
         let mut hi = Vec::with_capacity(m);
         let mut w = Vec::with_capacity(m);
@@ -50,7 +50,7 @@ impl LinearAxis {
 }
 
 /// Nearest input index per output index; ties go to the lower index.
-pub fn nearest_axis(n: usize, m: usize) -> Vec<u32> {
+pub(crate) fn nearest_axis(n: usize, m: usize) -> Vec<u32> {
     let last = (n - 1) as f64;
     (0..m)
         .map(|j| {
@@ -63,15 +63,19 @@ pub fn nearest_axis(n: usize, m: usize) -> Vec<u32> {
 /// A box of the output grid: start and size per axis (z, y, x).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Block {
+    /// First output voxel of the box (z, y, x).
     pub start: [usize; 3],
+    /// Voxels along each axis (z, y, x).
     pub size: [usize; 3],
 }
 
 impl Block {
+    /// Voxels in the box.
     pub fn len(&self) -> usize {
         self.size.iter().product()
     }
 
+    /// Whether the box has a side of zero voxels.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -179,6 +183,7 @@ pub struct NearestResampler {
 }
 
 impl NearestResampler {
+    /// `in_shape` and `out_shape` are (z, y, x).
     pub fn new(in_shape: [usize; 3], out_shape: [usize; 3]) -> Self {
         let axes = [0, 1, 2].map(|a| nearest_axis(in_shape[a], out_shape[a]));
         NearestResampler {
@@ -188,6 +193,8 @@ impl NearestResampler {
         }
     }
 
+    /// Fill `out` (len = block.len(), C order over block.size) from `input` (C order over
+    /// in_shape) with the nearest input voxel; any element type (labels are u8 or u16).
     pub fn fill<T: Copy>(&self, input: &[T], block: Block, out: &mut [T]) {
         let [_, ny, nx] = self.in_shape;
         let [bz, by, bx] = block.size;

@@ -33,13 +33,17 @@ use crate::sysinfo::peak_rss_bytes;
 /// What the user asked for.
 #[derive(Clone, Debug)]
 pub struct BuildOptions {
+    /// Where the cases come from.
     pub source: DatasetSource,
+    /// The cache folder to build into (created if missing).
     pub cache_dir: PathBuf,
     /// Dataset name in the manifest; defaults to the data folder's name.
     pub name: Option<String>,
+    /// Cache parameters: defaults, pipeline and flags merged.
     pub settings: Settings,
     /// Worker threads; 0 means one per core.
     pub jobs: usize,
+    /// Scan and plan only; write nothing.
     pub dry_run: bool,
     /// Build only cases whose index modulo `count` is `index` (one part per array job).
     pub part: Option<(usize, usize)>,
@@ -49,36 +53,68 @@ pub struct BuildOptions {
     pub quiet: bool,
 }
 
+/// How one case of a build ended.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum CaseOutcome {
-    Built { bytes: u64, seconds: f64 },
+    /// Its entry was written and committed by this build.
+    Built {
+        /// Bytes the entry added to the cache (0 when another builder placed it first).
+        bytes: u64,
+        /// Seconds from the start of its write to the end of the build loop, so the time of
+        /// the cases written after it is included.
+        seconds: f64,
+    },
+    /// Its entry was already in the cache (same content key): nothing written.
     Cached,
-    Failed { error: String },
+    /// It could not be scanned, hashed, read or written.
+    Failed {
+        /// The error, as printed.
+        error: String,
+    },
+    /// Not attempted: the disk filled up earlier in the build.
     Skipped,
 }
 
+/// One case's line in a build report.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseReport {
+    /// Case id.
     pub id: String,
+    /// Content key of its entry; `None` when the case failed before it was known.
     pub key: Option<String>,
+    /// How it ended.
     pub outcome: CaseOutcome,
 }
 
+/// What a build did: the summary `prep build-cache` prints, and its `--json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct BuildReport {
+    /// Dataset name in the manifest.
     pub dataset: String,
+    /// The cache folder built into.
     pub cache_dir: PathBuf,
+    /// The target spacing and why (always set by [`build_cache`]).
     pub decision: Option<SpacingDecision>,
+    /// Output grid and cost of every readable case (this part's or not).
     pub plans: Vec<CasePlan>,
+    /// One report per case, sorted by id.
     pub cases: Vec<CaseReport>,
+    /// Whether nothing was written (`--dry-run`).
     pub dry_run: bool,
+    /// Cases whose entry this build wrote.
     pub built: usize,
+    /// Cases whose entry was already there.
     pub cached: usize,
+    /// Cases that failed or were skipped.
     pub failed: usize,
+    /// Bytes the built entries added to the cache.
     pub bytes_written: u64,
+    /// Output voxels of the cases this build wrote (for the voxel rate).
     pub voxels_built: u64,
+    /// Wall time of the whole build, scan included.
     pub wall_seconds: f64,
+    /// Peak resident memory of this process in bytes, where the OS tells.
     pub peak_rss_bytes: Option<u64>,
 }
 

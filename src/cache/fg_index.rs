@@ -13,8 +13,11 @@ use crate::resample::Block;
 /// Counts and bounding box of one class, in output voxel coordinates (z, y, x), inclusive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClassStats {
+    /// Voxels of this class in the output.
     pub voxels: u64,
+    /// Smallest (z, y, x) of its voxels.
     pub bbox_min_zyx: [usize; 3],
+    /// Largest (z, y, x) of its voxels.
     pub bbox_max_zyx: [usize; 3],
 }
 
@@ -46,6 +49,8 @@ fn splitmix64(mut x: u64) -> u64 {
 }
 
 impl FgAccumulator {
+    /// An empty accumulator keeping `k` coordinates per class, sampled with `seed`, over an
+    /// output of `shape_zyx` voxels.
     pub fn new(k: usize, seed: u64, shape_zyx: [usize; 3]) -> Self {
         FgAccumulator {
             k,
@@ -116,6 +121,7 @@ impl FgAccumulator {
         }
     }
 
+    /// Add another accumulator's counts, boxes and samples (any order gives the same result).
     pub fn merge(&mut self, other: FgAccumulator) {
         for (c, o) in other.classes {
             let acc = self.classes.entry(c).or_default();
@@ -173,7 +179,9 @@ impl FgAccumulator {
 /// The finished index of one entry.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FgIndex {
+    /// Per label value (background 0 excluded): voxel count and bounding box.
     pub classes: BTreeMap<u16, ClassStats>,
+    /// Per label value: up to `k` sampled coordinates (z, y, x), sorted by position.
     pub coords: BTreeMap<u16, Vec<[u32; 3]>>,
 }
 

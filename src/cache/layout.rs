@@ -9,6 +9,7 @@ use crate::sysinfo::{hostname, pid_alive};
 /// A cache folder.
 #[derive(Clone, Debug)]
 pub struct CacheDir {
+    /// The cache folder itself.
     pub root: PathBuf,
 }
 
@@ -17,24 +18,29 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// What happened when an entry was committed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Commit {
+    /// Ours was renamed into place.
     Placed,
     /// Another builder placed the same key first; ours was discarded (same content).
     AlreadyThere,
 }
 
 impl CacheDir {
+    /// The cache folder at `root` (nothing is created before [`CacheDir::prepare`]).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         CacheDir { root: root.into() }
     }
 
+    /// `ROOT/manifest.json`.
     pub fn manifest_path(&self) -> PathBuf {
         self.root.join("manifest.json")
     }
 
+    /// `ROOT/entries`: committed entries.
     pub fn entries_dir(&self) -> PathBuf {
         self.root.join("entries")
     }
 
+    /// `ROOT/tmp`: entries being written.
     pub fn tmp_dir(&self) -> PathBuf {
         self.root.join("tmp")
     }
@@ -49,6 +55,7 @@ impl CacheDir {
         format!("entries/{}/{}", &key[..2], key)
     }
 
+    /// Whether the entry of `key` is complete (its group `zarr.json` is written last).
     pub fn has_entry(&self, key: &str) -> bool {
         self.entry_path(key).join("zarr.json").is_file()
     }

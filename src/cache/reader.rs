@@ -200,6 +200,7 @@ impl EntryReader {
         })
     }
 
+    /// The entry folder.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }
@@ -219,6 +220,7 @@ impl EntryReader {
         self.inner.image.chunk
     }
 
+    /// Element type of the stored image: float32 or float16.
     pub fn image_dtype(&self) -> StoredDtype {
         self.inner.image.dtype
     }

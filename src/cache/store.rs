@@ -41,6 +41,7 @@ fn io(e: std::io::Error) -> StorageError {
 }
 
 impl EntryStore {
+    /// A store writing under `root` (the entry's temporary folder).
     pub fn new(root: &Path) -> Self {
         EntryStore {
             root: root.to_path_buf(),

@@ -32,25 +32,37 @@ use crate::resample::{blocks, Block, LinearResampler, NearestResampler};
 
 /// What to write for one case.
 pub struct EntryInput<'a> {
+    /// Case id, recorded in the entry.
     pub case_id: &'a str,
+    /// Content key of the entry (its folder name once committed).
     pub key: &'a str,
     /// Normalized input image, C order (z, y, x).
     pub image: &'a [f32],
+    /// Label voxels, C order (z, y, x) on the image grid; `None` for an unlabelled case.
     pub label: Option<&'a LabelData>,
+    /// Input shape (z, y, x) in voxels.
     pub in_shape_zyx: [usize; 3],
+    /// Output shape (z, y, x) in voxels.
     pub out_shape_zyx: [usize; 3],
+    /// The parameters the entry is built with (dtype, layout, codec, sampling).
     pub params: &'a OutputParams,
     /// The facts known before writing, recorded in the entry's attributes.
     pub source: Sources,
+    /// The input image's grid.
     pub input: InputGeometry,
+    /// The cached grid.
     pub output: OutputGeometry,
+    /// Statistics of the image before normalization.
     pub intensity: IntensityStats,
+    /// The normalization already applied to `image`.
     pub normalization: AppliedNormalization,
 }
 
 /// What was written.
 pub struct EntryOutput {
+    /// Per-class counts, bounding boxes and sampled foreground coordinates.
     pub fg: FgIndex,
+    /// Blocks of the output grid computed per array: chunks, or shards when sharded.
     pub blocks: usize,
 }
 

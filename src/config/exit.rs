@@ -20,6 +20,7 @@ pub enum Exit {
 }
 
 impl Exit {
+    /// The process's exit status.
     pub const fn code(self) -> u8 {
         match self {
             Exit::Success => 0,

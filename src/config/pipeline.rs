@@ -29,22 +29,28 @@ pub const BUNDLED: [(&str, &str); 4] = [
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineFile {
+    /// What the pipeline is for, in a line (every bundled one has one).
     pub description: Option<String>,
     /// "auto", "x,y,z" or one number for all three axes.
     #[serde(default, deserialize_with = "from_str")]
     pub spacing: Option<SpacingChoice>,
+    /// zscore-nonzero, zscore, ct or none.
     #[serde(default, deserialize_with = "from_str")]
     pub normalization: Option<Normalization>,
+    /// float32 or float16.
     #[serde(default, deserialize_with = "from_str")]
     pub image_dtype: Option<ImageDtype>,
     /// Chunk shape (z, y, x) in voxels.
     pub chunk: Option<[usize; 3]>,
     /// Shard shape (z, y, x); each shard holds whole chunks. Absent: no sharding.
     pub shard: Option<[usize; 3]>,
+    /// none (memory-mappable), zstd or blosc.
     pub compression: Option<String>,
+    /// Level of the codec (zstd: default 3; blosc: 0..9, default 5).
     pub compression_level: Option<i32>,
     /// Foreground coordinates sampled per class for the patch sampler.
     pub fg_samples: Option<usize>,
+    /// Seed of the foreground sample (same seed, same sample).
     pub seed: Option<u64>,
     /// Options of `train`; they do not shape the cache, so they are not part of its content key.
     pub train: Option<TrainConfig>,
@@ -76,6 +82,7 @@ pub struct Pipeline {
     pub name: String,
     /// Where it came from, for messages: `bundled pipeline ct` or `pipeline file my/ct.toml`.
     pub origin: String,
+    /// The file as written, before the defaults.
     pub file: PipelineFile,
     /// The defaults with this file's cache parameters applied (validated).
     pub settings: Settings,

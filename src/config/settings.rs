@@ -80,14 +80,24 @@ pub struct PrepFlags {
 /// Parameters after defaults, pipeline and flags are merged (spacing not yet resolved).
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// Name of the pipeline the settings came from, recorded in the manifest.
     pub pipeline: String,
+    /// How the target spacing is chosen.
     pub spacing: SpacingChoice,
+    /// Intensity scheme applied to the image before resampling.
     pub normalization: Normalization,
+    /// Element type of the cached image.
     pub image_dtype: ImageDtype,
+    /// Chunk shape (z, y, x) in voxels: an upper bound, fitted to each case
+    /// ([`crate::format::OutputParams::layout_for`]).
     pub chunk_zyx: [usize; 3],
+    /// Shard shape (z, y, x) in voxels, whole multiples of the chunk; `None`: no sharding.
     pub shard_zyx: Option<[usize; 3]>,
+    /// Chunk codec; `Compression::None` keeps chunks memory-mappable.
     pub compression: Compression,
+    /// Foreground coordinates sampled per class for the patch sampler.
     pub fg_samples: usize,
+    /// Seed of the foreground sample (same seed, same sample).
     pub seed: u64,
 }
 
@@ -143,6 +153,8 @@ impl Settings {
         Ok(())
     }
 
+    /// Check the shapes: chunk sides 1..4096, shards whole multiples of the chunk and at most
+    /// 1 GiB (at 4 bytes a voxel).
     pub fn validate(&self) -> Result<()> {
         if self.chunk_zyx.iter().any(|&c| c == 0 || c > 4096) {
             return Err(Error::Config(format!(

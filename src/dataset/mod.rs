@@ -16,8 +16,11 @@ use crate::error::{Error, Result};
 /// One case: an image and, optionally, its label.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct CaseSource {
+    /// Case id: the file name without extension (and `_0000`), or the glob's `*` part.
     pub id: String,
+    /// The image file.
     pub image: PathBuf,
+    /// The label file; `None` for an unlabelled case.
     pub label: Option<PathBuf>,
 }
 
@@ -28,7 +31,9 @@ pub enum DatasetSource {
     Folder(PathBuf),
     /// Glob patterns; the part matched by the single `*` in the file name is the case id.
     Globs {
+        /// Glob of the image files, e.g. `data/*_img.nii.gz`.
         images: String,
+        /// Glob of the label files; a label pairs with the image of the same case id.
         labels: Option<String>,
     },
 }

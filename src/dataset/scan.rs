@@ -10,8 +10,11 @@ use crate::nifti_io::{self, HeaderInfo};
 /// A case's headers, checked against each other.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScannedCase {
+    /// The case's files.
     pub source: CaseSource,
+    /// The image header.
     pub image: HeaderInfo,
+    /// The label header (same grid as the image's); `None` for an unlabelled case.
     pub label: Option<HeaderInfo>,
 }
 

@@ -22,7 +22,9 @@ pub enum Encoding {
     /// Shard files of raw inner chunks, with a little-endian `bytes` index (optionally followed
     /// by its CRC-32C) at the start or the end.
     ShardedRaw {
+        /// The index follows the inner chunks (else it precedes them).
         index_at_end: bool,
+        /// The index is followed by its CRC-32C (4 bytes).
         index_crc32c: bool,
     },
     /// Anything else (compressed, big-endian...): only zarrs can decode it.
@@ -32,17 +34,21 @@ pub enum Encoding {
 /// The facts of one 3-D array's metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArrayLayout {
+    /// Array shape (z, y, x) in elements.
     pub shape: [usize; 3],
+    /// Element type.
     pub dtype: Dtype,
     /// The chunk grid's cell: the shard when sharded, else the chunk.
     pub block: [usize; 3],
     /// The unit elements are stored in: the inner chunk of a shard, else the chunk.
     pub chunk: [usize; 3],
-    /// `default` chunk keys (`c/z/y/x`); the separator between indices.
+    /// Whether chunk keys use the `default` encoding (`c/z/y/x`).
     pub default_keys: bool,
+    /// The separator between a chunk key's indices: '/' or '.'.
     pub separator: char,
     /// Whether the fill value is zero (what voxcache writes).
     pub zero_fill: bool,
+    /// How chunk bytes sit in the files.
     pub encoding: Encoding,
 }
 

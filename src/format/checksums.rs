@@ -19,15 +19,20 @@ const ALGORITHM: &str =
 /// The checksums of one entry's blocks, keyed `"z.y.x"` (block indices).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChunkChecksums {
+    /// The hash and what it covers, in words, for people reading the file.
     pub algorithm: String,
+    /// Shape (z, y, x) of the blocks hashed: the chunk, or the shard when sharded.
     #[serde(deserialize_with = "positive3")]
     pub block_shape_zyx: [usize; 3],
+    /// Image block name (`"z.y.x"`) -> hash.
     pub image: BTreeMap<String, String>,
+    /// Label block name -> hash; empty for an unlabelled entry.
     #[serde(default)]
     pub label: BTreeMap<String, String>,
 }
 
 impl ChunkChecksums {
+    /// No hashes yet, for blocks of `block_shape_zyx`.
     pub fn new(block_shape_zyx: [usize; 3]) -> Self {
         ChunkChecksums {
             algorithm: ALGORITHM.into(),
@@ -56,10 +61,12 @@ impl ChunkChecksums {
         }
     }
 
+    /// Pretty JSON, as written into the entry.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).unwrap_or_default()
     }
 
+    /// Parse the file's bytes (`path` names it in errors).
     pub fn from_json(path: &std::path::Path, bytes: &[u8]) -> Result<ChunkChecksums> {
         serde_json::from_slice(bytes).map_err(|e| {
             let what = if e.is_eof() { "truncated" } else { "malformed" };

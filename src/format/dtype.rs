@@ -7,9 +7,13 @@ use zarrs::array::{data_type, DataType, FillValue};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
+    /// IEEE single precision: images.
     Float32,
+    /// IEEE half precision: images cached as float16.
     Float16,
+    /// Labels whose values are all under 256.
     Uint8,
+    /// Labels with a value of 256 or more.
     Uint16,
     /// Only the foreground index (`fg`) uses it.
     Uint32,

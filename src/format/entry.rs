@@ -35,16 +35,21 @@ pub struct SourceFile {
 /// The files an entry was built from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sources {
+    /// The image file.
     pub image: SourceFile,
+    /// The label file; `None` for an unlabelled case.
     pub label: Option<SourceFile>,
 }
 
 /// The input image's grid as its header describes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InputGeometry {
+    /// Shape (x, y, z) in voxels.
     #[serde(deserialize_with = "positive3")]
     pub shape_xyz: [usize; 3],
+    /// Spacing (x, y, z) in the files' units.
     pub spacing_xyz: [f64; 3],
+    /// Voxel (i, j, k) to world, as the header gives it.
     pub affine: Affine,
     /// "sform", "qform" or "pixdim".
     pub affine_source: String,
@@ -61,6 +66,7 @@ pub struct InputGeometry {
 pub struct OutputGeometry {
     /// Array axis names: always `["z", "y", "x"]`.
     pub axes: [String; 3],
+    /// Shape (z, y, x) in voxels: the arrays' shape.
     #[serde(deserialize_with = "positive3")]
     pub shape_zyx: [usize; 3],
     /// The same shape in NIfTI axis order (x, y, z).
@@ -72,6 +78,7 @@ pub struct OutputGeometry {
     pub target_spacing_xyz: [f64; 3],
     /// Voxel (x, y, z) to world, like the input's.
     pub affine: Affine,
+    /// Axis codes of the affine, e.g. "RAS" (the same as the input's).
     pub orientation: String,
 }
 
@@ -98,15 +105,18 @@ impl OutputGeometry {
 /// The label array's type and what it holds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LabelInfo {
+    /// Element type of the label array: uint8 or uint16.
     pub dtype: Dtype,
-    /// Per label value present (background included): voxel count and bounding box.
+    /// Per label value present (background 0 excluded): voxel count and bounding box.
     pub classes: BTreeMap<u16, ClassStats>,
 }
 
 /// Rows `start..start + count` of the `fg` array belong to one class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowRange {
+    /// The class's first row.
     pub start: u64,
+    /// The class's rows: its sampled coordinates.
     pub count: u64,
 }
 
@@ -117,6 +127,7 @@ pub struct FgIndexInfo {
     pub array: Option<String>,
     /// What each row of the array holds: `["class", "z", "y", "x"]`.
     pub columns: [String; 4],
+    /// Label value -> its rows; classes follow each other in ascending order.
     pub rows_per_class: BTreeMap<u16, RowRange>,
 }
 
@@ -130,23 +141,31 @@ impl FgIndexInfo {
 /// Everything voxcache records about one entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EntryAttrs {
+    /// [`FORMAT_VERSION`] of the writer; other versions are refused.
     pub format_version: u32,
+    /// Case id the entry was built for.
     pub case_id: String,
     /// The content key (the entry's folder name).
     pub key: String,
     /// "voxcache VERSION".
     pub created_by: String,
+    /// The input files: names, hashes, sizes.
     pub source: Sources,
+    /// The input image's grid.
     pub input: InputGeometry,
+    /// The cached grid.
     pub output: OutputGeometry,
+    /// The parameters the entry was built with.
     pub params: OutputParams,
     /// This entry's chunk and shard shape (the configured ones, fitted to its shape).
     pub layout: ChunkLayout,
     /// Statistics of the input image before normalization.
     pub intensity: IntensityStats,
+    /// The normalization applied before resampling.
     pub normalization: AppliedNormalization,
     /// `None` for a case built without a label.
     pub label: Option<LabelInfo>,
+    /// Where the sampled foreground coordinates are.
     pub fg_index: FgIndexInfo,
     /// The checksums file (`voxcache_chunks.json`).
     pub chunk_checksums: String,

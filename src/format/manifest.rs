@@ -12,9 +12,11 @@ use crate::error::{Error, Result};
 /// One case of a dataset.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ManifestCase {
+    /// Content key of the case's entry.
     pub key: String,
     /// The entry folder relative to the cache root: `entries/ab/KEY`.
     pub entry: String,
+    /// Output shape (z, y, x) in voxels.
     #[serde(deserialize_with = "positive3")]
     pub out_shape_zyx: [usize; 3],
 }
@@ -22,21 +24,27 @@ pub struct ManifestCase {
 /// One dataset: the parameters every one of its entries was built with.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ManifestDataset {
+    /// Name of the pipeline of the latest build that recorded cases here.
     pub pipeline: String,
     /// blake3 of the canonical parameters: builds with equal params_key merge their cases.
     pub params_key: String,
     /// Everything predict needs to preprocess a new volume the same way (target spacing,
     /// normalization and its dataset statistics, dtype).
     pub params: OutputParams,
-    /// How the target spacing was chosen (rule and reason).
+    /// The rule that chose the target spacing: "explicit", "median" or "anisotropy rule".
     pub spacing_rule: String,
+    /// Why, in a sentence.
     pub spacing_reason: String,
+    /// Case id -> its entry.
     pub cases: BTreeMap<String, ManifestCase>,
 }
 
+/// `manifest.json`: every dataset built into the cache.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the writer; other versions are refused.
     pub format_version: u32,
+    /// Dataset name -> its parameters and cases.
     pub datasets: BTreeMap<String, ManifestDataset>,
 }
 
@@ -95,6 +103,7 @@ impl Manifest {
         }
     }
 
+    /// Pretty JSON, as written to `manifest.json`.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).unwrap_or_default()
     }

@@ -13,7 +13,9 @@ use crate::normalize::{ForegroundStats, Normalization};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ImageDtype {
+    /// 4 bytes a voxel: the normalized values exactly.
     Float32,
+    /// 2 bytes a voxel: half the disk and read bandwidth, about 3 significant digits.
     Float16,
 }
 
@@ -46,16 +48,21 @@ impl std::str::FromStr for ImageDtype {
 pub enum Compression {
     /// Raw little-endian chunks: the trainer memory-maps them.
     None,
+    /// Zstandard.
     Zstd {
+        /// zstd level (default 3).
         level: i32,
     },
     /// Blosc (zstd inside, byte shuffle).
     Blosc {
+        /// Blosc level, 0..9 (default 5).
         level: u8,
     },
 }
 
 impl Compression {
+    /// From a codec name (`none` or `raw`, `zstd`, `blosc`) and an optional level (else the
+    /// codec's default).
     pub fn parse(name: &str, level: Option<i32>) -> Result<Self> {
         Ok(match name {
             "none" | "raw" => Compression::None,
@@ -77,6 +84,7 @@ impl Compression {
         })
     }
 
+    /// The codec name as flags and pipeline files spell it.
     pub fn name(&self) -> &'static str {
         match self {
             Compression::None => "none",
@@ -89,22 +97,37 @@ impl Compression {
 /// Every parameter that shapes an entry's bytes. Its canonical JSON goes into the content key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OutputParams {
+    /// [`FORMAT_VERSION`]: a new format gives every entry a new key.
     pub format_version: u32,
+    /// Output grid convention: always "edge-aligned" (see [`crate::geometry`]).
     pub grid_convention: String,
+    /// Target spacing (x, y, z) in the files' units.
     pub target_spacing_xyz: [f64; 3],
+    /// Image resampling: always "linear".
     pub image_interpolation: String,
+    /// Label resampling: always "nearest".
     pub label_interpolation: String,
+    /// Intensity scheme applied to the image before resampling.
     pub normalization: Normalization,
+    /// Dataset foreground statistics: the CT scheme only, else `None`.
     pub dataset_foreground: Option<ForegroundStats>,
+    /// Element type of the cached image.
     pub image_dtype: ImageDtype,
+    /// Configured chunk shape (z, y, x): an upper bound per axis ([`OutputParams::layout_for`]).
     pub chunk_zyx: [usize; 3],
+    /// Configured shard shape (z, y, x); `None`: no sharding.
     pub shard_zyx: Option<[usize; 3]>,
+    /// Chunk codec.
     pub compression: Compression,
+    /// Foreground coordinates sampled per class.
     pub fg_samples: usize,
+    /// Seed of the foreground sample (same seed, same sample).
     pub seed: u64,
 }
 
 impl OutputParams {
+    /// The parameters of `settings` at the target spacing `target` (x, y, z), with the
+    /// dataset foreground statistics when the CT scheme needs them.
     pub fn new(settings: &Settings, target: [f64; 3], fg: Option<ForegroundStats>) -> Self {
         OutputParams {
             format_version: FORMAT_VERSION,
@@ -154,7 +177,9 @@ impl OutputParams {
 /// The chunk (and shard) shape of one entry's arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkLayout {
+    /// Chunk shape (z, y, x) in voxels: the inner chunk when sharded.
     pub chunk_zyx: [usize; 3],
+    /// Shard shape (z, y, x) in voxels; `None` when not sharded.
     pub shard_zyx: Option<[usize; 3]>,
 }
 

@@ -15,37 +15,51 @@ pub const STATE_FILE: &str = "state.json";
 /// Which cases train and which validate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Split {
+    /// Case ids trained on.
     pub train: Vec<String>,
+    /// Case ids held out for validation.
     pub val: Vec<String>,
 }
 
 /// `run.json`: compared on `--resume`, so a run is never continued with other settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
+    /// Dataset name in the cache.
     pub dataset: String,
+    /// Output classes of the model, background included.
     pub num_classes: usize,
     /// The training options that shape the weights (`TrainConfig::weight_shaping`).
     pub config: serde_json::Value,
+    /// Which cases train and which validate.
     pub split: Split,
 }
 
 /// What a checkpoint records besides the optimizer counters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StateExtra {
+    /// Dataset name in the cache.
     pub dataset: Option<String>,
+    /// Output classes of the model, background included.
     pub num_classes: Option<usize>,
 }
 
 /// `state.json`: everything besides the tensors that a resumed run needs.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct TrainState {
+    /// Training steps done: where the learning-rate schedule and a resumed run go on from.
     pub step: u64,
+    /// Updates the optimizer applied (a non-finite gradient skips one); AdamW's bias
+    /// correction counts these.
     pub optimizer_steps: u64,
+    /// Seed of the run (weights, split, patches, augmentation).
     pub seed: u64,
+    /// Best mean validation Dice so far; `None` until a validation gives one.
     pub best_metric: Option<f64>,
+    /// The step that reached `best_metric`.
     pub best_step: Option<u64>,
     /// The whole training configuration (`TrainConfig`).
     pub config: serde_json::Value,
+    /// Dataset and class count (absent in older states).
     #[serde(default)]
     pub extra: StateExtra,
 }
@@ -69,17 +83,20 @@ impl RunRecord {
         }
     }
 
+    /// Pretty JSON, as written to `run.json`.
     pub fn to_json(&self) -> Vec<u8> {
         pretty(self)
     }
 }
 
 impl TrainState {
+    /// Read and parse `path`.
     pub fn read(path: &Path) -> Result<TrainState> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         parse(path, &bytes, "training state")
     }
 
+    /// Pretty JSON, as written to `state.json`.
     pub fn to_json(&self) -> Vec<u8> {
         pretty(self)
     }

@@ -12,9 +12,13 @@ use crate::format::{Manifest, ManifestDataset};
 /// One case of a dataset in the manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CaseInfo {
+    /// Case id in the manifest.
     pub case_id: String,
+    /// Content key of its entry.
     pub key: String,
+    /// The entry folder, under the cache root.
     pub entry_dir: PathBuf,
+    /// Output shape (z, y, x) in voxels, as the manifest records it.
     pub shape_zyx: [usize; 3],
 }
 
@@ -41,6 +45,7 @@ impl CacheReader {
         Self::open_with(cache_dir, ReaderOptions::default())
     }
 
+    /// Open a cache folder, reading its entries as `options` say.
     pub fn open_with(cache_dir: impl AsRef<Path>, options: ReaderOptions) -> Result<CacheReader> {
         let root = cache_dir.as_ref().to_path_buf();
         if !root.is_dir() {
@@ -64,10 +69,12 @@ impl CacheReader {
         })
     }
 
+    /// The cache folder.
     pub fn root(&self) -> &Path {
         &self.root
     }
 
+    /// The manifest as read when the cache was opened.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
@@ -82,6 +89,7 @@ impl CacheReader {
         self.manifest.datasets.keys().map(String::as_str).collect()
     }
 
+    /// One dataset's record in the manifest; the error names the datasets there.
     pub fn dataset(&self, name: &str) -> Result<&ManifestDataset> {
         self.manifest.datasets.get(name).ok_or_else(|| {
             Error::cache(

@@ -52,12 +52,16 @@ pub struct ChunkCache {
 /// What a [`ChunkCache`] holds right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkCacheStats {
+    /// Files (chunks or shards) mapped, or remembered as absent.
     pub mapped_files: usize,
+    /// Decoded chunks kept.
     pub decoded_chunks: usize,
+    /// Bytes of the decoded chunks kept.
     pub decoded_bytes: usize,
 }
 
 impl ChunkCache {
+    /// Empty caches, bounded as `options` say.
     pub fn new(options: ReaderOptions) -> Self {
         ChunkCache {
             shared: Arc::new(Shared {
@@ -68,10 +72,12 @@ impl ChunkCache {
         }
     }
 
+    /// The options the caches were made with.
     pub fn options(&self) -> &ReaderOptions {
         &self.shared.options
     }
 
+    /// What the caches hold right now.
     pub fn stats(&self) -> ChunkCacheStats {
         let maps = lock(&self.shared.maps);
         let decoded = lock(&self.shared.decoded);
