@@ -61,8 +61,8 @@ pub enum CaseOutcome {
     Built {
         /// Bytes the entry added to the cache (0 when another builder placed it first).
         bytes: u64,
-        /// Seconds from the start of its write to the end of the build loop, so the time of
-        /// the cases written after it is included.
+        /// Seconds from the start of its write to its commit (it overlaps the reading of the
+        /// next case and the commit of the previous one).
         seconds: f64,
     },
     /// Its entry was already in the cache (same content key): nothing written.
@@ -254,7 +254,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             });
         }
     }
-    for (i, t0, r) in outcomes {
+    for (i, seconds, r) in outcomes {
         let job = &jobs[i];
         let id = job.scanned.source.id.clone();
         let outcome = match r {
@@ -269,10 +269,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                         out_shape_zyx: zyx(job.plan.out_shape_xyz),
                     },
                 );
-                CaseOutcome::Built {
-                    bytes,
-                    seconds: t0.elapsed().as_secs_f64(),
-                }
+                CaseOutcome::Built { bytes, seconds }
             }
             Err(e) => CaseOutcome::Failed {
                 error: e.to_string(),

@@ -14,8 +14,9 @@ use crate::cache::CacheDir;
 use crate::error::{Error, Result};
 use crate::format::OutputParams;
 
-/// A finished case: its index in `jobs`, when it started, and the bytes it added or its error.
-pub(super) type Outcome = (usize, Instant, Result<u64>);
+/// A finished case: its index in `jobs`, its seconds from start to commit, and the bytes it
+/// added or its error.
+pub(super) type Outcome = (usize, f64, Result<u64>);
 
 /// Build every job; returns the outcomes of the cases that were attempted.
 pub(super) fn run_jobs(
@@ -47,7 +48,7 @@ pub(super) fn run_jobs(
                 *disk_full |= e.is_disk_full();
             }
             report_case(bar, quiet, &jobs[i], t0, &r);
-            outcomes.push((i, t0, r));
+            outcomes.push((i, t0.elapsed().as_secs_f64(), r));
         };
         for (n, job) in jobs.iter().enumerate() {
             let decoded = next.take();
@@ -80,7 +81,7 @@ pub(super) fn run_jobs(
                     disk_full |= e.is_disk_full();
                     let r = Err(e);
                     report_case(bar, quiet, job, t0, &r);
-                    outcomes.push((n, t0, r));
+                    outcomes.push((n, t0.elapsed().as_secs_f64(), r));
                 }
             }
         }
