@@ -10,7 +10,7 @@
 //! - [`normalize`]: intensity normalization schemes.
 //! - [`config`]: defaults, bundled pipelines and flags merged into the settings of every command;
 //!   run folders; exit statuses.
-//! - [`format`]: the on-disk schema (entry attributes, manifest, checksums, array metadata).
+//! - [`format`](mod@format): the on-disk schema (entry attributes, manifest, checksums, array metadata).
 //! - [`cache`]: content keys, entry writer, manifest merging, reader.
 //! - [`build`]: the `build-cache` job: an orchestrator over the stages above.
 //! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.

@@ -1,7 +1,7 @@
 //! The `build-cache` job: scan, plan, then build each case's entry chunk by chunk.
 //!
 //! This module is the orchestrator (which cases to build, in what order, what to report);
-//! [`case`] does one case's work and [`progress`] shows it. Scanning lives in
+//! `case.rs` does one case's work, `run.rs` runs the job loop and `progress.rs` shows it. Scanning lives in
 //! [`crate::dataset::scan`], planning in [`crate::plan`], the entry's bytes in
 //! [`crate::cache::writer`] and their schema in [`crate::format`].
 

@@ -7,7 +7,7 @@
 //! - [`manifest`]: `manifest.json` ([`Manifest`]).
 //! - [`checksums`]: `voxcache_chunks.json` ([`ChunkChecksums`]).
 //! - [`params`]: the parameters that shape an entry's bytes ([`OutputParams`]).
-//! - [`array`]: an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
+//! - [`array`](mod@array): an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
 //! - [`dtype`]: the one table of stored element types ([`Dtype`]).
 //! - [`run`]: a training run folder's `run.json` and checkpoints' `state.json`.
 //!

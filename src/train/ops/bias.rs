@@ -9,7 +9,7 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape,
 
 use super::norm::contiguous_f32;
 
-/// y = x + bias[c] for x (N, C, ...) and bias (C,).
+/// `y = x + bias[c]` for x (N, C, ...) and bias (C,).
 pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     if x.rank() < 2 || bias.dims() != [x.dim(1)?] {
         bail!(

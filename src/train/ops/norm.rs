@@ -302,7 +302,7 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
     }
 }
 
-/// y = LeakyReLU(slope)( (x - mean_g) / sqrt(var_g + eps) * weight[c] + bias[c] ), statistics
+/// `y = LeakyReLU(slope)((x - mean_g) / sqrt(var_g + eps) * weight[c] + bias[c])`, statistics
 /// over each (sample, group of channels) across the group's channels and all voxels (biased
 /// variance, as PyTorch GroupNorm / InstanceNorm). x: (N, C, D, H, W) f32 contiguous or not;
 /// weight, bias: (C,). groups == C is InstanceNorm. slope 0.01 in the U-Net; slope 1.0 means
