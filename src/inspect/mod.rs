@@ -6,9 +6,10 @@
 //! Anything else is an error ("not a dataset or voxcache cache: ...").
 //!
 //! Modules (one job each): [`table`] renders aligned text tables; [`dataset_report`] reads
-//! headers and voxels and plans; [`cache_report`] lists a cache's datasets, entries, orphans and
-//! leftovers; [`entry_meta`] parses one entry's metadata; [`verify`] re-hashes every write block;
-//! [`preview`] draws the three middle slices with the label overlay into a PNG.
+//! headers and voxels and plans; `dataset_render` draws that report as text; [`cache_report`]
+//! lists a cache's datasets, entries, orphans and leftovers; [`entry_meta`] parses one entry's
+//! metadata; [`verify`] re-hashes every write block; [`preview`] draws the three middle slices
+//! with the label overlay into a PNG.
 //!
 //! # JSON shape (`prep inspect --json`)
 //!
@@ -84,6 +85,7 @@
 //! inspected at all.
 
 pub mod cache_report;
+mod dataset_render;
 pub mod dataset_report;
 pub mod entry_meta;
 pub mod preview;

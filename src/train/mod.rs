@@ -14,11 +14,14 @@
 //! - [`metrics`]: the JSONL metrics log; [`plot`]: its PNG curves.
 //! - [`device`]: CPU or CUDA, the one place that knows.
 //! - [`config`]: training options from the pipeline file and the command line.
+//! - [`data`]: the run's cases opened from the cache (dataset, classes, case weights, split).
+//! - [`split`]: the deterministic train/validation split by case id.
 //! - [`trainer`]: the loop that ties them together.
 
 pub mod augment;
 pub mod checkpoint;
 pub mod config;
+pub mod data;
 pub mod device;
 pub mod loader;
 pub mod loss;
@@ -29,5 +32,6 @@ pub mod optim;
 pub mod plot;
 pub mod rng;
 pub mod sampler;
+pub mod split;
 pub mod trainer;
 pub mod validate;

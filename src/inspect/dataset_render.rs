@@ -1,0 +1,321 @@
+//! The dataset report as text: the case, file, intensity and spacing tables, the target spacing
+//! decision, and the forecast table that `prep build-cache --dry-run` prints too.
+
+use super::dataset_report::DatasetReport;
+use super::table::{count, num, shape3, spacing3, value, wrap, Align, Table};
+use crate::format::ImageDtype;
+use crate::plan::{CasePlan, SpacingDecision, OUTLIER_FACTOR};
+use crate::sysinfo::human_bytes;
+
+fn dtype_name(d: ImageDtype) -> &'static str {
+    match d {
+        ImageDtype::Float32 => "float32",
+        ImageDtype::Float16 => "float16",
+    }
+}
+
+/// Width of the human reports.
+const W: usize = 100;
+
+/// One row of the forecast table.
+pub enum ForecastRow<'a> {
+    /// A case planned at the target spacing.
+    Planned(&'a CasePlan),
+    /// A case that could not be planned (unreadable, or image and label disagree).
+    NotPlanned(&'a str),
+}
+
+/// `LABEL: 1x1x3 by RULE: REASON`, the reason wrapped under it.
+pub fn render_decision(label: &str, d: &SpacingDecision) -> String {
+    let head = format!("{label}: {} by {}:", spacing3(&d.target_xyz), d.rule);
+    format!("{head} {}", wrap(&d.reason, W, head.len() + 1, 2))
+}
+
+/// The forecast table (per case: input and output shape, cached bytes, what a whole-volume
+/// resampler would hold), its total and the outliers line. `prep inspect DATA` and
+/// `prep build-cache --dry-run` both print it, so a plan reads the same wherever it is shown.
+pub fn render_forecast(
+    target_xyz: &[f64; 3],
+    image_dtype: ImageDtype,
+    labelled: bool,
+    rows: &[ForecastRow],
+) -> String {
+    let mut t = Table::new(&[
+        ("case", Align::Left),
+        ("input (x,y,z)", Align::Right),
+        ("output (x,y,z)", Align::Right),
+        ("cached", Align::Right),
+        ("whole f32", Align::Right),
+        ("whole f64", Align::Right),
+        ("flag", Align::Left),
+    ]);
+    let (mut cases, mut cached, mut f32_bytes, mut f64_bytes) = (0usize, 0u64, 0u64, 0u64);
+    let mut outliers = Vec::new();
+    for row in rows {
+        let p = match row {
+            ForecastRow::Planned(p) => p,
+            ForecastRow::NotPlanned(id) => {
+                t.row(vec![id.to_string(), "-".into(), "not planned".into()]);
+                continue;
+            }
+        };
+        cases += 1;
+        cached += p.out_bytes;
+        f32_bytes += p.whole_volume_f32_bytes;
+        f64_bytes += p.whole_volume_f64_bytes;
+        if p.outlier {
+            outliers.push(p.id.as_str());
+        }
+        t.row(vec![
+            p.id.clone(),
+            shape3(&p.in_shape_xyz),
+            shape3(&p.out_shape_xyz),
+            human_bytes(p.out_bytes),
+            human_bytes(p.whole_volume_f32_bytes),
+            human_bytes(p.whole_volume_f64_bytes),
+            crate::plan::outlier_flag(p.outlier, p.size_factor),
+        ]);
+    }
+    t.row(vec![
+        format!("total ({cases})"),
+        String::new(),
+        String::new(),
+        human_bytes(cached),
+        human_bytes(f32_bytes),
+        human_bytes(f64_bytes),
+    ]);
+    let mut out = format!(
+        "forecast at {} ({} image{})\n{}",
+        spacing3(target_xyz),
+        dtype_name(image_dtype),
+        if labelled { " + label" } else { "" },
+        t.render(W)
+    );
+    out.push_str(&format!(
+        "outliers (>= {}x the median output size): {}\n",
+        num(OUTLIER_FACTOR),
+        if outliers.is_empty() {
+            "none".to_string()
+        } else {
+            outliers.join(", ")
+        }
+    ));
+    out
+}
+
+/// What `prep build-cache --dry-run` prints: the target spacing with the rule that chose it,
+/// then the forecast table of the build's own plans.
+pub fn render_plan(
+    decision: &SpacingDecision,
+    plans: &[CasePlan],
+    image_dtype: ImageDtype,
+) -> String {
+    // A plan's cached bytes are image plus label, so they exceed the image's alone exactly when
+    // the case has a label.
+    let image_bytes = image_dtype.dtype().size() as u64;
+    let labelled = plans
+        .iter()
+        .any(|p| p.out_bytes > p.out_voxels * image_bytes);
+    let rows: Vec<ForecastRow> = plans.iter().map(ForecastRow::Planned).collect();
+    format!(
+        "{}\n{}",
+        render_decision("target spacing (x,y,z)", decision),
+        render_forecast(&decision.target_xyz, image_dtype, labelled, &rows)
+    )
+}
+
+/// The human report of a dataset.
+pub fn render(r: &DatasetReport, path: &str) -> String {
+    let mut out = format!(
+        "dataset {path}\n{}, {} with labels; pipeline {}, image dtype {}\n",
+        count(r.n_cases, "case", "cases"),
+        r.n_labelled,
+        r.pipeline,
+        dtype_name(r.image_dtype)
+    );
+
+    let mut t = Table::new(&[
+        ("case", Align::Left),
+        ("shape (x,y,z)", Align::Right),
+        ("dtype", Align::Left),
+        ("label", Align::Left),
+        ("spacing (x,y,z)", Align::Right),
+        ("unit", Align::Left),
+        ("orient", Align::Left),
+        ("qform/sform", Align::Right),
+    ]);
+    for c in &r.cases {
+        match &c.header {
+            Some(h) => t.row(vec![
+                c.id.clone(),
+                shape3(&h.shape_xyz),
+                h.datatype.into(),
+                c.label_datatype.unwrap_or("-").into(),
+                spacing3(&h.spacing_xyz),
+                h.unit.into(),
+                h.orientation.clone(),
+                format!("{}/{}", h.qform_code, h.sform_code),
+            ]),
+            None => t.row(vec![c.id.clone(), "unreadable".into()]),
+        }
+    }
+    out.push_str(&format!("\ncases\n{}", t.render(W)));
+
+    let mut t = Table::new(&[
+        ("case", Align::Left),
+        ("image", Align::Left),
+        ("label", Align::Left),
+    ]);
+    for c in &r.cases {
+        t.row(vec![
+            c.id.clone(),
+            c.image.clone(),
+            c.label.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    out.push_str(&format!("\nfiles\n{}", t.render(W)));
+
+    if r.voxels_read {
+        let mut t = Table::new(&[
+            ("case", Align::Left),
+            ("min", Align::Right),
+            ("max", Align::Right),
+            ("mean", Align::Right),
+            ("non-finite", Align::Right),
+            ("label values (voxels)", Align::Left),
+        ]);
+        for c in &r.cases {
+            let opt = |v: Option<f64>| v.map(value).unwrap_or_else(|| "-".into());
+            let (lo, hi, mean, bad) = match &c.intensity {
+                Some(i) => (
+                    opt(i.min),
+                    opt(i.max),
+                    opt(i.mean),
+                    i.non_finite.to_string(),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            let labels = match &c.label_values {
+                Some(m) => {
+                    let mut v: Vec<(u32, u64)> = m
+                        .iter()
+                        .map(|(k, n)| (k.parse().unwrap_or(u32::MAX), *n))
+                        .collect();
+                    v.sort_unstable();
+                    v.iter()
+                        .map(|(k, n)| format!("{k}:{n}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                }
+                None => "-".into(),
+            };
+            t.row(vec![c.id.clone(), lo, hi, mean, bad, labels]);
+        }
+        out.push_str(&format!("\nintensities and labels\n{}", t.render(W)));
+    } else {
+        out.push_str("\nintensities and labels: not read (--headers-only)\n");
+    }
+
+    let Some(sp) = &r.spacing else {
+        out.push_str("\nspacing: no readable case\n");
+        return out;
+    };
+    let mut t = Table::new(&[
+        ("spacing (x,y,z)", Align::Right),
+        ("cases", Align::Right),
+        ("share", Align::Right),
+    ]);
+    let n: usize = sp.distinct.iter().map(|d| d.count).sum();
+    for d in &sp.distinct {
+        t.row(vec![
+            spacing3(&d.spacing_xyz),
+            d.count.to_string(),
+            format!("{:.0}%", 100.0 * d.count as f64 / n.max(1) as f64),
+        ]);
+    }
+    out.push_str(&format!(
+        "\nspacing distribution ({} distinct, most common first; unit {})\n{}",
+        sp.distinct.len(),
+        sp.units.join(", "),
+        t.render(W)
+    ));
+    let mut t = Table::new(&[
+        ("axis", Align::Left),
+        ("min", Align::Right),
+        ("p10", Align::Right),
+        ("p50", Align::Right),
+        ("p90", Align::Right),
+        ("max", Align::Right),
+    ]);
+    for (name, a) in [
+        ("x", &sp.per_axis.x),
+        ("y", &sp.per_axis.y),
+        ("z", &sp.per_axis.z),
+    ] {
+        t.row(vec![
+            name.into(),
+            num(a.min),
+            num(a.p10),
+            num(a.p50),
+            num(a.p90),
+            num(a.max),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&t.render(W));
+    match &sp.auto {
+        Some(a) if sp.target.rule == "explicit" => {
+            out.push_str(&format!(
+                "\ntarget spacing (x,y,z): {} (explicit: what if)\n{}",
+                spacing3(&sp.target.target_xyz),
+                render_decision("auto would choose", a)
+            ));
+        }
+        _ => {
+            out.push('\n');
+            out.push_str(&render_decision("target spacing (x,y,z)", &sp.target));
+        }
+    }
+
+    if let Some(f) = &r.forecast {
+        // The facts of each case's plan, as `build-cache` has them.
+        let plans: Vec<(&str, Option<CasePlan>)> = r
+            .cases
+            .iter()
+            .map(|c| {
+                let plan = match (&c.header, &c.forecast) {
+                    (Some(h), Some(p)) => Some(CasePlan {
+                        id: c.id.clone(),
+                        in_shape_xyz: h.shape_xyz,
+                        in_spacing_xyz: h.spacing_xyz,
+                        out_shape_xyz: p.out_shape_xyz,
+                        out_spacing_xyz: p.out_spacing_xyz,
+                        out_voxels: p.out_voxels,
+                        out_bytes: p.out_bytes,
+                        whole_volume_f32_bytes: p.whole_volume_f32_bytes,
+                        whole_volume_f64_bytes: p.whole_volume_f64_bytes,
+                        size_factor: p.size_factor,
+                        outlier: p.outlier,
+                    }),
+                    _ => None,
+                };
+                (c.id.as_str(), plan)
+            })
+            .collect();
+        let rows: Vec<ForecastRow> = plans
+            .iter()
+            .map(|(id, p)| match p {
+                Some(p) => ForecastRow::Planned(p),
+                None => ForecastRow::NotPlanned(id),
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&render_forecast(
+            &f.target_xyz,
+            f.image_dtype,
+            r.n_labelled > 0,
+            &rows,
+        ));
+    }
+    out
+}

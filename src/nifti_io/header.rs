@@ -1,0 +1,299 @@
+//! The header: read and validate a NIfTI-1 header (dimensions, datatype, spacing, offset,
+//! scaling) and derive its affine from sform, qform or pixdim.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use flate2::read::MultiGzDecoder;
+use nifti::{NiftiHeader, NiftiType};
+use serde::Serialize;
+
+use super::file::{gz_message, is_gzip, read_up_to};
+use crate::error::{Error, Result};
+use crate::geometry::Affine;
+
+pub(super) const NIFTI1_HEADER_BYTES: usize = 348;
+
+/// The validated facts of a NIfTI-1 header.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeaderInfo {
+    pub path: PathBuf,
+    /// Voxel counts along NIfTI axes (i, j, k) = (x, y, z).
+    pub shape_xyz: [usize; 3],
+    /// pixdim[1..=3], validated finite and positive.
+    pub spacing_xyz: [f64; 3],
+    /// Voxel-to-world affine: sform when its code is set, else qform, else pixdim scaling.
+    pub affine: Affine,
+    /// Which of "sform", "qform", "pixdim" the affine came from.
+    pub affine_source: &'static str,
+    pub qform_code: i16,
+    pub sform_code: i16,
+    /// Datatype name, e.g. "int16".
+    pub datatype: &'static str,
+    pub bytes_per_voxel: usize,
+    pub vox_offset: usize,
+    pub big_endian: bool,
+    pub gzip: bool,
+    /// Spatial unit from xyzt_units ("mm", "um", "m" or "unknown").
+    pub unit: &'static str,
+    #[serde(skip)]
+    pub(super) raw: NiftiHeader,
+}
+
+impl HeaderInfo {
+    pub fn voxel_count(&self) -> u64 {
+        crate::geometry::voxels(self.shape_xyz)
+    }
+
+    /// Bytes of voxel data the file must hold after `vox_offset`.
+    pub fn data_bytes(&self) -> u64 {
+        self.voxel_count() * self.bytes_per_voxel as u64
+    }
+}
+
+fn datatype_facts(t: NiftiType) -> Option<(&'static str, usize)> {
+    Some(match t {
+        NiftiType::Uint8 => ("uint8", 1),
+        NiftiType::Int8 => ("int8", 1),
+        NiftiType::Int16 => ("int16", 2),
+        NiftiType::Uint16 => ("uint16", 2),
+        NiftiType::Int32 => ("int32", 4),
+        NiftiType::Uint32 => ("uint32", 4),
+        NiftiType::Float32 => ("float32", 4),
+        NiftiType::Int64 => ("int64", 8),
+        NiftiType::Uint64 => ("uint64", 8),
+        NiftiType::Float64 => ("float64", 8),
+        _ => return None,
+    })
+}
+
+/// Read and validate only the header (cheap: for .nii.gz only the first bytes are inflated).
+pub fn read_header(path: &Path) -> Result<HeaderInfo> {
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut magic = [0u8; 2];
+    let n = read_up_to(&mut file, &mut magic).map_err(|e| Error::io(path, e))?;
+    let gzip = is_gzip(&magic[..n]);
+    drop(file);
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut head = Vec::with_capacity(NIFTI1_HEADER_BYTES);
+    let res = if gzip {
+        MultiGzDecoder::new(file)
+            .take(NIFTI1_HEADER_BYTES as u64)
+            .read_to_end(&mut head)
+    } else {
+        file.take(NIFTI1_HEADER_BYTES as u64).read_to_end(&mut head)
+    };
+    res.map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
+    parse_header(path, &head, gzip)
+}
+
+/// Validate a header from its first bytes.
+pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
+    if head.len() < NIFTI1_HEADER_BYTES {
+        return Err(Error::nifti(
+            path,
+            format!(
+                "not a NIfTI-1 file: only {} bytes, a header needs {NIFTI1_HEADER_BYTES}",
+                head.len()
+            ),
+        ));
+    }
+    let sizeof_le = i32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let sizeof_be = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    if sizeof_le == 540 || sizeof_be == 540 {
+        return Err(Error::nifti(
+            path,
+            "NIfTI-2 files are not supported yet (convert to NIfTI-1, e.g. with nibabel)",
+        ));
+    }
+    if sizeof_le != 348 && sizeof_be != 348 {
+        return Err(Error::nifti(
+            path,
+            "not a NIfTI-1 file (sizeof_hdr is not 348)",
+        ));
+    }
+    let magic = &head[344..348];
+    if magic == b"ni1\0" {
+        return Err(Error::nifti(
+            path,
+            "NIfTI-1 .hdr/.img pairs are not supported; use single-file .nii or .nii.gz",
+        ));
+    }
+    if magic != b"n+1\0" {
+        return Err(Error::nifti(
+            path,
+            format!(
+                "bad NIfTI-1 magic {:?} (expected \"n+1\")",
+                String::from_utf8_lossy(magic)
+            ),
+        ));
+    }
+    let mut raw = NiftiHeader::from_reader(head)
+        .map_err(|e| Error::nifti(path, format!("invalid header: {e}")))?;
+    let big_endian = sizeof_be == 348 && sizeof_le != 348;
+
+    let ndim = raw.dim[0];
+    if !(1..=7).contains(&ndim) {
+        return Err(Error::nifti(
+            path,
+            format!("invalid dim[0] = {ndim} (must be 1..7)"),
+        ));
+    }
+    let ndim = ndim as usize;
+    let mut shape = [1usize; 3];
+    for (a, s) in shape.iter_mut().enumerate() {
+        if a < ndim {
+            let d = raw.dim[a + 1];
+            if d == 0 || d > i16::MAX as u16 {
+                return Err(Error::nifti(
+                    path,
+                    format!("invalid dim[{}] = {}", a + 1, d as i16),
+                ));
+            }
+            *s = d as usize;
+        }
+    }
+    if ndim > 3 {
+        let extra: Vec<u16> = raw.dim[4..=ndim].to_vec();
+        if extra.iter().any(|&d| d != 1) {
+            return Err(Error::nifti(
+                path,
+                format!(
+                    "{ndim}D volume with extra dimensions {extra:?}: only 3D volumes (or 4D with one frame) are supported"
+                ),
+            ));
+        }
+    }
+    let datatype = raw
+        .data_type()
+        .ok()
+        .and_then(|t| datatype_facts(t).map(|f| (t, f)));
+    let Some((_, (datatype, bytes_per_voxel))) = datatype else {
+        return Err(Error::nifti(
+            path,
+            format!(
+                "unsupported NIfTI datatype code {} (supported: integer and float scalars)",
+                raw.datatype
+            ),
+        ));
+    };
+    let mut spacing = [1.0f64; 3];
+    for (a, s) in spacing.iter_mut().enumerate() {
+        let p = raw.pixdim[a + 1];
+        if a < ndim || p != 0.0 {
+            if !p.is_finite() || p <= 0.0 {
+                return Err(Error::nifti(
+                    path,
+                    format!(
+                        "invalid voxel spacing pixdim[{}] = {p} (must be a positive number)",
+                        a + 1
+                    ),
+                ));
+            }
+            *s = f32_to_f64_decimal(p);
+        }
+    }
+    if !raw.vox_offset.is_finite() || raw.vox_offset < 352.0 || raw.vox_offset > 1e9 {
+        return Err(Error::nifti(
+            path,
+            format!("invalid vox_offset {}", raw.vox_offset),
+        ));
+    }
+    let vox_offset = raw.vox_offset as usize;
+    // NIfTI: slope 0 means "no scaling"; a non-finite slope or intercept is treated the same
+    // rather than turning every voxel into NaN.
+    if !raw.scl_slope.is_finite() || !raw.scl_inter.is_finite() || raw.scl_slope == 0.0 {
+        raw.scl_slope = 0.0;
+        raw.scl_inter = 0.0;
+    }
+    let (affine, affine_source) = header_affine(&raw, spacing);
+    if !affine.is_finite() {
+        return Err(Error::nifti(
+            path,
+            format!("the {affine_source} affine holds non-finite numbers"),
+        ));
+    }
+    let unit = match raw.xyzt_units & 0x07 {
+        1 => "m",
+        2 => "mm",
+        3 => "um",
+        _ => "unknown",
+    };
+    Ok(HeaderInfo {
+        path: path.to_path_buf(),
+        shape_xyz: shape,
+        spacing_xyz: spacing,
+        affine,
+        affine_source,
+        qform_code: raw.qform_code,
+        sform_code: raw.sform_code,
+        datatype,
+        bytes_per_voxel,
+        vox_offset,
+        big_endian,
+        gzip,
+        unit,
+        raw,
+    })
+}
+
+/// Widen an f32 header field through its shortest decimal form, so 0.99f32 becomes 0.99 and
+/// not 0.9900000095367432 (headers store what a person typed, in single precision).
+pub fn f32_to_f64_decimal(v: f32) -> f64 {
+    format!("{v}").parse().unwrap_or(v as f64)
+}
+
+/// The voxel-to-world affine per the NIfTI-1 rules (sform first, then qform, then pixdim),
+/// computed here because the nifti crate's qform helper panics on some legal headers.
+fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
+    if h.sform_code > 0 {
+        let mut m = [[0.0; 4]; 4];
+        for (r, row) in [h.srow_x, h.srow_y, h.srow_z].iter().enumerate() {
+            for c in 0..4 {
+                m[r][c] = f32_to_f64_decimal(row[c]);
+            }
+        }
+        m[3][3] = 1.0;
+        let a = Affine(m);
+        // A sform of all zeros is a broken header; fall through to qform.
+        if a.column_norms().iter().all(|&n| n > 0.0) {
+            return (a, "sform");
+        }
+    }
+    if h.qform_code > 0 {
+        let (b, c, d) = (h.quatern_b as f64, h.quatern_c as f64, h.quatern_d as f64);
+        let a = (1.0 - (b * b + c * c + d * d)).max(0.0).sqrt();
+        let r = [
+            [
+                a * a + b * b - c * c - d * d,
+                2.0 * (b * c - a * d),
+                2.0 * (b * d + a * c),
+            ],
+            [
+                2.0 * (b * c + a * d),
+                a * a + c * c - b * b - d * d,
+                2.0 * (c * d - a * b),
+            ],
+            [
+                2.0 * (b * d - a * c),
+                2.0 * (c * d + a * b),
+                a * a + d * d - c * c - b * b,
+            ],
+        ];
+        let qfac = if h.pixdim[0] < 0.0 { -1.0 } else { 1.0 };
+        let scale = [spacing[0], spacing[1], spacing[2] * qfac];
+        let mut m = [[0.0; 4]; 4];
+        for i in 0..3 {
+            for j in 0..3 {
+                m[i][j] = r[i][j] * scale[j];
+            }
+        }
+        m[0][3] = f32_to_f64_decimal(h.quatern_x);
+        m[1][3] = f32_to_f64_decimal(h.quatern_y);
+        m[2][3] = f32_to_f64_decimal(h.quatern_z);
+        m[3][3] = 1.0;
+        return (Affine(m), "qform");
+    }
+    (Affine::diagonal(spacing), "pixdim")
+}

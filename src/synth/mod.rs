@@ -1,0 +1,226 @@
+//! Deterministic synthetic two-photon-microscopy-like vessel datasets.
+//!
+//! The generator writes the Medical Segmentation Decathlon / nnU-Net layout:
+//!
+//! ```text
+//! OUT/imagesTr/{id}_0000.nii.gz   image, int16
+//! OUT/labelsTr/{id}.nii.gz        label, uint8 (0 background, 1 vessel)
+//! OUT/dataset.json                nnU-Net style description of the cases
+//! ```
+//!
+//! Vessels are tubes along smooth random 3D curves defined in physical units (micrometers), so
+//! the same anatomy scale appears whatever the voxel spacing. The number of tubes is chosen so
+//! that the vessel volume fraction lands near a per-case target (a few percent), which keeps thin
+//! slabs and large volumes equally plausible.
+//!
+//! Everything is a pure function of the seed and the case id: the PRNG is private, the Gaussian
+//! uses the polar Box-Muller method with a hand-written logarithm, and no libm function is called,
+//! so the same seed gives byte-identical files on every platform.
+//!
+//! This module holds the case specs and presets; the stages of a case are in `vessels` (tube
+//! geometry and rasterization), `render` (one case's image and label), `write` (the dataset
+//! folder and `dataset.json`) and `nifti_write` (one volume as NIfTI-1), all drawing from `rng`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+mod nifti_write;
+mod render;
+mod rng;
+mod vessels;
+mod write;
+
+pub use nifti_write::{write_nifti_i16, write_nifti_u8};
+pub use render::generate_case;
+pub use write::write_dataset;
+
+use rng::{mix, Rng};
+
+/// One synthetic case: its id (file stem), grid shape and voxel spacing in micrometers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthCaseSpec {
+    pub id: String,
+    pub shape_xyz: [usize; 3],
+    pub spacing_xyz: [f64; 3],
+}
+
+/// Named collections of synthetic cases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthPreset {
+    /// 10 small cases (in-plane 48..80, 5..24 slices) with heterogeneous spacings including one
+    /// (4.97, 4.97, 5.0) outlier: the bundled default dataset.
+    Small,
+    /// 70 cases of 512x512 in-plane and 5..110 slices with the spacing mix of MiniVess.
+    Minivess,
+    /// The single real-world outlier on its own: one 512x512x61 case at (4.97, 4.97, 5.0), which
+    /// grows to 2545x2545x305 when resampled to 1 um (a benchmark of out-of-core resampling).
+    Outlier,
+}
+
+impl SynthPreset {
+    /// Every preset, in the order they are listed to users.
+    pub const ALL: [SynthPreset; 3] = [
+        SynthPreset::Small,
+        SynthPreset::Minivess,
+        SynthPreset::Outlier,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthPreset::Small => "small",
+            SynthPreset::Minivess => "minivess",
+            SynthPreset::Outlier => "outlier",
+        }
+    }
+}
+
+impl fmt::Display for SynthPreset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for SynthPreset {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let wanted = s.trim();
+        SynthPreset::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(wanted))
+            .ok_or_else(|| {
+                let choices: Vec<&str> = SynthPreset::ALL.iter().map(|p| p.name()).collect();
+                Error::Config(format!(
+                    "unknown synthetic preset '{s}': choose one of {}",
+                    choices.join(", ")
+                ))
+            })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Presets
+// ---------------------------------------------------------------------------------------------
+
+/// Spacing mix of the MiniVess preset (x, y, z in micrometers) and how many cases get each.
+const MINIVESS_SPACINGS: [([f64; 3], usize); 10] = [
+    ([0.99, 0.99, 5.0], 31),
+    ([0.62, 0.62, 5.0], 20),
+    ([0.99, 0.99, 2.0], 8),
+    ([0.62, 0.62, 10.0], 5),
+    ([4.97, 4.97, 5.0], 1),
+    ([2.48, 2.48, 5.0], 1),
+    ([0.31, 0.31, 1.0], 1),
+    ([1.24, 1.24, 3.0], 1),
+    ([0.62, 0.62, 1.0], 1),
+    ([0.99, 0.99, 10.0], 1),
+];
+
+/// The in-plane outlier spacing (its cases grow ~25x in-plane when resampled to ~1 um).
+const OUTLIER_SPACING: [f64; 3] = [4.97, 4.97, 5.0];
+
+/// Spacings of the Small preset, all taken from the MiniVess mix, with exactly one outlier.
+const SMALL_SPACINGS: [[f64; 3]; 10] = [
+    [0.99, 0.99, 5.0],
+    [0.99, 0.99, 5.0],
+    [0.62, 0.62, 5.0],
+    [0.62, 0.62, 5.0],
+    [0.99, 0.99, 2.0],
+    [0.62, 0.62, 10.0],
+    OUTLIER_SPACING,
+    [2.48, 2.48, 5.0],
+    [1.24, 1.24, 3.0],
+    [0.99, 0.99, 10.0],
+];
+
+/// Stream tags, so that different uses of one seed draw independent sequences.
+const TAG_PRESET: u64 = 0x7072_6573_6574_0001;
+const TAG_CASE: u64 = 0x6361_7365_0000_0002;
+const TAG_NOISE: u64 = 0x6e6f_6973_6500_0003;
+
+/// Shape of the in-plane outlier case (the real one from MiniVess).
+const OUTLIER_SHAPE: [usize; 3] = [512, 512, 61];
+
+/// The cases of a preset. Deterministic in `seed`; ids are `vessels_000`, `vessels_001`, ...
+/// (the Outlier preset's single case is `vessels_outlier`).
+pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
+    let mut rng = Rng::new(mix(seed, TAG_PRESET ^ preset as u64));
+    let mut specs: Vec<([usize; 3], [f64; 3])> = Vec::new();
+    match preset {
+        SynthPreset::Minivess => {
+            let mut spacings: Vec<[f64; 3]> = MINIVESS_SPACINGS
+                .iter()
+                .flat_map(|&(sp, n)| std::iter::repeat_n(sp, n))
+                .collect();
+            rng.shuffle(&mut spacings);
+            for sp in spacings {
+                let nz = if sp == OUTLIER_SPACING {
+                    OUTLIER_SHAPE[2]
+                } else {
+                    rng.range_usize(5, 110)
+                };
+                specs.push(([512, 512, nz], sp));
+            }
+        }
+        SynthPreset::Small => {
+            let mut spacings = SMALL_SPACINGS.to_vec();
+            rng.shuffle(&mut spacings);
+            for sp in spacings {
+                let nx = rng.range_usize(48, 80);
+                let ny = rng.range_usize(48, 80);
+                let nz = rng.range_usize(5, 24);
+                specs.push(([nx, ny, nz], sp));
+            }
+            // Guarantee at least one 5-slice case.
+            let thin = rng.range_usize(0, specs.len() - 1);
+            specs[thin].0[2] = 5;
+        }
+        SynthPreset::Outlier => specs.push((OUTLIER_SHAPE, OUTLIER_SPACING)),
+    }
+    specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (shape_xyz, spacing_xyz))| SynthCaseSpec {
+            id: match preset {
+                SynthPreset::Outlier => "vessels_outlier".to_string(),
+                _ => format!("vessels_{i:03}"),
+            },
+            shape_xyz,
+            spacing_xyz,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outlier_preset_is_the_single_real_outlier() {
+        for seed in [0, 7, 123] {
+            let cases = preset_cases(SynthPreset::Outlier, seed);
+            assert_eq!(
+                cases,
+                vec![SynthCaseSpec {
+                    id: "vessels_outlier".to_string(),
+                    shape_xyz: [512, 512, 61],
+                    spacing_xyz: [4.97, 4.97, 5.0],
+                }]
+            );
+        }
+        assert_eq!(
+            "outlier".parse::<SynthPreset>().unwrap(),
+            SynthPreset::Outlier
+        );
+        assert_eq!(SynthPreset::Outlier.to_string(), "outlier");
+        assert!(SynthPreset::ALL.contains(&SynthPreset::Outlier));
+        // The Minivess preset's outlier has the same shape and spacing.
+        let minivess = preset_cases(SynthPreset::Minivess, 7);
+        assert!(minivess
+            .iter()
+            .any(|c| c.shape_xyz == [512, 512, 61] && c.spacing_xyz == [4.97, 4.97, 5.0]));
+    }
+}

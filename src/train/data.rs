@@ -1,0 +1,125 @@
+//! Open a run's data from the cache: pick the dataset, skip unlabelled cases, count the classes
+//! (at most [`MAX_CLASSES`]), check the case weights and split the cases into train/validation.
+
+use std::path::Path;
+
+use super::config::TrainConfig;
+use super::split::split_cases;
+use crate::cache::reader::{CacheReader, EntryReader};
+use crate::error::{Error, Result};
+
+/// Most output classes (background included) a run accepts: beyond that a label value is
+/// almost surely an ignore label (255) or an instance id, not a class.
+pub const MAX_CLASSES: usize = 64;
+
+/// Everything opened from the cache for a run.
+pub(super) struct Data {
+    pub(super) dataset: String,
+    pub(super) train: Vec<(String, EntryReader)>,
+    pub(super) val: Vec<(String, EntryReader)>,
+    pub(super) num_classes: usize,
+    /// Cases skipped for having no label.
+    pub(super) unlabelled: Vec<String>,
+}
+
+pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
+    let reader = CacheReader::open(cache_dir)?;
+    let names = reader.datasets();
+    let dataset = match (&cfg.dataset, names.as_slice()) {
+        (Some(name), _) => {
+            reader.dataset(name)?;
+            name.clone()
+        }
+        (None, []) => {
+            return Err(Error::cache(
+                cache_dir,
+                "the cache has no datasets (build one with prep build-cache)",
+            ))
+        }
+        (None, [one]) => one.to_string(),
+        (None, many) => {
+            return Err(Error::Config(format!(
+                "the cache holds several datasets ({}): choose one with --dataset",
+                many.join(", ")
+            )))
+        }
+    };
+    let cases = reader.cases(&dataset)?;
+    if cases.is_empty() {
+        return Err(Error::cache(
+            cache_dir,
+            format!("dataset {dataset:?} has no cases"),
+        ));
+    }
+    // Cases without a label (test cases) are skipped; they cannot be trained or validated on.
+    let mut num_classes = 2usize;
+    let mut labelled: Vec<(String, EntryReader)> = Vec::with_capacity(cases.len());
+    let mut unlabelled = Vec::new();
+    for c in &cases {
+        let e = reader.open_entry(&dataset, &c.case_id)?;
+        if e.label_dtype().is_none() {
+            unlabelled.push(c.case_id.clone());
+            continue;
+        }
+        if let Some(&max) = e.classes().iter().max() {
+            num_classes = num_classes.max(max as usize + 1);
+        }
+        labelled.push((c.case_id.clone(), e));
+    }
+    if num_classes > MAX_CLASSES {
+        return Err(Error::cache(
+            cache_dir,
+            format!(
+                "dataset {dataset:?}: label value {} found; the trainer expects consecutive labels 0..K with K < {MAX_CLASSES} (remap ignore labels such as 255 before caching)",
+                num_classes - 1
+            ),
+        ));
+    }
+    if labelled.is_empty() {
+        return Err(Error::cache(
+            cache_dir,
+            format!("dataset {dataset:?}: none of its {} cases has a label; training needs labelled cases", cases.len()),
+        ));
+    }
+    for (id, w) in &cfg.case_weights {
+        if split_cases(
+            &labelled.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
+            cfg.val_fraction,
+            cfg.seed,
+        )
+        .val
+        .contains(id)
+        {
+            return Err(Error::Config(format!(
+                "case_weights: {id:?} is a validation case (weights apply to training cases)"
+            )));
+        }
+        if !labelled.iter().any(|(c, _)| c == id) {
+            return Err(Error::Config(format!(
+                "case_weights: {id:?} is not a labelled case of dataset {dataset:?}"
+            )));
+        }
+        if !(w.is_finite() && *w >= 0.0) {
+            return Err(Error::Config(format!(
+                "case_weights: {id:?} has weight {w}; weights must be finite and >= 0"
+            )));
+        }
+    }
+    let ids: Vec<String> = labelled.iter().map(|c| c.0.clone()).collect();
+    let split = split_cases(&ids, cfg.val_fraction, cfg.seed);
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for (id, e) in labelled {
+        if split.val.contains(&id) {
+            val.push((id, e));
+        } else {
+            train.push((id, e));
+        }
+    }
+    Ok(Data {
+        dataset,
+        train,
+        val,
+        num_classes,
+        unlabelled,
+    })
+}
