@@ -5,6 +5,7 @@
 //!
 //! - [`entry`]: an entry's group attributes ([`EntryAttrs`]).
 //! - [`manifest`]: `manifest.json` ([`Manifest`]).
+//! - [`dataset_json`]: the `dataset.json` that `prep synth` writes ([`dataset_json::DatasetJson`]).
 //! - [`checksums`]: `voxcache_chunks.json` ([`ChunkChecksums`]).
 //! - [`params`]: the parameters that shape an entry's bytes ([`OutputParams`]).
 //! - [`array`](mod@array): an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
@@ -15,6 +16,7 @@
 
 pub mod array;
 pub mod checksums;
+pub mod dataset_json;
 pub mod dtype;
 pub mod entry;
 pub mod manifest;

@@ -341,7 +341,7 @@ mod tests {
             seed: 42,
             best_metric: Some(0.75),
             best_step: Some(step),
-            config: serde_json::json!({"lr": 0.01, "patch": [64, 64, 64]}),
+            config: serde_json::to_value(crate::train::config::TrainConfig::default()).unwrap(),
             extra: StateExtra {
                 dataset: Some("vessels".into()),
                 num_classes: Some(3),
