@@ -462,3 +462,62 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
         1
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn a_named_pipe_or_a_corrupt_gzip_fails_its_case_and_nothing_hangs() {
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    // A named pipe where an image should be: opening it would block until a writer came.
+    let pipe = data.join("imagesTr/pipe_0000.nii.gz");
+    if !Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("mkfifo is not available: skipped");
+        return;
+    }
+    // A .nii.gz whose gzip CRC is wrong: every voxel inflates, the check at the end fails.
+    write_case(&data, "crc", [10, 10, 4], [1.0; 3], 11);
+    let img = data.join("imagesTr/crc_0000.nii.gz");
+    let mut bytes = std::fs::read(&img).unwrap();
+    let n = bytes.len();
+    bytes[n - 8] ^= 0x55;
+    std::fs::write(&img, &bytes).unwrap();
+
+    let cache = t.path().join("cache");
+    let bin = env!("CARGO_BIN_EXE_prep");
+    let out = Command::new("timeout")
+        .args(["120", bin, "build-cache"])
+        .arg(&data)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "the build hung on the named pipe"
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((count(&r, "built"), count(&r, "failed")), (3, 2), "{r}");
+    let error = |id: &str| {
+        r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .map(|c| c["outcome"]["error"].as_str().unwrap_or("").to_string())
+            .unwrap()
+    };
+    let e = error("pipe");
+    assert!(
+        e.contains("pipe_0000.nii.gz") && e.contains("named pipe"),
+        "{e}"
+    );
+    let e = error("crc");
+    assert!(e.contains("crc_0000.nii.gz") && e.contains("gzip"), "{e}");
+}

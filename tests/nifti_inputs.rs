@@ -197,3 +197,65 @@ fn not_nifti_at_all() {
     std::fs::write(&p, b"").unwrap();
     assert!(read_volume(&p).is_err());
 }
+
+/// Run `f` on another thread and fail (instead of hanging the suite) if it takes over 20 s.
+fn within_20s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the reader hung")
+}
+
+#[test]
+fn gzip_is_checked_to_its_end_crc_and_length_included() {
+    let dir = tmp();
+    let vals: Vec<i16> = (0..4096).map(|i| (i * 31 % 1000) as i16).collect();
+    let p = dir.path().join("v.nii.gz");
+    Nii::new([16, 16, 16], [1.0; 3], &vals, false).write(&p);
+    let good = std::fs::read(&p).unwrap();
+    assert!(read_volume(&p).is_ok());
+    let n = good.len();
+    // The member's trailer: CRC-32 of the inflated bytes, then their length mod 2^32.
+    for (what, at) in [("crc", n - 8), ("length", n - 2)] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x55;
+        std::fs::write(&p, &bad).unwrap();
+        let e = read_volume(&p).err().map(|e| e.to_string());
+        let e = e.unwrap_or_else(|| panic!("a wrong {what} in the gzip trailer was accepted"));
+        assert!(e.contains("v.nii.gz") && e.contains("gzip"), "{what}: {e}");
+    }
+    // The trailer cut off: every voxel is there, the check is not.
+    std::fs::write(&p, &good[..n - 8]).unwrap();
+    let e = read_volume(&p).expect_err("a gzip stream without its trailer was accepted");
+    assert!(e.to_string().contains("truncated"), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_named_pipe_is_refused_by_type_not_read() {
+    let dir = tmp();
+    let p = dir.path().join("case_0000.nii.gz");
+    let ok = std::process::Command::new("mkfifo").arg(&p).status();
+    if !ok.is_ok_and(|s| s.success()) {
+        eprintln!("mkfifo is not available: skipped");
+        return;
+    }
+    for read in [
+        |p: std::path::PathBuf| read_header(&p).err().map(|e| e.to_string()),
+        |p: std::path::PathBuf| read_volume(&p).err().map(|e| e.to_string()),
+    ] {
+        let q = p.clone();
+        let e = within_20s(move || read(q)).expect("a named pipe was read");
+        assert!(
+            e.contains("case_0000.nii.gz") && e.contains("named pipe"),
+            "{e}"
+        );
+    }
+    // A folder with a NIfTI name is refused the same way.
+    let d = dir.path().join("folder.nii");
+    std::fs::create_dir(&d).unwrap();
+    let e = read_volume(&d).err().unwrap().to_string();
+    assert!(e.contains("a folder"), "{e}");
+}

@@ -235,7 +235,7 @@ pub(super) fn case_key(params: &OutputParams, s: &ScannedCase) -> Result<String>
 
 fn hash_file(path: &Path) -> Result<blake3::Hash> {
     let mut h = blake3::Hasher::new();
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let f = crate::nifti_io::open_input(path)?;
     h.update_reader(f).map_err(|e| Error::io(path, e))?;
     Ok(h.finalize())
 }

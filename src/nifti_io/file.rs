@@ -10,6 +10,42 @@ use crate::error::{Error, Result};
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
+/// Open an input file for reading, refusing anything but a regular file by its type first:
+/// opening a named pipe blocks until a writer appears, and a device may never end.
+pub fn open_input(path: &Path) -> Result<std::fs::File> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        let what = file_kind(&meta.file_type());
+        return Err(Error::nifti(
+            path,
+            format!("not a regular file ({what}): refused before reading"),
+        ));
+    }
+    std::fs::File::open(path).map_err(|e| Error::io(path, e))
+}
+
+/// What a non-regular file is, in words.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a named pipe";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "a device";
+        }
+    }
+    if t.is_dir() {
+        "a folder"
+    } else {
+        "not a plain file"
+    }
+}
+
 pub(super) fn is_gzip(prefix: &[u8]) -> bool {
     prefix.len() >= 2 && prefix[..2] == GZIP_MAGIC
 }
@@ -52,8 +88,12 @@ pub struct FileBytes {
     pub hash: blake3::Hash,
 }
 
+/// Read a whole input file (a regular file only) and hash it.
 pub fn read_file_hashed(path: &Path) -> Result<FileBytes> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::new();
+    open_input(path)?
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
     let hash = blake3::hash(&bytes);
     Ok(FileBytes { bytes, hash })
 }

@@ -1,7 +1,6 @@
 //! The header: read and validate a NIfTI-1 header (dimensions, datatype, spacing, offset,
 //! scaling) and derive its affine from sform, qform or pixdim.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -9,7 +8,7 @@ use flate2::read::MultiGzDecoder;
 use nifti::{NiftiHeader, NiftiType};
 use serde::Serialize;
 
-use super::file::{gz_message, is_gzip, read_up_to};
+use super::file::{gz_message, is_gzip, open_input, read_up_to};
 use crate::error::{Error, Result};
 use crate::geometry::Affine;
 
@@ -70,12 +69,12 @@ fn datatype_facts(t: NiftiType) -> Option<(&'static str, usize)> {
 
 /// Read and validate only the header (cheap: for .nii.gz only the first bytes are inflated).
 pub fn read_header(path: &Path) -> Result<HeaderInfo> {
-    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut file = open_input(path)?;
     let mut magic = [0u8; 2];
     let n = read_up_to(&mut file, &mut magic).map_err(|e| Error::io(path, e))?;
     let gzip = is_gzip(&magic[..n]);
     drop(file);
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = open_input(path)?;
     let mut head = Vec::with_capacity(NIFTI1_HEADER_BYTES);
     let res = if gzip {
         MultiGzDecoder::new(file)

@@ -14,7 +14,7 @@ mod header;
 mod labels;
 mod voxels;
 
-pub use file::{read_file_hashed, FileBytes};
+pub use file::{open_input, read_file_hashed, FileBytes};
 pub use header::{f32_to_f64_decimal, read_header, HeaderInfo};
 pub use labels::{label_from_f32, read_label, LabelData, LabelVolume};
 pub use voxels::{decode_volume, read_volume, Volume};

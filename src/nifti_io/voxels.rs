@@ -36,9 +36,14 @@ pub(super) fn voxel_bytes(path: &Path, bytes: Vec<u8>) -> Result<(HeaderInfo, Ve
         let header = parse_header(path, &head, true)?;
         let want = header.vox_offset as u64 + header.data_bytes();
         let mut out = Vec::new();
-        MultiGzDecoder::new(&bytes[..])
+        let mut stream = MultiGzDecoder::new(&bytes[..]);
+        (&mut stream)
             .take(want)
             .read_to_end(&mut out)
+            .map_err(|e| Error::nifti(path, gz_message(e)))?;
+        // gzip checks a member's CRC and length only at its end: inflate what follows the
+        // voxels too, or a corrupt stream would go unnoticed.
+        std::io::copy(&mut stream, &mut std::io::sink())
             .map_err(|e| Error::nifti(path, gz_message(e)))?;
         drop(bytes);
         out
