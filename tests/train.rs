@@ -396,3 +396,66 @@ fn ctrl_c_writes_a_checkpoint_and_exits_130() {
     assert!(dir.join("model.safetensors").is_file(), "{err}");
     assert!(dir.join("state.json").is_file());
 }
+
+#[test]
+fn resume_never_starts_over_on_a_run_it_cannot_load() {
+    let t = tempfile::tempdir().unwrap();
+    let run_dir = t.path().join("run");
+    let out = train_cmd(&run_dir, &["--steps", "4", "--checkpoint-every", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
+    let resume = |what: &str| {
+        let out = train_cmd(&run_dir, &["--steps", "4", "--resume"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        // Nothing of the run was overwritten.
+        let now = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
+        assert_eq!(now, metrics, "{what}: metrics.jsonl changed");
+        err
+    };
+    let steps: Vec<PathBuf> = {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(run_dir.join("checkpoints"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("step-")
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(!steps.is_empty());
+    let newest = steps.last().unwrap();
+    // A state that claims a step past the run's end.
+    let state_path = newest.join("state.json");
+    let good_state = std::fs::read_to_string(&state_path).unwrap();
+    let mut state: serde_json::Value = serde_json::from_str(&good_state).unwrap();
+    state["step"] = 999_999.into();
+    std::fs::write(&state_path, state.to_string()).unwrap();
+    let err = resume("step past the end");
+    assert!(
+        err.contains("state.json") && err.contains("999999"),
+        "{err}"
+    );
+    std::fs::write(&state_path, &good_state).unwrap();
+    // Every checkpoint damaged: an error listing each, not a fresh start.
+    for s in &steps {
+        std::fs::write(s.join("model.safetensors"), b"garbage").unwrap();
+    }
+    let err = resume("all damaged");
+    for s in &steps {
+        assert!(err.contains(&s.display().to_string()), "{err}");
+    }
+}

@@ -127,10 +127,13 @@ impl Checkpointer {
 
     /// The newest complete checkpoint: the highest step whose folder loads (state.json parses,
     /// both tensor files read). Temporary folders are ignored; newer folders that fail to load
-    /// are passed over and listed in `Checkpoint::skipped`.
+    /// are passed over and listed in `Checkpoint::skipped`. `Ok(None)` only when the run has
+    /// no checkpoint at all; when it has some and none loads, an error lists each and why.
     pub fn latest(&self, device: &Device) -> Result<Option<Checkpoint>> {
         let mut skipped = Vec::new();
-        for (_, dir) in self.step_dirs()?.into_iter().rev() {
+        let dirs = self.step_dirs()?;
+        let none_saved = dirs.is_empty();
+        for (_, dir) in dirs.into_iter().rev() {
             if !dir.join(STATE_FILE).is_file() {
                 skipped.push(format!("{}: no {STATE_FILE}, incomplete", dir.display()));
                 continue;
@@ -142,6 +145,20 @@ impl Checkpointer {
                 }
                 Err(e) => skipped.push(e.to_string()),
             }
+        }
+        // Checkpoints exist but none loads: starting over would overwrite the run.
+        if !none_saved || self.dir.join(BEST_DIR).exists() {
+            if self.dir.join(BEST_DIR).exists() && none_saved {
+                skipped.push(format!(
+                    "{}: only best/ is left, no step checkpoint to continue from",
+                    self.dir.display()
+                ));
+            }
+            return Err(Error::Train(format!(
+                "no checkpoint in {} could be loaded, so --resume stops instead of starting again and overwriting the run (move the folder aside, or start a new --out):\n  - {}",
+                self.dir.display(),
+                skipped.join("\n  - ")
+            )));
         }
         Ok(None)
     }
@@ -551,5 +568,30 @@ mod tests {
     fn keep_last_zero_is_refused() {
         let run = tempfile::tempdir().unwrap();
         assert!(Checkpointer::new(run.path(), 0).is_err());
+    }
+
+    #[test]
+    fn when_no_checkpoint_loads_latest_refuses_and_says_why() {
+        let run = tempfile::tempdir().unwrap();
+        let ck = Checkpointer::new(run.path(), 5).unwrap();
+        assert!(
+            ck.latest(&Device::Cpu).unwrap().is_none(),
+            "a new run has none"
+        );
+        let a = ck.save(&model(0.0), &optimizer(0.0), &state(4)).unwrap();
+        let b = ck.save(&model(1.0), &optimizer(0.0), &state(8)).unwrap();
+        ck.mark_best(&b).unwrap();
+        fs::write(a.join(STATE_FILE), b"garbage").unwrap();
+        fs::write(b.join(MODEL_FILE), b"not safetensors").unwrap();
+        let err = ck.latest(&Device::Cpu).err().unwrap().to_string();
+        assert!(err.contains("overwriting"), "{err}");
+        for d in [&a, &b] {
+            assert!(err.contains(&d.display().to_string()), "{err}");
+        }
+        // best/ alone is a run too: refused the same way.
+        fs::remove_dir_all(&a).unwrap();
+        fs::remove_dir_all(&b).unwrap();
+        let err = ck.latest(&Device::Cpu).err().unwrap().to_string();
+        assert!(err.contains("only best/"), "{err}");
     }
 }

@@ -228,8 +228,12 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 for s in &ck.skipped {
                     notices.push(format!("warning: checkpoint skipped: {s}"));
                 }
-                model.load(&ck.model)?;
-                optimizer.load_state(&ck.optimizer, ck.state.optimizer_steps)?;
+                check_resumable(&ck, cfg)?;
+                let at = |e: Error| Error::Train(format!("{}: {e}", ck.dir.display()));
+                model.load(&ck.model).map_err(at)?;
+                optimizer
+                    .load_state(&ck.optimizer, ck.state.optimizer_steps)
+                    .map_err(at)?;
                 start_step = ck.state.step;
                 best = ck.state.best_metric.zip(ck.state.best_step);
                 if let Some((_, b)) = best {
@@ -516,6 +520,45 @@ fn say(bar: &ProgressBar, line: String) {
     } else {
         bar.println(line);
     }
+}
+
+/// Refuse a checkpoint whose state does not fit this run (a step past its end, more optimizer
+/// steps than steps) or whose tensors are not finite, naming the file.
+fn check_resumable(ck: &super::checkpoint::Checkpoint, cfg: &TrainConfig) -> Result<()> {
+    let state = &ck.state;
+    let state_file = ck.dir.join(super::checkpoint::STATE_FILE);
+    if state.step > cfg.steps || state.optimizer_steps > state.step {
+        return Err(Error::Train(format!(
+            "{}: step {} with {} optimizer steps does not fit a run of {} steps: the state does not belong to this run",
+            state_file.display(),
+            state.step,
+            state.optimizer_steps,
+            cfg.steps
+        )));
+    }
+    for (file, tensors) in [
+        (super::checkpoint::MODEL_FILE, &ck.model),
+        (super::checkpoint::OPTIMIZER_FILE, &ck.optimizer),
+    ] {
+        let mut names: Vec<&String> = tensors.keys().collect();
+        names.sort();
+        for name in names {
+            let t = &tensors[name];
+            let finite = t
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .all(|v| v.is_finite());
+            if !finite {
+                return Err(Error::Train(format!(
+                    "{}: tensor {name} holds NaN or infinite values: the checkpoint is damaged",
+                    ck.dir.join(file).display()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A kill between saving a checkpoint and marking it best leaves `best/` behind the state's
