@@ -803,3 +803,40 @@ fn the_preview_shows_three_slices_at_physical_aspect_with_the_label_in_red() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no case nosuch"));
 }
+
+#[test]
+fn a_lost_manifest_is_an_error_and_a_killed_manifest_write_is_swept() {
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("ds");
+    write_case(&data, "a", [12, 10, 4], [1.0, 1.0, 2.0], 1);
+    let cache = t.path().join("cache");
+    build(&data, &cache, &[]);
+    assert!(
+        std::fs::read_dir(&cache)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().contains(".tmp")),
+        "a finished build leaves no temporary file beside the manifest"
+    );
+    // What a builder killed while writing the manifest leaves: its temporary file in tmp/,
+    // owned by a process that is gone (pid 0 is never a builder).
+    let me = voxcache::sysinfo::hostname();
+    let left = cache.join(format!("tmp/manifest.{me}.0.7"));
+    std::fs::write(&left, b"{\"format_ver").unwrap();
+    std::fs::remove_file(cache.join("manifest.json")).unwrap();
+    let (o, r) = inspect_json(&cache, &["--verify"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let p = problems_of(&r, "manifest");
+    assert_eq!(p.len(), 1, "{r}");
+    assert_eq!(p[0]["severity"], "error");
+    assert_eq!(problems_of(&r, "tmp-leftover").len(), 1);
+    // The next build writes the manifest again and removes the leftover.
+    build(&data, &cache, &[]);
+    assert!(cache.join("manifest.json").is_file());
+    assert!(
+        !left.exists(),
+        "the dead builder's manifest.tmp was not swept"
+    );
+    let (o, _) = inspect_json(&cache, &["--verify"]);
+    assert!(o.status.success(), "{}", text(&o));
+}

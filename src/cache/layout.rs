@@ -103,11 +103,29 @@ impl CacheDir {
             };
             if host == me && (pid != std::process::id()) && !pid_alive(pid) {
                 let p = e.path();
-                std::fs::remove_dir_all(&p).map_err(|err| Error::io(&p, err))?;
+                let gone = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                gone.map_err(|err| Error::io(&p, err))?;
                 removed.push(p);
             }
         }
         Ok(removed)
+    }
+
+    /// Replace `manifest.json` atomically. Its temporary file lives in `tmp/`, named like an
+    /// entry being written (`manifest.HOST.PID.N`), so a builder killed mid-write leaves
+    /// nothing beside the manifest, and the next build on that host sweeps it like any other.
+    pub fn write_manifest(&self, bytes: &[u8]) -> Result<()> {
+        let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.tmp_dir().join(format!(
+            "manifest.{}.{}.{n}",
+            hostname(),
+            std::process::id()
+        ));
+        write_via(&tmp, &self.manifest_path(), bytes)
     }
 
     /// Move a complete temporary entry into place with one rename.
@@ -140,11 +158,15 @@ impl CacheDir {
 /// rename, fsync of the folder (so the rename itself survives a power cut). A failed write
 /// removes its temporary file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
+    write_via(&tmp, path, bytes)
+}
+
+/// Write `bytes` to `tmp`, fsync, rename it to `path`, fsync `path`'s folder.
+fn write_via(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = tmp.to_path_buf();
     let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;

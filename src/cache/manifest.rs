@@ -5,7 +5,7 @@
 
 use std::fs::OpenOptions;
 
-use super::layout::{write_atomic, CacheDir};
+use super::layout::CacheDir;
 use crate::error::{Error, Result};
 pub use crate::format::manifest::params_key;
 pub use crate::format::{Manifest, ManifestCase, ManifestDataset};
@@ -35,7 +35,8 @@ pub fn record(cache: &CacheDir, name: &str, dataset: ManifestDataset) -> Result<
             m.datasets.insert(name.to_string(), dataset);
         }
     }
-    write_atomic(&cache.manifest_path(), &m.to_json())?;
+    std::fs::create_dir_all(cache.tmp_dir()).map_err(|e| Error::io(cache.tmp_dir(), e))?;
+    cache.write_manifest(&m.to_json())?;
     drop(lock);
     Ok(m)
 }

@@ -195,6 +195,15 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
 
     let (dirs, stray) = entry_dirs(root);
     problems.extend(stray);
+    if !cache.manifest_path().exists() && !dirs.is_empty() {
+        problems.push(
+            Problem::error(
+                "manifest",
+                "no manifest.json, yet entries are here: no build finished writing it, or it was deleted; nothing says which entries make up a dataset (build-cache again writes it)",
+            )
+            .path("manifest.json"),
+        );
+    }
     let parsed: Vec<Found<EntryMeta>> = dirs.par_iter().map(|d| read_entry(root, d)).collect();
 
     // Which datasets refer to which key.
