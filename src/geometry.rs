@@ -135,7 +135,10 @@ pub fn source_coordinate(j: usize, n: usize, m: usize) -> f64 {
 
 /// Voxel count of a shape.
 pub fn voxels(shape: [usize; 3]) -> u64 {
-    shape.iter().map(|&v| v as u64).product()
+    // Saturating: a header with an absurd spacing must give an absurd count, not a wrapped one.
+    shape
+        .iter()
+        .fold(1u64, |acc, &v| acc.saturating_mul(v as u64))
 }
 
 /// The (z, y, x) shape of an (x, y, z) one: arrays in the cache are stored with z slowest.

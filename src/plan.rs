@@ -126,6 +126,37 @@ pub fn outlier_flag(outlier: bool, size_factor: f64) -> String {
     }
 }
 
+/// The longest output side accepted whatever the byte limit: a header whose spacing makes an
+/// axis longer is wrong (a million voxels at 0.1 um is 10 cm of microscopy).
+pub const MAX_OUTPUT_SIDE: usize = 1 << 20;
+
+impl CasePlan {
+    /// Why this case's output is refused before anything is written, if it is: a side over
+    /// [`MAX_OUTPUT_SIDE`], or more than `max_case_gib` GiB of cached image and label.
+    pub fn size_problem(&self, max_case_gib: f64) -> Option<String> {
+        let [x, y, z] = self.out_shape_xyz;
+        let [sx, sy, sz] = self.in_spacing_xyz;
+        let what = format!(
+            "at this spacing the output would be {x}x{y}x{z} voxels ({}) from an input of {}x{}x{} at spacing {sx}x{sy}x{sz}",
+            crate::sysinfo::human_bytes(self.out_bytes),
+            self.in_shape_xyz[0],
+            self.in_shape_xyz[1],
+            self.in_shape_xyz[2],
+        );
+        if self.out_shape_xyz.iter().any(|&s| s > MAX_OUTPUT_SIDE) {
+            return Some(format!(
+                "{what}: a side over {MAX_OUTPUT_SIDE} voxels means the header's spacing is wrong; fix the file's pixdim"
+            ));
+        }
+        if self.out_bytes as f64 > max_case_gib * (1u64 << 30) as f64 {
+            return Some(format!(
+                "{what}: over the limit of {max_case_gib} GiB per case; check the header's spacing, or raise the limit with --max-case-gib"
+            ));
+        }
+        None
+    }
+}
+
 /// Plan every case at `target`. `image_bytes_per_voxel` is 4 for float32 and 2 for float16,
 /// `label_bytes_per_voxel` 0 when the case has no label.
 pub fn plan_cases(
@@ -145,9 +176,9 @@ pub fn plan_cases(
                 out_shape_xyz: out,
                 out_spacing_xyz: true_output_spacing(*shape, *spacing, out),
                 out_voxels: n,
-                out_bytes: n * (image_bytes_per_voxel + label_bpv) as u64,
-                whole_volume_f32_bytes: n * 4,
-                whole_volume_f64_bytes: n * 8,
+                out_bytes: n.saturating_mul((image_bytes_per_voxel + label_bpv) as u64),
+                whole_volume_f32_bytes: n.saturating_mul(4),
+                whole_volume_f64_bytes: n.saturating_mul(8),
                 size_factor: 1.0,
                 outlier: false,
             }

@@ -38,3 +38,22 @@ pub fn human_bytes(b: u64) -> String {
         format!("{v:.1} {}", units[u])
     }
 }
+
+/// Bytes free for an unprivileged writer on the filesystem holding `path` (`None` when the
+/// system does not say).
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+        // SAFETY: `c` is a valid NUL-terminated path; `st` is plain data that statvfs fills.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+        (rc == 0).then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}

@@ -418,12 +418,23 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
         return;
     }
     let _guard = TinyFs(mnt.clone());
-    // The bundled dataset: its first case (1.2 MiB) fits, the 4.97 um outlier does not.
     let data = bundled_data();
     let cache = mnt.join("cache");
-    let (o, r) = build_report(&data, &cache, &["--spacing", "0.99,0.99,2.9"]);
+    // Uncompressed, the forecast (27 MiB) is exact: the build stops before writing anything.
+    let (o, _) = build_report(&data, &cache, &["--spacing", "0.99,0.99,2.9"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("free"), "{}", stderr(&o));
+    assert!(entry_dirs(&cache).is_empty());
+    // Compressed, nothing forecasts the bytes: the disk fills during the build. Its first
+    // cases fit, the 4.97 um outlier does not.
+    let (o, r) = build_report(
+        &data,
+        &cache,
+        &["--spacing", "0.99,0.99,2.9", "--compression", "zstd"],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert_eq!(count(&r, "built"), 1);
+    let built = count(&r, "built") as usize;
+    assert!(built >= 1, "{r}");
     let cases = r["cases"].as_array().unwrap();
     let failed: Vec<&serde_json::Value> = cases
         .iter()
@@ -439,13 +450,14 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
             .iter()
             .filter(|c| c["outcome"]["status"] == "skipped")
             .count(),
-        8
+        10 - 1 - built,
+        "every case after the failure is skipped"
     );
     assert!(stderr(&o).contains("disk is full"));
     assert_eq!(
         entry_dirs(&cache).len(),
-        1,
-        "the entry built before the disk filled is kept"
+        built,
+        "the entries built before the disk filled are kept"
     );
     assert_eq!(
         std::fs::read_dir(cache.join("tmp")).unwrap().count(),
@@ -459,7 +471,7 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
             .as_object()
             .unwrap()
             .len(),
-        1
+        built
     );
 }
 
@@ -520,4 +532,46 @@ fn a_named_pipe_or_a_corrupt_gzip_fails_its_case_and_nothing_hangs() {
     );
     let e = error("crc");
     assert!(e.contains("crc_0000.nii.gz") && e.contains("gzip"), "{e}");
+}
+
+#[test]
+fn a_spacing_that_makes_an_absurd_output_fails_its_case_before_writing() {
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    // Spacing 1000 on every axis: 10000x10000x4000 voxels, 1.8 TiB; 3.4e38: past any integer.
+    for (id, pix) in [("huge", [1.0e3f32; 3]), ("max", [3.4e38, 1.0, 1.0])] {
+        let n = Nii::new([10, 10, 4], pix, &vec![1i16; 400], false);
+        n.write(&data.join(format!("imagesTr/{id}_0000.nii.gz")));
+        let l = Nii::new([10, 10, 4], pix, &vec![0u8; 400], false);
+        l.write(&data.join(format!("labelsTr/{id}.nii.gz")));
+    }
+    let cache = t.path().join("cache");
+    let (o, r) = build_report(&data, &cache, &["--spacing", "1,1,1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!((count(&r, "built"), count(&r, "failed")), (3, 2), "{r}");
+    for c in r["cases"].as_array().unwrap() {
+        let e = c["outcome"]["error"].as_str().unwrap_or("");
+        match c["id"].as_str().unwrap() {
+            "huge" => assert!(e.contains("--max-case-gib"), "{e}"),
+            "max" => assert!(e.contains("pixdim"), "{e}"),
+            _ => assert_eq!(c["outcome"]["status"], "built"),
+        }
+    }
+    // The forecast says the same without wrapping around, and the text report draws.
+    let o = prep(&[
+        "inspect",
+        data.to_str().unwrap(),
+        "--spacing",
+        "1,1,1",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("inspect --json: {e}: {}", stderr(&o)));
+    let out_bytes = j["dataset"]["forecast"]["out_bytes"].as_u64().unwrap();
+    assert!(
+        out_bytes > 1 << 40,
+        "the forecast wrapped around: {out_bytes}"
+    );
+    let o = prep(&["inspect", data.to_str().unwrap(), "--spacing", "1,1,1"]);
+    assert!(o.status.code().is_some_and(|c| c <= 1), "{}", stderr(&o));
 }

@@ -233,13 +233,27 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                     outcome: CaseOutcome::Cached,
                 });
             }
-            Ok(key) => jobs.push(Job {
-                scanned: s,
-                plan: &plans[i],
-                key,
-            }),
+            Ok(key) => match plans[i].size_problem(opts.settings.max_case_gib) {
+                Some(why) => {
+                    let e = Error::case(&s.source.id, why);
+                    eprintln!("error: {e}");
+                    reports.push(CaseReport {
+                        id: s.source.id.clone(),
+                        key: Some(key),
+                        outcome: CaseOutcome::Failed {
+                            error: e.to_string(),
+                        },
+                    });
+                }
+                None => jobs.push(Job {
+                    scanned: s,
+                    plan: &plans[i],
+                    key,
+                }),
+            },
         }
     }
+    check_free_space(&cache, &jobs, &params)?;
 
     let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
     let bar = make_progress(opts.progress, total_voxels);
@@ -299,6 +313,31 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     }
     report.finish(reports, started);
     Ok(report)
+}
+
+/// Stop before writing anything when the cases to build cannot fit on the cache's disk. Only
+/// uncompressed caches have an exact forecast; compressed ones are left to the disk-full path.
+fn check_free_space(cache: &CacheDir, jobs: &[Job], params: &OutputParams) -> Result<()> {
+    if params.compression != crate::format::Compression::None {
+        return Ok(());
+    }
+    let need: u64 = jobs
+        .iter()
+        .fold(0u64, |acc, j| acc.saturating_add(j.plan.out_bytes));
+    let Some(free) = crate::sysinfo::free_bytes(&cache.root) else {
+        return Ok(());
+    };
+    if need > free {
+        let h = crate::sysinfo::human_bytes;
+        return Err(Error::Dataset(format!(
+            "{}: the {} case(s) to build need about {} and the disk has {} free: free space, choose another --cache-dir, build a part at a time (--part), or use --compression zstd",
+            cache.root.display(),
+            jobs.len(),
+            h(need),
+            h(free)
+        )));
+    }
+    Ok(())
 }
 
 impl BuildReport {

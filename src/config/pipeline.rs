@@ -52,6 +52,8 @@ pub struct PipelineFile {
     pub fg_samples: Option<usize>,
     /// Seed of the foreground sample (same seed, same sample).
     pub seed: Option<u64>,
+    /// Largest forecast output of one case, in GiB (default 1024).
+    pub max_case_gib: Option<f64>,
     /// Options of `train`; they do not shape the cache, so they are not part of its content key.
     pub train: Option<TrainConfig>,
 }
@@ -71,6 +73,7 @@ impl PipelineFile {
             compression_level: self.compression_level,
             fg_samples: self.fg_samples,
             seed: self.seed,
+            max_case_gib: self.max_case_gib,
         }
     }
 }

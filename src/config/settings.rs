@@ -75,6 +75,10 @@ pub struct PrepFlags {
     /// Seed of the foreground sample.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Largest output a case may have, in GiB (image + label as cached): a case whose forecast
+    /// is over it fails before anything is written (a header with a wrong spacing, usually).
+    #[arg(long, value_name = "GIB")]
+    pub max_case_gib: Option<f64>,
 }
 
 /// Parameters after defaults, pipeline and flags are merged (spacing not yet resolved).
@@ -99,6 +103,9 @@ pub struct Settings {
     pub fg_samples: usize,
     /// Seed of the foreground sample (same seed, same sample).
     pub seed: u64,
+    /// Largest forecast output of one case, in GiB; not part of the content key (it shapes
+    /// nothing that is written).
+    pub max_case_gib: f64,
 }
 
 /// The defaults (see README, "Choosing the chunk layout", for the measurement behind them).
@@ -114,6 +121,7 @@ impl Default for Settings {
             compression: Compression::None,
             fg_samples: 10_000,
             seed: 1234,
+            max_case_gib: 1024.0,
         }
     }
 }
@@ -150,12 +158,21 @@ impl Settings {
         if let Some(v) = l.seed {
             self.seed = v;
         }
+        if let Some(v) = l.max_case_gib {
+            self.max_case_gib = v;
+        }
         Ok(())
     }
 
     /// Check the shapes: chunk sides 1..4096, shards whole multiples of the chunk and at most
     /// 1 GiB (at 4 bytes a voxel).
     pub fn validate(&self) -> Result<()> {
+        if !(self.max_case_gib.is_finite() && self.max_case_gib > 0.0) {
+            return Err(Error::Config(format!(
+                "max_case_gib {}: give a positive number of GiB",
+                self.max_case_gib
+            )));
+        }
         if self.chunk_zyx.iter().any(|&c| c == 0 || c > 4096) {
             return Err(Error::Config(format!(
                 "chunk shape {:?}: each side must be 1..4096",

@@ -60,9 +60,9 @@ pub fn render_forecast(
             }
         };
         cases += 1;
-        cached += p.out_bytes;
-        f32_bytes += p.whole_volume_f32_bytes;
-        f64_bytes += p.whole_volume_f64_bytes;
+        cached = cached.saturating_add(p.out_bytes);
+        f32_bytes = f32_bytes.saturating_add(p.whole_volume_f32_bytes);
+        f64_bytes = f64_bytes.saturating_add(p.whole_volume_f64_bytes);
         if p.outlier {
             outliers.push(p.id.as_str());
         }

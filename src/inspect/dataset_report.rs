@@ -421,9 +421,17 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
             outlier_factor: OUTLIER_FACTOR,
         };
         for p in plans {
-            totals.out_bytes += p.out_bytes;
-            totals.whole_volume_f32_bytes += p.whole_volume_f32_bytes;
-            totals.whole_volume_f64_bytes += p.whole_volume_f64_bytes;
+            // Saturating: one absurd header must not wrap the totals around.
+            totals.out_bytes = totals.out_bytes.saturating_add(p.out_bytes);
+            totals.whole_volume_f32_bytes = totals
+                .whole_volume_f32_bytes
+                .saturating_add(p.whole_volume_f32_bytes);
+            totals.whole_volume_f64_bytes = totals
+                .whole_volume_f64_bytes
+                .saturating_add(p.whole_volume_f64_bytes);
+            if let Some(why) = p.size_problem(settings.max_case_gib) {
+                problems.push(Problem::error("too-large", why).case(&p.id));
+            }
             if p.outlier {
                 totals.outliers.push(p.id.clone());
             }

@@ -75,7 +75,7 @@ impl Table {
                 break;
             };
             let excess = total(&widths) - max_width;
-            widths[c] = (widths[c] - excess).max(MIN_CUT);
+            widths[c] = widths[c].saturating_sub(excess).max(MIN_CUT);
         }
         let mut out = String::new();
         let line = |cells: &[String], out: &mut String| {
@@ -211,5 +211,15 @@ mod tests {
     fn wrapping_keeps_lines_short() {
         assert_eq!(wrap("aa bb cc dd", 8, 3, 2), "aa bb\n  cc dd\n");
         assert_eq!(wrap("x", 8, 0, 2), "x\n");
+    }
+
+    #[test]
+    fn numbers_wider_than_the_page_do_not_break_the_cut() {
+        // The text column can give only part of the excess: it stops at its minimum width.
+        let mut t = Table::new(&[("case", Align::Left), ("bytes", Align::Right)]);
+        t.row(vec!["a_long_case_name".into(), "9".repeat(40)]);
+        let s = t.render(20);
+        assert!(s.contains(&"9".repeat(40)), "numbers are never cut: {s}");
+        assert!(s.contains("a_long_~"), "{s}");
     }
 }
