@@ -259,3 +259,26 @@ fn a_named_pipe_is_refused_by_type_not_read() {
     let e = read_volume(&d).err().unwrap().to_string();
     assert!(e.contains("a folder"), "{e}");
 }
+
+#[test]
+fn the_byte_order_is_the_headers_not_sizeof_hdrs() {
+    // An int16 label whose sizeof_hdr alone is big-endian: the rest of the header (dim[0]
+    // first) says little-endian, and so do the voxels (nibabel reads {0, 1}).
+    let dir = tmp();
+    let p = dir.path().join("lab.nii");
+    let vals: Vec<i16> = (0..24).map(|i| (i % 2) as i16).collect();
+    Nii::new([4, 3, 2], [1.0; 3], &vals, false).write(&p);
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[..4].copy_from_slice(&348i32.to_be_bytes());
+    std::fs::write(&p, &bytes).unwrap();
+    let l = voxcache::nifti_io::read_label(&p).unwrap();
+    match l.data {
+        voxcache::nifti_io::LabelData::U8(v) => {
+            assert_eq!(v, vals.iter().map(|&x| x as u8).collect::<Vec<_>>())
+        }
+        other => panic!("expected uint8 labels 0 and 1, got {other:?}"),
+    }
+    let v = read_volume(&p).unwrap();
+    assert!(!v.header.big_endian);
+    assert_eq!(v.data, vals.iter().map(|&x| x as f32).collect::<Vec<_>>());
+}

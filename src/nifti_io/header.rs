@@ -130,7 +130,9 @@ pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<Heade
     }
     let mut raw = NiftiHeader::from_reader(head)
         .map_err(|e| Error::nifti(path, format!("invalid header: {e}")))?;
-    let big_endian = sizeof_be == 348 && sizeof_le != 348;
+    // The byte order is the header's as a whole, decided by dim[0] (the nifti crate's rule and
+    // nibabel's): a sizeof_hdr written the other way round must not flip the voxels' order.
+    let big_endian = raw.endianness == nifti::Endianness::Big;
 
     let ndim = raw.dim[0];
     if !(1..=7).contains(&ndim) {
