@@ -575,3 +575,56 @@ fn a_spacing_that_makes_an_absurd_output_fails_its_case_before_writing() {
     let o = prep(&["inspect", data.to_str().unwrap(), "--spacing", "1,1,1"]);
     assert!(o.status.code().is_some_and(|c| c <= 1), "{}", stderr(&o));
 }
+
+#[test]
+fn discovery_problems_fail_their_case_not_the_job() {
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    // A label with no image.
+    Nii::new([10, 10, 4], [1.0; 3], &vec![0u8; 400], false)
+        .write(&data.join("labelsTr/orphan.nii.gz"));
+    // One case present as both .nii and .nii.gz.
+    write_case(&data, "twice", [10, 10, 4], [1.0; 3], 12);
+    let gz = std::fs::read(data.join("imagesTr/twice_0000.nii.gz")).unwrap();
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+    std::fs::write(data.join("imagesTr/twice_0000.nii"), raw).unwrap();
+    // A file name that is not UTF-8.
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::OsStr::from_bytes(b"bad\xff_0000.nii.gz");
+        std::fs::write(data.join("imagesTr").join(name), &gz).unwrap();
+    }
+    let cache = t.path().join("cache");
+    let (o, r) = build_report(&data, &cache, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(count(&r, "built"), 3, "{r}");
+    let failed: Vec<(String, String)> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outcome"]["status"] == "failed")
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["outcome"]["error"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let find = |id: &str| {
+        failed
+            .iter()
+            .find(|(i, _)| i.starts_with(id))
+            .map(|(_, e)| e.clone())
+            .unwrap_or_else(|| panic!("no failure for {id}: {failed:?}"))
+    };
+    assert!(find("orphan").contains("orphan.nii.gz"));
+    let e = find("twice");
+    assert!(
+        e.contains("twice_0000.nii") && e.contains("two images"),
+        "{e}"
+    );
+    #[cfg(unix)]
+    assert!(find("bad").contains("UTF-8"));
+}

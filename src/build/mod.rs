@@ -127,14 +127,25 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         .name
         .clone()
         .unwrap_or_else(|| crate::dataset::default_name(&opts.source));
-    let cases = discover(&opts.source)?;
+    let found = discover(&opts.source)?;
+    let cases = found.cases;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs)
         .build()
         .map_err(|e| Error::Config(format!("cannot start {} worker threads: {e}", opts.jobs)))?;
 
     let scanned_all = pool.install(|| scan(&cases));
-    let mut reports: Vec<CaseReport> = Vec::new();
+    let mut reports: Vec<CaseReport> = found
+        .problems
+        .into_iter()
+        .map(|p| CaseReport {
+            id: p.id,
+            key: None,
+            outcome: CaseOutcome::Failed {
+                error: p.error.to_string(),
+            },
+        })
+        .collect();
     let mut ok: Vec<&ScannedCase> = Vec::new();
     for (c, r) in &scanned_all {
         match r {

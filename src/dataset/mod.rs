@@ -45,13 +45,45 @@ pub fn strip_nifti_ext(name: &str) -> Option<&str> {
     EXTENSIONS.iter().find_map(|e| name.strip_suffix(e))
 }
 
-fn list_nifti(dir: &Path) -> Result<Vec<PathBuf>> {
+/// A case that cannot be built as found, and why (the other cases go on).
+#[derive(Debug)]
+pub struct CaseProblem {
+    /// The case id (for a file name that is not UTF-8, its lossy form).
+    pub id: String,
+    /// What is wrong, naming the files.
+    pub error: Error,
+}
+
+/// What discovery found: the cases to build and the per-case problems.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    /// Cases with an image (and a label when there is one), sorted by id.
+    pub cases: Vec<CaseSource>,
+    /// Cases that cannot be built as found (two images, a label without an image, a name
+    /// that is not UTF-8...): reported, never stopping the others.
+    pub problems: Vec<CaseProblem>,
+}
+
+/// The NIfTI files in `dir`, sorted; names that are not UTF-8 become problems.
+fn list_nifti(dir: &Path, problems: &mut Vec<CaseProblem>) -> Result<Vec<PathBuf>> {
     let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
     let mut out = Vec::new();
     for entry in rd {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
+        let Some(name) = name.to_str() else {
+            let lossy = name.to_string_lossy().to_string();
+            if strip_nifti_ext(&lossy).is_some() {
+                problems.push(CaseProblem {
+                    id: lossy,
+                    error: Error::nifti(
+                        entry.path(),
+                        "the file name is not valid UTF-8, so it cannot name a case; rename it",
+                    ),
+                });
+            }
+            continue;
+        };
         if name.starts_with('.') || strip_nifti_ext(name).is_none() {
             continue;
         }
@@ -65,26 +97,36 @@ fn file_name(p: &Path) -> &str {
     p.file_name().and_then(|n| n.to_str()).unwrap_or("")
 }
 
-/// Find the cases of a dataset, sorted by id.
-pub fn discover(source: &DatasetSource) -> Result<Vec<CaseSource>> {
-    let cases = match source {
+/// Find the cases of a dataset, sorted by id. Only job-level faults (no such folder, no image
+/// at all, a bad glob) are errors; a problem with one case is reported in
+/// [`Discovered::problems`] and that case is left out.
+pub fn discover(source: &DatasetSource) -> Result<Discovered> {
+    let mut found = match source {
         DatasetSource::Folder(dir) => discover_folder(dir)?,
         DatasetSource::Globs { images, labels } => discover_globs(images, labels.as_deref())?,
     };
-    Ok(cases)
+    let bad: std::collections::BTreeSet<String> =
+        found.problems.iter().map(|p| p.id.clone()).collect();
+    found.cases.retain(|c| !bad.contains(&c.id));
+    found.problems.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(found)
 }
 
-fn discover_folder(dir: &Path) -> Result<Vec<CaseSource>> {
+fn discover_folder(dir: &Path) -> Result<Discovered> {
     if !dir.is_dir() {
         return Err(Error::Dataset(format!("{}: not a folder", dir.display())));
     }
+    let mut problems = Vec::new();
     let images_dir = dir.join("imagesTr");
     let (image_files, labels_dir) = if images_dir.is_dir() {
-        (list_nifti(&images_dir)?, Some(dir.join("labelsTr")))
+        (
+            list_nifti(&images_dir, &mut problems)?,
+            Some(dir.join("labelsTr")),
+        )
     } else {
-        (list_nifti(dir)?, None)
+        (list_nifti(dir, &mut problems)?, None)
     };
-    if image_files.is_empty() {
+    if image_files.is_empty() && problems.is_empty() {
         return Err(Error::Dataset(format!(
             "{}: no NIfTI images found (expected imagesTr/CASE_0000.nii.gz and labelsTr/CASE.nii.gz, as in nnU-Net, or --images/--labels globs)",
             dir.display()
@@ -104,42 +146,75 @@ fn discover_folder(dir: &Path) -> Result<Vec<CaseSource>> {
         };
         if let Some(ch) = channel.as_deref() {
             if ch != "0000" {
-                return Err(Error::Dataset(format!(
-                    "{}: channel {ch} of case {id}: multi-channel images are not supported yet",
-                    path.display()
-                )));
+                problems.push(CaseProblem {
+                    error: Error::nifti(
+                        &path,
+                        format!(
+                            "channel {ch} of case {id}: multi-channel images are not supported yet"
+                        ),
+                    ),
+                    id,
+                });
+                continue;
             }
         }
-        if let Some(prev) = by_id.insert(id.clone(), path.clone()) {
-            return Err(Error::Dataset(format!(
-                "case {id} has two images: {} and {}",
-                prev.display(),
-                path.display()
-            )));
+        if let Some(prev) = by_id.get(&id) {
+            problems.push(CaseProblem {
+                error: Error::case(
+                    &id,
+                    format!(
+                        "two images: {} and {} (keep one)",
+                        prev.display(),
+                        path.display()
+                    ),
+                ),
+                id,
+            });
+            continue;
         }
+        by_id.insert(id, path);
     }
     let mut labels: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(ld) = labels_dir.filter(|d| d.is_dir()) {
-        for path in list_nifti(&ld)? {
+        for path in list_nifti(&ld, &mut problems)? {
             let id = strip_nifti_ext(file_name(&path))
                 .unwrap_or_default()
                 .to_string();
             if !by_id.contains_key(&id) {
-                return Err(Error::Dataset(format!(
-                    "{}: label without an image (no imagesTr/{id}_0000.nii.gz)",
-                    path.display()
-                )));
+                problems.push(CaseProblem {
+                    error: Error::nifti(
+                        &path,
+                        format!("label without an image (no imagesTr/{id}_0000.nii.gz)"),
+                    ),
+                    id,
+                });
+                continue;
+            }
+            if let Some(prev) = labels.get(&id) {
+                problems.push(CaseProblem {
+                    error: Error::case(
+                        &id,
+                        format!(
+                            "two labels: {} and {} (keep one)",
+                            prev.display(),
+                            path.display()
+                        ),
+                    ),
+                    id,
+                });
+                continue;
             }
             labels.insert(id, path);
         }
     }
-    Ok(by_id
+    let cases = by_id
         .into_iter()
         .map(|(id, image)| {
             let label = labels.remove(&id);
             CaseSource { id, image, label }
         })
-        .collect())
+        .collect();
+    Ok(Discovered { cases, problems })
 }
 
 /// Case id of `name` under a file-name pattern with one `*`.
@@ -181,7 +256,7 @@ fn glob_files(pattern: &str) -> Result<BTreeMap<String, PathBuf>> {
     Ok(out)
 }
 
-fn discover_globs(images: &str, labels: Option<&str>) -> Result<Vec<CaseSource>> {
+fn discover_globs(images: &str, labels: Option<&str>) -> Result<Discovered> {
     let image_files = glob_files(images)?;
     if image_files.is_empty() {
         return Err(Error::Dataset(format!(
@@ -201,13 +276,17 @@ fn discover_globs(images: &str, labels: Option<&str>) -> Result<Vec<CaseSource>>
             p.display()
         )));
     }
-    Ok(image_files
+    let cases = image_files
         .into_iter()
         .map(|(id, image)| {
             let label = label_files.remove(&id);
             CaseSource { id, image, label }
         })
-        .collect())
+        .collect();
+    Ok(Discovered {
+        cases,
+        problems: Vec::new(),
+    })
 }
 
 /// A short name for a dataset folder (its last path component).

@@ -318,8 +318,16 @@ fn spacing_report(
 pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
     let root = opts.path.as_path();
     let settings = &opts.settings;
-    let cases = discover(&DatasetSource::Folder(root.to_path_buf()))?;
-    let mut problems = Vec::new();
+    let found = discover(&DatasetSource::Folder(root.to_path_buf()))?;
+    let cases = found.cases;
+    let mut problems: Vec<Problem> = found
+        .problems
+        .into_iter()
+        .map(|p| {
+            let msg = super::rel_message(root, &p.error.to_string());
+            Problem::error("unreadable", msg).case(p.id)
+        })
+        .collect();
 
     // Header facts per file; scan() adds the image/label pair checks.
     let headers: Vec<(Result<HeaderInfo>, Option<Result<HeaderInfo>>)> = cases

@@ -127,7 +127,7 @@ fn label_u16(l: LabelData) -> Vec<u16> {
 }
 
 fn from_dataset(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
-    let cases = discover(&DatasetSource::Folder(root.to_path_buf()))?;
+    let cases = discover(&DatasetSource::Folder(root.to_path_buf()))?.cases;
     let Some(c) = cases.iter().find(|c| c.id == case) else {
         let ids: Vec<&str> = cases.iter().take(5).map(|c| c.id.as_str()).collect();
         return Err(Error::Dataset(format!(
