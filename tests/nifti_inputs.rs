@@ -282,3 +282,46 @@ fn the_byte_order_is_the_headers_not_sizeof_hdrs() {
     assert!(!v.header.big_endian);
     assert_eq!(v.data, vals.iter().map(|&x| x as f32).collect::<Vec<_>>());
 }
+
+#[test]
+fn broken_geometry_is_refused_or_falls_back_with_a_warning() {
+    let dir = tmp();
+    let p = dir.path().join("g.nii");
+    let vals = vec![1i16; 24];
+    let base = || Nii::new([4, 3, 2], [1.0, 2.0, 3.0], &vals, false);
+    // A quaternion that is not a rotation: refused, as nibabel does.
+    let mut n = base();
+    n.qform_code = 1;
+    n.sform_code = 0;
+    n.quatern = [0.8, 0.8, 0.0, 0.0, 0.0, 0.0];
+    n.write(&p);
+    let e = read_header(&p).unwrap_err().to_string();
+    assert!(e.contains("g.nii") && e.contains("not a rotation"), "{e}");
+    // A singular sform with a valid qform: the qform, with a warning saying so.
+    let mut n = base();
+    n.qform_code = 1;
+    n.sform_code = 1;
+    n.quatern = [0.0; 6];
+    n.srow = [
+        [1.0, 0.0, 0.0, 0.0],
+        [2.0, 0.0, 0.0, 0.0],
+        [0.0, 0.0, 3.0, 0.0],
+    ];
+    n.write(&p);
+    let h = read_header(&p).unwrap();
+    assert_eq!(h.affine_source, "qform");
+    let w = h.affine_warning.expect("a fallback without a warning");
+    assert!(w.contains("singular"), "{w}");
+    // A NaN sform with a valid qform: the same.
+    n.srow[0][0] = f32::NAN;
+    n.write(&p);
+    let h = read_header(&p).unwrap();
+    assert_eq!(h.affine_source, "qform");
+    assert!(h.affine_warning.unwrap().contains("NaN"));
+    // A singular sform and no qform: nothing to fall back on.
+    n.srow[0][0] = 1.0;
+    n.qform_code = 0;
+    n.write(&p);
+    let e = read_header(&p).unwrap_err().to_string();
+    assert!(e.contains("singular") && e.contains("no qform"), "{e}");
+}

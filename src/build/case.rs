@@ -135,6 +135,7 @@ pub(super) fn write_case(
         spacing_xyz: h.spacing_xyz,
         affine: h.affine,
         affine_source: h.affine_source.to_string(),
+        affine_warning: h.affine_warning.clone(),
         orientation: h.affine.axis_codes(),
         datatype: h.datatype.to_string(),
         unit: h.unit.to_string(),

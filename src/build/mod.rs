@@ -164,6 +164,14 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             eprintln!("error: {error}");
         }
     }
+    for s in &ok {
+        let headers = std::iter::once(&s.image).chain(s.label.as_ref());
+        for h in headers {
+            if let Some(w) = &h.affine_warning {
+                eprintln!("warning: {}: {w}", h.path.display());
+            }
+        }
+    }
     let decision = decide_spacing(opts.settings.spacing, &ok)?;
     let plans = plan_scanned(&ok, decision.target_xyz, opts.settings.image_dtype);
 

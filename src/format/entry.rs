@@ -53,6 +53,9 @@ pub struct InputGeometry {
     pub affine: Affine,
     /// "sform", "qform" or "pixdim".
     pub affine_source: String,
+    /// Why the header's preferred transform was passed over for `affine_source`, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affine_warning: Option<String>,
     /// Axis codes of the affine, e.g. "RAS".
     pub orientation: String,
     /// NIfTI datatype name, e.g. "int16".

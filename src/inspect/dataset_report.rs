@@ -383,6 +383,16 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
             ),
             _ => {}
         }
+        let found = [ih.as_ref().ok(), lh.as_ref().and_then(|r| r.as_ref().ok())];
+        for h in found.into_iter().flatten() {
+            if let Some(w) = &h.affine_warning {
+                problems.push(
+                    Problem::warning("geometry", w.clone())
+                        .case(&c.id)
+                        .path(rel_path(root, &h.path)),
+                );
+            }
+        }
         problems.extend(vf.problems);
         infos.push(CaseInfo {
             id: c.id.clone(),

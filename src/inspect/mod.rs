@@ -73,12 +73,14 @@
 //!
 //! Problem kinds. Errors: `unreadable` (a file whose header or voxels cannot be read),
 //! `mismatch` (image and label on different grids), `non-finite` (NaN/inf image voxels),
-//! `bad-label` (label values that are not whole numbers 0..65535), `no-cases`, `manifest`
-//! (unreadable manifest.json), `metadata` (an entry's zarr.json or checksums file missing,
+//! `bad-label` (label values that are not whole numbers 0..65535), `no-cases`, `too-large` (a
+//! forecast output over the size limits), `manifest` (unreadable or missing manifest.json),
+//! `metadata` (an entry's zarr.json or checksums file missing,
 //! truncated, unparsable or inconsistent), `incomplete-entry` (no zarr.json), `missing-entry` (the
 //! manifest names an entry that is not there), `corrupt-chunk` (does not decode, or hashes
 //! differently from the build), `missing-chunk` (absent, but its block was not all fill value),
 //! `unrecorded-chunk`. Warnings: `missing-label`, `empty-label` (no foreground), `mixed-units`,
+//! `geometry` (an unusable sform passed over for the qform),
 //! `orphan` (an entry no manifest dataset refers to), `tmp-leftover`, `stray-file`.
 //!
 //! `prep inspect` exits 0 when no problem is an error, 1 when one is, 2 when PATH cannot be

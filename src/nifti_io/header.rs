@@ -26,6 +26,9 @@ pub struct HeaderInfo {
     pub affine: Affine,
     /// Which of "sform", "qform", "pixdim" the affine came from.
     pub affine_source: &'static str,
+    /// Why the header's preferred transform was passed over for `affine_source`, if it was
+    /// (an unusable sform with a usable qform): shown as a warning and kept in the entry.
+    pub affine_warning: Option<String>,
     pub qform_code: i16,
     pub sform_code: i16,
     /// Datatype name, e.g. "int16".
@@ -208,7 +211,8 @@ pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<Heade
         raw.scl_slope = 0.0;
         raw.scl_inter = 0.0;
     }
-    let (affine, affine_source) = header_affine(&raw, spacing);
+    let (affine, affine_source, affine_warning) =
+        header_affine(&raw, spacing).map_err(|m| Error::nifti(path, m))?;
     if !affine.is_finite() {
         return Err(Error::nifti(
             path,
@@ -227,6 +231,7 @@ pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<Heade
         spacing_xyz: spacing,
         affine,
         affine_source,
+        affine_warning,
         qform_code: raw.qform_code,
         sform_code: raw.sform_code,
         datatype,
@@ -245,9 +250,31 @@ pub fn f32_to_f64_decimal(v: f32) -> f64 {
     format!("{v}").parse().unwrap_or(v as f64)
 }
 
-/// The voxel-to-world affine per the NIfTI-1 rules (sform first, then qform, then pixdim),
-/// computed here because the nifti crate's qform helper panics on some legal headers.
-fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
+/// The 3x3 part of an affine is a usable grid: finite, and no axis collapsed onto the others
+/// (|det| above 1e-6 of the product of the column lengths).
+fn usable(a: &Affine) -> std::result::Result<(), &'static str> {
+    if !a.is_finite() {
+        return Err("holds NaN or infinite numbers");
+    }
+    let m = &a.0;
+    let det = m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+        - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+        + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+    let scale: f64 = a.column_norms().iter().product();
+    if scale == 0.0 || det.abs() <= 1e-6 * scale {
+        return Err("is singular (its axes do not span 3-D space)");
+    }
+    Ok(())
+}
+
+/// The voxel-to-world affine per the NIfTI-1 rules as nibabel applies them: the sform when
+/// its code is set, else the qform when its code is set, else the pixdim diagonal. An unusable
+/// sform falls back to a usable qform with a warning (the third value); an unusable transform
+/// with nothing to fall back on, and a qform quaternion that is not a rotation, are refused.
+/// Computed here because the nifti crate's qform helper panics on some legal headers.
+type HeaderAffine = (Affine, &'static str, Option<String>);
+fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> std::result::Result<HeaderAffine, String> {
+    let mut warning = None;
     if h.sform_code > 0 {
         let mut m = [[0.0; 4]; 4];
         for (r, row) in [h.srow_x, h.srow_y, h.srow_z].iter().enumerate() {
@@ -257,14 +284,32 @@ fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
         }
         m[3][3] = 1.0;
         let a = Affine(m);
-        // A sform of all zeros is a broken header; fall through to qform.
-        if a.column_norms().iter().all(|&n| n > 0.0) {
-            return (a, "sform");
+        match usable(&a) {
+            Ok(()) => return Ok((a, "sform", None)),
+            Err(why) if h.qform_code > 0 => {
+                warning = Some(format!(
+                    "the sform (code {}) {why}: the qform (code {}) is used instead",
+                    h.sform_code, h.qform_code
+                ));
+            }
+            Err(why) => {
+                return Err(format!(
+                    "the sform (code {}) {why}, and there is no qform to fall back on (qform_code 0): fix the header's srow_x/y/z",
+                    h.sform_code
+                ))
+            }
         }
     }
     if h.qform_code > 0 {
         let (b, c, d) = (h.quatern_b as f64, h.quatern_c as f64, h.quatern_d as f64);
-        let a = (1.0 - (b * b + c * c + d * d)).max(0.0).sqrt();
+        let bcd = b * b + c * c + d * d;
+        // nibabel's tolerance: a rounding error of a few float32 ulps, no more.
+        if !bcd.is_finite() || bcd > 1.0 + 3.0 * f32::EPSILON as f64 {
+            return Err(format!(
+                "the qform quaternion (b, c, d) = ({b}, {c}, {d}) has b²+c²+d² = {bcd} > 1: it is not a rotation (nibabel refuses it too)"
+            ));
+        }
+        let a = (1.0 - bcd).max(0.0).sqrt();
         let r = [
             [
                 a * a + b * b - c * c - d * d,
@@ -294,7 +339,7 @@ fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> (Affine, &'static str) {
         m[1][3] = f32_to_f64_decimal(h.quatern_y);
         m[2][3] = f32_to_f64_decimal(h.quatern_z);
         m[3][3] = 1.0;
-        return (Affine(m), "qform");
+        return Ok((Affine(m), "qform", warning));
     }
-    (Affine::diagonal(spacing), "pixdim")
+    Ok((Affine::diagonal(spacing), "pixdim", None))
 }
