@@ -9,6 +9,22 @@ use std::process::Command;
 use common::fixtures::{build_report, bundled_data, entry_dirs, prep, stderr};
 use common::{tree_hashes, write_case, Nii};
 
+/// The failed cases of a build report: id -> error message.
+fn failures(r: &serde_json::Value) -> std::collections::BTreeMap<String, String> {
+    r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outcome"]["status"] == "failed")
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["outcome"]["error"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 fn count(report: &serde_json::Value, what: &str) -> u64 {
     report[what].as_u64().unwrap_or(u64::MAX)
 }
@@ -272,18 +288,7 @@ fn bad_cases_fail_alone_with_the_file_named() {
         "{}",
         stderr(&o)
     );
-    let errors: std::collections::BTreeMap<String, String> = r["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["outcome"]["status"] == "failed")
-        .map(|c| {
-            (
-                c["id"].as_str().unwrap().to_string(),
-                c["outcome"]["error"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let errors = failures(&r);
     let expect = [
         ("trunc", "trunc_0000.nii.gz", "truncated"),
         ("shape", "shape", "voxels"),
@@ -600,18 +605,7 @@ fn discovery_problems_fail_their_case_not_the_job() {
     let (o, r) = build_report(&data, &cache, &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(count(&r, "built"), 3, "{r}");
-    let failed: Vec<(String, String)> = r["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["outcome"]["status"] == "failed")
-        .map(|c| {
-            (
-                c["id"].as_str().unwrap().to_string(),
-                c["outcome"]["error"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let failed = failures(&r);
     let find = |id: &str| {
         failed
             .iter()
