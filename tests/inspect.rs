@@ -840,3 +840,125 @@ fn a_lost_manifest_is_an_error_and_a_killed_manifest_write_is_swept() {
     let (o, _) = inspect_json(&cache, &["--verify"]);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// A fresh two-case cache; returns it with the manifest parsed.
+fn two_case_cache(t: &Path) -> (PathBuf, Value) {
+    let data = t.join("ds");
+    write_case(&data, "a", [12, 10, 4], [1.0, 1.0, 2.0], 1);
+    write_case(&data, "b", [14, 10, 5], [1.0, 1.0, 2.0], 2);
+    let cache = t.join("cache");
+    build(&data, &cache, &["--chunk", "4,8,8"]);
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(cache.join("manifest.json")).unwrap()).unwrap();
+    (cache, m)
+}
+
+fn write_manifest(cache: &Path, m: &Value) {
+    std::fs::write(cache.join("manifest.json"), m.to_string()).unwrap();
+}
+
+/// The error problems of `inspect --verify`, as "kind: message" lines; the exit status must
+/// say damage was found.
+fn verify_errors(cache: &Path) -> String {
+    let (o, r) = inspect_json(cache, &["--verify"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    r["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["severity"] == "error")
+        .map(|p| format!("{}: {}", p["kind"], p["message"]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn verify_catches_manifest_and_entry_tampering() {
+    let t = tempfile::tempdir().unwrap();
+    let (cache, good) = two_case_cache(t.path());
+    let ds = good["datasets"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    // Entries swapped between the cases.
+    let a = good["datasets"][&ds]["cases"]["a"].clone();
+    let b = good["datasets"][&ds]["cases"]["b"].clone();
+    let mut m = good.clone();
+    m["datasets"][&ds]["cases"]["a"] = b;
+    m["datasets"][&ds]["cases"]["b"] = a.clone();
+    write_manifest(&cache, &m);
+    let e = verify_errors(&cache);
+    assert!(e.contains("swapped"), "{e}");
+
+    // A manifest shape that lies.
+    let mut m = good.clone();
+    m["datasets"][&ds]["cases"]["a"]["out_shape_zyx"] = serde_json::json!([1, 2, 3]);
+    write_manifest(&cache, &m);
+    let e = verify_errors(&cache);
+    assert!(e.contains("[1, 2, 3]"), "{e}");
+
+    // Entry paths that leave the cache.
+    for bad in ["../elsewhere", "/etc"] {
+        let mut m = good.clone();
+        m["datasets"][&ds]["cases"]["a"]["entry"] = bad.into();
+        write_manifest(&cache, &m);
+        let e = verify_errors(&cache);
+        assert!(e.contains("manifest"), "{bad}: {e}");
+    }
+    write_manifest(&cache, &good);
+    let (o, _) = inspect_json(&cache, &["--verify"]);
+    assert!(o.status.success(), "restored: {}", text(&o));
+
+    // A chunk replaced by a link to a copy outside the cache.
+    let entry = cache.join(a["entry"].as_str().unwrap());
+    let chunk = walk(&entry.join("image"))
+        .into_iter()
+        .find(|p| p.is_file() && !p.ends_with("zarr.json"))
+        .unwrap();
+    let outside = t.path().join("outside");
+    std::fs::copy(&chunk, &outside).unwrap();
+    std::fs::remove_file(&chunk).unwrap();
+    std::os::unix::fs::symlink(&outside, &chunk).unwrap();
+    let e = verify_errors(&cache);
+    assert!(e.contains("symbolic link"), "{e}");
+    std::fs::remove_file(&chunk).unwrap();
+    std::fs::copy(&outside, &chunk).unwrap();
+
+    // A foreground row listed twice, and one moved onto background.
+    let fg_chunk = walk(&entry.join("fg"))
+        .into_iter()
+        .find(|p| p.is_file() && !p.ends_with("zarr.json"))
+        .unwrap();
+    let rows = std::fs::read(&fg_chunk).unwrap();
+    assert!(rows.len() >= 32, "the test needs two rows");
+    let mut dup = rows.clone();
+    dup.copy_within(0..16, 16);
+    std::fs::write(&fg_chunk, &dup).unwrap();
+    let e = verify_errors(&cache);
+    assert!(e.contains("twice"), "{e}");
+    let mut moved = rows.clone();
+    moved[4..16].fill(0); // voxel (0, 0, 0): background in these cases
+    std::fs::write(&fg_chunk, &moved).unwrap();
+    let e = verify_errors(&cache);
+    assert!(e.contains("holds label 0"), "{e}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}

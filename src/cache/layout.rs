@@ -50,6 +50,11 @@ impl CacheDir {
         self.entries_dir().join(&key[..2]).join(key)
     }
 
+    /// The entry path for a key that looks like one (hex, at least 2 characters), else `None`.
+    pub fn entry_rel_checked(key: &str) -> Option<String> {
+        (key.len() >= 2 && key.bytes().all(|b| b.is_ascii_hexdigit())).then(|| Self::entry_rel(key))
+    }
+
     /// The entry path relative to the root, as the manifest records it.
     pub fn entry_rel(key: &str) -> String {
         format!("entries/{}/{}", &key[..2], key)

@@ -155,6 +155,38 @@ fn decoded_bytes(m: &EntryMeta) -> u64 {
     voxels * (image + label) + m.fg_rows * 16
 }
 
+/// Nothing inside an entry may be a symbolic link: a link can point outside the cache, and
+/// readers would follow it.
+fn check_no_links(root: &Path, m: &EntryMeta) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut stack = vec![m.dir.clone()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&p)
+                .map(|t| t.display().to_string())
+                .unwrap_or_else(|_| "?".into());
+            out.push(
+                Problem::error(
+                    "metadata",
+                    format!("a symbolic link (to {target}) inside a cache entry: the cache holds its own files"),
+                )
+                .case(&m.case_id)
+                .path(rel_path(root, &p)),
+            );
+            continue;
+        }
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    out
+}
+
 /// Check that the arrays' own zarr.json files parse (cheap; `--verify` opens them for real).
 fn check_array_metadata(root: &Path, m: &EntryMeta) -> Vec<Problem> {
     let mut arrays = vec!["image"];
@@ -206,13 +238,33 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
     }
     let parsed: Vec<Found<EntryMeta>> = dirs.par_iter().map(|d| read_entry(root, d)).collect();
 
-    // Which datasets refer to which key.
+    // Which datasets refer to which key, and what they say the entry holds.
     let mut refs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut claims: BTreeMap<String, Vec<(String, String, [usize; 3])>> = BTreeMap::new();
     let mut datasets = Vec::new();
     for (name, d) in manifest.iter().flat_map(|m| m.datasets.iter()) {
         let mut missing = Vec::new();
         for (case, c) in &d.cases {
             refs.entry(c.key.clone()).or_default().push(name.clone());
+            claims.entry(c.key.clone()).or_default().push((
+                name.clone(),
+                case.clone(),
+                c.out_shape_zyx,
+            ));
+            if c.entry != CacheDir::entry_rel_checked(&c.key).unwrap_or_default() {
+                problems.push(
+                    Problem::error(
+                        "manifest",
+                        format!(
+                            "dataset {name} places entry {} at {:?}, not where its key puts it",
+                            short_key(&c.key),
+                            c.entry
+                        ),
+                    )
+                    .case(case)
+                    .path("manifest.json"),
+                );
+            }
             let there = entry_dir(root, &c.key).is_some_and(|p| p.join("zarr.json").is_file());
             if !there {
                 missing.push(case.clone());
@@ -275,6 +327,40 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
             );
         }
         problems.extend(check_array_metadata(root, &m));
+        problems.extend(check_no_links(root, &m));
+        for (name, case, shape) in folder
+            .as_ref()
+            .and_then(|f| claims.get(f))
+            .into_iter()
+            .flatten()
+        {
+            if *case != m.case_id {
+                problems.push(
+                    Problem::error(
+                        "manifest",
+                        format!(
+                            "dataset {name} files case {case} under this entry, which holds case {}: entries swapped or edited",
+                            m.case_id
+                        ),
+                    )
+                    .case(case)
+                    .path(m.rel.clone()),
+                );
+            }
+            if *shape != m.shape_zyx {
+                problems.push(
+                    Problem::error(
+                        "manifest",
+                        format!(
+                            "dataset {name} says the entry is {shape:?} voxels (z, y, x); it is {:?}",
+                            m.shape_zyx
+                        ),
+                    )
+                    .case(case)
+                    .path("manifest.json"),
+                );
+            }
+        }
         let names = folder
             .as_ref()
             .and_then(|f| refs.get(f))

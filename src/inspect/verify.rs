@@ -11,6 +11,7 @@ use zarrs::array::Array;
 
 use super::entry_meta::EntryMeta;
 use super::{rel_path, Problem};
+use crate::cache::reader::EntryReader;
 use crate::cache::store::{open_readable, ReadStore};
 use crate::format::{ArrayLayout, ChunkChecksums, Dtype, CHECKSUMS_FILE, FG_ARRAY};
 
@@ -320,6 +321,11 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         }
     }
 
+    // Foreground rows are checked against the label only when the label itself verified.
+    let label_ok = acc
+        .problems
+        .iter()
+        .all(|p| p.array.as_deref() != Some(crate::format::LABEL_ARRAY));
     if m.fg_rows > 0 {
         let fg = Array::open(store.clone(), &format!("/{FG_ARRAY}"))
             .map_err(|e| e.to_string())
@@ -329,7 +335,15 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                     .map_err(|e| e.to_string())
             });
         match fg {
-            Ok(rows) if rows.len() as u64 == m.fg_rows * 4 => {}
+            Ok(rows) if rows.len() as u64 == m.fg_rows * 4 => {
+                let checked = if label_ok { check_fg_rows(m) } else { Ok(()) };
+                if let Err(msg) = checked {
+                    acc.other(
+                        Problem::error("corrupt-chunk", msg)
+                            .path(rel_path(root, &m.dir.join(FG_ARRAY))),
+                    );
+                }
+            }
             Ok(rows) => acc.other(
                 Problem::error(
                     "corrupt-chunk",
@@ -348,4 +362,31 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         }
     }
     acc.done()
+}
+
+/// Every foreground row names a voxel of its class: inside the volume, no voxel twice, and
+/// the label there holds that class (what the sampler trusts when it centres a patch).
+fn check_fg_rows(m: &EntryMeta) -> Result<(), String> {
+    let entry = EntryReader::open(&m.dir).map_err(|e| e.to_string())?;
+    for class in entry.classes() {
+        let coords = entry.fg_coords(class).map_err(|e| e.to_string())?;
+        let mut seen = std::collections::HashSet::with_capacity(coords.len());
+        let mut label = [0u16; 1];
+        for p in coords {
+            if !seen.insert(p) {
+                return Err(format!("class {class}: voxel {p:?} is listed twice"));
+            }
+            let at = [p[0] as i64, p[1] as i64, p[2] as i64];
+            entry
+                .read_label(at, [1, 1, 1], &mut label)
+                .map_err(|e| e.to_string())?;
+            if label[0] != class {
+                return Err(format!(
+                    "class {class}: voxel {p:?} holds label {} in the label array",
+                    label[0]
+                ));
+            }
+        }
+    }
+    Ok(())
 }
