@@ -490,3 +490,82 @@ fn missing_and_foreign_caches_and_entries() {
         .unwrap();
     assert!(img.iter().all(|&v| v == 0.0));
 }
+
+/// The chunk files of an entry's array, sorted.
+fn chunk_files(entry: &Path, array: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![entry.join(array).join("c")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Read every box of a whole entry; the first error, if any.
+fn read_all(e: &EntryReader) -> Result<(), String> {
+    let s = e.shape_zyx();
+    let n: usize = s.iter().product();
+    let (mut img, mut lab) = (vec![0f32; n], vec![0u16; n]);
+    e.read_patch([0, 0, 0], s, &mut img, Some(&mut lab))
+        .map_err(|err| err.to_string())
+}
+
+#[test]
+fn a_chunk_that_differs_from_the_build_or_is_gone_is_refused_not_read() {
+    for layout in ["plain", "zstd"] {
+        let t = tempfile::tempdir().unwrap();
+        let copy = t.path().join("cache");
+        copy_tree(cache(layout), &copy);
+        let reader = CacheReader::open(&copy).unwrap();
+        let entries = open_entries(&reader);
+        let e = entries
+            .iter()
+            .max_by_key(|e| e.shape_zyx().iter().product::<usize>())
+            .unwrap();
+        let dir = e.dir().to_path_buf();
+        assert!(read_all(e).is_ok());
+        // A flipped byte in an image chunk.
+        let chunk = chunk_files(&dir, "image")[0].clone();
+        let good = std::fs::read(&chunk).unwrap();
+        let mut bad = good.clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0x40;
+        std::fs::write(&chunk, &bad).unwrap();
+        let fresh = || EntryReader::open(&dir).unwrap();
+        let err = read_all(&fresh()).unwrap_err();
+        assert!(
+            err.contains(&chunk.display().to_string())
+                && (err.contains("hash") || err.contains("decode") || err.contains("zarr")),
+            "{layout}: {err}"
+        );
+        std::fs::write(&chunk, &good).unwrap();
+        assert!(read_all(&fresh()).is_ok(), "{layout}: restored");
+        // A label chunk that held foreground, deleted: not read as background.
+        let labels = chunk_files(&dir, "label");
+        let gone = labels
+            .iter()
+            .find(|p| std::fs::read(p).unwrap().iter().any(|&b| b != 0) || layout == "zstd")
+            .unwrap()
+            .clone();
+        let kept = std::fs::read(&gone).unwrap();
+        std::fs::remove_file(&gone).unwrap();
+        let err = read_all(&fresh()).unwrap_err();
+        assert!(err.contains("missing"), "{layout}: {err}");
+        std::fs::write(&gone, &kept).unwrap();
+        // A chunk replaced by a link to a copy outside the cache.
+        let outside = t.path().join("outside");
+        std::fs::copy(&chunk, &outside).unwrap();
+        std::fs::remove_file(&chunk).unwrap();
+        std::os::unix::fs::symlink(&outside, &chunk).unwrap();
+        let err = read_all(&fresh()).unwrap_err();
+        assert!(err.contains("symbolic link"), "{layout}: {err}");
+    }
+}

@@ -44,12 +44,12 @@ use std::sync::{Arc, OnceLock};
 
 use zarrs::array::{Array, ArraySubset};
 
-use self::array::{ravel, ArrayReader, Held};
+use self::array::{ravel, ArrayReader, Held, Recorded};
 pub use self::cache_reader::{CacheReader, CaseInfo};
 pub use self::chunk_cache::{ChunkCache, ChunkCacheStats, ReaderOptions};
 pub use self::sample::{Sample, StoredDtype};
 use crate::error::{Error, Result};
-use crate::format::{EntryAttrs, IMAGE_ARRAY, LABEL_ARRAY};
+use crate::format::{ChunkChecksums, EntryAttrs, IMAGE_ARRAY, LABEL_ARRAY};
 
 /// Rows ahead of the copy whose source is prefetched: rows are short (a patch's width) and
 /// 4 KiB pages apart every few rows, which hardware prefetchers do not cross.
@@ -146,7 +146,12 @@ impl EntryReader {
         let bad = |msg: String| Error::cache(&meta_path, msg);
         let shape = attrs.output.shape_zyx;
         let mmap = cache.options().mmap;
-        let image = ArrayReader::open(&dir, IMAGE_ARRAY, 0, shape, mmap)?;
+        // What the build recorded per block: a chunk that differs or is missing is refused.
+        let sums_path = dir.join(&attrs.chunk_checksums);
+        let sums_bytes = std::fs::read(&sums_path).map_err(|e| Error::io(&sums_path, e))?;
+        let sums = ChunkChecksums::from_json(&sums_path, &sums_bytes)?;
+        let mut image = ArrayReader::open(&dir, IMAGE_ARRAY, 0, shape, mmap)?;
+        image.set_recorded(Recorded::new(&sums, IMAGE_ARRAY, image.block_bytes()));
         if !matches!(image.dtype, StoredDtype::Float32 | StoredDtype::Float16) {
             return Err(bad(format!(
                 "image data type {} (expected float32 or float16)",
@@ -156,7 +161,8 @@ impl EntryReader {
         let label = match &attrs.label {
             None => None,
             Some(info) => {
-                let l = ArrayReader::open(&dir, LABEL_ARRAY, 1, shape, mmap)?;
+                let mut l = ArrayReader::open(&dir, LABEL_ARRAY, 1, shape, mmap)?;
+                l.set_recorded(Recorded::new(&sums, LABEL_ARRAY, l.block_bytes()));
                 if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16)
                     || l.dtype != info.dtype
                 {

@@ -13,7 +13,7 @@ use zarrs::array::{
 use super::sample::StoredDtype;
 use crate::cache::store::ReadStore;
 use crate::error::{Error, Result};
-use crate::format::{ArrayLayout, Encoding};
+use crate::format::{ArrayLayout, ChunkChecksums, Encoding};
 
 /// An inner chunk that a shard does not hold (all fill value).
 const EMPTY: u64 = u64::MAX;
@@ -97,6 +97,26 @@ pub(crate) struct ArrayReader {
     pub(crate) block_grid: [usize; 3],
     layout: ArrayLayout,
     pub(crate) source: Source,
+    /// What the build recorded per write block (`voxcache_chunks.json`), to refuse a missing
+    /// or altered chunk instead of reading zeros or wrong values.
+    recorded: Recorded,
+}
+
+/// The recorded hashes of one array's blocks, and the hash of an all-zero block.
+#[derive(Default)]
+pub(crate) struct Recorded {
+    pub(crate) hashes: std::collections::BTreeMap<String, String>,
+    pub(crate) zero: String,
+}
+
+impl Recorded {
+    /// The hashes of `array` in `sums`, for blocks of `block_bytes` decoded bytes.
+    pub(crate) fn new(sums: &ChunkChecksums, array: &str, block_bytes: usize) -> Self {
+        Recorded {
+            hashes: sums.of(array).cloned().unwrap_or_default(),
+            zero: ChunkChecksums::hash(&vec![0u8; block_bytes]),
+        }
+    }
 }
 
 pub(crate) fn ravel(idx: [usize; 3], dims: [usize; 3]) -> usize {
@@ -180,7 +200,54 @@ impl ArrayReader {
             block_grid: layout.block_grid(),
             layout,
             source,
+            recorded: Recorded::default(),
         })
+    }
+
+    /// Bytes of one write block (chunk, or whole shard) decoded, as the checksums hash them.
+    pub(crate) fn block_bytes(&self) -> usize {
+        self.layout.block.iter().product::<usize>() * self.dtype.size()
+    }
+
+    /// Check blocks against what the build recorded from now on.
+    pub(crate) fn set_recorded(&mut self, recorded: Recorded) {
+        self.recorded = recorded;
+    }
+
+    /// A block whose file is absent: fine when the build recorded it as all fill value (zarr
+    /// does not write those), an error when it held data.
+    fn absent(&self, b: [usize; 3], path: &std::path::Path) -> Result<()> {
+        let name = ChunkChecksums::block_name(b.map(|v| v as u64));
+        match self.recorded.hashes.get(&name) {
+            Some(h) if *h != self.recorded.zero => Err(Error::cache(
+                path,
+                format!(
+                    "{} block {name} is missing, but the build wrote data there: the cache is damaged (prep inspect --verify lists all)",
+                    self.name
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A block's decoded bytes against the recorded hash.
+    fn check_hash(&self, b: [usize; 3], bytes: &[u8], path: &std::path::Path) -> Result<()> {
+        let name = ChunkChecksums::block_name(b.map(|v| v as u64));
+        let got = ChunkChecksums::hash(bytes);
+        match self.recorded.hashes.get(&name) {
+            Some(want) if *want == got => Ok(()),
+            Some(want) => Err(Error::cache(
+                path,
+                format!(
+                    "{} block {name}: content hash {got} differs from the recorded {want}: the chunk is corrupt (prep inspect --verify lists all)",
+                    self.name
+                ),
+            )),
+            None => Err(Error::cache(
+                path,
+                format!("{} block {name} has no recorded checksum", self.name),
+            )),
+        }
     }
 
     /// The file holding block (chunk or shard) `b`.
@@ -208,11 +275,22 @@ impl ArrayReader {
             return Err(Error::cache(&self.dir, "array is not memory-mapped"));
         };
         let path = self.block_path(b);
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // Never follow a link: a cache holds its own files, and a link may lead anywhere.
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(Error::cache(
+                    &path,
+                    "a symbolic link inside a cache entry: refused (the cache holds its own files)",
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.absent(b, &path)?;
+                return Ok(None);
+            }
             Err(e) => return Err(Error::io(&path, e)),
-        };
+        }
+        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
         let [cz, cy, cx] = self.chunk;
         let what = format!("{cz}x{cy}x{cx} {}", self.dtype.name());
@@ -313,6 +391,11 @@ impl ArrayReader {
                 Some(offsets.into_boxed_slice())
             }
         };
+        if inner.is_none() {
+            // A plain chunk file is its block's decoded bytes: check them once, when mapped.
+            // (Shards hash the assembled block; `prep inspect --verify` checks those.)
+            self.check_hash(b, &map, &path)?;
+        }
         Ok(Some(MappedBlock { map, inner }))
     }
 
@@ -326,6 +409,19 @@ impl ArrayReader {
         };
         let path = || self.block_path(self.block_of(c).0);
         let idx = [c[0] as u64, c[1] as u64, c[2] as u64];
+        // Unsharded, a chunk is a write block: a missing file must be a recorded fill block.
+        let unsharded = self.per_block == [1, 1, 1];
+        if unsharded {
+            let p = path();
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => return Err(Error::cache(
+                    &p,
+                    "a symbolic link inside a cache entry: refused (the cache holds its own files)",
+                )),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.absent(c, &p)?,
+                _ => {}
+            }
+        }
         let bytes = array
             .retrieve_subchunk_opt::<ArrayBytes<'static>>(shards, &idx, &CodecOptions::default())
             .map_err(|e| Error::zarr(path(), e))?;
@@ -356,6 +452,9 @@ impl ArrayReader {
             for e in bytes.chunks_exact_mut(es) {
                 e.reverse();
             }
+        }
+        if unsharded && dims == full && bytes.len() == self.block_bytes() {
+            self.check_hash(c, &bytes, &path())?;
         }
         Ok(Decoded { bytes, dims })
     }
