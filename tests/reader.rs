@@ -569,3 +569,34 @@ fn a_chunk_that_differs_from_the_build_or_is_gone_is_refused_not_read() {
         assert!(err.contains("symbolic link"), "{layout}: {err}");
     }
 }
+
+#[test]
+fn an_entry_reached_by_a_link_or_filed_under_another_case_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let copy = t.path().join("cache");
+    copy_tree(cache("plain"), &copy);
+    let reader = CacheReader::open(&copy).unwrap();
+    let ds = reader.datasets()[0].to_string();
+    let cases = reader.cases(&ds).unwrap();
+    let (a, b) = (&cases[0], &cases[1]);
+    assert!(reader.open_entry(&ds, &a.case_id).is_ok());
+    // The entry folder moved outside the cache and linked back in.
+    let outside = t.path().join("outside");
+    std::fs::rename(&a.entry_dir, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &a.entry_dir).unwrap();
+    let err = reader.open_entry(&ds, &a.case_id).unwrap_err().to_string();
+    assert!(err.contains("symbolic link"), "{err}");
+    std::fs::remove_file(&a.entry_dir).unwrap();
+    std::fs::rename(&outside, &a.entry_dir).unwrap();
+    // Two cases' entries swapped in the manifest.
+    let path = copy.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let cs = &mut m["datasets"][&ds]["cases"];
+    let (ea, eb) = (cs[&a.case_id].clone(), cs[&b.case_id].clone());
+    cs[&a.case_id] = eb;
+    cs[&b.case_id] = ea;
+    std::fs::write(&path, m.to_string()).unwrap();
+    let reader = CacheReader::open(&copy).unwrap();
+    let err = reader.open_entry(&ds, &a.case_id).unwrap_err().to_string();
+    assert!(err.contains("swapped"), "{err}");
+}

@@ -84,6 +84,7 @@ struct EntryInner {
     serial: u64,
     dir: PathBuf,
     case_id: Option<String>,
+    key: String,
     shape: [usize; 3],
     image: ArrayReader,
     label: Option<ArrayReader>,
@@ -194,6 +195,7 @@ impl EntryReader {
             inner: Arc::new(EntryInner {
                 serial: NEXT_ENTRY.fetch_add(1, Ordering::Relaxed),
                 case_id: Some(attrs.case_id.clone()),
+                key: attrs.key.clone(),
                 dir,
                 shape,
                 image,
@@ -209,6 +211,11 @@ impl EntryReader {
     /// The entry folder.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// The content key recorded in the entry.
+    pub fn key(&self) -> &str {
+        &self.inner.key
     }
 
     /// The case id recorded in the entry.

@@ -120,7 +120,25 @@ impl CacheReader {
             .collect()
     }
 
-    /// Open the entry of one case.
+    /// An entry folder must be a real folder inside the cache, reached by no symbolic link.
+    fn check_inside(&self, dir: &Path) -> Result<()> {
+        let mut p = self.root.clone();
+        let rel = dir.strip_prefix(&self.root).unwrap_or(dir);
+        for part in rel.components() {
+            p.push(part);
+            let linked = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink());
+            if linked {
+                return Err(Error::cache(
+                    &p,
+                    "a symbolic link inside the cache: refused (an entry must be the cache's own folder)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Open the entry of one case: inside the cache, reached by no link, and holding the case
+    /// and key the manifest says.
     pub fn open_entry(&self, dataset: &str, case_id: &str) -> Result<EntryReader> {
         let case = self
             .cases(dataset)?
@@ -132,7 +150,19 @@ impl CacheReader {
                     format!("no case {case_id:?} in dataset {dataset:?}"),
                 )
             })?;
+        self.check_inside(&case.entry_dir)?;
         let entry = EntryReader::open_with(&case.entry_dir, &self.cache)?;
+        if entry.case_id() != Some(case_id) || entry.key() != case.key {
+            return Err(Error::cache(
+                &case.entry_dir,
+                format!(
+                    "the manifest files case {case_id} (key {}) here, but the entry holds case {} (key {}): entries swapped or edited",
+                    &case.key[..case.key.len().min(8)],
+                    entry.case_id().unwrap_or("?"),
+                    &entry.key()[..entry.key().len().min(8)]
+                ),
+            ));
+        }
         if entry.shape_zyx() != case.shape_zyx {
             return Err(Error::cache(
                 &case.entry_dir,
