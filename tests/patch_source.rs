@@ -142,3 +142,25 @@ fn the_loader_reads_any_patch_source() {
     }
     assert!(forced_on_fg > 0);
 }
+
+#[test]
+fn a_non_finite_image_value_is_an_error_naming_the_case() {
+    let mut bad = InMemory::new("broken", [4, 8, 8], [1, 2, 2], [3, 6, 6]);
+    bad.image.iter_mut().for_each(|v| *v = f32::NAN);
+    let cases = vec![bad];
+    let sampler = Sampler::new(&cases, Vec::new(), SamplerConfig::new([4, 8, 8], 2, 3)).unwrap();
+    let cfg = LoaderConfig {
+        workers: 1,
+        queue_depth: 1,
+        augment: AugmentConfig::none(),
+    };
+    let mut loader = Loader::start(cases, sampler, cfg, 0).unwrap();
+    let Err(err) = loader.next() else {
+        panic!("a NaN patch was served")
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("broken") && err.contains("non-finite"),
+        "{err}"
+    );
+}

@@ -319,6 +319,17 @@ fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Ba
                     ),
                 )
             })?;
+        // The build refuses non-finite voxels, so one here is damage (in a shard, which is
+        // not hashed on read): name it here rather than as a non-finite loss later.
+        if let Some(k) = img.iter().position(|v| !v.is_finite()) {
+            return Err(Error::case(
+                case_name(entry),
+                format!(
+                    "batch {step}, sample {i}: the box at {:?} of size {patch:?} holds a non-finite image value (element {k}): the cache is damaged (prep inspect --verify)",
+                    c.start_zyx
+                ),
+            ));
+        }
         let mut rng = Rng::derive(cfg.seed, &[AUGMENT_STREAM, step, i as u64]);
         augment(img, lab, patch, &job.augment, &mut rng);
     }
