@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::fixtures::{build, entry_dirs, prep, prep_in, text};
+use common::fixtures::{build, entry_dirs, files_under, prep, prep_in, text};
 use common::{tree_hashes, write_case, Nii};
 use serde_json::Value;
 
@@ -231,22 +231,6 @@ fn an_explicit_spacing_answers_what_if_and_still_shows_auto() {
         "{out}"
     );
     assert!(out.contains("auto would choose: 1x1x2 by median:"), "{out}");
-}
-
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            if e.path().is_dir() {
-                stack.push(e.path());
-            } else {
-                out.push(e.path());
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 fn flip_middle_byte(p: &Path) {
@@ -914,7 +898,7 @@ fn verify_catches_manifest_and_entry_tampering() {
 
     // A chunk replaced by a link to a copy outside the cache.
     let entry = cache.join(a["entry"].as_str().unwrap());
-    let chunk = walk(&entry.join("image"))
+    let chunk = files_under(&entry.join("image"))
         .into_iter()
         .find(|p| p.is_file() && !p.ends_with("zarr.json"))
         .unwrap();
@@ -928,7 +912,7 @@ fn verify_catches_manifest_and_entry_tampering() {
     std::fs::copy(&outside, &chunk).unwrap();
 
     // A foreground row listed twice, and one moved onto background.
-    let fg_chunk = walk(&entry.join("fg"))
+    let fg_chunk = files_under(&entry.join("fg"))
         .into_iter()
         .find(|p| p.is_file() && !p.ends_with("zarr.json"))
         .unwrap();
@@ -944,21 +928,4 @@ fn verify_catches_manifest_and_entry_tampering() {
     std::fs::write(&fg_chunk, &moved).unwrap();
     let e = verify_errors(&cache);
     assert!(e.contains("holds label 0"), "{e}");
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }

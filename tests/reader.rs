@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::fixtures::{bits, build, bundled_cache, copy_tree, open_entries};
+use common::fixtures::{bits, build, bundled_cache, copy_tree, files_under, open_entries};
 use common::probe::{assert_probe_sees_an_allocation, vm_rss_kib};
 use common::Lcg;
 use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
@@ -493,20 +493,7 @@ fn missing_and_foreign_caches_and_entries() {
 
 /// The chunk files of an entry's array, sorted.
 fn chunk_files(entry: &Path, array: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![entry.join(array).join("c")];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    files_under(&entry.join(array).join("c"))
 }
 
 /// Read every box of a whole entry; the first error, if any.

@@ -153,3 +153,21 @@ pub fn copy_tree(from: &Path, to: &Path) {
 pub fn bits(v: impl IntoIterator<Item = f64>) -> Vec<u64> {
     v.into_iter().map(f64::to_bits).collect()
 }
+
+/// Every file under `dir` (recursively), sorted; none when `dir` does not exist.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -224,23 +224,12 @@ pub fn write_case(dir: &Path, id: &str, shape: [usize; 3], spacing: [f32; 3], se
 
 /// blake3 of every file under `dir`, by relative path.
 pub fn tree_hashes(dir: &Path) -> std::collections::BTreeMap<String, String> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().to_string();
-                out.insert(
-                    rel,
-                    blake3::hash(&std::fs::read(&p).unwrap())
-                        .to_hex()
-                        .to_string(),
-                );
-            }
-        }
-    }
-    out
+    fixtures::files_under(dir)
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().to_string();
+            let hash = blake3::hash(&std::fs::read(&p).unwrap());
+            (rel, hash.to_hex().to_string())
+        })
+        .collect()
 }
