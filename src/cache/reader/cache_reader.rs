@@ -157,9 +157,9 @@ impl CacheReader {
                 &case.entry_dir,
                 format!(
                     "the manifest files case {case_id} (key {}) here, but the entry holds case {} (key {}): entries swapped or edited",
-                    &case.key[..case.key.len().min(8)],
+                    short(&case.key),
                     entry.case_id().unwrap_or("?"),
-                    &entry.key()[..entry.key().len().min(8)]
+                    short(entry.key())
                 ),
             ));
         }
@@ -175,4 +175,10 @@ impl CacheReader {
         }
         Ok(entry)
     }
+}
+
+/// The first 8 characters of a key, for messages (by character: a tampered manifest may hold
+/// any text, and slicing bytes could split one).
+fn short(key: &str) -> String {
+    key.chars().take(8).collect()
 }
