@@ -5,6 +5,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::resample::VoxelRead;
 
 /// How image intensities are normalized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,50 +180,79 @@ struct PieceStats {
 /// Statistics of an image in one parallel sweep; also counts NaN/infinite voxels (which make
 /// the moments meaningless: callers refuse such images).
 pub fn intensity_stats(data: &[f32]) -> IntensityStats {
-    let pieces: Vec<PieceStats> = data
-        .par_chunks(PIECE)
-        .map(|c| {
-            let (mut min, mut max, mut nonfinite) = (f32::INFINITY, f32::NEG_INFINITY, 0u64);
-            for &v in c {
-                if v.is_finite() {
-                    min = min.min(v);
-                    max = max.max(v);
-                } else {
-                    nonfinite += 1;
+    let mut acc = IntensityAccumulator::default();
+    acc.add(data);
+    acc.finish()
+}
+
+/// [`intensity_stats`] over a volume handed over in blocks, in order: every block but the last
+/// must hold a whole number of pieces (2^16 voxels), and then the result is the same, bit for
+/// bit, as for the whole volume at once.
+#[derive(Clone, Copy, Debug)]
+pub struct IntensityAccumulator {
+    total: PieceStats,
+}
+
+impl Default for IntensityAccumulator {
+    fn default() -> Self {
+        IntensityAccumulator {
+            total: PieceStats {
+                min: f32::INFINITY,
+                max: f32::NEG_INFINITY,
+                nonfinite: 0,
+                all: Moments::default(),
+                nonzero: Moments::default(),
+            },
+        }
+    }
+}
+
+impl IntensityAccumulator {
+    /// Add the next block of voxels.
+    pub fn add(&mut self, data: &[f32]) {
+        let pieces: Vec<PieceStats> = data
+            .par_chunks(PIECE)
+            .map(|c| {
+                let (mut min, mut max, mut nonfinite) = (f32::INFINITY, f32::NEG_INFINITY, 0u64);
+                for &v in c {
+                    if v.is_finite() {
+                        min = min.min(v);
+                        max = max.max(v);
+                    } else {
+                        nonfinite += 1;
+                    }
                 }
-            }
-            PieceStats {
-                min,
-                max,
-                nonfinite,
-                all: Moments::of(c, |v| v.is_finite()),
-                nonzero: Moments::of(c, |v| v != 0.0 && v.is_finite()),
-            }
-        })
-        .collect();
-    let first = PieceStats {
-        min: f32::INFINITY,
-        max: f32::NEG_INFINITY,
-        nonfinite: 0,
-        all: Moments::default(),
-        nonzero: Moments::default(),
-    };
-    let t = pieces.into_iter().fold(first, |a, b| PieceStats {
-        min: a.min.min(b.min),
-        max: a.max.max(b.max),
-        nonfinite: a.nonfinite + b.nonfinite,
-        all: a.all.merge(b.all),
-        nonzero: a.nonzero.merge(b.nonzero),
-    });
-    IntensityStats {
-        min: if t.all.n > 0 { t.min as f64 } else { 0.0 },
-        max: if t.all.n > 0 { t.max as f64 } else { 0.0 },
-        mean: t.all.mean,
-        std: t.all.std(),
-        nonzero_voxels: t.nonzero.n,
-        nonzero_mean: t.nonzero.mean,
-        nonzero_std: t.nonzero.std(),
-        nonfinite_voxels: t.nonfinite,
+                PieceStats {
+                    min,
+                    max,
+                    nonfinite,
+                    all: Moments::of(c, |v| v.is_finite()),
+                    nonzero: Moments::of(c, |v| v != 0.0 && v.is_finite()),
+                }
+            })
+            .collect();
+        self.total = pieces.into_iter().fold(self.total, |a, b| PieceStats {
+            min: a.min.min(b.min),
+            max: a.max.max(b.max),
+            nonfinite: a.nonfinite + b.nonfinite,
+            all: a.all.merge(b.all),
+            nonzero: a.nonzero.merge(b.nonzero),
+        });
+    }
+
+    /// The statistics of everything added.
+    pub fn finish(&self) -> IntensityStats {
+        let t = &self.total;
+        IntensityStats {
+            min: if t.all.n > 0 { t.min as f64 } else { 0.0 },
+            max: if t.all.n > 0 { t.max as f64 } else { 0.0 },
+            mean: t.all.mean,
+            std: t.all.std(),
+            nonzero_voxels: t.nonzero.n,
+            nonzero_mean: t.nonzero.mean,
+            nonzero_std: t.nonzero.std(),
+            nonfinite_voxels: t.nonfinite,
+        }
     }
 }
 
@@ -267,6 +297,14 @@ pub fn apply(data: &mut [f32], n: &AppliedNormalization) {
     if n.scheme == Normalization::None {
         return;
     }
+    data.par_chunks_mut(PIECE).for_each(|c| apply_run(c, n));
+}
+
+/// Apply in place to a short run, on this thread (rows read while resampling).
+fn apply_run(data: &mut [f32], n: &AppliedNormalization) {
+    if n.scheme == Normalization::None {
+        return;
+    }
     let (shift, inv) = (n.shift, 1.0 / n.scale);
     let (lo, hi) = n
         .clip
@@ -274,29 +312,83 @@ pub fn apply(data: &mut [f32], n: &AppliedNormalization) {
     let only_nonzero = n.only_nonzero;
     // f32 arithmetic with a select instead of a branch, so the loop vectorizes.
     let (lo, hi, shift, inv) = (lo as f32, hi as f32, shift as f32, inv as f32);
-    data.par_chunks_mut(PIECE).for_each(|c| {
-        for v in c.iter_mut() {
-            let out = (v.clamp(lo, hi) - shift) * inv;
-            *v = if only_nonzero && *v == 0.0 { 0.0 } else { out };
-        }
-    });
+    for v in data.iter_mut() {
+        let out = (v.clamp(lo, hi) - shift) * inv;
+        *v = if only_nonzero && *v == 0.0 { 0.0 } else { out };
+    }
+}
+
+/// A volume read through a normalization: what the cache writer resamples, so the input is
+/// normalized row by row as it is read instead of in a whole-volume copy.
+pub struct Normalized<'a, R: ?Sized> {
+    /// The raw input.
+    pub input: &'a R,
+    /// The transform applied to every value read.
+    pub applied: AppliedNormalization,
+}
+
+impl<R: VoxelRead + ?Sized> VoxelRead for Normalized<'_, R> {
+    fn read(&self, start: usize, out: &mut [f32]) -> Result<()> {
+        self.input.read(start, out)?;
+        apply_run(out, &self.applied);
+        Ok(())
+    }
 }
 
 /// Up to `max` foreground intensities of one image (label > 0), evenly strided so the result
 /// does not depend on thread timing: the CT scheme pools these over the dataset.
 pub fn sample_foreground(image: &[f32], is_fg: impl Fn(usize) -> bool, max: usize) -> Vec<f32> {
-    let fg: Vec<usize> = (0..image.len()).filter(|&i| is_fg(i)).collect();
-    if fg.is_empty() {
-        return Vec::new();
+    let total = (0..image.len()).filter(|&i| is_fg(i)).count();
+    let mut s = ForegroundSampler::new(total as u64, max);
+    s.add(image, is_fg);
+    s.finish()
+}
+
+/// [`sample_foreground`] over an image handed over in blocks, in order, once the number of
+/// foreground voxels is known (counted from the label first): the same values are picked.
+#[derive(Debug)]
+pub struct ForegroundSampler {
+    total: u64,
+    seen: u64,
+    step: f64,
+    pos: f64,
+    max: usize,
+    out: Vec<f32>,
+}
+
+impl ForegroundSampler {
+    /// A sample of at most `max` of `total` foreground voxels.
+    pub fn new(total: u64, max: usize) -> Self {
+        ForegroundSampler {
+            total,
+            seen: 0,
+            step: (total as f64 / max.max(1) as f64).max(1.0),
+            pos: 0.0,
+            max,
+            out: Vec::new(),
+        }
     }
-    let step = (fg.len() as f64 / max as f64).max(1.0);
-    let mut out = Vec::with_capacity(max.min(fg.len()));
-    let mut pos = 0.0f64;
-    while (pos as usize) < fg.len() && out.len() < max {
-        out.push(image[fg[pos as usize]]);
-        pos += step;
+
+    /// The next block of the image; `is_fg(i)` says whether its i-th voxel is foreground.
+    pub fn add(&mut self, image: &[f32], is_fg: impl Fn(usize) -> bool) {
+        for (i, &v) in image.iter().enumerate() {
+            if !is_fg(i) {
+                continue;
+            }
+            // The step is at least 1, so each foreground voxel is picked at most once.
+            if self.out.len() < self.max && (self.pos as u64) == self.seen && self.seen < self.total
+            {
+                self.out.push(v);
+                self.pos += self.step;
+            }
+            self.seen += 1;
+        }
     }
-    out
+
+    /// The picked intensities.
+    pub fn finish(self) -> Vec<f32> {
+        self.out
+    }
 }
 
 /// Dataset foreground statistics from pooled samples (percentiles by nearest rank).
@@ -350,6 +442,42 @@ mod tests {
         let mut w = v.clone();
         w[5] = f32::NAN;
         assert_eq!(intensity_stats(&w).nonfinite_voxels, 1);
+    }
+
+    #[test]
+    fn statistics_in_blocks_equal_statistics_in_one_go_bit_for_bit() {
+        let v: Vec<f32> = (0..(5 * PIECE + 123))
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.37 - 50.0 + (i % 7 == 0) as u8 as f32 * 1e4)
+            .collect();
+        let whole = intensity_stats(&v);
+        for block in [PIECE, 2 * PIECE, 4 * PIECE] {
+            let mut acc = IntensityAccumulator::default();
+            v.chunks(block).for_each(|b| acc.add(b));
+            assert_eq!(acc.finish(), whole, "blocks of {block}");
+        }
+    }
+
+    #[test]
+    fn foreground_samples_in_blocks_equal_the_direct_stride() {
+        let image: Vec<f32> = (0..50_000).map(|i| i as f32).collect();
+        let fg = |i: usize| i.is_multiple_of(3) || i.is_multiple_of(11);
+        for max in [1, 7, 1000, 100_000] {
+            // The stride written out: every step-th foreground voxel, at most `max`.
+            let idx: Vec<usize> = (0..image.len()).filter(|&i| fg(i)).collect();
+            let step = (idx.len() as f64 / max as f64).max(1.0);
+            let mut want = Vec::new();
+            let mut pos = 0.0f64;
+            while (pos as usize) < idx.len() && want.len() < max {
+                want.push(image[idx[pos as usize]]);
+                pos += step;
+            }
+            assert_eq!(sample_foreground(&image, fg, max), want, "max {max}");
+            let mut s = ForegroundSampler::new(idx.len() as u64, max);
+            for (k, b) in image.chunks(4096).enumerate() {
+                s.add(b, |i| fg(k * 4096 + i));
+            }
+            assert_eq!(s.finish(), want, "blocks, max {max}");
+        }
     }
 
     #[test]

@@ -254,20 +254,37 @@ pub fn plan_scanned(
     plan_cases(&rows, target, bpv)
 }
 
-/// Pool foreground intensities over the dataset for CT normalization.
-pub fn dataset_foreground(scanned: &[&ScannedCase]) -> Result<ForegroundStats> {
+/// Pool foreground intensities over the dataset for CT normalization. Each label is read once
+/// (kept as `source` says) to count its foreground, then its image streams past it.
+pub fn dataset_foreground(
+    scanned: &[&ScannedCase],
+    source: &nifti_io::SourceOptions,
+) -> Result<ForegroundStats> {
     let mut samples = Vec::new();
     for s in scanned {
         let Some(label_path) = &s.source.label else {
             continue;
         };
-        let image = nifti_io::read_volume(&s.source.image)?;
-        let label = nifti_io::read_volume(label_path)?;
-        samples.extend(normalize::sample_foreground(
-            &image.data,
-            |i| label.data[i] > 0.0,
-            10_000,
-        ));
+        let mut fg = 0u64;
+        let (label, _) = nifti_io::VoxelSource::open(label_path, source, &mut |b| {
+            fg += b.iter().filter(|&&v| v > 0.0).count() as u64;
+            Ok(())
+        })?;
+        if label.len() as u64 != s.image.voxel_count() {
+            return Err(Error::case(
+                &s.source.id,
+                "image and label hold different numbers of voxels",
+            ));
+        }
+        let mut sampler = normalize::ForegroundSampler::new(fg, 10_000);
+        let mut lab = Vec::new();
+        nifti_io::stream_f32(&s.source.image, &mut |start, image| {
+            lab.resize(image.len(), 0.0);
+            label.read_f32(start, &mut lab)?;
+            sampler.add(image, |i| lab[i] > 0.0);
+            Ok(())
+        })?;
+        samples.extend(sampler.finish());
     }
     normalize::foreground_stats(samples).ok_or_else(|| {
         Error::Dataset("ct normalization needs labelled foreground, and no case has any".into())

@@ -6,7 +6,22 @@
 //! Coordinates follow [`crate::geometry::source_coordinate`]; samples outside [0, n-1] clamp to
 //! the edge voxel.
 
+use crate::error::Result;
 use crate::geometry::source_coordinate;
+
+/// Where a resampler reads its input: a volume in C order (z, y, x) read a run at a time, so
+/// the input need not be in memory ([`crate::nifti_io::VoxelSource`] reads a scratch file).
+pub trait VoxelRead: Sync {
+    /// Fill `out` with the voxels at C-order positions `start..start + out.len()`.
+    fn read(&self, start: usize, out: &mut [f32]) -> Result<()>;
+}
+
+impl VoxelRead for [f32] {
+    fn read(&self, start: usize, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&self[start..start + out.len()]);
+        Ok(())
+    }
+}
 
 /// Per output index along one axis: the two input neighbours and the weight of the upper one.
 #[derive(Clone, Debug)]
@@ -100,34 +115,49 @@ impl LinearResampler {
         LinearResampler { in_shape, axes }
     }
 
-    /// Fill `out` (len = block.len(), C order over block.size) from `input` (C order over in_shape).
-    /// Separable: x pass, then y, then z, each over only the input rows the block needs.
+    /// Fill `out` (len = block.len(), C order over block.size) from `input` (C order over
+    /// in_shape, whole in memory).
     pub fn fill(&self, input: &[f32], block: Block, out: &mut [f32]) {
-        let [nz, ny, nx] = self.in_shape;
-        debug_assert_eq!(input.len(), nz * ny * nx);
+        debug_assert_eq!(input.len(), self.in_shape.iter().product::<usize>());
+        // Reading a slice of the right length cannot fail.
+        let _ = self.fill_from(input, block, out);
+    }
+
+    /// Fill `out` (len = block.len(), C order over block.size) from `input`, reading only the
+    /// input rows the block needs. Separable: x pass, then y, then z.
+    pub fn fill_from(
+        &self,
+        input: &(impl VoxelRead + ?Sized),
+        block: Block,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let [_, ny, nx] = self.in_shape;
         debug_assert_eq!(out.len(), block.len());
         let [az, ay, ax] = &self.axes;
         let [bz, by, bx] = block.size;
         let [sz, sy, sx] = block.start;
         let (z0, z1) = az.input_range(sz, sz + bz);
         let (y0, y1) = ay.input_range(sy, sy + by);
-        let (rz, ry) = (z1 - z0 + 1, y1 - y0 + 1);
+        let (x0, x1) = ax.input_range(sx, sx + bx);
+        let (rz, ry, rx) = (z1 - z0 + 1, y1 - y0 + 1, x1 - x0 + 1);
 
         let (xlo, xhi, xw) = (&ax.lo[sx..sx + bx], &ax.hi[sx..sx + bx], &ax.w[sx..sx + bx]);
         // An axis whose output grid equals its input grid (m == n) is a plain copy: every
         // weight is 0 there, and a copy is what interpolation at the sample points gives.
-        // Pass 1: along x, for every needed (z, y) input row.
+        // Pass 1: along x, for every needed (z, y) input row, read from x0 to x1 only.
         let mut t1 = vec![0.0f32; rz * ry * bx];
+        let mut row = vec![0.0f32; rx];
         for iz in 0..rz {
             for iy in 0..ry {
-                let row = &input[((z0 + iz) * ny + (y0 + iy)) * nx..][..nx];
+                input.read(((z0 + iz) * ny + (y0 + iy)) * nx + x0, &mut row)?;
                 let dst = &mut t1[(iz * ry + iy) * bx..][..bx];
                 if ax.identity {
-                    dst.copy_from_slice(&row[sx..sx + bx]);
+                    dst.copy_from_slice(&row[sx - x0..sx - x0 + bx]);
                     continue;
                 }
                 for j in 0..bx {
-                    dst[j] = lerp(row[xlo[j] as usize], row[xhi[j] as usize], xw[j]);
+                    let (lo, hi) = (xlo[j] as usize - x0, xhi[j] as usize - x0);
+                    dst[j] = lerp(row[lo], row[hi], xw[j]);
                 }
             }
         }
@@ -157,7 +187,7 @@ impl LinearResampler {
         let plane = by * bx;
         if az.identity {
             out.copy_from_slice(&t2[..bz * plane]);
-            return;
+            return Ok(());
         }
         for j in 0..bz {
             let (lo, hi, w) = (
@@ -172,6 +202,7 @@ impl LinearResampler {
                 dst[k] = lerp(a[k], b[k], w);
             }
         }
+        Ok(())
     }
 }
 
@@ -194,25 +225,76 @@ impl NearestResampler {
     }
 
     /// Fill `out` (len = block.len(), C order over block.size) from `input` (C order over
-    /// in_shape) with the nearest input voxel; any element type (labels are u8 or u16).
+    /// in_shape, whole in memory) with the nearest input voxel; any element type.
     pub fn fill<T: Copy>(&self, input: &[T], block: Block, out: &mut [T]) {
         let [_, ny, nx] = self.in_shape;
+        self.each_row(block, out, |iz, iy, xs, dst| {
+            let row = &input[(iz * ny + iy) * nx..][..nx];
+            match xs {
+                None => dst.copy_from_slice(&row[block.start[2]..][..dst.len()]),
+                Some(xs) => dst
+                    .iter_mut()
+                    .zip(xs)
+                    .for_each(|(d, &ix)| *d = row[ix as usize]),
+            }
+        });
+    }
+
+    /// Like [`Self::fill`], reading from `input` only the part of each needed row that the
+    /// block's x range uses (labels arrive as f32 and are narrowed by the caller).
+    pub fn fill_from(
+        &self,
+        input: &(impl VoxelRead + ?Sized),
+        block: Block,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let [_, ny, nx] = self.in_shape;
+        let bx = block.size[2];
+        let xs = &self.axes[2][block.start[2]..block.start[2] + bx];
+        let (x0, x1) = if bx == 0 {
+            (0, 0)
+        } else {
+            (xs[0] as usize, xs[bx - 1] as usize)
+        };
+        let mut row = vec![0.0f32; x1 - x0 + 1];
+        let mut result = Ok(());
+        self.each_row(block, out, |iz, iy, xs, dst| {
+            if result.is_err() {
+                return;
+            }
+            result = input.read((iz * ny + iy) * nx + x0, &mut row);
+            match xs {
+                None => dst.copy_from_slice(&row[block.start[2] - x0..][..dst.len()]),
+                Some(xs) => dst
+                    .iter_mut()
+                    .zip(xs)
+                    .for_each(|(d, &ix)| *d = row[ix as usize - x0]),
+            }
+        });
+        result
+    }
+
+    /// Call `f(iz, iy, xs, dst)` for every output row of the block: the input row (iz, iy) it
+    /// comes from, the input x of each output x (`None`: the x grid is the input's), and the
+    /// output row to fill.
+    fn each_row<T>(
+        &self,
+        block: Block,
+        out: &mut [T],
+        mut f: impl FnMut(usize, usize, Option<&[u32]>, &mut [T]),
+    ) {
         let [bz, by, bx] = block.size;
         let [sz, sy, sx] = block.start;
         let xs = &self.axes[2][sx..sx + bx];
-        let x_identity = nx == self.out_nx;
+        let x_identity = self.in_shape[2] == self.out_nx;
+        if bx == 0 {
+            return;
+        }
         for (jz, out_plane) in out.chunks_exact_mut(by * bx).enumerate().take(bz) {
             let iz = self.axes[0][sz + jz] as usize;
             for (jy, dst) in out_plane.chunks_exact_mut(bx).enumerate() {
                 let iy = self.axes[1][sy + jy] as usize;
-                let row = &input[(iz * ny + iy) * nx..][..nx];
-                if x_identity {
-                    dst.copy_from_slice(&row[sx..sx + bx]);
-                } else {
-                    for (d, &ix) in dst.iter_mut().zip(xs) {
-                        *d = row[ix as usize];
-                    }
-                }
+                f(iz, iy, (!x_identity).then_some(xs), dst);
             }
         }
     }

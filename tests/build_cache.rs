@@ -622,3 +622,66 @@ fn discovery_problems_fail_their_case_not_the_job() {
     #[cfg(unix)]
     assert!(find("bad").contains("UTF-8"));
 }
+
+#[test]
+fn inputs_read_from_scratch_files_build_the_same_bytes_as_inputs_in_memory() {
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    // One case of more than 2^20 voxels: its statistics arrive in two blocks.
+    write_case(&data, "d", [128, 128, 72], [1.0, 1.0, 2.0], 4);
+    for flags in [
+        &[][..],
+        &["--normalization", "ct"][..],
+        &["--chunk", "8,16,16", "--shard", "16,32,32"][..],
+    ] {
+        let (mem, disk) = (t.path().join("mem"), t.path().join("disk"));
+        let _ = std::fs::remove_dir_all(&mem);
+        let _ = std::fs::remove_dir_all(&disk);
+        let (o, r) = build_report(&data, &mem, flags);
+        assert!(o.status.success(), "{flags:?}: {}", stderr(&o));
+        assert_eq!(count(&r, "built"), 4);
+        let scratch = [flags, &["--input-ram-mib", "0"]].concat();
+        let (o, r) = build_report(&data, &disk, &scratch);
+        assert!(o.status.success(), "{flags:?}: {}", stderr(&o));
+        assert_eq!(count(&r, "built"), 4);
+        assert_eq!(
+            tree_hashes(&mem.join("entries")),
+            tree_hashes(&disk.join("entries")),
+            "{flags:?}"
+        );
+        // Scratch files are unlinked when created: nothing is left in tmp/.
+        let left: Vec<_> = std::fs::read_dir(disk.join("tmp")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_large_gzip_input_builds_in_less_memory_than_its_inflated_size() {
+    // 1024x1024x256 uint8: 256 MiB inflated (1 GiB as f32), well under 1 MiB gzipped.
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("big");
+    std::fs::create_dir_all(data.join("imagesTr")).unwrap();
+    let shape = [1024usize, 1024, 256];
+    let mut vals = vec![0u8; shape.iter().product()];
+    for (i, v) in vals.iter_mut().enumerate() {
+        let (x, y, z) = (i % 1024, (i / 1024) % 1024, i / (1024 * 1024));
+        let d2 = (x as i64 - 512).pow(2) + (y as i64 - 512).pow(2) + (z as i64 - 128).pow(2);
+        *v = if d2 < 100 * 100 { 200 } else { (z % 3) as u8 };
+    }
+    Nii::new(shape, [1.0; 3], &vals, false).write(&data.join("imagesTr/big_0000.nii.gz"));
+    drop(vals);
+    let cache = t.path().join("cache");
+    // The report's peak is the build's own (VmHWM): a child's rusage would include what this
+    // test process held when it spawned the child.
+    let (o, r) = build_report(&data, &cache, &["--spacing", "4", "--input-ram-mib", "16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(count(&r, "built"), 1);
+    let peak_mib = count(&r, "peak_rss_bytes") >> 20;
+    assert!(
+        peak_mib < 200,
+        "peak {peak_mib} MiB for a 256 MiB input read through a scratch file"
+    );
+    let v = prep(&["inspect", cache.to_str().unwrap(), "--verify"]);
+    assert!(v.status.success(), "{}", stderr(&v));
+}

@@ -271,8 +271,8 @@ fn the_byte_order_is_the_headers_not_sizeof_hdrs() {
     let mut bytes = std::fs::read(&p).unwrap();
     bytes[..4].copy_from_slice(&348i32.to_be_bytes());
     std::fs::write(&p, &bytes).unwrap();
-    let l = voxcache::nifti_io::read_label(&p).unwrap();
-    match l.data {
+    let l = voxcache::nifti_io::label_from_f32(&p, read_volume(&p).unwrap().data).unwrap();
+    match l {
         voxcache::nifti_io::LabelData::U8(v) => {
             assert_eq!(v, vals.iter().map(|&x| x as u8).collect::<Vec<_>>())
         }
@@ -324,4 +324,71 @@ fn broken_geometry_is_refused_or_falls_back_with_a_warning() {
     n.write(&p);
     let e = read_header(&p).unwrap_err().to_string();
     assert!(e.contains("singular") && e.contains("no qform"), "{e}");
+}
+
+#[test]
+fn a_source_in_a_scratch_file_reads_what_a_source_in_memory_reads() {
+    use voxcache::nifti_io::{SourceOptions, VoxelSource};
+    let dir = tmp();
+    let scratch = dir.path().join("scratch");
+    let shape = [70usize, 50, 40];
+    let n: usize = shape.iter().product();
+    for big in [false, true] {
+        for ext in ["nii", "nii.gz"] {
+            let vals: Vec<f64> = (0..n).map(|i| (i % 977) as f64 * 0.5 - 40.0).collect();
+            let p = dir.path().join(format!("s_{big}.{ext}"));
+            let mut nii = Nii::new(shape, [1.0; 3], &vals, big);
+            nii.scl = (2.0, 1.0);
+            nii.write(&p);
+            let whole = read_volume(&p).unwrap();
+            for limit in [0u64, u64::MAX] {
+                let opts = SourceOptions {
+                    ram_limit_bytes: limit,
+                    scratch_dir: scratch.clone(),
+                };
+                let mut streamed = Vec::new();
+                let (src, st) = VoxelSource::open(&p, &opts, &mut |b| {
+                    streamed.extend_from_slice(b);
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!(src.on_disk(), limit == 0);
+                assert_eq!(streamed, whole.data, "blocks, limit {limit}");
+                assert_eq!(st.file_hash, blake3::hash(&std::fs::read(&p).unwrap()));
+                assert_eq!(st.file_bytes, std::fs::metadata(&p).unwrap().len());
+                let mut all = vec![0.0; n];
+                src.read_f32(0, &mut all).unwrap();
+                assert_eq!(all, whole.data);
+                let mut run = vec![0.0; 333];
+                src.read_f32(n - 333, &mut run).unwrap();
+                assert_eq!(run, whole.data[n - 333..]);
+                // Past the end is an error naming the file, not a panic.
+                let e = src.read_f32(n - 10, &mut run).unwrap_err().to_string();
+                assert!(e.contains(&*p.to_string_lossy()), "{e}");
+            }
+            // Scratch files are unlinked at once: the folder stays empty.
+            assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+        }
+    }
+}
+
+#[test]
+fn a_corrupt_gzip_fails_while_inflating_to_a_scratch_file() {
+    use voxcache::nifti_io::{SourceOptions, VoxelSource};
+    let dir = tmp();
+    let vals: Vec<i16> = (0..20_000).map(|i| (i * 31 % 1000) as i16).collect();
+    let p = dir.path().join("c.nii.gz");
+    Nii::new([40, 50, 10], [1.0; 3], &vals, false).write(&p);
+    let mut bytes = std::fs::read(&p).unwrap();
+    let at = bytes.len() - 6; // inside the CRC-32 of the trailer
+    bytes[at] ^= 0xff;
+    std::fs::write(&p, &bytes).unwrap();
+    let opts = SourceOptions {
+        ram_limit_bytes: 0,
+        scratch_dir: dir.path().join("scratch"),
+    };
+    let e = VoxelSource::open(&p, &opts, &mut |_| Ok(()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("c.nii.gz") && e.contains("gzip"), "{e}");
 }

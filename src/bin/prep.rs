@@ -178,7 +178,7 @@ struct InspectArgs {
     /// Dataset: read headers only (no intensity or label statistics).
     #[arg(long)]
     headers_only: bool,
-    /// Cases read at once (each holds about one volume in memory).
+    /// Cases read at once (each streams its files: a few MiB each, whatever their size).
     #[arg(long, short = 'j', default_value_t = 2)]
     jobs: usize,
     /// Draw this case's three middle slices with its label overlay (needs --out).

@@ -11,11 +11,12 @@ use crate::cache::{content_key, CacheDir};
 use crate::dataset::scan::{check_pair, ScannedCase};
 use crate::error::{Error, Result};
 use crate::format::entry::{InputGeometry, OutputGeometry, SourceFile, Sources};
-use crate::format::OutputParams;
+use crate::format::{Dtype, OutputParams};
 use crate::geometry::{zyx, Affine};
 use crate::nifti_io;
 use crate::normalize;
 use crate::plan::CasePlan;
+use crate::resample::VoxelRead;
 
 /// Everything known about one case before it is built.
 pub(super) struct Job<'a> {
@@ -24,40 +25,74 @@ pub(super) struct Job<'a> {
     pub(super) key: String,
 }
 
-/// A case read, checked and normalized, ready to be written.
+/// A case read and checked, its statistics known, ready to be resampled and written. Its
+/// voxels are held as stored (in memory when small, else in a scratch file), not as f32.
 pub(super) struct Decoded {
-    image: nifti_io::Volume,
-    label: Option<nifti_io::LabelData>,
-    /// The label file's blake3 and size.
-    label_hash: Option<(blake3::Hash, u64)>,
+    image: nifti_io::VoxelSource,
+    image_file: (blake3::Hash, u64),
+    label: Option<DecodedLabel>,
     stats: normalize::IntensityStats,
     applied: normalize::AppliedNormalization,
 }
 
-/// Read, check and normalize one case's input (everything before resampling).
-pub(super) fn decode_case(job: &Job, params: &OutputParams) -> Result<Decoded> {
+/// A label read and checked: its voxels, the type they are cached as, the file's blake3 and
+/// size.
+struct DecodedLabel {
+    voxels: nifti_io::VoxelSource,
+    dtype: Dtype,
+    file: (blake3::Hash, u64),
+}
+
+/// Read and check one case's input, computing its statistics as it streams (everything before
+/// resampling). Headers are checked against each other before any voxel is read.
+pub(super) fn decode_case(
+    job: &Job,
+    params: &OutputParams,
+    source: &nifti_io::SourceOptions,
+) -> Result<Decoded> {
     let s = job.scanned;
     let id = &s.source.id;
+    if let Some(l) = &s.source.label {
+        check_pair(
+            id,
+            &nifti_io::read_header(&s.source.image)?,
+            &nifti_io::read_header(l)?,
+        )?;
+    }
     // Image and label inflate on two threads: gzip decoding is sequential within a file.
     let (image, label) = rayon::join(
-        || nifti_io::read_volume(&s.source.image),
-        || s.source.label.as_ref().map(|p| nifti_io::read_label(p)),
+        || {
+            let mut acc = normalize::IntensityAccumulator::default();
+            nifti_io::VoxelSource::open(&s.source.image, source, &mut |b| {
+                acc.add(b);
+                Ok(())
+            })
+            .map(|(v, st)| (v, st, acc.finish()))
+        },
+        || {
+            s.source.label.as_ref().map(|p| {
+                let mut check = nifti_io::LabelCheck::new(p);
+                nifti_io::VoxelSource::open(p, source, &mut |b| check.block(b)).map(|(v, st)| {
+                    DecodedLabel {
+                        voxels: v,
+                        dtype: check.dtype(),
+                        file: (st.file_hash, st.file_bytes),
+                    }
+                })
+            })
+        },
     );
-    let mut image = image?;
-    let (label, label_hash) = match label {
-        Some(l) => {
-            let l = l?;
-            check_pair(id, &image.header, &l.header)?;
-            (Some(l.data), Some((l.file_hash, l.file_bytes)))
-        }
-        None => (None, None),
-    };
+    let (image, streamed, stats) = image?;
+    let label = label.transpose()?;
+    if let Some(l) = &label {
+        check_pair(id, image.header(), l.voxels.header())?;
+    }
     // The files may have changed since the key was computed: refuse to file them under it.
     let key = content_key(
         params,
         id,
-        &image.file_hash,
-        label_hash.as_ref().map(|h| &h.0),
+        &streamed.file_hash,
+        label.as_ref().map(|l| &l.file.0),
     );
     if key != job.key {
         return Err(Error::case(
@@ -65,7 +100,6 @@ pub(super) fn decode_case(job: &Job, params: &OutputParams) -> Result<Decoded> {
             "an input file changed during the build; run it again",
         ));
     }
-    let stats = normalize::intensity_stats(&image.data);
     if stats.nonfinite_voxels > 0 {
         return Err(Error::nifti(
             &s.source.image,
@@ -80,11 +114,10 @@ pub(super) fn decode_case(job: &Job, params: &OutputParams) -> Result<Decoded> {
         &stats,
         params.dataset_foreground.as_ref(),
     )?;
-    normalize::apply(&mut image.data, &applied);
     Ok(Decoded {
         image,
+        image_file: (streamed.file_hash, streamed.file_bytes),
         label,
-        label_hash,
         stats,
         applied,
     })
@@ -103,29 +136,25 @@ pub(super) fn write_case(
     let key = &job.key;
     let Decoded {
         image,
+        image_file: (image_hash, image_bytes),
         label,
-        label_hash,
         stats,
         applied,
     } = decoded;
-    let image_hash = image.file_hash;
+    let h = image.header();
     let out_xyz = job.plan.out_shape_xyz;
-    let out_affine: Affine = image
-        .header
-        .affine
-        .for_output_grid(image.header.shape_xyz, out_xyz);
-    let h = &image.header;
+    let out_affine: Affine = h.affine.for_output_grid(h.shape_xyz, out_xyz);
     let source = Sources {
         image: SourceFile {
             file: file_name(&s.source.image),
             blake3: image_hash.to_hex().to_string(),
-            bytes: image.file_bytes,
+            bytes: image_bytes,
         },
-        label: match (&s.source.label, &label_hash) {
+        label: match (&s.source.label, label.as_ref().map(|l| l.file)) {
             (Some(p), Some((hash, bytes))) => Some(SourceFile {
                 file: file_name(p),
                 blake3: hash.to_hex().to_string(),
-                bytes: *bytes,
+                bytes,
             }),
             _ => None,
         },
@@ -156,9 +185,14 @@ pub(super) fn write_case(
             EntryInput {
                 case_id: id,
                 key,
-                image: &image.data,
-                label: label.as_ref(),
-                in_shape_zyx: zyx(image.header.shape_xyz),
+                image: &normalize::Normalized {
+                    input: &image,
+                    applied,
+                },
+                label: label
+                    .as_ref()
+                    .map(|l| (&l.voxels as &dyn VoxelRead, l.dtype)),
+                in_shape_zyx: zyx(h.shape_xyz),
                 out_shape_zyx: zyx(out_xyz),
                 params,
                 source,

@@ -26,6 +26,7 @@ use crate::dataset::{discover, DatasetSource};
 use crate::error::{Error, Result};
 use crate::format::OutputParams;
 use crate::geometry::zyx;
+use crate::nifti_io::SourceOptions;
 use crate::normalize::Normalization;
 use crate::plan::{dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision};
 use crate::sysinfo::peak_rss_bytes;
@@ -208,8 +209,14 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     let mine: Vec<usize> = (0..ok.len())
         .filter(|i| opts.part.is_none_or(|(k, n)| i % n == k))
         .collect();
+    // Large inputs are inflated into tmp/ and read from there (unlinked at once: a killed
+    // build leaves nothing behind).
+    let source = SourceOptions {
+        ram_limit_bytes: opts.settings.input_ram_mib.saturating_mul(1 << 20),
+        scratch_dir: cache.tmp_dir(),
+    };
     let fg_stats = if opts.settings.normalization == Normalization::Ct {
-        Some(dataset_foreground(&ok)?)
+        Some(pool.install(|| dataset_foreground(&ok, &source))?)
     } else {
         None
     };
@@ -276,7 +283,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
 
     let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
     let bar = make_progress(opts.progress, total_voxels);
-    let outcomes = run::run_jobs(&pool, &cache, &jobs, &params, &bar, opts.quiet);
+    let outcomes = run::run_jobs(&pool, &cache, &jobs, &params, &source, &bar, opts.quiet);
     let settled: std::collections::BTreeSet<usize> = outcomes.iter().map(|o| o.0).collect();
     for (i, job) in jobs.iter().enumerate() {
         if !settled.contains(&i) {

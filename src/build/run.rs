@@ -1,6 +1,7 @@
 //! The job loop: cases in order, three stages overlapping. Case n+1 is read and normalized
 //! while case n is resampled and written, and case n-1 is fsynced and renamed into place in the
-//! background. Memory: two inputs at most; the output never sits in memory. A full disk stops
+//! background. Memory: two inputs at most, each in memory only when small (else in a scratch
+//! file); the output never sits in memory. A full disk stops
 //! the loop: the cases after it are left unbuilt (and reported as skipped by the caller).
 
 use std::thread::ScopedJoinHandle;
@@ -13,6 +14,7 @@ use super::progress::{report_case, say};
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
 use crate::format::OutputParams;
+use crate::nifti_io::SourceOptions;
 
 /// A finished case: its index in `jobs`, its seconds from start to commit, and the bytes it
 /// added or its error.
@@ -24,6 +26,7 @@ pub(super) fn run_jobs(
     cache: &CacheDir,
     jobs: &[Job],
     params: &OutputParams,
+    source: &SourceOptions,
     bar: &ProgressBar,
     quiet: bool,
 ) -> Vec<Outcome> {
@@ -31,7 +34,7 @@ pub(super) fn run_jobs(
     let mut disk_full = false;
     let mut next: Option<Result<Decoded>> = jobs
         .first()
-        .map(|j| pool.install(|| decode_case(j, params)));
+        .map(|j| pool.install(|| decode_case(j, params, source)));
     let mut outcomes: Vec<Outcome> = Vec::new();
     std::thread::scope(|scope| {
         let mut in_flight: Option<(usize, Instant, ScopedJoinHandle<Result<u64>>)> = None;
@@ -63,10 +66,10 @@ pub(super) fn run_jobs(
                 rayon::join(
                     || {
                         decoded
-                            .unwrap_or_else(|| decode_case(job, params))
+                            .unwrap_or_else(|| decode_case(job, params, source))
                             .and_then(|d| write_case(cache, job, params, d, &on_voxels))
                     },
-                    || jobs.get(n + 1).map(|j| decode_case(j, params)),
+                    || jobs.get(n + 1).map(|j| decode_case(j, params, source)),
                 )
             });
             next = prefetched;

@@ -26,9 +26,8 @@ use crate::format::{
     ChunkChecksums, ChunkLayout, Compression, Dtype, EntryAttrs, ImageDtype, OutputParams,
     CHECKSUMS_FILE, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
 };
-use crate::nifti_io::LabelData;
 use crate::normalize::{AppliedNormalization, IntensityStats};
-use crate::resample::{blocks, Block, LinearResampler, NearestResampler};
+use crate::resample::{blocks, Block, LinearResampler, NearestResampler, VoxelRead};
 
 /// What to write for one case.
 pub struct EntryInput<'a> {
@@ -36,10 +35,11 @@ pub struct EntryInput<'a> {
     pub case_id: &'a str,
     /// Content key of the entry (its folder name once committed).
     pub key: &'a str,
-    /// Normalized input image, C order (z, y, x).
-    pub image: &'a [f32],
-    /// Label voxels, C order (z, y, x) on the image grid; `None` for an unlabelled case.
-    pub label: Option<&'a LabelData>,
+    /// Normalized input image, C order (z, y, x), read a run at a time.
+    pub image: &'a dyn VoxelRead,
+    /// Label voxels, C order (z, y, x) on the image grid, as f32 holding whole numbers, and the
+    /// type they are cached as (u8 or u16); `None` for an unlabelled case.
+    pub label: Option<(&'a dyn VoxelRead, Dtype)>,
     /// Input shape (z, y, x) in voxels.
     pub in_shape_zyx: [usize; 3],
     /// Output shape (z, y, x) in voxels.
@@ -196,7 +196,7 @@ pub fn write_entry(
         name: IMAGE_ARRAY,
         dtype: params.image_dtype.dtype(),
     })?;
-    let label_dtype = input.label.map(LabelData::stored_dtype);
+    let label_dtype = input.label.map(|l| l.1);
     let label_array = match label_dtype {
         None => None,
         Some(dtype) => Some(array(ArraySpec {
@@ -224,7 +224,7 @@ pub fn write_entry(
                 .join(format!("c/{}", name.replace('.', "/")))
         };
         let mut img = vec![0.0f32; b.len()];
-        linear.fill(input.image, *b, &mut img);
+        linear.fill_from(input.image, *b, &mut img)?;
         let img = pad_block(img, b.size, write_block, 0.0f32);
         let hash = match params.image_dtype {
             ImageDtype::Float32 => {
@@ -250,19 +250,20 @@ pub fn write_entry(
 
         if let (Some(arr), Some(label)) = (&label_array, input.label) {
             let mut local = fg.lock().unwrap_or_else(|p| p.into_inner()).child();
-            let hash = match label {
-                LabelData::U8(src) => {
-                    let mut lab = vec![0u8; b.len()];
-                    nearest.fill(src, *b, &mut lab);
+            let mut labf = vec![0.0f32; b.len()];
+            nearest.fill_from(label.0, *b, &mut labf)?;
+            // Values were checked to be whole numbers that fit the label's type.
+            let hash = match label.1 {
+                Dtype::Uint8 => {
+                    let lab: Vec<u8> = labf.iter().map(|&v| v as u8).collect();
                     local.observe(*b, &lab);
                     let lab = pad_block(lab, b.size, write_block, 0u8);
                     arr.store_chunk(&idx, lab.as_slice())
                         .map_err(|e| Error::zarr(dir.join(LABEL_ARRAY), e))?;
                     blake3::hash(&lab)
                 }
-                LabelData::U16(src) => {
-                    let mut lab = vec![0u16; b.len()];
-                    nearest.fill(src, *b, &mut lab);
+                _ => {
+                    let lab: Vec<u16> = labf.iter().map(|&v| v as u16).collect();
                     local.observe(*b, &lab);
                     let lab = pad_block(lab, b.size, write_block, 0u16);
                     arr.store_chunk(&idx, lab.as_slice())

@@ -54,6 +54,8 @@ pub struct PipelineFile {
     pub seed: Option<u64>,
     /// Largest forecast output of one case, in GiB (default 1024).
     pub max_case_gib: Option<f64>,
+    /// Inputs with more voxel data than this many MiB are read from a scratch file (default 256).
+    pub input_ram_mib: Option<u64>,
     /// Options of `train`; they do not shape the cache, so they are not part of its content key.
     pub train: Option<TrainConfig>,
 }
@@ -74,6 +76,7 @@ impl PipelineFile {
             fg_samples: self.fg_samples,
             seed: self.seed,
             max_case_gib: self.max_case_gib,
+            input_ram_mib: self.input_ram_mib,
         }
     }
 }

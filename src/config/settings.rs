@@ -79,6 +79,10 @@ pub struct PrepFlags {
     /// is over it fails before anything is written (a header with a wrong spacing, usually).
     #[arg(long, value_name = "GIB")]
     pub max_case_gib: Option<f64>,
+    /// Input volumes with more voxel data than this (MiB, as stored, inflated) are inflated once
+    /// into a scratch file in the cache's tmp/ and read from there, not held in memory.
+    #[arg(long, value_name = "MIB")]
+    pub input_ram_mib: Option<u64>,
 }
 
 /// Parameters after defaults, pipeline and flags are merged (spacing not yet resolved).
@@ -106,6 +110,9 @@ pub struct Settings {
     /// Largest forecast output of one case, in GiB; not part of the content key (it shapes
     /// nothing that is written).
     pub max_case_gib: f64,
+    /// Inputs with more voxel bytes than this many MiB are read from a scratch file instead of
+    /// memory; not part of the content key (the output is the same either way).
+    pub input_ram_mib: u64,
 }
 
 /// The defaults (see README, "Choosing the chunk layout", for the measurement behind them).
@@ -122,6 +129,7 @@ impl Default for Settings {
             fg_samples: 10_000,
             seed: 1234,
             max_case_gib: 1024.0,
+            input_ram_mib: 256,
         }
     }
 }
@@ -160,6 +168,9 @@ impl Settings {
         }
         if let Some(v) = l.max_case_gib {
             self.max_case_gib = v;
+        }
+        if let Some(v) = l.input_ram_mib {
+            self.input_ram_mib = v;
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use crate::dataset::scan::{scan, ScannedCase};
 use crate::dataset::{discover, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
 use crate::format::ImageDtype;
-use crate::nifti_io::{self, HeaderInfo, LabelData};
+use crate::nifti_io::{self, HeaderInfo};
 use crate::plan::{decide_spacing, plan_scanned};
 use crate::plan::{percentile, SpacingDecision, OUTLIER_FACTOR};
 
@@ -154,39 +154,87 @@ struct VoxelFacts {
     problems: Vec<Problem>,
 }
 
-fn intensity_of(data: &[f32]) -> IntensityFacts {
-    let (mut lo, mut hi, mut sum, mut n, mut bad) =
-        (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0u64, 0);
-    for &v in data {
-        if v.is_finite() {
-            lo = lo.min(v);
-            hi = hi.max(v);
-            sum += v as f64;
-            n += 1;
-        } else {
-            bad += 1;
+/// Range, mean and non-finite count of an image, streamed block by block (in file order, so
+/// the sum is the same however the file is read).
+fn intensity_of(path: &Path) -> Result<IntensityFacts> {
+    let mut fold = IntensityFold::default();
+    nifti_io::stream_f32(path, &mut |_, data| {
+        fold.add(data);
+        Ok(())
+    })?;
+    Ok(fold.finish())
+}
+
+/// The running sums behind [`IntensityFacts`].
+struct IntensityFold {
+    lo: f32,
+    hi: f32,
+    sum: f64,
+    n: u64,
+    bad: u64,
+}
+
+impl Default for IntensityFold {
+    fn default() -> Self {
+        IntensityFold {
+            lo: f32::INFINITY,
+            hi: f32::NEG_INFINITY,
+            sum: 0.0,
+            n: 0,
+            bad: 0,
         }
-    }
-    IntensityFacts {
-        min: (n > 0).then_some(lo as f64),
-        max: (n > 0).then_some(hi as f64),
-        mean: (n > 0).then(|| sum / n as f64),
-        non_finite: bad,
     }
 }
 
-fn label_counts(label: &LabelData) -> BTreeMap<String, u64> {
-    let mut counts = vec![0u64; 1 << 16];
-    match label {
-        LabelData::U8(v) => v.iter().for_each(|&c| counts[c as usize] += 1),
-        LabelData::U16(v) => v.iter().for_each(|&c| counts[c as usize] += 1),
+impl IntensityFold {
+    fn add(&mut self, data: &[f32]) {
+        for &v in data {
+            if v.is_finite() {
+                self.lo = self.lo.min(v);
+                self.hi = self.hi.max(v);
+                self.sum += v as f64;
+                self.n += 1;
+            } else {
+                self.bad += 1;
+            }
+        }
     }
-    counts
+
+    fn finish(&self) -> IntensityFacts {
+        let n = self.n;
+        IntensityFacts {
+            min: (n > 0).then_some(self.lo as f64),
+            max: (n > 0).then_some(self.hi as f64),
+            mean: (n > 0).then(|| self.sum / n as f64),
+            non_finite: self.bad,
+        }
+    }
+}
+
+/// Voxels per label value, streamed. The outer error: the file cannot be read; the inner one:
+/// a value that is not a label (negative, fractional, over 65535), naming the file.
+fn label_counts(path: &Path) -> Result<Result<BTreeMap<String, u64>>> {
+    let mut counts = vec![0u64; 1 << 16];
+    let mut check = nifti_io::LabelCheck::new(path);
+    let mut bad = None;
+    let read = nifti_io::stream_f32(path, &mut |_, data| {
+        if let Err(e) = check.block(data) {
+            bad = Some(e);
+            return Err(Error::Dataset("label values refused".into()));
+        }
+        data.iter().for_each(|&c| counts[c as usize] += 1);
+        Ok(())
+    });
+    if let Some(e) = bad {
+        return Ok(Err(e));
+    }
+    read?;
+    Ok(Ok(counts
         .iter()
         .enumerate()
         .filter(|(_, &n)| n > 0)
         .map(|(c, &n)| (c.to_string(), n))
-        .collect()
+        .collect()))
 }
 
 /// Read one case's voxels: the image, then (after the image is dropped) the label, so one
@@ -199,9 +247,8 @@ fn read_voxels(root: &Path, c: &CaseSource, image_ok: bool, label_ok: bool) -> V
             .path(rel_path(root, p))
     };
     if image_ok {
-        match nifti_io::read_volume(&c.image) {
-            Ok(v) => {
-                let facts = intensity_of(&v.data);
+        match intensity_of(&c.image) {
+            Ok(facts) => {
                 if facts.non_finite > 0 {
                     f.problems.push(
                         Problem::error(
@@ -221,10 +268,8 @@ fn read_voxels(root: &Path, c: &CaseSource, image_ok: bool, label_ok: bool) -> V
         }
     }
     if let (Some(lp), true) = (&c.label, label_ok) {
-        let label = nifti_io::read_volume(lp).map(|v| nifti_io::label_from_f32(lp, v.data));
-        match label {
-            Ok(Ok(l)) => {
-                let counts = label_counts(&l);
+        match label_counts(lp) {
+            Ok(Ok(counts)) => {
                 if counts.keys().all(|k| k == "0") {
                     f.problems.push(
                         Problem::warning("empty-label", "the label has no foreground voxel")
@@ -488,12 +533,17 @@ mod tests {
 
     #[test]
     fn intensities_skip_non_finite_voxels() {
-        let f = intensity_of(&[1.0, f32::NAN, 3.0, f32::INFINITY]);
+        let fold = |v: &[f32]| {
+            let mut f = IntensityFold::default();
+            f.add(v);
+            f.finish()
+        };
+        let f = fold(&[1.0, f32::NAN, 3.0, f32::INFINITY]);
         assert_eq!(
             (f.min, f.max, f.mean, f.non_finite),
             (Some(1.0), Some(3.0), Some(2.0), 2)
         );
-        let f = intensity_of(&[f32::NAN]);
+        let f = fold(&[f32::NAN]);
         assert_eq!((f.min, f.non_finite), (None, 1));
     }
 }

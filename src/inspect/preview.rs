@@ -23,7 +23,7 @@ use super::{detect, Kind};
 use crate::cache::reader::EntryReader;
 use crate::dataset::{discover, DatasetSource};
 use crate::error::{Error, Result};
-use crate::nifti_io::{self, LabelData};
+use crate::nifti_io;
 use crate::plan::percentile;
 
 /// What was drawn.
@@ -71,23 +71,62 @@ fn middles(shape_zyx: [usize; 3]) -> [usize; 3] {
 }
 
 /// The three middle slices of a (z, y, x) C-order volume.
-fn cut_slices<T: Copy>(data: &[T], shape_zyx: [usize; 3]) -> [Vec<T>; 3] {
-    let [nz, ny, nx] = shape_zyx;
-    let [mz, my, mx] = middles(shape_zyx);
-    let at = |z: usize, y: usize, x: usize| data[(z * ny + y) * nx + x];
-    let axial = (0..ny)
-        .flat_map(|y| (0..nx).map(move |x| (y, x)))
-        .map(|(y, x)| at(mz, y, x))
-        .collect();
-    let coronal = (0..nz)
-        .flat_map(|z| (0..nx).map(move |x| (z, x)))
-        .map(|(z, x)| at(z, my, x))
-        .collect();
-    let sagittal = (0..nz)
-        .flat_map(|z| (0..ny).map(move |y| (z, y)))
-        .map(|(z, y)| at(z, y, mx))
-        .collect();
-    [axial, coronal, sagittal]
+/// The three middle slices (axial, coronal, sagittal) of a volume file, streamed: only the
+/// slices are kept, whatever the volume's size. `check` sees every block first.
+fn cut_slices(
+    path: &Path,
+    shape_zyx: [usize; 3],
+    check: &mut dyn FnMut(&[f32]) -> Result<()>,
+) -> Result<[Vec<f32>; 3]> {
+    let mut cut = SliceCut::new(shape_zyx);
+    nifti_io::stream_f32(path, &mut |start, data| {
+        check(data)?;
+        cut.add(start, data);
+        Ok(())
+    })?;
+    Ok(cut.out)
+}
+
+/// The middle slices of a volume that arrives in C-order blocks.
+struct SliceCut {
+    shape: [usize; 3],
+    mid: [usize; 3],
+    out: [Vec<f32>; 3],
+}
+
+impl SliceCut {
+    fn new(shape: [usize; 3]) -> Self {
+        let [nz, ny, nx] = shape;
+        SliceCut {
+            shape,
+            mid: middles(shape),
+            out: [vec![0.0; ny * nx], vec![0.0; nz * nx], vec![0.0; nz * ny]],
+        }
+    }
+
+    /// Voxels `start..start + data.len()`; a block may start or end inside a row.
+    fn add(&mut self, start: usize, data: &[f32]) {
+        let [_, ny, nx] = self.shape;
+        let [mz, my, mx] = self.mid;
+        let end = start + data.len();
+        let mut i = start;
+        while i < end {
+            let (r, x0) = (i / nx, i % nx);
+            let stop = end.min((r + 1) * nx);
+            let seg = &data[i - start..stop - start];
+            let (z, y) = (r / ny, r % ny);
+            if z == mz {
+                self.out[0][y * nx + x0..][..seg.len()].copy_from_slice(seg);
+            }
+            if y == my {
+                self.out[1][z * nx + x0..][..seg.len()].copy_from_slice(seg);
+            }
+            if (x0..x0 + seg.len()).contains(&mx) {
+                self.out[2][z * ny + y] = seg[mx - x0];
+            }
+            i = stop;
+        }
+    }
 }
 
 /// Rows, columns and their spacings of the axial, coronal and sagittal slices.
@@ -119,13 +158,6 @@ fn assemble(
     })
 }
 
-fn label_u16(l: LabelData) -> Vec<u16> {
-    match l {
-        LabelData::U8(v) => v.into_iter().map(u16::from).collect(),
-        LabelData::U16(v) => v,
-    }
-}
-
 fn from_dataset(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
     let cases = discover(&DatasetSource::Folder(root.to_path_buf()))?.cases;
     let Some(c) = cases.iter().find(|c| c.id == case) else {
@@ -137,31 +169,32 @@ fn from_dataset(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
             if cases.len() > 5 { ", ..." } else { "" }
         )));
     };
-    let image = nifti_io::read_volume(&c.image)?;
-    let [x, y, z] = image.header.shape_xyz;
+    let image = nifti_io::read_header(&c.image)?;
+    let [x, y, z] = image.shape_xyz;
     let shape = [z, y, x];
     let labels = match &c.label {
         Some(p) => {
-            let v = nifti_io::read_volume(p)?;
-            if v.header.shape_xyz != image.header.shape_xyz {
+            let l = nifti_io::read_header(p)?;
+            if l.shape_xyz != image.shape_xyz {
                 return Err(Error::case(
                     case,
                     format!(
                         "image is {:?} voxels but label {} is {:?}",
-                        image.header.shape_xyz,
+                        image.shape_xyz,
                         p.display(),
-                        v.header.shape_xyz
+                        l.shape_xyz
                     ),
                 ));
             }
-            let l = label_u16(nifti_io::label_from_f32(p, v.data)?);
-            Some(cut_slices(&l, shape))
+            let mut check = nifti_io::LabelCheck::new(p);
+            let cut = cut_slices(p, shape, &mut |b| check.block(b))?;
+            Some(cut.map(|s| s.into_iter().map(|v| v as u16).collect()))
         }
         None => None,
     };
-    let images = cut_slices(&image.data, shape);
+    let images = cut_slices(&c.image, shape, &mut |_| Ok(()))?;
     Ok((
-        assemble(shape, image.header.spacing_xyz, images, labels),
+        assemble(shape, image.spacing_xyz, images, labels),
         middles(shape),
     ))
 }
@@ -356,16 +389,22 @@ mod tests {
     #[test]
     fn slices_cut_the_middle_planes() {
         // shape (z, y, x) = (2, 3, 4); value = 100 z + 10 y + x.
-        let data: Vec<u32> = (0..2)
+        let data: Vec<f32> = (0..2)
             .flat_map(|z| (0..3).flat_map(move |y| (0..4).map(move |x| 100 * z + 10 * y + x)))
+            .map(|v| v as f32)
             .collect();
-        let [a, c, s] = cut_slices(&data, [2, 3, 4]);
+        // Blocks of 5 voxels: they start and end inside rows.
+        let mut cut = SliceCut::new([2, 3, 4]);
+        for (k, block) in data.chunks(5).enumerate() {
+            cut.add(k * 5, block);
+        }
+        let [a, c, s] = cut.out;
         assert_eq!(
             a,
-            vec![100, 101, 102, 103, 110, 111, 112, 113, 120, 121, 122, 123]
+            [100, 101, 102, 103, 110, 111, 112, 113, 120, 121, 122, 123].map(|v| v as f32)
         );
-        assert_eq!(c, vec![10, 11, 12, 13, 110, 111, 112, 113]);
-        assert_eq!(s, vec![2, 12, 22, 102, 112, 122]);
+        assert_eq!(c, [10, 11, 12, 13, 110, 111, 112, 113].map(|v| v as f32));
+        assert_eq!(s, [2, 12, 22, 102, 112, 122].map(|v| v as f32));
     }
 
     #[test]

@@ -3,18 +3,26 @@
 //! Everything a header says is checked before anything is allocated from it: dimensions,
 //! datatype, spacing and the voxel data's byte count against what the file really holds. Gzip
 //! files may have several members (as nibabel and some pipelines write them), so they are read
-//! through a multi-member decoder. Values always come out as f32 with scl_slope/scl_inter applied.
+//! through a multi-member decoder, to the end (every CRC checked). Values always come out as f32
+//! with scl_slope/scl_inter applied. No stage holds a whole volume unless asked to
+//! ([`read_volume`], for tests and small tools): memory does not grow with the input.
 //!
-//! Stages (one job each): `file` reads a file's bytes (hashed) and inflates gzip; `header`
-//! parses and validates the header and derives the affine; `voxels` decodes the voxel data to
-//! f32; `labels` turns label volumes into u8/u16 (integer files directly, others through f32).
+//! Stages (one job each): `file` opens input files (regular files only) and inflates gzip;
+//! `header` parses and validates the header and derives the affine; `stream` reads a file once,
+//! hashing it and handing its voxel bytes on a block at a time; `voxels` decodes stored bytes
+//! to f32; `source` keeps a volume's voxels for random access (in memory, or in a scratch
+//! file); `labels` checks label values.
 
 mod file;
 mod header;
 mod labels;
+mod source;
+mod stream;
 mod voxels;
 
-pub use file::{open_input, read_file_hashed, FileBytes};
+pub use file::open_input;
 pub use header::{f32_to_f64_decimal, read_header, HeaderInfo};
-pub use labels::{label_from_f32, read_label, LabelData, LabelVolume};
-pub use voxels::{decode_volume, read_volume, Volume};
+pub use labels::{label_from_f32, LabelCheck, LabelData};
+pub use source::{SourceOptions, VoxelSource};
+pub use stream::{stream_voxels, Streamed, BLOCK_VOXELS};
+pub use voxels::{read_volume, stream_f32, Volume};

@@ -1,14 +1,10 @@
-//! The voxels: exactly the voxel bytes a header declares (inflated if gzipped, checked against
-//! what the file holds), decoded to f32 with scl_slope/scl_inter applied.
+//! The voxels: stored bytes decoded to f32 with scl_slope/scl_inter applied, a run at a time,
+//! and (for tests and small tools) a whole volume read into memory.
 
-use std::io::Read;
 use std::path::Path;
 
-use flate2::read::MultiGzDecoder;
-use nifti::{InMemNiftiVolume, IntoNdArray};
-
-use super::file::{gz_message, inflate_prefix, is_gzip, read_file_hashed, FileBytes};
-use super::header::{parse_header, HeaderInfo, NIFTI1_HEADER_BYTES};
+use super::header::HeaderInfo;
+use super::stream::{stream_voxels, Streamed};
 use crate::error::{Error, Result};
 
 /// A volume read into memory as f32, in C order with axes (z, y, x) (x fastest, as on disk).
@@ -21,62 +17,26 @@ pub struct Volume {
     pub file_bytes: u64,
 }
 
-/// Read a whole volume as f32 (z, y, x), hashing the file bytes on the way.
+/// Read a whole volume as f32 (z, y, x), hashing the file bytes on the way. Its memory is
+/// four bytes a voxel: the build and inspect stream instead ([`super::VoxelSource`]).
 pub fn read_volume(path: &Path) -> Result<Volume> {
-    decode_volume(path, read_file_hashed(path)?)
-}
-
-/// The validated header and exactly the voxel bytes of a file (inflated if gzipped).
-pub(super) fn voxel_bytes(path: &Path, bytes: Vec<u8>) -> Result<(HeaderInfo, Vec<u8>)> {
-    let gzip = is_gzip(&bytes);
-    let mut raw = if gzip {
-        // Inflate at most what the header can ask for plus one byte, so a lying header cannot
-        // make us allocate more than the stream really holds.
-        let head = inflate_prefix(path, &bytes, NIFTI1_HEADER_BYTES)?;
-        let header = parse_header(path, &head, true)?;
-        let want = header.vox_offset as u64 + header.data_bytes();
-        let mut out = Vec::new();
-        let mut stream = MultiGzDecoder::new(&bytes[..]);
-        (&mut stream)
-            .take(want)
-            .read_to_end(&mut out)
-            .map_err(|e| Error::nifti(path, gz_message(e)))?;
-        // gzip checks a member's CRC and length only at its end: inflate what follows the
-        // voxels too, or a corrupt stream would go unnoticed.
-        std::io::copy(&mut stream, &mut std::io::sink())
-            .map_err(|e| Error::nifti(path, gz_message(e)))?;
-        drop(bytes);
-        out
-    } else {
-        bytes
-    };
-    let header = parse_header(path, &raw, gzip)?;
-    let need = header.vox_offset as u64 + header.data_bytes();
-    if (raw.len() as u64) < need {
-        let have = (raw.len() as u64).saturating_sub(header.vox_offset as u64);
-        return Err(Error::nifti(
-            path,
-            format!(
-                "truncated: the header declares {}x{}x{} {} voxels ({} bytes) but the file holds {} bytes of voxel data",
-                header.shape_xyz[0], header.shape_xyz[1], header.shape_xyz[2], header.datatype,
-                header.data_bytes(), have
-            ),
-        ));
-    }
-    raw.truncate(need as usize);
-    raw.drain(..header.vox_offset);
-    Ok((header, raw))
-}
-
-/// Decode a volume from a file's bytes.
-pub fn decode_volume(path: &Path, file: FileBytes) -> Result<Volume> {
-    let FileBytes {
-        bytes,
-        hash: file_hash,
-    } = file;
-    let file_bytes = bytes.len() as u64;
-    let (header, raw) = voxel_bytes(path, bytes)?;
-    let data = to_f32(path, &header, raw)?;
+    let mut data: Vec<f32> = Vec::new();
+    let Streamed {
+        header,
+        file_hash,
+        file_bytes,
+    } = stream_voxels(path, &mut |h, raw| {
+        if data.capacity() == 0 {
+            let n = usize::try_from(h.voxel_count())
+                .map_err(|_| Error::nifti(path, "too many voxels for this machine"))?;
+            data.try_reserve_exact(n)
+                .map_err(|_| Error::nifti(path, format!("cannot allocate {n} voxels")))?;
+        }
+        let at = data.len();
+        data.resize(at + raw.len() / h.bytes_per_voxel, 0.0);
+        decode_f32(h, raw, &mut data[at..]);
+        Ok(())
+    })?;
     Ok(Volume {
         header,
         data,
@@ -85,25 +45,74 @@ pub fn decode_volume(path: &Path, file: FileBytes) -> Result<Volume> {
     })
 }
 
-pub(super) fn to_f32(path: &Path, header: &HeaderInfo, raw: Vec<u8>) -> Result<Vec<f32>> {
-    let volume = InMemNiftiVolume::from_raw_data(&header.raw, raw)
-        .map_err(|e| Error::nifti(path, format!("cannot decode voxel data: {e}")))?;
-    let array = volume
-        .into_ndarray::<f32>()
-        .map_err(|e| Error::nifti(path, format!("cannot convert voxel data to float32: {e}")))?;
-    // nifti gives a Fortran-ordered [x, y, z] array: its memory is exactly C order (z, y, x).
-    if !array.t().is_standard_layout() {
-        return Err(Error::nifti(
-            path,
-            "unexpected memory layout from the NIfTI decoder",
-        ));
+/// Decodes stored voxel bytes (whole voxels; the flag: big-endian) to f32, one value a voxel.
+pub(crate) type Decoder = fn(&[u8], bool, &mut [f32]);
+
+macro_rules! decoder {
+    ($t:ty) => {{
+        fn decode(raw: &[u8], big: bool, out: &mut [f32]) {
+            const N: usize = std::mem::size_of::<$t>();
+            for (o, b) in out.iter_mut().zip(raw.chunks_exact(N)) {
+                let a: [u8; N] = b.try_into().unwrap_or([0; N]);
+                let v = if big {
+                    <$t>::from_be_bytes(a)
+                } else {
+                    <$t>::from_le_bytes(a)
+                };
+                *o = v as f32;
+            }
+        }
+        decode as Decoder
+    }};
+}
+
+/// The decoder of a datatype the header parser admits.
+pub(crate) fn decoder(datatype: &str) -> Decoder {
+    match datatype {
+        "uint8" => decoder!(u8),
+        "int8" => decoder!(i8),
+        "int16" => decoder!(i16),
+        "uint16" => decoder!(u16),
+        "int32" => decoder!(i32),
+        "uint32" => decoder!(u32),
+        "int64" => decoder!(i64),
+        "uint64" => decoder!(u64),
+        "float64" => decoder!(f64),
+        _ => decoder!(f32),
     }
-    let (data, offset) = array.into_raw_vec_and_offset();
-    if offset.unwrap_or(0) != 0 || data.len() as u64 != header.voxel_count() {
-        return Err(Error::nifti(
-            path,
-            "unexpected voxel count from the NIfTI decoder",
-        ));
+}
+
+/// Decode stored voxel bytes (`raw`, whole voxels in the header's datatype and byte order) to
+/// f32 in `out` (one value per voxel). Values are converted to f32 first, then scaled in f32
+/// when scl_slope is set: the nifti crate's order, so results match it bit for bit.
+pub(crate) fn decode_f32(header: &HeaderInfo, raw: &[u8], out: &mut [f32]) {
+    decode_with(decoder(header.datatype), header, raw, out)
+}
+
+/// [`decode_f32`] with the decoder chosen once (hot loops decode many short runs).
+pub(crate) fn decode_with(decode: Decoder, header: &HeaderInfo, raw: &[u8], out: &mut [f32]) {
+    decode(raw, header.big_endian, out);
+    let (slope, inter) = (header.raw.scl_slope, header.raw.scl_inter);
+    if slope != 0.0 {
+        for v in out.iter_mut() {
+            *v = *v * slope + inter;
+        }
     }
-    Ok(data)
+}
+
+/// Read `path` once, handing its voxels to `on_block` as f32 in C order, a block at a time
+/// (`start` is the block's first voxel): statistics of a volume of any size in bounded memory.
+pub fn stream_f32(
+    path: &Path,
+    on_block: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<Streamed> {
+    let mut values: Vec<f32> = Vec::new();
+    let mut start = 0usize;
+    stream_voxels(path, &mut |h, raw| {
+        values.resize(raw.len() / h.bytes_per_voxel, 0.0);
+        decode_f32(h, raw, &mut values);
+        on_block(start, &values)?;
+        start += values.len();
+        Ok(())
+    })
 }
