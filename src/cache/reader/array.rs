@@ -232,8 +232,48 @@ impl ArrayReader {
 
     /// A block's decoded bytes against the recorded hash.
     fn check_hash(&self, b: [usize; 3], bytes: &[u8], path: &std::path::Path) -> Result<()> {
+        self.check_digest(b, ChunkChecksums::hash(bytes), path)
+    }
+
+    /// A mapped shard against the recorded hash of its block, which the build took over the
+    /// block's dense C-order bytes: rows are hashed in that order straight from the mapping
+    /// (an absent inner chunk reads as zeros), so no copy of the shard is made.
+    fn check_shard(
+        &self,
+        b: [usize; 3],
+        map: &[u8],
+        offsets: &[u64],
+        path: &std::path::Path,
+    ) -> Result<()> {
+        let [pz, py, px] = self.per_block;
+        let [cz, cy, cx] = self.chunk;
+        let row = cx * self.dtype.size();
+        let zeros = vec![0u8; row];
+        let mut h = blake3::Hasher::new();
+        for iz in 0..pz {
+            for z in 0..cz {
+                for iy in 0..py {
+                    for y in 0..cy {
+                        for ix in 0..px {
+                            let o = offsets[ravel([iz, iy, ix], self.per_block)];
+                            if o == EMPTY {
+                                h.update(&zeros);
+                            } else {
+                                let at = o as usize + (z * cy + y) * row;
+                                h.update(&map[at..at + row]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let got = h.finalize().to_hex()[..32].to_string();
+        self.check_digest(b, got, path)
+    }
+
+    /// A block's digest (as [`ChunkChecksums::hash`] gives it) against the recorded one.
+    fn check_digest(&self, b: [usize; 3], got: String, path: &std::path::Path) -> Result<()> {
         let name = ChunkChecksums::block_name(b.map(|v| v as u64));
-        let got = ChunkChecksums::hash(bytes);
         match self.recorded.hashes.get(&name) {
             Some(want) if *want == got => Ok(()),
             Some(want) => Err(Error::cache(
@@ -391,10 +431,11 @@ impl ArrayReader {
                 Some(offsets.into_boxed_slice())
             }
         };
-        if inner.is_none() {
-            // A plain chunk file is its block's decoded bytes: check them once, when mapped.
-            // (Shards hash the assembled block; `prep inspect --verify` checks those.)
-            self.check_hash(b, &map, &path)?;
+        // Checked once, when mapped: a plain chunk file is its block's decoded bytes; a shard
+        // is hashed as the block its inner chunks assemble.
+        match &inner {
+            None => self.check_hash(b, &map, &path)?,
+            Some(offsets) => self.check_shard(b, &map, offsets, &path)?,
         }
         Ok(Some(MappedBlock { map, inner }))
     }
