@@ -633,6 +633,49 @@ def check_repro(b1: Build, b2: Build):
                           if not problems else f"{problems}")
 
 
+def make_nifti2_copy(data: Path, root: Path) -> Path:
+    """The same cases rewritten by nibabel as NIfTI-2 (images .nii.gz, labels .nii)."""
+    out = root / "mni152-nifti2"
+    for sub, ext in (("imagesTr", ".nii.gz"), ("labelsTr", ".nii")):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+        for f in sorted((data / sub).glob("*.nii*")):
+            img = nib.load(f)
+            # nibabel's NIfTI-2 header with every NIfTI-1 field carried over (f32 -> f64 is
+            # exact), then the stored values as they are: nibabel's array writer would rescale.
+            hdr = nib.Nifti2Header.from_header(img.header)
+            hdr["vox_offset"] = 544
+            raw = np.asanyarray(img.dataobj.get_unscaled()).astype(hdr.get_data_dtype())
+            body = hdr.binaryblock + b"\0" * 4 + raw.tobytes(order="F")
+            name = f.name.split(".nii")[0] + ext
+            path = out / sub / name
+            path.write_bytes(gzip.compress(body, compresslevel=6, mtime=0) if ext.endswith(".gz") else body)
+            back = nib.load(path)
+            assert isinstance(back, nib.Nifti2Image) and back.header["sizeof_hdr"] == 540, name
+            assert np.array_equal(back.get_fdata(), img.get_fdata()), name
+            assert np.array_equal(back.affine, img.affine), name
+    return out
+
+
+def check_nifti2(one: Build, two: Build, case: str):
+    """NIfTI-2 copies read as the same voxels and geometry: identical arrays and input affine."""
+    a1, img1, lab1, fg1 = read_arrays(one.entry(case))
+    a2, img2, lab2, fg2 = read_arrays(two.entry(case))
+    problems = []
+    if not np.array_equal(img1, img2):
+        problems.append("image differs")
+    if not np.array_equal(lab1, lab2) or lab1.dtype != lab2.dtype:
+        problems.append("label differs")
+    if not np.array_equal(fg1, fg2):
+        problems.append("fg differs")
+    for k in ("shape_xyz", "spacing_xyz", "affine", "affine_source", "datatype", "unit"):
+        if a1["input"][k] != a2["input"][k]:
+            problems.append(f"input.{k}: {a1['input'][k]} vs {a2['input'][k]}")
+    if a1["output"] != a2["output"]:
+        problems.append("output geometry differs")
+    return not problems, (f"{img1.shape} image, label, fg and geometry identical to the NIfTI-1 build"
+                          if not problems else f"{problems}")
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -754,6 +797,18 @@ def run_all(checks: Checks, prep: Path, work: Path, dcache: Path) -> None:
     for bn in bases + [n for n in ("down.shard", "down.oddchunk") if n in builds]:
         for c in cases:
             checks.run(f"fg.{bn}.{c}", check_fg, builds[bn], c)
+    # 9. NIfTI-2 (written by nibabel) reads as its NIfTI-1 original.
+    if "down" in builds:
+        try:
+            two_data = make_nifti2_copy(data, work)
+            report, dt, argv = run_prep(prep, two_data, work / "cache-nifti2", SPACING_DOWN, [])
+        except Exception as e:  # noqa: BLE001
+            checks.record("build.nifti2", False, f"{e}")
+        else:
+            two = Build("nifti2", work / "cache-nifti2", report, dt, argv)
+            if checks.run("build.nifti2", check_build, two, cases):
+                for c in cases:
+                    checks.run(f"nifti2.{c}", check_nifti2, builds["down"], two, c)
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ fn not_nifti_at_all() {
     std::fs::write(&p, b"hello").unwrap();
     let e = read_volume(&p).err().unwrap().to_string();
     assert!(
-        e.contains("notes.nii") && e.contains("not a NIfTI-1 file"),
+        e.contains("notes.nii") && e.contains("not a NIfTI file"),
         "{e}"
     );
     let p = dir.path().join("empty.nii.gz");
@@ -391,4 +391,68 @@ fn a_corrupt_gzip_fails_while_inflating_to_a_scratch_file() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("c.nii.gz") && e.contains("gzip"), "{e}");
+}
+
+#[test]
+fn nifti2_reads_as_its_nifti1_twin_and_refuses_what_does_not_fit() {
+    let dir = tmp();
+    let vals: Vec<i16> = (0..60).map(|i| (i * 37 % 101) as i16 - 50).collect();
+    for big in [false, true] {
+        for (qcode, scode) in [(1, 0), (0, 2), (1, 1)] {
+            let mut n = Nii::new([5, 4, 3], [0.7, 1.1, 2.5], &vals, big);
+            n.scl = (0.5, -3.0);
+            n.qform_code = qcode;
+            n.quatern = [0.0, 0.0, 1.0, 10.0, 20.0, 30.0];
+            n.sform_code = scode;
+            n.srow = [
+                [0.0, -1.1, 0.0, 5.0],
+                [0.7, 0.0, 0.0, -3.0],
+                [0.0, 0.0, 2.5, 1.0],
+            ];
+            n.xyzt_units = 3; // micrometres
+            for ext in ["nii", "nii.gz"] {
+                let (one, two) = (
+                    dir.path().join(format!("one.{ext}")),
+                    dir.path().join(format!("two.{ext}")),
+                );
+                n.write(&one);
+                n.write_v2(&two);
+                let (a, b) = (read_volume(&one).unwrap(), read_volume(&two).unwrap());
+                let what = format!("big-endian {big}, codes {qcode}/{scode}, {ext}");
+                assert_eq!(a.data, b.data, "{what}");
+                assert_eq!(a.header.shape_xyz, b.header.shape_xyz, "{what}");
+                assert_eq!(a.header.spacing_xyz, b.header.spacing_xyz, "{what}");
+                assert_eq!(a.header.affine, b.header.affine, "{what}");
+                assert_eq!(a.header.affine_source, b.header.affine_source, "{what}");
+                assert_eq!(a.header.unit, b.header.unit, "{what}");
+                assert_eq!(b.header.big_endian, big, "{what}");
+                assert_eq!(read_header(&two).unwrap().affine, a.header.affine, "{what}");
+            }
+        }
+    }
+    // What a NIfTI-2 header may say but this reader cannot hold: refused, file named.
+    let p = dir.path().join("bad2.nii");
+    let err = |bytes: &[u8]| {
+        std::fs::write(&p, bytes).unwrap();
+        read_volume(&p).unwrap_err().to_string()
+    };
+    let good = Nii::new([5, 4, 3], [1.0; 3], &vals, false).bytes_v2();
+    let mut b = good.clone();
+    b[24..32].copy_from_slice(&40_000i64.to_le_bytes()); // dim[1]
+    let e = err(&b);
+    assert!(e.contains("bad2.nii") && e.contains("32767"), "{e}");
+    let mut b = good.clone();
+    b[4..8].copy_from_slice(b"n+1\0");
+    assert!(err(&b).contains("magic"));
+    let mut b = good.clone();
+    b[168..176].copy_from_slice(&100i64.to_le_bytes()); // vox_offset inside the header
+    assert!(err(&b).contains("vox_offset"));
+    let e = err(&good[..500]);
+    assert!(e.contains("bad2.nii"), "{e}");
+    let mut b = good.clone();
+    b[104 + 8..104 + 16].copy_from_slice(&1e300f64.to_le_bytes()); // pixdim[1] beyond f32
+    assert!(err(&b).contains("pixdim[1]"));
+    // Voxels past what the file holds, as for NIfTI-1.
+    let e = err(&good[..good.len() - 10]);
+    assert!(e.contains("truncated"), "{e}");
 }

@@ -1,5 +1,6 @@
-//! The header: read and validate a NIfTI-1 header (dimensions, datatype, spacing, offset,
-//! scaling) and derive its affine from sform, qform or pixdim.
+//! The header: read and validate a NIfTI-1 header, or a NIfTI-2 one read into the same fields
+//! (dimensions, datatype, spacing, offset, scaling), and derive its affine from sform, qform or
+//! pixdim.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -9,12 +10,13 @@ use nifti::{NiftiHeader, NiftiType};
 use serde::Serialize;
 
 use super::file::{gz_message, is_gzip, open_input, read_up_to};
+use super::nifti2::{is_nifti2, to_nifti1, NIFTI2_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::geometry::Affine;
 
 pub(super) const NIFTI1_HEADER_BYTES: usize = 348;
 
-/// The validated facts of a NIfTI-1 header.
+/// The validated facts of a NIfTI-1 or NIfTI-2 header.
 #[derive(Clone, Debug, Serialize)]
 pub struct HeaderInfo {
     pub path: PathBuf,
@@ -78,16 +80,29 @@ pub fn read_header(path: &Path) -> Result<HeaderInfo> {
     let gzip = is_gzip(&magic[..n]);
     drop(file);
     let file = open_input(path)?;
-    let mut head = Vec::with_capacity(NIFTI1_HEADER_BYTES);
     let res = if gzip {
-        MultiGzDecoder::new(file)
-            .take(NIFTI1_HEADER_BYTES as u64)
-            .read_to_end(&mut head)
+        read_head(&mut MultiGzDecoder::new(file))
     } else {
-        file.take(NIFTI1_HEADER_BYTES as u64).read_to_end(&mut head)
+        read_head(&mut std::io::BufReader::new(file))
     };
-    res.map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
+    let head =
+        res.map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
     parse_header(path, &head, gzip)
+}
+
+/// The header's bytes from the start of a (decompressed) stream: 348, or 540 when sizeof_hdr
+/// announces NIfTI-2; fewer when the stream ends first (the parser says so). Never more, so
+/// what follows is the extension or voxel data.
+pub(super) fn read_head(r: &mut (impl Read + ?Sized)) -> std::io::Result<Vec<u8>> {
+    let mut head = vec![0u8; NIFTI1_HEADER_BYTES];
+    let n = read_up_to(r, &mut head)?;
+    head.truncate(n);
+    if is_nifti2(&head) {
+        head.resize(NIFTI2_HEADER_BYTES, 0);
+        let m = read_up_to(r, &mut head[NIFTI1_HEADER_BYTES..])?;
+        head.truncate(NIFTI1_HEADER_BYTES + m);
+    }
+    Ok(head)
 }
 
 /// Validate a header from its first bytes.
@@ -96,43 +111,41 @@ pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<Heade
         return Err(Error::nifti(
             path,
             format!(
-                "not a NIfTI-1 file: only {} bytes, a header needs {NIFTI1_HEADER_BYTES}",
+                "not a NIfTI file: only {} bytes, a header needs {NIFTI1_HEADER_BYTES}",
                 head.len()
             ),
         ));
     }
-    let sizeof_le = i32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-    let sizeof_be = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
-    if sizeof_le == 540 || sizeof_be == 540 {
-        return Err(Error::nifti(
-            path,
-            "NIfTI-2 files are not supported yet (convert to NIfTI-1, e.g. with nibabel)",
-        ));
-    }
-    if sizeof_le != 348 && sizeof_be != 348 {
-        return Err(Error::nifti(
-            path,
-            "not a NIfTI-1 file (sizeof_hdr is not 348)",
-        ));
-    }
-    let magic = &head[344..348];
-    if magic == b"ni1\0" {
-        return Err(Error::nifti(
-            path,
-            "NIfTI-1 .hdr/.img pairs are not supported; use single-file .nii or .nii.gz",
-        ));
-    }
-    if magic != b"n+1\0" {
-        return Err(Error::nifti(
-            path,
-            format!(
-                "bad NIfTI-1 magic {:?} (expected \"n+1\")",
-                String::from_utf8_lossy(magic)
-            ),
-        ));
-    }
-    let mut raw = NiftiHeader::from_reader(head)
-        .map_err(|e| Error::nifti(path, format!("invalid header: {e}")))?;
+    let mut raw = if is_nifti2(head) {
+        to_nifti1(head).map_err(|m| Error::nifti(path, m))?
+    } else {
+        let sizeof_le = i32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        let sizeof_be = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        if sizeof_le != 348 && sizeof_be != 348 {
+            return Err(Error::nifti(
+                path,
+                "not a NIfTI file (sizeof_hdr is neither 348 nor 540)",
+            ));
+        }
+        let magic = &head[344..348];
+        if magic == b"ni1\0" {
+            return Err(Error::nifti(
+                path,
+                "NIfTI-1 .hdr/.img pairs are not supported; use single-file .nii or .nii.gz",
+            ));
+        }
+        if magic != b"n+1\0" {
+            return Err(Error::nifti(
+                path,
+                format!(
+                    "bad NIfTI-1 magic {:?} (expected \"n+1\")",
+                    String::from_utf8_lossy(magic)
+                ),
+            ));
+        }
+        NiftiHeader::from_reader(head)
+            .map_err(|e| Error::nifti(path, format!("invalid header: {e}")))?
+    };
     // The byte order is the header's as a whole, decided by dim[0] (the nifti crate's rule and
     // nibabel's): a sizeof_hdr written the other way round must not flip the voxels' order.
     let big_endian = raw.endianness == nifti::Endianness::Big;

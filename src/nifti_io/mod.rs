@@ -1,4 +1,4 @@
-//! Reading NIfTI-1 headers and volumes.
+//! Reading NIfTI-1 and NIfTI-2 headers and volumes.
 //!
 //! Everything a header says is checked before anything is allocated from it: dimensions,
 //! datatype, spacing and the voxel data's byte count against what the file really holds. Gzip
@@ -8,7 +8,8 @@
 //! ([`read_volume`], for tests and small tools): memory does not grow with the input.
 //!
 //! Stages (one job each): `file` opens input files (regular files only) and inflates gzip;
-//! `header` parses and validates the header and derives the affine; `stream` reads a file once,
+//! `header` parses and validates the header and derives the affine (`nifti2` reads a NIfTI-2
+//! header into the same fields); `stream` reads a file once,
 //! hashing it and handing its voxel bytes on a block at a time; `voxels` decodes stored bytes
 //! to f32; `source` keeps a volume's voxels for random access (in memory, or in a scratch
 //! file); `labels` checks label values.
@@ -16,6 +17,7 @@
 mod file;
 mod header;
 mod labels;
+mod nifti2;
 mod source;
 mod stream;
 mod voxels;

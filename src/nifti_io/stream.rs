@@ -9,7 +9,7 @@ use std::path::Path;
 use flate2::bufread::MultiGzDecoder;
 
 use super::file::{gz_message, is_gzip, open_input, read_up_to};
-use super::header::{parse_header, HeaderInfo, NIFTI1_HEADER_BYTES};
+use super::header::{parse_header, read_head, HeaderInfo};
 use crate::error::{Error, Result};
 
 /// Voxels per block handed to a sink: a whole number of the statistics' pieces (2^16 voxels),
@@ -98,13 +98,11 @@ fn voxels_from(
             Error::io(path, e)
         }
     };
-    let mut head = vec![0u8; NIFTI1_HEADER_BYTES];
-    let got = read_up_to(r, &mut head)
+    let head = read_head(r)
         .map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
-    head.truncate(got);
     let header = parse_header(path, &head, gzip)?;
     // Extensions between the header and the voxels are skipped.
-    let skip = (header.vox_offset - NIFTI1_HEADER_BYTES) as u64;
+    let skip = header.vox_offset.saturating_sub(head.len()) as u64;
     let skipped = std::io::copy(&mut r.take(skip), &mut std::io::sink()).map_err(read_err)?;
     let truncated = |have: u64| {
         Error::nifti(

@@ -146,16 +146,58 @@ impl Nii {
         h
     }
 
-    pub fn write(&self, path: &Path) {
-        let bytes = self.bytes();
-        if path.to_string_lossy().ends_with(".gz") {
-            let f = std::fs::File::create(path).unwrap();
-            let mut gz = GzEncoder::new(f, Compression::fast());
-            gz.write_all(&bytes).unwrap();
-            gz.finish().unwrap();
-        } else {
-            std::fs::write(path, bytes).unwrap();
+    /// The same image as a NIfTI-2 file (540-byte header, 64-bit fields, vox_offset 544), written
+    /// from the NIfTI-2 layout independently of the reader.
+    pub fn bytes_v2(&self) -> Vec<u8> {
+        let mut h = vec![0u8; 544];
+        let be = self.big_endian;
+        let put = |h: &mut Vec<u8>, at: usize, le: &[u8]| {
+            let mut b = le.to_vec();
+            if be {
+                b.reverse();
+            }
+            h[at..at + b.len()].copy_from_slice(&b);
+        };
+        put(&mut h, 0, &540i32.to_le_bytes());
+        h[4..12].copy_from_slice(b"n+2\0\r\n\x1a\n");
+        put(&mut h, 12, &self.datatype.to_le_bytes());
+        put(&mut h, 14, &self.bitpix.to_le_bytes());
+        let mut dim = [1i64; 8];
+        dim[0] = self.dims.len() as i64;
+        for (i, d) in self.dims.iter().enumerate() {
+            dim[i + 1] = *d as i64;
         }
+        for (i, d) in dim.iter().enumerate() {
+            put(&mut h, 16 + 8 * i, &d.to_le_bytes());
+        }
+        for (i, p) in self.pixdim.iter().enumerate() {
+            put(&mut h, 104 + 8 * i, &(*p as f64).to_le_bytes());
+        }
+        put(&mut h, 168, &544i64.to_le_bytes());
+        put(&mut h, 176, &(self.scl.0 as f64).to_le_bytes());
+        put(&mut h, 184, &(self.scl.1 as f64).to_le_bytes());
+        put(&mut h, 344, &(self.qform_code as i32).to_le_bytes());
+        put(&mut h, 348, &(self.sform_code as i32).to_le_bytes());
+        for (i, q) in self.quatern.iter().enumerate() {
+            put(&mut h, 352 + 8 * i, &(*q as f64).to_le_bytes());
+        }
+        for (r, row) in self.srow.iter().enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                put(&mut h, 400 + 32 * r + 8 * c, &(*v as f64).to_le_bytes());
+            }
+        }
+        put(&mut h, 500, &(self.xyzt_units as i32).to_le_bytes());
+        h.extend_from_slice(&self.data);
+        h
+    }
+
+    /// Write [`Self::bytes_v2`] (gzipped for a `.gz` path).
+    pub fn write_v2(&self, path: &Path) {
+        write_maybe_gz(path, &self.bytes_v2());
+    }
+
+    pub fn write(&self, path: &Path) {
+        write_maybe_gz(path, &self.bytes());
     }
 
     /// Gzip in several members (as some writers do): each member holds a slice of the bytes.
@@ -232,4 +274,16 @@ pub fn tree_hashes(dir: &Path) -> std::collections::BTreeMap<String, String> {
             (rel, hash.to_hex().to_string())
         })
         .collect()
+}
+
+/// Write `bytes` to `path`, gzipped when the name ends in `.gz`.
+fn write_maybe_gz(path: &Path, bytes: &[u8]) {
+    if path.to_string_lossy().ends_with(".gz") {
+        let f = std::fs::File::create(path).unwrap();
+        let mut gz = GzEncoder::new(f, Compression::fast());
+        gz.write_all(bytes).unwrap();
+        gz.finish().unwrap();
+    } else {
+        std::fs::write(path, bytes).unwrap();
+    }
 }
