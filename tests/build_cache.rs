@@ -685,3 +685,108 @@ fn a_large_gzip_input_builds_in_less_memory_than_its_inflated_size() {
     let v = prep(&["inspect", cache.to_str().unwrap(), "--verify"]);
     assert!(v.status.success(), "{}", stderr(&v));
 }
+
+#[test]
+fn a_dataset_json_is_read_and_its_labels_and_endings_are_held_to() {
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    let json = data.join("dataset.json");
+    let cache = t.path().join("cache");
+    // nnU-Net v2: classes 0 and 1 listed; every case builds.
+    std::fs::write(
+        &json,
+        r#"{"channel_names": {"0": "CT"}, "labels": {"background": 0, "vessel": 1},
+            "numTraining": 3, "file_ending": ".nii.gz"}"#,
+    )
+    .unwrap();
+    let (o, r) = build_report(&data, &cache, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(count(&r, "built"), 3);
+    let text = prep(&["inspect", data.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(
+        out.contains("dataset.json (nnU-Net v2): channels CT; labels background 0, vessel 1"),
+        "{out}"
+    );
+
+    // A label value the file does not list fails that case, naming the label file.
+    std::fs::write(
+        &json,
+        r#"{"channel_names": {"0": "CT"}, "labels": {"background": 0}, "file_ending": ".nii.gz"}"#,
+    )
+    .unwrap();
+    let (o, r) = build_report(&data, &t.path().join("c2"), &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let f = failures(&r);
+    assert_eq!(f.len(), 3, "{f:?}");
+    assert!(
+        f["a"].contains("labelsTr/a.nii.gz") && f["a"].contains("does not list"),
+        "{f:?}"
+    );
+    let (o, j) = inspect_json(&data);
+    assert!(o.contains("does not list"), "{j}");
+
+    // MSD layout (value -> name) with one modality builds like the nnU-Net one.
+    std::fs::write(
+        &json,
+        r#"{"name": "x", "modality": {"0": "MRI"}, "labels": {"0": "background", "1": "vessel"},
+            "training": [], "test": []}"#,
+    )
+    .unwrap();
+    let (o, r) = build_report(&data, &cache, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(count(&r, "cached"), 3);
+
+    // Two channels declared: each case is refused with the channel names (and with no case
+    // left to plan from, the job stops).
+    std::fs::write(
+        &json,
+        r#"{"channel_names": {"0": "T2", "1": "ADC"}, "labels": {"background": 0, "vessel": 1}}"#,
+    )
+    .unwrap();
+    let (o, _) = build_report(&data, &t.path().join("c3"), &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    for case in ["a", "b", "c"] {
+        assert!(
+            e.contains(&format!(
+                "case {case}: dataset.json declares 2 channels (T2, ADC)"
+            )),
+            "{e}"
+        );
+    }
+
+    // A file ending that is not NIfTI stops the job before any work, naming the file.
+    std::fs::write(
+        &json,
+        r#"{"labels": {"background": 0}, "file_ending": ".mha"}"#,
+    )
+    .unwrap();
+    let (o, _) = build_report(&data, &t.path().join("c4"), &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("dataset.json") && stderr(&o).contains(".mha"),
+        "{}",
+        stderr(&o)
+    );
+    // And a broken one says where.
+    std::fs::write(&json, "{\"labels\": ").unwrap();
+    let (o, _) = build_report(&data, &t.path().join("c5"), &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("dataset.json") && stderr(&o).contains("JSON"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `prep inspect DATA --json`: its stdout and stderr together, and the parsed report.
+fn inspect_json(data: &Path) -> (String, serde_json::Value) {
+    let o = prep(&["inspect", data.to_str().unwrap(), "--json"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (text, serde_json::from_slice(&o.stdout).unwrap_or_default())
+}

@@ -23,6 +23,8 @@ pub(super) struct Job<'a> {
     pub(super) scanned: &'a ScannedCase,
     pub(super) plan: &'a CasePlan,
     pub(super) key: String,
+    /// The label values dataset.json allows, if the dataset has one.
+    pub(super) label_values: Option<&'a std::collections::BTreeSet<u16>>,
 }
 
 /// A case read and checked, its statistics known, ready to be resampled and written. Its
@@ -72,6 +74,9 @@ pub(super) fn decode_case(
         || {
             s.source.label.as_ref().map(|p| {
                 let mut check = nifti_io::LabelCheck::new(p);
+                if let Some(v) = job.label_values {
+                    check = check.allowing_only(v);
+                }
                 nifti_io::VoxelSource::open(p, source, &mut |b| check.block(b)).map(|(v, st)| {
                     DecodedLabel {
                         voxels: v,

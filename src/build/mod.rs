@@ -130,6 +130,9 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         .unwrap_or_else(|| crate::dataset::default_name(&opts.source));
     let found = discover(&opts.source)?;
     let cases = found.cases;
+    // The label values dataset.json allows, when there is one: a label holding another fails
+    // its case (a mislabelled file, or a dataset.json that forgot a class).
+    let label_values = found.description.as_ref().map(|d| d.label_values());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs)
         .build()
@@ -275,6 +278,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                     scanned: s,
                     plan: &plans[i],
                     key,
+                    label_values: label_values.as_ref(),
                 }),
             },
         }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::format::dataset_json::DatasetDescription;
 
 /// One case: an image and, optionally, its label.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -62,10 +63,17 @@ pub struct Discovered {
     /// Cases that cannot be built as found (two images, a label without an image, a name
     /// that is not UTF-8...): reported, never stopping the others.
     pub problems: Vec<CaseProblem>,
+    /// The folder's `dataset.json`, when it has one.
+    pub description: Option<DatasetDescription>,
 }
 
-/// The NIfTI files in `dir`, sorted; names that are not UTF-8 become problems.
-fn list_nifti(dir: &Path, problems: &mut Vec<CaseProblem>) -> Result<Vec<PathBuf>> {
+/// The NIfTI files in `dir` (only those ending in `ending` when a dataset.json names one),
+/// sorted; names that are not UTF-8 become problems.
+fn list_nifti(
+    dir: &Path,
+    ending: Option<&str>,
+    problems: &mut Vec<CaseProblem>,
+) -> Result<Vec<PathBuf>> {
     let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
     let mut out = Vec::new();
     for entry in rd {
@@ -85,6 +93,9 @@ fn list_nifti(dir: &Path, problems: &mut Vec<CaseProblem>) -> Result<Vec<PathBuf
             continue;
         };
         if name.starts_with('.') || strip_nifti_ext(name).is_none() {
+            continue;
+        }
+        if ending.is_some_and(|e| !name.ends_with(e)) {
             continue;
         }
         out.push(entry.path());
@@ -117,14 +128,30 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
         return Err(Error::Dataset(format!("{}: not a folder", dir.display())));
     }
     let mut problems = Vec::new();
+    let json = dir.join("dataset.json");
+    let description = if json.is_file() {
+        Some(DatasetDescription::read(&json)?)
+    } else {
+        None
+    };
+    let ending = description.as_ref().and_then(|d| d.file_ending.clone());
+    if let Some(e) = &ending {
+        if !EXTENSIONS.contains(&e.as_str()) {
+            return Err(Error::Dataset(format!(
+                "{}: file_ending {e:?}: voxcache reads NIfTI files (.nii, .nii.gz) only",
+                json.display()
+            )));
+        }
+    }
+    let ending = ending.as_deref();
     let images_dir = dir.join("imagesTr");
     let (image_files, labels_dir) = if images_dir.is_dir() {
         (
-            list_nifti(&images_dir, &mut problems)?,
+            list_nifti(&images_dir, ending, &mut problems)?,
             Some(dir.join("labelsTr")),
         )
     } else {
-        (list_nifti(dir, &mut problems)?, None)
+        (list_nifti(dir, ending, &mut problems)?, None)
     };
     if image_files.is_empty() && problems.is_empty() {
         return Err(Error::Dataset(format!(
@@ -133,6 +160,7 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
         )));
     }
     let mut by_id: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut multi = std::collections::BTreeSet::new();
     for path in image_files {
         let stem = strip_nifti_ext(file_name(&path))
             .unwrap_or_default()
@@ -144,6 +172,25 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
             }
             _ => (stem.clone(), None),
         };
+        // A dataset.json of several channels: say so once per case, naming them.
+        let channels = description.as_ref().map_or(&[][..], |d| &d.channels[..]);
+        if channels.len() > 1 {
+            if channel.as_deref() == Some("0000") || channel.is_none() {
+                multi.insert(id.clone());
+                problems.push(CaseProblem {
+                    error: Error::case(
+                        &id,
+                        format!(
+                            "dataset.json declares {} channels ({}): multi-channel images are not supported yet",
+                            channels.len(),
+                            channels.join(", ")
+                        ),
+                    ),
+                    id,
+                });
+            }
+            continue;
+        }
         if let Some(ch) = channel.as_deref() {
             if ch != "0000" {
                 problems.push(CaseProblem {
@@ -176,10 +223,13 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
     }
     let mut labels: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(ld) = labels_dir.filter(|d| d.is_dir()) {
-        for path in list_nifti(&ld, &mut problems)? {
+        for path in list_nifti(&ld, ending, &mut problems)? {
             let id = strip_nifti_ext(file_name(&path))
                 .unwrap_or_default()
                 .to_string();
+            if multi.contains(&id) {
+                continue;
+            }
             if !by_id.contains_key(&id) {
                 problems.push(CaseProblem {
                     error: Error::nifti(
@@ -214,7 +264,11 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
             CaseSource { id, image, label }
         })
         .collect();
-    Ok(Discovered { cases, problems })
+    Ok(Discovered {
+        cases,
+        problems,
+        description,
+    })
 }
 
 /// Case id of `name` under a file-name pattern with one `*`.
@@ -286,6 +340,7 @@ fn discover_globs(images: &str, labels: Option<&str>) -> Result<Discovered> {
     Ok(Discovered {
         cases,
         problems: Vec::new(),
+        description: None,
     })
 }
 

@@ -1,6 +1,6 @@
-//! `dataset.json` in the nnU-Net v2 layout, as `prep synth` writes it: the dataset's name,
-//! channels, label names and case count, plus the generator's own record of each case.
-//! (Reading users' nnU-Net and Medical Segmentation Decathlon files is for the dataset stage.)
+//! `dataset.json`: as `prep synth` writes it (nnU-Net v2 layout: the dataset's name, channels,
+//! label names and case count, plus the generator's own record of each case), and as users'
+//! nnU-Net v2 and Medical Segmentation Decathlon datasets hold it ([`DatasetDescription`]).
 
 use std::collections::BTreeMap;
 
@@ -43,5 +43,269 @@ impl DatasetJson {
         let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
         bytes.push(b'\n');
         bytes
+    }
+}
+
+/// What a user's `dataset.json` says, read from either layout voxcache meets: nnU-Net v2
+/// (`channel_names`, `labels` name -> value or region list, `file_ending`, `numTraining`) or the
+/// Medical Segmentation Decathlon's (`modality`, `labels` value -> name, `training` pairs,
+/// `test`). Everything voxcache does not use is ignored; what it uses is checked.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DatasetDescription {
+    /// "nnU-Net v2" or "Medical Segmentation Decathlon".
+    pub layout: &'static str,
+    /// The dataset's name, if given.
+    pub name: Option<String>,
+    /// Channel names in channel order (`_0000`, `_0001`...): nnU-Net picks normalization by them.
+    pub channels: Vec<String>,
+    /// Label classes in value order. A region (nnU-Net) lists several values.
+    pub labels: Vec<LabelClass>,
+    /// nnU-Net's `ignore` label: voxels of this value are not annotated.
+    pub ignore_label: Option<u16>,
+    /// Extension of every image and label file, e.g. ".nii.gz" (nnU-Net).
+    pub file_ending: Option<String>,
+    /// Training cases the file counts.
+    pub num_training: Option<usize>,
+    /// MSD: (image, label) paths of the training cases, relative to the dataset folder.
+    pub training: Vec<(String, String)>,
+}
+
+/// One label class of a dataset.json.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LabelClass {
+    /// Its name ("background", "liver"...).
+    pub name: String,
+    /// The label-file values it stands for: one, or several for an nnU-Net region.
+    pub values: Vec<u16>,
+}
+
+impl DatasetDescription {
+    /// Every label value the file allows (classes and the ignore label).
+    pub fn label_values(&self) -> std::collections::BTreeSet<u16> {
+        let mut v: std::collections::BTreeSet<u16> = self
+            .labels
+            .iter()
+            .flat_map(|c| c.values.iter().copied())
+            .collect();
+        v.extend(self.ignore_label);
+        v
+    }
+
+    /// Whether any class is a region (several values, as BraTS's whole tumour).
+    pub fn has_regions(&self) -> bool {
+        self.labels.iter().any(|c| c.values.len() > 1)
+    }
+
+    /// Read and check `path`; the error names the file and the field.
+    pub fn read(path: &std::path::Path) -> crate::error::Result<Self> {
+        let bad = |m: String| crate::error::Error::Dataset(format!("{}: {m}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| crate::error::Error::io(path, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+        Self::from_value(&v).map_err(bad)
+    }
+
+    /// The checks of [`Self::read`], on parsed JSON.
+    pub fn from_value(v: &serde_json::Value) -> std::result::Result<Self, String> {
+        let obj = v.as_object().ok_or("the top level is not a JSON object")?;
+        let msd = obj.contains_key("modality") || obj.contains_key("training");
+        let channels_field = if msd { "modality" } else { "channel_names" };
+        let channels = match obj.get(channels_field) {
+            None => Vec::new(),
+            Some(c) => indexed_names(c).map_err(|e| format!("{channels_field}: {e}"))?,
+        };
+        let labels_v = obj.get("labels").ok_or("no \"labels\"")?;
+        let labels_o = labels_v.as_object().ok_or("\"labels\" is not an object")?;
+        let mut labels = Vec::new();
+        let mut ignore_label = None;
+        for (k, val) in labels_o {
+            // MSD writes value -> name; nnU-Net v2 name -> value (or a list: a region).
+            let (name, values) = match val {
+                serde_json::Value::String(name) => {
+                    let value = k.parse::<u16>().map_err(|_| {
+                        format!("labels: key {k:?} is not a label value (0..65535)")
+                    })?;
+                    (name.clone(), vec![value])
+                }
+                serde_json::Value::Array(a) if !a.is_empty() => (
+                    k.clone(),
+                    a.iter()
+                        .map(label_value)
+                        .collect::<std::result::Result<_, _>>()?,
+                ),
+                other => (k.clone(), vec![label_value(other)?]),
+            };
+            if name == "ignore" {
+                if values.len() != 1 {
+                    return Err("labels: \"ignore\" must be one value".into());
+                }
+                ignore_label = Some(values[0]);
+                continue;
+            }
+            labels.push(LabelClass { name, values });
+        }
+        labels.sort_by_key(|c| c.values.clone());
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &labels {
+            // A region may reuse its members' values; a plain class may not repeat one.
+            if c.values.len() == 1 && !seen.insert(c.values[0]) {
+                return Err(format!("labels: value {} is given twice", c.values[0]));
+            }
+        }
+        if !labels.iter().any(|c| c.values == [0]) {
+            return Err("labels: no background class with value 0".into());
+        }
+        if let Some(i) = ignore_label {
+            if labels.iter().any(|c| c.values.iter().any(|&v| v >= i)) {
+                return Err(format!(
+                    "labels: the ignore label ({i}) must be above every class value"
+                ));
+            }
+        }
+        let file_ending = match obj.get("file_ending") {
+            None => None,
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err("\"file_ending\" is not a string".into()),
+        };
+        let num_training = match obj.get("numTraining") {
+            None => None,
+            Some(n) => Some(n.as_u64().ok_or("\"numTraining\" is not a whole number")? as usize),
+        };
+        let mut training = Vec::new();
+        if let Some(t) = obj.get("training") {
+            let items = t.as_array().ok_or("\"training\" is not a list")?;
+            for (i, it) in items.iter().enumerate() {
+                let field = |k: &str| {
+                    it.get(k)
+                        .and_then(|s| s.as_str())
+                        .map(str::to_string)
+                        .ok_or(format!("training[{i}] has no \"{k}\" path"))
+                };
+                training.push((field("image")?, field("label")?));
+            }
+        }
+        Ok(DatasetDescription {
+            layout: if msd {
+                "Medical Segmentation Decathlon"
+            } else {
+                "nnU-Net v2"
+            },
+            name: obj.get("name").and_then(|n| n.as_str()).map(str::to_string),
+            channels,
+            labels,
+            ignore_label,
+            file_ending,
+            num_training,
+            training,
+        })
+    }
+}
+
+/// A label value: a whole number from 0 to 65535.
+fn label_value(v: &serde_json::Value) -> std::result::Result<u16, String> {
+    v.as_u64()
+        .and_then(|n| u16::try_from(n).ok())
+        .ok_or(format!("labels: {v} is not a label value (0..65535)"))
+}
+
+/// `{"0": "CT", "1": "T2"}` as names in index order; the indices must be 0..n-1.
+fn indexed_names(v: &serde_json::Value) -> std::result::Result<Vec<String>, String> {
+    let o = v.as_object().ok_or("not an object of index -> name")?;
+    let mut by_index = BTreeMap::new();
+    for (k, name) in o {
+        let i: usize = k
+            .parse()
+            .map_err(|_| format!("key {k:?} is not a channel index"))?;
+        let name = name
+            .as_str()
+            .ok_or(format!("channel {k} has no name string"))?;
+        by_index.insert(i, name.to_string());
+    }
+    if by_index.keys().copied().ne(0..by_index.len()) {
+        return Err(format!(
+            "channel indices {:?} are not 0..{}",
+            by_index.keys().collect::<Vec<_>>(),
+            by_index.len().saturating_sub(1)
+        ));
+    }
+    Ok(by_index.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nnunet_v2_with_regions_and_an_ignore_label() {
+        let d = DatasetDescription::from_value(&json!({
+            "channel_names": {"1": "T1", "0": "FLAIR", "2": "T1w", "3": "T2w"},
+            "labels": {"background": 0, "whole tumor": [1, 2, 3], "tumor core": [2, 3],
+                        "enhancing tumor": 3, "ignore": 4},
+            "regions_class_order": [1, 2, 3],
+            "numTraining": 484, "file_ending": ".nii.gz"
+        }))
+        .unwrap();
+        assert_eq!(d.layout, "nnU-Net v2");
+        assert_eq!(d.channels, ["FLAIR", "T1", "T1w", "T2w"]);
+        assert_eq!(d.ignore_label, Some(4));
+        assert!(d.has_regions());
+        assert_eq!(
+            d.label_values().into_iter().collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+        assert_eq!(
+            (d.num_training, d.file_ending.as_deref()),
+            (Some(484), Some(".nii.gz"))
+        );
+    }
+
+    #[test]
+    fn msd_layout_reads_values_to_names_and_training_pairs() {
+        let d = DatasetDescription::from_value(&json!({
+            "name": "Prostate", "modality": {"0": "T2", "1": "ADC"},
+            "labels": {"0": "background", "1": "PZ", "2": "TZ"},
+            "numTraining": 1, "numTest": 0,
+            "training": [{"image": "./imagesTr/prostate_00.nii.gz",
+                          "label": "./labelsTr/prostate_00.nii.gz"}],
+            "test": []
+        }))
+        .unwrap();
+        assert_eq!(d.layout, "Medical Segmentation Decathlon");
+        assert_eq!(d.channels, ["T2", "ADC"]);
+        let names: Vec<(&str, Vec<u16>)> = d
+            .labels
+            .iter()
+            .map(|c| (c.name.as_str(), c.values.clone()))
+            .collect();
+        assert_eq!(
+            names,
+            [("background", vec![0]), ("PZ", vec![1]), ("TZ", vec![2])]
+        );
+        assert_eq!(d.training.len(), 1);
+    }
+
+    #[test]
+    fn what_cannot_be_right_is_refused_by_field() {
+        let err = |v: serde_json::Value| DatasetDescription::from_value(&v).unwrap_err();
+        assert!(err(json!({"labels": {"vessel": 1}})).contains("background"));
+        assert!(err(json!({"labels": {"background": 0, "a": 1, "b": 1}})).contains("twice"));
+        assert!(err(json!({"labels": {"background": 0, "a": 70000}})).contains("70000"));
+        assert!(err(json!({"labels": {"background": 0, "a": 2, "ignore": 1}})).contains("ignore"));
+        assert!(err(
+            json!({"channel_names": {"0": "CT", "2": "PET"}, "labels": {"background": 0}})
+        )
+        .contains("channel_names"));
+        assert!(err(json!({"file_ending": 3, "labels": {"background": 0}})).contains("file_ending"));
+        assert!(err(json!([1, 2])).contains("object"));
+        assert!(err(json!({"channel_names": {}})).contains("labels"));
+    }
+
+    #[test]
+    fn the_synthetic_datasets_own_file_reads() {
+        let text = include_str!("../../data/vessels/dataset.json");
+        let d = DatasetDescription::from_value(&serde_json::from_str(text).unwrap()).unwrap();
+        assert_eq!(d.channels, ["two-photon"]);
+        assert_eq!(d.label_values().into_iter().collect::<Vec<_>>(), [0, 1]);
     }
 }

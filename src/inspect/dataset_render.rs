@@ -133,6 +133,33 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
         r.pipeline,
         dtype_name(r.image_dtype)
     );
+    if let Some(d) = &r.dataset_json {
+        let classes: Vec<String> = d
+            .labels
+            .iter()
+            .map(|c| {
+                let v: Vec<String> = c.values.iter().map(|v| v.to_string()).collect();
+                format!("{} {}", c.name, v.join("+"))
+            })
+            .collect();
+        out.push_str(&format!(
+            "dataset.json ({}){}: channels {}; labels {}{}\n",
+            d.layout,
+            d.name
+                .as_ref()
+                .map(|n| format!(" {n:?}"))
+                .unwrap_or_default(),
+            if d.channels.is_empty() {
+                "not named".to_string()
+            } else {
+                d.channels.join(", ")
+            },
+            classes.join(", "),
+            d.ignore_label
+                .map(|i| format!(", ignore {i}"))
+                .unwrap_or_default()
+        ));
+    }
 
     let mut t = Table::new(&[
         ("case", Align::Left),

@@ -13,6 +13,7 @@ use crate::config::SpacingChoice;
 use crate::dataset::scan::{scan, ScannedCase};
 use crate::dataset::{discover, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
+use crate::format::dataset_json::DatasetDescription;
 use crate::format::ImageDtype;
 use crate::nifti_io::{self, HeaderInfo};
 use crate::plan::{decide_spacing, plan_scanned};
@@ -144,6 +145,8 @@ pub struct DatasetReport {
     pub cases: Vec<CaseInfo>,
     pub spacing: Option<SpacingReport>,
     pub forecast: Option<ForecastTotals>,
+    /// The folder's dataset.json (nnU-Net v2 or MSD), when it has one.
+    pub dataset_json: Option<DatasetDescription>,
 }
 
 /// Voxel facts of one case.
@@ -213,9 +216,15 @@ impl IntensityFold {
 
 /// Voxels per label value, streamed. The outer error: the file cannot be read; the inner one:
 /// a value that is not a label (negative, fractional, over 65535), naming the file.
-fn label_counts(path: &Path) -> Result<Result<BTreeMap<String, u64>>> {
+fn label_counts(
+    path: &Path,
+    allowed: Option<&std::collections::BTreeSet<u16>>,
+) -> Result<Result<BTreeMap<String, u64>>> {
     let mut counts = vec![0u64; 1 << 16];
     let mut check = nifti_io::LabelCheck::new(path);
+    if let Some(v) = allowed {
+        check = check.allowing_only(v);
+    }
     let mut bad = None;
     let read = nifti_io::stream_f32(path, &mut |_, data| {
         if let Err(e) = check.block(data) {
@@ -239,7 +248,13 @@ fn label_counts(path: &Path) -> Result<Result<BTreeMap<String, u64>>> {
 
 /// Read one case's voxels: the image, then (after the image is dropped) the label, so one
 /// worker holds about one volume at a time.
-fn read_voxels(root: &Path, c: &CaseSource, image_ok: bool, label_ok: bool) -> VoxelFacts {
+fn read_voxels(
+    root: &Path,
+    c: &CaseSource,
+    image_ok: bool,
+    label_ok: bool,
+    allowed: Option<&std::collections::BTreeSet<u16>>,
+) -> VoxelFacts {
     let mut f = VoxelFacts::default();
     let unreadable = |p: &Path, e: Error| {
         Problem::error("unreadable", file_message(root, p, &e.to_string()))
@@ -268,7 +283,7 @@ fn read_voxels(root: &Path, c: &CaseSource, image_ok: bool, label_ok: bool) -> V
         }
     }
     if let (Some(lp), true) = (&c.label, label_ok) {
-        match label_counts(lp) {
+        match label_counts(lp, allowed) {
             Ok(Ok(counts)) => {
                 if counts.keys().all(|k| k == "0") {
                     f.problems.push(
@@ -365,6 +380,8 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
     let settings = &opts.settings;
     let found = discover(&DatasetSource::Folder(root.to_path_buf()))?;
     let cases = found.cases;
+    let description = found.description;
+    let label_values = description.as_ref().map(|d| d.label_values());
     let mut problems: Vec<Problem> = found
         .problems
         .into_iter()
@@ -398,7 +415,8 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
                 .zip(headers.par_iter())
                 .with_max_len(1)
                 .map(|(c, (ih, lh))| {
-                    read_voxels(root, c, ih.is_ok(), lh.as_ref().is_some_and(|r| r.is_ok()))
+                    let label_ok = lh.as_ref().is_some_and(|r| r.is_ok());
+                    read_voxels(root, c, ih.is_ok(), label_ok, label_values.as_ref())
                 })
                 .collect()
         })
@@ -523,6 +541,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
         cases: infos,
         spacing,
         forecast,
+        dataset_json: description,
     };
     Ok((report, problems))
 }

@@ -14,6 +14,8 @@ pub struct LabelCheck {
     path: PathBuf,
     seen: u64,
     max: f32,
+    /// Values dataset.json lists, as a table by value; `None`: any label value.
+    allowed: Option<Vec<bool>>,
 }
 
 fn valid(v: f32) -> bool {
@@ -27,7 +29,16 @@ impl LabelCheck {
             path: path.to_path_buf(),
             seen: 0,
             max: 0.0,
+            allowed: None,
         }
+    }
+
+    /// Refuse values not in `values` too (the classes a dataset.json lists).
+    pub fn allowing_only(mut self, values: &std::collections::BTreeSet<u16>) -> Self {
+        let mut table = vec![false; 1 << 16];
+        values.iter().for_each(|&v| table[v as usize] = true);
+        self.allowed = Some(table);
+        self
     }
 
     /// Check the next block of voxels (as f32): the first invalid one is an error naming the
@@ -42,6 +53,24 @@ impl LabelCheck {
                     values[i]
                 ),
             ));
+        }
+        if let Some(table) = &self.allowed {
+            // Valid values are whole numbers in 0..=65535: an index into the table.
+            if let Some(i) = values.par_iter().position_first(|&v| !table[v as usize]) {
+                let listed: Vec<String> = (0..table.len())
+                    .filter(|&v| table[v])
+                    .map(|v| v.to_string())
+                    .collect();
+                return Err(Error::nifti(
+                    &self.path,
+                    format!(
+                        "label voxel {} has value {}, which dataset.json does not list (its label values: {})",
+                        self.seen + i as u64,
+                        values[i],
+                        listed.join(", ")
+                    ),
+                ));
+            }
         }
         let max = values.par_iter().cloned().reduce(|| 0.0f32, f32::max);
         self.max = self.max.max(max);
