@@ -111,6 +111,7 @@ fn a_tiny_unet_overfits_one_case() {
             batch_size: cfg.batch_size,
             fg_fraction: cfg.fg_fraction,
             seed: 3,
+            skip_class: None,
         },
     )
     .unwrap();
@@ -150,6 +151,7 @@ fn a_tiny_unet_overfits_one_case() {
         patch: cfg.patch,
         overlap: 0.5,
         batch: 2,
+        classes: &voxcache::train::classes::ClassMap::new(&[0, 1].into(), None, "test").unwrap(),
     }
     .run(&[("vessels_000".to_string(), entry)])
     .unwrap();
@@ -458,4 +460,110 @@ fn resume_never_starts_over_on_a_run_it_cannot_load() {
     for s in &steps {
         assert!(err.contains(&s.display().to_string()), "{err}");
     }
+}
+
+#[test]
+fn labels_that_skip_values_train_as_consecutive_classes_and_the_ignore_label_is_recorded() {
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("ds");
+    std::fs::create_dir_all(data.join("imagesTr")).unwrap();
+    std::fs::create_dir_all(data.join("labelsTr")).unwrap();
+    // Labels 0, 1 and 4 (BraTS-like gaps) and the ignore label 9 on the first slices.
+    let shape = [24usize, 24, 10];
+    for (k, id) in ["p", "q"].iter().enumerate() {
+        let mut img = Vec::new();
+        let mut lab = Vec::new();
+        for z in 0..shape[2] {
+            for y in 0..shape[1] {
+                for x in 0..shape[0] {
+                    let l: u8 = if z < 2 {
+                        9
+                    } else if (6..12).contains(&x) && (6..12).contains(&y) {
+                        1
+                    } else if (14..20).contains(&x) && (12..18).contains(&y) {
+                        4
+                    } else {
+                        0
+                    };
+                    lab.push(l);
+                    img.push((l as i16) * 40 + ((x * 7 + y * 3 + z + k) % 11) as i16);
+                }
+            }
+        }
+        common::Nii::new(shape, [1.0; 3], &img, false)
+            .write(&data.join(format!("imagesTr/{id}_0000.nii.gz")));
+        common::Nii::new(shape, [1.0; 3], &lab, false)
+            .write(&data.join(format!("labelsTr/{id}.nii.gz")));
+    }
+    std::fs::write(
+        data.join("dataset.json"),
+        r#"{"channel_names": {"0": "MRI"},
+            "labels": {"background": 0, "core": 1, "edge": 4, "ignore": 9}}"#,
+    )
+    .unwrap();
+    let cache = t.path().join("cache");
+    let o = common::fixtures::prep(&[
+        "build-cache",
+        data.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", common::fixtures::stderr(&o));
+    let run_dir = t.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_train"))
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("--out")
+        .arg(&run_dir)
+        .args([
+            "--patch",
+            "8,16,16",
+            "--base-channels",
+            "4",
+            "--stages",
+            "2",
+            "--steps",
+            "3",
+            "--val-fraction",
+            "0.5",
+            "--val-every",
+            "3",
+            "--no-progress",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("3 classes: background (0), core (1), edge (4); label 9 ignored"),
+        "{text}"
+    );
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["num_classes"], 3);
+    assert_eq!(run["ignore_label"], 9);
+    let values: Vec<u64> = run["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["value"].as_u64().unwrap())
+        .collect();
+    assert_eq!(values, [0, 1, 4]);
+    // Validation Dice has one entry per foreground class.
+    let log = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let val = log
+        .lines()
+        .find(|l| l.contains("\"val\""))
+        .expect("a validation record");
+    let v: serde_json::Value = serde_json::from_str(val).unwrap();
+    assert_eq!(
+        v["dice_per_class"].as_array().map(|a| a.len()),
+        Some(2),
+        "{val}"
+    );
 }

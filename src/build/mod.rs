@@ -132,7 +132,8 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     let cases = found.cases;
     // The label values dataset.json allows, when there is one: a label holding another fails
     // its case (a mislabelled file, or a dataset.json that forgot a class).
-    let label_values = found.description.as_ref().map(|d| d.label_values());
+    let description = found.description;
+    let label_values = description.as_ref().map(|d| d.label_values());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs)
         .build()
@@ -338,6 +339,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 spacing_rule: decision.rule.clone(),
                 spacing_reason: decision.reason.clone(),
                 cases: manifest_cases,
+                dataset_json: description,
             },
         )?;
     }

@@ -30,6 +30,7 @@ pub fn record(cache: &CacheDir, name: &str, dataset: ManifestDataset) -> Result<
         Some(existing) if existing.params_key == dataset.params_key => {
             existing.cases.extend(dataset.cases);
             existing.pipeline = dataset.pipeline;
+            existing.dataset_json = dataset.dataset_json;
         }
         _ => {
             m.datasets.insert(name.to_string(), dataset);

@@ -50,10 +50,10 @@ impl DatasetJson {
 /// (`channel_names`, `labels` name -> value or region list, `file_ending`, `numTraining`) or the
 /// Medical Segmentation Decathlon's (`modality`, `labels` value -> name, `training` pairs,
 /// `test`). Everything voxcache does not use is ignored; what it uses is checked.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DatasetDescription {
     /// "nnU-Net v2" or "Medical Segmentation Decathlon".
-    pub layout: &'static str,
+    pub layout: String,
     /// The dataset's name, if given.
     pub name: Option<String>,
     /// Channel names in channel order (`_0000`, `_0001`...): nnU-Net picks normalization by them.
@@ -66,12 +66,14 @@ pub struct DatasetDescription {
     pub file_ending: Option<String>,
     /// Training cases the file counts.
     pub num_training: Option<usize>,
-    /// MSD: (image, label) paths of the training cases, relative to the dataset folder.
+    /// MSD: (image, label) paths of the training cases, relative to the dataset folder (not
+    /// kept in the manifest: thousands of cases would swell it).
+    #[serde(skip)]
     pub training: Vec<(String, String)>,
 }
 
 /// One label class of a dataset.json.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LabelClass {
     /// Its name ("background", "liver"...).
     pub name: String,
@@ -189,7 +191,8 @@ impl DatasetDescription {
                 "Medical Segmentation Decathlon"
             } else {
                 "nnU-Net v2"
-            },
+            }
+            .to_string(),
             name: obj.get("name").and_then(|n| n.as_str()).map(str::to_string),
             channels,
             labels,

@@ -37,6 +37,10 @@ pub struct ManifestDataset {
     pub spacing_reason: String,
     /// Case id -> its entry.
     pub cases: BTreeMap<String, ManifestCase>,
+    /// The dataset's `dataset.json` (channels, label classes, ignore label), when it has one:
+    /// what train and predict need to name and map classes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset_json: Option<super::dataset_json::DatasetDescription>,
 }
 
 /// `manifest.json`: every dataset built into the cache.

@@ -28,10 +28,26 @@ pub struct RunRecord {
     pub dataset: String,
     /// Output classes of the model, background included.
     pub num_classes: usize,
+    /// What each output class stands for, in output order (empty in runs made before classes
+    /// were recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<ClassInfo>,
+    /// The label value left out of loss and Dice, if the dataset has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_label: Option<u16>,
     /// The training options that shape the weights (`TrainConfig::weight_shaping`).
     pub config: serde_json::Value,
     /// Which cases train and which validate.
     pub split: Split,
+}
+
+/// One output class of a run: the label-file value it stands for and its name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassInfo {
+    /// The value label files hold for it.
+    pub value: u16,
+    /// Its name (from dataset.json, else "class V").
+    pub name: String,
 }
 
 /// What a checkpoint records besides the optimizer counters.

@@ -3,14 +3,11 @@
 
 use std::path::Path;
 
+use super::classes::ClassMap;
 use super::config::TrainConfig;
 use super::split::split_cases;
 use crate::cache::reader::{CacheReader, EntryReader};
 use crate::error::{Error, Result};
-
-/// Most output classes (background included) a run accepts: beyond that a label value is
-/// almost surely an ignore label (255) or an instance id, not a class.
-pub const MAX_CLASSES: usize = 64;
 
 /// Everything opened from the cache for a run.
 pub(super) struct Data {
@@ -18,6 +15,8 @@ pub(super) struct Data {
     pub(super) train: Vec<(String, EntryReader)>,
     pub(super) val: Vec<(String, EntryReader)>,
     pub(super) num_classes: usize,
+    /// Label-file values to output classes (names, ignore label).
+    pub(super) classes: ClassMap,
     /// Cases skipped for having no label.
     pub(super) unlabelled: Vec<String>,
 }
@@ -52,7 +51,7 @@ pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
         ));
     }
     // Cases without a label (test cases) are skipped; they cannot be trained or validated on.
-    let mut num_classes = 2usize;
+    let mut present = std::collections::BTreeSet::from([0u16]);
     let mut labelled: Vec<(String, EntryReader)> = Vec::with_capacity(cases.len());
     let mut unlabelled = Vec::new();
     for c in &cases {
@@ -61,20 +60,12 @@ pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
             unlabelled.push(c.case_id.clone());
             continue;
         }
-        if let Some(&max) = e.classes().iter().max() {
-            num_classes = num_classes.max(max as usize + 1);
-        }
+        present.extend(e.classes());
         labelled.push((c.case_id.clone(), e));
     }
-    if num_classes > MAX_CLASSES {
-        return Err(Error::cache(
-            cache_dir,
-            format!(
-                "dataset {dataset:?}: label value {} found; the trainer expects consecutive labels 0..K with K < {MAX_CLASSES} (remap ignore labels such as 255 before caching)",
-                num_classes - 1
-            ),
-        ));
-    }
+    let described = reader.dataset(&dataset)?.dataset_json.as_ref();
+    let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
+    let num_classes = classes.len();
     if labelled.is_empty() {
         return Err(Error::cache(
             cache_dir,
@@ -120,6 +111,7 @@ pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
         train,
         val,
         num_classes,
+        classes,
         unlabelled,
     })
 }

@@ -4,10 +4,12 @@
 //! background and foreground, as in nnU-Net), built from `log_softmax` so gradients flow
 //! (candle's fused `softmax_last_dim` passes none). The Dice term is the soft Dice of each
 //! foreground class over the whole batch (nnU-Net's batch Dice), smoothed so empty classes give
-//! neither NaN nor a gradient explosion: loss = CE + (1 - mean foreground Dice).
+//! neither NaN nor a gradient explosion: loss = CE + (1 - mean foreground Dice). Voxels of the
+//! ignore label ([`IGNORE`] after class mapping) count in neither term (nnU-Net's semantics).
 
 use candle_core::{DType, Device, Tensor};
 
+use super::classes::IGNORE;
 use crate::error::{Error, Result};
 
 /// The two terms and their sum, as scalars (the sum still has its graph for `backward`).
@@ -20,7 +22,8 @@ pub struct LossParts {
 /// Smoothing of the soft Dice (nnU-Net uses 1e-5).
 const SMOOTH: f64 = 1e-5;
 
-/// One-hot (N, C, D, H, W) float tensor of integer labels laid out (N, D, H, W).
+/// One-hot (N, C, D, H, W) float tensor of integer labels laid out (N, D, H, W); an
+/// [`IGNORE`] voxel is all zeros (see [`ignore_mask`]).
 pub fn one_hot(
     labels: &[u16],
     n: usize,
@@ -38,6 +41,9 @@ pub fn one_hot(
     let mut out = vec![0f32; n * classes * v];
     for b in 0..n {
         for (i, &l) in labels[b * v..(b + 1) * v].iter().enumerate() {
+            if l == IGNORE {
+                continue;
+            }
             let l = l as usize;
             if l >= classes {
                 return Err(Error::Train(format!(
@@ -55,8 +61,38 @@ pub fn one_hot(
     )?)
 }
 
+/// (N, 1, D, H, W): 1 where a voxel is labelled, 0 where it holds the ignore label; `None` when
+/// no voxel is ignored (the loss then needs no mask).
+pub fn ignore_mask(
+    labels: &[u16],
+    n: usize,
+    spatial: [usize; 3],
+    dev: &Device,
+) -> Result<Option<Tensor>> {
+    if !labels.contains(&IGNORE) {
+        return Ok(None);
+    }
+    let m: Vec<f32> = labels.iter().map(|&l| (l != IGNORE) as u8 as f32).collect();
+    Ok(Some(Tensor::from_vec(
+        m,
+        (n, 1, spatial[0], spatial[1], spatial[2]),
+        dev,
+    )?))
+}
+
 /// Dice + CE of `logits` (N, C, D, H, W) against a one-hot target of the same shape.
 pub fn dice_ce(logits: &Tensor, target: &Tensor) -> Result<LossParts> {
+    dice_ce_masked(logits, target, None)
+}
+
+/// [`dice_ce`] leaving out the voxels where `mask` (N, 1, D, H, W) is 0: cross-entropy is
+/// averaged over the labelled voxels, and the predicted probabilities there are zeroed before
+/// the Dice sums, so an ignored voxel has no gradient.
+pub fn dice_ce_masked(
+    logits: &Tensor,
+    target: &Tensor,
+    mask: Option<&Tensor>,
+) -> Result<LossParts> {
     if logits.dims() != target.dims() || logits.rank() != 5 {
         return Err(Error::Train(format!(
             "loss: logits {:?} and target {:?} must both be (N, C, D, H, W)",
@@ -65,12 +101,21 @@ pub fn dice_ce(logits: &Tensor, target: &Tensor) -> Result<LossParts> {
         )));
     }
     let (n, c, d, h, w) = logits.dims5()?;
-    let voxels = (n * d * h * w) as f64;
+    let voxels = match mask {
+        Some(m) => (m.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?).max(1.0),
+        None => (n * d * h * w) as f64,
+    };
     let log_p = candle_nn::ops::log_softmax(logits, 1)?;
+    // The target is zero at ignored voxels, so they add nothing to the cross-entropy.
     let ce = ((log_p.mul(target)?.sum_all()? * (-1.0 / voxels))?).to_dtype(DType::F32)?;
 
     // Soft Dice per foreground class over batch and space.
-    let p = log_p.exp()?.narrow(1, 1, c - 1)?;
+    let p = log_p.exp()?;
+    let p = match mask {
+        Some(m) => p.broadcast_mul(m)?,
+        None => p,
+    };
+    let p = p.narrow(1, 1, c - 1)?;
     let t = target.narrow(1, 1, c - 1)?;
     let sum_dims = |x: &Tensor| -> Result<Tensor> {
         // (N, C-1, D, H, W) -> (C-1,)
@@ -134,5 +179,47 @@ mod tests {
     fn labels_beyond_the_classes_are_an_error() {
         let e = one_hot(&[0, 3], 1, 2, [1, 1, 2], &Device::Cpu).expect_err("error");
         assert!(e.to_string().contains("label value 3"), "{e}");
+    }
+
+    #[test]
+    fn ignored_voxels_change_neither_the_loss_nor_get_a_gradient() -> Result<()> {
+        let dev = Device::Cpu;
+        // Two patches of 2x2x4; every third voxel ignored.
+        let labels: Vec<u16> = (0..32)
+            .map(|i| if i % 3 == 0 { IGNORE } else { (i % 2) as u16 })
+            .collect();
+        let t = one_hot(&labels, 2, 2, [2, 2, 4], &dev)?;
+        let m = ignore_mask(&labels, 2, [2, 2, 4], &dev)?.expect("a mask");
+        let base: Vec<f32> = (0..64).map(|i| ((i * 7) % 5) as f32 * 0.3 - 0.6).collect();
+        let loss_of = |v: Vec<f32>| -> Result<(f64, Vec<f32>)> {
+            let x = candle_core::Var::from_vec(v, (2, 2, 2, 2, 4), &dev)?;
+            let l = dice_ce_masked(x.as_tensor(), &t, Some(&m))?;
+            let g = l.total.backward()?;
+            let g = g
+                .get(x.as_tensor())
+                .expect("gradient")
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            Ok((l.ce + l.dice_loss, g))
+        };
+        let (l0, g0) = loss_of(base.clone())?;
+        // Scramble the logits of ignored voxels only: the loss stays where it was.
+        let mut moved = base.clone();
+        for (k, v) in moved.iter_mut().enumerate() {
+            let (b, i) = (k / 32, k % 16);
+            if labels[b * 16 + i] == IGNORE {
+                *v += 5.0 * (k as f32).sin();
+            }
+        }
+        let (l1, _) = loss_of(moved)?;
+        assert!((l0 - l1).abs() < 1e-6, "{l0} vs {l1}");
+        for (k, g) in g0.iter().enumerate() {
+            let (b, i) = (k / 32, k % 16);
+            if labels[b * 16 + i] == IGNORE {
+                assert_eq!(*g, 0.0, "gradient at ignored voxel {k}");
+            }
+        }
+        assert!(g0.iter().any(|g| *g != 0.0));
+        Ok(())
     }
 }

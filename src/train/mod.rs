@@ -20,6 +20,7 @@
 
 pub mod augment;
 pub mod checkpoint;
+pub mod classes;
 pub mod config;
 pub mod data;
 pub mod device;

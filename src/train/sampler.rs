@@ -28,6 +28,8 @@ pub struct SamplerConfig {
     /// Share of each batch centred on foreground (nnU-Net: 1/3).
     pub fg_fraction: f64,
     pub seed: u64,
+    /// A label value never sampled as foreground (the ignore label).
+    pub skip_class: Option<u16>,
 }
 
 impl SamplerConfig {
@@ -38,6 +40,7 @@ impl SamplerConfig {
             batch_size,
             fg_fraction: 1.0 / 3.0,
             seed,
+            skip_class: None,
         }
     }
 
@@ -116,6 +119,9 @@ impl Sampler {
             .map(|e| {
                 let mut fg_by_class = Vec::new();
                 for class in e.classes() {
+                    if Some(class) == cfg.skip_class {
+                        continue;
+                    }
                     let coords = e.fg_coords(class)?;
                     if !coords.is_empty() {
                         fg_by_class.push(coords);

@@ -19,7 +19,7 @@ use super::checkpoint::{Checkpointer, StateExtra, TrainState};
 use super::config::{OptimizerName, TrainConfig};
 use super::data::{open_data, Data};
 use super::loader::{Loader, LoaderConfig};
-use super::loss::{dice_ce, one_hot};
+use super::loss::{dice_ce_masked, ignore_mask, one_hot};
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
 use super::model::{UNet, UNetConfig};
 use super::optim::{poly_lr, Optimizer, OptimizerKind};
@@ -113,6 +113,20 @@ fn identity_differences(old: &RunRecord, new: &RunRecord) -> Vec<String> {
         old.num_classes.to_string(),
         new.num_classes.to_string(),
     );
+    if !old.classes.is_empty() {
+        let values = |r: &RunRecord| {
+            format!(
+                "{:?}",
+                r.classes.iter().map(|c| c.value).collect::<Vec<_>>()
+            )
+        };
+        diff("class values", values(old), values(new));
+        diff(
+            "ignore label",
+            format!("{:?}", old.ignore_label),
+            format!("{:?}", new.ignore_label),
+        );
+    }
     let empty = serde_json::Map::new();
     let (a, b) = (
         old.config.as_object().unwrap_or(&empty),
@@ -211,6 +225,8 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     let identity = RunRecord {
         dataset: data.dataset.clone(),
         num_classes: data.num_classes,
+        classes: data.classes.classes().to_vec(),
+        ignore_label: data.classes.ignore(),
         config: cfg.weight_shaping(),
         split,
     };
@@ -249,12 +265,23 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     if data.val.is_empty() {
         notices.push("no validation cases (val_fraction 0 or a single labelled case): no validation Dice and no best checkpoint".into());
     }
+    let names: Vec<String> = data
+        .classes
+        .classes()
+        .iter()
+        .map(|c| format!("{} ({})", c.name, c.value))
+        .collect();
     notices.push(format!(
-        "U-Net: {} stages, strides {:?}, {} parameters, {} classes",
+        "U-Net: {} stages, strides {:?}, {} parameters, {} classes: {}{}",
         model.config().strides.len() + 1,
         model.config().strides,
         model.num_parameters(),
-        data.num_classes
+        data.num_classes,
+        names.join(", "),
+        data.classes
+            .ignore()
+            .map(|i| format!("; label {i} ignored"))
+            .unwrap_or_default()
     ));
     let metrics_path = opts.run_dir.join("metrics.jsonl");
     // A fresh run also truncates: a folder without checkpoints may hold an abandoned log.
@@ -275,6 +302,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             batch_size: cfg.batch_size,
             fg_fraction: cfg.fg_fraction,
             seed: cfg.seed,
+            skip_class: data.classes.ignore(),
         },
     )?;
     let augment = if cfg.augment {
@@ -345,9 +373,12 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             window.wait += waited;
             let n = batch.batch_size;
             let x = Tensor::from_vec(batch.image, (n, 1, patch[0], patch[1], patch[2]), &dev)?;
-            let target = one_hot(&batch.label, n, data.num_classes, patch, &dev)?;
+            let mut label = batch.label;
+            data.classes.map(&mut label)?;
+            let target = one_hot(&label, n, data.num_classes, patch, &dev)?;
+            let mask = ignore_mask(&label, n, patch, &dev)?;
             let logits = model.forward(&x)?;
-            let parts = dice_ce(&logits, &target)?;
+            let parts = dice_ce_masked(&logits, &target, mask.as_ref())?;
             if !(parts.ce.is_finite() && parts.dice_loss.is_finite()) {
                 return Err(Error::Train(format!(
                     "step {step}: the loss is not finite (ce {}, dice {}); start a new run (--out) with a lower --lr",
@@ -421,6 +452,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 patch,
                 overlap: cfg.val_overlap,
                 batch: cfg.batch_size,
+                classes: &data.classes,
             }
             .run(&data.val)?;
             log.append(&Record::Val(ValRecord {

@@ -8,6 +8,7 @@
 //! the row is final, compared with the label rows read from the cache, and dropped. The
 //! accumulator holds at most one patch depth of whole slices (C+1 floats a voxel).
 
+use super::classes::{ClassMap, IGNORE};
 use candle_core::{Device, Tensor};
 
 use super::model::UNet;
@@ -107,6 +108,8 @@ pub struct SlidingWindow<'a> {
     pub overlap: f64,
     /// Windows per forward pass.
     pub batch: usize,
+    /// Label-file values to classes; ignore-label voxels are left out of Dice.
+    pub classes: &'a ClassMap,
 }
 
 impl SlidingWindow<'_> {
@@ -180,7 +183,11 @@ impl SlidingWindow<'_> {
                     [rows, shape[1], shape[2]],
                     &mut truth,
                 )?;
+                self.classes.map(&mut truth)?;
                 for (v, &t) in truth.iter().enumerate() {
+                    if t == IGNORE {
+                        continue;
+                    }
                     let o = v * stride;
                     let scores = &slab[o..o + classes];
                     let pred = argmax(scores);

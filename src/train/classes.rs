@@ -1,0 +1,203 @@
+//! The run's classes: which label-file values the network's outputs stand for. Labels need not
+//! be consecutive (BraTS's 0, 1, 2, 4): the values found are mapped to classes 0..K in value
+//! order, background first, and the mapping is recorded with the run. A dataset.json names the
+//! classes and may give an ignore label: its voxels are left out of the loss and of Dice
+//! (nnU-Net's semantics).
+
+use crate::error::{Error, Result};
+use crate::format::dataset_json::DatasetDescription;
+pub use crate::format::run::ClassInfo;
+
+/// A label voxel that no class stands for (the ignore label) after [`ClassMap::map`].
+pub const IGNORE: u16 = u16::MAX;
+
+/// Most output classes (background included) a run accepts: beyond that a label value is
+/// almost surely an instance id, not a class.
+pub const MAX_CLASSES: usize = 64;
+
+/// Label-file values to output classes.
+#[derive(Clone, Debug)]
+pub struct ClassMap {
+    classes: Vec<ClassInfo>,
+    ignore: Option<u16>,
+    /// Value -> class index, or [`IGNORE`]; values no class stands for map to `None`.
+    table: Vec<Option<u16>>,
+}
+
+impl ClassMap {
+    /// The classes of a dataset from the label values its cases hold (`present`) and its
+    /// dataset.json, if any (which names them, may add classes no case holds yet, and gives the
+    /// ignore label). `where_` names the dataset in errors.
+    pub fn new(
+        present: &std::collections::BTreeSet<u16>,
+        described: Option<&DatasetDescription>,
+        where_: &str,
+    ) -> Result<Self> {
+        let ignore = described.and_then(|d| d.ignore_label);
+        let mut classes: Vec<ClassInfo> = match described {
+            Some(d) => {
+                if d.has_regions() {
+                    let regions: Vec<&str> = d
+                        .labels
+                        .iter()
+                        .filter(|c| c.values.len() > 1)
+                        .map(|c| c.name.as_str())
+                        .collect();
+                    return Err(Error::Config(format!(
+                        "{where_}: dataset.json defines regions ({}): region-based training (overlapping sigmoid outputs) is not supported yet",
+                        regions.join(", ")
+                    )));
+                }
+                d.labels
+                    .iter()
+                    .map(|c| ClassInfo {
+                        value: c.values[0],
+                        name: c.name.clone(),
+                    })
+                    .collect()
+            }
+            None => present
+                .iter()
+                .filter(|&&v| Some(v) != ignore)
+                .map(|&v| ClassInfo {
+                    value: v,
+                    name: if v == 0 {
+                        "background".into()
+                    } else {
+                        format!("class {v}")
+                    },
+                })
+                .collect(),
+        };
+        classes.sort_by_key(|c| c.value);
+        if classes.first().is_none_or(|c| c.value != 0) {
+            classes.insert(
+                0,
+                ClassInfo {
+                    value: 0,
+                    name: "background".into(),
+                },
+            );
+        }
+        // A binary network at least: background and one foreground class.
+        if classes.len() < 2 {
+            classes.push(ClassInfo {
+                value: 1,
+                name: "class 1".into(),
+            });
+        }
+        if classes.len() > MAX_CLASSES {
+            return Err(Error::Config(format!(
+                "{where_}: {} label values ({}...); the trainer takes at most {MAX_CLASSES} classes (an instance map, or an ignore label not declared in dataset.json?)",
+                classes.len(),
+                classes.iter().take(8).map(|c| c.value.to_string()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let mut table = vec![None; 1 << 16];
+        for (i, c) in classes.iter().enumerate() {
+            table[c.value as usize] = Some(i as u16);
+        }
+        if let Some(i) = ignore {
+            table[i as usize] = Some(IGNORE);
+        }
+        let map = ClassMap {
+            classes,
+            ignore,
+            table,
+        };
+        if let Some(v) = present.iter().find(|&&v| map.table[v as usize].is_none()) {
+            return Err(Error::Config(format!(
+                "{where_}: label value {v} is in the cache but not among dataset.json's classes"
+            )));
+        }
+        Ok(map)
+    }
+
+    /// Output classes, background first.
+    pub fn classes(&self) -> &[ClassInfo] {
+        &self.classes
+    }
+
+    /// Number of output classes.
+    pub fn len(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// Never: there are at least two classes.
+    pub fn is_empty(&self) -> bool {
+        self.classes.is_empty()
+    }
+
+    /// The ignore label's file value, if the dataset has one.
+    pub fn ignore(&self) -> Option<u16> {
+        self.ignore
+    }
+
+    /// Label-file values to class indices in place; the ignore label becomes [`IGNORE`]. A
+    /// value no class stands for is an error (the cache changed under the run).
+    pub fn map(&self, labels: &mut [u16]) -> Result<()> {
+        for l in labels.iter_mut() {
+            match self.table[*l as usize] {
+                Some(c) => *l = c,
+                None => {
+                    return Err(Error::Train(format!(
+                        "label value {l} is not one of the run's classes ({})",
+                        self.classes
+                            .iter()
+                            .map(|c| c.value.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn values_that_skip_are_mapped_in_order() {
+        let present: BTreeSet<u16> = [0, 1, 2, 4].into();
+        let m = ClassMap::new(&present, None, "d").unwrap();
+        assert_eq!(m.len(), 4);
+        let mut l = vec![0, 4, 2, 1, 4];
+        m.map(&mut l).unwrap();
+        assert_eq!(l, [0, 3, 2, 1, 3]);
+        assert!(m.map(&mut [3]).is_err());
+    }
+
+    #[test]
+    fn dataset_json_names_classes_and_gives_the_ignore_label() {
+        let d = DatasetDescription::from_value(&serde_json::json!({
+            "labels": {"background": 0, "vessel": 1, "wall": 3, "ignore": 9}
+        }))
+        .unwrap();
+        let present: BTreeSet<u16> = [0, 1, 9].into();
+        let m = ClassMap::new(&present, Some(&d), "d").unwrap();
+        let names: Vec<&str> = m.classes().iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["background", "vessel", "wall"]);
+        let mut l = vec![9, 3, 1, 0];
+        m.map(&mut l).unwrap();
+        assert_eq!(l, [IGNORE, 2, 1, 0]);
+        assert_eq!(m.ignore(), Some(9));
+        let region = DatasetDescription::from_value(&serde_json::json!({
+            "labels": {"background": 0, "tumour": [1, 2], "core": 2}
+        }))
+        .unwrap();
+        let e = ClassMap::new(&present, Some(&region), "d")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("region") && e.contains("tumour"), "{e}");
+    }
+
+    #[test]
+    fn only_background_still_makes_a_binary_network() {
+        let m = ClassMap::new(&[0].into(), None, "d").unwrap();
+        assert_eq!(m.len(), 2);
+    }
+}
