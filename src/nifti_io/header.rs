@@ -90,6 +90,28 @@ pub fn read_header(path: &Path) -> Result<HeaderInfo> {
     parse_header(path, &head, gzip)
 }
 
+/// Read and validate the header of a file already in memory, as stored (gzip or not, told
+/// from its first two bytes), the way [`read_header`] does from disk: only the header's bytes
+/// are inflated, so a stream that is corrupt or huge past them costs nothing here. `path` only
+/// names the file in errors; nothing is read from it.
+///
+/// # Errors
+///
+/// [`Error::Nifti`], naming `path`, for bytes that are not a valid NIfTI-1 or NIfTI-2 header
+/// (too short, a gzip stream that breaks inside the header, a bad magic, dimensions, datatype,
+/// spacing, offset or geometry).
+pub fn parse_header_bytes(path: &Path, bytes: &[u8]) -> Result<HeaderInfo> {
+    let gzip = is_gzip(bytes);
+    let res = if gzip {
+        read_head(&mut MultiGzDecoder::new(bytes))
+    } else {
+        read_head(&mut &bytes[..])
+    };
+    let head =
+        res.map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
+    parse_header(path, &head, gzip)
+}
+
 /// The header's bytes from the start of a (decompressed) stream: 348, or 540 when sizeof_hdr
 /// announces NIfTI-2; fewer when the stream ends first (the parser says so). Never more, so
 /// what follows is the extension or voxel data.
