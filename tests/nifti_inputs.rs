@@ -456,3 +456,23 @@ fn nifti2_reads_as_its_nifti1_twin_and_refuses_what_does_not_fit() {
     let e = err(&good[..good.len() - 10]);
     assert!(e.contains("truncated"), "{e}");
 }
+
+#[test]
+fn a_bitpix_that_disagrees_with_the_datatype_is_read_by_the_datatype() {
+    // nibabel reads by the datatype and rewrites bitpix; so does the reader (bitpix unused).
+    let dir = tmp();
+    let vals: Vec<i16> = (0..24).map(|i| i * 100 - 1000).collect();
+    for (bitpix, name) in [(8, "b8.nii"), (-16, "neg.nii.gz"), (0, "zero.nii")] {
+        let mut n = Nii::new([4, 3, 2], [1.0; 3], &vals, false);
+        n.bitpix = bitpix;
+        let p = dir.path().join(name);
+        n.write(&p);
+        let v = read_volume(&p).unwrap_or_else(|e| panic!("bitpix {bitpix}: {e}"));
+        assert_eq!(v.header.datatype, "int16");
+        assert_eq!(
+            v.data,
+            vals.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+            "bitpix {bitpix}"
+        );
+    }
+}
