@@ -2,12 +2,15 @@
 //! through the real binaries (`prep build-cache`, `prep inspect` text and `--json`,
 //! `prep inspect CACHE --verify`) under a wall-clock limit and with the child's peak memory
 //! measured: nothing may panic, hang or take the job down; the good cases are built and
-//! verify; every bad case fails alone, its error naming its file.
+//! verify; every bad case fails alone, its error naming its file. Unix only: named pipes,
+//! symbolic links, names that are not UTF-8 and `wait4`.
+#![cfg(unix)]
 
 mod common;
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -308,21 +311,16 @@ fn hostile_dataset(root: &Path) -> (PathBuf, Vec<Bad>) {
     .unwrap();
     std::fs::create_dir_all(img("folder")).unwrap();
     bads.push(bad("folder", &img_name("folder"), "folder"));
-    #[cfg(unix)]
-    {
-        use std::os::unix::ffi::OsStrExt;
-        let made = Command::new("mkfifo")
-            .arg(img("pipe"))
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(made, "mkfifo");
-        bads.push(bad("pipe", &img_name("pipe"), "named pipe"));
-        std::os::unix::fs::symlink(img("loop"), img("loop")).unwrap();
-        bads.push(bad("loop", &img_name("loop"), "symbolic links"));
-        let name = OsStr::from_bytes(b"not_utf8_\xff_0000.nii.gz");
-        image([10, 8, 4], [1.0; 3]).write(&data.join("imagesTr").join(name));
-        bads.push(bad("not_utf8_", "not_utf8_\u{fffd}_0000.nii.gz", "utf-8"));
-    }
+    let fifo = std::ffi::CString::new(img("pipe").into_os_string().into_vec()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let made = unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) };
+    assert_eq!(made, 0, "mkfifo: {}", std::io::Error::last_os_error());
+    bads.push(bad("pipe", &img_name("pipe"), "named pipe"));
+    std::os::unix::fs::symlink(img("loop"), img("loop")).unwrap();
+    bads.push(bad("loop", &img_name("loop"), "symbolic links"));
+    let name = OsStr::from_bytes(b"not_utf8_\xff_0000.nii.gz");
+    image([10, 8, 4], [1.0; 3]).write(&data.join("imagesTr").join(name));
+    bads.push(bad("not_utf8_", "not_utf8_\u{fffd}_0000.nii.gz", "utf-8"));
     (data, bads)
 }
 
