@@ -456,3 +456,58 @@ fn nifti2_reads_as_its_nifti1_twin_and_refuses_what_does_not_fit() {
     let e = err(&good[..good.len() - 10]);
     assert!(e.contains("truncated"), "{e}");
 }
+
+#[test]
+fn a_bitpix_that_disagrees_with_the_datatype_is_read_by_the_datatype() {
+    // nibabel reads by the datatype and rewrites bitpix; so does the reader (bitpix unused).
+    let dir = tmp();
+    let vals: Vec<i16> = (0..24).map(|i| i * 100 - 1000).collect();
+    for (bitpix, name) in [(8, "b8.nii"), (-16, "neg.nii.gz"), (0, "zero.nii")] {
+        let mut n = Nii::new([4, 3, 2], [1.0; 3], &vals, false);
+        n.bitpix = bitpix;
+        let p = dir.path().join(name);
+        n.write(&p);
+        let v = read_volume(&p).unwrap_or_else(|e| panic!("bitpix {bitpix}: {e}"));
+        assert_eq!(v.header.datatype, "int16");
+        assert_eq!(
+            v.data,
+            vals.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+            "bitpix {bitpix}"
+        );
+    }
+}
+
+#[test]
+fn a_header_declaring_more_voxels_than_its_file_can_hold_is_refused_with_the_header() {
+    // Before any plan counts its forecast against the disk: a lying header fails its case
+    // when scanned, not when its voxels are read.
+    let dir = tmp();
+    let vals = vec![7i16; 60];
+    let n = Nii::new([5, 4, 3], [1.0; 3], &vals, false);
+    let p = dir.path().join("plain.nii");
+    let bytes = n.bytes();
+    std::fs::write(&p, &bytes).unwrap();
+    assert!(read_header(&p).is_ok(), "exactly the declared bytes");
+    std::fs::write(&p, &bytes[..bytes.len() - 1]).unwrap();
+    let e = read_header(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("plain.nii") && e.contains("truncated") && e.contains("119 bytes"),
+        "{e}"
+    );
+    // gzip: a stream cannot inflate past 1032 bytes for each of its bytes.
+    let mut lying = n.clone();
+    lying.dims = vec![20000, 20000, 500];
+    let p = dir.path().join("lying.nii.gz");
+    lying.write(&p);
+    let e = read_header(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("lying.nii.gz") && e.contains("truncated") && e.contains("cannot hold"),
+        "{e}"
+    );
+    // A smaller lie is possible for a stream of that size: the header passes, the read fails.
+    lying.dims = vec![5, 4, 30];
+    lying.write(&p);
+    assert!(read_header(&p).is_ok());
+    let e = read_volume(&p).unwrap_err().to_string();
+    assert!(e.contains("lying.nii.gz") && e.contains("truncated"), "{e}");
+}

@@ -265,7 +265,8 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             }
             Ok(key) => match plans[i].size_problem(opts.settings.max_case_gib) {
                 Some(why) => {
-                    let e = Error::case(&s.source.id, why);
+                    // The image's header holds the spacing and the dimensions to fix: name it.
+                    let e = Error::nifti(&s.source.image, why);
                     eprintln!("error: {e}");
                     reports.push(CaseReport {
                         id: s.source.id.clone(),

@@ -111,11 +111,12 @@ pub fn render_plan(
     image_dtype: ImageDtype,
 ) -> String {
     // A plan's cached bytes are image plus label, so they exceed the image's alone exactly when
-    // the case has a label.
+    // the case has a label. Saturating, as the plan's own counts are: a header with an absurd
+    // spacing makes an output of u64::MAX voxels, which must print (and be refused), not wrap.
     let image_bytes = image_dtype.dtype().size() as u64;
     let labelled = plans
         .iter()
-        .any(|p| p.out_bytes > p.out_voxels * image_bytes);
+        .any(|p| p.out_bytes > p.out_voxels.saturating_mul(image_bytes));
     let rows: Vec<ForecastRow> = plans.iter().map(ForecastRow::Planned).collect();
     format!(
         "{}\n{}",

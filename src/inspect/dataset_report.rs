@@ -511,7 +511,13 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
                 .whole_volume_f64_bytes
                 .saturating_add(p.whole_volume_f64_bytes);
             if let Some(why) = p.size_problem(settings.max_case_gib) {
-                problems.push(Problem::error("too-large", why).case(&p.id));
+                // The image's header holds the spacing and the dimensions to fix: name it.
+                let image = infos.iter().find(|i| i.id == p.id).map(|i| i.image.clone());
+                let problem = Problem::error("too-large", why).case(&p.id);
+                problems.push(match image {
+                    Some(f) => problem.path(f),
+                    None => problem,
+                });
             }
             if p.outlier {
                 totals.outliers.push(p.id.clone());

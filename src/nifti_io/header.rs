@@ -72,7 +72,8 @@ fn datatype_facts(t: NiftiType) -> Option<(&'static str, usize)> {
     })
 }
 
-/// Read and validate only the header (cheap: for .nii.gz only the first bytes are inflated).
+/// Read and validate only the header (cheap: for .nii.gz only the first bytes are inflated),
+/// and check that the file is large enough for the voxel data the header declares.
 pub fn read_header(path: &Path) -> Result<HeaderInfo> {
     let mut file = open_input(path)?;
     let mut magic = [0u8; 2];
@@ -80,6 +81,7 @@ pub fn read_header(path: &Path) -> Result<HeaderInfo> {
     let gzip = is_gzip(&magic[..n]);
     drop(file);
     let file = open_input(path)?;
+    let stored = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let res = if gzip {
         read_head(&mut MultiGzDecoder::new(file))
     } else {
@@ -87,7 +89,72 @@ pub fn read_header(path: &Path) -> Result<HeaderInfo> {
     };
     let head =
         res.map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
-    parse_header(path, &head, gzip)
+    let header = parse_header(path, &head, gzip)?;
+    check_stored_size(&header, stored)?;
+    Ok(header)
+}
+
+/// Read and validate the header of a file already in memory, as stored (gzip or not, told
+/// from its first two bytes), the way [`read_header`] does from disk: only the header's bytes
+/// are inflated, so a stream that is corrupt or huge past them costs nothing here. `path` only
+/// names the file in errors; nothing is read from it.
+///
+/// # Errors
+///
+/// [`Error::Nifti`], naming `path`, for bytes that are not a valid NIfTI-1 or NIfTI-2 header
+/// (too short, a gzip stream that breaks inside the header, a bad magic, dimensions, datatype,
+/// spacing, offset or geometry), or bytes too few for the voxel data it declares.
+pub fn parse_header_bytes(path: &Path, bytes: &[u8]) -> Result<HeaderInfo> {
+    let gzip = is_gzip(bytes);
+    let res = if gzip {
+        read_head(&mut MultiGzDecoder::new(bytes))
+    } else {
+        read_head(&mut &bytes[..])
+    };
+    let head =
+        res.map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
+    let header = parse_header(path, &head, gzip)?;
+    check_stored_size(&header, bytes.len() as u64)?;
+    Ok(header)
+}
+
+/// The most one byte of a deflate stream inflates to: a 258-byte match coded in two bits.
+const DEFLATE_MAX_RATIO: u64 = 1032;
+
+/// Refuse a header whose voxel data cannot fit in the `stored` bytes of its file: a plain file
+/// shorter than `vox_offset` plus the data, or a gzip file too small to inflate to them even
+/// at deflate's best ratio. Checked with the header, so that a header lying about its
+/// dimensions fails its case at once (in `prep inspect --headers-only` too), before any plan
+/// counts its forecast against the disk's free space.
+fn check_stored_size(h: &HeaderInfo, stored: u64) -> Result<()> {
+    let need = (h.vox_offset as u64).saturating_add(h.data_bytes());
+    let room = if h.gzip {
+        stored.saturating_mul(DEFLATE_MAX_RATIO)
+    } else {
+        stored
+    };
+    if room >= need {
+        return Ok(());
+    }
+    let [x, y, z] = h.shape_xyz;
+    let declared = format!(
+        "truncated: the header declares {x}x{y}x{z} {} voxels ({} bytes)",
+        h.datatype,
+        h.data_bytes()
+    );
+    Err(Error::nifti(
+        &h.path,
+        if h.gzip {
+            format!(
+                "{declared} but a gzip file of {stored} bytes cannot hold them (one byte inflates to {DEFLATE_MAX_RATIO} at most)"
+            )
+        } else {
+            format!(
+                "{declared} but the file holds {} bytes of voxel data",
+                stored.saturating_sub(h.vox_offset as u64)
+            )
+        },
+    ))
 }
 
 /// The header's bytes from the start of a (decompressed) stream: 348, or 540 when sizeof_hdr

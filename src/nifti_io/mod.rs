@@ -23,7 +23,7 @@ mod stream;
 mod voxels;
 
 pub use file::open_input;
-pub use header::{f32_to_f64_decimal, read_header, HeaderInfo};
+pub use header::{f32_to_f64_decimal, parse_header_bytes, read_header, HeaderInfo};
 pub use labels::{label_from_f32, LabelCheck, LabelData};
 pub use source::{SourceOptions, VoxelSource};
 pub use stream::{stream_voxels, Streamed, BLOCK_VOXELS};
