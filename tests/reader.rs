@@ -507,8 +507,9 @@ fn read_all(e: &EntryReader) -> Result<(), String> {
 
 #[test]
 fn a_chunk_that_differs_from_the_build_or_is_gone_is_refused_not_read() {
-    // Plain chunk files and shards (both memory-mapped), and compressed chunks (decoded).
-    for layout in ["plain", "sharded", "zstd"] {
+    // Plain chunk files and shards (both memory-mapped), compressed chunks and compressed
+    // shards (decoded).
+    for layout in ["plain", "sharded", "zstd", "sharded-zstd"] {
         let t = tempfile::tempdir().unwrap();
         let copy = t.path().join("cache");
         copy_tree(cache(layout), &copy);

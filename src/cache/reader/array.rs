@@ -100,6 +100,8 @@ pub(crate) struct ArrayReader {
     /// What the build recorded per write block (`voxcache_chunks.json`), to refuse a missing
     /// or altered chunk instead of reading zeros or wrong values.
     recorded: Recorded,
+    /// Decoded (compressed) shards already checked against `recorded`.
+    verified: std::sync::Mutex<std::collections::HashSet<[usize; 3]>>,
 }
 
 /// The recorded hashes of one array's blocks, and the hash of an all-zero block.
@@ -201,6 +203,7 @@ impl ArrayReader {
             layout,
             source,
             recorded: Recorded::default(),
+            verified: Default::default(),
         })
     }
 
@@ -440,6 +443,45 @@ impl ArrayReader {
         Ok(Some(MappedBlock { map, inner }))
     }
 
+    /// The first time a chunk of compressed shard `b` is asked for: the whole shard decoded once
+    /// and checked against the build's checksum (what the build hashed is the shard's dense
+    /// block), or its absence against the record. Memory: one shard, while checked.
+    fn verify_shard(&self, array: &Array<ReadStore>, b: [usize; 3]) -> Result<()> {
+        let seen = |set: &mut std::collections::HashSet<[usize; 3]>| !set.insert(b);
+        let lock = || self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if lock().contains(&b) {
+            return Ok(());
+        }
+        let p = self.block_path(b);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(Error::cache(
+                    &p,
+                    "a symbolic link inside a cache entry: refused (the cache holds its own files)",
+                ))
+            }
+            Ok(_) => {
+                let idx = b.map(|v| v as u64);
+                let bytes = array
+                    .retrieve_chunk_opt::<ArrayBytes<'static>>(&idx, &CodecOptions::default())
+                    .map_err(|e| Error::zarr(&p, e))?
+                    .into_fixed()
+                    .map_err(|e| Error::zarr(&p, e))?;
+                let mut bytes = bytes.into_owned();
+                // Checksums are of little-endian bytes; zarrs decodes to native order.
+                let es = self.dtype.size();
+                if cfg!(target_endian = "big") && es > 1 {
+                    bytes.chunks_exact_mut(es).for_each(|e| e.reverse());
+                }
+                self.check_hash(b, &bytes, &p)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.absent(b, &p)?,
+            Err(e) => return Err(Error::io(&p, e)),
+        }
+        seen(&mut lock());
+        Ok(())
+    }
+
     /// Decode chunk `c` through zarrs (`retrieve_chunk`, or the inner chunk of a shard).
     pub(crate) fn decode_chunk(&self, c: [usize; 3]) -> Result<Decoded> {
         let Source::Zarrs { array, shards } = &self.source else {
@@ -452,6 +494,9 @@ impl ArrayReader {
         let idx = [c[0] as u64, c[1] as u64, c[2] as u64];
         // Unsharded, a chunk is a write block: a missing file must be a recorded fill block.
         let unsharded = self.per_block == [1, 1, 1];
+        if !unsharded {
+            self.verify_shard(array, self.block_of(c).0)?;
+        }
         if unsharded {
             let p = path();
             match std::fs::symlink_metadata(&p) {
