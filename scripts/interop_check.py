@@ -644,6 +644,8 @@ def make_nifti2_copy(data: Path, root: Path) -> Path:
             # exact), then the stored values as they are: nibabel's array writer would rescale.
             hdr = nib.Nifti2Header.from_header(img.header)
             hdr["vox_offset"] = 544
+            # nibabel moves a loaded file's scaling into its data proxy: put it back.
+            hdr["scl_slope"], hdr["scl_inter"] = img.dataobj.slope, img.dataobj.inter
             raw = np.asanyarray(img.dataobj.get_unscaled()).astype(hdr.get_data_dtype())
             body = hdr.binaryblock + b"\0" * 4 + raw.tobytes(order="F")
             name = f.name.split(".nii")[0] + ext
