@@ -708,6 +708,12 @@ fn a_dataset_json_is_read_and_its_labels_and_endings_are_held_to() {
         out.contains("dataset.json (nnU-Net v2): channels CT; labels background 0, vessel 1"),
         "{out}"
     );
+    let c = prep(&["inspect", cache.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&c.stdout).to_string();
+    assert!(
+        out.contains("ds: classes (dataset.json) background 0, vessel 1"),
+        "{out}"
+    );
 
     // A label value the file does not list fails that case, naming the label file.
     std::fs::write(

@@ -35,6 +35,10 @@ pub struct DatasetInfo {
     pub cases: usize,
     /// Cases whose entry is not in entries/.
     pub missing_entries: Vec<String>,
+    /// Label classes as "name value" from the dataset's dataset.json, if it had one.
+    pub classes: Vec<String>,
+    /// Its ignore label.
+    pub ignore_label: Option<u16>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -298,6 +302,16 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
             shard_zyx: p.shard_zyx,
             compression: codec_name(&p.compression),
             cases: d.cases.len(),
+            classes: d
+                .dataset_json
+                .iter()
+                .flat_map(|j| j.labels.iter())
+                .map(|c| {
+                    let v: Vec<String> = c.values.iter().map(|v| v.to_string()).collect();
+                    format!("{} {}", c.name, v.join("+"))
+                })
+                .collect(),
+            ignore_label: d.dataset_json.as_ref().and_then(|j| j.ignore_label),
             missing_entries: missing,
         });
     }
@@ -511,6 +525,16 @@ pub fn render(r: &CacheReport, path: &str) -> String {
             out.push_str(&head);
             out.push(' ');
             out.push_str(&wrap(&d.spacing_reason, W, head.len() + 1, 2));
+            if !d.classes.is_empty() {
+                out.push_str(&format!(
+                    "{}: classes (dataset.json) {}{}\n",
+                    d.name,
+                    d.classes.join(", "),
+                    d.ignore_label
+                        .map(|i| format!("; ignore label {i}"))
+                        .unwrap_or_default()
+                ));
+            }
         }
     }
 
