@@ -233,6 +233,24 @@ impl ArrayReader {
         }
     }
 
+    /// Whether block `b`'s file is there, never looked at through a link (a cache holds its own
+    /// files, and a link may lead anywhere); an absent block must be one the build recorded as
+    /// all fill value.
+    fn block_present(&self, b: [usize; 3], path: &Path) -> Result<bool> {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => Err(Error::cache(
+                path,
+                "a symbolic link inside a cache entry: refused (the cache holds its own files)",
+            )),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.absent(b, path)?;
+                Ok(false)
+            }
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+
     /// A block's decoded bytes against the recorded hash.
     fn check_hash(&self, b: [usize; 3], bytes: &[u8], path: &std::path::Path) -> Result<()> {
         self.check_digest(b, ChunkChecksums::hash(bytes), path)
@@ -318,20 +336,8 @@ impl ArrayReader {
             return Err(Error::cache(&self.dir, "array is not memory-mapped"));
         };
         let path = self.block_path(b);
-        // Never follow a link: a cache holds its own files, and a link may lead anywhere.
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(Error::cache(
-                    &path,
-                    "a symbolic link inside a cache entry: refused (the cache holds its own files)",
-                ))
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.absent(b, &path)?;
-                return Ok(None);
-            }
-            Err(e) => return Err(Error::io(&path, e)),
+        if !self.block_present(b, &path)? {
+            return Ok(None);
         }
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
@@ -447,38 +453,27 @@ impl ArrayReader {
     /// and checked against the build's checksum (what the build hashed is the shard's dense
     /// block), or its absence against the record. Memory: one shard, while checked.
     fn verify_shard(&self, array: &Array<ReadStore>, b: [usize; 3]) -> Result<()> {
-        let seen = |set: &mut std::collections::HashSet<[usize; 3]>| !set.insert(b);
         let lock = || self.verified.lock().unwrap_or_else(|p| p.into_inner());
         if lock().contains(&b) {
             return Ok(());
         }
         let p = self.block_path(b);
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(Error::cache(
-                    &p,
-                    "a symbolic link inside a cache entry: refused (the cache holds its own files)",
-                ))
+        if self.block_present(b, &p)? {
+            let idx = b.map(|v| v as u64);
+            let bytes = array
+                .retrieve_chunk_opt::<ArrayBytes<'static>>(&idx, &CodecOptions::default())
+                .map_err(|e| Error::zarr(&p, e))?
+                .into_fixed()
+                .map_err(|e| Error::zarr(&p, e))?;
+            let mut bytes = bytes.into_owned();
+            // Checksums are of little-endian bytes; zarrs decodes to native order.
+            let es = self.dtype.size();
+            if cfg!(target_endian = "big") && es > 1 {
+                bytes.chunks_exact_mut(es).for_each(|e| e.reverse());
             }
-            Ok(_) => {
-                let idx = b.map(|v| v as u64);
-                let bytes = array
-                    .retrieve_chunk_opt::<ArrayBytes<'static>>(&idx, &CodecOptions::default())
-                    .map_err(|e| Error::zarr(&p, e))?
-                    .into_fixed()
-                    .map_err(|e| Error::zarr(&p, e))?;
-                let mut bytes = bytes.into_owned();
-                // Checksums are of little-endian bytes; zarrs decodes to native order.
-                let es = self.dtype.size();
-                if cfg!(target_endian = "big") && es > 1 {
-                    bytes.chunks_exact_mut(es).for_each(|e| e.reverse());
-                }
-                self.check_hash(b, &bytes, &p)?;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.absent(b, &p)?,
-            Err(e) => return Err(Error::io(&p, e)),
+            self.check_hash(b, &bytes, &p)?;
         }
-        seen(&mut lock());
+        lock().insert(b);
         Ok(())
     }
 
@@ -498,15 +493,7 @@ impl ArrayReader {
             self.verify_shard(array, self.block_of(c).0)?;
         }
         if unsharded {
-            let p = path();
-            match std::fs::symlink_metadata(&p) {
-                Ok(m) if m.file_type().is_symlink() => return Err(Error::cache(
-                    &p,
-                    "a symbolic link inside a cache entry: refused (the cache holds its own files)",
-                )),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.absent(c, &p)?,
-                _ => {}
-            }
+            self.block_present(c, &path())?;
         }
         let bytes = array
             .retrieve_subchunk_opt::<ArrayBytes<'static>>(shards, &idx, &CodecOptions::default())
