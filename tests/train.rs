@@ -554,6 +554,15 @@ fn labels_that_skip_values_train_as_consecutive_classes_and_the_ignore_label_is_
         .map(|c| c["value"].as_u64().unwrap())
         .collect();
     assert_eq!(values, [0, 1, 4]);
+    // Dice is reported by class name.
+    let dice_line = text
+        .lines()
+        .find(|l| l.starts_with("validation Dice"))
+        .unwrap_or_default();
+    assert!(
+        dice_line.contains("core ") && dice_line.contains("edge "),
+        "{text}"
+    );
     // Validation Dice has one entry per foreground class.
     let log = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
     let val = log

@@ -12,7 +12,7 @@ use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::run_dir::run_dir;
 use voxcache::config::{train, Exit, TrainFlags};
 use voxcache::sysinfo::human_bytes;
-use voxcache::train::trainer::{run, RunOptions};
+use voxcache::train::trainer::{per_class, run, RunOptions};
 
 /// Train a 3D U-Net (candle) on patches memory-mapped from a cache built by `prep build-cache`.
 ///
@@ -122,9 +122,9 @@ fn real_main(cli: Cli) -> Result<Exit> {
     }
     if let Some(v) = &s.last_validation {
         println!(
-            "validation Dice {:.4} (per class {:?}); best {:.4}",
+            "validation Dice {:.4} ({}); best {:.4}",
             v.mean_dice,
-            v.dice_per_class,
+            per_class(&s.class_names, &v.dice_per_class),
             s.best_dice.unwrap_or(f64::NAN)
         );
     }

@@ -118,6 +118,11 @@ impl ClassMap {
         &self.classes
     }
 
+    /// Names of the classes after background, in output order (as Dice lists them).
+    pub fn foreground_names(&self) -> Vec<String> {
+        self.classes[1..].iter().map(|c| c.name.clone()).collect()
+    }
+
     /// Number of output classes.
     pub fn len(&self) -> usize {
         self.classes.len()

@@ -56,6 +56,8 @@ pub struct RunSummary {
     pub first_loss: Option<f64>,
     pub last_loss: Option<f64>,
     pub last_validation: Option<ValidationResult>,
+    /// Names of the foreground classes, in the order of `dice_per_class`.
+    pub class_names: Vec<String>,
     pub best_dice: Option<f64>,
     pub interrupted: bool,
     pub seconds: f64,
@@ -465,12 +467,9 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             say(
                 &bar,
                 format!(
-                    "step {step}: validation Dice {:.4} (per class {:?}) in {:.1} s",
+                    "step {step}: validation Dice {:.4} ({}) in {:.1} s",
                     v.mean_dice,
-                    v.dice_per_class
-                        .iter()
-                        .map(|d| (d * 1e4).round() / 1e4)
-                        .collect::<Vec<_>>(),
+                    per_class(&data.classes.foreground_names(), &v.dice_per_class),
                     t.elapsed().as_secs_f64()
                 ),
             );
@@ -640,6 +639,7 @@ fn summary(
         first_loss,
         last_loss,
         last_validation,
+        class_names: data.classes.foreground_names(),
         best_dice: best.map(|b| b.0),
         interrupted,
         seconds: secs,
@@ -650,6 +650,23 @@ fn summary(
         val_cases: data.val.len(),
         peak_rss: sysinfo::peak_rss_bytes(),
     }
+}
+
+/// "vessel 0.7620, wall 0.5000": foreground Dice by class name ("-" where the class was in
+/// neither label nor prediction).
+pub fn per_class(names: &[String], dice: &[f64]) -> String {
+    names
+        .iter()
+        .zip(dice)
+        .map(|(c, d)| {
+            if d.is_finite() {
+                format!("{c} {d:.4}")
+            } else {
+                format!("{c} -")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Named tensors of a model's parameters (for tests and tools).
