@@ -446,6 +446,12 @@ impl ArrayReader {
             None => self.check_hash(b, &map, &path)?,
             Some(offsets) => self.check_shard(b, &map, offsets, &path)?,
         }
+        // Hashing touched every page of the file; hand them back so the process keeps only the
+        // rows patches read (pages come back from the page cache on the next access). Without
+        // this, each mapped file would stay whole in the resident set.
+        // SAFETY: a shared, read-only file mapping of an immutable entry file: dropped pages are
+        // read again, unchanged, from the file.
+        let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
         Ok(Some(MappedBlock { map, inner }))
     }
 
