@@ -370,6 +370,11 @@ impl EntryReader {
                     let row = x1 - x0;
                     let held = self.chunk(arr, [cz, cy, cx])?;
                     let (ny, nrows) = (y1 - y0, (z1 - z0) * (y1 - y0));
+                    if let Held::Mapped(..) = held {
+                        // Each row touches at least a page of the mapping.
+                        let touched = nrows * (row * es).max(4096);
+                        self.inner.cache.note_mapped_read(touched as u64);
+                    }
                     // Output position of (z, y0, x0).
                     let dst_at = |z: usize| {
                         ((z - lo[0] + off[0]) * size[1] + (y0 - lo[1] + off[1])) * size[2]

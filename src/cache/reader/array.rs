@@ -26,6 +26,19 @@ pub(crate) struct MappedBlock {
     inner: Option<Box<[u64]>>,
 }
 
+impl MappedBlock {
+    /// Hand the mapping's resident pages back to the system; they come back from the page
+    /// cache when next touched.
+    pub(crate) fn release(&self) {
+        // SAFETY: a shared, read-only mapping of an immutable entry file: dropped pages are
+        // read again, unchanged, from the file, by any thread.
+        let _ = unsafe {
+            self.map
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        };
+    }
+}
+
 /// A chunk decoded by zarrs, little-endian, C order over `dims`.
 pub(crate) struct Decoded {
     pub(crate) bytes: Vec<u8>,
@@ -447,12 +460,10 @@ impl ArrayReader {
             Some(offsets) => self.check_shard(b, &map, offsets, &path)?,
         }
         // Hashing touched every page of the file; hand them back so the process keeps only the
-        // rows patches read (pages come back from the page cache on the next access). Without
-        // this, each mapped file would stay whole in the resident set.
-        // SAFETY: a shared, read-only file mapping of an immutable entry file: dropped pages are
-        // read again, unchanged, from the file.
-        let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
-        Ok(Some(MappedBlock { map, inner }))
+        // rows patches read. Without this, each mapped file would stay whole in the resident set.
+        let block = MappedBlock { map, inner };
+        block.release();
+        Ok(Some(block))
     }
 
     /// The first time a chunk of compressed shard `b` is asked for: the whole shard decoded once

@@ -1,6 +1,7 @@
 //! The chunk caches shared by every entry a [`super::CacheReader`] opens: mapped files
 //! (bounded by count) and decoded chunks (bounded by bytes).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::array::{Decoded, MappedBlock};
@@ -37,7 +38,14 @@ struct Shared {
     /// `None`: the file does not exist (all fill value); remembered so it is not looked up again.
     maps: Mutex<Lru<Key, Option<Arc<MappedBlock>>>>,
     decoded: Mutex<Lru<Key, Arc<Decoded>>>,
+    /// Mapped bytes read (pages touched, counted generously) since the maps' pages were last
+    /// handed back.
+    read_since_release: AtomicU64,
 }
+
+/// Mapped bytes read between two hand-backs of every map's resident pages: what the maps may
+/// add to the resident set, whatever the cache's size.
+const RELEASE_EVERY: u64 = 128 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -67,6 +75,7 @@ impl ChunkCache {
             shared: Arc::new(Shared {
                 maps: Mutex::new(Lru::new(options.max_maps.max(1))),
                 decoded: Mutex::new(Lru::new(options.decoded_cache_bytes)),
+                read_since_release: AtomicU64::new(0),
                 options,
             }),
         }
@@ -101,6 +110,22 @@ impl ChunkCache {
         let slot = map()?;
         lock(&self.shared.maps).insert(key, slot.clone(), 1);
         Ok(slot)
+    }
+
+    /// Count `bytes` read from mapped files; past [`RELEASE_EVERY`], hand back the resident
+    /// pages of every map (clean file pages, read again from the page cache when next touched),
+    /// so a long run over a large cache keeps a flat resident set.
+    pub(super) fn note_mapped_read(&self, bytes: u64) {
+        let since = &self.shared.read_since_release;
+        if since.fetch_add(bytes, Ordering::Relaxed) + bytes < RELEASE_EVERY {
+            return;
+        }
+        since.store(0, Ordering::Relaxed);
+        lock(&self.shared.maps).for_each_value(|m| {
+            if let Some(m) = m {
+                m.release();
+            }
+        });
     }
 
     /// The decoded chunk under `key`, decoding it with `decode` on a miss (outside the lock).

@@ -61,6 +61,11 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
         }
     }
 
+    /// Every value, in no particular order (recency is not touched).
+    pub(crate) fn for_each_value(&self, mut f: impl FnMut(&V)) {
+        self.items.iter().for_each(|(_, (v, _))| f(v));
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
