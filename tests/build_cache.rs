@@ -761,6 +761,7 @@ fn a_dataset_json_is_read_and_its_labels_and_endings_are_held_to() {
             "{e}"
         );
     }
+    assert!(e.contains("none of the 3 cases can be built"), "{e}");
 
     // A file ending that is not NIfTI stops the job before any work, naming the file.
     std::fs::write(

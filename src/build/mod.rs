@@ -177,6 +177,14 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             }
         }
     }
+    if ok.is_empty() {
+        // Every case failed (each error is printed above): say so plainly, not by what cannot
+        // be planned without one.
+        return Err(Error::Dataset(format!(
+            "none of the {} cases can be built (the errors above say why): nothing to do",
+            reports.len()
+        )));
+    }
     let decision = decide_spacing(opts.settings.spacing, &ok)?;
     let plans = plan_scanned(&ok, decision.target_xyz, opts.settings.image_dtype);
 
