@@ -81,6 +81,14 @@ pub struct LabelClass {
     pub values: Vec<u16>,
 }
 
+impl std::fmt::Display for LabelClass {
+    /// "vessel 1", or "tumour 1+2+3" for a region.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v: Vec<String> = self.values.iter().map(|v| v.to_string()).collect();
+        write!(f, "{} {}", self.name, v.join("+"))
+    }
+}
+
 impl DatasetDescription {
     /// Every label value the file allows (classes and the ignore label).
     pub fn label_values(&self) -> std::collections::BTreeSet<u16> {

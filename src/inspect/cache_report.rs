@@ -306,10 +306,7 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
                 .dataset_json
                 .iter()
                 .flat_map(|j| j.labels.iter())
-                .map(|c| {
-                    let v: Vec<String> = c.values.iter().map(|v| v.to_string()).collect();
-                    format!("{} {}", c.name, v.join("+"))
-                })
+                .map(|c| c.to_string())
                 .collect(),
             ignore_label: d.dataset_json.as_ref().and_then(|j| j.ignore_label),
             missing_entries: missing,

@@ -135,14 +135,7 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
         dtype_name(r.image_dtype)
     );
     if let Some(d) = &r.dataset_json {
-        let classes: Vec<String> = d
-            .labels
-            .iter()
-            .map(|c| {
-                let v: Vec<String> = c.values.iter().map(|v| v.to_string()).collect();
-                format!("{} {}", c.name, v.join("+"))
-            })
-            .collect();
+        let classes: Vec<String> = d.labels.iter().map(|c| c.to_string()).collect();
         out.push_str(&format!(
             "dataset.json ({}){}: channels {}; labels {}{}\n",
             d.layout,
