@@ -33,7 +33,7 @@ fn main() -> voxcache::Result<()> {
         ..TrainConfig::default()
     };
     let dev = Device::Cpu;
-    let model = build_model(&cfg, 2, &dev)?;
+    let model = build_model(&cfg, 1, 2, &dev)?;
     let mut opt = Optimizer::new(
         model.params(),
         OptimizerKind::AdamW {

@@ -47,7 +47,7 @@ fn main() -> voxcache::Result<()> {
         ..TrainConfig::default()
     };
     let dev = Device::Cpu;
-    let model = build_model(&cfg, classes, &dev)?;
+    let model = build_model(&cfg, 1, classes, &dev)?;
     let params = model.params();
 
     // Perturb biases and norm weights (initially 0 and 1) so their mapping is checked too.

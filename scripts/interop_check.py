@@ -309,8 +309,11 @@ def open_entry(entry: Path):
 
 
 def read_arrays(entry: Path):
+    """Attributes, the image's one channel (the array is (c, z, y, x)), label and fg."""
     g, a = open_entry(entry)
-    return a, g["image"][...], g["label"][...], g["fg"][...]
+    img = g["image"]
+    assert img.ndim == 4 and img.shape[0] == 1, f"image shape {img.shape}"
+    return a, img[0], g["label"][...], g["fg"][...]
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,14 +352,18 @@ def check_zarr(b: Build, case: str, expect_label: str, expect_image: str = "floa
     problems = []
     if tuple(a["output"]["shape_xyz"])[::-1] != shape:
         problems.append(f"shape_xyz {a['output']['shape_xyz']} vs shape_zyx {shape}")
-    for name, arr, dt in (("image", img, expect_image), ("label", lab, expect_label)):
-        if arr.shape != shape:
-            problems.append(f"{name} shape {arr.shape} != {shape}")
+    # The image has a leading channel axis (one channel here), one channel per chunk.
+    for name, arr, dt, lead in (("image", img, expect_image, ("c",)), ("label", lab, expect_label, ())):
+        want = (1,) * len(lead) + shape
+        if arr.shape != want:
+            problems.append(f"{name} shape {arr.shape} != {want}")
         if str(arr.dtype) != dt:
             problems.append(f"{name} dtype {arr.dtype} != {dt}")
         dims = tuple(arr.metadata.dimension_names or ())
-        if dims != ("z", "y", "x"):
+        if dims != lead + ("z", "y", "x"):
             problems.append(f"{name} dimension_names {dims}")
+    if img.chunks[0] != 1:
+        problems.append(f"image chunks {img.chunks} hold more than one channel")
     if a["label"]["dtype"] != expect_label:
         problems.append(f"label attr dtype {a['label']['dtype']}")
     if str(fg.dtype) != "uint32" or fg.ndim != 2 or fg.shape[1] != 4:
@@ -366,11 +373,11 @@ def check_zarr(b: Build, case: str, expect_label: str, expect_image: str = "floa
     labs = lab[...]
     if not np.isfinite(vals).all():
         problems.append("non-finite image values")
-    n = a["normalization"]
+    n = a["normalization"][0]
     if not (n["shift"] == 0.0 and n["scale"] == 1.0 and n["clip"] is None):
         problems.append(f"normalization {n} is not identity")
     return not problems, (f"zarr {zarr.__version__} read image {img.dtype}{list(img.shape)} chunks {img.chunks} "
-                          f"label {lab.dtype} fg {list(fg.shape)}; dims z,y,x; labels {np.unique(labs).tolist()}"
+                          f"label {lab.dtype} fg {list(fg.shape)}; dims c,z,y,x and z,y,x; labels {np.unique(labs).tolist()}"
                           + (f"; problems: {problems}" if problems else ""))
 
 
@@ -678,6 +685,59 @@ def check_nifti2(one: Build, two: Build, case: str):
                           if not problems else f"{problems}")
 
 
+def make_two_channel_copy(data: Path, root: Path) -> Path:
+    """The same cases with a second channel: 2 * image - 100 as float32, written by nibabel with
+    the first channel's geometry (`CASE_0001.nii.gz`); labels copied."""
+    out = root / "mni152-2ch"
+    (out / "imagesTr").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(data / "labelsTr", out / "labelsTr")
+    for f in sorted((data / "imagesTr").glob("*_0000.nii.gz")):
+        shutil.copyfile(f, out / "imagesTr" / f.name)
+        img = nib.load(f)
+        second = (2.0 * img.get_fdata(dtype=np.float64) - 100.0).astype(np.float32)
+        hdr = img.header.copy()
+        hdr.set_data_dtype(np.float32)
+        two = nib.Nifti1Image(second, img.affine, hdr)
+        two.header.set_slope_inter(1.0, 0.0)
+        two.set_qform(img.get_qform(), int(img.header["qform_code"]))
+        two.set_sform(img.get_sform(), int(img.header["sform_code"]))
+        path = out / "imagesTr" / f.name.replace("_0000.nii.gz", "_0001.nii.gz")
+        nib.save(two, path)
+        assert np.array_equal(nib.load(path).affine, img.affine), path
+    return out
+
+
+def check_two_channels(one: Build, two: Build, case: str):
+    """zarr-python reads the two-channel entry as (c, z, y, x), one channel per chunk; channel 0
+    is the one-channel build's image exactly, channel 1 is 2 * it - 100 (linear resampling
+    commutes with that map; float32 rounding only); the label is the same."""
+    _, img1, lab1, _ = read_arrays(one.entry(case))
+    g, a = open_entry(two.entry(case))
+    img = g["image"]
+    problems = []
+    if img.ndim != 4 or img.shape[0] != 2:
+        problems.append(f"image shape {img.shape}")
+        return False, f"{problems}"
+    if tuple(img.metadata.dimension_names or ()) != ("c", "z", "y", "x"):
+        problems.append(f"dimension_names {img.metadata.dimension_names}")
+    if img.chunks[0] != 1:
+        problems.append(f"chunks {img.chunks} hold more than one channel")
+    x = img[...]
+    if not np.array_equal(x[0], img1):
+        problems.append(f"channel 0 differs from the one-channel build: max {fmt(float(np.abs(x[0] - img1).max()))}")
+    want = 2.0 * img1.astype(np.float64) - 100.0
+    rel = float(np.abs(x[1] - want).max() / max(float(np.abs(want).max()), 1.0))
+    if rel > 1e-6:
+        problems.append(f"channel 1 is not 2 * channel 0 - 100: max relative error {fmt(rel)}")
+    if not np.array_equal(g["label"][...], lab1):
+        problems.append("label differs")
+    if len(a["source"]["images"]) != 2 or len(a["normalization"]) != 2 or len(a["intensity"]) != 2:
+        problems.append("attributes do not record two channels")
+    return not problems, (f"zarr {zarr.__version__} read image {list(img.shape)} chunks {list(img.chunks)}; "
+                          f"channel 0 identical to the one-channel build, channel 1 = 2x-100 within {fmt(rel)}"
+                          if not problems else f"{problems}")
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -811,6 +871,18 @@ def run_all(checks: Checks, prep: Path, work: Path, dcache: Path) -> None:
             if checks.run("build.nifti2", check_build, two, cases):
                 for c in cases:
                     checks.run(f"nifti2.{c}", check_nifti2, builds["down"], two, c)
+    # 10. Two channels (CASE_0000, CASE_0001): each cached as it would be alone.
+    if "down" in builds:
+        try:
+            mc_data = make_two_channel_copy(data, work)
+            report, dt, argv = run_prep(prep, mc_data, work / "cache-2ch", SPACING_DOWN, [])
+        except Exception as e:  # noqa: BLE001
+            checks.record("build.2ch", False, f"{e}")
+        else:
+            mc = Build("2ch", work / "cache-2ch", report, dt, argv)
+            if checks.run("build.2ch", check_build, mc, cases):
+                for c in cases:
+                    checks.run(f"channels.{c}", check_two_channels, builds["down"], mc, c)
 
 
 if __name__ == "__main__":

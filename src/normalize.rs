@@ -41,6 +41,18 @@ impl std::str::FromStr for Normalization {
 }
 
 impl Normalization {
+    /// The scheme nnU-Net gives a channel of this dataset.json name, when the name picks one:
+    /// "CT" the CT scheme, "noNorm" none, "zscore" z-score over all voxels (any case). Other
+    /// names (MRI sequences...) get the configured scheme.
+    pub fn for_channel_name(name: &str) -> Option<Normalization> {
+        match name.to_ascii_lowercase().as_str() {
+            "ct" => Some(Normalization::Ct),
+            "nonorm" => Some(Normalization::None),
+            "zscore" => Some(Normalization::Zscore),
+            _ => None,
+        }
+    }
+
     /// The spelling used by flags, pipeline files and entries (`zscore-nonzero`, ...).
     pub fn name(&self) -> &'static str {
         match self {
@@ -290,6 +302,18 @@ pub fn plan_normalization(
             only_nonzero: false,
         },
     })
+}
+
+/// The scheme of each channel named `names`: the configured one, unless dataset.json's name
+/// picks one ([`Normalization::for_channel_name`]) and `--normalization` was not given.
+pub fn channel_schemes(settings: &crate::config::Settings, names: &[String]) -> Vec<Normalization> {
+    names
+        .iter()
+        .map(|n| match Normalization::for_channel_name(n) {
+            Some(s) if !settings.normalization_forced => s,
+            _ => settings.normalization,
+        })
+        .collect()
 }
 
 /// Apply in place.

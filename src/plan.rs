@@ -157,8 +157,9 @@ impl CasePlan {
     }
 }
 
-/// Plan every case at `target`. `image_bytes_per_voxel` is 4 for float32 and 2 for float16,
-/// `label_bytes_per_voxel` 0 when the case has no label.
+/// Plan every case at `target`. `image_bytes_per_voxel` is 4 for float32 and 2 for float16 (one
+/// channel); each case's last number is the rest of its bytes per voxel: its other channels and
+/// its label (0 for one channel and no label).
 pub fn plan_cases(
     cases: &[(String, [usize; 3], [f64; 3], usize)],
     target: [f64; 3],
@@ -247,22 +248,25 @@ pub fn plan_scanned(
                 s.source.id.clone(),
                 s.image.shape_xyz,
                 s.image.spacing_xyz,
-                label_bpv,
+                label_bpv + s.other_channels.len() * bpv,
             )
         })
         .collect();
     plan_cases(&rows, target, bpv)
 }
 
-/// Pool foreground intensities over the dataset for CT normalization. Each label is read once
-/// (kept as `source` says) to count its foreground, then its image streams past it.
+/// Pool foreground intensities of image channel `channel` over the dataset for CT
+/// normalization. Each label is read once (kept as `source` says) to count its foreground, then
+/// that channel's file streams past it.
 pub fn dataset_foreground(
     scanned: &[&ScannedCase],
+    channel: usize,
     source: &nifti_io::SourceOptions,
 ) -> Result<ForegroundStats> {
     let mut samples = Vec::new();
     for s in scanned {
-        let Some(label_path) = &s.source.label else {
+        let (Some(label_path), Some(image_path)) = (&s.source.label, s.source.images.get(channel))
+        else {
             continue;
         };
         let mut fg = 0u64;
@@ -278,7 +282,7 @@ pub fn dataset_foreground(
         }
         let mut sampler = normalize::ForegroundSampler::new(fg, 10_000);
         let mut lab = Vec::new();
-        nifti_io::stream_f32(&s.source.image, &mut |start, image| {
+        nifti_io::stream_f32(image_path, &mut |start, image| {
             lab.resize(image.len(), 0.0);
             label.read_f32(start, &mut lab)?;
             sampler.add(image, |i| lab[i] > 0.0);

@@ -189,7 +189,8 @@ fn the_forecast_is_what_gets_written() {
             .iter()
             .map(|v| v.as_u64().unwrap())
             .collect();
-        assert_eq!(shape, zyx);
+        // (c, z, y, x): one channel.
+        assert_eq!(shape[..], [&[1u64][..], &zyx[..]].concat()[..]);
     }
     assert_eq!(count(&r, "built"), 3);
 }
@@ -732,10 +733,11 @@ fn a_dataset_json_is_read_and_its_labels_and_endings_are_held_to() {
     let (o, j) = inspect_json(&data);
     assert!(o.contains("does not list"), "{j}");
 
-    // MSD layout (value -> name) with one modality builds like the nnU-Net one.
+    // MSD layout (value -> name) with one modality builds like the nnU-Net one (the channel
+    // named CT picks the CT scheme in both).
     std::fs::write(
         &json,
-        r#"{"name": "x", "modality": {"0": "MRI"}, "labels": {"0": "background", "1": "vessel"},
+        r#"{"name": "x", "modality": {"0": "CT"}, "labels": {"0": "background", "1": "vessel"},
             "training": [], "test": []}"#,
     )
     .unwrap();
@@ -743,8 +745,8 @@ fn a_dataset_json_is_read_and_its_labels_and_endings_are_held_to() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(count(&r, "cached"), 3);
 
-    // Two channels declared: each case is refused with the channel names (and with no case
-    // left to plan from, the job stops).
+    // Two channels declared and one file per case: each case is refused naming the missing
+    // file (and with no case left to plan from, the job stops).
     std::fs::write(
         &json,
         r#"{"channel_names": {"0": "T2", "1": "ADC"}, "labels": {"background": 0, "vessel": 1}}"#,
@@ -755,9 +757,10 @@ fn a_dataset_json_is_read_and_its_labels_and_endings_are_held_to() {
     let e = stderr(&o);
     for case in ["a", "b", "c"] {
         assert!(
-            e.contains(&format!(
-                "case {case}: dataset.json declares 2 channels (T2, ADC)"
-            )),
+            e.contains(&format!("case {case}: channel file missing: "))
+                && e.contains(&format!(
+                    "imagesTr/{case}_0001.nii.gz (dataset.json declares 2 channels)"
+                )),
             "{e}"
         );
     }

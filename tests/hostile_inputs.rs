@@ -302,7 +302,11 @@ fn hostile_dataset(root: &Path) -> (PathBuf, Vec<Bad>) {
     bads.push(bad("twice", "twice_0000.nii", "two images"));
     write_case(&data, "channels", [10, 8, 4], [1.0; 3], 7);
     image([10, 8, 4], [1.0; 3]).write(&data.join("imagesTr/channels_0001.nii.gz"));
-    bads.push(bad("channels", "channels_0001.nii.gz", "multi-channel"));
+    bads.push(bad(
+        "channels",
+        "channels_0001.nii.gz",
+        "channel 1 of case channels, but most cases have 1 channel",
+    ));
     // A macOS resource fork: hidden, so not a case at all.
     std::fs::write(
         data.join("imagesTr/._good1_0000.nii.gz"),

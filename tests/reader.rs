@@ -366,7 +366,7 @@ fn truncated_chunks_are_errors_naming_the_file() {
     let t = tempfile::tempdir().unwrap();
     for layout in ["plain", "sharded", "zstd", "sharded-zstd"] {
         let entry = entry_copy(layout, t.path());
-        let file = entry.join("image/c/0/0/0");
+        let file = entry.join("image/c/0/0/0/0");
         let len = std::fs::metadata(&file).unwrap().len();
         truncate(&file, len / 2);
         let e = EntryReader::open(&entry).unwrap();
@@ -386,7 +386,7 @@ fn truncated_chunks_are_errors_naming_the_file() {
     }
     // An empty chunk file.
     let entry = entry_copy("plain", &t.path().join("empty"));
-    let file = entry.join("image/c/0/0/0");
+    let file = entry.join("image/c/0/0/0/0");
     truncate(&file, 0);
     let e = EntryReader::open(&entry).unwrap();
     let mut img = vec![0.0f32; 8];
@@ -398,7 +398,7 @@ fn truncated_chunks_are_errors_naming_the_file() {
 fn a_corrupt_shard_index_is_an_error() {
     let t = tempfile::tempdir().unwrap();
     let entry = entry_copy("sharded", t.path());
-    let file = entry.join("image/c/0/0/0");
+    let file = entry.join("image/c/0/0/0/0");
     let mut bytes = std::fs::read(&file).unwrap();
     let n = bytes.len();
     bytes[n - 20] ^= 0x40; // inside the last index entry

@@ -92,7 +92,7 @@ fn a_tiny_unet_overfits_one_case() {
         ..tiny()
     };
     let dev = Device::Cpu;
-    let model = build_model(&cfg, 2, &dev).unwrap();
+    let model = build_model(&cfg, 1, 2, &dev).unwrap();
     let mut opt = Optimizer::new(
         model.params(),
         OptimizerKind::AdamW {

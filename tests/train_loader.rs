@@ -375,7 +375,7 @@ fn a_corrupt_chunk_is_the_error_of_its_step_only() {
         let ds = reader.datasets()[0].to_string();
         let bad = reader.open_entry(&ds, "vessels_002").unwrap(); // 9 x 44 x 32
         let good = reader.open_entry(&ds, "vessels_005").unwrap();
-        let chunk = bad.dir().join("image/c/0/0/0");
+        let chunk = bad.dir().join("image/c/0/0/0/0");
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(&chunk)

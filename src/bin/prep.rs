@@ -82,8 +82,9 @@ struct SynthArgs {
     /// Output folder.
     #[arg(long, default_value = "synthetic")]
     out: PathBuf,
-    /// small (the bundled dataset), minivess (70 volumes of 512x512x5..110, ~6 GB raw) or
-    /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story).
+    /// small (the bundled dataset), minivess (70 volumes of 512x512x5..110, ~6 GB raw),
+    /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story) or
+    /// multichannel (10 small cases of two channels, one named CT, labels 0-2 and ignore 3).
     #[arg(long, default_value = "small")]
     preset: synth::SynthPreset,
     #[arg(long, default_value_t = 7)]
@@ -148,15 +149,21 @@ fn run_build(args: BuildArgs) -> Result<Exit> {
 fn run_synth(args: SynthArgs) -> Result<Exit> {
     let specs = synth::preset_cases(args.preset, args.seed);
     let total = specs.len();
-    synth::write_dataset(&args.out, &specs, args.seed, |i, s| {
-        eprintln!(
-            "[{}/{total}] {} {:?} at {:?}",
-            i + 1,
-            s.id,
-            s.shape_xyz,
-            s.spacing_xyz
-        );
-    })?;
+    synth::write_dataset_as(
+        &args.out,
+        &specs,
+        args.seed,
+        args.preset.layout(),
+        |i, s| {
+            eprintln!(
+                "[{}/{total}] {} {:?} at {:?}",
+                i + 1,
+                s.id,
+                s.shape_xyz,
+                s.spacing_xyz
+            );
+        },
+    )?;
     println!("wrote {total} cases to {}", args.out.display());
     Ok(Exit::Success)
 }
@@ -187,13 +194,16 @@ struct InspectArgs {
     /// PNG file for --preview.
     #[arg(long, value_name = "FILE.png", requires = "preview")]
     out: Option<PathBuf>,
+    /// The image channel --preview draws (CASE_0001 is channel 1).
+    #[arg(long, default_value_t = 0, requires = "preview")]
+    channel: usize,
 }
 
 /// Exit 0: no problem is an error; 1: some problem is (or --verify found damage); 2: cannot inspect.
 fn run_inspect(args: InspectArgs) -> Result<Exit> {
     use voxcache::inspect;
     if let (Some(case), Some(out)) = (&args.preview, &args.out) {
-        let info = inspect::write_preview(&args.path, case, out)?;
+        let info = inspect::write_preview(&args.path, case, args.channel, out)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&info)?);
         } else {

@@ -8,7 +8,7 @@ use crate::cache::layout::{dir_bytes, Commit};
 use crate::cache::store::EntryStore;
 use crate::cache::writer::{write_entry, EntryInput};
 use crate::cache::{content_key, CacheDir};
-use crate::dataset::scan::{check_pair, ScannedCase};
+use crate::dataset::scan::{check_channel, check_pair, ScannedCase};
 use crate::error::{Error, Result};
 use crate::format::entry::{InputGeometry, OutputGeometry, SourceFile, Sources};
 use crate::format::{Dtype, OutputParams};
@@ -30,9 +30,16 @@ pub(super) struct Job<'a> {
 /// A case read and checked, its statistics known, ready to be resampled and written. Its
 /// voxels are held as stored (in memory when small, else in a scratch file), not as f32.
 pub(super) struct Decoded {
-    image: nifti_io::VoxelSource,
-    image_file: (blake3::Hash, u64),
+    /// One per channel, in order.
+    channels: Vec<DecodedChannel>,
     label: Option<DecodedLabel>,
+}
+
+/// One image channel read: its voxels, the file's blake3 and size, its statistics and the
+/// normalization they give.
+struct DecodedChannel {
+    voxels: nifti_io::VoxelSource,
+    file: (blake3::Hash, u64),
     stats: normalize::IntensityStats,
     applied: normalize::AppliedNormalization,
 }
@@ -54,22 +61,32 @@ pub(super) fn decode_case(
 ) -> Result<Decoded> {
     let s = job.scanned;
     let id = &s.source.id;
-    if let Some(l) = &s.source.label {
-        check_pair(
-            id,
-            &nifti_io::read_header(&s.source.image)?,
-            &nifti_io::read_header(l)?,
-        )?;
+    let first = nifti_io::read_header(s.source.image())?;
+    for p in &s.source.images[1..] {
+        check_channel(id, &first, &nifti_io::read_header(p)?)?;
     }
-    // Image and label inflate on two threads: gzip decoding is sequential within a file.
-    let (image, label) = rayon::join(
-        || {
-            let mut acc = normalize::IntensityAccumulator::default();
-            nifti_io::VoxelSource::open(&s.source.image, source, &mut |b| {
-                acc.add(b);
-                Ok(())
-            })
-            .map(|(v, st)| (v, st, acc.finish()))
+    if let Some(l) = &s.source.label {
+        check_pair(id, &first, &nifti_io::read_header(l)?)?;
+    }
+    // The channels and the label inflate on two threads: gzip decoding is sequential within a
+    // file. Channels share the in-memory budget (each beyond its share goes to scratch).
+    let n = s.source.images.len().max(1) as u64;
+    let per_channel = nifti_io::SourceOptions {
+        ram_limit_bytes: source.ram_limit_bytes / n,
+        scratch_dir: source.scratch_dir.clone(),
+    };
+    let (images, label) = rayon::join(
+        || -> Result<Vec<_>> {
+            let mut out = Vec::new();
+            for path in &s.source.images {
+                let mut acc = normalize::IntensityAccumulator::default();
+                let (v, st) = nifti_io::VoxelSource::open(path, &per_channel, &mut |b| {
+                    acc.add(b);
+                    Ok(())
+                })?;
+                out.push((v, st, acc.finish()));
+            }
+            Ok(out)
         },
         || {
             s.source.label.as_ref().map(|p| {
@@ -87,45 +104,50 @@ pub(super) fn decode_case(
             })
         },
     );
-    let (image, streamed, stats) = image?;
+    let images = images?;
     let label = label.transpose()?;
+    for (v, _, _) in &images[1..] {
+        check_channel(id, images[0].0.header(), v.header())?;
+    }
     if let Some(l) = &label {
-        check_pair(id, image.header(), l.voxels.header())?;
+        check_pair(id, images[0].0.header(), l.voxels.header())?;
     }
     // The files may have changed since the key was computed: refuse to file them under it.
-    let key = content_key(
-        params,
-        id,
-        &streamed.file_hash,
-        label.as_ref().map(|l| &l.file.0),
-    );
+    let hashes: Vec<blake3::Hash> = images.iter().map(|(_, st, _)| st.file_hash).collect();
+    let key = content_key(params, id, &hashes, label.as_ref().map(|l| &l.file.0));
     if key != job.key {
         return Err(Error::case(
             id,
             "an input file changed during the build; run it again",
         ));
     }
-    if stats.nonfinite_voxels > 0 {
-        return Err(Error::nifti(
-            &s.source.image,
-            format!(
-                "{} voxels are NaN or infinite; fix or mask them before caching",
-                stats.nonfinite_voxels
-            ),
-        ));
+    let mut channels = Vec::new();
+    for ((voxels, streamed, stats), (path, cp)) in images
+        .into_iter()
+        .zip(s.source.images.iter().zip(&params.channels))
+    {
+        if stats.nonfinite_voxels > 0 {
+            return Err(Error::nifti(
+                path,
+                format!(
+                    "{} voxels are NaN or infinite; fix or mask them before caching",
+                    stats.nonfinite_voxels
+                ),
+            ));
+        }
+        let applied = normalize::plan_normalization(
+            cp.normalization,
+            &stats,
+            cp.dataset_foreground.as_ref(),
+        )?;
+        channels.push(DecodedChannel {
+            voxels,
+            file: (streamed.file_hash, streamed.file_bytes),
+            stats,
+            applied,
+        });
     }
-    let applied = normalize::plan_normalization(
-        params.normalization,
-        &stats,
-        params.dataset_foreground.as_ref(),
-    )?;
-    Ok(Decoded {
-        image,
-        image_file: (streamed.file_hash, streamed.file_bytes),
-        label,
-        stats,
-        applied,
-    })
+    Ok(Decoded { channels, label })
 }
 
 /// Write one decoded case's entry into a temporary folder and move it into place.
@@ -139,22 +161,20 @@ pub(super) fn write_case(
     let s = job.scanned;
     let id = &s.source.id;
     let key = &job.key;
-    let Decoded {
-        image,
-        image_file: (image_hash, image_bytes),
-        label,
-        stats,
-        applied,
-    } = decoded;
-    let h = image.header();
+    let Decoded { channels, label } = decoded;
+    let h = channels[0].voxels.header();
     let out_xyz = job.plan.out_shape_xyz;
     let out_affine: Affine = h.affine.for_output_grid(h.shape_xyz, out_xyz);
     let source = Sources {
-        image: SourceFile {
-            file: file_name(&s.source.image),
-            blake3: image_hash.to_hex().to_string(),
-            bytes: image_bytes,
-        },
+        images: channels
+            .iter()
+            .zip(&s.source.images)
+            .map(|(c, p)| SourceFile {
+                file: file_name(p),
+                blake3: c.file.0.to_hex().to_string(),
+                bytes: c.file.1,
+            })
+            .collect(),
         label: match (&s.source.label, label.as_ref().map(|l| l.file)) {
             (Some(p), Some((hash, bytes))) => Some(SourceFile {
                 file: file_name(p),
@@ -183,6 +203,14 @@ pub(super) fn write_case(
 
     let tmp = cache.new_tmp_entry(key)?;
     let store = Arc::new(EntryStore::new(&tmp));
+    let normalized: Vec<normalize::Normalized<'_, nifti_io::VoxelSource>> = channels
+        .iter()
+        .map(|c| normalize::Normalized {
+            input: &c.voxels,
+            applied: c.applied,
+        })
+        .collect();
+    let images: Vec<&dyn VoxelRead> = normalized.iter().map(|n| n as &dyn VoxelRead).collect();
     let result = (|| {
         write_entry(
             &store,
@@ -190,10 +218,7 @@ pub(super) fn write_case(
             EntryInput {
                 case_id: id,
                 key,
-                image: &normalize::Normalized {
-                    input: &image,
-                    applied,
-                },
+                images: &images,
                 label: label
                     .as_ref()
                     .map(|l| (&l.voxels as &dyn VoxelRead, l.dtype)),
@@ -203,8 +228,8 @@ pub(super) fn write_case(
                 source,
                 input,
                 output,
-                intensity: stats,
-                normalization: applied,
+                intensity: channels.iter().map(|c| c.stats).collect(),
+                normalization: channels.iter().map(|c| c.applied).collect(),
             },
             on_voxels,
         )?;
@@ -265,7 +290,12 @@ fn file_name(p: &Path) -> String {
 /// The content key of a case: its parameters and the bytes of its files (hashing is cheap,
 /// so what is cached is known before any heavy work).
 pub(super) fn case_key(params: &OutputParams, s: &ScannedCase) -> Result<String> {
-    let ih = hash_file(&s.source.image)?;
+    let ih = s
+        .source
+        .images
+        .iter()
+        .map(|p| hash_file(p))
+        .collect::<Result<Vec<_>>>()?;
     let lh = match &s.source.label {
         Some(l) => Some(hash_file(l)?),
         None => None,

@@ -24,10 +24,10 @@ use crate::config::Settings;
 use crate::dataset::scan::{scan, ScannedCase};
 use crate::dataset::{discover, DatasetSource};
 use crate::error::{Error, Result};
-use crate::format::OutputParams;
+use crate::format::{ChannelParams, OutputParams};
 use crate::geometry::zyx;
 use crate::nifti_io::SourceOptions;
-use crate::normalize::Normalization;
+use crate::normalize::{self, Normalization};
 use crate::plan::{dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision};
 use crate::sysinfo::peak_rss_bytes;
 
@@ -170,7 +170,9 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         }
     }
     for s in &ok {
-        let headers = std::iter::once(&s.image).chain(s.label.as_ref());
+        let headers = std::iter::once(&s.image)
+            .chain(&s.other_channels)
+            .chain(s.label.as_ref());
         for h in headers {
             if let Some(w) = &h.affine_warning {
                 eprintln!("warning: {}: {w}", h.path.display());
@@ -227,12 +229,26 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         ram_limit_bytes: opts.settings.input_ram_mib.saturating_mul(1 << 20),
         scratch_dir: cache.tmp_dir(),
     };
-    let fg_stats = if opts.settings.normalization == Normalization::Ct {
-        Some(pool.install(|| dataset_foreground(&ok, &source))?)
-    } else {
-        None
-    };
-    let params = OutputParams::new(&opts.settings, decision.target_xyz, fg_stats);
+    // Each channel's scheme (dataset.json's names pick some), with the dataset statistics the
+    // CT scheme needs, taken over that channel's foreground.
+    let n_channels = crate::dataset::common_channels(ok.iter().map(|s| &s.source))?;
+    let channel_names = crate::dataset::channel_names(description.as_ref(), n_channels);
+    let mut channels = Vec::new();
+    for (c, scheme) in normalize::channel_schemes(&opts.settings, &channel_names)
+        .into_iter()
+        .enumerate()
+    {
+        let dataset_foreground = if scheme == Normalization::Ct {
+            Some(pool.install(|| dataset_foreground(&ok, c, &source))?)
+        } else {
+            None
+        };
+        channels.push(ChannelParams {
+            normalization: scheme,
+            dataset_foreground,
+        });
+    }
+    let params = OutputParams::with_channels(&opts.settings, decision.target_xyz, channels);
 
     // Keys first (hashing is cheap), so we know what is cached before any heavy work.
     let keyed: Vec<(usize, Result<String>)> = pool.install(|| {
@@ -274,7 +290,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             Ok(key) => match plans[i].size_problem(opts.settings.max_case_gib) {
                 Some(why) => {
                     // The image's header holds the spacing and the dimensions to fix: name it.
-                    let e = Error::nifti(&s.source.image, why);
+                    let e = Error::nifti(s.source.image(), why);
                     eprintln!("error: {e}");
                     reports.push(CaseReport {
                         id: s.source.id.clone(),
@@ -347,6 +363,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 params: params.clone(),
                 spacing_rule: decision.rule.clone(),
                 spacing_reason: decision.reason.clone(),
+                channels: channel_names,
                 cases: manifest_cases,
                 dataset_json: description,
             },

@@ -86,7 +86,8 @@ struct EntryInner {
     case_id: Option<String>,
     key: String,
     shape: [usize; 3],
-    image: ArrayReader,
+    /// One reader per image channel (never empty).
+    image: Vec<ArrayReader>,
     label: Option<ArrayReader>,
     fg_array: Option<String>,
     fg_ranges: BTreeMap<u16, FgRange>,
@@ -112,7 +113,8 @@ impl std::fmt::Debug for EntryReader {
         f.debug_struct("EntryReader")
             .field("dir", &self.inner.dir)
             .field("shape_zyx", &self.inner.shape)
-            .field("image", &self.inner.image.dtype)
+            .field("channels", &self.inner.image.len())
+            .field("image", &self.inner.image[0].dtype)
             .field("label", &self.inner.label.as_ref().map(|l| l.dtype))
             .field("mapped", &self.is_mapped())
             .finish()
@@ -151,19 +153,25 @@ impl EntryReader {
         let sums_path = dir.join(&attrs.chunk_checksums);
         let sums_bytes = std::fs::read(&sums_path).map_err(|e| Error::io(&sums_path, e))?;
         let sums = ChunkChecksums::from_json(&sums_path, &sums_bytes)?;
-        let mut image = ArrayReader::open(&dir, IMAGE_ARRAY, 0, shape, mmap)?;
-        image.set_recorded(Recorded::new(&sums, IMAGE_ARRAY, image.block_bytes()));
-        if !matches!(image.dtype, StoredDtype::Float32 | StoredDtype::Float16) {
+        // Ids: the label 0, image channels 1.. (they key the shared chunk caches).
+        let mut image =
+            ArrayReader::open_channels(&dir, IMAGE_ARRAY, 1, shape, Some(attrs.channels()), mmap)?;
+        for ch in &mut image {
+            let r = Recorded::new(&sums, IMAGE_ARRAY, ch.channel, ch.block_bytes());
+            ch.set_recorded(r);
+        }
+        if !matches!(image[0].dtype, StoredDtype::Float32 | StoredDtype::Float16) {
             return Err(bad(format!(
                 "image data type {} (expected float32 or float16)",
-                image.dtype.name()
+                image[0].dtype.name()
             )));
         }
         let label = match &attrs.label {
             None => None,
             Some(info) => {
-                let mut l = ArrayReader::open(&dir, LABEL_ARRAY, 1, shape, mmap)?;
-                l.set_recorded(Recorded::new(&sums, LABEL_ARRAY, l.block_bytes()));
+                let mut l =
+                    ArrayReader::open_channels(&dir, LABEL_ARRAY, 0, shape, None, mmap)?.remove(0);
+                l.set_recorded(Recorded::new(&sums, LABEL_ARRAY, None, l.block_bytes()));
                 if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16)
                     || l.dtype != info.dtype
                 {
@@ -230,12 +238,17 @@ impl EntryReader {
 
     /// The chunk (or inner chunk of a shard) shape the image is stored in.
     pub fn chunk_zyx(&self) -> [usize; 3] {
-        self.inner.image.chunk
+        self.inner.image[0].chunk
+    }
+
+    /// Image channels.
+    pub fn channels(&self) -> usize {
+        self.inner.image.len()
     }
 
     /// Element type of the stored image: float32 or float16.
     pub fn image_dtype(&self) -> StoredDtype {
-        self.inner.image.dtype
+        self.inner.image[0].dtype
     }
 
     /// `None` for an entry built without a label.
@@ -245,12 +258,14 @@ impl EntryReader {
 
     /// Whether patches come straight from memory-mapped files (image and label).
     pub fn is_mapped(&self) -> bool {
-        self.inner.image.is_mapped() && self.inner.label.as_ref().is_none_or(|l| l.is_mapped())
+        self.inner.image.iter().all(|c| c.is_mapped())
+            && self.inner.label.as_ref().is_none_or(|l| l.is_mapped())
     }
 
-    /// Copy the box `start_zyx .. start_zyx + size_zyx` into `out_image` (and `out_label`),
-    /// C order (z, y, x). Whatever lies outside the volume reads as 0; `start` may be negative
-    /// and the box larger than the volume. float16 images are widened to f32.
+    /// Copy the box `start_zyx .. start_zyx + size_zyx` into `out_image` (every channel, C
+    /// order (c, z, y, x)) and `out_label` (z, y, x). Whatever lies outside the volume reads as
+    /// 0; `start` may be negative and the box larger than the volume. float16 images are
+    /// widened to f32.
     pub fn read_patch(
         &self,
         start_zyx: [i64; 3],
@@ -265,14 +280,47 @@ impl EntryReader {
         Ok(())
     }
 
-    /// The image part of [`EntryReader::read_patch`].
+    /// The image part of [`EntryReader::read_patch`]: `out` holds every channel, one after
+    /// the other.
     pub fn read_image<T: Sample>(
         &self,
         start_zyx: [i64; 3],
         size_zyx: [usize; 3],
         out: &mut [T],
     ) -> Result<()> {
-        self.read_region(&self.inner.image, start_zyx, size_zyx, out)
+        let c = self.inner.image.len();
+        if c == 1 {
+            return self.read_region(&self.inner.image[0], start_zyx, size_zyx, out);
+        }
+        if !out.len().is_multiple_of(c) {
+            return Err(Error::Config(format!(
+                "a patch of {c} channels needs a buffer of a multiple of {c} elements, not {}",
+                out.len()
+            )));
+        }
+        let n = out.len() / c;
+        for (arr, part) in self.inner.image.iter().zip(out.chunks_exact_mut(n)) {
+            self.read_region(arr, start_zyx, size_zyx, part)?;
+        }
+        Ok(())
+    }
+
+    /// One channel of the image box (z, y, x).
+    pub fn read_channel<T: Sample>(
+        &self,
+        channel: usize,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+    ) -> Result<()> {
+        let arr = self.inner.image.get(channel).ok_or_else(|| {
+            Error::Config(format!(
+                "{}: no image channel {channel} (the entry has {})",
+                self.inner.dir.display(),
+                self.inner.image.len()
+            ))
+        })?;
+        self.read_region(arr, start_zyx, size_zyx, out)
     }
 
     /// The label part of [`EntryReader::read_patch`], into `u16`, or `u8` for uint8 labels.

@@ -17,14 +17,20 @@ pub trait PatchSource: Send + Sync {
     /// Whether the case has a label array.
     fn has_label(&self) -> bool;
 
+    /// Image channels (a patch's image holds them one after the other).
+    fn channels(&self) -> usize {
+        1
+    }
+
     /// Label values with sampled foreground coordinates, ascending.
     fn classes(&self) -> Vec<u16>;
 
     /// The sampled foreground coordinates (z, y, x) of `class` (empty if absent).
     fn fg_coords(&self, class: u16) -> Result<Vec<[u32; 3]>>;
 
-    /// Copy the box `start_zyx .. start_zyx + size_zyx` of the image into `out` (C order);
-    /// whatever lies outside the volume reads as 0.
+    /// Copy the box `start_zyx .. start_zyx + size_zyx` of the image into `out` (C order
+    /// (c, z, y, x): `channels()` boxes one after the other); whatever lies outside the volume
+    /// reads as 0.
     fn read_image(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [f32]) -> Result<()>;
 
     /// The same box of the label (an error when the case has none).
@@ -59,6 +65,10 @@ impl PatchSource for EntryReader {
 
     fn has_label(&self) -> bool {
         self.label_dtype().is_some()
+    }
+
+    fn channels(&self) -> usize {
+        EntryReader::channels(self)
     }
 
     fn classes(&self) -> Vec<u16> {

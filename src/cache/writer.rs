@@ -35,8 +35,9 @@ pub struct EntryInput<'a> {
     pub case_id: &'a str,
     /// Content key of the entry (its folder name once committed).
     pub key: &'a str,
-    /// Normalized input image, C order (z, y, x), read a run at a time.
-    pub image: &'a dyn VoxelRead,
+    /// The normalized input image, one source per channel, each C order (z, y, x), read a
+    /// run at a time.
+    pub images: &'a [&'a dyn VoxelRead],
     /// Label voxels, C order (z, y, x) on the image grid, as f32 holding whole numbers, and the
     /// type they are cached as (u8 or u16); `None` for an unlabelled case.
     pub label: Option<(&'a dyn VoxelRead, Dtype)>,
@@ -52,10 +53,10 @@ pub struct EntryInput<'a> {
     pub input: InputGeometry,
     /// The cached grid.
     pub output: OutputGeometry,
-    /// Statistics of the image before normalization.
-    pub intensity: IntensityStats,
-    /// The normalization already applied to `image`.
-    pub normalization: AppliedNormalization,
+    /// Statistics of each channel before normalization.
+    pub intensity: Vec<IntensityStats>,
+    /// The normalization already applied to each channel of `images`.
+    pub normalization: Vec<AppliedNormalization>,
 }
 
 /// What was written.
@@ -94,10 +95,12 @@ fn compression_codecs(
     })
 }
 
-/// One array of an entry: its name and element type (the fill value is zero).
+/// One array of an entry: its name, element type (the fill value is zero) and, for the image,
+/// its channel count (a leading axis, one channel per chunk).
 struct ArraySpec {
     name: &'static str,
     dtype: Dtype,
+    channels: Option<usize>,
 }
 
 fn build_array(
@@ -108,24 +111,28 @@ fn build_array(
     shape_zyx: [usize; 3],
     spec: ArraySpec,
 ) -> Result<Array<EntryStore>> {
-    let shape: Vec<u64> = shape_zyx.iter().map(|&v| v as u64).collect();
-    let write_block: Vec<u64> = layout.write_block_zyx().iter().map(|&v| v as u64).collect();
+    // With a channel axis: its length first, and a side of 1 in every chunk and shard.
+    let lead = |v: u64| -> Vec<u64> { spec.channels.map(|_| v).into_iter().collect() };
+    let with_lead = |first: u64, rest: [usize; 3]| -> Vec<u64> {
+        let mut v = lead(first);
+        v.extend(rest.iter().map(|&x| x as u64));
+        v
+    };
+    let shape = with_lead(spec.channels.unwrap_or(0) as u64, shape_zyx);
+    let write_block = with_lead(1, layout.write_block_zyx());
     let mut b = ArrayBuilder::new(
         shape,
         write_block,
         spec.dtype.zarrs(),
         spec.dtype.zero_fill(),
     );
-    b.dimension_names(Some(["z", "y", "x"]));
+    match spec.channels {
+        Some(_) => b.dimension_names(Some(["c", "z", "y", "x"])),
+        None => b.dimension_names(Some(["z", "y", "x"])),
+    };
     b.bytes_to_bytes_codecs(compression_codecs(params.compression, spec.dtype.size())?);
     if layout.shard_zyx.is_some() {
-        b.subchunk_shape(
-            layout
-                .chunk_zyx
-                .iter()
-                .map(|&v| v as u64)
-                .collect::<Vec<u64>>(),
-        );
+        b.subchunk_shape(with_lead(1, layout.chunk_zyx));
         // Inner chunks in C order: the same shard bytes on every run.
         b.codec_specific_options(CodecSpecificOptions::default().with_option(
             ShardingCodecOptions::default().with_subchunk_write_order(SubchunkWriteOrder::C),
@@ -192,9 +199,18 @@ pub fn write_entry(
     let out_shape = input.out_shape_zyx;
     let layout = params.layout_for(out_shape);
     let array = |spec: ArraySpec| build_array(store, dir, params, &layout, out_shape, spec);
+    let channels = input.images.len();
+    if channels == 0 || channels != params.channels.len() {
+        return Err(Error::Config(format!(
+            "{}: {channels} image channels given for {} channel parameters",
+            input.case_id,
+            params.channels.len()
+        )));
+    }
     let image_array = array(ArraySpec {
         name: IMAGE_ARRAY,
         dtype: params.image_dtype.dtype(),
+        channels: Some(channels),
     })?;
     let label_dtype = input.label.map(|l| l.1);
     let label_array = match label_dtype {
@@ -202,6 +218,7 @@ pub fn write_entry(
         Some(dtype) => Some(array(ArraySpec {
             name: LABEL_ARRAY,
             dtype,
+            channels: None,
         })?),
     };
 
@@ -219,34 +236,41 @@ pub fn write_entry(
 
     all_blocks.par_iter().try_for_each(|b| -> Result<()> {
         let (idx, name) = block_key(b, write_block);
-        let chunk_path = || {
-            dir.join(IMAGE_ARRAY)
-                .join(format!("c/{}", name.replace('.', "/")))
-        };
-        let mut img = vec![0.0f32; b.len()];
-        linear.fill_from(input.image, *b, &mut img)?;
-        let img = pad_block(img, b.size, write_block, 0.0f32);
-        let hash = match params.image_dtype {
-            ImageDtype::Float32 => {
-                let h = blake3::hash(bytes_of(&img));
-                image_array
-                    .store_chunk(&idx, img.as_slice())
-                    .map_err(|e| Error::zarr(chunk_path(), e))?;
-                h
-            }
-            ImageDtype::Float16 => {
-                let half: Vec<half::f16> = img.iter().map(|&v| half::f16::from_f32(v)).collect();
-                let h = blake3::hash(bytes_of(&half));
-                image_array
-                    .store_chunk(&idx, half.as_slice())
-                    .map_err(|e| Error::zarr(chunk_path(), e))?;
-                h
-            }
-        };
-        image_sums
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.clone(), short_hex(&hash));
+        for (c, image) in input.images.iter().enumerate() {
+            let cidx: Vec<u64> = std::iter::once(c as u64)
+                .chain(idx.iter().copied())
+                .collect();
+            let cname = format!("{c}.{name}");
+            let chunk_path = || {
+                dir.join(IMAGE_ARRAY)
+                    .join(format!("c/{}", cname.replace('.', "/")))
+            };
+            let mut img = vec![0.0f32; b.len()];
+            linear.fill_from(*image, *b, &mut img)?;
+            let img = pad_block(img, b.size, write_block, 0.0f32);
+            let hash = match params.image_dtype {
+                ImageDtype::Float32 => {
+                    let h = blake3::hash(bytes_of(&img));
+                    image_array
+                        .store_chunk(&cidx, img.as_slice())
+                        .map_err(|e| Error::zarr(chunk_path(), e))?;
+                    h
+                }
+                ImageDtype::Float16 => {
+                    let half: Vec<half::f16> =
+                        img.iter().map(|&v| half::f16::from_f32(v)).collect();
+                    let h = blake3::hash(bytes_of(&half));
+                    image_array
+                        .store_chunk(&cidx, half.as_slice())
+                        .map_err(|e| Error::zarr(chunk_path(), e))?;
+                    h
+                }
+            };
+            image_sums
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(cname, short_hex(&hash));
+        }
 
         if let (Some(arr), Some(label)) = (&label_array, input.label) {
             let mut local = fg.lock().unwrap_or_else(|p| p.into_inner()).child();

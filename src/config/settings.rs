@@ -92,8 +92,12 @@ pub struct Settings {
     pub pipeline: String,
     /// How the target spacing is chosen.
     pub spacing: SpacingChoice,
-    /// Intensity scheme applied to the image before resampling.
+    /// Intensity scheme applied to the image before resampling: to every channel whose
+    /// dataset.json name does not pick one (nnU-Net's "CT", "noNorm", "zscore").
     pub normalization: Normalization,
+    /// `--normalization` was given on the command line: it applies to every channel,
+    /// whatever dataset.json's channel names say.
+    pub normalization_forced: bool,
     /// Element type of the cached image.
     pub image_dtype: ImageDtype,
     /// Chunk shape (z, y, x) in voxels: an upper bound, fitted to each case
@@ -122,6 +126,7 @@ impl Default for Settings {
             pipeline: DEFAULT_PIPELINE.into(),
             spacing: SpacingChoice::Auto,
             normalization: Normalization::ZscoreNonzero,
+            normalization_forced: false,
             image_dtype: ImageDtype::Float32,
             chunk_zyx: [32, 128, 128],
             shard_zyx: None,
@@ -216,6 +221,7 @@ pub fn resolve(flags: &PrepFlags) -> Result<Settings> {
     let pipeline = Pipeline::load(flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE))?;
     let mut s = pipeline.settings;
     s.apply(flags)?;
+    s.normalization_forced = flags.normalization.is_some();
     s.validate()?;
     Ok(s)
 }
@@ -295,7 +301,7 @@ mod tests {
         p.target_spacing_xyz[2] = 1.0000001;
         variants.push(p);
         let mut p = base.clone();
-        p.normalization = Normalization::Zscore;
+        p.channels[0].normalization = Normalization::Zscore;
         variants.push(p);
         let mut p = base.clone();
         p.chunk_zyx = [16, 16, 16];

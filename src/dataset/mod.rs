@@ -14,15 +14,32 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
 
-/// One case: an image and, optionally, its label.
+/// One case: its image (one file per channel) and, optionally, its label.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct CaseSource {
     /// Case id: the file name without extension (and `_0000`), or the glob's `*` part.
     pub id: String,
-    /// The image file.
-    pub image: PathBuf,
+    /// The image files, one per channel in channel order (`CASE_0000`, `CASE_0001`...); never
+    /// empty.
+    pub images: Vec<PathBuf>,
     /// The label file; `None` for an unlabelled case.
     pub label: Option<PathBuf>,
+}
+
+impl CaseSource {
+    /// A case of one channel.
+    pub fn single(id: impl Into<String>, image: PathBuf, label: Option<PathBuf>) -> Self {
+        CaseSource {
+            id: id.into(),
+            images: vec![image],
+            label,
+        }
+    }
+
+    /// The first channel's file: the one whose header gives the case's grid.
+    pub fn image(&self) -> &Path {
+        &self.images[0]
+    }
 }
 
 /// Where a dataset comes from.
@@ -123,6 +140,153 @@ pub fn discover(source: &DatasetSource) -> Result<Discovered> {
     Ok(found)
 }
 
+/// The channel number of a stem ending in `_NNNN` (nnU-Net's naming), and the case id before it.
+fn channel_suffix(stem: &str) -> Option<(&str, usize)> {
+    let (id, ch) = stem.rsplit_once('_')?;
+    (ch.len() == 4 && ch.bytes().all(|b| b.is_ascii_digit()) && !id.is_empty())
+        .then(|| (id, ch.parse().unwrap_or(0)))
+}
+
+/// Group image files into cases of channels. nnU-Net names channel `k` of case `ID`
+/// `ID_000k`; a file without that suffix is a case of one channel. Without a dataset.json
+/// (`declared` 0), a stem ending in `_NNNN` is a channel only when its case has a `_0000`
+/// file (so `scan_0001.nii.gz` alone is the case `scan_0001`), and the channel count is the
+/// one most cases have. With one, every case must have exactly its `declared` channels. A
+/// case with a missing or surplus channel is a problem naming the files; returns the cases
+/// (id -> channel files) and the ids of cases left out that way.
+fn group_channels(
+    files: Vec<PathBuf>,
+    declared: usize,
+    problems: &mut Vec<CaseProblem>,
+) -> (
+    BTreeMap<String, Vec<PathBuf>>,
+    std::collections::BTreeSet<String>,
+) {
+    // id -> channel -> files (several files on one channel are a problem)
+    let mut groups: BTreeMap<String, BTreeMap<usize, Vec<PathBuf>>> = BTreeMap::new();
+    let stems: Vec<(String, PathBuf)> = files
+        .into_iter()
+        .map(|p| {
+            (
+                strip_nifti_ext(file_name(&p))
+                    .unwrap_or_default()
+                    .to_string(),
+                p,
+            )
+        })
+        .collect();
+    let has_first: std::collections::BTreeSet<&str> = stems
+        .iter()
+        .filter_map(|(s, _)| channel_suffix(s).filter(|c| c.1 == 0).map(|c| c.0))
+        .collect();
+    for (stem, path) in &stems {
+        let (id, ch) = match channel_suffix(stem) {
+            Some((id, ch)) if declared > 0 || has_first.contains(id) => (id.to_string(), ch),
+            _ => (stem.clone(), 0),
+        };
+        groups
+            .entry(id)
+            .or_default()
+            .entry(ch)
+            .or_default()
+            .push(path.clone());
+    }
+    let count = |g: &BTreeMap<usize, Vec<PathBuf>>| g.keys().max().map_or(0, |m| m + 1);
+    let expected = if declared > 0 {
+        declared
+    } else {
+        let mut votes: BTreeMap<usize, usize> = BTreeMap::new();
+        for g in groups.values() {
+            *votes.entry(count(g)).or_default() += 1;
+        }
+        // The count most cases have; on a tie, the smaller.
+        votes
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map_or(1, |(&n, _)| n)
+    };
+    let why_expected = if declared > 0 {
+        "dataset.json declares"
+    } else {
+        "most cases have"
+    };
+    let mut cases = BTreeMap::new();
+    let mut left_out = std::collections::BTreeSet::new();
+    for (id, g) in groups {
+        let mut problem = |msg: String, path: Option<&Path>| {
+            let error = match path {
+                Some(p) => Error::nifti(p, msg),
+                None => Error::case(&id, msg),
+            };
+            problems.push(CaseProblem {
+                id: id.clone(),
+                error,
+            });
+        };
+        if let Some((_, files)) = g.iter().find(|(_, f)| f.len() > 1) {
+            problem(
+                format!(
+                    "two images: {} and {} (keep one)",
+                    files[0].display(),
+                    files[1].display()
+                ),
+                None,
+            );
+            left_out.insert(id);
+            continue;
+        }
+        let any = &g.values().next().expect("a group has a file")[0];
+        let dir = any.parent().unwrap_or(Path::new(""));
+        let ext = EXTENSIONS
+            .iter()
+            .find(|e| file_name(any).ends_with(*e))
+            .copied()
+            .unwrap_or(".nii.gz");
+        if let Some((&ch, files)) = g.range(expected..).next() {
+            let range = match expected {
+                1 => channel_file(&id, 0, ext),
+                n => format!(
+                    "{} to {}",
+                    channel_file(&id, 0, ext),
+                    channel_file(&id, n - 1, ext)
+                ),
+            };
+            problem(
+                format!(
+                    "channel {ch} of case {id}, but {why_expected} {expected} channel{} ({range})",
+                    if expected == 1 { "" } else { "s" },
+                ),
+                Some(&files[0]),
+            );
+            left_out.insert(id);
+            continue;
+        }
+        if g.len() < expected {
+            let missing: Vec<String> = (0..expected)
+                .filter(|c| !g.contains_key(c))
+                .map(|c| dir.join(channel_file(&id, c, ext)).display().to_string())
+                .collect();
+            problem(
+                format!(
+                    "channel file{} missing: {} ({why_expected} {expected} channels)",
+                    if missing.len() == 1 { "" } else { "s" },
+                    missing.join(", ")
+                ),
+                None,
+            );
+            left_out.insert(id);
+            continue;
+        }
+        cases.insert(id, g.into_values().map(|mut f| f.remove(0)).collect());
+    }
+    (cases, left_out)
+}
+
+/// nnU-Net's file name of channel `ch` of case `id`.
+fn channel_file(id: &str, ch: usize, ext: &str) -> String {
+    format!("{id}_{ch:04}{ext}")
+}
+
 fn discover_folder(dir: &Path) -> Result<Discovered> {
     if !dir.is_dir() {
         return Err(Error::Dataset(format!("{}: not a folder", dir.display())));
@@ -159,68 +323,8 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
             dir.display()
         )));
     }
-    let mut by_id: BTreeMap<String, PathBuf> = BTreeMap::new();
-    let mut multi = std::collections::BTreeSet::new();
-    for path in image_files {
-        let stem = strip_nifti_ext(file_name(&path))
-            .unwrap_or_default()
-            .to_string();
-        // nnU-Net names channels CASE_0000, CASE_0001, ...; one channel is supported today.
-        let (id, channel) = match stem.rsplit_once('_') {
-            Some((id, ch)) if ch.len() == 4 && ch.bytes().all(|b| b.is_ascii_digit()) => {
-                (id.to_string(), Some(ch.to_string()))
-            }
-            _ => (stem.clone(), None),
-        };
-        // A dataset.json of several channels: say so once per case, naming them.
-        let channels = description.as_ref().map_or(&[][..], |d| &d.channels[..]);
-        if channels.len() > 1 {
-            if channel.as_deref() == Some("0000") || channel.is_none() {
-                multi.insert(id.clone());
-                problems.push(CaseProblem {
-                    error: Error::case(
-                        &id,
-                        format!(
-                            "dataset.json declares {} channels ({}): multi-channel images are not supported yet",
-                            channels.len(),
-                            channels.join(", ")
-                        ),
-                    ),
-                    id,
-                });
-            }
-            continue;
-        }
-        if let Some(ch) = channel.as_deref() {
-            if ch != "0000" {
-                problems.push(CaseProblem {
-                    error: Error::nifti(
-                        &path,
-                        format!(
-                            "channel {ch} of case {id}: multi-channel images are not supported yet"
-                        ),
-                    ),
-                    id,
-                });
-                continue;
-            }
-        }
-        if let Some(prev) = by_id.get(&id) {
-            problems.push(CaseProblem {
-                error: Error::case(
-                    &id,
-                    format!(
-                        "two images: {} and {} (keep one)",
-                        prev.display(),
-                        path.display()
-                    ),
-                ),
-                id,
-            });
-            continue;
-        }
-        by_id.insert(id, path);
-    }
+    let declared = description.as_ref().map_or(0, |d| d.channels.len());
+    let (by_id, multi) = group_channels(image_files, declared, &mut problems);
     let mut labels: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(ld) = labels_dir.filter(|d| d.is_dir()) {
         for path in list_nifti(&ld, ending, &mut problems)? {
@@ -259,9 +363,9 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
     }
     let cases = by_id
         .into_iter()
-        .map(|(id, image)| {
+        .map(|(id, images)| {
             let label = labels.remove(&id);
-            CaseSource { id, image, label }
+            CaseSource { id, images, label }
         })
         .collect();
     Ok(Discovered {
@@ -334,7 +438,7 @@ fn discover_globs(images: &str, labels: Option<&str>) -> Result<Discovered> {
         .into_iter()
         .map(|(id, image)| {
             let label = label_files.remove(&id);
-            CaseSource { id, image, label }
+            CaseSource::single(id, image, label)
         })
         .collect();
     Ok(Discovered {
@@ -342,6 +446,35 @@ fn discover_globs(images: &str, labels: Option<&str>) -> Result<Discovered> {
         problems: Vec::new(),
         description: None,
     })
+}
+
+/// The names of `n` image channels: dataset.json's when it names that many, else
+/// "channel 0", "channel 1"...
+pub fn channel_names(description: Option<&DatasetDescription>, n: usize) -> Vec<String> {
+    match description {
+        Some(d) if d.channels.len() == n => d.channels.clone(),
+        _ => (0..n).map(|c| format!("channel {c}")).collect(),
+    }
+}
+
+/// The number of image channels of a set of cases: the same for all, else an error naming a
+/// case that differs (discovery leaves such cases out, so this is a safeguard).
+pub fn common_channels<'a>(cases: impl IntoIterator<Item = &'a CaseSource>) -> Result<usize> {
+    let mut n = None;
+    for c in cases {
+        match n {
+            None => n = Some((c.images.len(), c.id.as_str())),
+            Some((m, first)) if m != c.images.len() => {
+                return Err(Error::Dataset(format!(
+                    "case {} has {} image channels but case {first} has {m}: every case needs the same channels",
+                    c.id,
+                    c.images.len()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(n.map_or(1, |n| n.0))
 }
 
 /// A short name for a dataset folder (its last path component).

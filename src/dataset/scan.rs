@@ -12,19 +12,31 @@ use crate::nifti_io::{self, HeaderInfo};
 pub struct ScannedCase {
     /// The case's files.
     pub source: CaseSource,
-    /// The image header.
+    /// The first channel's header: the case's grid.
     pub image: HeaderInfo,
+    /// The headers of channels 1.. (empty for one channel), each on the first one's grid.
+    pub other_channels: Vec<HeaderInfo>,
     /// The label header (same grid as the image's); `None` for an unlabelled case.
     pub label: Option<HeaderInfo>,
 }
 
 /// Check that an image and its label describe the same grid.
 pub fn check_pair(id: &str, image: &HeaderInfo, label: &HeaderInfo) -> Result<()> {
+    check_same_grid(id, image, label, "label")
+}
+
+/// Check that channel `other` of a case lies on the first channel's grid.
+pub fn check_channel(id: &str, first: &HeaderInfo, other: &HeaderInfo) -> Result<()> {
+    check_same_grid(id, first, other, "channel")
+}
+
+/// `image` and `other` (the case's label or another channel: `what`) on one grid.
+fn check_same_grid(id: &str, image: &HeaderInfo, label: &HeaderInfo, what: &str) -> Result<()> {
     if image.shape_xyz != label.shape_xyz {
         return Err(Error::case(
             id,
             format!(
-                "image {} is {:?} voxels but label {} is {:?}",
+                "image {} is {:?} voxels but {what} {} is {:?}",
                 image.path.display(),
                 image.shape_xyz,
                 label.path.display(),
@@ -43,7 +55,7 @@ pub fn check_pair(id: &str, image: &HeaderInfo, label: &HeaderInfo) -> Result<()
         return Err(Error::case(
             id,
             format!(
-                "image {} and label {} have different geometry (affines differ by up to {diff:.3e}; spacings {:?} vs {:?})",
+                "image {} and {what} {} have different geometry (affines differ by up to {diff:.3e}; spacings {:?} vs {:?})",
                 image.path.display(),
                 label.path.display(),
                 image.spacing_xyz,
@@ -60,7 +72,13 @@ pub fn scan(cases: &[CaseSource]) -> Vec<(CaseSource, Result<ScannedCase>)> {
         .par_iter()
         .map(|c| {
             let r = (|| {
-                let image = nifti_io::read_header(&c.image)?;
+                let image = nifti_io::read_header(c.image())?;
+                let mut other_channels = Vec::new();
+                for p in &c.images[1..] {
+                    let h = nifti_io::read_header(p)?;
+                    check_channel(&c.id, &image, &h)?;
+                    other_channels.push(h);
+                }
                 let label = match &c.label {
                     Some(l) => {
                         let h = nifti_io::read_header(l)?;
@@ -72,6 +90,7 @@ pub fn scan(cases: &[CaseSource]) -> Vec<(CaseSource, Result<ScannedCase>)> {
                 Ok(ScannedCase {
                     source: c.clone(),
                     image,
+                    other_channels,
                     label,
                 })
             })();

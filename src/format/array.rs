@@ -31,10 +31,13 @@ pub enum Encoding {
     Encoded,
 }
 
-/// The facts of one 3-D array's metadata.
+/// The facts of one array's metadata: a 3-D (z, y, x) array, or a 4-D (c, z, y, x) one
+/// chunked one channel per chunk (the image), which reads as `channels` 3-D arrays.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArrayLayout {
-    /// Array shape (z, y, x) in elements.
+    /// Length of the leading channel axis of a 4-D array; `None` for a 3-D array.
+    pub channels: Option<usize>,
+    /// Array shape (z, y, x) in elements (after the channel axis).
     pub shape: [usize; 3],
     /// Element type.
     pub dtype: Dtype,
@@ -81,8 +84,28 @@ impl ArrayLayout {
     pub fn from_json(path: &Path, bytes: &[u8]) -> Result<ArrayLayout> {
         let bad = |m: String| Error::cache(path, m);
         let meta = parse_metadata(path, bytes)?;
-        let shape = dims3(&meta.shape, false)
-            .ok_or_else(|| bad(format!("shape {:?} is not 3-D", meta.shape)))?;
+        // A leading channel axis: split off here, and each chunk must hold one channel.
+        let (channels, spatial) = match meta.shape.as_slice() {
+            [c, rest @ ..] if rest.len() == 3 => (
+                Some(usize::try_from(*c).map_err(|_| bad(format!("{c} channels")))?),
+                rest,
+            ),
+            all => (None, all),
+        };
+        let shape = dims3(spatial, false).ok_or_else(|| {
+            bad(format!(
+                "shape {:?} is neither (z, y, x) nor (c, z, y, x)",
+                meta.shape
+            ))
+        })?;
+        let lead = channels.is_some() as usize;
+        // The spatial part of a chunk shape, the channel side (1) checked off.
+        let spatial3 = |v: &[std::num::NonZeroU64]| -> Option<[usize; 3]> {
+            if lead == 1 && v.first().map(|n| n.get()) != Some(1) {
+                return None;
+            }
+            dims3(v.get(lead..)?, true)
+        };
         let dtype = Dtype::from_zarr(meta.data_type.name()).ok_or_else(|| {
             bad(format!(
                 "data type {:?} is not one voxcache writes (float32, float16, uint8, uint16, uint32)",
@@ -95,10 +118,15 @@ impl ArrayLayout {
                 .chunk_grid
                 .to_typed_configuration::<RegularChunkGridConfiguration>()
                 .ok()
-                .and_then(|c| dims3(&c.chunk_shape, true)),
+                .and_then(|c| spatial3(&c.chunk_shape)),
             _ => None,
         }
-        .ok_or_else(|| bad("the chunk grid is not regular with three positive sides".into()))?;
+        .ok_or_else(|| {
+            bad(
+                "the chunk grid is not regular with three positive sides (after a channel side of 1)"
+                    .into(),
+            )
+        })?;
         let (default_keys, separator) = match meta.chunk_key_encoding.name() {
             "default" => {
                 let sep = meta
@@ -137,8 +165,8 @@ impl ArrayLayout {
                 )
             }
             Some(ShardingCodecConfiguration::V1(cfg)) => {
-                let inner = dims3(&cfg.chunk_shape, true).ok_or_else(|| {
-                    bad("sharding chunk_shape is not three positive sides".into())
+                let inner = spatial3(&cfg.chunk_shape).ok_or_else(|| {
+                    bad("sharding chunk_shape is not three positive sides (after a channel side of 1)".into())
                 })?;
                 let inner_raw = matches!(cfg.codecs.as_slice(), [c] if is_le_bytes(c, es));
                 let crc = match cfg.index_codecs.as_slice() {
@@ -164,6 +192,7 @@ impl ArrayLayout {
             )));
         }
         Ok(ArrayLayout {
+            channels,
             shape,
             dtype,
             block,
@@ -203,9 +232,13 @@ impl ArrayLayout {
         [0, 1, 2].map(|a| self.shape[a].div_ceil(self.block[a]))
     }
 
-    /// The file of block `b`, relative to the array's folder.
-    pub fn block_key(&self, b: [usize; 3]) -> String {
+    /// The file of block `b` (of channel `channel` of a 4-D array), relative to the array's
+    /// folder.
+    pub fn block_key(&self, channel: Option<usize>, b: [usize; 3]) -> String {
         let s = self.separator;
-        format!("c{s}{}{s}{}{s}{}", b[0], b[1], b[2])
+        match channel {
+            Some(c) => format!("c{s}{c}{s}{}{s}{}{s}{}", b[0], b[1], b[2]),
+            None => format!("c{s}{}{s}{}{s}{}", b[0], b[1], b[2]),
+        }
     }
 }

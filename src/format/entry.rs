@@ -18,6 +18,9 @@ use crate::normalize::{AppliedNormalization, IntensityStats};
 pub const IMAGE_ARRAY: &str = "image";
 /// Name of the entry's array holding the label.
 pub const LABEL_ARRAY: &str = "label";
+/// The most image channels an entry may have (the reader gives each its own cache slot).
+pub const MAX_CHANNELS: usize = 64;
+
 /// Name of the entry's foreground index array.
 pub const FG_ARRAY: &str = "fg";
 
@@ -35,8 +38,8 @@ pub struct SourceFile {
 /// The files an entry was built from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sources {
-    /// The image file.
-    pub image: SourceFile,
+    /// The image files, one per channel in channel order.
+    pub images: Vec<SourceFile>,
     /// The label file; `None` for an unlabelled case.
     pub label: Option<SourceFile>,
 }
@@ -162,10 +165,10 @@ pub struct EntryAttrs {
     pub params: OutputParams,
     /// This entry's chunk and shard shape (the configured ones, fitted to its shape).
     pub layout: ChunkLayout,
-    /// Statistics of the input image before normalization.
-    pub intensity: IntensityStats,
-    /// The normalization applied before resampling.
-    pub normalization: AppliedNormalization,
+    /// Statistics of each input channel before normalization.
+    pub intensity: Vec<IntensityStats>,
+    /// The normalization applied to each channel before resampling.
+    pub normalization: Vec<AppliedNormalization>,
     /// `None` for a case built without a label.
     pub label: Option<LabelInfo>,
     /// Where the sampled foreground coordinates are.
@@ -178,6 +181,11 @@ pub struct EntryAttrs {
 const ATTRS_KEY: &str = "voxcache";
 
 impl EntryAttrs {
+    /// Image channels.
+    pub fn channels(&self) -> usize {
+        self.params.channels.len()
+    }
+
     /// The group attributes to write: ours, and OME-Zarr's so viewers place the image.
     pub fn to_group_attributes(&self) -> Result<Map<String, Value>> {
         let mut attrs = Map::new();
@@ -225,6 +233,23 @@ impl EntryAttrs {
             return bad(format!(
                 "output.shape_xyz {:?} is not output.shape_zyx {:?} reversed",
                 self.output.shape_xyz, self.output.shape_zyx
+            ));
+        }
+        let c = self.params.channels.len();
+        if c == 0 || c > MAX_CHANNELS {
+            return bad(format!(
+                "params.channels: {c} channels (1 to {MAX_CHANNELS} can be read)"
+            ));
+        }
+        if self.source.images.len() != c
+            || self.intensity.len() != c
+            || self.normalization.len() != c
+        {
+            return bad(format!(
+                "{c} channels in params, but {} source images, {} intensity records and {} normalizations",
+                self.source.images.len(),
+                self.intensity.len(),
+                self.normalization.len()
             ));
         }
         if let Some(a) = &self.fg_index.array {

@@ -35,6 +35,9 @@ pub struct ManifestDataset {
     pub spacing_rule: String,
     /// Why, in a sentence.
     pub spacing_reason: String,
+    /// Image channel names in channel order (dataset.json's, else "channel 0"...); as many as
+    /// `params.channels`.
+    pub channels: Vec<String>,
     /// Case id -> its entry.
     pub cases: BTreeMap<String, ManifestCase>,
     /// The dataset's `dataset.json` (channels, label classes, ignore label), when it has one:

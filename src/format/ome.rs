@@ -17,7 +17,7 @@ struct Axis {
 struct Scale {
     #[serde(rename = "type")]
     kind: &'static str,
-    scale: [f64; 3],
+    scale: [f64; 4],
 }
 
 #[derive(Serialize)]
@@ -30,7 +30,7 @@ struct Dataset {
 #[derive(Serialize)]
 struct Multiscale<'a> {
     name: &'a str,
-    axes: [Axis; 3],
+    axes: [Axis; 4],
     datasets: [Dataset; 1],
 }
 
@@ -40,7 +40,8 @@ struct Ome<'a> {
     multiscales: [Multiscale<'a>; 1],
 }
 
-/// The `ome` attribute of an entry whose image has `spacing_xyz` in `unit` (NIfTI's name).
+/// The `ome` attribute of an entry whose image, (c, z, y, x), has `spacing_xyz` in `unit`
+/// (NIfTI's name).
 pub(super) fn multiscales(name: &str, spacing_xyz: [f64; 3], unit: &str) -> Value {
     let unit = match unit {
         "um" => Some("micrometer"),
@@ -57,12 +58,21 @@ pub(super) fn multiscales(name: &str, spacing_xyz: [f64; 3], unit: &str) -> Valu
         version: "0.5",
         multiscales: [Multiscale {
             name,
-            axes: [axis("z"), axis("y"), axis("x")],
+            axes: [
+                Axis {
+                    name: "c",
+                    kind: "channel",
+                    unit: None,
+                },
+                axis("z"),
+                axis("y"),
+                axis("x"),
+            ],
             datasets: [Dataset {
                 path: super::entry::IMAGE_ARRAY,
                 transforms: [Scale {
                     kind: "scale",
-                    scale: [spacing_xyz[2], spacing_xyz[1], spacing_xyz[0]],
+                    scale: [1.0, spacing_xyz[2], spacing_xyz[1], spacing_xyz[0]],
                 }],
             }],
         }],

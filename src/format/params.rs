@@ -107,10 +107,9 @@ pub struct OutputParams {
     pub image_interpolation: String,
     /// Label resampling: always "nearest".
     pub label_interpolation: String,
-    /// Intensity scheme applied to the image before resampling.
-    pub normalization: Normalization,
-    /// Dataset foreground statistics: the CT scheme only, else `None`.
-    pub dataset_foreground: Option<ForegroundStats>,
+    /// Per image channel, in channel order: its intensity scheme (applied before resampling)
+    /// and the dataset statistics that scheme needs.
+    pub channels: Vec<ChannelParams>,
     /// Element type of the cached image.
     pub image_dtype: ImageDtype,
     /// Configured chunk shape (z, y, x): an upper bound per axis ([`OutputParams::layout_for`]).
@@ -125,18 +124,40 @@ pub struct OutputParams {
     pub seed: u64,
 }
 
+/// How one image channel is normalized. Channel names are not here: renaming a channel in
+/// dataset.json changes no byte of the cache, so it rebuilds nothing (the manifest has them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChannelParams {
+    /// Intensity scheme applied to the channel before resampling.
+    pub normalization: Normalization,
+    /// The channel's dataset foreground statistics: the CT scheme only, else `None`.
+    pub dataset_foreground: Option<ForegroundStats>,
+}
+
 impl OutputParams {
-    /// The parameters of `settings` at the target spacing `target` (x, y, z), with the
-    /// dataset foreground statistics when the CT scheme needs them.
+    /// The parameters of a one-channel image: `settings` at the target spacing `target`
+    /// (x, y, z), with the dataset foreground statistics when the CT scheme needs them.
     pub fn new(settings: &Settings, target: [f64; 3], fg: Option<ForegroundStats>) -> Self {
+        let channel = ChannelParams {
+            normalization: settings.normalization,
+            dataset_foreground: fg,
+        };
+        Self::with_channels(settings, target, vec![channel])
+    }
+
+    /// The parameters of an image of `channels.len()` channels.
+    pub fn with_channels(
+        settings: &Settings,
+        target: [f64; 3],
+        channels: Vec<ChannelParams>,
+    ) -> Self {
         OutputParams {
             format_version: FORMAT_VERSION,
             grid_convention: "edge-aligned".into(),
             target_spacing_xyz: target,
             image_interpolation: "linear".into(),
             label_interpolation: "nearest".into(),
-            normalization: settings.normalization,
-            dataset_foreground: fg,
+            channels,
             image_dtype: settings.image_dtype,
             chunk_zyx: settings.chunk_zyx,
             shard_zyx: settings.shard_zyx,

@@ -35,6 +35,10 @@ pub struct RunRecord {
     /// The label value left out of loss and Dice, if the dataset has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_label: Option<u16>,
+    /// The image channels the network takes, by name, in order (empty in runs made before
+    /// channels were recorded: those took one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub channels: Vec<String>,
     /// The training options that shape the weights (`TrainConfig::weight_shaping`).
     pub config: serde_json::Value,
     /// Which cases train and which validate.

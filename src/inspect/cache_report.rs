@@ -27,7 +27,10 @@ pub struct DatasetInfo {
     pub target_spacing_xyz: [f64; 3],
     pub spacing_rule: String,
     pub spacing_reason: String,
-    pub normalization: String,
+    /// Image channel names, in channel order.
+    pub channels: Vec<String>,
+    /// Each channel's intensity scheme ("zscore-nonzero", "ct"...), in channel order.
+    pub normalization: Vec<String>,
     pub image_dtype: ImageDtype,
     pub chunk_zyx: [usize; 3],
     pub shard_zyx: Option<[usize; 3]>,
@@ -293,10 +296,12 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
             target_spacing_xyz: p.target_spacing_xyz,
             spacing_rule: d.spacing_rule.clone(),
             spacing_reason: d.spacing_reason.clone(),
-            normalization: serde_json::to_value(p.normalization)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            channels: d.channels.clone(),
+            normalization: p
+                .channels
+                .iter()
+                .map(|c| c.normalization.name().to_string())
+                .collect(),
             image_dtype: p.image_dtype,
             chunk_zyx: p.chunk_zyx,
             shard_zyx: p.shard_zyx,
@@ -508,7 +513,11 @@ pub fn render(r: &CacheReport, path: &str) -> String {
                 },
                 spacing3(&d.target_spacing_xyz),
                 d.image_dtype.dtype().short_name().to_string(),
-                d.normalization.clone(),
+                if d.normalization.len() == 1 {
+                    d.normalization[0].clone()
+                } else {
+                    "per channel".into()
+                },
                 shape3(&d.chunk_zyx),
                 d.shard_zyx
                     .map(|s| shape3(&s))
@@ -522,6 +531,14 @@ pub fn render(r: &CacheReport, path: &str) -> String {
             out.push_str(&head);
             out.push(' ');
             out.push_str(&wrap(&d.spacing_reason, W, head.len() + 1, 2));
+            if d.channels.len() > 1 {
+                out.push_str(&format!(
+                    "{}: {} image channels: {}\n",
+                    d.name,
+                    d.channels.len(),
+                    channel_schemes(&d.channels, &d.normalization)
+                ));
+            }
             if !d.classes.is_empty() {
                 out.push_str(&format!(
                     "{}: classes (dataset.json) {}{}\n",
@@ -635,4 +652,14 @@ pub fn render(r: &CacheReport, path: &str) -> String {
         out.push_str(&wrap(&line, W, 0, 2));
     }
     out
+}
+
+/// "T2 (zscore-nonzero), ADC (zscore-nonzero)".
+fn channel_schemes(channels: &[String], schemes: &[String]) -> String {
+    channels
+        .iter()
+        .zip(schemes)
+        .map(|(c, s)| format!("{c} ({s})"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -193,6 +193,13 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
             c.image.clone(),
             c.label.clone().unwrap_or_else(|| "-".into()),
         ]);
+        for (k, ch) in c.other_channels.iter().enumerate() {
+            t.row(vec![
+                format!("{} ch{}", c.id, k + 1),
+                ch.image.clone(),
+                String::new(),
+            ]);
+        }
     }
     out.push_str(&format!("\nfiles\n{}", t.render(W)));
 
@@ -205,17 +212,18 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
             ("non-finite", Align::Right),
             ("label values (voxels)", Align::Left),
         ]);
+        let opt = |v: Option<f64>| v.map(value).unwrap_or_else(|| "-".into());
+        let cells = |i: &Option<super::dataset_report::IntensityFacts>| match i {
+            Some(i) => (
+                opt(i.min),
+                opt(i.max),
+                opt(i.mean),
+                i.non_finite.to_string(),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
         for c in &r.cases {
-            let opt = |v: Option<f64>| v.map(value).unwrap_or_else(|| "-".into());
-            let (lo, hi, mean, bad) = match &c.intensity {
-                Some(i) => (
-                    opt(i.min),
-                    opt(i.max),
-                    opt(i.mean),
-                    i.non_finite.to_string(),
-                ),
-                None => ("-".into(), "-".into(), "-".into(), "-".into()),
-            };
+            let (lo, hi, mean, bad) = cells(&c.intensity);
             let labels = match &c.label_values {
                 Some(m) => {
                     let mut v: Vec<(u32, u64)> = m
@@ -231,6 +239,18 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
                 None => "-".into(),
             };
             t.row(vec![c.id.clone(), lo, hi, mean, bad, labels]);
+            // Each further channel on its own row (channel 0 is the case's row).
+            for (k, ch) in c.other_channels.iter().enumerate() {
+                let (lo, hi, mean, bad) = cells(&ch.intensity);
+                t.row(vec![
+                    format!("{} ch{}", c.id, k + 1),
+                    lo,
+                    hi,
+                    mean,
+                    bad,
+                    String::new(),
+                ]);
+            }
         }
         out.push_str(&format!("\nintensities and labels\n{}", t.render(W)));
     } else {

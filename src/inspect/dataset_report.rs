@@ -77,10 +77,20 @@ pub struct CaseForecast {
     pub outlier: bool,
 }
 
+/// An image channel after the first: its file and intensities.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChannelFacts {
+    pub image: String,
+    pub intensity: Option<IntensityFacts>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseInfo {
     pub id: String,
+    /// The first channel's file (the only one of a one-channel image).
     pub image: String,
+    /// Channels 1.. (`CASE_0001`...), each with its own intensities.
+    pub other_channels: Vec<ChannelFacts>,
     pub label: Option<String>,
     pub header: Option<HeaderFacts>,
     pub label_datatype: Option<&'static str>,
@@ -153,6 +163,8 @@ pub struct DatasetReport {
 #[derive(Default)]
 struct VoxelFacts {
     intensity: Option<IntensityFacts>,
+    /// Channels 1..: `None` where unreadable.
+    other_intensity: Vec<Option<IntensityFacts>>,
     label_values: Option<BTreeMap<String, u64>>,
     problems: Vec<Problem>,
 }
@@ -262,24 +274,34 @@ fn read_voxels(
             .path(rel_path(root, p))
     };
     if image_ok {
-        match intensity_of(&c.image) {
-            Ok(facts) => {
-                if facts.non_finite > 0 {
-                    f.problems.push(
-                        Problem::error(
-                            "non-finite",
-                            format!(
-                                "{} voxels are NaN or infinite (build-cache refuses this image)",
-                                facts.non_finite
-                            ),
-                        )
-                        .case(&c.id)
-                        .path(rel_path(root, &c.image)),
-                    );
+        for (k, path) in c.images.iter().enumerate() {
+            let facts = match intensity_of(path) {
+                Ok(facts) => {
+                    if facts.non_finite > 0 {
+                        f.problems.push(
+                            Problem::error(
+                                "non-finite",
+                                format!(
+                                    "{} voxels are NaN or infinite (build-cache refuses this image)",
+                                    facts.non_finite
+                                ),
+                            )
+                            .case(&c.id)
+                            .path(rel_path(root, path)),
+                        );
+                    }
+                    Some(facts)
                 }
-                f.intensity = Some(facts);
+                Err(e) => {
+                    f.problems.push(unreadable(path, e));
+                    None
+                }
+            };
+            if k == 0 {
+                f.intensity = facts;
+            } else {
+                f.other_intensity.push(facts);
             }
-            Err(e) => f.problems.push(unreadable(&c.image, e)),
         }
     }
     if let (Some(lp), true) = (&c.label, label_ok) {
@@ -396,7 +418,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
         .par_iter()
         .map(|c| {
             (
-                nifti_io::read_header(&c.image),
+                nifti_io::read_header(c.image()),
                 c.label.as_ref().map(|l| nifti_io::read_header(l)),
             )
         })
@@ -428,9 +450,9 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
     for ((c, (ih, lh)), vf) in cases.iter().zip(headers).zip(voxels) {
         if let Err(e) = &ih {
             problems.push(
-                Problem::error("unreadable", file_message(root, &c.image, &e.to_string()))
+                Problem::error("unreadable", file_message(root, c.image(), &e.to_string()))
                     .case(&c.id)
-                    .path(rel_path(root, &c.image)),
+                    .path(rel_path(root, c.image())),
             );
         }
         match (&lh, &c.label) {
@@ -442,7 +464,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
             (None, _) => problems.push(
                 Problem::warning("missing-label", "no label file for this image")
                     .case(&c.id)
-                    .path(rel_path(root, &c.image)),
+                    .path(rel_path(root, c.image())),
             ),
             _ => {}
         }
@@ -459,7 +481,15 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
         problems.extend(vf.problems);
         infos.push(CaseInfo {
             id: c.id.clone(),
-            image: rel_path(root, &c.image),
+            image: rel_path(root, c.image()),
+            other_channels: c.images[1..]
+                .iter()
+                .enumerate()
+                .map(|(k, p)| ChannelFacts {
+                    image: rel_path(root, p),
+                    intensity: vf.other_intensity.get(k).cloned().flatten(),
+                })
+                .collect(),
             label: c.label.as_ref().map(|l| rel_path(root, l)),
             header: ih.as_ref().ok().map(HeaderFacts::of),
             label_datatype: lh.and_then(|r| r.ok()).map(|h| h.datatype),
@@ -475,7 +505,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
             Err(e @ Error::Case { .. }) => problems.push(
                 Problem::error("mismatch", rel_message(root, &e.to_string()))
                     .case(&c.id)
-                    .path(rel_path(root, c.label.as_ref().unwrap_or(&c.image))),
+                    .path(rel_path(root, c.label.as_deref().unwrap_or(c.image()))),
             ),
             // Unreadable files are already reported above, each by its own name.
             Err(_) => {}

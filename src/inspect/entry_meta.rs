@@ -19,6 +19,8 @@ pub struct EntryMeta {
     pub key: String,
     pub case_id: String,
     pub shape_zyx: [usize; 3],
+    /// Image channels: the image array is (c, z, y, x).
+    pub channels: usize,
     pub spacing_xyz: [f64; 3],
     pub unit: String,
     pub image_dtype: Dtype,
@@ -76,7 +78,9 @@ pub fn read_entry(root: &Path, dir: &Path) -> Found<EntryMeta> {
         let msg = super::file_message(root, &zj, &e.to_string());
         Box::new(Problem::error("metadata", msg).path(zrel.clone()))
     })?;
+    let channels = a.channels();
     Ok(EntryMeta {
+        channels,
         dir: dir.to_path_buf(),
         rel,
         key: a.key,

@@ -52,7 +52,7 @@
 //!   "cache": null | {                         // kind == "cache"
 //!     "manifest_format_version": 1 | null,
 //!     "datasets": [{"name", "pipeline", "params_key", "target_spacing_xyz", "spacing_rule",
-//!                   "spacing_reason", "normalization", "image_dtype", "chunk_zyx", "shard_zyx" | null,
+//!                   "spacing_reason", "channels": [names], "normalization": [one per channel], "image_dtype", "chunk_zyx", "shard_zyx" | null,
 //!                   "compression": "none" | "zstd-3" | "blosc-5", "cases": n, "missing_entries": [ids]}],
 //!     "entries": [{"key", "path": "entries/ab/abcd...", "case_id", "datasets": [names], "orphan": bool,
 //!                  "shape_zyx", "spacing_xyz", "unit", "image_dtype", "label_dtype" | null,

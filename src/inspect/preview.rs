@@ -158,7 +158,18 @@ fn assemble(
     })
 }
 
-fn from_dataset(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
+/// Channel `channel` of the case's image files, or an error naming how many it has.
+fn channel_of(case: &str, n: usize, channel: usize) -> Result<()> {
+    if channel >= n {
+        return Err(Error::case(
+            case,
+            format!("no image channel {channel}: the case has {n} (channels count from 0)"),
+        ));
+    }
+    Ok(())
+}
+
+fn from_dataset(root: &Path, case: &str, channel: usize) -> Result<([Slice; 3], [usize; 3])> {
     let cases = discover(&DatasetSource::Folder(root.to_path_buf()))?.cases;
     let Some(c) = cases.iter().find(|c| c.id == case) else {
         let ids: Vec<&str> = cases.iter().take(5).map(|c| c.id.as_str()).collect();
@@ -169,7 +180,9 @@ fn from_dataset(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
             if cases.len() > 5 { ", ..." } else { "" }
         )));
     };
-    let image = nifti_io::read_header(&c.image)?;
+    channel_of(case, c.images.len(), channel)?;
+    let image_path = &c.images[channel];
+    let image = nifti_io::read_header(image_path)?;
     let [x, y, z] = image.shape_xyz;
     let shape = [z, y, x];
     let labels = match &c.label {
@@ -192,7 +205,7 @@ fn from_dataset(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
         }
         None => None,
     };
-    let images = cut_slices(&c.image, shape, &mut |_| Ok(()))?;
+    let images = cut_slices(image_path, shape, &mut |_| Ok(()))?;
     Ok((
         assemble(shape, image.spacing_xyz, images, labels),
         middles(shape),
@@ -210,16 +223,17 @@ fn slice_boxes(shape_zyx: [usize; 3]) -> [([i64; 3], [usize; 3]); 3] {
     ]
 }
 
-fn from_cache(root: &Path, case: &str) -> Result<([Slice; 3], [usize; 3])> {
+fn from_cache(root: &Path, case: &str, channel: usize) -> Result<([Slice; 3], [usize; 3])> {
     let m = find_entry(root, case)?;
     // The trainer's reader: only the chunks under each slice are read.
     let entry = EntryReader::open(&m.dir)?;
+    channel_of(case, entry.channels(), channel)?;
     let shape = entry.shape_zyx();
     let boxes = slice_boxes(shape);
     let mut images: [Vec<f32>; 3] = Default::default();
     for (i, (start, size)) in boxes.iter().enumerate() {
         images[i] = vec![0.0; size.iter().product()];
-        entry.read_image(*start, *size, &mut images[i])?;
+        entry.read_channel(channel, *start, *size, &mut images[i])?;
     }
     let labels = match entry.label_dtype() {
         None => None,
@@ -352,14 +366,15 @@ fn check_out_outside(root: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Draw the preview of `case` from a dataset or cache folder into `out` (a PNG file).
-pub fn write_preview(path: &Path, case: &str, out: &Path) -> Result<PreviewInfo> {
+/// Draw the preview of image channel `channel` (0 for a one-channel image) of `case` from a
+/// dataset or cache folder into `out` (a PNG file).
+pub fn write_preview(path: &Path, case: &str, channel: usize, out: &Path) -> Result<PreviewInfo> {
     let kind = detect(path)?;
     let (slices, mid) = match kind {
-        Kind::Dataset => from_dataset(path, case)?,
+        Kind::Dataset => from_dataset(path, case, channel)?,
         Kind::Cache => {
             check_out_outside(path, out)?;
-            from_cache(path, case)?
+            from_cache(path, case, channel)?
         }
     };
     if slices.iter().any(|s| s.rows == 0 || s.cols == 0) {

@@ -76,6 +76,11 @@ fn block_bytes(array: &Array<ReadStore>, dtype: Dtype, idx: &[u64]) -> Result<Ve
     })
 }
 
+/// How the checksums file names a block: its indices joined by dots (`c.z.y.x` for the image).
+fn block_name(idx: &[u64]) -> String {
+    idx.iter().map(u64::to_string).collect::<Vec<_>>().join(".")
+}
+
 enum Outcome {
     Ok,
     Absent,
@@ -95,9 +100,9 @@ struct ArrayCheck<'a> {
 }
 
 impl ArrayCheck<'_> {
-    fn block(&self, idx: [u64; 3]) -> Outcome {
-        let name = format!("{}.{}.{}", idx[0], idx[1], idx[2]);
-        let key = self.array.chunk_key(&idx);
+    fn block(&self, idx: &[u64]) -> Outcome {
+        let name = block_name(idx);
+        let key = self.array.chunk_key(idx);
         let path = self.meta.dir.join(key.as_str());
         let rel = rel_path(self.root, &path);
         let problem = |kind: &'static str, msg: String| {
@@ -123,7 +128,7 @@ impl ArrayCheck<'_> {
                 ))
             };
         }
-        match block_bytes(self.array, self.dtype, &idx) {
+        match block_bytes(self.array, self.dtype, idx) {
             Err(e) => Outcome::Corrupt(problem("corrupt-chunk", format!("does not decode: {e}"))),
             Ok(bytes) => {
                 let got = ChunkChecksums::hash(&bytes);
@@ -205,11 +210,12 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         }
     };
 
-    let mut arrays = vec![(crate::format::IMAGE_ARRAY, m.image_dtype)];
+    // (name, type, channels: the image has a leading channel axis)
+    let mut arrays = vec![(crate::format::IMAGE_ARRAY, m.image_dtype, Some(m.channels))];
     if let Some(l) = m.label_dtype {
-        arrays.push((crate::format::LABEL_ARRAY, l));
+        arrays.push((crate::format::LABEL_ARRAY, l, None));
     }
-    for (name, dtype) in arrays {
+    for (name, dtype, channels) in arrays {
         let meta_path = m.dir.join(name).join("zarr.json");
         let meta_rel = rel_path(root, &meta_path);
         let layout = std::fs::read(&meta_path)
@@ -245,9 +251,16 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                 continue;
             }
         };
-        let shape: Vec<u64> = m.shape_zyx.iter().map(|&v| v as u64).collect();
-        let expected_grid: Vec<u64> = (0..3)
-            .map(|a| shape[a].div_ceil(block_shape[a].max(1) as u64))
+        let lead: Vec<u64> = channels.map(|c| c as u64).into_iter().collect();
+        let shape: Vec<u64> = lead
+            .iter()
+            .copied()
+            .chain(m.shape_zyx.iter().map(|&v| v as u64))
+            .collect();
+        let expected_grid: Vec<u64> = lead
+            .iter()
+            .copied()
+            .chain((0..3).map(|a| (m.shape_zyx[a] as u64).div_ceil(block_shape[a].max(1) as u64)))
             .collect();
         if array.shape() != shape.as_slice() || array.chunk_grid_shape() != expected_grid.as_slice()
         {
@@ -279,14 +292,9 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
             recorded,
             zero_hash: ChunkChecksums::hash(&vec![0u8; block_len]),
         };
-        let g = &expected_grid;
-        let indices: Vec<[u64; 3]> = (0..g[0])
-            .flat_map(|z| (0..g[1]).flat_map(move |y| (0..g[2]).map(move |x| [z, y, x])))
-            .collect();
-        let names: std::collections::HashSet<String> = indices
-            .iter()
-            .map(|i| format!("{}.{}.{}", i[0], i[1], i[2]))
-            .collect();
+        let indices = grid_indices(&expected_grid);
+        let names: std::collections::HashSet<String> =
+            indices.iter().map(|i| block_name(i)).collect();
         for k in recorded.keys() {
             if !names.contains(k) {
                 acc.other(
@@ -299,9 +307,9 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
             }
         }
         let outcomes: Vec<Outcome> = if block_len <= PARALLEL_BLOCK_BYTES {
-            indices.par_iter().map(|&i| check.block(i)).collect()
+            indices.par_iter().map(|i| check.block(i)).collect()
         } else {
-            indices.iter().map(|&i| check.block(i)).collect()
+            indices.iter().map(|i| check.block(i)).collect()
         };
         for o in outcomes {
             acc.sum.blocks_checked += 1;
@@ -362,6 +370,24 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         }
     }
     acc.done()
+}
+
+/// Every index of a chunk grid, in C order.
+fn grid_indices(grid: &[u64]) -> Vec<Vec<u64>> {
+    let mut out = vec![Vec::new()];
+    for &n in grid {
+        out = out
+            .into_iter()
+            .flat_map(|p| {
+                (0..n).map(move |i| {
+                    let mut q = p.clone();
+                    q.push(i);
+                    q
+                })
+            })
+            .collect();
+    }
+    out
 }
 
 /// Every foreground row names a voxel of its class: inside the volume, no voxel twice, and

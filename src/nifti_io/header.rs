@@ -241,10 +241,18 @@ pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<Heade
     if ndim > 3 {
         let extra: Vec<u16> = raw.dim[4..=ndim].to_vec();
         if extra.iter().any(|&d| d != 1) {
+            // The Decathlon stores a case's modalities as the 4th dimension of one file.
+            let hint = match extra.as_slice() {
+                [n, rest @ ..] if *n > 1 && rest.iter().all(|&d| d == 1) => format!(
+                    "; if these are {n} channels (the Decathlon's multi-modal layout), split them into one 3D file per channel, CASE_0000 to CASE_{:04} (nnU-Net's layout), which voxcache reads as channels",
+                    n - 1
+                ),
+                _ => String::new(),
+            };
             return Err(Error::nifti(
                 path,
                 format!(
-                    "{ndim}D volume with extra dimensions {extra:?}: only 3D volumes (or 4D with one frame) are supported"
+                    "{ndim}D volume with extra dimensions {extra:?}: only 3D volumes (or 4D with one frame) are supported{hint}"
                 ),
             ));
         }

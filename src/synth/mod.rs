@@ -33,10 +33,20 @@ mod vessels;
 mod write;
 
 pub use nifti_write::{write_nifti_i16, write_nifti_u8};
-pub use render::generate_case;
-pub use write::write_dataset;
+pub use render::{generate_case, second_channel};
+pub use write::{write_dataset, write_dataset_as};
 
 use rng::{mix, Rng};
+
+/// What a synthetic case is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthLayout {
+    /// One channel (`_0000`, two-photon-like int16) and labels 0 and 1 (vessel).
+    Vessels,
+    /// Two channels (`_0000` two-photon-like, `_0001` CT-like, both int16) and labels 0,
+    /// 1 vessel, 2 bright vessel, 3 ignore.
+    MultiChannel,
+}
 
 /// One synthetic case: its id (file stem), grid shape and voxel spacing in micrometers.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,14 +67,20 @@ pub enum SynthPreset {
     /// The single real-world outlier on its own: one 512x512x61 case at (4.97, 4.97, 5.0), which
     /// grows to 2545x2545x305 when resampled to 1 um (a benchmark of out-of-core resampling).
     Outlier,
+    /// 10 small cases like `small`, with two channels (the two-photon image, and a CT-like
+    /// one whose dataset.json name "CT" picks CT normalization) and labels 0 background,
+    /// 1 vessel, 2 bright vessel (brighter in the CT channel) and 3 "ignore" (unannotated
+    /// slices, nnU-Net's ignore label).
+    Multichannel,
 }
 
 impl SynthPreset {
     /// Every preset, in the order they are listed to users.
-    pub const ALL: [SynthPreset; 3] = [
+    pub const ALL: [SynthPreset; 4] = [
         SynthPreset::Small,
         SynthPreset::Minivess,
         SynthPreset::Outlier,
+        SynthPreset::Multichannel,
     ];
 
     /// The name used on the command line.
@@ -73,6 +89,15 @@ impl SynthPreset {
             SynthPreset::Small => "small",
             SynthPreset::Minivess => "minivess",
             SynthPreset::Outlier => "outlier",
+            SynthPreset::Multichannel => "multichannel",
+        }
+    }
+
+    /// The files and classes the preset's cases have.
+    pub fn layout(self) -> SynthLayout {
+        match self {
+            SynthPreset::Multichannel => SynthLayout::MultiChannel,
+            _ => SynthLayout::Vessels,
         }
     }
 }
@@ -165,7 +190,7 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
                 specs.push(([512, 512, nz], sp));
             }
         }
-        SynthPreset::Small => {
+        SynthPreset::Small | SynthPreset::Multichannel => {
             let mut spacings = SMALL_SPACINGS.to_vec();
             rng.shuffle(&mut spacings);
             for sp in spacings {

@@ -96,8 +96,10 @@ impl Default for AugmentConfig {
     }
 }
 
-/// Augment one patch in place. `image` and `label` hold `size_zyx` voxels in C order (z, y, x);
-/// pass an empty `label` for an image-only patch.
+/// Augment one patch in place. `image` holds one or more channels of `size_zyx` voxels, C order
+/// (c, z, y, x), and `label` one, C order (z, y, x); pass an empty `label` for an image-only
+/// patch. Every channel gets the same flips, turns, scale and shift (one draw each, so a
+/// one-channel patch draws what it always did); noise is drawn per voxel.
 ///
 /// Panics if a buffer has the wrong length (a caller bug, not user input).
 pub fn augment(
@@ -108,7 +110,10 @@ pub fn augment(
     rng: &mut Rng,
 ) {
     let n: usize = size_zyx.iter().product();
-    assert_eq!(image.len(), n, "image buffer does not match the patch size");
+    assert!(
+        n > 0 && !image.is_empty() && image.len().is_multiple_of(n),
+        "image buffer does not match the patch size"
+    );
     assert!(
         label.is_empty() || label.len() == n,
         "label buffer does not match the patch size"
@@ -119,7 +124,9 @@ pub fn augment(
     let quarter_turns = rng.below(4) as usize;
     for (axis, &flip) in flips.iter().enumerate() {
         if flip {
-            flip_axis(image, size_zyx, axis);
+            image
+                .chunks_exact_mut(n)
+                .for_each(|c| flip_axis(c, size_zyx, axis));
             flip_axis(label, size_zyx, axis);
         }
     }
@@ -129,7 +136,9 @@ pub fn augment(
         } else {
             quarter_turns & 2 // 0 or 180 degrees
         };
-        rotate_yx(image, size_zyx, k);
+        image
+            .chunks_exact_mut(n)
+            .for_each(|c| rotate_yx(c, size_zyx, k));
         rotate_yx(label, size_zyx, k);
     }
 

@@ -15,6 +15,8 @@ pub(super) struct Data {
     pub(super) train: Vec<(String, EntryReader)>,
     pub(super) val: Vec<(String, EntryReader)>,
     pub(super) num_classes: usize,
+    /// Image channel names, in the order the network takes them.
+    pub(super) channels: Vec<String>,
     /// Label-file values to output classes (names, ignore label).
     pub(super) classes: ClassMap,
     /// Cases skipped for having no label.
@@ -62,6 +64,20 @@ pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
         }
         present.extend(e.classes());
         labelled.push((c.case_id.clone(), e));
+    }
+    let channels = reader.dataset(&dataset)?.channels.clone();
+    for (id, e) in &labelled {
+        if e.channels() != channels.len() {
+            return Err(Error::case(
+                id,
+                format!(
+                    "the entry has {} image channels but dataset {dataset:?} has {} ({})",
+                    e.channels(),
+                    channels.len(),
+                    channels.join(", ")
+                ),
+            ));
+        }
     }
     let described = reader.dataset(&dataset)?.dataset_json.as_ref();
     let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
@@ -111,6 +127,7 @@ pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
         train,
         val,
         num_classes,
+        channels,
         classes,
         unlabelled,
     })

@@ -44,7 +44,7 @@ impl Default for LoaderConfig {
     }
 }
 
-/// One training batch. `image` is (B, 1, D, H, W) and `label` (B, D, H, W), C order.
+/// One training batch. `image` is (B, C, D, H, W) and `label` (B, D, H, W), C order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
     pub step: u64,
@@ -137,6 +137,16 @@ impl Loader {
                 return Err(Error::case(
                     case_name(e),
                     "cache entry has no label: it cannot be used for training",
+                ));
+            }
+            let (c, first) = (e.channels(), entries[0].channels());
+            if c != first {
+                return Err(Error::case(
+                    case_name(e),
+                    format!(
+                        "{c} image channels where case {} has {first}: every case needs the same channels",
+                        case_name(&entries[0])
+                    ),
                 ));
             }
         }
@@ -301,11 +311,14 @@ fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Ba
     let patch = cfg.patch_zyx;
     let n: usize = patch.iter().product();
     let choices = job.sampler.choose(step);
+    let channels = job.entries.first().map_or(1, |e| e.channels());
     let (mut image, mut label) = buffers;
     // Every voxel is overwritten by the read; resizing only sets the length.
-    image.resize(choices.len() * n, 0.0);
+    image.resize(choices.len() * channels * n, 0.0);
     label.resize(choices.len() * n, 0);
-    let pieces = image.chunks_exact_mut(n).zip(label.chunks_exact_mut(n));
+    let pieces = image
+        .chunks_exact_mut(channels * n)
+        .zip(label.chunks_exact_mut(n));
     for (i, (c, (img, lab))) in choices.iter().zip(pieces).enumerate() {
         let entry = &job.entries[c.case];
         entry

@@ -85,11 +85,16 @@ fn optimizer_kind(cfg: &TrainConfig) -> OptimizerKind {
     }
 }
 
-/// The network for a config and the number of classes found in the cache.
-pub fn build_model(cfg: &TrainConfig, num_classes: usize, dev: &Device) -> Result<UNet> {
+/// The network for a config and the image channels and classes found in the cache.
+pub fn build_model(
+    cfg: &TrainConfig,
+    in_channels: usize,
+    num_classes: usize,
+    dev: &Device,
+) -> Result<UNet> {
     let strides = UNetConfig::plan_strides(cfg.patch, cfg.stages, 4);
     let ucfg = UNetConfig {
-        in_channels: 1,
+        in_channels,
         num_classes,
         base_channels: cfg.base_channels,
         max_channels: cfg.max_channels,
@@ -127,6 +132,13 @@ fn identity_differences(old: &RunRecord, new: &RunRecord) -> Vec<String> {
             "ignore label",
             format!("{:?}", old.ignore_label),
             format!("{:?}", new.ignore_label),
+        );
+    }
+    if !old.channels.is_empty() {
+        diff(
+            "image channels",
+            old.channels.join(", "),
+            new.channels.join(", "),
         );
     }
     let empty = serde_json::Map::new();
@@ -219,7 +231,8 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     cfg.validate()?;
     let dev = device::select(&opts.device)?;
     let data = open_data(&opts.cache_dir, cfg)?;
-    let model = build_model(cfg, data.num_classes, &dev)?;
+    let in_channels = data.channels.len();
+    let model = build_model(cfg, in_channels, data.num_classes, &dev)?;
     let split = Split {
         train: data.train.iter().map(|c| c.0.clone()).collect(),
         val: data.val.iter().map(|c| c.0.clone()).collect(),
@@ -229,6 +242,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
         num_classes: data.num_classes,
         classes: data.classes.classes().to_vec(),
         ignore_label: data.classes.ignore(),
+        channels: data.channels.clone(),
         config: cfg.weight_shaping(),
         split,
     };
@@ -274,7 +288,10 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
         .map(|c| format!("{} ({})", c.name, c.value))
         .collect();
     notices.push(format!(
-        "U-Net: {} stages, strides {:?}, {} parameters, {} classes: {}{}",
+        "U-Net: {} image channel{} ({}), {} stages, strides {:?}, {} parameters, {} classes: {}{}",
+        in_channels,
+        if in_channels == 1 { "" } else { "s" },
+        data.channels.join(", "),
         model.config().strides.len() + 1,
         model.config().strides,
         model.num_parameters(),
@@ -374,7 +391,11 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             let (batch, waited) = loader.next()?;
             window.wait += waited;
             let n = batch.batch_size;
-            let x = Tensor::from_vec(batch.image, (n, 1, patch[0], patch[1], patch[2]), &dev)?;
+            let x = Tensor::from_vec(
+                batch.image,
+                (n, in_channels, patch[0], patch[1], patch[2]),
+                &dev,
+            )?;
             let mut label = batch.label;
             data.classes.map(&mut label)?;
             let target = one_hot(&label, n, data.num_classes, patch, &dev)?;

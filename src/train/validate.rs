@@ -129,7 +129,8 @@ impl SlidingWindow<'_> {
         // The slab holds rows slab_z0.. of the volume.
         let mut slab_z0 = 0usize;
         let mut slab: Vec<f32> = Vec::new();
-        let mut image = vec![0f32; pv];
+        let ch = entry.channels();
+        let mut image = vec![0f32; ch * pv];
         for (k, &zs) in starts[0].iter().enumerate() {
             let z_end = (zs + p[0]).min(shape[0]);
             let need = (z_end - slab_z0) * plane * stride;
@@ -141,12 +142,12 @@ impl SlidingWindow<'_> {
                 .flat_map(|&y| starts[2].iter().map(move |&x| [zs, y, x]))
                 .collect();
             for group in windows.chunks(self.batch.max(1)) {
-                let mut input = Vec::with_capacity(group.len() * pv);
+                let mut input = Vec::with_capacity(group.len() * ch * pv);
                 for w in group {
                     entry.read_image([w[0] as i64, w[1] as i64, w[2] as i64], p, &mut image)?;
                     input.extend_from_slice(&image);
                 }
-                let x = Tensor::from_vec(input, (group.len(), 1, p[0], p[1], p[2]), self.device)?;
+                let x = Tensor::from_vec(input, (group.len(), ch, p[0], p[1], p[2]), self.device)?;
                 let probs = candle_nn::ops::softmax(&self.model.forward(&x)?, 1)?;
                 let probs: Vec<f32> = probs.flatten_all()?.to_device(&Device::Cpu)?.to_vec1()?;
                 for (wi, w) in group.iter().enumerate() {

@@ -7,11 +7,25 @@ use zarrs::array::{Array, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 
 /// What zarrs itself returns for the box, zeros outside the volume, as f64 (exact for every
-/// stored type).
+/// stored type). A (c, z, y, x) array gives every channel's box, one after the other.
 pub fn zarrs_box(entry: &Path, name: &str, start: [i64; 3], size: [usize; 3]) -> Vec<f64> {
     let store = Arc::new(FilesystemStore::new(entry).unwrap());
     let array = Array::open(store, &format!("/{name}")).unwrap();
-    let shape = array.shape().to_vec();
+    if array.shape().len() == 4 {
+        return (0..array.shape()[0])
+            .flat_map(|c| channel_box(&array, Some(c), start, size))
+            .collect();
+    }
+    channel_box(&array, None, start, size)
+}
+
+fn channel_box(
+    array: &Array<FilesystemStore>,
+    channel: Option<u64>,
+    start: [i64; 3],
+    size: [usize; 3],
+) -> Vec<f64> {
+    let shape = array.shape()[channel.is_some() as usize..].to_vec();
     let mut out = vec![0.0f64; size.iter().product()];
     let mut ranges = Vec::new();
     for a in 0..3 {
@@ -22,7 +36,13 @@ pub fn zarrs_box(entry: &Path, name: &str, start: [i64; 3], size: [usize; 3]) ->
         }
         ranges.push(lo..hi);
     }
+    if let Some(c) = channel {
+        ranges.insert(0, c..c + 1);
+    }
     let subset = ArraySubset::new_with_ranges(&ranges);
+    if channel.is_some() {
+        ranges.remove(0);
+    }
     let values: Vec<f64> = match array.data_type().to_string().split(' ').next().unwrap() {
         "float32" => array
             .retrieve_array_subset::<Vec<f32>>(&subset)

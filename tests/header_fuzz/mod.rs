@@ -115,12 +115,9 @@ fn check_header(h: &HeaderInfo) {
 /// A case as scanned: `image` with itself as label (or none).
 fn scanned(id: &str, image: &HeaderInfo, labelled: bool) -> ScannedCase {
     ScannedCase {
-        source: CaseSource {
-            id: id.to_string(),
-            image: image.path.clone(),
-            label: labelled.then(|| image.path.clone()),
-        },
+        source: CaseSource::single(id, image.path.clone(), labelled.then(|| image.path.clone())),
         image: image.clone(),
+        other_channels: Vec::new(),
         label: labelled.then(|| image.clone()),
     }
 }

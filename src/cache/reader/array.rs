@@ -98,6 +98,10 @@ pub(crate) struct ArrayReader {
     /// Distinguishes the arrays of one entry in the shared caches.
     pub(crate) id: u8,
     pub(crate) name: &'static str,
+    /// The channel of a (c, z, y, x) array this reader reads; `None` for a 3-D array.
+    pub(crate) channel: Option<usize>,
+    /// How errors name the array: "image", "image channel 1", "label".
+    pub(crate) what: String,
     pub(crate) dir: PathBuf,
     pub(crate) dtype: StoredDtype,
     pub(crate) shape: [usize; 3],
@@ -125,10 +129,27 @@ pub(crate) struct Recorded {
 }
 
 impl Recorded {
-    /// The hashes of `array` in `sums`, for blocks of `block_bytes` decoded bytes.
-    pub(crate) fn new(sums: &ChunkChecksums, array: &str, block_bytes: usize) -> Self {
+    /// The hashes of `array` (of its channel `channel`, names without the channel) in `sums`,
+    /// for blocks of `block_bytes` decoded bytes.
+    pub(crate) fn new(
+        sums: &ChunkChecksums,
+        array: &str,
+        channel: Option<usize>,
+        block_bytes: usize,
+    ) -> Self {
+        let all = sums.of(array).cloned().unwrap_or_default();
+        let hashes = match channel {
+            None => all,
+            Some(c) => {
+                let prefix = format!("{c}.");
+                all.into_iter()
+                    .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_string(), v)))
+                    .filter(|(k, _)| k.split('.').count() == 3)
+                    .collect()
+            }
+        };
         Recorded {
-            hashes: sums.of(array).cloned().unwrap_or_default(),
+            hashes,
             zero: ChunkChecksums::hash(&vec![0u8; block_bytes]),
         }
     }
@@ -143,13 +164,64 @@ fn product(dims: [usize; 3]) -> Option<usize> {
 }
 
 impl ArrayReader {
-    /// Read `entry/name/zarr.json` and decide how chunks are reached.
-    pub(crate) fn open(
+    /// Read `entry/name/zarr.json` and decide how chunks are reached: one reader for a 3-D
+    /// array, one per channel for a (c, z, y, x) one (ids `first_id`, `first_id + 1`...).
+    /// `channels` is how many the entry records (`None`: the array must be 3-D).
+    pub(crate) fn open_channels(
+        entry: &Path,
+        name: &'static str,
+        first_id: u8,
+        expect_shape: [usize; 3],
+        channels: Option<usize>,
+        mmap: bool,
+    ) -> Result<Vec<ArrayReader>> {
+        let meta_path = entry.join(name).join("zarr.json");
+        let first = Self::open(
+            entry,
+            name,
+            first_id,
+            expect_shape,
+            mmap,
+            channels.map(|_| 0),
+        )?;
+        let got = first.layout.channels;
+        if got != channels {
+            let say = |c: Option<usize>| match c {
+                None => "3-D (z, y, x)".to_string(),
+                Some(c) => format!("(c, z, y, x) with {c} channels"),
+            };
+            return Err(Error::cache(
+                &meta_path,
+                format!(
+                    "array {name:?} is {} but the entry records {}",
+                    say(got),
+                    say(channels)
+                ),
+            ));
+        }
+        let mut all = vec![first];
+        for c in 1..channels.unwrap_or(1) {
+            let id = first_id
+                .checked_add(c as u8)
+                .ok_or_else(|| Error::cache(&meta_path, format!("{name}: too many channels")))?;
+            all.push(Self::open(entry, name, id, expect_shape, mmap, Some(c))?);
+        }
+        if all.len() > 1 {
+            for (c, a) in all.iter_mut().enumerate() {
+                a.what = format!("{name} channel {c}");
+            }
+        }
+        Ok(all)
+    }
+
+    /// One reader: of the 3-D array `name`, or of channel `channel` of a 4-D one.
+    fn open(
         entry: &Path,
         name: &'static str,
         id: u8,
         expect_shape: [usize; 3],
         mmap: bool,
+        channel: Option<usize>,
     ) -> Result<ArrayReader> {
         let dir = entry.join(name);
         let meta_path = dir.join("zarr.json");
@@ -206,6 +278,8 @@ impl ArrayReader {
         Ok(ArrayReader {
             id,
             name,
+            channel,
+            what: name.to_string(),
             dir,
             dtype,
             shape,
@@ -239,7 +313,7 @@ impl ArrayReader {
                 path,
                 format!(
                     "{} block {name} is missing, but the build wrote data there: the cache is damaged (prep inspect --verify lists all)",
-                    self.name
+                    self.what
                 ),
             )),
             _ => Ok(()),
@@ -314,19 +388,28 @@ impl ArrayReader {
                 path,
                 format!(
                     "{} block {name}: content hash {got} differs from the recorded {want}: the chunk is corrupt (prep inspect --verify lists all)",
-                    self.name
+                    self.what
                 ),
             )),
             None => Err(Error::cache(
                 path,
-                format!("{} block {name} has no recorded checksum", self.name),
+                format!("{} block {name} has no recorded checksum", self.what),
             )),
         }
     }
 
+    /// zarrs' index of chunk (or block) `c`: with the channel first for a 4-D array.
+    fn zarr_index(&self, c: [usize; 3]) -> Vec<u64> {
+        self.channel
+            .map(|ch| ch as u64)
+            .into_iter()
+            .chain(c.map(|v| v as u64))
+            .collect()
+    }
+
     /// The file holding block (chunk or shard) `b`.
     pub(crate) fn block_path(&self, b: [usize; 3]) -> PathBuf {
-        self.dir.join(self.layout.block_key(b))
+        self.dir.join(self.layout.block_key(self.channel, b))
     }
 
     /// The block (file) holding chunk `c`, and the chunk's place inside it.
@@ -476,7 +559,7 @@ impl ArrayReader {
         }
         let p = self.block_path(b);
         if self.block_present(b, &p)? {
-            let idx = b.map(|v| v as u64);
+            let idx = self.zarr_index(b);
             let bytes = array
                 .retrieve_chunk_opt::<ArrayBytes<'static>>(&idx, &CodecOptions::default())
                 .map_err(|e| Error::zarr(&p, e))?
@@ -503,7 +586,7 @@ impl ArrayReader {
             ));
         };
         let path = || self.block_path(self.block_of(c).0);
-        let idx = [c[0] as u64, c[1] as u64, c[2] as u64];
+        let idx = self.zarr_index(c);
         // Unsharded, a chunk is a write block: a missing file must be a recorded fill block.
         let unsharded = self.per_block == [1, 1, 1];
         if !unsharded {
