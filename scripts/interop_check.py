@@ -860,30 +860,27 @@ def run_all(checks: Checks, prep: Path, work: Path, dcache: Path) -> None:
         for c in cases:
             checks.run(f"fg.{bn}.{c}", check_fg, builds[bn], c)
     # 9. NIfTI-2 (written by nibabel) reads as its NIfTI-1 original.
-    if "down" in builds:
-        try:
-            two_data = make_nifti2_copy(data, work)
-            report, dt, argv = run_prep(prep, two_data, work / "cache-nifti2", SPACING_DOWN, [])
-        except Exception as e:  # noqa: BLE001
-            checks.record("build.nifti2", False, f"{e}")
-        else:
-            two = Build("nifti2", work / "cache-nifti2", report, dt, argv)
-            if checks.run("build.nifti2", check_build, two, cases):
-                for c in cases:
-                    checks.run(f"nifti2.{c}", check_nifti2, builds["down"], two, c)
     # 10. Two channels (CASE_0000, CASE_0001): each cached as it would be alone.
     if "down" in builds:
-        try:
-            mc_data = make_two_channel_copy(data, work)
-            report, dt, argv = run_prep(prep, mc_data, work / "cache-2ch", SPACING_DOWN, [])
-        except Exception as e:  # noqa: BLE001
-            checks.record("build.2ch", False, f"{e}")
-        else:
-            mc = Build("2ch", work / "cache-2ch", report, dt, argv)
-            if checks.run("build.2ch", check_build, mc, cases):
+        for name, make, prefix, check in (("nifti2", make_nifti2_copy, "nifti2", check_nifti2),
+                                          ("2ch", make_two_channel_copy, "channels", check_two_channels)):
+            copy = build_copy(checks, prep, work, data, name, make, cases)
+            if copy is not None:
                 for c in cases:
-                    checks.run(f"channels.{c}", check_two_channels, builds["down"], mc, c)
+                    checks.run(f"{prefix}.{c}", check, builds["down"], copy, c)
 
+
+def build_copy(checks: Checks, prep: Path, work: Path, data: Path, name: str, make, cases: list[str]):
+    """Build `make(data, work)` (a rewritten copy of the dataset) at the small spacing; the
+    Build when it built every case, else None (the failure recorded as `build.NAME`)."""
+    try:
+        copy_data = make(data, work)
+        report, dt, argv = run_prep(prep, copy_data, work / f"cache-{name}", SPACING_DOWN, [])
+    except Exception as e:  # noqa: BLE001
+        checks.record(f"build.{name}", False, f"{e}")
+        return None
+    b = Build(name, work / f"cache-{name}", report, dt, argv)
+    return b if checks.run(f"build.{name}", check_build, b, cases) else None
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -265,10 +265,13 @@ pub fn dataset_foreground(
 ) -> Result<ForegroundStats> {
     let mut samples = Vec::new();
     for s in scanned {
-        let (Some(label_path), Some(image_path)) = (&s.source.label, s.source.images.get(channel))
-        else {
+        let Some(label_path) = &s.source.label else {
             continue;
         };
+        if channel >= s.source.images.len() {
+            continue;
+        }
+        let (image_path, frame) = s.source.channel(channel);
         let mut fg = 0u64;
         let (label, _) = nifti_io::VoxelSource::open(label_path, source, &mut |b| {
             fg += b.iter().filter(|&&v| v > 0.0).count() as u64;
@@ -282,7 +285,7 @@ pub fn dataset_foreground(
         }
         let mut sampler = normalize::ForegroundSampler::new(fg, 10_000);
         let mut lab = Vec::new();
-        nifti_io::stream_f32(image_path, &mut |start, image| {
+        nifti_io::stream_f32_frame(image_path, frame, &mut |start, image| {
             lab.resize(image.len(), 0.0);
             label.read_f32(start, &mut lab)?;
             sampler.add(image, |i| lab[i] > 0.0);

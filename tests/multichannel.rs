@@ -240,3 +240,109 @@ fn the_trainer_takes_the_channels_and_records_them() {
         .collect();
     assert_eq!(names, ["background", "vessel", "bright vessel"]);
 }
+
+/// A Decathlon multi-modal case: `CASE_0000` .. `CASE_000N` of one case as the volumes of one
+/// 4-D file, named after the case (the header of the first, dim[0] = 4, dim[4] = N).
+fn pack_4d(files: &[PathBuf], out: &Path) {
+    use std::io::{Read, Write};
+    let raw = |p: &Path| {
+        let mut v = Vec::new();
+        flate2::read::MultiGzDecoder::new(std::fs::File::open(p).unwrap())
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    };
+    let first = raw(&files[0]);
+    let offset = f32::from_le_bytes(first[108..112].try_into().unwrap()) as usize;
+    let mut bytes = first.clone();
+    bytes[40..42].copy_from_slice(&4i16.to_le_bytes());
+    bytes[48..50].copy_from_slice(&(files.len() as i16).to_le_bytes());
+    for f in &files[1..] {
+        bytes.extend_from_slice(&raw(f)[offset..]);
+    }
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(out).unwrap(),
+        flate2::Compression::fast(),
+    );
+    gz.write_all(&bytes).unwrap();
+    gz.finish().unwrap();
+}
+
+#[test]
+fn a_decathlon_folder_of_4d_multimodal_images_builds_as_its_nnunet_layout_does() {
+    let t = tempfile::tempdir().unwrap();
+    let data = synth(t.path());
+    let msd = t.path().join("msd");
+    std::fs::create_dir_all(msd.join("imagesTr")).unwrap();
+    let labels = msd.join("labelsTr");
+    std::fs::create_dir_all(&labels).unwrap();
+    let mut ids = Vec::new();
+    for e in std::fs::read_dir(data.join("labelsTr")).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        let id = name.strip_suffix(".nii.gz").unwrap().to_string();
+        std::fs::copy(data.join("labelsTr").join(&name), labels.join(&name)).unwrap();
+        let channels: Vec<PathBuf> = (0..2)
+            .map(|c| data.join(format!("imagesTr/{id}_{c:04}.nii.gz")))
+            .collect();
+        pack_4d(&channels, &msd.join(format!("imagesTr/{id}.nii.gz")));
+        ids.push(id);
+    }
+    // The Decathlon's dataset.json: modalities and labels value -> name.
+    let json = r#"{"name": "mc", "modality": {"0": "two-photon", "1": "CT"},
+        "labels": {"0": "background", "1": "vessel", "2": "bright vessel", "3": "unannotated"},
+        "training": [], "test": []}"#;
+    std::fs::write(msd.join("dataset.json"), json).unwrap();
+    // The nnU-Net folder with the same dataset.json, so both get the same schemes and classes.
+    std::fs::write(data.join("dataset.json"), json).unwrap();
+    let (a, b) = (t.path().join("cache-nnunet"), t.path().join("cache-msd"));
+    build(&data, &a, &[]);
+    let (o, r) = build_report(&msd, &b, &["--quiet"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(r["built"], 10, "{r}");
+    let (ra, rb) = (
+        CacheReader::open(&a).unwrap(),
+        CacheReader::open(&b).unwrap(),
+    );
+    let (da, db) = (ra.datasets()[0].to_string(), rb.datasets()[0].to_string());
+    assert_eq!(rb.manifest().datasets[&db].channels, ["two-photon", "CT"]);
+    for id in &ids {
+        let (ea, eb) = (
+            ra.open_entry(&da, id).unwrap(),
+            rb.open_entry(&db, id).unwrap(),
+        );
+        assert_eq!(eb.channels(), 2);
+        let shape = ea.shape_zyx();
+        assert_eq!(eb.shape_zyx(), shape);
+        let n = 2 * shape.iter().product::<usize>();
+        let (mut x, mut y) = (vec![0f32; n], vec![0f32; n]);
+        ea.read_image([0, 0, 0], shape, &mut x).unwrap();
+        eb.read_image([0, 0, 0], shape, &mut y).unwrap();
+        assert!(
+            x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{id}: the 4-D build differs from the one of separate channel files"
+        );
+    }
+    // A 4-D file whose volumes are not the declared channels fails its case, naming it.
+    let one = msd.join(format!("imagesTr/{}.nii.gz", ids[0]));
+    pack_4d(
+        &(0..3)
+            .map(|c| data.join(format!("imagesTr/{}_{:04}.nii.gz", ids[0], c.min(1))))
+            .collect::<Vec<_>>(),
+        &one,
+    );
+    let (o, r) = build_report(&msd, &t.path().join("cache-bad"), &["--quiet"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(r["built"], 9, "{r}");
+    let e = stderr(&o);
+    assert!(
+        e.contains(&format!(
+            "{}: a 4D image of 3 volumes, but dataset.json declares 2 channels",
+            one.display()
+        )),
+        "{e}"
+    );
+    // Inspect reads each volume's intensities.
+    let o = prep(&["inspect", msd.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(&format!("{} ch1", ids[1])), "{out}");
+}

@@ -61,9 +61,13 @@ pub(super) fn decode_case(
 ) -> Result<Decoded> {
     let s = job.scanned;
     let id = &s.source.id;
-    let first = nifti_io::read_header(s.source.image())?;
-    for p in &s.source.images[1..] {
-        check_channel(id, &first, &nifti_io::read_header(p)?)?;
+    let header = |k: usize| {
+        let (path, frame) = s.source.channel(k);
+        nifti_io::read_frame_header(path, frame)
+    };
+    let first = header(0)?;
+    for k in 1..s.source.images.len() {
+        check_channel(id, &first, &header(k)?)?;
     }
     if let Some(l) = &s.source.label {
         check_pair(id, &first, &nifti_io::read_header(l)?)?;
@@ -78,12 +82,14 @@ pub(super) fn decode_case(
     let (images, label) = rayon::join(
         || -> Result<Vec<_>> {
             let mut out = Vec::new();
-            for path in &s.source.images {
+            for k in 0..s.source.images.len() {
+                let (path, frame) = s.source.channel(k);
                 let mut acc = normalize::IntensityAccumulator::default();
-                let (v, st) = nifti_io::VoxelSource::open(path, &per_channel, &mut |b| {
-                    acc.add(b);
-                    Ok(())
-                })?;
+                let (v, st) =
+                    nifti_io::VoxelSource::open_frame(path, frame, &per_channel, &mut |b| {
+                        acc.add(b);
+                        Ok(())
+                    })?;
                 out.push((v, st, acc.finish()));
             }
             Ok(out)
@@ -290,12 +296,12 @@ fn file_name(p: &Path) -> String {
 /// The content key of a case: its parameters and the bytes of its files (hashing is cheap,
 /// so what is cached is known before any heavy work).
 pub(super) fn case_key(params: &OutputParams, s: &ScannedCase) -> Result<String> {
-    let ih = s
-        .source
-        .images
-        .iter()
-        .map(|p| hash_file(p))
-        .collect::<Result<Vec<_>>>()?;
+    // A packed case names one file per channel: hashed once.
+    let mut ih: Vec<blake3::Hash> = Vec::new();
+    for (k, p) in s.source.images.iter().enumerate() {
+        let again = k > 0 && s.source.packed;
+        ih.push(if again { ih[0] } else { hash_file(p)? });
+    }
     let lh = match &s.source.label {
         Some(l) => Some(hash_file(l)?),
         None => None,

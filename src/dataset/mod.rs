@@ -24,6 +24,9 @@ pub struct CaseSource {
     pub images: Vec<PathBuf>,
     /// The label file; `None` for an unlabelled case.
     pub label: Option<PathBuf>,
+    /// The Decathlon's multi-modal layout: one 4-D file holds every channel as a volume of its
+    /// 4th dimension (`images` then names that file once per channel).
+    pub packed: bool,
 }
 
 impl CaseSource {
@@ -33,12 +36,19 @@ impl CaseSource {
             id: id.into(),
             images: vec![image],
             label,
+            packed: false,
         }
     }
 
     /// The first channel's file: the one whose header gives the case's grid.
     pub fn image(&self) -> &Path {
         &self.images[0]
+    }
+
+    /// Channel `k`: its file, and the volume of it that holds the channel when the case is
+    /// packed into one 4-D file.
+    pub fn channel(&self, k: usize) -> (&Path, Option<usize>) {
+        (&self.images[k], self.packed.then_some(k))
     }
 }
 
@@ -158,10 +168,7 @@ fn group_channels(
     files: Vec<PathBuf>,
     declared: usize,
     problems: &mut Vec<CaseProblem>,
-) -> (
-    BTreeMap<String, Vec<PathBuf>>,
-    std::collections::BTreeSet<String>,
-) {
+) -> (Grouped, std::collections::BTreeSet<String>) {
     // id -> channel -> files (several files on one channel are a problem)
     let mut groups: BTreeMap<String, BTreeMap<usize, Vec<PathBuf>>> = BTreeMap::new();
     let stems: Vec<(String, PathBuf)> = files
@@ -212,6 +219,7 @@ fn group_channels(
     };
     let mut cases = BTreeMap::new();
     let mut left_out = std::collections::BTreeSet::new();
+    let mut packed = std::collections::BTreeSet::new();
     for (id, g) in groups {
         let mut problem = |msg: String, path: Option<&Path>| {
             let error = match path {
@@ -261,6 +269,32 @@ fn group_channels(
             left_out.insert(id);
             continue;
         }
+        // The Decathlon keeps a case's channels in one 4-D file named after the case.
+        if g.len() == 1 && declared > 1 {
+            let only = &g[&0][0];
+            let bare = strip_nifti_ext(file_name(only)) == Some(id.as_str());
+            if bare {
+                match crate::nifti_io::read_header_frames(only) {
+                    Ok(h) if h.frames == expected => {
+                        packed.insert(id.clone());
+                        cases.insert(id, vec![only.clone(); expected]);
+                        continue;
+                    }
+                    Ok(h) if h.frames > 1 => {
+                        problem(
+                            format!(
+                                "a 4D image of {} volumes, but dataset.json declares {expected} channels",
+                                h.frames
+                            ),
+                            Some(only),
+                        );
+                        left_out.insert(id);
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+        }
         if g.len() < expected {
             let missing: Vec<String> = (0..expected)
                 .filter(|c| !g.contains_key(c))
@@ -279,7 +313,15 @@ fn group_channels(
         }
         cases.insert(id, g.into_values().map(|mut f| f.remove(0)).collect());
     }
-    (cases, left_out)
+    (Grouped { cases, packed }, left_out)
+}
+
+/// Image files grouped into cases.
+struct Grouped {
+    /// Case id -> its channel files.
+    cases: BTreeMap<String, Vec<PathBuf>>,
+    /// Cases whose channels are the volumes of one 4-D file (the Decathlon's layout).
+    packed: std::collections::BTreeSet<String>,
 }
 
 /// nnU-Net's file name of channel `ch` of case `id`.
@@ -324,7 +366,8 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
         )));
     }
     let declared = description.as_ref().map_or(0, |d| d.channels.len());
-    let (by_id, multi) = group_channels(image_files, declared, &mut problems);
+    let (grouped, multi) = group_channels(image_files, declared, &mut problems);
+    let (by_id, packed) = (grouped.cases, grouped.packed);
     let mut labels: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(ld) = labels_dir.filter(|d| d.is_dir()) {
         for path in list_nifti(&ld, ending, &mut problems)? {
@@ -365,7 +408,13 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
         .into_iter()
         .map(|(id, images)| {
             let label = labels.remove(&id);
-            CaseSource { id, images, label }
+            let packed = packed.contains(&id);
+            CaseSource {
+                id,
+                images,
+                label,
+                packed,
+            }
         })
         .collect();
     Ok(Discovered {

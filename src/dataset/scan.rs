@@ -72,10 +72,12 @@ pub fn scan(cases: &[CaseSource]) -> Vec<(CaseSource, Result<ScannedCase>)> {
         .par_iter()
         .map(|c| {
             let r = (|| {
-                let image = nifti_io::read_header(c.image())?;
+                let (path, frame) = c.channel(0);
+                let image = nifti_io::read_frame_header(path, frame)?;
                 let mut other_channels = Vec::new();
-                for p in &c.images[1..] {
-                    let h = nifti_io::read_header(p)?;
+                for k in 1..c.images.len() {
+                    let (path, frame) = c.channel(k);
+                    let h = nifti_io::read_frame_header(path, frame)?;
                     check_channel(&c.id, &image, &h)?;
                     other_channels.push(h);
                 }

@@ -171,9 +171,9 @@ struct VoxelFacts {
 
 /// Range, mean and non-finite count of an image, streamed block by block (in file order, so
 /// the sum is the same however the file is read).
-fn intensity_of(path: &Path) -> Result<IntensityFacts> {
+fn intensity_of(path: &Path, frame: Option<usize>) -> Result<IntensityFacts> {
     let mut fold = IntensityFold::default();
-    nifti_io::stream_f32(path, &mut |_, data| {
+    nifti_io::stream_f32_frame(path, frame, &mut |_, data| {
         fold.add(data);
         Ok(())
     })?;
@@ -274,8 +274,9 @@ fn read_voxels(
             .path(rel_path(root, p))
     };
     if image_ok {
-        for (k, path) in c.images.iter().enumerate() {
-            let facts = match intensity_of(path) {
+        for k in 0..c.images.len() {
+            let (path, frame) = c.channel(k);
+            let facts = match intensity_of(path, frame) {
                 Ok(facts) => {
                     if facts.non_finite > 0 {
                         f.problems.push(
@@ -418,7 +419,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
         .par_iter()
         .map(|c| {
             (
-                nifti_io::read_header(c.image()),
+                nifti_io::read_frame_header(c.image(), c.channel(0).1),
                 c.label.as_ref().map(|l| nifti_io::read_header(l)),
             )
         })

@@ -75,11 +75,12 @@ fn middles(shape_zyx: [usize; 3]) -> [usize; 3] {
 /// slices are kept, whatever the volume's size. `check` sees every block first.
 fn cut_slices(
     path: &Path,
+    frame: Option<usize>,
     shape_zyx: [usize; 3],
     check: &mut dyn FnMut(&[f32]) -> Result<()>,
 ) -> Result<[Vec<f32>; 3]> {
     let mut cut = SliceCut::new(shape_zyx);
-    nifti_io::stream_f32(path, &mut |start, data| {
+    nifti_io::stream_f32_frame(path, frame, &mut |start, data| {
         check(data)?;
         cut.add(start, data);
         Ok(())
@@ -181,8 +182,8 @@ fn from_dataset(root: &Path, case: &str, channel: usize) -> Result<([Slice; 3], 
         )));
     };
     channel_of(case, c.images.len(), channel)?;
-    let image_path = &c.images[channel];
-    let image = nifti_io::read_header(image_path)?;
+    let (image_path, frame) = c.channel(channel);
+    let image = nifti_io::read_frame_header(image_path, frame)?;
     let [x, y, z] = image.shape_xyz;
     let shape = [z, y, x];
     let labels = match &c.label {
@@ -200,12 +201,12 @@ fn from_dataset(root: &Path, case: &str, channel: usize) -> Result<([Slice; 3], 
                 ));
             }
             let mut check = nifti_io::LabelCheck::new(p);
-            let cut = cut_slices(p, shape, &mut |b| check.block(b))?;
+            let cut = cut_slices(p, None, shape, &mut |b| check.block(b))?;
             Some(cut.map(|s| s.into_iter().map(|v| v as u16).collect()))
         }
         None => None,
     };
-    let images = cut_slices(image_path, shape, &mut |_| Ok(()))?;
+    let images = cut_slices(image_path, frame, shape, &mut |_| Ok(()))?;
     Ok((
         assemble(shape, image.spacing_xyz, images, labels),
         middles(shape),

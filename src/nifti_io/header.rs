@@ -41,6 +41,10 @@ pub struct HeaderInfo {
     pub gzip: bool,
     /// Spatial unit from xyzt_units ("mm", "um", "m" or "unknown").
     pub unit: &'static str,
+    /// Volumes along the 4th dimension, one after the other in the file: 1 for a 3-D image;
+    /// more only where they were asked for ([`read_header_frames`]): the channels of a Medical
+    /// Segmentation Decathlon multi-modal file. Everything else describes one volume.
+    pub frames: usize,
     #[serde(skip)]
     pub(super) raw: NiftiHeader,
 }
@@ -50,9 +54,14 @@ impl HeaderInfo {
         crate::geometry::voxels(self.shape_xyz)
     }
 
-    /// Bytes of voxel data the file must hold after `vox_offset`.
+    /// Bytes of voxel data of one volume (all the file's for a 3-D image).
     pub fn data_bytes(&self) -> u64 {
         self.voxel_count() * self.bytes_per_voxel as u64
+    }
+
+    /// Bytes of voxel data the file must hold after `vox_offset`: every volume's.
+    pub fn file_data_bytes(&self) -> u64 {
+        self.data_bytes().saturating_mul(self.frames as u64)
     }
 }
 
@@ -75,6 +84,44 @@ fn datatype_facts(t: NiftiType) -> Option<(&'static str, usize)> {
 /// Read and validate only the header (cheap: for .nii.gz only the first bytes are inflated),
 /// and check that the file is large enough for the voxel data the header declares.
 pub fn read_header(path: &Path) -> Result<HeaderInfo> {
+    read_header_with(path, false)
+}
+
+/// [`read_header`] of a file that may hold several volumes along its 4th dimension (the
+/// Decathlon's channels): [`HeaderInfo::frames`] says how many.
+pub fn read_header_frames(path: &Path) -> Result<HeaderInfo> {
+    read_header_with(path, true)
+}
+
+/// The header of volume `frame` of a 4-D file (checked to exist), or of a 3-D file when
+/// `frame` is `None`.
+pub fn read_frame_header(path: &Path, frame: Option<usize>) -> Result<HeaderInfo> {
+    match frame {
+        None => read_header(path),
+        Some(k) => {
+            let h = read_header_frames(path)?;
+            check_frame(&h, k)?;
+            Ok(h)
+        }
+    }
+}
+
+/// Volume `k` is one the file holds.
+pub(super) fn check_frame(h: &HeaderInfo, k: usize) -> Result<()> {
+    if k >= h.frames {
+        return Err(Error::nifti(
+            &h.path,
+            format!(
+                "volume {k} asked for, but the file holds {} volume{}",
+                h.frames,
+                if h.frames == 1 { "" } else { "s" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn read_header_with(path: &Path, allow_frames: bool) -> Result<HeaderInfo> {
     let mut file = open_input(path)?;
     let mut magic = [0u8; 2];
     let n = read_up_to(&mut file, &mut magic).map_err(|e| Error::io(path, e))?;
@@ -89,7 +136,7 @@ pub fn read_header(path: &Path) -> Result<HeaderInfo> {
     };
     let head =
         res.map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
-    let header = parse_header(path, &head, gzip)?;
+    let header = parse_header_with(path, &head, gzip, allow_frames)?;
     check_stored_size(&header, stored)?;
     Ok(header)
 }
@@ -127,7 +174,7 @@ const DEFLATE_MAX_RATIO: u64 = 1032;
 /// dimensions fails its case at once (in `prep inspect --headers-only` too), before any plan
 /// counts its forecast against the disk's free space.
 fn check_stored_size(h: &HeaderInfo, stored: u64) -> Result<()> {
-    let need = (h.vox_offset as u64).saturating_add(h.data_bytes());
+    let need = (h.vox_offset as u64).saturating_add(h.file_data_bytes());
     let room = if h.gzip {
         stored.saturating_mul(DEFLATE_MAX_RATIO)
     } else {
@@ -137,10 +184,14 @@ fn check_stored_size(h: &HeaderInfo, stored: u64) -> Result<()> {
         return Ok(());
     }
     let [x, y, z] = h.shape_xyz;
+    let frames = match h.frames {
+        1 => String::new(),
+        n => format!("{n} volumes of "),
+    };
     let declared = format!(
-        "truncated: the header declares {x}x{y}x{z} {} voxels ({} bytes)",
+        "truncated: the header declares {frames}{x}x{y}x{z} {} voxels ({} bytes)",
         h.datatype,
-        h.data_bytes()
+        h.file_data_bytes()
     );
     Err(Error::nifti(
         &h.path,
@@ -172,8 +223,18 @@ pub(super) fn read_head(r: &mut (impl Read + ?Sized)) -> std::io::Result<Vec<u8>
     Ok(head)
 }
 
-/// Validate a header from its first bytes.
+/// Validate a header from its first bytes: a 3-D image (or 4-D of one volume).
 pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<HeaderInfo> {
+    parse_header_with(path, head, gzip, false)
+}
+
+/// [`parse_header`], accepting several volumes along the 4th dimension when `allow_frames`.
+pub(super) fn parse_header_with(
+    path: &Path,
+    head: &[u8],
+    gzip: bool,
+    allow_frames: bool,
+) -> Result<HeaderInfo> {
     if head.len() < NIFTI1_HEADER_BYTES {
         return Err(Error::nifti(
             path,
@@ -238,13 +299,22 @@ pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<Heade
             *s = d as usize;
         }
     }
+    let mut frames = 1usize;
     if ndim > 3 {
         let extra: Vec<u16> = raw.dim[4..=ndim].to_vec();
-        if extra.iter().any(|&d| d != 1) {
+        let volumes = match extra.as_slice() {
+            [n, rest @ ..] if *n >= 1 && *n <= i16::MAX as u16 && rest.iter().all(|&d| d == 1) => {
+                Some(*n as usize)
+            }
+            _ => None,
+        };
+        if let (true, Some(n)) = (allow_frames, volumes) {
+            frames = n;
+        } else if extra.iter().any(|&d| d != 1) {
             // The Decathlon stores a case's modalities as the 4th dimension of one file.
             let hint = match extra.as_slice() {
                 [n, rest @ ..] if *n > 1 && rest.iter().all(|&d| d == 1) => format!(
-                    "; if these are {n} channels (the Decathlon's multi-modal layout), split them into one 3D file per channel, CASE_0000 to CASE_{:04} (nnU-Net's layout), which voxcache reads as channels",
+                    "; if these are {n} channels (the Decathlon's multi-modal layout), name the file after its case and declare the {n} channels in the folder's dataset.json (\"modality\" or \"channel_names\"), or split them into CASE_0000 to CASE_{:04}",
                     n - 1
                 ),
                 _ => String::new(),
@@ -328,6 +398,7 @@ pub(super) fn parse_header(path: &Path, head: &[u8], gzip: bool) -> Result<Heade
         big_endian,
         gzip,
         unit,
+        frames,
         raw,
     })
 }

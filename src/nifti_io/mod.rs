@@ -23,8 +23,11 @@ mod stream;
 mod voxels;
 
 pub use file::open_input;
-pub use header::{f32_to_f64_decimal, parse_header_bytes, read_header, HeaderInfo};
+pub use header::{
+    f32_to_f64_decimal, parse_header_bytes, read_frame_header, read_header, read_header_frames,
+    HeaderInfo,
+};
 pub use labels::{label_from_f32, LabelCheck, LabelData};
 pub use source::{SourceOptions, VoxelSource};
-pub use stream::{stream_voxels, Streamed, BLOCK_VOXELS};
-pub use voxels::{read_volume, stream_f32, Volume};
+pub use stream::{stream_frame, stream_voxels, Streamed, BLOCK_VOXELS};
+pub use voxels::{read_volume, stream_f32, stream_f32_frame, Volume};

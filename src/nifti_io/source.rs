@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::{Mmap, UncheckedAdvice};
 
 use super::header::HeaderInfo;
-use super::stream::{stream_voxels, Streamed};
+use super::stream::{stream_frame, Streamed};
 use super::voxels::{decode_f32, decode_with, decoder, Decoder};
 use crate::error::{Error, Result};
 
@@ -70,9 +70,20 @@ impl VoxelSource {
         opts: &SourceOptions,
         on_block: &mut dyn FnMut(&[f32]) -> Result<()>,
     ) -> Result<(VoxelSource, Streamed)> {
+        Self::open_frame(path, None, opts, on_block)
+    }
+
+    /// [`VoxelSource::open`] of volume `frame` of a 4-D file (a Decathlon channel); `None`:
+    /// a 3-D file.
+    pub fn open_frame(
+        path: &Path,
+        frame: Option<usize>,
+        opts: &SourceOptions,
+        on_block: &mut dyn FnMut(&[f32]) -> Result<()>,
+    ) -> Result<(VoxelSource, Streamed)> {
         let mut filling = Filling::Nothing;
         let mut values: Vec<f32> = Vec::new();
-        let streamed = stream_voxels(path, &mut |h, raw| {
+        let streamed = stream_frame(path, frame, &mut |h, raw| {
             if matches!(filling, Filling::Nothing) {
                 filling = start_filling(path, h, opts)?;
             }

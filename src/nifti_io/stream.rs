@@ -9,7 +9,7 @@ use std::path::Path;
 use flate2::bufread::MultiGzDecoder;
 
 use super::file::{gz_message, is_gzip, open_input, read_up_to};
-use super::header::{parse_header, read_head, HeaderInfo};
+use super::header::{check_frame, parse_header_with, read_head, HeaderInfo};
 use crate::error::{Error, Result};
 
 /// Voxels per block handed to a sink: a whole number of the statistics' pieces (2^16 voxels),
@@ -50,6 +50,17 @@ pub fn stream_voxels(
     path: &Path,
     sink: &mut dyn FnMut(&HeaderInfo, &[u8]) -> Result<()>,
 ) -> Result<Streamed> {
+    stream_frame(path, None, sink)
+}
+
+/// [`stream_voxels`] of volume `frame` of a file holding several along its 4th dimension (the
+/// Decathlon's channels): the other volumes are read past (and hashed, and checked to be
+/// there), only that one reaches `sink`. `None`: a 3-D file, as [`stream_voxels`].
+pub fn stream_frame(
+    path: &Path,
+    frame: Option<usize>,
+    sink: &mut dyn FnMut(&HeaderInfo, &[u8]) -> Result<()>,
+) -> Result<Streamed> {
     let mut raw = Hashing {
         inner: open_input(path)?,
         hasher: blake3::Hasher::new(),
@@ -62,7 +73,7 @@ pub fn stream_voxels(
     let stored = BufReader::with_capacity(1 << 18, Cursor::new(prefix[..n].to_vec()).chain(raw));
     let raw = if gzip {
         let mut inflated = MultiGzDecoder::new(stored);
-        let header = voxels_from(path, &mut inflated, true, sink)?;
+        let header = voxels_from(path, &mut inflated, true, frame, sink)?;
         // gzip checks a member's CRC and length only at its end: inflate what follows the
         // voxels too, or a corrupt stream would go unnoticed.
         std::io::copy(&mut inflated, &mut std::io::sink())
@@ -70,7 +81,7 @@ pub fn stream_voxels(
         (header, inflated.into_inner())
     } else {
         let mut stored = stored;
-        let header = voxels_from(path, &mut stored, false, sink)?;
+        let header = voxels_from(path, &mut stored, false, frame, sink)?;
         (header, stored)
     };
     let (header, rest) = raw;
@@ -89,6 +100,7 @@ fn voxels_from(
     path: &Path,
     r: &mut dyn Read,
     gzip: bool,
+    frame: Option<usize>,
     sink: &mut dyn FnMut(&HeaderInfo, &[u8]) -> Result<()>,
 ) -> Result<HeaderInfo> {
     let read_err = |e: std::io::Error| {
@@ -100,9 +112,13 @@ fn voxels_from(
     };
     let head = read_head(r)
         .map_err(|e| Error::nifti(path, format!("cannot read header: {}", gz_message(e))))?;
-    let header = parse_header(path, &head, gzip)?;
-    // Extensions between the header and the voxels are skipped.
-    let skip = header.vox_offset.saturating_sub(head.len()) as u64;
+    let header = parse_header_with(path, &head, gzip, frame.is_some())?;
+    let k = frame.unwrap_or(0);
+    check_frame(&header, k)?;
+    // Extensions between the header and the voxels are skipped, and so are the volumes
+    // before the one asked for.
+    let gap = header.vox_offset.saturating_sub(head.len()) as u64;
+    let skip = gap.saturating_add(header.data_bytes().saturating_mul(k as u64));
     let skipped = std::io::copy(&mut r.take(skip), &mut std::io::sink()).map_err(read_err)?;
     let truncated = |have: u64| {
         Error::nifti(
@@ -110,12 +126,12 @@ fn voxels_from(
             format!(
                 "truncated: the header declares {}x{}x{} {} voxels ({} bytes) but the file holds {} bytes of voxel data",
                 header.shape_xyz[0], header.shape_xyz[1], header.shape_xyz[2], header.datatype,
-                header.data_bytes(), have
+                header.file_data_bytes(), have
             ),
         )
     };
     if skipped < skip {
-        return Err(truncated(0));
+        return Err(truncated(skipped.saturating_sub(gap)));
     }
     let total = header.data_bytes();
     let block = (BLOCK_VOXELS * header.bytes_per_voxel) as u64;
@@ -129,6 +145,16 @@ fn voxels_from(
         }
         sink(&header, &buf[..want])?;
         done += want as u64;
+    }
+    // The volumes after it must be there too (a file cut short is damaged, whichever volume
+    // was asked for).
+    let after = header
+        .data_bytes()
+        .saturating_mul((header.frames - k - 1) as u64);
+    let read = std::io::copy(&mut r.take(after), &mut std::io::sink()).map_err(read_err)?;
+    if read < after {
+        let before = header.data_bytes().saturating_mul(k as u64 + 1);
+        return Err(truncated(before + read));
     }
     Ok(header)
 }

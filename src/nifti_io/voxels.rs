@@ -106,9 +106,18 @@ pub fn stream_f32(
     path: &Path,
     on_block: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
 ) -> Result<Streamed> {
+    stream_f32_frame(path, None, on_block)
+}
+
+/// [`stream_f32`] of volume `frame` of a 4-D file (`None`: a 3-D file).
+pub fn stream_f32_frame(
+    path: &Path,
+    frame: Option<usize>,
+    on_block: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<Streamed> {
     let mut values: Vec<f32> = Vec::new();
     let mut start = 0usize;
-    stream_voxels(path, &mut |h, raw| {
+    super::stream::stream_frame(path, frame, &mut |h, raw| {
         values.resize(raw.len() / h.bytes_per_voxel, 0.0);
         decode_f32(h, raw, &mut values);
         on_block(start, &values)?;
