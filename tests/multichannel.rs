@@ -239,6 +239,25 @@ fn the_trainer_takes_the_channels_and_records_them() {
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["background", "vessel", "bright vessel"]);
+    // What predict needs to make a new volume's input: the cache's parameters and unit.
+    let pre = &run["preprocessing"];
+    assert_eq!(pre["unit"], "um");
+    assert_eq!(
+        pre["params"]["target_spacing_xyz"],
+        serde_json::json!([1.5, 1.5, 5.0])
+    );
+    assert_eq!(
+        pre["params"]["channels"][0]["normalization"],
+        "zscore-nonzero"
+    );
+    assert_eq!(pre["params"]["channels"][1]["normalization"], "ct");
+    assert!(pre["params"]["channels"][1]["dataset_foreground"]["mean"].is_number());
+    // Every checkpoint folder holds the same record.
+    let best = std::fs::read(run_dir.join("checkpoints/best/run.json")).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&best).unwrap(),
+        run
+    );
 }
 
 /// A Decathlon multi-modal case: `CASE_0000` .. `CASE_000N` of one case as the volumes of one
@@ -345,4 +364,87 @@ fn a_decathlon_folder_of_4d_multimodal_images_builds_as_its_nnunet_layout_does()
     let o = prep(&["inspect", msd.to_str().unwrap()]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains(&format!("{} ch1", ids[1])), "{out}");
+}
+
+/// Predict's preprocessing: cases without labels, built with a cache's own parameters given
+/// (its target spacing, and the CT channel's statistics from the labelled training set), come
+/// out as the training cache's images, bit for bit, with the same keys for the same files.
+#[test]
+fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
+    use voxcache::build::{build_cache, BuildOptions};
+    use voxcache::dataset::{CaseSource, DatasetSource};
+    let t = tempfile::tempdir().unwrap();
+    let data = synth(t.path());
+    let train_cache = t.path().join("train");
+    build(&data, &train_cache, &[]);
+    let r = CacheReader::open(&train_cache).unwrap();
+    let ds = r.datasets()[0].to_string();
+    let params = r.manifest().datasets[&ds].params.clone();
+    let cases: Vec<CaseSource> = ["vessels_004", "vessels_007"]
+        .iter()
+        .map(|id| CaseSource {
+            id: id.to_string(),
+            images: (0..2)
+                .map(|c| data.join(format!("imagesTr/{id}_{c:04}.nii.gz")))
+                .collect(),
+            label: None,
+            packed: false,
+        })
+        .collect();
+    let scratch = t.path().join("scratch");
+    let report = build_cache(&BuildOptions {
+        source: DatasetSource::Cases(cases.clone()),
+        cache_dir: scratch.clone(),
+        name: Some("predict".into()),
+        settings: voxcache::config::Settings::default(),
+        jobs: 2,
+        dry_run: false,
+        part: None,
+        progress: false,
+        quiet: true,
+        fixed_params: Some(params.clone()),
+    })
+    .unwrap();
+    assert_eq!((report.built, report.failed), (2, 0));
+    let s = CacheReader::open(&scratch).unwrap();
+    assert_eq!(s.manifest().datasets["predict"].params, params);
+    for c in &cases {
+        let (a, b) = (
+            r.open_entry(&ds, &c.id).unwrap(),
+            s.open_entry("predict", &c.id).unwrap(),
+        );
+        assert!(b.label_dtype().is_none());
+        let shape = a.shape_zyx();
+        assert_eq!(b.shape_zyx(), shape);
+        let n = 2 * shape.iter().product::<usize>();
+        let (mut x, mut y) = (vec![0f32; n], vec![0f32; n]);
+        a.read_image([0, 0, 0], shape, &mut x).unwrap();
+        b.read_image([0, 0, 0], shape, &mut y).unwrap();
+        assert!(
+            x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{}",
+            c.id
+        );
+    }
+    // Parameters for another channel count are refused, saying so.
+    let mut one = params.clone();
+    one.channels.truncate(1);
+    let err = build_cache(&BuildOptions {
+        source: DatasetSource::Cases(cases),
+        cache_dir: t.path().join("scratch2"),
+        name: None,
+        settings: voxcache::config::Settings::default(),
+        jobs: 1,
+        dry_run: false,
+        part: None,
+        progress: false,
+        quiet: true,
+        fixed_params: Some(one),
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("the cases have 2 image channels but the parameters given are for 1"),
+        "{err}"
+    );
 }

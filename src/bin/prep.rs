@@ -132,6 +132,7 @@ fn run_build(args: BuildArgs) -> Result<Exit> {
         part: args.part,
         progress: !args.quiet && !args.json,
         quiet: args.quiet,
+        fixed_params: None,
     };
     let report = build_cache(&opts)?;
     if args.json {

@@ -52,6 +52,10 @@ pub struct BuildOptions {
     pub progress: bool,
     /// Print only errors (no per-case lines).
     pub quiet: bool,
+    /// Build with exactly these parameters instead of deriving them from `settings` and the
+    /// dataset: how predict preprocesses new volumes as a model's cache was made (its target
+    /// spacing, and each channel's normalization with the training set's statistics).
+    pub fixed_params: Option<OutputParams>,
 }
 
 /// How one case of a build ended.
@@ -187,7 +191,15 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             reports.len()
         )));
     }
-    let decision = decide_spacing(opts.settings.spacing, &ok)?;
+    let decision = match &opts.fixed_params {
+        Some(p) => SpacingDecision {
+            target_xyz: p.target_spacing_xyz,
+            median_xyz: p.target_spacing_xyz,
+            rule: "explicit".into(),
+            reason: "fixed by the parameters given (a model's preprocessing)".into(),
+        },
+        None => decide_spacing(opts.settings.spacing, &ok)?,
+    };
     let plans = plan_scanned(&ok, decision.target_xyz, opts.settings.image_dtype);
 
     let mut report = BuildReport {
@@ -229,26 +241,26 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         ram_limit_bytes: opts.settings.input_ram_mib.saturating_mul(1 << 20),
         scratch_dir: cache.tmp_dir(),
     };
-    // Each channel's scheme (dataset.json's names pick some), with the dataset statistics the
-    // CT scheme needs, taken over that channel's foreground.
     let n_channels = crate::dataset::common_channels(ok.iter().map(|s| &s.source))?;
     let channel_names = crate::dataset::channel_names(description.as_ref(), n_channels);
-    let mut channels = Vec::new();
-    for (c, scheme) in normalize::channel_schemes(&opts.settings, &channel_names)
-        .into_iter()
-        .enumerate()
-    {
-        let dataset_foreground = if scheme == Normalization::Ct {
-            Some(pool.install(|| dataset_foreground(&ok, c, &source))?)
-        } else {
-            None
-        };
-        channels.push(ChannelParams {
-            normalization: scheme,
-            dataset_foreground,
-        });
-    }
-    let params = OutputParams::with_channels(&opts.settings, decision.target_xyz, channels);
+    let params = match &opts.fixed_params {
+        Some(p) if p.channels.len() != n_channels => {
+            return Err(Error::Dataset(format!(
+                "the cases have {n_channels} image channel{} but the parameters given are for {}",
+                if n_channels == 1 { "" } else { "s" },
+                p.channels.len()
+            )))
+        }
+        Some(p) => p.clone(),
+        None => derive_params(
+            opts,
+            &ok,
+            &channel_names,
+            decision.target_xyz,
+            &pool,
+            &source,
+        )?,
+    };
 
     // Keys first (hashing is cheap), so we know what is cached before any heavy work.
     let keyed: Vec<(usize, Result<String>)> = pool.install(|| {
@@ -371,6 +383,39 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     }
     report.finish(reports, started);
     Ok(report)
+}
+
+/// The parameters of a build from its settings: each channel's scheme (dataset.json's names
+/// pick some), with the dataset statistics the CT scheme needs, taken over that channel's
+/// foreground.
+fn derive_params(
+    opts: &BuildOptions,
+    ok: &[&ScannedCase],
+    channel_names: &[String],
+    target_xyz: [f64; 3],
+    pool: &rayon::ThreadPool,
+    source: &SourceOptions,
+) -> Result<OutputParams> {
+    let mut channels = Vec::new();
+    for (c, scheme) in normalize::channel_schemes(&opts.settings, channel_names)
+        .into_iter()
+        .enumerate()
+    {
+        let dataset_foreground = if scheme == Normalization::Ct {
+            Some(pool.install(|| dataset_foreground(ok, c, source))?)
+        } else {
+            None
+        };
+        channels.push(ChannelParams {
+            normalization: scheme,
+            dataset_foreground,
+        });
+    }
+    Ok(OutputParams::with_channels(
+        &opts.settings,
+        target_xyz,
+        channels,
+    ))
 }
 
 /// Stop before writing anything when the cases to build cannot fit on the cache's disk. Only

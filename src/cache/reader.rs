@@ -85,6 +85,8 @@ struct EntryInner {
     dir: PathBuf,
     case_id: Option<String>,
     key: String,
+    /// The input's spatial unit ("mm", "um"...), which the output spacing is in.
+    unit: String,
     shape: [usize; 3],
     /// One reader per image channel (never empty).
     image: Vec<ArrayReader>,
@@ -203,6 +205,7 @@ impl EntryReader {
             inner: Arc::new(EntryInner {
                 serial: NEXT_ENTRY.fetch_add(1, Ordering::Relaxed),
                 case_id: Some(attrs.case_id.clone()),
+                unit: attrs.input.unit.clone(),
                 key: attrs.key.clone(),
                 dir,
                 shape,
@@ -229,6 +232,11 @@ impl EntryReader {
     /// The case id recorded in the entry.
     pub fn case_id(&self) -> Option<&str> {
         self.inner.case_id.as_deref()
+    }
+
+    /// The spatial unit of the entry's spacing ("mm", "um", "m", "unknown").
+    pub fn unit(&self) -> &str {
+        &self.inner.unit
     }
 
     /// Volume shape (z, y, x).

@@ -64,6 +64,8 @@ pub enum DatasetSource {
         /// Glob of the label files; a label pairs with the image of the same case id.
         labels: Option<String>,
     },
+    /// Cases already found (predict's inputs), taken as they are.
+    Cases(Vec<CaseSource>),
 }
 
 const EXTENSIONS: [&str; 2] = [".nii.gz", ".nii"];
@@ -142,6 +144,14 @@ pub fn discover(source: &DatasetSource) -> Result<Discovered> {
     let mut found = match source {
         DatasetSource::Folder(dir) => discover_folder(dir)?,
         DatasetSource::Globs { images, labels } => discover_globs(images, labels.as_deref())?,
+        DatasetSource::Cases(cases) => {
+            let mut cases = cases.clone();
+            cases.sort_by(|a, b| a.id.cmp(&b.id));
+            Discovered {
+                cases,
+                ..Discovered::default()
+            }
+        }
     };
     let bad: std::collections::BTreeSet<String> =
         found.problems.iter().map(|p| p.id.clone()).collect();
@@ -532,6 +542,11 @@ pub fn default_name(source: &DatasetSource) -> String {
         DatasetSource::Folder(d) => d.clone(),
         DatasetSource::Globs { images, .. } => Path::new(images)
             .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+        DatasetSource::Cases(cases) => cases
+            .first()
+            .and_then(|c| c.image().parent())
             .map(Path::to_path_buf)
             .unwrap_or_default(),
     };

@@ -39,10 +39,27 @@ pub struct RunRecord {
     /// channels were recorded: those took one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub channels: Vec<String>,
+    /// How the model's inputs were made: what predict applies to a new volume (absent in runs
+    /// made before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preprocessing: Option<Preprocessing>,
     /// The training options that shape the weights (`TrainConfig::weight_shaping`).
     pub config: serde_json::Value,
     /// Which cases train and which validate.
     pub split: Split,
+}
+
+/// The preprocessing a model was trained with, copied from its cache: a new volume must be
+/// resampled, normalized and stored the same way before the model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Preprocessing {
+    /// The cache dataset's parameters: target spacing, each channel's normalization and the
+    /// dataset statistics it uses, image dtype, chunking.
+    pub params: super::params::OutputParams,
+    /// The spatial unit the spacing is in ("mm", "um", "m", "unknown"), as the training
+    /// inputs' headers said: an input in another unit is converted, not taken as the same
+    /// numbers.
+    pub unit: String,
 }
 
 /// One output class of a run: the label-file value it stands for and its name.

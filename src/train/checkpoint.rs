@@ -42,6 +42,8 @@ pub struct Checkpoint {
 pub struct Checkpointer {
     dir: PathBuf,
     keep_last: usize,
+    /// The run's `run.json`, written into every checkpoint folder when set.
+    record: Option<Vec<u8>>,
 }
 
 impl Checkpointer {
@@ -56,7 +58,18 @@ impl Checkpointer {
         let dir = run_dir.join("checkpoints");
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         recover(&dir)?;
-        Ok(Checkpointer { dir, keep_last })
+        Ok(Checkpointer {
+            dir,
+            keep_last,
+            record: None,
+        })
+    }
+
+    /// Write `run_json` (the run's record) into every checkpoint folder too, so that a
+    /// checkpoint copied on its own still says what model and preprocessing it is.
+    pub fn with_record(mut self, run_json: Vec<u8>) -> Self {
+        self.record = Some(run_json);
+        self
     }
 
     /// `RUN/checkpoints`.
@@ -84,7 +97,7 @@ impl Checkpointer {
         let name = step_dir_name(state.step);
         let tmp = self.dir.join(unique_name(TMP_PREFIX, &name));
         fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        let written = write_files(&tmp, &named, optimizer, state);
+        let written = write_files(&tmp, &named, optimizer, state, self.record.as_deref());
         if let Err(e) = written {
             let _ = fs::remove_dir_all(&tmp);
             return Err(e);
@@ -102,9 +115,15 @@ impl Checkpointer {
         let tmp = self.dir.join(unique_name(TMP_PREFIX, BEST_DIR));
         fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let staged = (|| -> Result<()> {
-            for file in [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE] {
+            // The run's record, when the checkpoint has one, before state.json.
+            let record = crate::format::run::RUN_FILE;
+            let files = [MODEL_FILE, OPTIMIZER_FILE, record, STATE_FILE];
+            for file in files {
                 let from = saved.join(file);
                 let to = tmp.join(file);
+                if file == record && !from.is_file() {
+                    continue;
+                }
                 if !from.is_file() {
                     return Err(Error::Train(format!(
                         "{}: missing; cannot mark an incomplete checkpoint as best",
@@ -246,6 +265,7 @@ fn write_files(
     model: &HashMap<&str, Tensor>,
     optimizer: &HashMap<String, Tensor>,
     state: &TrainState,
+    record: Option<&[u8]>,
 ) -> Result<()> {
     let model_path = dir.join(MODEL_FILE);
     candle_core::safetensors::save(model, &model_path)
@@ -255,6 +275,14 @@ fn write_files(
     candle_core::safetensors::save(optimizer, &opt_path)
         .map_err(|e| Error::Train(format!("{}: {e}", opt_path.display())))?;
     sync_file(&opt_path)?;
+    if let Some(bytes) = record {
+        let p = dir.join(crate::format::run::RUN_FILE);
+        let mut f = fs::File::create(&p).map_err(|e| Error::io(&p, e))?;
+        f.write_all(bytes)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| Error::io(&p, e))?;
+    }
+    // state.json last: a folder with it is complete.
     let state_path = dir.join(STATE_FILE);
     let json = state.to_json();
     let mut f = fs::File::create(&state_path).map_err(|e| Error::io(&state_path, e))?;

@@ -17,6 +17,8 @@ pub(super) struct Data {
     pub(super) num_classes: usize,
     /// Image channel names, in the order the network takes them.
     pub(super) channels: Vec<String>,
+    /// How the cache made the model's inputs (for predict).
+    pub(super) preprocessing: crate::format::run::Preprocessing,
     /// Label-file values to output classes (names, ignore label).
     pub(super) classes: ClassMap,
     /// Cases skipped for having no label.
@@ -79,6 +81,22 @@ pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
             ));
         }
     }
+    // The spacing's unit, which every case must share (a mix would train on mismatched scales).
+    let unit = labelled[0].1.unit().to_string();
+    if let Some((id, e)) = labelled.iter().find(|(_, e)| e.unit() != unit) {
+        return Err(Error::case(
+            id,
+            format!(
+                "its spacing is in {} but case {} is in {unit}: every case of a dataset must share the unit (fix the headers' xyzt_units)",
+                e.unit(),
+                labelled[0].0
+            ),
+        ));
+    }
+    let preprocessing = crate::format::run::Preprocessing {
+        params: reader.dataset(&dataset)?.params.clone(),
+        unit,
+    };
     let described = reader.dataset(&dataset)?.dataset_json.as_ref();
     let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
     let num_classes = classes.len();
@@ -128,6 +146,7 @@ pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
         val,
         num_classes,
         channels,
+        preprocessing,
         classes,
         unlabelled,
     })

@@ -165,12 +165,22 @@ fn prepare_run_dir(opts: &RunOptions, identity: &RunRecord) -> Result<()> {
     let path = dir.join(RUN_FILE);
     match RunRecord::read(&path)? {
         Some(old) if opts.resume => {
-            if old != *identity {
+            // A run recorded before its preprocessing was: compared without it, then
+            // recorded.
+            let recorded_before = old.preprocessing.is_none();
+            let mut new = identity.clone();
+            if recorded_before {
+                new.preprocessing = None;
+            }
+            if old != new {
                 return Err(Error::Train(format!(
                     "{}: --resume with settings that differ from the run's: {}; resume with the run's options or start a new --out",
                     path.display(),
                     identity_differences(&old, identity).join(", ")
                 )));
+            }
+            if recorded_before {
+                write_atomic(&path, &identity.to_json())?;
             }
             return Ok(());
         }
@@ -243,6 +253,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
         classes: data.classes.classes().to_vec(),
         ignore_label: data.classes.ignore(),
         channels: data.channels.clone(),
+        preprocessing: Some(data.preprocessing.clone()),
         config: cfg.weight_shaping(),
         split,
     };
@@ -250,7 +261,9 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
 
     let params = model.params();
     let mut optimizer = Optimizer::new(params.clone(), optimizer_kind(cfg))?;
-    let checkpointer = Checkpointer::new(&opts.run_dir, cfg.keep_last)?;
+    // Every checkpoint carries the run's record: a checkpoint folder copied alone predicts.
+    let checkpointer =
+        Checkpointer::new(&opts.run_dir, cfg.keep_last)?.with_record(identity.to_json());
     let mut start_step = 0u64;
     let mut best: Option<(f64, u64)> = None;
     let mut notices = Vec::new();
