@@ -16,6 +16,7 @@
 //! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.
 //! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
 //! - [`sysinfo`]: peak memory and host facts for reports.
+//! - [`infer`]: inference on cached volumes (sliding window), shared by validation and predict.
 //! - [`train`]: the `train` command: 3D ops, U-Net, patch loader, optimizer, checkpoints.
 
 // `missing_docs` is on for the whole library (Cargo.toml [lints]); the modules below marked
@@ -27,6 +28,7 @@ pub mod dataset;
 pub mod error;
 pub mod format;
 pub mod geometry;
+pub mod infer;
 #[allow(missing_docs)]
 pub mod inspect;
 #[allow(missing_docs)]

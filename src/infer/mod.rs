@@ -1,0 +1,3 @@
+//! Inference on cached volumes: the sliding-window predictor that validation and predict share.
+
+pub mod sliding;
