@@ -179,6 +179,24 @@ fn group_channels(
     declared: usize,
     problems: &mut Vec<CaseProblem>,
 ) -> (Grouped, std::collections::BTreeSet<String>) {
+    group_channels_as(
+        files,
+        declared,
+        declared > 0,
+        "dataset.json declares",
+        problems,
+    )
+}
+
+/// [`group_channels`] with the rule spelt out: `strict` reads every `_NNNN` suffix as a
+/// channel (else only in cases with a `_0000` file); `why` says where `declared` comes from.
+fn group_channels_as(
+    files: Vec<PathBuf>,
+    declared: usize,
+    strict: bool,
+    why: &str,
+    problems: &mut Vec<CaseProblem>,
+) -> (Grouped, std::collections::BTreeSet<String>) {
     // id -> channel -> files (several files on one channel are a problem)
     let mut groups: BTreeMap<String, BTreeMap<usize, Vec<PathBuf>>> = BTreeMap::new();
     let stems: Vec<(String, PathBuf)> = files
@@ -198,7 +216,7 @@ fn group_channels(
         .collect();
     for (stem, path) in &stems {
         let (id, ch) = match channel_suffix(stem) {
-            Some((id, ch)) if declared > 0 || has_first.contains(id) => (id.to_string(), ch),
+            Some((id, ch)) if strict || has_first.contains(id) => (id.to_string(), ch),
             _ => (stem.clone(), 0),
         };
         groups
@@ -222,11 +240,7 @@ fn group_channels(
             .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
             .map_or(1, |(&n, _)| n)
     };
-    let why_expected = if declared > 0 {
-        "dataset.json declares"
-    } else {
-        "most cases have"
-    };
+    let why_expected = if declared > 0 { why } else { "most cases have" };
     let mut cases = BTreeMap::new();
     let mut left_out = std::collections::BTreeSet::new();
     let mut packed = std::collections::BTreeSet::new();
@@ -293,7 +307,7 @@ fn group_channels(
                     Ok(h) if h.frames > 1 => {
                         problem(
                             format!(
-                                "a 4D image of {} volumes, but dataset.json declares {expected} channels",
+                                "a 4D image of {} volumes, but {why_expected} {expected} channels",
                                 h.frames
                             ),
                             Some(only),
@@ -505,6 +519,42 @@ fn discover_globs(images: &str, labels: Option<&str>) -> Result<Discovered> {
         problems: Vec::new(),
         description: None,
     })
+}
+
+/// Cases from image files given one by one (predict's inputs): grouped into channels as in a
+/// folder, `channels` per case (nnU-Net's `CASE_0000`... naming; a file without the suffix is a
+/// case of one channel, or the Decathlon's 4-D file of them all). Unlabelled.
+pub fn cases_from_files(files: Vec<PathBuf>, channels: usize) -> Discovered {
+    let mut problems = Vec::new();
+    let strict = channels > 1;
+    let (grouped, _) = group_channels_as(files, channels, strict, "the model takes", &mut problems);
+    let cases = grouped
+        .cases
+        .into_iter()
+        .map(|(id, images)| CaseSource {
+            packed: grouped.packed.contains(&id),
+            id,
+            images,
+            label: None,
+        })
+        .collect();
+    Discovered {
+        cases,
+        problems,
+        description: None,
+    }
+}
+
+/// The NIfTI image files of a folder given to predict: its `imagesTs/` or `imagesTr/` when it
+/// has one (nnU-Net's layout), else the folder itself.
+pub fn image_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<CaseProblem>)> {
+    let mut problems = Vec::new();
+    let sub = ["imagesTs", "imagesTr"]
+        .iter()
+        .map(|s| dir.join(s))
+        .find(|d| d.is_dir());
+    let files = list_nifti(sub.as_deref().unwrap_or(dir), None, &mut problems)?;
+    Ok((files, problems))
 }
 
 /// The names of `n` image channels: dataset.json's when it names that many, else

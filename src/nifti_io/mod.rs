@@ -16,6 +16,7 @@
 
 mod file;
 mod header;
+mod label_writer;
 mod labels;
 mod nifti2;
 mod source;
@@ -27,7 +28,9 @@ pub use header::{
     f32_to_f64_decimal, parse_header_bytes, read_frame_header, read_header, read_header_frames,
     HeaderInfo,
 };
+pub use label_writer::{LabelType, LabelWriter};
 pub use labels::{label_from_f32, LabelCheck, LabelData};
+pub(crate) use source::scratch_file;
 pub use source::{SourceOptions, VoxelSource};
 pub use stream::{stream_frame, stream_voxels, Streamed, BLOCK_VOXELS};
 pub use voxels::{read_volume, stream_f32, stream_f32_frame, Volume};

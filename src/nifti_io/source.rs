@@ -205,7 +205,7 @@ fn start_filling(path: &Path, h: &HeaderInfo, opts: &SourceOptions) -> Result<Fi
 }
 
 /// A new scratch file in `dir`, unlinked at once where the OS allows (it lives until closed).
-fn scratch_file(dir: &Path) -> Result<(File, PathBuf)> {
+pub(crate) fn scratch_file(dir: &Path) -> Result<(File, PathBuf)> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let n = NEXT.fetch_add(1, Ordering::Relaxed);

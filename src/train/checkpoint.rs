@@ -65,6 +65,16 @@ impl Checkpointer {
         })
     }
 
+    /// The checkpoints of a run folder, for reading only (predict): nothing is created,
+    /// recovered or deleted.
+    pub fn read_only(run_dir: &Path) -> Self {
+        Checkpointer {
+            dir: run_dir.join("checkpoints"),
+            keep_last: usize::MAX,
+            record: None,
+        }
+    }
+
     /// Write `run_json` (the run's record) into every checkpoint folder too, so that a
     /// checkpoint copied on its own still says what model and preprocessing it is.
     pub fn with_record(mut self, run_json: Vec<u8>) -> Self {

@@ -1,0 +1,108 @@
+//! `predict`: segment new volumes with a model `train` made. Arguments are parsed here; the
+//! work belongs to `voxcache::infer::predict`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::Exit;
+use voxcache::infer::model_dir::Which;
+use voxcache::infer::predict::{predict, PredictOptions, PredictOutcome};
+use voxcache::sysinfo::human_bytes;
+
+/// Segment NIfTI volumes with a trained model, in bounded memory, each written as CASE.nii.gz
+/// in its input's own geometry (dims, pixdim, qform, sform and codes).
+///
+/// Each input is preprocessed as the model's training cache was (target spacing, normalization
+/// with the training set's statistics), predicted with Gaussian-weighted sliding windows, and
+/// its class probabilities resampled back to the input grid before the argmax.
+#[derive(Parser, Debug)]
+#[command(name = "predict", version, after_help = EXIT_STATUS_HELP)]
+struct Cli {
+    /// Run folder made by `train` (or one of its checkpoint folders, copied anywhere).
+    #[arg(long)]
+    model: PathBuf,
+    /// best (the best validation Dice, else the latest), latest, or a checkpoint folder.
+    #[arg(long, default_value = "best")]
+    checkpoint: String,
+    /// NIfTI files (CASE_0000.nii.gz, CASE_0001... are one case's channels) or folders of them
+    /// (an nnU-Net imagesTs/ or imagesTr/, or the folder holding one).
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// Output folder.
+    #[arg(long)]
+    out: PathBuf,
+    /// cpu, cuda or cuda:N (cuda needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Overlap of neighbouring windows (0..1).
+    #[arg(long, default_value_t = 0.5)]
+    overlap: f64,
+    /// Test-time mirroring over the axes the model was trained to flip (8 passes).
+    #[arg(long)]
+    mirror: bool,
+    /// Windows per forward pass.
+    #[arg(long, default_value_t = 2)]
+    batch: usize,
+    /// Worker threads for preprocessing.
+    #[arg(short = 'j', long, default_value_t = 2)]
+    jobs: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Print only errors.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    voxcache::train::device::default_cpu_threads();
+    let cli = Cli::parse();
+    match real_main(cli) {
+        Ok(exit) => exit.into(),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            Exit::CouldNotRun.into()
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<Exit> {
+    let opts = PredictOptions {
+        model_dir: cli.model,
+        which: cli.checkpoint.parse::<Which>()?,
+        inputs: cli.inputs,
+        out: cli.out,
+        device: cli.device,
+        overlap: cli.overlap,
+        mirror: cli.mirror,
+        batch: cli.batch,
+        jobs: cli.jobs,
+        quiet: cli.quiet,
+    };
+    let report = predict(&opts)?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for c in &report.cases {
+            if let PredictOutcome::Failed { error } = &c.outcome {
+                eprintln!("error: {}: {error}", c.id);
+            }
+        }
+        println!(
+            "{} predicted, {} already there, {} failed; {:.1} Mvoxel/s; {:.1} s; peak RSS {}",
+            report.predicted,
+            report.existing,
+            report.failed,
+            report.voxels as f64 / report.wall_seconds.max(1e-9) / 1e6,
+            report.wall_seconds,
+            report
+                .peak_rss_bytes
+                .map(human_bytes)
+                .unwrap_or_else(|| "?".into())
+        );
+    }
+    Ok(Exit::unless_failed(report.failed > 0))
+}

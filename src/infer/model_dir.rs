@@ -1,0 +1,121 @@
+//! Opening a trained model for prediction: a run folder (its `run.json` and a checkpoint) or a
+//! checkpoint folder copied on its own (which holds its own `run.json`): the network rebuilt
+//! from the recorded options, its weights, and the preprocessing its inputs had.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+
+use crate::error::{Error, Result};
+use crate::format::run::{Preprocessing, RunRecord, RUN_FILE};
+use crate::train::checkpoint::{Checkpointer, MODEL_FILE};
+use crate::train::config::TrainConfig;
+use crate::train::model::UNet;
+use crate::train::trainer::build_model;
+
+/// Which checkpoint of a run folder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Which {
+    /// `checkpoints/best` (the best validation Dice), else the latest.
+    Best,
+    /// The newest complete checkpoint.
+    Latest,
+    /// This checkpoint folder.
+    Path(PathBuf),
+}
+
+impl std::str::FromStr for Which {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "best" => Which::Best,
+            "latest" => Which::Latest,
+            p => Which::Path(PathBuf::from(p)),
+        })
+    }
+}
+
+/// A model ready to predict.
+pub struct LoadedModel {
+    /// The run's record: classes, channels, preprocessing, options.
+    pub record: RunRecord,
+    /// How inputs must be made (always present here).
+    pub preprocessing: Preprocessing,
+    /// The training options (patch size, network shape).
+    pub config: TrainConfig,
+    /// The network with the checkpoint's weights.
+    pub model: UNet,
+    /// The checkpoint folder the weights came from.
+    pub checkpoint: PathBuf,
+    /// blake3 of the weights file (part of each prediction's key).
+    pub weights_hash: String,
+}
+
+/// Open `dir` (a run folder, or a checkpoint folder with its own `run.json`) on `device`.
+pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedModel> {
+    let own_weights = dir.join(MODEL_FILE).is_file();
+    let record_path = dir.join(RUN_FILE);
+    let record = RunRecord::read(&record_path)?.ok_or_else(|| {
+        Error::Config(format!(
+            "{}: no {RUN_FILE}: not a run folder made by train (or a checkpoint folder copied from one)",
+            dir.display()
+        ))
+    })?;
+    let preprocessing = record.preprocessing.clone().ok_or_else(|| {
+        Error::Config(format!(
+            "{}: the run was made before voxcache recorded the preprocessing a model needs (target spacing, normalization statistics): train it again with this voxcache",
+            record_path.display()
+        ))
+    })?;
+    let config: TrainConfig = serde_json::from_value(record.config.clone()).map_err(|e| {
+        Error::Config(format!(
+            "{}: the recorded training options do not read: {e}",
+            record_path.display()
+        ))
+    })?;
+    let ck_dir = match (which, own_weights) {
+        (Which::Path(p), _) => p.clone(),
+        (_, true) => dir.to_path_buf(),
+        (Which::Best, false) if dir.join("checkpoints/best").join(MODEL_FILE).is_file() => {
+            dir.join("checkpoints/best")
+        }
+        (Which::Best | Which::Latest, false) => {
+            if !dir.join("checkpoints").is_dir() {
+                return Err(Error::Config(format!(
+                    "{}: the run has no checkpoints/ folder: nothing to predict with",
+                    dir.display()
+                )));
+            }
+            let latest = Checkpointer::read_only(dir)
+                .latest(device)?
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "{}: the run has no checkpoint to predict with",
+                        dir.display()
+                    ))
+                })?;
+            latest.dir
+        }
+    };
+    let ck = Checkpointer::load(&ck_dir, device)?;
+    let channels = record.channels.len().max(1);
+    let model = build_model(&config, channels, record.num_classes, device)?;
+    model.load(&ck.model).map_err(|e| {
+        Error::Train(format!(
+            "{}: the weights do not fit the recorded network: {e}",
+            ck_dir.join(MODEL_FILE).display()
+        ))
+    })?;
+    let weights = ck_dir.join(MODEL_FILE);
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(&weights).map_err(|e| Error::io(&weights, e))?)
+        .map_err(|e| Error::io(&weights, e))?;
+    Ok(LoadedModel {
+        record,
+        preprocessing,
+        config,
+        model,
+        checkpoint: ck_dir,
+        weights_hash: h.finalize().to_hex().to_string(),
+    })
+}

@@ -1,0 +1,380 @@
+//! `predict`: segment new volumes with a trained model, out of core, and write each result in
+//! its input's own geometry.
+//!
+//! The stages, each the same code as elsewhere: the inputs are preprocessed by the build
+//! ([`crate::build::build_cache`] with the model's recorded parameters) into a scratch cache
+//! removed at the end; the sliding window ([`super::sliding`]) makes each volume's class
+//! probabilities final a slab at a time into scratch files ([`super::probs`]); the export
+//! ([`super::export`]) resamples them back to the input's grid, takes the argmax and streams the
+//! label NIfTI. Each output is written under a temporary name and renamed; beside it, a small
+//! record of its key (input bytes, weights, parameters) lets a re-run skip it.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::export::{write_segmentation, Export};
+use super::model_dir::{load_model, LoadedModel, Which};
+use super::probs::ProbWriter;
+use super::sliding::Predictor;
+use crate::build::{build_cache, BuildOptions, CaseOutcome};
+use crate::cache::reader::CacheReader;
+use crate::dataset::{self, CaseSource, DatasetSource};
+use crate::error::{Error, Result};
+use crate::format::OutputParams;
+use crate::nifti_io;
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub struct PredictOptions {
+    /// A run folder made by `train` (or a checkpoint folder copied from one).
+    pub model_dir: PathBuf,
+    /// Which checkpoint.
+    pub which: Which,
+    /// NIfTI files, or folders of them (an nnU-Net `imagesTs/`, `CASE_0000` naming).
+    pub inputs: Vec<PathBuf>,
+    /// Where the segmentations go (`CASE.nii.gz`).
+    pub out: PathBuf,
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// Overlap of neighbouring windows, 0..1.
+    pub overlap: f64,
+    /// Test-time mirroring over the axes the model was trained to flip.
+    pub mirror: bool,
+    /// Windows per forward pass.
+    pub batch: usize,
+    /// Worker threads of the preprocessing.
+    pub jobs: usize,
+    /// Print only errors.
+    pub quiet: bool,
+}
+
+/// How one case ended.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum PredictOutcome {
+    /// Its segmentation was written.
+    Predicted {
+        /// The file.
+        output: PathBuf,
+        /// Seconds it took (preprocessing excluded).
+        seconds: f64,
+    },
+    /// Its segmentation was already there for the same input, weights and parameters.
+    Existing {
+        /// The file.
+        output: PathBuf,
+    },
+    /// It could not be read, preprocessed, predicted or written.
+    Failed {
+        /// Why, naming the file.
+        error: String,
+    },
+}
+
+/// One case's line.
+#[derive(Clone, Debug, Serialize)]
+pub struct PredictCase {
+    /// Case id.
+    pub id: String,
+    /// How it ended.
+    pub outcome: PredictOutcome,
+}
+
+/// What a predict run did.
+#[derive(Clone, Debug, Serialize)]
+pub struct PredictReport {
+    /// The checkpoint used.
+    pub checkpoint: PathBuf,
+    /// Per case, sorted by id.
+    pub cases: Vec<PredictCase>,
+    /// Cases written, skipped as existing, failed.
+    pub predicted: usize,
+    /// Cases whose output was already there.
+    pub existing: usize,
+    /// Cases that failed.
+    pub failed: usize,
+    /// Voxels of the model's grid predicted.
+    pub voxels: u64,
+    /// Wall time.
+    pub wall_seconds: f64,
+    /// Peak resident memory of the process.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// The record kept beside an output: what it was made from.
+#[derive(Serialize, Deserialize, PartialEq)]
+struct OutputRecord {
+    key: String,
+    checkpoint: String,
+}
+
+/// Millimetres in one of a header's units; `None` for "unknown".
+fn unit_mm(unit: &str) -> Option<f64> {
+    match unit {
+        "mm" => Some(1.0),
+        "um" => Some(1e-3),
+        "m" => Some(1e3),
+        _ => None,
+    }
+}
+
+/// Run predict.
+pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
+    let started = Instant::now();
+    let device = crate::train::device::select(&opts.device)?;
+    let m = load_model(&opts.model_dir, &opts.which, &device)?;
+    let channels = m.record.channels.len().max(1);
+    std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
+    let probe = opts
+        .out
+        .join(format!(".voxcache-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| Error::io(&opts.out, e))?;
+    let _ = std::fs::remove_file(&probe);
+
+    let mut results: Vec<PredictCase> = Vec::new();
+    let fail = |id: &str, e: &Error| PredictCase {
+        id: id.to_string(),
+        outcome: PredictOutcome::Failed {
+            error: e.to_string(),
+        },
+    };
+    // Inputs to cases.
+    let mut files = Vec::new();
+    for input in &opts.inputs {
+        if input.is_dir() {
+            let (found, problems) = dataset::image_files(input)?;
+            files.extend(found);
+            for p in problems {
+                results.push(fail(&p.id, &p.error));
+            }
+        } else if input.is_file() {
+            files.push(input.clone());
+        } else {
+            let e = Error::io(input, std::io::Error::from(std::io::ErrorKind::NotFound));
+            results.push(fail(&input.display().to_string(), &e));
+        }
+    }
+    let found = dataset::cases_from_files(files, channels);
+    for p in found.problems {
+        results.push(fail(&p.id, &p.error));
+    }
+    // Group by spatial unit: an input in other units than the model's gets the target spacing
+    // converted to its units (and a warning naming both).
+    let mut groups: std::collections::BTreeMap<String, Vec<CaseSource>> = Default::default();
+    for c in found.cases {
+        if c.images.len() != channels {
+            let e = Error::case(
+                &c.id,
+                format!(
+                    "{} image channel{} but the model takes {channels} ({})",
+                    c.images.len(),
+                    if c.images.len() == 1 { "" } else { "s" },
+                    m.record.channels.join(", ")
+                ),
+            );
+            results.push(fail(&c.id, &e));
+            continue;
+        }
+        let (path, frame) = c.channel(0);
+        match nifti_io::read_frame_header(path, frame) {
+            Ok(h) => groups.entry(h.unit.to_string()).or_default().push(c),
+            Err(e) => results.push(fail(&c.id, &e)),
+        }
+    }
+    let scratch = opts
+        .out
+        .join(format!(".voxcache-predict-{}", std::process::id()));
+    let run = (|| -> Result<u64> {
+        let mut voxels = 0;
+        for (unit, cases) in groups {
+            let params = params_for_unit(&m, &unit, opts.quiet);
+            voxels += predict_group(opts, &m, &device, params, cases, &scratch, &mut results)?;
+        }
+        Ok(voxels)
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    let voxels = run?;
+    results.sort_by(|a, b| a.id.cmp(&b.id));
+    let count = |f: fn(&PredictOutcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
+    Ok(PredictReport {
+        checkpoint: m.checkpoint.clone(),
+        predicted: count(|o| matches!(o, PredictOutcome::Predicted { .. })),
+        existing: count(|o| matches!(o, PredictOutcome::Existing { .. })),
+        failed: count(|o| matches!(o, PredictOutcome::Failed { .. })),
+        cases: results,
+        voxels,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
+    })
+}
+
+/// The model's parameters for inputs in `unit`: its target spacing converted when the units
+/// differ and both are known (with a warning naming both); as recorded otherwise.
+fn params_for_unit(m: &LoadedModel, unit: &str, quiet: bool) -> OutputParams {
+    let mut p = m.preprocessing.params.clone();
+    let model = m.preprocessing.unit.as_str();
+    if unit != model {
+        if let (Some(a), Some(b)) = (unit_mm(model), unit_mm(unit)) {
+            let f = a / b;
+            p.target_spacing_xyz = p.target_spacing_xyz.map(|s| s * f);
+            if !quiet {
+                eprintln!(
+                    "warning: inputs in {unit} for a model trained in {model}: its spacing {:?} {model} is {:?} {unit}",
+                    m.preprocessing.params.target_spacing_xyz, p.target_spacing_xyz
+                );
+            }
+        } else if !quiet {
+            eprintln!(
+                "warning: inputs in {unit} for a model trained in {model}: one unit is unknown, so the numbers are taken as they are"
+            );
+        }
+    }
+    p
+}
+
+/// Preprocess and predict the cases of one unit.
+fn predict_group(
+    opts: &PredictOptions,
+    m: &LoadedModel,
+    device: &candle_core::Device,
+    params: OutputParams,
+    cases: Vec<CaseSource>,
+    scratch: &Path,
+    results: &mut Vec<PredictCase>,
+) -> Result<u64> {
+    let settings = crate::config::Settings {
+        input_ram_mib: 256,
+        ..Default::default()
+    };
+    let cache = scratch.join("cache");
+    let report = build_cache(&BuildOptions {
+        source: DatasetSource::Cases(cases.clone()),
+        cache_dir: cache.clone(),
+        name: Some("predict".into()),
+        settings,
+        jobs: opts.jobs.max(1),
+        dry_run: false,
+        part: None,
+        progress: false,
+        quiet: true,
+        fixed_params: Some(params),
+    })?;
+    let reader = CacheReader::open(&cache)?;
+    let values: Vec<u16> = if m.record.classes.is_empty() {
+        (0..m.record.num_classes as u16).collect()
+    } else {
+        m.record.classes.iter().map(|c| c.value).collect()
+    };
+    let mirror_axes = if opts.mirror && m.config.augment {
+        vec![0, 1, 2]
+    } else {
+        Vec::new()
+    };
+    let predictor = Predictor {
+        model: &m.model,
+        device,
+        patch: m.config.patch,
+        overlap: opts.overlap,
+        batch: opts.batch.max(1),
+        mirror_axes,
+    };
+    let mut voxels = 0u64;
+    for r in report.cases {
+        let Some(c) = cases.iter().find(|c| c.id == r.id) else {
+            continue;
+        };
+        if let CaseOutcome::Failed { error } = &r.outcome {
+            results.push(PredictCase {
+                id: r.id.clone(),
+                outcome: PredictOutcome::Failed {
+                    error: error.clone(),
+                },
+            });
+            continue;
+        }
+        let output = opts.out.join(format!("{}.nii.gz", c.id));
+        let record = OutputRecord {
+            key: format!(
+                "{}-{}-{}-{}",
+                r.key.clone().unwrap_or_default(),
+                m.weights_hash,
+                opts.overlap,
+                !predictor.mirror_axes.is_empty()
+            ),
+            checkpoint: m.checkpoint.display().to_string(),
+        };
+        let record_path = opts.out.join(format!(".{}.voxcache.json", c.id));
+        let same = std::fs::read(&record_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<OutputRecord>(&b).ok())
+            .is_some_and(|old| old.key == record.key);
+        if same && output.is_file() {
+            results.push(PredictCase {
+                id: c.id.clone(),
+                outcome: PredictOutcome::Existing { output },
+            });
+            continue;
+        }
+        let t = Instant::now();
+        let one = (|| -> Result<u64> {
+            let entry = reader.open_entry("predict", &c.id)?;
+            let shape = entry.shape_zyx();
+            let mut probs = ProbWriter::new(m.record.num_classes, shape, scratch)?;
+            predictor.predict(&entry, &mut |_, _, p| probs.append(p))?;
+            let probs = probs.finish()?;
+            let (path, frame) = c.channel(0);
+            let h = nifti_io::read_frame_header(path, frame)?;
+            let tmp = opts
+                .out
+                .join(format!(".{}.nii.gz.tmp-{}", c.id, std::process::id()));
+            let written = write_segmentation(
+                &Export {
+                    probs: &probs,
+                    model_shape_zyx: shape,
+                    input_shape_zyx: crate::geometry::zyx(h.shape_xyz),
+                    values: &values,
+                    input: path,
+                },
+                &tmp,
+            )
+            .and_then(|()| std::fs::rename(&tmp, &output).map_err(|e| Error::io(&output, e)));
+            if let Err(e) = written {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            let rec_tmp = record_path.with_extension("json.tmp");
+            let bytes = serde_json::to_vec(&record).unwrap_or_default();
+            std::fs::write(&rec_tmp, bytes)
+                .and_then(|()| std::fs::rename(&rec_tmp, &record_path))
+                .map_err(|e| Error::io(&record_path, e))?;
+            Ok(shape.iter().map(|&v| v as u64).product())
+        })();
+        match one {
+            Ok(n) => {
+                voxels += n;
+                if !opts.quiet {
+                    eprintln!("{}: {}", c.id, output.display());
+                }
+                results.push(PredictCase {
+                    id: c.id.clone(),
+                    outcome: PredictOutcome::Predicted {
+                        output,
+                        seconds: t.elapsed().as_secs_f64(),
+                    },
+                });
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                results.push(PredictCase {
+                    id: c.id.clone(),
+                    outcome: PredictOutcome::Failed {
+                        error: e.to_string(),
+                    },
+                });
+            }
+        }
+    }
+    Ok(voxels)
+}

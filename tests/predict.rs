@@ -1,0 +1,253 @@
+//! `predict` end to end: a small model trained on the bundled data segments volumes given as
+//! files or folders; every output has its input's header geometry (oblique, flipped, qform-only,
+//! big-endian inputs); the training cases come back above a Dice bar; a re-run writes nothing;
+//! a case the model cannot take fails alone, naming its files.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::fixtures::{bundled_cache, bundled_data, text};
+use common::Nii;
+use voxcache::nifti_io::{read_header, read_volume};
+
+/// A tiny model trained once for this test binary on the bundled cache.
+fn model() -> &'static Path {
+    static RUN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, run) = RUN.get_or_init(|| {
+        let t = tempfile::tempdir().unwrap();
+        let run = t.path().join("run");
+        let o = Command::new(env!("CARGO_BIN_EXE_train"))
+            .arg("--cache-dir")
+            .arg(bundled_cache("default", &[]))
+            .arg("--out")
+            .arg(&run)
+            .args([
+                "--patch",
+                "8,32,32",
+                "--batch-size",
+                "2",
+                "--steps",
+                "80",
+                "--base-channels",
+                "4",
+                "--stages",
+                "3",
+                "--val-every",
+                "80",
+                "--no-progress",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        (t, run)
+    });
+    run
+}
+
+fn predict(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_predict"))
+        .arg("--model")
+        .arg(model())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn dice(pred: &Path, truth: &Path) -> f64 {
+    let (p, t) = (read_volume(pred).unwrap(), read_volume(truth).unwrap());
+    assert_eq!(p.data.len(), t.data.len());
+    let (mut both, mut sum) = (0u64, 0u64);
+    for (a, b) in p.data.iter().zip(&t.data) {
+        let (a, b) = (*a == 1.0, *b == 1.0);
+        both += (a && b) as u64;
+        sum += a as u64 + b as u64;
+    }
+    2.0 * both as f64 / sum.max(1) as f64
+}
+
+#[test]
+fn the_training_cases_come_back_and_a_rerun_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("pred");
+    let images = bundled_data().join("imagesTr");
+    let o = predict(&[
+        images.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["predicted"], 10, "{r}");
+    let mut scores = Vec::new();
+    for c in r["cases"].as_array().unwrap() {
+        let id = c["id"].as_str().unwrap();
+        let pred = out.join(format!("{id}.nii.gz"));
+        let truth = bundled_data().join(format!("labelsTr/{id}.nii.gz"));
+        scores.push(dice(&pred, &truth));
+    }
+    let mean = scores.iter().sum::<f64>() / scores.len() as f64;
+    eprintln!("predict Dice per case {scores:.3?}, mean {mean:.3}");
+    assert!(mean > 0.5, "mean Dice {mean} over the training cases");
+    // Again: every output is there for the same input, weights and parameters.
+    let o = predict(&[
+        images.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (r["predicted"].as_u64(), r["existing"].as_u64()),
+        (Some(0), Some(10)),
+        "{r}"
+    );
+    // Another overlap is another prediction.
+    let o = predict(&[
+        images.join("vessels_003_0000.nii.gz").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--overlap",
+        "0.25",
+        "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["predicted"], 1, "{r}");
+    // No temporary file is left.
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains("tmp") || n.starts_with(".voxcache-predict"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn outputs_have_their_inputs_geometry() {
+    let t = tempfile::tempdir().unwrap();
+    let src = bundled_data().join("imagesTr/vessels_000_0000.nii.gz");
+    let v = read_volume(&src).unwrap();
+    let h = &v.header;
+    let values: Vec<i16> = v.data.iter().map(|&x| x as i16).collect();
+    let [sx, sy, sz] = h.spacing_xyz.map(|s| s as f32);
+    let base = || {
+        let mut n = Nii::new(h.shape_xyz, [sx, sy, sz], &values, false);
+        n.xyzt_units = 3; // micrometres, the model's unit
+        n
+    };
+    let dir = t.path().join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Oblique: rotated 20 degrees about z, offset.
+    let mut oblique = base();
+    let (c, s) = (20f32.to_radians().cos(), 20f32.to_radians().sin());
+    oblique.srow = [
+        [c * sx, -s * sy, 0.0, 12.5],
+        [s * sx, c * sy, 0.0, -3.0],
+        [0.0, 0.0, sz, 7.0],
+    ];
+    oblique.sform_code = 2;
+    oblique.write(&dir.join("oblique_0000.nii.gz"));
+    // Flipped x (a negative srow diagonal).
+    let mut flipped = base();
+    flipped.srow[0] = [-sx, 0.0, 0.0, 30.0];
+    flipped.write(&dir.join("flipped_0000.nii.gz"));
+    // qform only (a quaternion of 90 degrees about z), sform code 0.
+    let mut qonly = base();
+    qonly.sform_code = 0;
+    qonly.qform_code = 1;
+    let h2 = std::f32::consts::FRAC_1_SQRT_2;
+    qonly.quatern = [0.0, 0.0, h2, 1.0, 2.0, 3.0];
+    qonly.write(&dir.join("qonly_0000.nii.gz"));
+    // Big-endian and stored without gzip.
+    let big = Nii::new(h.shape_xyz, [sx, sy, sz], &values, true);
+    let mut big = big;
+    big.xyzt_units = 3;
+    std::fs::write(dir.join("bigendian_0000.nii"), big.bytes()).unwrap();
+
+    let out = t.path().join("out");
+    let o = predict(&[dir.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (case, input) in [
+        ("oblique", "oblique_0000.nii.gz"),
+        ("flipped", "flipped_0000.nii.gz"),
+        ("qonly", "qonly_0000.nii.gz"),
+        ("bigendian", "bigendian_0000.nii"),
+    ] {
+        let a = read_header(&dir.join(input)).unwrap();
+        let b = read_header(&out.join(format!("{case}.nii.gz"))).unwrap();
+        assert_eq!(b.shape_xyz, a.shape_xyz, "{case}");
+        assert_eq!(b.spacing_xyz, a.spacing_xyz, "{case}");
+        assert_eq!(
+            (b.qform_code, b.sform_code),
+            (a.qform_code, a.sform_code),
+            "{case}"
+        );
+        assert_eq!(b.affine_source, a.affine_source, "{case}");
+        assert!(
+            b.affine.max_abs_diff(&a.affine) == 0.0,
+            "{case}: {:?} vs {:?}",
+            b.affine,
+            a.affine
+        );
+        assert_eq!((b.unit, b.datatype), (a.unit, "uint8"), "{case}");
+        assert_eq!(b.big_endian, a.big_endian, "{case}");
+    }
+    // The four are the same voxels under other geometry: the same segmentation.
+    let seg = |c: &str| read_volume(&out.join(format!("{c}.nii.gz"))).unwrap().data;
+    let first = seg("oblique");
+    for c in ["flipped", "qonly", "bigendian"] {
+        assert_eq!(seg(c), first, "{c}");
+    }
+}
+
+#[test]
+fn a_case_the_model_cannot_take_fails_alone() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    let images = bundled_data().join("imagesTr");
+    for f in ["vessels_001_0000.nii.gz", "vessels_002_0000.nii.gz"] {
+        std::fs::copy(images.join(f), dir.join(f)).unwrap();
+    }
+    // A second channel for one case: the model takes one.
+    std::fs::copy(
+        images.join("vessels_002_0000.nii.gz"),
+        dir.join("vessels_002_0001.nii.gz"),
+    )
+    .unwrap();
+    // Not a NIfTI at all.
+    std::fs::write(dir.join("broken_0000.nii.gz"), b"not a nifti").unwrap();
+    let out = t.path().join("out");
+    let o = predict(&[dir.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(out.join("vessels_001.nii.gz").is_file(), "{e}");
+    assert!(!out.join("vessels_002.nii.gz").exists());
+    assert!(
+        e.contains("vessels_002_0001.nii.gz: channel 1 of case vessels_002, but the model takes 1 channel (vessels_002_0000.nii.gz)"),
+        "{e}"
+    );
+    assert!(e.contains("broken_0000.nii.gz"), "{e}");
+    // A run folder without checkpoints cannot predict, and says so.
+    let empty = t.path().join("run");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::copy(model().join("run.json"), empty.join("run.json")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .arg("--model")
+        .arg(&empty)
+        .arg(&dir)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no checkpoints/ folder"),
+        "{}",
+        text(&o)
+    );
+}
