@@ -117,11 +117,28 @@ fn the_training_cases_come_back_and_a_rerun_writes_nothing() {
     ]);
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["predicted"], 1, "{r}");
+    // What a killed predict leaves (a scratch folder, a half-written output, both of a dead
+    // process on this host) is removed by the next one, and looks like no output meanwhile.
+    let host = voxcache::sysinfo::hostname();
+    let dead = 4_000_000; // above Linux's pid_max
+    std::fs::create_dir_all(out.join(format!(".voxcache-predict.{host}.{dead}/cache"))).unwrap();
+    std::fs::write(
+        out.join(format!(".vessels_001.nii.gz.tmp.{host}.{dead}")),
+        b"half",
+    )
+    .unwrap();
+    let o = predict(&[
+        images.join("vessels_001_0000.nii.gz").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("removed what an interrupted predict left"));
     // No temporary file is left.
     let left: Vec<String> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| n.contains("tmp") || n.starts_with(".voxcache-predict"))
+        .filter(|n| n.contains(".tmp.") || n.starts_with(".voxcache-predict"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }

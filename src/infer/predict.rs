@@ -110,6 +110,46 @@ struct OutputRecord {
     checkpoint: String,
 }
 
+/// Name start of a predict's scratch folder in `--out` (then `HOST.PID`).
+const SCRATCH_PREFIX: &str = ".voxcache-predict.";
+/// Between an output's name and `HOST.PID` while it is written.
+const TMP_INFIX: &str = ".tmp.";
+
+/// Remove from `out` the scratch folders and half-written outputs of predicts on this host whose
+/// process is gone (a kill or a crash); returns what was removed. Others' are left alone: the
+/// folder may be shared between machines.
+fn sweep_stale(out: &Path) -> Vec<PathBuf> {
+    let me = crate::sysinfo::hostname();
+    let mut removed = Vec::new();
+    let Ok(rd) = std::fs::read_dir(out) else {
+        return removed;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let owner = name
+            .strip_prefix(SCRATCH_PREFIX)
+            .or_else(|| name.split_once(TMP_INFIX).map(|(_, rest)| rest));
+        let Some((host, pid)) = owner.and_then(|o| o.rsplit_once('.')) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if host == me && pid != std::process::id() && !crate::sysinfo::pid_alive(pid) {
+            let p = e.path();
+            let gone = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            if gone.is_ok() {
+                removed.push(p);
+            }
+        }
+    }
+    removed
+}
+
 /// Millimetres in one of a header's units; `None` for "unknown".
 fn unit_mm(unit: &str) -> Option<f64> {
     match unit {
@@ -183,9 +223,16 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
             Err(e) => results.push(fail(&c.id, &e)),
         }
     }
-    let scratch = opts
-        .out
-        .join(format!(".voxcache-predict-{}", std::process::id()));
+    for p in sweep_stale(&opts.out) {
+        if !opts.quiet {
+            eprintln!("removed what an interrupted predict left: {}", p.display());
+        }
+    }
+    let scratch = opts.out.join(format!(
+        "{SCRATCH_PREFIX}{}.{}",
+        crate::sysinfo::hostname(),
+        std::process::id()
+    ));
     let run = (|| -> Result<u64> {
         let mut voxels = 0;
         for (unit, cases) in groups {
@@ -326,9 +373,12 @@ fn predict_group(
             let probs = probs.finish()?;
             let (path, frame) = c.channel(0);
             let h = nifti_io::read_frame_header(path, frame)?;
-            let tmp = opts
-                .out
-                .join(format!(".{}.nii.gz.tmp-{}", c.id, std::process::id()));
+            let tmp = opts.out.join(format!(
+                ".{}.nii.gz{TMP_INFIX}{}.{}",
+                c.id,
+                crate::sysinfo::hostname(),
+                std::process::id()
+            ));
             let written = write_segmentation(
                 &Export {
                     probs: &probs,
