@@ -17,6 +17,7 @@
 //! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
 //! - [`sysinfo`]: peak memory and host facts for reports.
 //! - [`infer`]: inference on cached volumes (sliding window), shared by validation and predict.
+//! - [`evaluate`]: segmentations against references: Dice, IoU, surface distances, volumes.
 //! - [`train`]: the `train` command: 3D ops, U-Net, patch loader, optimizer, checkpoints.
 
 // `missing_docs` is on for the whole library (Cargo.toml [lints]); the modules below marked
@@ -26,6 +27,7 @@ pub mod cache;
 pub mod config;
 pub mod dataset;
 pub mod error;
+pub mod evaluate;
 pub mod format;
 pub mod geometry;
 pub mod infer;

@@ -545,6 +545,14 @@ pub fn cases_from_files(files: Vec<PathBuf>, channels: usize) -> Discovered {
     }
 }
 
+/// The NIfTI files of a folder (hidden files and other names skipped), sorted, with the files
+/// whose names cannot name a case.
+pub fn nifti_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<CaseProblem>)> {
+    let mut problems = Vec::new();
+    let files = list_nifti(dir, None, &mut problems)?;
+    Ok((files, problems))
+}
+
 /// The NIfTI image files of a folder given to predict: its `imagesTs/` or `imagesTr/` when it
 /// has one (nnU-Net's layout), else the folder itself.
 pub fn image_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<CaseProblem>)> {

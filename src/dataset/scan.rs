@@ -22,21 +22,33 @@ pub struct ScannedCase {
 
 /// Check that an image and its label describe the same grid.
 pub fn check_pair(id: &str, image: &HeaderInfo, label: &HeaderInfo) -> Result<()> {
-    check_same_grid(id, image, label, "label")
+    check_same_grid(id, image, label, ("image", "label"))
 }
 
 /// Check that channel `other` of a case lies on the first channel's grid.
 pub fn check_channel(id: &str, first: &HeaderInfo, other: &HeaderInfo) -> Result<()> {
-    check_same_grid(id, first, other, "channel")
+    check_same_grid(id, first, other, ("image", "channel"))
 }
 
-/// `image` and `other` (the case's label or another channel: `what`) on one grid.
-fn check_same_grid(id: &str, image: &HeaderInfo, label: &HeaderInfo, what: &str) -> Result<()> {
+/// Check that a prediction lies on its reference segmentation's grid (`evaluate`).
+pub fn check_prediction(id: &str, prediction: &HeaderInfo, reference: &HeaderInfo) -> Result<()> {
+    check_same_grid(id, prediction, reference, ("prediction", "reference"))
+}
+
+/// `image` and `label` (the case's label or another channel, or a prediction and its
+/// reference: `names`) on one grid.
+fn check_same_grid(
+    id: &str,
+    image: &HeaderInfo,
+    label: &HeaderInfo,
+    names: (&str, &str),
+) -> Result<()> {
+    let (first, what) = names;
     if image.shape_xyz != label.shape_xyz {
         return Err(Error::case(
             id,
             format!(
-                "image {} is {:?} voxels but {what} {} is {:?}",
+                "{first} {} is {:?} voxels but {what} {} is {:?}",
                 image.path.display(),
                 image.shape_xyz,
                 label.path.display(),
@@ -55,7 +67,7 @@ fn check_same_grid(id: &str, image: &HeaderInfo, label: &HeaderInfo, what: &str)
         return Err(Error::case(
             id,
             format!(
-                "image {} and {what} {} have different geometry (affines differ by up to {diff:.3e}; spacings {:?} vs {:?})",
+                "{first} {} and {what} {} have different geometry (affines differ by up to {diff:.3e}; spacings {:?} vs {:?})",
                 image.path.display(),
                 label.path.display(),
                 image.spacing_xyz,

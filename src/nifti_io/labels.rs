@@ -125,3 +125,35 @@ pub fn label_from_f32(path: &Path, data: Vec<f32>) -> Result<LabelData> {
         _ => LabelData::U16(data.par_iter().map(|&v| v as u16).collect()),
     })
 }
+
+/// Read a 3-D label file once, handing its voxels to `on_slice` one z slice at a time (x
+/// fastest) as u16, each value checked as [`LabelCheck`] does (the error names the file and the
+/// voxel). Memory is one slice and one block, whatever the volume's size.
+pub fn stream_label_slices(
+    path: &Path,
+    on_slice: &mut dyn FnMut(usize, &[u16]) -> Result<()>,
+) -> Result<super::HeaderInfo> {
+    let mut check = LabelCheck::new(path);
+    let mut values: Vec<f32> = Vec::new();
+    let mut slice: Vec<u16> = Vec::new();
+    let mut z = 0usize;
+    let streamed = super::stream_voxels(path, &mut |h, raw| {
+        let per_slice = h.shape_xyz[0] * h.shape_xyz[1];
+        values.resize(raw.len() / h.bytes_per_voxel, 0.0);
+        super::voxels::decode_f32(h, raw, &mut values);
+        check.block(&values)?;
+        let mut rest = &values[..];
+        while !rest.is_empty() {
+            let take = (per_slice - slice.len()).min(rest.len());
+            slice.extend(rest[..take].iter().map(|&v| v as u16));
+            rest = &rest[take..];
+            if slice.len() == per_slice {
+                on_slice(z, &slice)?;
+                z += 1;
+                slice.clear();
+            }
+        }
+        Ok(())
+    })?;
+    Ok(streamed.header)
+}

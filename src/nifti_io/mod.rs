@@ -29,7 +29,7 @@ pub use header::{
     HeaderInfo,
 };
 pub use label_writer::{LabelType, LabelWriter};
-pub use labels::{label_from_f32, LabelCheck, LabelData};
+pub use labels::{label_from_f32, stream_label_slices, LabelCheck, LabelData};
 pub(crate) use source::scratch_file;
 pub use source::{SourceOptions, VoxelSource};
 pub use stream::{stream_frame, stream_voxels, Streamed, BLOCK_VOXELS};

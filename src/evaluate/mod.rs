@@ -1,0 +1,207 @@
+//! `evaluate`: compare segmentations with reference ones, case by case and class by class:
+//! Dice, IoU, 95th-percentile Hausdorff distance, average surface distance (physical units from
+//! the headers) and volumes, then their means over cases.
+//!
+//! Stages: [`pairs`] matches each prediction with its reference and decides the classes;
+//! [`overlap`] reads both files once, a slice at a time, counting voxels and collecting edge
+//! voxels; [`surface`] measures the distances between edges; [`report`] holds the results and
+//! their table. Memory follows a slice and the surfaces, never the volume.
+
+pub mod overlap;
+pub mod pairs;
+pub mod report;
+pub mod surface;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+
+use crate::dataset::scan::check_prediction;
+use crate::error::{Error, Result};
+use crate::format::dataset_json::LabelClass;
+use crate::nifti_io::read_header;
+use overlap::{measure_pair, ClassTable};
+use pairs::CasePair;
+use report::{CaseOutcome, CaseReport, ClassMetrics, EvaluationReport};
+use surface::surface_distances;
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub struct EvaluateOptions {
+    /// A segmentation file, or a folder of them (`CASE.nii.gz`, as `predict` writes).
+    pub predictions: PathBuf,
+    /// The reference segmentation file, or a folder of them (a dataset folder with
+    /// `labelsTs/` or `labelsTr/` too).
+    pub reference: PathBuf,
+    /// The dataset.json naming the classes (found beside the reference when not given).
+    pub dataset_json: Option<PathBuf>,
+    /// Classes given on the command line (they win over any dataset.json).
+    pub labels: Option<Vec<LabelClass>>,
+    /// Cases measured at once.
+    pub jobs: usize,
+    /// Show a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+/// Measure every prediction against its reference. Errors of the job (no predictions, an
+/// unreadable folder or dataset.json) are returned; a case's problem fails that case alone.
+pub fn evaluate(opts: &EvaluateOptions) -> Result<EvaluationReport> {
+    let started = Instant::now();
+    let found = pairs::pair_cases(&opts.predictions, &opts.reference)?;
+    let table = pairs::class_table(opts)?;
+    let bar = progress_bar(opts.progress, found.pairs.len() as u64);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.jobs.max(1))
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", opts.jobs)))?;
+    let cases: Vec<CaseReport> = pool.install(|| {
+        found
+            .pairs
+            .par_iter()
+            .map(|pair| {
+                let outcome = match evaluate_case(pair, &table) {
+                    Ok((unit, classes)) => CaseOutcome::Evaluated { unit, classes },
+                    Err(e) => CaseOutcome::Failed {
+                        error: e.to_string(),
+                    },
+                };
+                bar.inc(1);
+                CaseReport {
+                    id: pair.id.clone(),
+                    prediction: pair.prediction.clone(),
+                    reference: pair.reference.clone(),
+                    outcome,
+                }
+            })
+            .collect()
+    });
+    bar.finish_and_clear();
+    let mut units: Vec<&str> = cases
+        .iter()
+        .filter_map(|c| match &c.outcome {
+            CaseOutcome::Evaluated { unit, .. } => Some(*unit),
+            CaseOutcome::Failed { .. } => None,
+        })
+        .collect();
+    units.dedup();
+    let unit = match units.as_slice() {
+        [] => "unknown".to_string(),
+        [u] => u.to_string(),
+        _ => "mixed".to_string(),
+    };
+    let cases = align_classes(cases);
+    let (mean, foreground_mean) = report::means(&cases);
+    let failed = cases
+        .iter()
+        .filter(|c| matches!(c.outcome, CaseOutcome::Failed { .. }))
+        .count();
+    Ok(EvaluationReport {
+        unit,
+        evaluated: cases.len() - failed,
+        failed,
+        cases,
+        mean,
+        foreground_mean,
+        without_prediction: found.without_prediction,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
+    })
+}
+
+/// One case: headers checked against each other, one pass, distances per class.
+fn evaluate_case(pair: &CasePair, table: &ClassTable) -> Result<(&'static str, Vec<ClassMetrics>)> {
+    let reference = pair.reference.as_ref().ok_or_else(|| {
+        Error::case(
+            &pair.id,
+            format!(
+                "no reference segmentation for prediction {}",
+                pair.prediction.display()
+            ),
+        )
+    })?;
+    let p = read_header(&pair.prediction)?;
+    let r = read_header(reference)?;
+    check_prediction(&pair.id, &p, &r)?;
+    if p.unit != r.unit && p.unit != "unknown" && r.unit != "unknown" {
+        return Err(Error::case(
+            &pair.id,
+            format!(
+                "prediction {} is in {} but reference {} in {}",
+                p.path.display(),
+                p.unit,
+                r.path.display(),
+                r.unit
+            ),
+        ));
+    }
+    let [nx, ny, _] = r.shape_xyz;
+    let (table, counts) = measure_pair(&pair.prediction, reference, nx, ny, table.clone())?;
+    // The spacing every tool takes as the voxel size: the header's pixdim.
+    let spacing = r.spacing_xyz;
+    let voxel_volume = spacing.iter().product::<f64>();
+    let classes = table
+        .classes
+        .iter()
+        .zip(&counts)
+        .map(|(class, c)| {
+            let d = surface_distances(&c.pred_edges, &c.ref_edges, spacing);
+            ClassMetrics::new(class, c, d, voxel_volume)
+        })
+        .collect();
+    Ok((r.unit, classes))
+}
+
+/// When classes were discovered case by case, give every case a row for every class any case
+/// has (absent from both files: undefined), in value order.
+fn align_classes(mut cases: Vec<CaseReport>) -> Vec<CaseReport> {
+    let mut all: Vec<(Vec<u16>, String)> = Vec::new();
+    for c in &cases {
+        if let CaseOutcome::Evaluated { classes, .. } = &c.outcome {
+            for m in classes {
+                if !all.iter().any(|(v, _)| *v == m.values) {
+                    all.push((m.values.clone(), m.class.clone()));
+                }
+            }
+        }
+    }
+    all.sort();
+    for c in &mut cases {
+        if let CaseOutcome::Evaluated { classes, .. } = &mut c.outcome {
+            let mut aligned = Vec::with_capacity(all.len());
+            for (values, name) in &all {
+                let m = match classes.iter().position(|m| m.values == *values) {
+                    Some(i) => classes[i].clone(),
+                    None => ClassMetrics::new(
+                        &LabelClass {
+                            name: name.clone(),
+                            values: values.clone(),
+                        },
+                        &overlap::ClassCounts::default(),
+                        surface::SurfaceDistances::UNDEFINED,
+                        0.0,
+                    ),
+                };
+                aligned.push(m);
+            }
+            *classes = aligned;
+        }
+    }
+    cases
+}
+
+fn progress_bar(enabled: bool, cases: u64) -> ProgressBar {
+    let target = if enabled && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(cases), target);
+    if let Ok(style) =
+        ProgressStyle::with_template("evaluate [{bar:24}] {pos}/{len} cases {per_sec} eta {eta}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
