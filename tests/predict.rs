@@ -1,7 +1,7 @@
 //! `predict` end to end: a small model trained on the bundled data segments volumes given as
 //! files or folders; every output has its input's header geometry (oblique, flipped, qform-only,
-//! big-endian inputs); the training cases come back above a Dice bar; a re-run writes nothing;
-//! a case the model cannot take fails alone, naming its files.
+//! big-endian inputs); the training cases come back above a Dice bar (scored by `evaluate`); a
+//! re-run writes nothing; a case the model cannot take fails alone, naming its files.
 
 mod common;
 
@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use common::fixtures::{bundled_cache, bundled_data, text};
+use common::zarrs_box;
 use common::Nii;
 use voxcache::nifti_io::{read_header, read_volume};
 
@@ -82,15 +83,32 @@ fn the_training_cases_come_back_and_a_rerun_writes_nothing() {
     assert!(o.status.success(), "{}", text(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["predicted"], 10, "{r}");
-    let mut scores = Vec::new();
-    for c in r["cases"].as_array().unwrap() {
+    // Scored by `evaluate` against the bundled labels (found in the dataset folder), each
+    // case's Dice checked against this test's own count.
+    let o = Command::new(env!("CARGO_BIN_EXE_evaluate"))
+        .arg(&out)
+        .arg(bundled_data())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["evaluated"], 10, "{e}");
+    for c in e["cases"].as_array().unwrap() {
         let id = c["id"].as_str().unwrap();
-        let pred = out.join(format!("{id}.nii.gz"));
         let truth = bundled_data().join(format!("labelsTr/{id}.nii.gz"));
-        scores.push(dice(&pred, &truth));
+        let ours = dice(&out.join(format!("{id}.nii.gz")), &truth);
+        let theirs = c["classes"][0]["dice"].as_f64().unwrap();
+        assert!(
+            (ours - theirs).abs() < 1e-12,
+            "{id}: Dice {ours} vs evaluate's {theirs}"
+        );
     }
-    let mean = scores.iter().sum::<f64>() / scores.len() as f64;
-    eprintln!("predict Dice per case {scores:.3?}, mean {mean:.3}");
+    let mean = e["mean"][0]["dice"].as_f64().unwrap();
+    eprintln!(
+        "predict then evaluate: mean Dice {mean:.3}, HD95 {}",
+        e["mean"][0]["hd95"]
+    );
     assert!(mean > 0.5, "mean Dice {mean} over the training cases");
     // Again: every output is there for the same input, weights and parameters.
     let o = predict(&[
@@ -117,6 +135,45 @@ fn the_training_cases_come_back_and_a_rerun_writes_nothing() {
     ]);
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["predicted"], 1, "{r}");
+    // Asked for probabilities too, that case is predicted again (they were not there), then
+    // skipped. They lie on the input grid, sum to 1, and their argmax is the segmentation.
+    let with_probs = |expect: &str| {
+        let o = predict(&[
+            images.join("vessels_003_0000.nii.gz").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--overlap",
+            "0.25",
+            "--save-probabilities",
+            "--json",
+        ]);
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r[expect], 1, "{r}");
+    };
+    with_probs("predicted");
+    with_probs("existing");
+    let seg = read_volume(&out.join("vessels_003.nii.gz")).unwrap();
+    let [nx, ny, nz] = seg.header.shape_xyz;
+    let probs = zarrs_box(
+        &out.join("vessels_003.probabilities.zarr"),
+        "",
+        [0; 3],
+        [nz, ny, nx],
+    );
+    let n = nx * ny * nz;
+    assert_eq!(probs.len(), 2 * n);
+    for i in 0..n {
+        let (bg, fg) = (probs[i], probs[n + i]);
+        assert!((bg + fg - 1.0).abs() < 2e-3, "voxel {i}: {bg} + {fg}");
+        // float16 rounding can swap near-ties only.
+        if (bg - fg).abs() > 2e-3 {
+            assert_eq!(
+                seg.data[i],
+                (fg > bg) as u8 as f32,
+                "voxel {i}: {bg} vs {fg}"
+            );
+        }
+    }
     // What a killed predict leaves (a scratch folder, a half-written output, both of a dead
     // process on this host) is removed by the next one, and looks like no output meanwhile.
     let host = voxcache::sysinfo::hostname();

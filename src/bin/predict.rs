@@ -49,6 +49,10 @@ struct Cli {
     /// Worker threads for preprocessing.
     #[arg(short = 'j', long, default_value_t = 2)]
     jobs: usize,
+    /// Also write each case's class probabilities on its input grid: CASE.probabilities.zarr,
+    /// a float16 Zarr v3 array (class, z, y, x) whose attributes name the classes.
+    #[arg(long)]
+    save_probabilities: bool,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -80,6 +84,7 @@ fn real_main(cli: Cli) -> Result<Exit> {
         mirror: cli.mirror,
         batch: cli.batch,
         jobs: cli.jobs,
+        save_probabilities: cli.save_probabilities,
         quiet: cli.quiet,
     };
     let report = predict(&opts)?;
@@ -88,7 +93,8 @@ fn real_main(cli: Cli) -> Result<Exit> {
     } else {
         for c in &report.cases {
             if let PredictOutcome::Failed { error } = &c.outcome {
-                eprintln!("error: {}: {error}", c.id);
+                // The error names the case or its file already.
+                eprintln!("error: {error}");
             }
         }
         println!(

@@ -11,6 +11,7 @@
 //! - [`array`](mod@array): an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
 //! - [`dtype`]: the one table of stored element types ([`Dtype`]).
 //! - [`run`]: a training run folder's `run.json` and checkpoints' `state.json`.
+//! - [`probabilities`]: the class probabilities `predict --save-probabilities` writes.
 //!
 //! A cache written by another format version is refused with one sentence that says what to do.
 
@@ -22,6 +23,7 @@ pub mod entry;
 pub mod manifest;
 mod ome;
 pub mod params;
+pub mod probabilities;
 pub mod run;
 
 use std::path::Path;

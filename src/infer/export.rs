@@ -8,6 +8,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
+use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbVolume;
 use crate::error::Result;
 use crate::nifti_io::{LabelType, LabelWriter};
@@ -28,6 +29,13 @@ pub struct Export<'a> {
     pub values: &'a [u16],
     /// The input file whose header (geometry) the output takes.
     pub input: &'a Path,
+    /// Where the resampled probabilities go too (`--save-probabilities`).
+    pub probabilities: Option<&'a ProbabilityZarr>,
+}
+
+/// Slices of the input grid per slab: about [`SLAB_VOXELS`] voxels of whole slices.
+pub fn slab_rows(input_shape_zyx: [usize; 3]) -> usize {
+    (SLAB_VOXELS / (input_shape_zyx[1] * input_shape_zyx[2]).max(1)).max(1)
 }
 
 /// Write the segmentation to `out` (.nii.gz).
@@ -43,7 +51,11 @@ fn write_in_slabs(e: &Export, out: &Path, slab_voxels: usize) -> Result<()> {
     let total = (nz * plane) as u64;
     let mut w = LabelWriter::create(out, e.input, total, LabelType::for_max(max))?;
     let resampler = LinearResampler::new(e.model_shape_zyx, e.input_shape_zyx);
-    let rows = (slab_voxels / plane.max(1)).max(1);
+    // Slabs match the probabilities' chunks when those are written.
+    let rows = match e.probabilities {
+        Some(p) => p.rows(),
+        None => (slab_voxels / plane.max(1)).max(1),
+    };
     let threads = rayon::current_num_threads().max(1);
     let slabs: Vec<Block> = (0..nz)
         .step_by(rows)
@@ -73,6 +85,9 @@ fn slab_labels(e: &Export, resampler: &LinearResampler, b: Block) -> Result<Vec<
     let mut p = vec![0f32; n];
     for (c, probs) in e.probs.iter().enumerate() {
         resampler.fill_from(probs, b, &mut p)?;
+        if let Some(out) = e.probabilities {
+            out.write_slab(c, b.start[0], &p)?;
+        }
         for i in 0..n {
             // Strictly greater: on a tie the lower class wins, as argmax does.
             if p[i] > best[i] {
@@ -125,6 +140,7 @@ mod tests {
             input_shape_zyx: input,
             values: &values,
             input: &src,
+            probabilities: None,
         };
         let out = dir.path().join("out.nii.gz");
         write_in_slabs(&e, &out, 50).unwrap();

@@ -4,5 +4,6 @@
 pub mod export;
 pub mod model_dir;
 pub mod predict;
+pub mod prob_zarr;
 pub mod probs;
 pub mod sliding;

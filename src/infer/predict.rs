@@ -14,14 +14,16 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::export::{write_segmentation, Export};
+use super::export::{slab_rows, write_segmentation, Export};
 use super::model_dir::{load_model, LoadedModel, Which};
+use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbWriter;
 use super::sliding::Predictor;
 use crate::build::{build_cache, BuildOptions, CaseOutcome};
 use crate::cache::reader::CacheReader;
 use crate::dataset::{self, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
+use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
 
@@ -46,6 +48,8 @@ pub struct PredictOptions {
     pub batch: usize,
     /// Worker threads of the preprocessing.
     pub jobs: usize,
+    /// Also write each case's class probabilities on its input grid (`CASE.probabilities.zarr`).
+    pub save_probabilities: bool,
     /// Print only errors.
     pub quiet: bool,
 }
@@ -314,6 +318,11 @@ fn predict_group(
     } else {
         m.record.classes.iter().map(|c| c.value).collect()
     };
+    let class_names: Vec<String> = if m.record.classes.is_empty() {
+        values.iter().map(|v| format!("class {v}")).collect()
+    } else {
+        m.record.classes.iter().map(|c| c.name.clone()).collect()
+    };
     let mirror_axes = if opts.mirror && m.config.augment {
         vec![0, 1, 2]
     } else {
@@ -357,7 +366,8 @@ fn predict_group(
             .ok()
             .and_then(|b| serde_json::from_slice::<OutputRecord>(&b).ok())
             .is_some_and(|old| old.key == record.key);
-        if same && output.is_file() {
+        let prob_path = opts.out.join(format!("{}{PROBABILITIES_SUFFIX}", c.id));
+        if same && output.is_file() && (!opts.save_probabilities || prob_path.is_dir()) {
             results.push(PredictCase {
                 id: c.id.clone(),
                 outcome: PredictOutcome::Existing { output },
@@ -373,25 +383,43 @@ fn predict_group(
             let probs = probs.finish()?;
             let (path, frame) = c.channel(0);
             let h = nifti_io::read_frame_header(path, frame)?;
-            let tmp = opts.out.join(format!(
-                ".{}.nii.gz{TMP_INFIX}{}.{}",
-                c.id,
-                crate::sysinfo::hostname(),
-                std::process::id()
-            ));
-            let written = write_segmentation(
-                &Export {
-                    probs: &probs,
-                    model_shape_zyx: shape,
-                    input_shape_zyx: crate::geometry::zyx(h.shape_xyz),
-                    values: &values,
-                    input: path,
-                },
-                &tmp,
-            )
-            .and_then(|()| std::fs::rename(&tmp, &output).map_err(|e| Error::io(&output, e)));
+            let owner = format!("{}.{}", crate::sysinfo::hostname(), std::process::id());
+            let tmp = opts.out.join(format!(".{}.nii.gz{TMP_INFIX}{owner}", c.id));
+            let prob_tmp = opts
+                .out
+                .join(format!(".{}{PROBABILITIES_SUFFIX}{TMP_INFIX}{owner}", c.id));
+            let input_shape = crate::geometry::zyx(h.shape_xyz);
+            let written = (|| -> Result<()> {
+                let prob_out = match opts.save_probabilities {
+                    true => Some(ProbabilityZarr::create(
+                        &prob_tmp,
+                        &h,
+                        class_names.clone(),
+                        values.clone(),
+                        slab_rows(input_shape),
+                    )?),
+                    false => None,
+                };
+                write_segmentation(
+                    &Export {
+                        probs: &probs,
+                        model_shape_zyx: shape,
+                        input_shape_zyx: input_shape,
+                        values: &values,
+                        input: path,
+                        probabilities: prob_out.as_ref(),
+                    },
+                    &tmp,
+                )?;
+                // Probabilities first: a segmentation in place means both are complete.
+                if let Some(p) = prob_out {
+                    p.finish(&prob_path)?;
+                }
+                std::fs::rename(&tmp, &output).map_err(|e| Error::io(&output, e))
+            })();
             if let Err(e) = written {
                 let _ = std::fs::remove_file(&tmp);
+                let _ = std::fs::remove_dir_all(&prob_tmp);
                 return Err(e);
             }
             let rec_tmp = record_path.with_extension("json.tmp");
@@ -416,7 +444,6 @@ fn predict_group(
                 });
             }
             Err(e) => {
-                eprintln!("error: {e}");
                 results.push(PredictCase {
                     id: c.id.clone(),
                     outcome: PredictOutcome::Failed {

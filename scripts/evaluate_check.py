@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Cross-check `evaluate` against MedPy (medpy.metric.binary, from PyPI) on the same files.
+
+MedPy is the implementation nnU-Net v1 evaluated with. Its Dice (`dc`), IoU (`jc`) and
+Hausdorff distance (`hd`) are compared as they are. For HD95 and ASD, `evaluate` follows MONAI
+(HausdorffDistanceMetric(percentile=95): the larger of the two directed 95th percentiles;
+SurfaceDistanceMetric(symmetric=True): the mean of both directions' distances together), so
+those are computed here from MedPy's directed surface distances (`__surface_distances`: edge
+voxels by binary erosion with the 6-connected cross, scipy's exact distance transform scaled by
+the voxel spacing), which are the distances MONAI's metrics take their percentiles and means of.
+
+Cases: synthetic label volumes written by nibabel (blobs of two classes, thin tubes, objects
+touching the grid's border, anisotropic spacing, a class one side lacks), and optionally a
+folder of real predictions with their references (CI: the README chain's predictions of the
+bundled data).
+
+    python scripts/evaluate_check.py --evaluate target/debug/evaluate [--pred DIR --gt DIR]
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+from medpy.metric import binary as mb
+
+surface_distances = getattr(mb, "__surface_distances")
+failures = []
+checks = 0
+
+
+def check(ok, what):
+    global checks
+    checks += 1
+    if not ok:
+        failures.append(what)
+        print(f"FAIL {what}")
+
+
+def close(a, b, rel=1e-6):
+    return a is not None and abs(a - b) <= rel * max(1.0, abs(b))
+
+
+def save(path, data, zooms):
+    img = nib.Nifti1Image(data.astype(np.uint8), np.diag(list(zooms) + [1.0]))
+    img.header.set_xyzt_units("mm")
+    nib.save(img, str(path))
+
+
+def blobs(rng, shape, n, value, out, scale=(1.0, 1.0, 1.0)):
+    grid = np.indices(shape).astype(np.float64)
+    for _ in range(n):
+        c = [rng.uniform(0, s) for s in shape]
+        r = rng.uniform(3, 9)
+        d = sum(((grid[k] - c[k]) * scale[k]) ** 2 for k in range(3))
+        out[d < r * r] = value
+
+
+def tube(shape, value, out, shift):
+    """A thin tube winding along z, about two voxels across."""
+    for z in range(shape[2]):
+        x = int(shape[0] / 2 + 8 * np.sin(z / 6.0) + shift)
+        y = int(shape[1] / 2 + 6 * np.cos(z / 9.0))
+        out[x - 1 : x + 1, y - 1 : y + 1, z] = value
+
+
+def synthetic(folder):
+    """Write pred/ and ref/ cases; return them with their spacings."""
+    rng = np.random.default_rng(12)
+    (folder / "pred").mkdir()
+    (folder / "ref").mkdir()
+    cases = []
+    for i in range(6):
+        shape = (int(rng.integers(40, 70)), int(rng.integers(40, 70)), int(rng.integers(20, 40)))
+        zooms = (float(rng.uniform(0.5, 1.0)), float(rng.uniform(0.5, 1.0)), float(rng.uniform(1.0, 3.0)))
+        ref = np.zeros(shape, np.uint8)
+        pred = np.zeros(shape, np.uint8)
+        blobs(rng, shape, 4, 1, ref, scale=(1, 1, 2))
+        # The prediction: the reference's blobs moved a little, plus some of its own.
+        pred[:] = np.roll(ref, shift=(int(rng.integers(-2, 3)), int(rng.integers(-2, 3)), 1), axis=(0, 1, 2))
+        blobs(rng, shape, 1, 1, pred)
+        if i != 3:
+            tube(shape, 2, ref, 0)
+            # Case 4 predicts no tube at all (a class one side lacks); the rest a shifted one.
+            if i != 4:
+                tube(shape, 2, pred, int(rng.integers(0, 3)))
+        if i == 5:
+            # Objects touching the grid's border: edges there too.
+            ref[:4, :, :] = 1
+            pred[:3, :, :] = 1
+        save(folder / "ref" / f"case_{i}.nii.gz", ref, zooms)
+        save(folder / "pred" / f"case_{i}.nii.gz", pred, zooms)
+        cases.append(f"case_{i}")
+    return folder / "pred", folder / "ref"
+
+
+def medpy_metrics(p, g, zooms):
+    d_pg = surface_distances(p, g, zooms, 1)
+    d_gp = surface_distances(g, p, zooms, 1)
+    return {
+        "dice": mb.dc(p, g),
+        "iou": mb.jc(p, g),
+        "hd": mb.hd(p, g, zooms, 1),
+        "hd95": max(np.percentile(d_pg, 95), np.percentile(d_gp, 95)),
+        "asd": float(np.mean(np.concatenate([d_pg, d_gp]))),
+    }
+
+
+def compare(evaluate, pred_dir, ref_dir, label):
+    out = subprocess.run(
+        [evaluate, str(pred_dir), str(ref_dir), "--json", "--quiet"],
+        capture_output=True,
+        text=True,
+    )
+    check(out.returncode == 0, f"{label}: evaluate exit {out.returncode}: {out.stderr.strip()}")
+    if out.returncode != 0:
+        return
+    report = json.loads(out.stdout)
+    measured = 0
+    for case in report["cases"]:
+        pred_img = nib.load(case["prediction"])
+        ref_img = nib.load(case["reference"])
+        zooms = tuple(float(z) for z in ref_img.header.get_zooms()[:3])
+        p_all = np.asarray(pred_img.dataobj)
+        g_all = np.asarray(ref_img.dataobj)
+        for m in case["classes"]:
+            p = np.isin(p_all, m["values"])
+            g = np.isin(g_all, m["values"])
+            name = f"{label} {case['id']} {m['class']}"
+            check(m["tp"] == int((p & g).sum()), f"{name}: tp {m['tp']} vs {(p & g).sum()}")
+            if p.any() and g.any():
+                ref = medpy_metrics(p, g, zooms)
+                for k, v in ref.items():
+                    check(close(m[k], v), f"{name}: {k} {m[k]} vs MedPy {v}")
+                measured += 1
+            elif p.any() or g.any():
+                # One side empty: Dice 0, distances undefined (MONAI: inf; MedPy raises).
+                check(m["dice"] == 0.0 and m["hd95"] is None, f"{name}: one side empty: {m}")
+    print(f"{label}: {len(report['cases'])} cases, {measured} class pairs compared with MedPy")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--evaluate", required=True, help="the evaluate binary")
+    ap.add_argument("--pred", help="a folder of predictions (optional)")
+    ap.add_argument("--gt", help="their references")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as t:
+        pred, ref = synthetic(Path(t))
+        compare(args.evaluate, pred, ref, "synthetic")
+    if args.pred:
+        compare(args.evaluate, args.pred, args.gt, "predictions")
+    print(f"{checks - len(failures)}/{checks} checks passed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

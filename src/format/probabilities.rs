@@ -1,0 +1,34 @@
+//! `CASE.probabilities.zarr`: the class probabilities `predict --save-probabilities` writes
+//! beside a segmentation. One Zarr v3 array (the folder is the array: `zarr.json` at its top),
+//! float16, shape (classes, z, y, x) on the input's own grid (z, y, x are the input NIfTI's
+//! k, j, i axes), chunks of one class and a slab of whole slices, zstd-compressed. Values are
+//! the probabilities the segmentation's argmax was taken over (resampled back to the input grid,
+//! so they sum to 1 per voxel up to float16 rounding). Its attributes say what each class is
+//! and where the voxels are.
+
+use serde::{Deserialize, Serialize};
+
+/// The folder name's ending after the case id.
+pub const PROBABILITIES_SUFFIX: &str = ".probabilities.zarr";
+
+/// Version of this array's layout and attributes.
+pub const PROBABILITIES_VERSION: u32 = 1;
+
+/// The array's `attributes` in its `zarr.json`, under the key `voxcache`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbabilityAttrs {
+    /// [`PROBABILITIES_VERSION`].
+    pub version: u32,
+    /// "class probabilities".
+    pub kind: String,
+    /// Each class's name, in the array's first axis order.
+    pub classes: Vec<String>,
+    /// The label value each class is written as in the segmentation.
+    pub values: Vec<u16>,
+    /// The input file whose grid the array is on.
+    pub source: String,
+    /// The input's voxel (i, j, k) to world affine (rows of a 4x4 matrix), in `unit`.
+    pub affine: [[f64; 4]; 4],
+    /// The input's spatial unit ("mm", "um", "m" or "unknown").
+    pub unit: String,
+}
