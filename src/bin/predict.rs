@@ -98,11 +98,12 @@ fn real_main(cli: Cli) -> Result<Exit> {
             }
         }
         println!(
-            "{} predicted, {} already there, {} failed; {:.1} Mvoxel/s; {:.1} s; peak RSS {}",
+            "{} predicted, {} already there, {} failed; {:.1} Mvoxel/s; {:.1} windows/s; {:.1} s; peak RSS {}",
             report.predicted,
             report.existing,
             report.failed,
             report.voxels as f64 / report.wall_seconds.max(1e-9) / 1e6,
+            report.windows as f64 / report.window_seconds.max(1e-9),
             report.wall_seconds,
             report
                 .peak_rss_bytes

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use super::export::{slab_rows, write_segmentation, Export};
@@ -101,6 +102,10 @@ pub struct PredictReport {
     pub failed: usize,
     /// Voxels of the model's grid predicted.
     pub voxels: u64,
+    /// Sliding windows run (each `--mirror` flip counts once).
+    pub windows: u64,
+    /// Seconds spent in the sliding window (reading windows, forward passes, accumulating).
+    pub window_seconds: f64,
     /// Wall time.
     pub wall_seconds: f64,
     /// Peak resident memory of the process.
@@ -237,16 +242,25 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
         crate::sysinfo::hostname(),
         std::process::id()
     ));
-    let run = (|| -> Result<u64> {
-        let mut voxels = 0;
+    let run = (|| -> Result<Totals> {
+        let mut totals = Totals::default();
         for (unit, cases) in groups {
             let params = params_for_unit(&m, &unit, opts.quiet);
-            voxels += predict_group(opts, &m, &device, params, cases, &scratch, &mut results)?;
+            predict_group(
+                opts,
+                &m,
+                &device,
+                params,
+                cases,
+                &scratch,
+                &mut results,
+                &mut totals,
+            )?;
         }
-        Ok(voxels)
+        Ok(totals)
     })();
     let _ = std::fs::remove_dir_all(&scratch);
-    let voxels = run?;
+    let totals = run?;
     results.sort_by(|a, b| a.id.cmp(&b.id));
     let count = |f: fn(&PredictOutcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
     Ok(PredictReport {
@@ -255,7 +269,9 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
         existing: count(|o| matches!(o, PredictOutcome::Existing { .. })),
         failed: count(|o| matches!(o, PredictOutcome::Failed { .. })),
         cases: results,
-        voxels,
+        voxels: totals.voxels,
+        windows: totals.windows,
+        window_seconds: totals.window_seconds,
         wall_seconds: started.elapsed().as_secs_f64(),
         peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
     })
@@ -285,7 +301,16 @@ fn params_for_unit(m: &LoadedModel, unit: &str, quiet: bool) -> OutputParams {
     p
 }
 
+/// What the predicted cases add up to.
+#[derive(Default)]
+struct Totals {
+    voxels: u64,
+    windows: u64,
+    window_seconds: f64,
+}
+
 /// Preprocess and predict the cases of one unit.
+#[allow(clippy::too_many_arguments)] // the job's parts, passed down once
 fn predict_group(
     opts: &PredictOptions,
     m: &LoadedModel,
@@ -294,7 +319,8 @@ fn predict_group(
     cases: Vec<CaseSource>,
     scratch: &Path,
     results: &mut Vec<PredictCase>,
-) -> Result<u64> {
+    totals: &mut Totals,
+) -> Result<()> {
     let settings = crate::config::Settings {
         input_ram_mib: 256,
         ..Default::default()
@@ -308,7 +334,7 @@ fn predict_group(
         jobs: opts.jobs.max(1),
         dry_run: false,
         part: None,
-        progress: false,
+        progress: !opts.quiet,
         quiet: true,
         fixed_params: Some(params),
     })?;
@@ -328,15 +354,26 @@ fn predict_group(
     } else {
         Vec::new()
     };
-    let predictor = Predictor {
+    let mut predictor = Predictor {
         model: &m.model,
         device,
         patch: m.config.patch,
         overlap: opts.overlap,
         batch: opts.batch.max(1),
         mirror_axes,
+        on_windows: None,
     };
-    let mut voxels = 0u64;
+    // One bar over every window of the group's cases.
+    let windows: usize = report
+        .cases
+        .iter()
+        .filter(|r| !matches!(r.outcome, CaseOutcome::Failed { .. }))
+        .filter_map(|r| reader.open_entry("predict", &r.id).ok())
+        .map(|e| predictor.window_count(e.shape_zyx()))
+        .sum();
+    let bar = window_bar(!opts.quiet, windows as u64);
+    let tick = |n: usize| bar.inc(n as u64);
+    predictor.on_windows = Some(&tick);
     for r in report.cases {
         let Some(c) = cases.iter().find(|c| c.id == r.id) else {
             continue;
@@ -375,11 +412,16 @@ fn predict_group(
             continue;
         }
         let t = Instant::now();
+        bar.set_message(c.id.clone());
         let one = (|| -> Result<u64> {
             let entry = reader.open_entry("predict", &c.id)?;
             let shape = entry.shape_zyx();
             let mut probs = ProbWriter::new(m.record.num_classes, shape, scratch)?;
+            let sliding = Instant::now();
             predictor.predict(&entry, &mut |_, _, p| probs.append(p))?;
+            totals.window_seconds += sliding.elapsed().as_secs_f64();
+            let passes = 1 << predictor.mirror_axes.len();
+            totals.windows += (predictor.window_count(shape) * passes) as u64;
             let probs = probs.finish()?;
             let (path, frame) = c.channel(0);
             let h = nifti_io::read_frame_header(path, frame)?;
@@ -431,9 +473,9 @@ fn predict_group(
         })();
         match one {
             Ok(n) => {
-                voxels += n;
+                totals.voxels += n;
                 if !opts.quiet {
-                    eprintln!("{}: {}", c.id, output.display());
+                    bar.suspend(|| eprintln!("{}: {}", c.id, output.display()));
                 }
                 results.push(PredictCase {
                     id: c.id.clone(),
@@ -453,5 +495,31 @@ fn predict_group(
             }
         }
     }
-    Ok(voxels)
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// The windows bar (on a terminal, unless quiet): windows done of all, windows a second.
+fn window_bar(enabled: bool, windows: u64) -> ProgressBar {
+    let target = if enabled && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(windows), target);
+    if let Ok(style) = ProgressStyle::with_template(
+        "predict [{bar:24}] {pos}/{len} windows {rate} eta {eta} {msg}",
+    ) {
+        bar.set_style(
+            style
+                .with_key(
+                    "rate",
+                    |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = write!(w, "{:.1} windows/s", s.per_sec());
+                    },
+                )
+                .progress_chars("=> "),
+        );
+    }
+    bar
 }

@@ -87,9 +87,18 @@ pub struct Predictor<'a> {
     /// Axes (0 z, 1 y, 2 x) to mirror over at test time: the softmax is averaged over every
     /// combination of flips of them (2^k passes); empty for none.
     pub mirror_axes: Vec<usize>,
+    /// Told the number of windows each forward pass (a batch) has done: progress reports.
+    pub on_windows: Option<&'a (dyn Fn(usize) + Sync)>,
 }
 
 impl Predictor<'_> {
+    /// How many windows a volume of `shape_zyx` takes.
+    pub fn window_count(&self, shape_zyx: [usize; 3]) -> usize {
+        (0..3)
+            .map(|a| window_starts(shape_zyx[a], self.patch[a], self.overlap).len())
+            .product()
+    }
+
     /// Check the settings.
     pub fn validate(&self) -> Result<()> {
         if !(0.0..1.0).contains(&self.overlap) {
@@ -171,6 +180,9 @@ impl Predictor<'_> {
                 }
                 if !flips.is_empty() {
                     probs.iter_mut().for_each(|v| *v /= passes);
+                }
+                if let Some(f) = self.on_windows {
+                    f(group.len());
                 }
                 for (wi, w) in group.iter().enumerate() {
                     let base = wi * classes * pv;

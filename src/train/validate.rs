@@ -84,6 +84,7 @@ impl SlidingWindow<'_> {
             overlap: self.overlap,
             batch: self.batch,
             mirror_axes: Vec::new(),
+            on_windows: None,
         };
         predictor.predict(entry, &mut |z0, rows, probs| {
             let mut truth = vec![0u16; rows * plane];
