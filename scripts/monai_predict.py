@@ -9,9 +9,10 @@ LoadImaged + EnsureChannelFirstd, Spacingd to the run's target spacing (bilinear
 NormalizeIntensityd over non-zero voxels (the run's zscore-nonzero), sliding_window_inference
 (Gaussian mode, the run's patch, overlap 0.5, batch 2), softmax, Invertd back to the input's
 space (linear on the probabilities), AsDiscreted(argmax), SaveImaged. The U-Net is
-scripts/torch_unet_step.py's, loaded with the run's weights (checkpoints/best/model.safetensors)
-through scripts/torch_crosscheck.py's name map. MONAI's tensors are (x, y, z); ours (z, y, x):
-the window is transposed on its way into the network and back.
+scripts/torch_unet_step.py's, loaded with the run's weights through scripts/torch_crosscheck.py's
+name map (checkpoints/best/, else the latest checkpoints/step-N/, as predict picks). MONAI's
+tensors are (x, y, z), ours (z, y, x): the window is transposed on its way into the network and
+back.
 
 `--forward-only N` times N forward passes of a batch of windows on random input instead
 (no_grad) and prints windows per second: the figure `predict`'s windows per second is set
@@ -35,10 +36,12 @@ def network(run_dir):
     cfg = run["config"]
     strides = plan_strides(cfg["patch"], cfg["stages"])
     net = UNet(run["num_classes"], cfg["base_channels"], cfg["max_channels"], strides)
-    best = os.path.join(run_dir, "checkpoints", "best", "model.safetensors")
-    if not os.path.exists(best):
-        best = os.path.join(run_dir, "checkpoints", "latest", "model.safetensors")
-    load_weights(net, read_safetensors(best), len(strides) + 1)
+    # predict's default checkpoint: best/ (best validation Dice), else the latest step-N/.
+    ckpt = os.path.join(run_dir, "checkpoints")
+    steps = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))
+    chosen = "best" if os.path.isdir(os.path.join(ckpt, "best")) else steps[-1]
+    load_weights(net, read_safetensors(os.path.join(ckpt, chosen, "model.safetensors")),
+                 len(strides) + 1)
     return run, net.eval()
 
 

@@ -295,6 +295,14 @@ fn a_case_the_model_cannot_take_fails_alone() {
     .unwrap();
     // Not a NIfTI at all.
     std::fs::write(dir.join("broken_0000.nii.gz"), b"not a nifti").unwrap();
+    // A NaN voxel.
+    let v = read_volume(&images.join("vessels_003_0000.nii.gz")).unwrap();
+    let mut values = v.data.clone();
+    values[1234] = f32::NAN;
+    let [sx, sy, sz] = v.header.spacing_xyz.map(|s| s as f32);
+    let mut nan = Nii::new(v.header.shape_xyz, [sx, sy, sz], &values, false);
+    nan.xyzt_units = 3;
+    nan.write(&dir.join("nan_0000.nii.gz"));
     let out = t.path().join("out");
     let o = predict(&[dir.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -306,6 +314,41 @@ fn a_case_the_model_cannot_take_fails_alone() {
         "{e}"
     );
     assert!(e.contains("broken_0000.nii.gz"), "{e}");
+    assert!(e.contains("nan_0000.nii.gz") && e.contains("NaN"), "{e}");
+    assert!(!out.join("nan.nii.gz").exists());
+    // An output folder that cannot be made (under a file) stops before any work, naming it.
+    let o = predict(&[
+        dir.to_str().unwrap(),
+        "--out",
+        t.path().join("in/nan_0000.nii.gz/x").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("nan_0000.nii.gz/x"), "{}", text(&o));
+    // A damaged checkpoint: the model file cut short is named.
+    let cut = t.path().join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    let best = std::fs::read_dir(model().join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("model.safetensors").is_file())
+        .unwrap();
+    for f in ["run.json", "state.json", "model.safetensors"] {
+        if best.join(f).is_file() {
+            std::fs::copy(best.join(f), cut.join(f)).unwrap();
+        }
+    }
+    let weights = std::fs::read(cut.join("model.safetensors")).unwrap();
+    std::fs::write(cut.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .arg("--model")
+        .arg(&cut)
+        .arg(&dir)
+        .arg("--out")
+        .arg(t.path().join("out-cut"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("model.safetensors"), "{}", text(&o));
     // A run folder without checkpoints cannot predict, and says so.
     let empty = t.path().join("run");
     std::fs::create_dir_all(&empty).unwrap();
