@@ -9,12 +9,16 @@ those are computed here from MedPy's directed surface distances (`__surface_dist
 voxels by binary erosion with the 6-connected cross, scipy's exact distance transform scaled by
 the voxel spacing), which are the distances MONAI's metrics take their percentiles and means of.
 
+With `--monai` (torch and monai installed; not in CI: torch is gigabytes), every number is also
+compared with MONAI's own metrics (DiceMetric, MeanIoU, HausdorffDistanceMetric with and without
+percentile=95, SurfaceDistanceMetric(symmetric=True), each given the header spacing).
+
 Cases: synthetic label volumes written by nibabel (blobs of two classes, thin tubes, objects
 touching the grid's border, anisotropic spacing, a class one side lacks), and optionally a
 folder of real predictions with their references (CI: the README chain's predictions of the
 bundled data).
 
-    python scripts/evaluate_check.py --evaluate target/debug/evaluate [--pred DIR --gt DIR]
+    python scripts/evaluate_check.py --evaluate target/debug/evaluate [--pred DIR --gt DIR] [--monai]
 """
 
 import argparse
@@ -110,7 +114,25 @@ def medpy_metrics(p, g, zooms):
     }
 
 
-def compare(evaluate, pred_dir, ref_dir, label):
+def monai_metrics(p, g, zooms):
+    import torch
+    from monai.metrics import (DiceMetric, HausdorffDistanceMetric, MeanIoU,
+                               SurfaceDistanceMetric)
+
+    yp = torch.from_numpy(p[None, None].astype(np.float32))
+    yg = torch.from_numpy(g[None, None].astype(np.float32))
+    sp = list(zooms)
+    one = lambda m, **kw: float(m(yp, yg, **kw).reshape(-1)[0])  # noqa: E731
+    return {
+        "dice": one(DiceMetric(include_background=True)),
+        "iou": one(MeanIoU(include_background=True)),
+        "hd95": one(HausdorffDistanceMetric(include_background=True, percentile=95), spacing=sp),
+        "hd": one(HausdorffDistanceMetric(include_background=True), spacing=sp),
+        "asd": one(SurfaceDistanceMetric(include_background=True, symmetric=True), spacing=sp),
+    }
+
+
+def compare(evaluate, pred_dir, ref_dir, label, monai=False):
     out = subprocess.run(
         [evaluate, str(pred_dir), str(ref_dir), "--json", "--quiet"],
         capture_output=True,
@@ -136,11 +158,16 @@ def compare(evaluate, pred_dir, ref_dir, label):
                 ref = medpy_metrics(p, g, zooms)
                 for k, v in ref.items():
                     check(close(m[k], v), f"{name}: {k} {m[k]} vs MedPy {v}")
+                if monai:
+                    # MONAI computes in float32 in places: a looser tolerance.
+                    for k, v in monai_metrics(p, g, zooms).items():
+                        check(close(m[k], v, 1e-5), f"{name}: {k} {m[k]} vs MONAI {v}")
                 measured += 1
             elif p.any() or g.any():
                 # One side empty: Dice 0, distances undefined (MONAI: inf; MedPy raises).
                 check(m["dice"] == 0.0 and m["hd95"] is None, f"{name}: one side empty: {m}")
-    print(f"{label}: {len(report['cases'])} cases, {measured} class pairs compared with MedPy")
+    against = "MedPy and MONAI" if monai else "MedPy"
+    print(f"{label}: {len(report['cases'])} cases, {measured} class pairs compared with {against}")
 
 
 def main():
@@ -148,12 +175,13 @@ def main():
     ap.add_argument("--evaluate", required=True, help="the evaluate binary")
     ap.add_argument("--pred", help="a folder of predictions (optional)")
     ap.add_argument("--gt", help="their references")
+    ap.add_argument("--monai", action="store_true", help="compare with MONAI's metrics too")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as t:
         pred, ref = synthetic(Path(t))
-        compare(args.evaluate, pred, ref, "synthetic")
+        compare(args.evaluate, pred, ref, "synthetic", args.monai)
     if args.pred:
-        compare(args.evaluate, args.pred, args.gt, "predictions")
+        compare(args.evaluate, args.pred, args.gt, "predictions", args.monai)
     print(f"{checks - len(failures)}/{checks} checks passed")
     sys.exit(1 if failures else 0)
 

@@ -368,3 +368,76 @@ fn a_case_the_model_cannot_take_fails_alone() {
         text(&o)
     );
 }
+
+#[test]
+fn a_killed_predict_leaves_nothing_that_looks_complete_and_resumes() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("out");
+    let images = bundled_data().join("imagesTr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .arg("--model")
+        .arg(model())
+        .arg(&images)
+        .arg("--out")
+        .arg(&out)
+        .arg("--quiet")
+        .spawn()
+        .unwrap();
+    // Kill it (SIGKILL: no cleanup) once its first segmentation is being written or done.
+    let started = std::time::Instant::now();
+    let busy = |out: &Path| {
+        std::fs::read_dir(out).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.contains(".nii.gz.tmp.") || n.ends_with(".nii.gz")
+            })
+        })
+    };
+    while !busy(&out) && started.elapsed().as_secs() < 120 {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // Whatever is there under a final name is a whole segmentation with its record.
+    let finished: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".nii.gz") && !n.starts_with('.'))
+        .collect();
+    for n in &finished {
+        let v = read_volume(&out.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+        assert!(!v.data.is_empty());
+        let id = n.trim_end_matches(".nii.gz");
+        assert!(
+            out.join(format!(".{id}.voxcache.json")).is_file(),
+            "{n} has no record"
+        );
+    }
+    eprintln!("killed with {} of 10 segmentations finished", finished.len());
+    // The next predict sweeps what the killed one left and does the rest.
+    let o = predict(&[
+        images.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["existing"].as_u64(), Some(finished.len() as u64), "{r}");
+    assert_eq!(
+        r["predicted"].as_u64(),
+        Some(10 - finished.len() as u64),
+        "{r}"
+    );
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains(".tmp.") || n.starts_with(".voxcache-predict"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
