@@ -16,6 +16,7 @@
 //! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.
 //! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
 //! - [`sysinfo`]: peak memory and host facts for reports.
+//! - [`progress`]: the progress bars of the long commands.
 //! - [`infer`]: inference on cached volumes (sliding window), shared by validation and predict.
 //! - [`evaluate`]: segmentations against references: Dice, IoU, surface distances, volumes.
 //! - [`train`]: the `train` command: 3D ops, U-Net, patch loader, optimizer, checkpoints.
@@ -37,6 +38,7 @@ pub mod inspect;
 pub mod nifti_io;
 pub mod normalize;
 pub mod plan;
+pub mod progress;
 pub mod resample;
 #[allow(missing_docs)]
 pub mod synth;

@@ -417,7 +417,10 @@ fn a_killed_predict_leaves_nothing_that_looks_complete_and_resumes() {
             "{n} has no record"
         );
     }
-    eprintln!("killed with {} of 10 segmentations finished", finished.len());
+    eprintln!(
+        "killed with {} of 10 segmentations finished",
+        finished.len()
+    );
     // The next predict sweeps what the killed one left and does the rest.
     let o = predict(&[
         images.to_str().unwrap(),

@@ -2,19 +2,14 @@
 
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 
 use super::case::Job;
 use crate::error::Result;
 use crate::sysinfo::human_bytes;
 
 pub(super) fn make_progress(enabled: bool, total: u64) -> ProgressBar {
-    let target = if enabled && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        ProgressDrawTarget::stderr()
-    } else {
-        ProgressDrawTarget::hidden()
-    };
-    let bar = ProgressBar::with_draw_target(Some(total), target);
+    let bar = ProgressBar::with_draw_target(Some(total), crate::progress::draw_target(enabled));
     let mvox = |v: u64| format!("{:.1}", v as f64 / 1e6);
     bar.set_style(
         ProgressStyle::with_template(

@@ -15,7 +15,6 @@ pub mod surface;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
 use crate::dataset::scan::check_prediction;
@@ -191,17 +190,11 @@ fn align_classes(mut cases: Vec<CaseReport>) -> Vec<CaseReport> {
     cases
 }
 
-fn progress_bar(enabled: bool, cases: u64) -> ProgressBar {
-    let target = if enabled && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        ProgressDrawTarget::stderr()
-    } else {
-        ProgressDrawTarget::hidden()
-    };
-    let bar = ProgressBar::with_draw_target(Some(cases), target);
-    if let Ok(style) =
-        ProgressStyle::with_template("evaluate [{bar:24}] {pos}/{len} cases {per_sec} eta {eta}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
+fn progress_bar(enabled: bool, cases: u64) -> indicatif::ProgressBar {
+    crate::progress::bar(
+        enabled,
+        cases,
+        "evaluate [{bar:24}] {pos}/{len} cases eta {eta}",
+        |s| s,
+    )
 }

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
 use super::export::{slab_rows, write_segmentation, Export};
@@ -501,25 +501,17 @@ fn predict_group(
 
 /// The windows bar (on a terminal, unless quiet): windows done of all, windows a second.
 fn window_bar(enabled: bool, windows: u64) -> ProgressBar {
-    let target = if enabled && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        ProgressDrawTarget::stderr()
-    } else {
-        ProgressDrawTarget::hidden()
-    };
-    let bar = ProgressBar::with_draw_target(Some(windows), target);
-    if let Ok(style) = ProgressStyle::with_template(
+    crate::progress::bar(
+        enabled,
+        windows,
         "predict [{bar:24}] {pos}/{len} windows {rate} eta {eta} {msg}",
-    ) {
-        bar.set_style(
-            style
-                .with_key(
-                    "rate",
-                    |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                        let _ = write!(w, "{:.1} windows/s", s.per_sec());
-                    },
-                )
-                .progress_chars("=> "),
-        );
-    }
-    bar
+        |s| {
+            s.with_key(
+                "rate",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{:.1} windows/s", s.per_sec());
+                },
+            )
+        },
+    )
 }
