@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use nifti::{IntoNdArray, NiftiObject, ReaderOptions};
 use voxcache::synth::{
     generate_case, preset_cases, write_dataset, write_nifti_i16, write_nifti_u8, SynthCaseSpec,
-    SynthPreset,
+    SynthPreset, VesselStyle,
 };
 
 fn spec(id: &str, shape_xyz: [usize; 3], spacing_xyz: [f64; 3]) -> SynthCaseSpec {
@@ -15,6 +15,7 @@ fn spec(id: &str, shape_xyz: [usize; 3], spacing_xyz: [f64; 3]) -> SynthCaseSpec
         id: id.to_string(),
         shape_xyz,
         spacing_xyz,
+        vessels: VesselStyle::Mixed,
     }
 }
 
@@ -324,4 +325,107 @@ fn preset_names_parse() {
         err.contains("tiny") && err.contains("small") && err.contains("minivess"),
         "{err}"
     );
+}
+
+/// The thin preset: every vessel one to three voxels across (two erosions with the 6-neighbour
+/// cross leave nothing; one leaves a few percent), a vessel fraction of about 0.5 to 2.5%, and
+/// rasterized without breaking apart: branches joined to their vessels, a few 26-connected
+/// trees a case, not fragments.
+#[test]
+fn thin_preset_vessels_are_one_to_three_voxels_across_and_unbroken() {
+    let cases = preset_cases(SynthPreset::Thin, 1);
+    assert_eq!(cases.len(), 10);
+    for spec in &cases {
+        assert_eq!(spec.spacing_xyz, [1.0, 1.0, 1.0]);
+        assert_eq!(spec.vessels, VesselStyle::Thin);
+        let (_, label) = generate_case(spec, 1);
+        let [nx, ny, nz] = spec.shape_xyz;
+        let at = |v: &[bool], x: i64, y: i64, z: i64| {
+            x >= 0
+                && y >= 0
+                && z >= 0
+                && (x as usize) < nx
+                && (y as usize) < ny
+                && (z as usize) < nz
+                && v[(z as usize * ny + y as usize) * nx + x as usize]
+        };
+        let erode = |v: &[bool]| -> Vec<bool> {
+            let mut out = vec![false; v.len()];
+            for z in 0..nz as i64 {
+                for y in 0..ny as i64 {
+                    for x in 0..nx as i64 {
+                        let i = (z as usize * ny + y as usize) * nx + x as usize;
+                        out[i] = v[i]
+                            && [
+                                (1, 0, 0),
+                                (-1, 0, 0),
+                                (0, 1, 0),
+                                (0, -1, 0),
+                                (0, 0, 1),
+                                (0, 0, -1),
+                            ]
+                            .iter()
+                            .all(|d| at(v, x + d.0, y + d.1, z + d.2));
+                    }
+                }
+            }
+            out
+        };
+        let fg: Vec<bool> = label.iter().map(|&v| v == 1).collect();
+        let count = |v: &[bool]| v.iter().filter(|b| **b).count();
+        let n = count(&fg);
+        let frac = n as f64 / fg.len() as f64;
+        assert!(
+            (0.004..0.03).contains(&frac),
+            "{}: vessel fraction {frac}",
+            spec.id
+        );
+        let once = erode(&fg);
+        assert!(
+            count(&once) as f64 <= 0.12 * n as f64,
+            "{}: thick vessels",
+            spec.id
+        );
+        assert_eq!(
+            count(&erode(&once)),
+            0,
+            "{}: a vessel wider than 3 voxels",
+            spec.id
+        );
+        // 26-connected trees.
+        let mut seen = vec![false; fg.len()];
+        let mut trees = 0;
+        for start in 0..fg.len() {
+            if !fg[start] || seen[start] {
+                continue;
+            }
+            let (mut size, mut stack) = (0, vec![start]);
+            seen[start] = true;
+            while let Some(i) = stack.pop() {
+                size += 1;
+                let (x, y, z) = (
+                    (i % nx) as i64,
+                    ((i / nx) % ny) as i64,
+                    (i / (nx * ny)) as i64,
+                );
+                for dz in -1..=1 {
+                    for dy in -1..=1 {
+                        for dx in -1..=1 {
+                            if at(&fg, x + dx, y + dy, z + dz) {
+                                let j = ((z + dz) as usize * ny + (y + dy) as usize) * nx
+                                    + (x + dx) as usize;
+                                if !seen[j] {
+                                    seen[j] = true;
+                                    stack.push(j);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            trees += 1;
+            assert!(size >= 3, "{}: a fragment of {size} voxels", spec.id);
+        }
+        assert!(trees <= 12, "{}: {trees} pieces", spec.id);
+    }
 }

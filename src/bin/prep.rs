@@ -83,8 +83,9 @@ struct SynthArgs {
     #[arg(long, default_value = "synthetic")]
     out: PathBuf,
     /// small (the bundled dataset), minivess (70 volumes of 512x512x5..110, ~6 GB raw),
-    /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story) or
-    /// multichannel (10 small cases of two channels, one named CT, labels 0-2 and ignore 3).
+    /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story),
+    /// multichannel (10 small cases of two channels, one named CT, labels 0-2 and ignore 3) or
+    /// thin (10 cases at 1 um of branching vessels one to three voxels across).
     #[arg(long, default_value = "small")]
     preset: synth::SynthPreset,
     #[arg(long, default_value_t = 7)]

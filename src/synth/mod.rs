@@ -34,6 +34,7 @@ mod write;
 
 pub use nifti_write::{write_nifti_i16, write_nifti_u8};
 pub use render::{generate_case, second_channel};
+pub use vessels::VesselStyle;
 pub use write::{write_dataset, write_dataset_as};
 
 use rng::{mix, Rng};
@@ -48,12 +49,14 @@ pub enum SynthLayout {
     MultiChannel,
 }
 
-/// One synthetic case: its id (file stem), grid shape and voxel spacing in micrometers.
+/// One synthetic case: its id (file stem), grid shape, voxel spacing in micrometers and the
+/// kind of vessels it has.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthCaseSpec {
     pub id: String,
     pub shape_xyz: [usize; 3],
     pub spacing_xyz: [f64; 3],
+    pub vessels: VesselStyle,
 }
 
 /// Named collections of synthetic cases.
@@ -72,15 +75,20 @@ pub enum SynthPreset {
     /// 1 vessel, 2 bright vessel (brighter in the CT channel) and 3 "ignore" (unannotated
     /// slices, nnU-Net's ignore label).
     Multichannel,
+    /// 10 cases at 1 um isotropic (64..96 in-plane, 32..48 slices) of thin, tortuous,
+    /// branching vessels one to three voxels across ([`VesselStyle::Thin`]): where Dice barely
+    /// moves when a vessel breaks, and topology-aware losses and metrics matter.
+    Thin,
 }
 
 impl SynthPreset {
     /// Every preset, in the order they are listed to users.
-    pub const ALL: [SynthPreset; 4] = [
+    pub const ALL: [SynthPreset; 5] = [
         SynthPreset::Small,
         SynthPreset::Minivess,
         SynthPreset::Outlier,
         SynthPreset::Multichannel,
+        SynthPreset::Thin,
     ];
 
     /// The name used on the command line.
@@ -90,6 +98,7 @@ impl SynthPreset {
             SynthPreset::Minivess => "minivess",
             SynthPreset::Outlier => "outlier",
             SynthPreset::Multichannel => "multichannel",
+            SynthPreset::Thin => "thin",
         }
     }
 
@@ -204,7 +213,19 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
             specs[thin].0[2] = 5;
         }
         SynthPreset::Outlier => specs.push((OUTLIER_SHAPE, OUTLIER_SPACING)),
+        SynthPreset::Thin => {
+            for _ in 0..10 {
+                let nx = rng.range_usize(64, 96);
+                let ny = rng.range_usize(64, 96);
+                let nz = rng.range_usize(32, 48);
+                specs.push(([nx, ny, nz], [1.0, 1.0, 1.0]));
+            }
+        }
     }
+    let vessels = match preset {
+        SynthPreset::Thin => VesselStyle::Thin,
+        _ => VesselStyle::Mixed,
+    };
     specs
         .into_iter()
         .enumerate()
@@ -215,6 +236,7 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
             },
             shape_xyz,
             spacing_xyz,
+            vessels,
         })
         .collect()
 }
@@ -233,6 +255,7 @@ mod tests {
                     id: "vessels_outlier".to_string(),
                     shape_xyz: [512, 512, 61],
                     spacing_xyz: [4.97, 4.97, 5.0],
+                    vessels: VesselStyle::Mixed,
                 }]
             );
         }

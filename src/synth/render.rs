@@ -47,7 +47,9 @@ pub fn generate_case(spec: &SynthCaseSpec, seed: u64) -> (Vec<i16>, Vec<u8>) {
     };
 
     // Vessel volume fraction to aim for and the largest share a single tube may take of it.
-    let target_frac = rng.range_f64(0.02, 0.08);
+    let style = spec.vessels;
+    let (lo, hi) = style.fraction();
+    let target_frac = rng.range_f64(lo, hi);
     let target_voxels = (target_frac * nvox as f64).ceil() as usize;
     let target_um3 = target_frac * grid.volume_um3();
 
@@ -57,7 +59,7 @@ pub fn generate_case(spec: &SynthCaseSpec, seed: u64) -> (Vec<i16>, Vec<u8>) {
     let mut attempts = 0;
     while labeled < target_voxels && accepted < MAX_TUBES && attempts < MAX_ATTEMPTS {
         attempts += 1;
-        let tube = Tube::random(&grid, &mut rng);
+        let tube = Tube::random(&grid, &mut rng, style);
         let est = tube.volume_inside_um3(&grid);
         if est > 0.75 * target_um3 {
             if smallest.as_ref().is_none_or(|(v, _)| est < *v) {
@@ -67,6 +69,14 @@ pub fn generate_case(spec: &SynthCaseSpec, seed: u64) -> (Vec<i16>, Vec<u8>) {
         }
         labeled += tube.rasterize(&grid, &mut signal, &mut label);
         accepted += 1;
+        let (fewest, most) = style.branches();
+        if most > 0 {
+            for _ in 0..rng.range_usize(fewest, most) {
+                if let Some(b) = tube.branch(&grid, &mut rng, style) {
+                    labeled += b.rasterize(&grid, &mut signal, &mut label);
+                }
+            }
+        }
     }
     if accepted == 0 {
         // A field of view too small for any tube to fit the budget: draw the thinnest one seen.

@@ -3,11 +3,54 @@
 
 use super::rng::Rng;
 
-/// Tube radius range in micrometers.
-const RADIUS_MIN: f64 = 2.0;
-const RADIUS_MAX: f64 = 8.0;
 /// Step of the curve random walk in micrometers.
 const WALK_STEP: f64 = 1.0;
+
+/// What kind of vessels a case has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum VesselStyle {
+    /// Capillaries to larger vessels (radius 2 to 8 um), unbranched: the MiniVess-like presets.
+    #[default]
+    Mixed,
+    /// Thin, tortuous, branching vessels (radius 0.9 to 1.5 um: one to three voxels across at
+    /// 1 um; never under sqrt(3)/2 voxel, so a rasterized vessel stays connected), a few
+    /// branches off each: the structures topology-aware losses are for.
+    Thin,
+}
+
+impl VesselStyle {
+    /// Radius range in micrometers.
+    fn radii(self) -> (f64, f64) {
+        match self {
+            VesselStyle::Mixed => (2.0, 8.0),
+            VesselStyle::Thin => (0.9, 1.5),
+        }
+    }
+
+    /// Range of the persistence length (how straight a vessel runs), micrometers.
+    fn persistence(self) -> (f64, f64) {
+        match self {
+            VesselStyle::Mixed => (60.0, 250.0),
+            VesselStyle::Thin => (25.0, 90.0),
+        }
+    }
+
+    /// Range of the vessel volume fraction a case aims for.
+    pub(super) fn fraction(self) -> (f64, f64) {
+        match self {
+            VesselStyle::Mixed => (0.02, 0.08),
+            VesselStyle::Thin => (0.006, 0.02),
+        }
+    }
+
+    /// Range of the number of branches off each vessel.
+    pub(super) fn branches(self) -> (usize, usize) {
+        match self {
+            VesselStyle::Mixed => (0, 0),
+            VesselStyle::Thin => (1, 4),
+        }
+    }
+}
 
 /// The voxel grid in physical space: voxel (i, j, k) has its center at (i*sx, j*sy, k*sz).
 pub(super) struct Grid {
@@ -34,6 +77,67 @@ impl Grid {
     }
 }
 
+/// A random walk of a vessel's course: direction and radius drift, a vertex every few steps.
+struct Walk {
+    style: VesselStyle,
+    /// Nominal radius (um).
+    r0: f64,
+    /// Persistence length (um).
+    persistence: f64,
+    /// Longest course (um); it also ends when it leaves the field of view.
+    max_len: f64,
+}
+
+impl Walk {
+    /// The vertices (position, radius) from `start` (excluded) heading along `dir`.
+    fn run(
+        &self,
+        grid: &Grid,
+        start: [f64; 3],
+        dir: [f64; 3],
+        rng: &mut Rng,
+    ) -> Vec<([f64; 3], f64)> {
+        let (rmin, rmax) = self.style.radii();
+        let r0 = self.r0;
+        let kick = (WALK_STEP / self.persistence).sqrt();
+        // Vertices every `emit_every` walk steps: about one radius apart, which keeps the
+        // rasterization bounding boxes tight while the capsules still join smoothly.
+        let emit_every = (r0.clamp(2.0, 6.0) / WALK_STEP).round().max(1.0) as usize;
+        let diag = (0..3)
+            .map(|a| (grid.n[a] as f64 * grid.sp[a]).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let max_len = (3.0 * diag + 10.0 * rmax).min(self.max_len);
+        let margin = 1.5 * rmax;
+        let mut out = Vec::new();
+        let mut p = start;
+        let mut d = dir;
+        let mut r = r0;
+        let mut len = 0.0;
+        let mut step = 0usize;
+        while grid.contains(p, margin) && len < max_len {
+            step += 1;
+            let g = [rng.gaussian(), rng.gaussian(), rng.gaussian()];
+            d = normalize([d[0] + kick * g[0], d[1] + kick * g[1], d[2] + kick * g[2]])
+                .unwrap_or(d);
+            // Radius drifts slowly around its nominal value.
+            r += 0.02 * (r0 - r) + 0.01 * r0 * rng.gaussian();
+            r = r.clamp((0.8 * r0).max(rmin), (1.2 * r0).min(rmax));
+            p = [
+                p[0] + WALK_STEP * d[0],
+                p[1] + WALK_STEP * d[1],
+                p[2] + WALK_STEP * d[2],
+            ];
+            len += WALK_STEP;
+            if step.is_multiple_of(emit_every) {
+                out.push((p, r));
+            }
+        }
+        out.push((p, r));
+        out
+    }
+}
+
 /// A vessel: a polyline through the field of view with a radius and brightness per vertex.
 pub(super) struct Tube {
     points: Vec<[f64; 3]>,
@@ -44,61 +148,28 @@ pub(super) struct Tube {
 impl Tube {
     /// A smooth random curve through a random point of the field of view, walked both ways until
     /// it leaves the field of view. All lengths are in micrometers.
-    pub(super) fn random(grid: &Grid, rng: &mut Rng) -> Tube {
+    pub(super) fn random(grid: &Grid, rng: &mut Rng, style: VesselStyle) -> Tube {
+        let (rmin, rmax) = style.radii();
         let u = rng.uniform();
         // Mostly capillary-sized, sometimes larger vessels.
-        let r0 = RADIUS_MIN + (RADIUS_MAX - RADIUS_MIN) * u * u;
+        let r0 = rmin + (rmax - rmin) * u * u;
         let amplitude = rng.range_f64(220.0, 380.0);
         // Persistence length of the direction random walk: how straight the vessel runs.
-        let persistence = rng.range_f64(60.0, 250.0);
-        let kick = (WALK_STEP / persistence).sqrt();
-        // Vertices every `emit_every` walk steps: about one radius apart, which keeps the
-        // rasterization bounding boxes tight while the capsules still join smoothly.
-        let emit_every = (r0.clamp(2.0, 6.0) / WALK_STEP).round().max(1.0) as usize;
-
+        // (The order of the draws keeps the Mixed cases, the bundled data, as they were.)
+        let (lo, hi) = style.persistence();
+        let walk = Walk {
+            style,
+            r0,
+            persistence: rng.range_f64(lo, hi),
+            max_len: f64::INFINITY,
+        };
         let start = [0, 1, 2].map(|a| {
             let (lo, hi) = grid.bounds(a);
             rng.range_f64(lo, hi)
         });
         let dir0 = rng.unit_vector();
-        let diag = (0..3)
-            .map(|a| (grid.n[a] as f64 * grid.sp[a]).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let max_len = 3.0 * diag + 10.0 * RADIUS_MAX;
-        let margin = 1.5 * RADIUS_MAX;
-
-        let walk = |dir: [f64; 3], rng: &mut Rng| -> Vec<([f64; 3], f64)> {
-            let mut out = Vec::new();
-            let mut p = start;
-            let mut d = dir;
-            let mut r = r0;
-            let mut len = 0.0;
-            let mut step = 0usize;
-            while grid.contains(p, margin) && len < max_len {
-                step += 1;
-                let g = [rng.gaussian(), rng.gaussian(), rng.gaussian()];
-                d = normalize([d[0] + kick * g[0], d[1] + kick * g[1], d[2] + kick * g[2]])
-                    .unwrap_or(d);
-                // Radius drifts slowly around its nominal value.
-                r += 0.02 * (r0 - r) + 0.01 * r0 * rng.gaussian();
-                r = r.clamp((0.8 * r0).max(RADIUS_MIN), (1.2 * r0).min(RADIUS_MAX));
-                p = [
-                    p[0] + WALK_STEP * d[0],
-                    p[1] + WALK_STEP * d[1],
-                    p[2] + WALK_STEP * d[2],
-                ];
-                len += WALK_STEP;
-                if step.is_multiple_of(emit_every) {
-                    out.push((p, r));
-                }
-            }
-            out.push((p, r));
-            out
-        };
-        let forward = walk(dir0, rng);
-        let backward = walk([-dir0[0], -dir0[1], -dir0[2]], rng);
-
+        let forward = walk.run(grid, start, dir0, rng);
+        let backward = walk.run(grid, start, [-dir0[0], -dir0[1], -dir0[2]], rng);
         let n = forward.len() + backward.len() + 1;
         let mut points = Vec::with_capacity(n);
         let mut radii = Vec::with_capacity(n);
@@ -117,6 +188,47 @@ impl Tube {
             radii,
             amplitude,
         }
+    }
+
+    /// A branch: leaves this vessel at one of its vertices inside the field of view, at 30 to
+    /// 80 degrees from its course, no thicker than it, and runs one way for 15 to 60 um.
+    pub(super) fn branch(&self, grid: &Grid, rng: &mut Rng, style: VesselStyle) -> Option<Tube> {
+        let inside: Vec<usize> = (1..self.points.len())
+            .filter(|&i| grid.contains(self.points[i], 0.0))
+            .collect();
+        if inside.is_empty() {
+            return None;
+        }
+        let i = inside[rng.range_usize(0, inside.len() - 1)];
+        let start = self.points[i];
+        let course = normalize(sub(self.points[i], self.points[i - 1]))?;
+        // A direction at angle `a` from the course: rotate toward a random perpendicular.
+        let side = normalize(cross(course, rng.unit_vector()))?;
+        let a = rng.range_f64(30.0, 80.0).to_radians();
+        let dir0 = [0, 1, 2].map(|k| a.cos() * course[k] + a.sin() * side[k]);
+        let (rmin, _) = style.radii();
+        let r0 = (self.radii[i] * rng.range_f64(0.7, 1.0)).max(rmin);
+        let walk = Walk {
+            style,
+            r0,
+            persistence: {
+                let (lo, hi) = style.persistence();
+                rng.range_f64(lo, hi)
+            },
+            max_len: rng.range_f64(15.0, 60.0),
+        };
+        let path = walk.run(grid, start, dir0, rng);
+        let mut points = vec![start];
+        let mut radii = vec![r0];
+        for (p, r) in path {
+            points.push(p);
+            radii.push(r);
+        }
+        Some(Tube {
+            points,
+            radii,
+            amplitude: self.amplitude * rng.range_f64(0.8, 1.0),
+        })
     }
 
     /// Rough tube volume inside the field of view (segments whose midpoint is inside).
@@ -218,6 +330,18 @@ impl Tube {
 
 fn dot(a: [f64; 3], b: [f64; 3]) -> f64 {
     a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+}
+
+fn sub(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
+    [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
+}
+
+fn cross(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
+    [
+        a[1] * b[2] - a[2] * b[1],
+        a[2] * b[0] - a[0] * b[2],
+        a[0] * b[1] - a[1] * b[0],
+    ]
 }
 
 fn dist(a: [f64; 3], b: [f64; 3]) -> f64 {
