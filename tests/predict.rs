@@ -174,6 +174,31 @@ fn the_training_cases_come_back_and_a_rerun_writes_nothing() {
             );
         }
     }
+    // The slab cut into bands of one window row (the smallest memory): the same
+    // probabilities and segmentation, bit for bit.
+    let banded = t.path().join("banded");
+    let o = predict(&[
+        images.join("vessels_003_0000.nii.gz").to_str().unwrap(),
+        "--out",
+        banded.to_str().unwrap(),
+        "--overlap",
+        "0.25",
+        "--save-probabilities",
+        "--window-memory-mib",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        std::fs::read(banded.join("vessels_003.nii.gz")).unwrap(),
+        std::fs::read(out.join("vessels_003.nii.gz")).unwrap()
+    );
+    let again = zarrs_box(
+        &banded.join("vessels_003.probabilities.zarr"),
+        "",
+        [0; 3],
+        [nz, ny, nx],
+    );
+    assert!(again == probs, "banded probabilities differ");
     // What a killed predict leaves (a scratch folder, a half-written output, both of a dead
     // process on this host) is removed by the next one, and looks like no output meanwhile.
     let host = voxcache::sysinfo::hostname();

@@ -53,6 +53,11 @@ struct Cli {
     /// a float16 Zarr v3 array (class, z, y, x) whose attributes name the classes.
     #[arg(long)]
     save_probabilities: bool,
+    /// Memory for the sliding window's accumulator, MiB: beyond it the slices are cut into
+    /// bands along y, each swept on its own (the same probabilities; windows on band borders
+    /// run twice).
+    #[arg(long, default_value_t = 256)]
+    window_memory_mib: usize,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -85,6 +90,7 @@ fn real_main(cli: Cli) -> Result<Exit> {
         batch: cli.batch,
         jobs: cli.jobs,
         save_probabilities: cli.save_probabilities,
+        window_memory: cli.window_memory_mib << 20,
         quiet: cli.quiet,
     };
     let report = predict(&opts)?;

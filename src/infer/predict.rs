@@ -51,6 +51,9 @@ pub struct PredictOptions {
     pub jobs: usize,
     /// Also write each case's class probabilities on its input grid (`CASE.probabilities.zarr`).
     pub save_probabilities: bool,
+    /// About how many bytes the sliding window's slab may hold (the plane is cut into bands
+    /// along y beyond it).
+    pub window_memory: usize,
     /// Print only errors.
     pub quiet: bool,
 }
@@ -418,7 +421,9 @@ fn predict_group(
             let shape = entry.shape_zyx();
             let mut probs = ProbWriter::new(m.record.num_classes, shape, scratch)?;
             let sliding = Instant::now();
-            predictor.predict(&entry, &mut |_, _, p| probs.append(p))?;
+            predictor.predict_tiled(&entry, opts.window_memory, &mut |t, p| {
+                probs.write_tile(t, p)
+            })?;
             totals.window_seconds += sliding.elapsed().as_secs_f64();
             let passes = 1 << predictor.mirror_axes.len();
             totals.windows += (predictor.window_count(shape) * passes) as u64;

@@ -1,16 +1,17 @@
 //! Class probabilities of one predicted volume, on disk: one scratch file per class of float16
-//! values in C order (z, y, x), appended a slab of rows at a time as the sliding window makes
-//! them final, then read back through a memory map for export. The files are unlinked as soon
+//! values in C order (z, y, x), written a block of rows at a time (at their place in the file)
+//! as the sliding window makes them final, then read back through a memory map for export. The files are unlinked as soon
 //! as created (nothing is left by a kill) and the map's pages are handed back as they are read,
 //! so memory stays flat whatever the volume size.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{Mmap, UncheckedAdvice};
 
+use super::sliding::Tile;
 use crate::error::{Error, Result};
 use crate::resample::VoxelRead;
 
@@ -20,7 +21,7 @@ const RELEASE_EVERY: u64 = 64 << 20;
 /// Probabilities being written, class by class.
 pub struct ProbWriter {
     shape: [usize; 3],
-    files: Vec<(BufWriter<File>, PathBuf)>,
+    files: Vec<(File, PathBuf)>,
     written: usize,
 }
 
@@ -29,8 +30,7 @@ impl ProbWriter {
     pub fn new(classes: usize, shape: [usize; 3], dir: &Path) -> Result<ProbWriter> {
         let mut files = Vec::with_capacity(classes);
         for _ in 0..classes {
-            let (file, path) = crate::nifti_io::scratch_file(dir)?;
-            files.push((BufWriter::with_capacity(1 << 20, file), path));
+            files.push(crate::nifti_io::scratch_file(dir)?);
         }
         Ok(ProbWriter {
             shape,
@@ -41,17 +41,54 @@ impl ProbWriter {
 
     /// Append voxels in C order, `classes` values a voxel (the sliding window's rows).
     pub fn append(&mut self, probs: &[f32]) -> Result<()> {
-        let classes = self.files.len();
-        let mut buf = Vec::with_capacity(2 * probs.len() / classes.max(1));
-        for (c, (w, path)) in self.files.iter_mut().enumerate() {
+        let classes = self.files.len().max(1);
+        let n = probs.len() / classes;
+        if self.written + n > self.shape.iter().product::<usize>() {
+            return Err(Error::Config(format!(
+                "probabilities past the end of a volume of {:?}",
+                self.shape
+            )));
+        }
+        self.write_run(self.written, probs)?;
+        self.written += n;
+        Ok(())
+    }
+
+    /// Write a run of voxels starting at voxel `at`, `classes` values a voxel.
+    fn write_run(&self, at: usize, probs: &[f32]) -> Result<()> {
+        let classes = self.files.len().max(1);
+        let mut buf = Vec::with_capacity(2 * probs.len() / classes);
+        for (c, (file, path)) in self.files.iter().enumerate() {
             buf.clear();
             for v in probs.iter().skip(c).step_by(classes) {
                 buf.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
             }
-            w.write_all(&buf)
+            file.write_all_at(&buf, 2 * at as u64)
                 .map_err(|e| Error::io(path.as_path(), e))?;
         }
-        self.written += probs.len() / classes.max(1);
+        Ok(())
+    }
+
+    /// Write a block of rows (`tile`), `classes` values a voxel, voxels in C order over
+    /// (rows, height, x): each slice's rows go to their place in each class's file.
+    pub fn write_tile(&mut self, tile: Tile, probs: &[f32]) -> Result<()> {
+        let [nz, ny, nx] = self.shape;
+        let classes = self.files.len();
+        let run = tile.height * nx;
+        if tile.z0 + tile.rows > nz
+            || tile.y0 + tile.height > ny
+            || probs.len() != tile.rows * run * classes
+        {
+            return Err(Error::Config(format!(
+                "probabilities of {tile:?} do not fit a volume of {:?}",
+                self.shape
+            )));
+        }
+        for z in 0..tile.rows {
+            let block = &probs[z * run * classes..(z + 1) * run * classes];
+            self.write_run(((tile.z0 + z) * ny + tile.y0) * nx, block)?;
+        }
+        self.written += tile.rows * run;
         Ok(())
     }
 
@@ -65,10 +102,7 @@ impl ProbWriter {
             )));
         }
         let mut out = Vec::with_capacity(self.files.len());
-        for (w, path) in self.files {
-            let file = w
-                .into_inner()
-                .map_err(|e| Error::io(path.as_path(), e.into_error()))?;
+        for (file, path) in self.files {
             // SAFETY: the scratch file is ours alone (created new, unlinked) and nothing writes
             // to it once mapped.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path.as_path(), e))?;
@@ -129,5 +163,47 @@ mod tests {
         v[0].read(1, &mut out[..2]).unwrap();
         assert_eq!(&out[..2], &[1.0, 0.5]);
         assert!(v[0].read(3, &mut out[..2]).is_err());
+    }
+
+    /// Bands of rows written out of order land where whole slices appended would.
+    #[test]
+    fn tiles_land_where_slices_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let shape = [3, 4, 2];
+        let n = 24;
+        let probs: Vec<f32> = (0..2 * n).map(|i| i as f32 / 64.0).collect();
+        let mut whole = ProbWriter::new(2, shape, dir.path()).unwrap();
+        whole.append(&probs[..16]).unwrap();
+        whole.append(&probs[16..]).unwrap();
+        let whole = whole.finish().unwrap();
+        let mut tiled = ProbWriter::new(2, shape, dir.path()).unwrap();
+        // Rows 3.. of every slice first, then rows 0..3.
+        let band = |y0: usize, h: usize| -> Vec<f32> {
+            (0..3)
+                .flat_map(|z| (y0..y0 + h).flat_map(move |y| (0..2).map(move |x| (z, y, x))))
+                .flat_map(|(z, y, x)| {
+                    let v = (z * 4 + y) * 2 + x;
+                    [probs[2 * v], probs[2 * v + 1]]
+                })
+                .collect()
+        };
+        let t = |y0, height| Tile {
+            z0: 0,
+            rows: 3,
+            y0,
+            height,
+        };
+        tiled.write_tile(t(3, 1), &band(3, 1)).unwrap();
+        tiled.write_tile(t(0, 3), &band(0, 3)).unwrap();
+        let tiled = tiled.finish().unwrap();
+        for c in 0..2 {
+            let (mut a, mut b) = ([0f32; 24], [0f32; 24]);
+            whole[c].read(0, &mut a).unwrap();
+            tiled[c].read(0, &mut b).unwrap();
+            assert_eq!(a, b, "class {c}");
+        }
+        // A tile outside the volume is refused.
+        let mut w = ProbWriter::new(2, shape, dir.path()).unwrap();
+        assert!(w.write_tile(t(3, 2), &band(3, 1)).is_err());
     }
 }

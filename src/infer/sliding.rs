@@ -72,6 +72,71 @@ fn flip_sets(axes: &[usize]) -> Vec<Vec<usize>> {
 /// Receives final rows: `(z0, rows, probabilities)` (see [`Predictor::predict`]).
 pub type RowSink<'a> = dyn FnMut(usize, usize, &[f32]) -> Result<()> + 'a;
 
+/// A block of final rows: slices `z0..z0 + rows`, rows `y0..y0 + height` of each, every x.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    /// First slice.
+    pub z0: usize,
+    /// Slices.
+    pub rows: usize,
+    /// First row (y).
+    pub y0: usize,
+    /// Rows (y).
+    pub height: usize,
+}
+
+/// Receives each [`Tile`]'s probabilities, voxel-major over (rows, height, x).
+pub type TileSink<'a> = dyn FnMut(Tile, &[f32]) -> Result<()> + 'a;
+
+/// Bands along y for [`Predictor::predict_tiled`]: (output rows y0..y1, the y starts of the
+/// windows that touch them). As many window rows a band as keep its slab (up to two patch
+/// depths of slices, the band's window span, every x, classes + 1 floats) under `budget`; one
+/// band of the whole plane when it fits, one window row a band at least.
+pub fn y_bands(
+    ys: &[usize],
+    shape: [usize; 3],
+    patch: [usize; 3],
+    classes: usize,
+    budget: usize,
+) -> Vec<((usize, usize), Vec<usize>)> {
+    let bands_of = |k: usize| -> Vec<((usize, usize), Vec<usize>)> {
+        let bounds: Vec<usize> = (0..ys.len())
+            .step_by(k)
+            .map(|i| if i == 0 { 0 } else { ys[i] })
+            .chain([shape[1]])
+            .collect();
+        bounds
+            .windows(2)
+            .map(|b| {
+                let touching = ys
+                    .iter()
+                    .copied()
+                    .filter(|&y| y < b[1] && y + patch[1] > b[0])
+                    .collect();
+                ((b[0], b[1]), touching)
+            })
+            .collect()
+    };
+    let bytes = |bands: &[((usize, usize), Vec<usize>)]| {
+        bands
+            .iter()
+            .map(|(_, w)| {
+                let span = w.last().map_or(0, |&y| (y + patch[1]).min(shape[1])) - w[0];
+                2 * patch[0].min(shape[0]) * span * shape[2] * (classes + 1) * 4
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    let mut k = ys.len().max(1);
+    loop {
+        let bands = bands_of(k);
+        if k == 1 || bytes(&bands) <= budget {
+            return bands;
+        }
+        k = k.div_ceil(2).min(k - 1);
+    }
+}
+
 /// A sliding-window predictor.
 pub struct Predictor<'a> {
     /// The network.
@@ -118,10 +183,48 @@ impl Predictor<'_> {
     /// Predict one cached case. `on_rows(z0, rows, probs)` receives the final class
     /// probabilities of rows `z0..z0 + rows` in z order, voxel-major (`classes` values per
     /// voxel, voxels in C order over (rows, y, x)); every row is handed over exactly once.
+    /// Memory: a slab of whole slices (see [`Self::predict_tiled`] to bound it).
     pub fn predict<S: PatchSource + ?Sized>(
         &self,
         entry: &S,
         on_rows: &mut RowSink<'_>,
+    ) -> Result<()> {
+        let shape = entry.shape_zyx();
+        let ys = window_starts(shape[1], self.patch[1], self.overlap);
+        self.sweep(entry, (0, shape[1]), &ys, &mut |t, probs| {
+            on_rows(t.z0, t.rows, probs)
+        })
+    }
+
+    /// [`Self::predict`] with the slab held under about `budget` bytes: when whole slices do
+    /// not fit, the plane is cut into bands along y, each swept through z on its own with the
+    /// windows that touch it (those straddling two bands run once for each: the price of the
+    /// bound). Every voxel gets the same windows in the same order as untiled, so the
+    /// probabilities are the same bit for bit. `on_tile(tile, probs)` receives each band's
+    /// final rows, voxel-major over (rows, height, x); every voxel exactly once.
+    pub fn predict_tiled<S: PatchSource + ?Sized>(
+        &self,
+        entry: &S,
+        budget: usize,
+        on_tile: &mut TileSink<'_>,
+    ) -> Result<()> {
+        let shape = entry.shape_zyx();
+        let ys = window_starts(shape[1], self.patch[1], self.overlap);
+        let classes = self.model.config().num_classes;
+        for (out, windows) in y_bands(&ys, shape, self.patch, classes, budget) {
+            self.sweep(entry, out, &windows, on_tile)?;
+        }
+        Ok(())
+    }
+
+    /// The windows whose y start is in `ys`, every z and x start, swept in z order; the final
+    /// rows of y range `out` handed to `on_tile`.
+    fn sweep<S: PatchSource + ?Sized>(
+        &self,
+        entry: &S,
+        out: (usize, usize),
+        ys: &[usize],
+        on_tile: &mut TileSink<'_>,
     ) -> Result<()> {
         self.validate()?;
         let classes = self.model.config().num_classes;
@@ -136,28 +239,32 @@ impl Predictor<'_> {
         let shape = entry.shape_zyx();
         let p = self.patch;
         let pv: usize = p.iter().product();
-        let starts: Vec<Vec<usize>> = (0..3)
-            .map(|a| window_starts(shape[a], p[a], self.overlap))
-            .collect();
+        let zs_all = window_starts(shape[0], p[0], self.overlap);
+        let xs = window_starts(shape[2], p[2], self.overlap);
         let gauss = gaussian_map(p);
         let flips = flip_sets(&self.mirror_axes);
         let passes = (flips.len() + 1) as f32;
-        let plane = shape[1] * shape[2];
+        // The slab spans the windows' rows in y: y0..y1.
+        let y0 = ys.first().copied().unwrap_or(0);
+        let y1 = ys.last().map_or(0, |&y| (y + p[1]).min(shape[1]));
+        let nx = shape[2];
+        let plane = (y1 - y0) * nx;
         let stride = classes + 1; // class scores then the weight sum, per voxel
-                                  // The slab holds rows slab_z0.. of the volume.
+        let (oy0, oy1) = out;
+        // The slab holds rows slab_z0.. of the volume.
         let mut slab_z0 = 0usize;
         let mut slab: Vec<f32> = Vec::new();
         let mut image = vec![0f32; ch * pv];
         let mut done: Vec<f32> = Vec::new();
-        for (k, &zs) in starts[0].iter().enumerate() {
+        for (k, &zs) in zs_all.iter().enumerate() {
             let z_end = (zs + p[0]).min(shape[0]);
             let need = (z_end - slab_z0) * plane * stride;
             if slab.len() < need {
                 slab.resize(need, 0.0);
             }
-            let windows: Vec<[usize; 3]> = starts[1]
+            let windows: Vec<[usize; 3]> = ys
                 .iter()
-                .flat_map(|&y| starts[2].iter().map(move |&x| [zs, y, x]))
+                .flat_map(|&y| xs.iter().map(move |&x| [zs, y, x]))
                 .collect();
             for group in windows.chunks(self.batch.max(1)) {
                 let mut input = Vec::with_capacity(group.len() * ch * pv);
@@ -190,7 +297,7 @@ impl Predictor<'_> {
                         let z = w[0] + dz;
                         for dy in 0..p[1].min(shape[1] - w[1]) {
                             let y = w[1] + dy;
-                            let row = ((z - slab_z0) * plane + y * shape[2] + w[2]) * stride;
+                            let row = ((z - slab_z0) * plane + (y - y0) * nx + w[2]) * stride;
                             for dx in 0..p[2].min(shape[2] - w[2]) {
                                 let i = (dz * p[1] + dy) * p[2] + dx;
                                 let g = gauss[i];
@@ -205,20 +312,26 @@ impl Predictor<'_> {
                 }
             }
             // Rows before the next window's start are final.
-            let done_to = starts[0]
-                .get(k + 1)
-                .copied()
-                .unwrap_or(shape[0])
-                .min(shape[0]);
+            let done_to = zs_all.get(k + 1).copied().unwrap_or(shape[0]).min(shape[0]);
             if done_to > slab_z0 {
                 let rows = done_to - slab_z0;
                 done.clear();
-                done.reserve(rows * plane * classes);
-                for v in slab[..rows * plane * stride].chunks_exact(stride) {
-                    let w = v[classes].max(f32::MIN_POSITIVE);
-                    done.extend(v[..classes].iter().map(|s| s / w));
+                done.reserve(rows * (oy1 - oy0) * nx * classes);
+                for z in 0..rows {
+                    let from = (z * plane + (oy0 - y0) * nx) * stride;
+                    let to = (z * plane + (oy1 - y0) * nx) * stride;
+                    for v in slab[from..to].chunks_exact(stride) {
+                        let w = v[classes].max(f32::MIN_POSITIVE);
+                        done.extend(v[..classes].iter().map(|s| s / w));
+                    }
                 }
-                on_rows(slab_z0, rows, &done)?;
+                let tile = Tile {
+                    z0: slab_z0,
+                    rows,
+                    y0: oy0,
+                    height: oy1 - oy0,
+                };
+                on_tile(tile, &done)?;
                 slab.drain(..rows * plane * stride);
                 slab_z0 = done_to;
             }
@@ -258,6 +371,33 @@ mod tests {
         let s = window_starts(100, 16, 0.5);
         assert_eq!((s[0], *s.last().unwrap()), (0, 84));
         assert!(s.windows(2).all(|w| w[1] > w[0] && w[1] - w[0] <= 8));
+    }
+
+    #[test]
+    fn bands_cover_the_plane_once_with_every_window_that_touches_them() {
+        let shape = [20, 200, 50];
+        let patch = [8, 32, 32];
+        let ys = window_starts(shape[1], patch[1], 0.5);
+        // Whole slices fit: one band of everything.
+        let one = y_bands(&ys, shape, patch, 2, usize::MAX);
+        assert_eq!(one, vec![((0, 200), ys.clone())]);
+        for budget in [0, 1 << 20, 1_500_000] {
+            let bands = y_bands(&ys, shape, patch, 2, budget);
+            assert!(bands.len() > 1, "budget {budget}");
+            // Output ranges tile 0..200 in order.
+            assert_eq!(bands[0].0 .0, 0);
+            assert_eq!(bands.last().unwrap().0 .1, 200);
+            assert!(bands.windows(2).all(|b| b[0].0 .1 == b[1].0 .0));
+            for ((y0, y1), w) in &bands {
+                let touching: Vec<usize> = ys
+                    .iter()
+                    .copied()
+                    .filter(|&y| y < *y1 && y + patch[1] > *y0)
+                    .collect();
+                assert_eq!(*w, touching);
+            }
+        }
+        assert_eq!(y_bands(&ys, shape, patch, 2, 0).len(), ys.len());
     }
 
     #[test]
