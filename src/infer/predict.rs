@@ -105,7 +105,8 @@ pub struct PredictReport {
     pub failed: usize,
     /// Voxels of the model's grid predicted.
     pub voxels: u64,
-    /// Sliding windows run (each `--mirror` flip counts once).
+    /// Sliding windows run (each `--mirror` flip counts as one; windows on band borders run
+    /// twice and count twice).
     pub windows: u64,
     /// Seconds spent in the sliding window (reading windows, forward passes, accumulating).
     pub window_seconds: f64,
@@ -372,10 +373,15 @@ fn predict_group(
         .iter()
         .filter(|r| !matches!(r.outcome, CaseOutcome::Failed { .. }))
         .filter_map(|r| reader.open_entry("predict", &r.id).ok())
-        .map(|e| predictor.window_count(e.shape_zyx()))
+        .map(|e| predictor.window_count(e.shape_zyx(), opts.window_memory))
         .sum();
     let bar = window_bar(!opts.quiet, windows as u64);
-    let tick = |n: usize| bar.inc(n as u64);
+    // Windows run, as the sliding window reports them (band borders run twice).
+    let ran = std::sync::atomic::AtomicU64::new(0);
+    let tick = |n: usize| {
+        bar.inc(n as u64);
+        ran.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    };
     predictor.on_windows = Some(&tick);
     for r in report.cases {
         let Some(c) = cases.iter().find(|c| c.id == r.id) else {
@@ -425,8 +431,7 @@ fn predict_group(
                 probs.write_tile(t, p)
             })?;
             totals.window_seconds += sliding.elapsed().as_secs_f64();
-            let passes = 1 << predictor.mirror_axes.len();
-            totals.windows += (predictor.window_count(shape) * passes) as u64;
+
             let probs = probs.finish()?;
             let (path, frame) = c.channel(0);
             let h = nifti_io::read_frame_header(path, frame)?;
@@ -501,6 +506,9 @@ fn predict_group(
         }
     }
     bar.finish_and_clear();
+    // Each --mirror flip is a window too.
+    let passes = 1u64 << predictor.mirror_axes.len();
+    totals.windows += ran.load(std::sync::atomic::Ordering::Relaxed) * passes;
     Ok(())
 }
 

@@ -157,11 +157,16 @@ pub struct Predictor<'a> {
 }
 
 impl Predictor<'_> {
-    /// How many windows a volume of `shape_zyx` takes.
-    pub fn window_count(&self, shape_zyx: [usize; 3]) -> usize {
-        (0..3)
-            .map(|a| window_starts(shape_zyx[a], self.patch[a], self.overlap).len())
-            .product()
+    /// How many windows [`Self::predict_tiled`] runs over a volume of `shape_zyx` with a slab
+    /// of `budget` bytes (windows on band borders count once a band).
+    pub fn window_count(&self, shape_zyx: [usize; 3], budget: usize) -> usize {
+        let starts = |a: usize| window_starts(shape_zyx[a], self.patch[a], self.overlap);
+        let classes = self.model.config().num_classes;
+        let rows: usize = y_bands(&starts(1), shape_zyx, self.patch, classes, budget)
+            .iter()
+            .map(|(_, w)| w.len())
+            .sum();
+        starts(0).len() * rows * starts(2).len()
     }
 
     /// Check the settings.
