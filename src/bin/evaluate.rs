@@ -54,13 +54,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match real_main(cli) {
-        Ok(exit) => exit.into(),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            Exit::CouldNotRun.into()
-        }
-    }
+    voxcache::config::exit::finish(real_main(cli))
 }
 
 fn real_main(cli: Cli) -> Result<Exit> {

@@ -244,11 +244,5 @@ fn main() -> ExitCode {
         Command::Synth(a) => run_synth(a),
         Command::Inspect(a) => run_inspect(*a),
     };
-    match result {
-        Ok(exit) => exit.into(),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            Exit::CouldNotRun.into()
-        }
-    }
+    voxcache::config::exit::finish(result)
 }

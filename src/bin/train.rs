@@ -48,13 +48,7 @@ struct Cli {
 fn main() -> ExitCode {
     voxcache::train::device::default_cpu_threads();
     let cli = Cli::parse();
-    match real_main(cli) {
-        Ok(exit) => exit.into(),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            Exit::CouldNotRun.into()
-        }
-    }
+    voxcache::config::exit::finish(real_main(cli))
 }
 
 fn real_main(cli: Cli) -> Result<Exit> {

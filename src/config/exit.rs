@@ -40,6 +40,34 @@ impl Exit {
     }
 }
 
+/// A binary's ending: its status, or the error that stopped it printed on stderr with its
+/// causes and [`Exit::CouldNotRun`].
+pub fn finish(result: anyhow::Result<Exit>) -> ExitCode {
+    match result {
+        Ok(exit) => exit.into(),
+        Err(e) => {
+            eprintln!("error: {}", message(&e));
+            Exit::CouldNotRun.into()
+        }
+    }
+}
+
+/// An error and its causes joined by ": ", leaving out a cause the text before it already says
+/// (our errors name the file and quote the operating system's error, which is also their source).
+pub fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 impl From<Exit> for ExitCode {
     fn from(e: Exit) -> ExitCode {
         ExitCode::from(e.code())
@@ -55,6 +83,15 @@ error); 130 interrupted by Ctrl-C.";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causes_already_said_are_not_repeated() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::new(crate::Error::io("/x/y.nii", io)).context("cannot open the run");
+        let m = message(&e);
+        assert_eq!(m.matches("not found").count(), 1, "{m}");
+        assert!(m.starts_with("cannot open the run: /x/y.nii: "), "{m}");
+    }
 
     #[test]
     fn codes() {
