@@ -14,9 +14,9 @@ compared with MONAI's own metrics (DiceMetric, MeanIoU, HausdorffDistanceMetric 
 percentile=95, SurfaceDistanceMetric(symmetric=True), each given the header spacing).
 
 Cases: synthetic label volumes written by nibabel (blobs of two classes, thin tubes, objects
-touching the grid's border, anisotropic spacing, a class one side lacks), and optionally a
-folder of real predictions with their references (CI: the README chain's predictions of the
-bundled data).
+touching the grid's border, anisotropic spacing, a class one side lacks, a 2-D image), and
+optionally a folder of real predictions with their references (CI: the README chain's
+predictions of the bundled data).
 
     python scripts/evaluate_check.py --evaluate target/debug/evaluate [--pred DIR --gt DIR] [--monai]
 """
@@ -99,6 +99,15 @@ def synthetic(folder):
         save(folder / "ref" / f"case_{i}.nii.gz", ref, zooms)
         save(folder / "pred" / f"case_{i}.nii.gz", pred, zooms)
         cases.append(f"case_{i}")
+    # A 2-D image (one slice, dim[0] = 2): measured in 2-D, as MedPy and MONAI measure 2-D arrays.
+    ref = np.zeros((50, 40), np.uint8)
+    pred = np.zeros((50, 40), np.uint8)
+    ref[10:30, 8:25] = 1
+    pred[12:33, 6:24] = 1
+    for name, data in (("ref", ref), ("pred", pred)):
+        img = nib.Nifti1Image(data, np.diag([0.7, 1.3, 1.0, 1.0]))
+        img.header.set_xyzt_units("mm")
+        nib.save(img, str(folder / name / "flat.nii.gz"))
     return folder / "pred", folder / "ref"
 
 
@@ -146,7 +155,7 @@ def compare(evaluate, pred_dir, ref_dir, label, monai=False):
     for case in report["cases"]:
         pred_img = nib.load(case["prediction"])
         ref_img = nib.load(case["reference"])
-        zooms = tuple(float(z) for z in ref_img.header.get_zooms()[:3])
+        zooms = tuple(float(z) for z in ref_img.header.get_zooms()[: len(ref_img.shape)])
         p_all = np.asarray(pred_img.dataobj)
         g_all = np.asarray(ref_img.dataobj)
         for m in case["classes"]:

@@ -164,6 +164,22 @@ fn known_answers_of_shifted_boxes() {
 }
 
 #[test]
+fn a_one_slice_image_is_measured_in_2d() {
+    let t = tempfile::tempdir().unwrap();
+    let shape = [10, 10, 1];
+    let (p, r) = (t.path().join("p.nii.gz"), t.path().join("r.nii.gz"));
+    // 4x4 squares one column apart: the edges are the 12 border pixels of each square (in 3-D
+    // every pixel of a one-slice image would be an edge), 6 of 12 a side at distance 1.
+    write(&r, shape, [1.0; 3], &boxed(shape, [2, 2, 0], [6, 6, 1], 1));
+    write(&p, shape, [1.0; 3], &boxed(shape, [3, 2, 0], [7, 6, 1], 1));
+    let j = json(&evaluate(&[&p, &r], &[]));
+    let m = &j["cases"][0]["classes"][0];
+    assert!(close(m["dice"].as_f64().unwrap(), 0.75), "{m}");
+    assert!(close(m["hd"].as_f64().unwrap(), 1.0), "{m}");
+    assert!(close(m["asd"].as_f64().unwrap(), 0.5), "{m}");
+}
+
+#[test]
 fn blobs_across_read_blocks_equal_the_whole_volume_definitions() {
     // 140 x 120 x 70 voxels: 1.18 M, so slices straddle the reader's 1 M-voxel blocks.
     let shape = [140usize, 120, 70];

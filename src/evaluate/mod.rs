@@ -135,8 +135,7 @@ fn evaluate_case(pair: &CasePair, table: &ClassTable) -> Result<(&'static str, V
             ),
         ));
     }
-    let [nx, ny, _] = r.shape_xyz;
-    let (table, counts) = measure_pair(&pair.prediction, reference, nx, ny, table.clone())?;
+    let (table, counts) = measure_pair(&pair.prediction, reference, r.shape_xyz, table.clone())?;
     // The spacing every tool takes as the voxel size: the header's pixdim.
     let spacing = r.spacing_xyz;
     let voxel_volume = spacing.iter().product::<f64>();

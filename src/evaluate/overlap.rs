@@ -109,6 +109,8 @@ struct Pass {
     counts: Vec<ClassCounts>,
     nx: usize,
     ny: usize,
+    /// One slice: edges in 2-D.
+    flat: bool,
     pred: Window,
     reference: Window,
     /// The z of the slice in `cur`.
@@ -167,7 +169,7 @@ impl Pass {
                     } else {
                         counts.fp += 1;
                     }
-                    if edge(table, c, &self.pred, nx, ny, x, y) {
+                    if edge(table, c, &self.pred, nx, ny, self.flat, x, y) {
                         counts.pred_edges.push([x as u32, y as u32, z]);
                     }
                 }
@@ -176,7 +178,7 @@ impl Pass {
                     if !pc.contains(&c) {
                         counts.fn_ += 1;
                     }
-                    if edge(table, c, &self.reference, nx, ny, x, y) {
+                    if edge(table, c, &self.reference, nx, ny, self.flat, x, y) {
                         counts.ref_edges.push([x as u32, y as u32, z]);
                     }
                 }
@@ -185,44 +187,50 @@ impl Pass {
     }
 }
 
-/// Whether voxel (x, y) of the window's current slice, in `class`, has a 6-neighbour outside it.
+/// Whether voxel (x, y) of the window's current slice, in `class`, has a 6-neighbour outside it
+/// (`flat`: a one-slice image, measured in 2-D: its 4 in-plane neighbours only).
+#[allow(clippy::too_many_arguments)] // the voxel, its slices and the grid: all needed here
 fn edge(
     table: &ClassTable,
     class: u16,
     w: &Window,
     nx: usize,
     ny: usize,
+    flat: bool,
     x: usize,
     y: usize,
 ) -> bool {
-    let (Some(prev), Some(cur), Some(next)) = (&w.prev, &w.cur, &w.next) else {
+    let Some(cur) = &w.cur else {
         return true;
     };
     if x == 0 || y == 0 || x + 1 == nx || y + 1 == ny {
         return true;
     }
     let i = y * nx + x;
-    [
-        prev[i],
-        next[i],
-        cur[i - 1],
-        cur[i + 1],
-        cur[i - nx],
-        cur[i + nx],
-    ]
-    .iter()
-    .any(|&v| !table.member(class, v))
+    let outside = |v: u16| !table.member(class, v);
+    if [cur[i - 1], cur[i + 1], cur[i - nx], cur[i + nx]]
+        .into_iter()
+        .any(outside)
+    {
+        return true;
+    }
+    if flat {
+        return false;
+    }
+    match (&w.prev, &w.next) {
+        (Some(prev), Some(next)) => outside(prev[i]) || outside(next[i]),
+        _ => true,
+    }
 }
 
-/// Measure `pred` against `reference` (both 3-D label files on a grid of `nx` x `ny` slices,
-/// already checked to agree): the reference is read on a thread of its own, a slice ahead at
+/// Measure `pred` against `reference` (both label files on a grid of `nz` slices of `nx` x
+/// `ny`, already checked to agree; a one-slice grid is measured as a 2-D image): the reference is read on a thread of its own, a slice ahead at
 /// most, while the prediction is read here. Returns the table (with any discovered classes)
 /// and its counts.
 pub fn measure_pair(
     pred: &Path,
     reference: &Path,
-    nx: usize,
-    ny: usize,
+    [nx, ny, nz]: [usize; 3],
     table: ClassTable,
 ) -> Result<(ClassTable, Vec<ClassCounts>)> {
     let mut pass = Pass {
@@ -230,6 +238,7 @@ pub fn measure_pair(
         table,
         nx,
         ny,
+        flat: nz == 1,
         pred: Window::default(),
         reference: Window::default(),
         z: 0,
