@@ -294,10 +294,12 @@ fn assert_same_batches(a: &mut Loader, b: &mut Loader, steps: std::ops::Range<u6
 fn batches_do_not_depend_on_threads_or_on_where_the_run_starts() {
     let es = entries(cache("zstd"));
     let cfg = SamplerConfig::new([8, 24, 24], 4, 77);
-    let aug = AugmentConfig {
-        noise_prob: 0.5,
-        ..AugmentConfig::default()
-    };
+    // Rotations, scaling and elastic deformation often, so transformed reads are compared too.
+    let mut aug = AugmentConfig::default();
+    aug.intensity.noise_prob = 0.5;
+    aug.spatial.rotation_prob = 0.5;
+    aug.spatial.scale_prob = 0.5;
+    aug.spatial.elastic_prob = 0.3;
     let mut one = start(&es, cfg.clone(), 1, aug.clone(), 0);
     let mut three = start(&es, cfg.clone(), 3, aug.clone(), 0);
     assert_same_batches(&mut one, &mut three, 0..10);
@@ -356,7 +358,7 @@ fn bad_loader_settings_are_errors() {
     }
     let bad_aug = LoaderConfig {
         augment: AugmentConfig {
-            flip_prob: 2.0,
+            mirror_prob: 2.0,
             ..AugmentConfig::none()
         },
         ..LoaderConfig::default()
@@ -477,14 +479,11 @@ fn throughput() {
     let n: usize = size.iter().product();
     let mut img: Vec<f32> = (0..n).map(|i| (i % 97) as f32).collect();
     let mut lab: Vec<u16> = (0..n).map(|i| (i % 3) as u16).collect();
-    let all = AugmentConfig {
-        flip_prob: 1.0,
-        scale_prob: 1.0,
-        shift_prob: 1.0,
-        noise_prob: 1.0,
-        noise_std: (0.05, 0.1),
-        ..AugmentConfig::default()
-    };
+    let mut all = AugmentConfig::default();
+    all.mirror_prob = 1.0;
+    let i = &mut all.intensity;
+    (i.noise_prob, i.blur_prob, i.brightness_prob, i.contrast_prob) = (1.0, 1.0, 1.0, 1.0);
+    (i.lowres_prob, i.gamma_prob, i.inverted_gamma_prob) = (1.0, 1.0, 1.0);
     for (name, cfg) in [
         ("every transform", all),
         ("default", AugmentConfig::default()),

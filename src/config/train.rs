@@ -3,7 +3,8 @@
 
 use super::pipeline::{Pipeline, DEFAULT_PIPELINE};
 use super::values::parse_zyx;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::train::augment::AugmentConfig;
 use crate::train::config::{OptimizerName, TrainConfig};
 use crate::train::model::{Norm, Upsampling};
 
@@ -54,6 +55,14 @@ pub struct TrainFlags {
     /// Turn data augmentation off (the pipeline's `augment = false`).
     #[arg(long)]
     pub no_augment: bool,
+    /// Set one augmentation option, spelled as in the `[train.augmentation]` table:
+    /// `mirror_prob=0.5`, `spatial.elastic_prob=0.2`, `intensity.gamma_range=[0.8,1.2]`
+    /// (repeat the flag for several).
+    #[arg(long = "augment", value_name = "KEY=VALUE")]
+    pub augment_options: Vec<String>,
+    /// Deep supervision: on or off.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub deep_supervision: Option<bool>,
     /// Share of cases held out for validation (0 = none).
     #[arg(long)]
     pub val_fraction: Option<f64>,
@@ -76,7 +85,7 @@ pub struct TrainFlags {
 
 impl TrainFlags {
     /// Overlay these flags on a configuration.
-    pub fn apply(&self, c: &mut TrainConfig) {
+    pub fn apply(&self, c: &mut TrainConfig) -> Result<()> {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
         }
@@ -97,13 +106,57 @@ impl TrainFlags {
             checkpoint_every,
             log_every,
             workers,
-            seed
+            seed,
+            deep_supervision
         );
         if self.dataset.is_some() {
             c.dataset = self.dataset.clone();
         }
         if self.no_augment {
             c.augment = false;
+        }
+        if !self.augment_options.is_empty() {
+            c.augmentation = set_options(&c.augmentation, &self.augment_options)?;
+        }
+        Ok(())
+    }
+}
+
+fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("{s:?}: give on or off")),
+    }
+}
+
+/// The augmentation options with `KEY=VALUE` settings laid over them: each is read as a line
+/// of the `[train.augmentation]` table (dotted keys reach the sub-tables), so the flag and the
+/// file spell every option the same way and are checked by the same code.
+fn set_options(base: &AugmentConfig, settings: &[String]) -> Result<AugmentConfig> {
+    let bad = |m: String| Error::Config(format!("--augment: {m}"));
+    let mut table = toml::Table::try_from(base).map_err(|e| bad(e.to_string()))?;
+    for s in settings {
+        let (key, value) = s
+            .split_once('=')
+            .ok_or_else(|| bad(format!("{s:?}: write KEY=VALUE, e.g. spatial.rotation_prob=0.3")))?;
+        let line: toml::Table = toml::from_str(&format!("{} = {}", key.trim(), value.trim()))
+            .map_err(|e| bad(format!("{s:?}: {}", e.message())))?;
+        merge(&mut table, line);
+    }
+    toml::Value::Table(table)
+        .try_into::<AugmentConfig>()
+        .map_err(|e| bad(e.message().to_string()))
+}
+
+/// Lay `over` onto `base`, descending into tables both have.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
         }
     }
 }
@@ -113,7 +166,7 @@ impl TrainFlags {
 pub fn resolve(flags: &TrainFlags) -> Result<TrainConfig> {
     let pipeline = Pipeline::load(flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE))?;
     let mut c = pipeline.train;
-    flags.apply(&mut c);
+    flags.apply(&mut c)?;
     c.validate()?;
     Ok(c)
 }
@@ -145,6 +198,39 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("lr"), "{e}");
+    }
+
+    #[test]
+    fn augmentation_flags_use_the_table_spelling() {
+        let c = resolve(&TrainFlags {
+            augment_options: vec![
+                "spatial.elastic_prob=0.25".into(),
+                "intensity.gamma_range = [0.8, 1.2]".into(),
+                "mirror_prob=0".into(),
+            ],
+            deep_supervision: Some(false),
+            ..TrainFlags::default()
+        })
+        .unwrap();
+        assert_eq!(c.augmentation.spatial.elastic_prob, 0.25);
+        assert_eq!(c.augmentation.intensity.gamma_range, [0.8, 1.2]);
+        assert_eq!(c.augmentation.mirror_prob, 0.0);
+        assert_eq!(c.augmentation.spatial.rotation_prob, 0.2);
+        assert!(!c.deep_supervision);
+        for (bad, says) in [
+            ("spatial.rotaton_prob=0.1", "rotaton_prob"),
+            ("spatial.rotation_prob=2", "rotation_prob"),
+            ("mirror_prob", "KEY=VALUE"),
+            ("mirror_prob=half", "mirror_prob"),
+        ] {
+            let e = resolve(&TrainFlags {
+                augment_options: vec![bad.into()],
+                ..TrainFlags::default()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

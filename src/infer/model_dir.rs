@@ -99,7 +99,12 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
     };
     let ck = Checkpointer::load(&ck_dir, device)?;
     let channels = record.channels.len().max(1);
-    let model = build_model(&config, channels, record.num_classes, device)?;
+    // Prediction uses the full-resolution head alone: deep-supervision heads stay unused.
+    let bare = TrainConfig {
+        deep_supervision: false,
+        ..config.clone()
+    };
+    let model = build_model(&bare, channels, record.num_classes, device)?;
     model.load(&ck.model).map_err(|e| {
         Error::Train(format!(
             "{}: the weights do not fit the recorded network: {e}",

@@ -353,7 +353,7 @@ fn predict_group(
     } else {
         m.record.classes.iter().map(|c| c.name.clone()).collect()
     };
-    let mirror_axes = if opts.mirror && m.config.augment {
+    let mirror_axes = if opts.mirror && m.config.augment && m.config.augmentation.mirrors() {
         vec![0, 1, 2]
     } else {
         Vec::new()

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::augment::AugmentConfig;
 use super::model::{Norm, Upsampling};
 use crate::error::{Error, Result};
 
@@ -81,7 +82,13 @@ pub struct TrainConfig {
     pub stages: usize,
     pub norm: Norm,
     pub upsampling: Upsampling,
+    /// Extra 1x1x1 heads at the decoder's lower resolutions, trained against downsampled
+    /// targets (nnU-Net's deep supervision).
+    pub deep_supervision: bool,
+    /// Augmentation on or off (`--no-augment`); what it does is `augmentation`.
     pub augment: bool,
+    /// The `[train.augmentation]` table (nnU-Net v2's defaults).
+    pub augmentation: AugmentConfig,
     /// Fraction of cases held out for validation (at least one when there are two or more).
     pub val_fraction: f64,
     /// Validate every N optimizer steps (and at the end); 0 = only at the end.
@@ -123,7 +130,9 @@ impl Default for TrainConfig {
             stages: 4,
             norm: Norm::Instance,
             upsampling: Upsampling::Transpose,
+            deep_supervision: true,
             augment: true,
+            augmentation: AugmentConfig::default(),
             val_fraction: 0.2,
             val_every: 100,
             val_overlap: 0.5,
@@ -203,6 +212,7 @@ impl TrainConfig {
                 self.clip_grad_norm
             ));
         }
+        self.augmentation.validate()?;
         if self.keep_last == 0 {
             return bad("keep_last must be at least 1".into());
         }

@@ -1,8 +1,9 @@
 //! Worker threads filling a bounded, ordered queue of batches.
 //!
 //! Workers claim step numbers from a shared counter, build batch `s` from
-//! `sampler.choose(s)` (read each box, augment it with `Rng::derive(seed, &[AUGMENT_STREAM, s,
-//! i])`), and file it in a reorder buffer; the consumer takes batches strictly in step order.
+//! `sampler.choose(s)` (draw each sample's spatial transform from `Rng::derive(seed,
+//! &[AUGMENT_STREAM, s, i])`, read its box through it, augment the rest from the same
+//! stream), and file it in a reorder buffer; the consumer takes batches strictly in step order.
 //! Because a batch depends only on its step, the stream is the same for any number of workers.
 //!
 //! Memory is bounded whatever the dataset size: a worker does not start step `s` until
@@ -21,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::train::augment::{augment, AugmentConfig};
 use crate::train::rng::Rng;
 use crate::train::sampler::{PatchChoice, Sampler};
+use crate::train::spatial::TransformedReader;
 
 /// Stream tag of augmentation draws (`Rng::derive(seed, &[AUGMENT_STREAM, step, sample])`).
 pub const AUGMENT_STREAM: u64 = 0x6175_676d_656e_0002;
@@ -319,10 +321,15 @@ fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Ba
     let pieces = image
         .chunks_exact_mut(channels * n)
         .zip(label.chunks_exact_mut(n));
+    let mut reader = TransformedReader::default();
     for (i, (c, (img, lab))) in choices.iter().zip(pieces).enumerate() {
         let entry = &job.entries[c.case];
-        entry
-            .read_patch(c.start_zyx, patch, img, Some(lab))
+        // The spatial transform is drawn first, then (in `augment`) the rest, all from the
+        // sample's own stream.
+        let mut rng = Rng::derive(cfg.seed, &[AUGMENT_STREAM, step, i as u64]);
+        let transform = job.augment.spatial.draw(patch, &mut rng);
+        reader
+            .read(entry.as_ref(), c.start_zyx, patch, &transform, img, Some(lab))
             .map_err(|err| {
                 Error::case(
                     case_name(entry),
@@ -343,7 +350,6 @@ fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Ba
                 ),
             ));
         }
-        let mut rng = Rng::derive(cfg.seed, &[AUGMENT_STREAM, step, i as u64]);
         augment(img, lab, patch, &job.augment, &mut rng);
     }
     Ok(Batch {

@@ -4,10 +4,14 @@
 //! - [`ops`]: 3D convolution, transposed convolution, pooling and upsampling with gradients.
 //! - [`model`]: the U-Net (depth, width, norm, up-sampling mode).
 //! - [`loss`]: Dice + cross-entropy.
+//! - [`deep_supervision`]: the label patch pooled down to each supervised resolution.
 //! - [`optim`]: AdamW and SGD with Nesterov momentum, poly learning rate, state for checkpoints.
 //! - [`rng`]: the seeded, checkpointable random generator every draw comes from.
 //! - [`sampler`]: which case and which box each patch of a batch comes from.
-//! - [`augment`]: flips, 90-degree rotations, intensity scale/shift, noise.
+//! - [`spatial`]: rotation, scaling, elastic deformation: one coordinate map, one interpolation.
+//! - [`intensity`]: nnU-Net's intensity transforms (noise, blur, brightness, contrast, low
+//!   resolution, gamma).
+//! - [`augment`]: the augmentation options; intensity, then mirroring, of a read patch.
 //! - [`loader`]: worker threads filling a bounded, ordered queue of batches.
 //! - [`validate`]: sliding-window inference over cached volumes, Dice per class.
 //! - [`checkpoint`]: atomic checkpoints (safetensors + JSON state), keep last K and best.
@@ -23,7 +27,9 @@ pub mod checkpoint;
 pub mod classes;
 pub mod config;
 pub mod data;
+pub mod deep_supervision;
 pub mod device;
+pub mod intensity;
 pub mod loader;
 pub mod loss;
 pub mod metrics;
@@ -33,6 +39,7 @@ pub mod optim;
 pub mod plot;
 pub mod rng;
 pub mod sampler;
+pub mod spatial;
 pub mod split;
 pub mod trainer;
 pub mod validate;

@@ -1,9 +1,13 @@
-//! The 3D U-Net: nnU-Net's plain convolutional U-Net, without deep supervision.
+//! The 3D U-Net: nnU-Net's plain convolutional U-Net, with optional deep supervision.
 //!
 //! Each encoder stage is two (conv 3x3x3 -> norm -> LeakyReLU 0.01) blocks, the first of which
 //! downsamples with its stride (no pooling layers, as nnU-Net). Each decoder stage upsamples
 //! (transposed conv with kernel = stride, or nearest + 1x1x1 conv), concatenates the skip
 //! connection and applies two blocks; a 1x1x1 conv gives the class logits.
+//!
+//! Deep supervision (nnU-Net's): further 1x1x1 heads give logits at the decoder's lower
+//! resolutions, every one but the lowest (nnU-Net computes that one and weights it 0); they
+//! are trained only ([`UNet::forward_all`]); prediction uses the full-resolution head alone.
 //!
 //! Parameters are created here from our seeded [`Rng`], not candle's initializers (those draw
 //! from an unseeded thread RNG), so a run's initial weights depend only on its seed.
@@ -145,9 +149,48 @@ pub struct UNetConfig {
     pub strides: Vec<[usize; 3]>,
     pub norm: Norm,
     pub upsampling: Upsampling,
+    /// Heads at the lower decoder resolutions (see [`UNetConfig::supervised_levels`]).
+    #[serde(default)]
+    pub deep_supervision: bool,
 }
 
+/// Parameter names of the deep-supervision heads start with this.
+pub const DS_PREFIX: &str = "ds";
+
 impl UNetConfig {
+    /// Resolution levels with an output, full resolution (0) first: with deep supervision
+    /// every decoder level but the lowest (levels 0..depth-2), else level 0 alone.
+    pub fn supervised_levels(&self) -> Vec<usize> {
+        let depth = self.strides.len() + 1;
+        if self.deep_supervision {
+            (0..depth.saturating_sub(2).max(1)).collect()
+        } else {
+            vec![0]
+        }
+    }
+
+    /// The total stride (z, y, x) of resolution level `level`.
+    pub fn level_stride(&self, level: usize) -> [usize; 3] {
+        let mut t = [1; 3];
+        for s in self.strides.iter().take(level) {
+            for a in 0..3 {
+                t[a] *= s[a];
+            }
+        }
+        t
+    }
+
+    /// nnU-Net's loss weights of the outputs: 1 / 2^level, normalized to sum to 1.
+    pub fn level_weights(&self) -> Vec<f64> {
+        let w: Vec<f64> = self
+            .supervised_levels()
+            .iter()
+            .map(|&l| 0.5f64.powi(l as i32))
+            .collect();
+        let sum: f64 = w.iter().sum();
+        w.iter().map(|v| v / sum).collect()
+    }
+
     /// nnU-Net-like plan: keep halving each axis while it stays at least `min_size` voxels at the
     /// next stage, up to `max_stages` stages in all. An axis of the patch too small to halve
     /// keeps stride 1 (anisotropic data: thin z gets (1, 2, 2) strides first).
@@ -353,6 +396,11 @@ impl Block {
     }
 }
 
+fn is_ds_param(name: &str) -> bool {
+    name.strip_prefix(DS_PREFIX)
+        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+}
+
 fn largest_divisor_at_most(n: usize, g: usize) -> usize {
     (1..=g.min(n))
         .rev()
@@ -395,6 +443,8 @@ pub struct UNet {
     /// Decoder stages from the deepest up: (upsampling, two blocks).
     decoder: Vec<(Up, [Block; 2])>,
     head: Conv,
+    /// Deep-supervision heads of levels 1.. (index 0 is level 1).
+    ds_heads: Vec<Conv>,
     params: ParamStore,
 }
 
@@ -492,11 +542,27 @@ impl UNet {
             [1; 3],
             [1; 3],
         )?;
+        let ds_heads = config
+            .supervised_levels()
+            .into_iter()
+            .skip(1)
+            .map(|level| {
+                Conv::new(
+                    &mut ps,
+                    &format!("{DS_PREFIX}{level}"),
+                    config.channels(level),
+                    config.num_classes,
+                    [1; 3],
+                    [1; 3],
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(UNet {
             config,
             encoder,
             decoder,
             head,
+            ds_heads,
             params: ps,
         })
     }
@@ -514,7 +580,9 @@ impl UNet {
         self.params.params.iter().map(|(_, v)| v.elem_count()).sum()
     }
 
-    /// Overwrite parameter values (from a checkpoint); names and shapes must all match.
+    /// Overwrite parameter values (from a checkpoint); names and shapes must all match, except
+    /// that a model built without deep supervision (for prediction) leaves a checkpoint's
+    /// deep-supervision heads unused.
     pub fn load(&self, values: &std::collections::HashMap<String, Tensor>) -> Result<()> {
         for (name, var) in &self.params.params {
             let t = values
@@ -529,7 +597,12 @@ impl UNet {
             }
             var.set(&t.to_dtype(DType::F32)?.to_device(var.device())?)?;
         }
-        if values.len() != self.params.params.len() {
+        let unused_heads = if self.config.deep_supervision {
+            0
+        } else {
+            values.keys().filter(|k| is_ds_param(k)).count()
+        };
+        if values.len() - unused_heads != self.params.params.len() {
             return Err(Error::Train(format!(
                 "checkpoint has {} parameters, the model {}: it was trained with another network shape",
                 values.len(),
@@ -541,6 +614,18 @@ impl UNet {
 
     /// Logits (N, num_classes, D, H, W) of an input (N, in_channels, D, H, W).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut out = self.run(x, false)?;
+        Ok(out.swap_remove(0))
+    }
+
+    /// The logits of every supervised level, full resolution first (see
+    /// [`UNetConfig::supervised_levels`]); the full-resolution one alone without deep
+    /// supervision.
+    pub fn forward_all(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        self.run(x, true)
+    }
+
+    fn run(&self, x: &Tensor, all_levels: bool) -> Result<Vec<Tensor>> {
         let mut skips = Vec::with_capacity(self.encoder.len());
         let mut h = x.clone();
         for [a, b] in &self.encoder {
@@ -548,14 +633,22 @@ impl UNet {
             skips.push(h.clone());
         }
         skips.pop();
+        let mut lower = Vec::new();
         for (up, [a, b]) in &self.decoder {
             let skip = skips
                 .pop()
                 .ok_or_else(|| Error::Train("U-Net: decoder deeper than encoder".into()))?;
             let u = up.forward(&h)?;
             h = b.forward(&a.forward(&Tensor::cat(&[&u, &skip], 1)?)?)?;
+            // The level this decoder stage ends at is the number of skips left.
+            let level = skips.len();
+            if all_levels && level >= 1 && level <= self.ds_heads.len() {
+                lower.push(self.ds_heads[level - 1].forward(&h)?);
+            }
         }
-        self.head.forward(&h)
+        let mut out = vec![self.head.forward(&h)?];
+        out.extend(lower.into_iter().rev());
+        Ok(out)
     }
 }
 
@@ -590,6 +683,62 @@ mod tests {
     }
 
     #[test]
+    fn deep_supervision_adds_heads_at_the_lower_levels() -> Result<()> {
+        let cfg = UNetConfig {
+            in_channels: 2,
+            num_classes: 3,
+            base_channels: 4,
+            max_channels: 16,
+            strides: UNetConfig::plan_strides([8, 32, 32], 4, 2),
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: true,
+        };
+        assert_eq!(cfg.supervised_levels(), vec![0, 1]);
+        let w = cfg.level_weights();
+        assert!((w[0] - 2.0 / 3.0).abs() < 1e-12 && (w[1] - 1.0 / 3.0).abs() < 1e-12);
+        let five = UNetConfig {
+            strides: UNetConfig::plan_strides([16, 64, 64], 5, 2),
+            ..cfg.clone()
+        };
+        assert_eq!(five.supervised_levels(), vec![0, 1, 2]);
+        let net = UNet::new(cfg.clone(), 3, &Device::Cpu)?;
+        let x = Tensor::ones((1, 2, 8, 32, 32), DType::F32, &Device::Cpu)?;
+        let outs = net.forward_all(&x)?;
+        assert_eq!(outs.len(), 2);
+        assert_eq!(outs[0].dims(), &[1, 3, 8, 32, 32]);
+        let s = cfg.level_stride(1);
+        assert_eq!(outs[1].dims(), &[1, 3, 8 / s[0], 32 / s[1], 32 / s[2]]);
+        // The full-resolution output is the plain forward's.
+        let plain = net.forward(&x)?;
+        assert_eq!(
+            plain.flatten_all()?.to_vec1::<f32>()?,
+            outs[0].flatten_all()?.to_vec1::<f32>()?
+        );
+        // A model without the heads loads the checkpoint of one with them (prediction).
+        let values: std::collections::HashMap<String, Tensor> = net
+            .params()
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().clone()))
+            .collect();
+        assert!(values.keys().any(|k| k.starts_with("ds1.")));
+        let bare = UNet::new(
+            UNetConfig {
+                deep_supervision: false,
+                ..cfg
+            },
+            9,
+            &Device::Cpu,
+        )?;
+        bare.load(&values)?;
+        assert_eq!(
+            bare.forward(&x)?.flatten_all()?.to_vec1::<f32>()?,
+            plain.flatten_all()?.to_vec1::<f32>()?
+        );
+        Ok(())
+    }
+
+    #[test]
     fn strides_follow_the_patch() {
         assert_eq!(
             UNetConfig::plan_strides([16, 64, 64], 5, 4),
@@ -612,6 +761,7 @@ mod tests {
                 strides: UNetConfig::plan_strides([8, 16, 16], 3, 4),
                 norm: Norm::Group(2),
                 upsampling: up,
+                deep_supervision: false,
             };
             let net = UNet::new(cfg, 1, &Device::Cpu)?;
             let x = Tensor::ones((2, 1, 8, 16, 16), DType::F32, &Device::Cpu)?;

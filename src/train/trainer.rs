@@ -19,7 +19,8 @@ use super::checkpoint::{Checkpointer, StateExtra, TrainState};
 use super::config::{OptimizerName, TrainConfig};
 use super::data::{open_data, Data};
 use super::loader::{Loader, LoaderConfig};
-use super::loss::{dice_ce_masked, ignore_mask, one_hot};
+use super::deep_supervision::downsample_labels;
+use super::loss::{dice_ce_masked, ignore_mask, one_hot, LossParts};
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
 use super::model::{UNet, UNetConfig};
 use super::optim::{poly_lr, Optimizer, OptimizerKind};
@@ -101,6 +102,7 @@ pub fn build_model(
         strides,
         norm: cfg.norm,
         upsampling: cfg.upsampling,
+        deep_supervision: cfg.deep_supervision,
     };
     ucfg.check_patch(cfg.patch)?;
     UNet::new(ucfg, cfg.seed, dev)
@@ -221,6 +223,51 @@ fn add_grads(
     Ok(())
 }
 
+/// Dice + CE of every supervised output against its target, weighted by level (nnU-Net's
+/// 1/2^level, normalized); without deep supervision, of the full-resolution output alone.
+fn supervised_loss(
+    model: &UNet,
+    x: &Tensor,
+    label: &[u16],
+    n: usize,
+    patch: [usize; 3],
+    classes: usize,
+    dev: &Device,
+) -> Result<LossParts> {
+    let cfg = model.config();
+    let outputs = model.forward_all(x)?;
+    let mut sum: Option<LossParts> = None;
+    for ((logits, level), w) in outputs
+        .iter()
+        .zip(cfg.supervised_levels())
+        .zip(cfg.level_weights())
+    {
+        let pooled;
+        let (lab, size) = if level == 0 {
+            (label, patch)
+        } else {
+            pooled = downsample_labels(label, n, patch, cfg.level_stride(level));
+            (&pooled.0[..], pooled.1)
+        };
+        let target = one_hot(lab, n, classes, size, dev)?;
+        let mask = ignore_mask(lab, n, size, dev)?;
+        let p = dice_ce_masked(logits, &target, mask.as_ref())?;
+        sum = Some(match sum {
+            None => LossParts {
+                total: (p.total * w)?,
+                ce: p.ce * w,
+                dice_loss: p.dice_loss * w,
+            },
+            Some(s) => LossParts {
+                total: (s.total + (p.total * w)?)?,
+                ce: s.ce + p.ce * w,
+                dice_loss: s.dice_loss + p.dice_loss * w,
+            },
+        });
+    }
+    sum.ok_or_else(|| Error::Train("the network has no output".into()))
+}
+
 /// Running sums between two log lines.
 #[derive(Default)]
 struct Window {
@@ -338,7 +385,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
         },
     )?;
     let augment = if cfg.augment {
-        AugmentConfig::default()
+        cfg.augmentation.clone()
     } else {
         AugmentConfig::none()
     };
@@ -411,10 +458,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             )?;
             let mut label = batch.label;
             data.classes.map(&mut label)?;
-            let target = one_hot(&label, n, data.num_classes, patch, &dev)?;
-            let mask = ignore_mask(&label, n, patch, &dev)?;
-            let logits = model.forward(&x)?;
-            let parts = dice_ce_masked(&logits, &target, mask.as_ref())?;
+            let parts = supervised_loss(&model, &x, &label, n, patch, data.num_classes, &dev)?;
             if !(parts.ce.is_finite() && parts.dice_loss.is_finite()) {
                 return Err(Error::Train(format!(
                     "step {step}: the loss is not finite (ce {}, dice {}); start a new run (--out) with a lower --lr",

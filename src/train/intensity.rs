@@ -1,0 +1,460 @@
+//! nnU-Net's intensity augmentations of one patch, in its order: Gaussian noise, Gaussian blur,
+//! multiplicative brightness, contrast, low-resolution simulation, inverted gamma, gamma.
+//!
+//! Probabilities and ranges are nnU-Net v2's defaults (`nnUNetTrainer.get_training_transforms`
+//! with batchgeneratorsv2's transforms): each transform is applied to a patch with its
+//! probability, then to each channel with its per-channel probability, with a draw of its own
+//! per channel (nnU-Net's `synchronize_channels=False`) except the noise variance, which
+//! channels share. Ranges marked "either side of 1" are drawn as nnU-Net's `BGContrast`: half
+//! the time below 1, half the time above, so a factor is as likely to shrink as to grow.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::train::rng::Rng;
+
+/// The intensity part of the augmentation options (`[train.augmentation.intensity]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IntensityConfig {
+    /// Gaussian noise: probability, and the range its variance is drawn from.
+    pub noise_prob: f64,
+    pub noise_variance: [f64; 2],
+    /// Gaussian blur: probability, per-channel probability, sigma range in voxels (one draw
+    /// per axis).
+    pub blur_prob: f64,
+    pub blur_channel_prob: f64,
+    pub blur_sigma: [f64; 2],
+    /// Multiplicative brightness: probability and factor range (either side of 1).
+    pub brightness_prob: f64,
+    pub brightness_range: [f64; 2],
+    /// Contrast around the mean, clipped to the patch's range: probability, factor range
+    /// (either side of 1).
+    pub contrast_prob: f64,
+    pub contrast_range: [f64; 2],
+    /// Low resolution: probability, per-channel probability, zoom range (down by nearest, back
+    /// up linearly; z untouched for in-plane patches).
+    pub lowres_prob: f64,
+    pub lowres_channel_prob: f64,
+    pub lowres_zoom: [f64; 2],
+    /// Gamma with the mean and standard deviation kept: probability of the inverted variant
+    /// (applied to the negated image), of the plain one, and the gamma range (either side of 1).
+    pub inverted_gamma_prob: f64,
+    pub gamma_prob: f64,
+    pub gamma_range: [f64; 2],
+}
+
+impl Default for IntensityConfig {
+    fn default() -> Self {
+        IntensityConfig {
+            noise_prob: 0.1,
+            noise_variance: [0.0, 0.1],
+            blur_prob: 0.2,
+            blur_channel_prob: 0.5,
+            blur_sigma: [0.5, 1.0],
+            brightness_prob: 0.15,
+            brightness_range: [0.75, 1.25],
+            contrast_prob: 0.15,
+            contrast_range: [0.75, 1.25],
+            lowres_prob: 0.25,
+            lowres_channel_prob: 0.5,
+            lowres_zoom: [0.5, 1.0],
+            inverted_gamma_prob: 0.1,
+            gamma_prob: 0.3,
+            gamma_range: [0.7, 1.5],
+        }
+    }
+}
+
+impl IntensityConfig {
+    /// Nothing applied.
+    pub fn none() -> Self {
+        IntensityConfig {
+            noise_prob: 0.0,
+            blur_prob: 0.0,
+            brightness_prob: 0.0,
+            contrast_prob: 0.0,
+            lowres_prob: 0.0,
+            inverted_gamma_prob: 0.0,
+            gamma_prob: 0.0,
+            ..IntensityConfig::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("augmentation: {m}")));
+        for (name, p) in [
+            ("noise_prob", self.noise_prob),
+            ("blur_prob", self.blur_prob),
+            ("blur_channel_prob", self.blur_channel_prob),
+            ("brightness_prob", self.brightness_prob),
+            ("contrast_prob", self.contrast_prob),
+            ("lowres_prob", self.lowres_prob),
+            ("lowres_channel_prob", self.lowres_channel_prob),
+            ("inverted_gamma_prob", self.inverted_gamma_prob),
+            ("gamma_prob", self.gamma_prob),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return bad(format!("{name} {p} is not between 0 and 1"));
+            }
+        }
+        for (name, [lo, hi], min, max) in [
+            ("noise_variance", self.noise_variance, 0.0, 10.0),
+            ("blur_sigma", self.blur_sigma, 0.0, 8.0),
+            ("brightness_range", self.brightness_range, 1e-3, 10.0),
+            ("contrast_range", self.contrast_range, 1e-3, 10.0),
+            ("lowres_zoom", self.lowres_zoom, 0.05, 1.0),
+            ("gamma_range", self.gamma_range, 1e-2, 10.0),
+        ] {
+            if !(lo.is_finite() && hi.is_finite() && min <= lo && lo <= hi && hi <= max) {
+                return bad(format!(
+                    "{name} [{lo}, {hi}] must be ordered and within {min}..{max}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Apply the intensity transforms to `image` (channels one after the other, each `size_zyx`
+/// voxels in C order). `in_plane` keeps the low-resolution simulation off the z axis.
+pub fn apply(
+    image: &mut [f32],
+    size_zyx: [usize; 3],
+    in_plane: bool,
+    cfg: &IntensityConfig,
+    rng: &mut Rng,
+) {
+    let n: usize = size_zyx.iter().product();
+    if rng.chance(cfg.noise_prob) {
+        let var = rng.range(cfg.noise_variance[0], cfg.noise_variance[1]);
+        let std = var.sqrt();
+        if std > 0.0 {
+            image
+                .iter_mut()
+                .for_each(|v| *v += (std * rng.normal()) as f32);
+        }
+    }
+    if rng.chance(cfg.blur_prob) {
+        for c in image.chunks_exact_mut(n) {
+            if rng.chance(cfg.blur_channel_prob) {
+                let sigma = [0, 1, 2].map(|_| rng.range(cfg.blur_sigma[0], cfg.blur_sigma[1]));
+                gaussian_blur(c, size_zyx, sigma);
+            }
+        }
+    }
+    if rng.chance(cfg.brightness_prob) {
+        for c in image.chunks_exact_mut(n) {
+            let f = either_side_of_one(cfg.brightness_range, rng) as f32;
+            c.iter_mut().for_each(|v| *v *= f);
+        }
+    }
+    if rng.chance(cfg.contrast_prob) {
+        for c in image.chunks_exact_mut(n) {
+            let f = either_side_of_one(cfg.contrast_range, rng);
+            contrast(c, f);
+        }
+    }
+    if rng.chance(cfg.lowres_prob) {
+        for c in image.chunks_exact_mut(n) {
+            if rng.chance(cfg.lowres_channel_prob) {
+                let zoom = rng.range(cfg.lowres_zoom[0], cfg.lowres_zoom[1]);
+                low_resolution(c, size_zyx, zoom, in_plane);
+            }
+        }
+    }
+    for (p, invert) in [(cfg.inverted_gamma_prob, true), (cfg.gamma_prob, false)] {
+        if rng.chance(p) {
+            for c in image.chunks_exact_mut(n) {
+                let g = either_side_of_one(cfg.gamma_range, rng);
+                gamma(c, g, invert);
+            }
+        }
+    }
+}
+
+/// nnU-Net's `BGContrast` draw: below 1 half the time (when the range reaches below 1), else
+/// at or above 1.
+fn either_side_of_one([lo, hi]: [f64; 2], rng: &mut Rng) -> f64 {
+    if rng.chance(0.5) && lo < 1.0 {
+        rng.range(lo, hi.min(1.0))
+    } else {
+        rng.range(lo.max(1.0), hi.max(1.0))
+    }
+}
+
+/// `(x - mean) * f + mean`, clipped to the values' original range.
+pub fn contrast(c: &mut [f32], f: f64) {
+    if c.is_empty() {
+        return;
+    }
+    let mean = c.iter().map(|&v| v as f64).sum::<f64>() / c.len() as f64;
+    let (lo, hi) = min_max(c);
+    for v in c.iter_mut() {
+        *v = (((*v as f64 - mean) * f + mean) as f32).clamp(lo, hi);
+    }
+}
+
+/// Gamma on the values rescaled to 0..1, then the original mean and standard deviation put
+/// back; `invert` applies it to the negated values (brightening the dark end instead).
+pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
+    if c.is_empty() {
+        return;
+    }
+    let sign = if invert { -1.0 } else { 1.0 };
+    let (mean, std) = mean_std(c);
+    let (lo, hi) = if invert {
+        let (a, b) = min_max(c);
+        (-b, -a)
+    } else {
+        min_max(c)
+    };
+    let range = (hi - lo) as f64 + 1e-7;
+    for v in c.iter_mut() {
+        let x = sign * *v as f64;
+        *v = (sign * (((x - lo as f64) / range).max(0.0).powf(g) * range + lo as f64)) as f32;
+    }
+    let (m2, s2) = mean_std(c);
+    for v in c.iter_mut() {
+        *v = ((*v as f64 - m2) / (s2 + 1e-8) * std + mean) as f32;
+    }
+}
+
+fn min_max(c: &[f32]) -> (f32, f32) {
+    c.iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        })
+}
+
+fn mean_std(c: &[f32]) -> (f64, f64) {
+    let n = c.len().max(1) as f64;
+    let mean = c.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = c.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
+/// Separable Gaussian blur with per-axis sigma (voxels), kernels cut at 4 sigma, the edges
+/// mirrored (scipy's `gaussian_filter` defaults).
+pub fn gaussian_blur(c: &mut [f32], size: [usize; 3], sigma: [f64; 3]) {
+    let mut line = Vec::new();
+    let mut out = Vec::new();
+    for axis in 0..3 {
+        if sigma[axis] <= 0.0 || size[axis] < 2 {
+            continue;
+        }
+        let kernel = gaussian_kernel(sigma[axis]);
+        let len = size[axis];
+        let stride: usize = size[axis + 1..].iter().product();
+        let outer: usize = size[..axis].iter().product();
+        for o in 0..outer {
+            for i in 0..stride {
+                let base = o * len * stride + i;
+                line.clear();
+                line.extend((0..len).map(|k| c[base + k * stride]));
+                convolve_reflect(&line, &kernel, &mut out);
+                for (k, v) in out.iter().enumerate() {
+                    c[base + k * stride] = *v;
+                }
+            }
+        }
+    }
+}
+
+fn gaussian_kernel(sigma: f64) -> Vec<f32> {
+    let r = (4.0 * sigma + 0.5) as i64;
+    let w: Vec<f64> = (-r..=r)
+        .map(|x| (-0.5 * (x as f64 / sigma).powi(2)).exp())
+        .collect();
+    let s: f64 = w.iter().sum();
+    w.iter().map(|v| (v / s) as f32).collect()
+}
+
+/// Convolve with a symmetric kernel, reflecting at the edges (d c b a | a b c d | d c b a).
+fn convolve_reflect(line: &[f32], kernel: &[f32], out: &mut Vec<f32>) {
+    let n = line.len() as i64;
+    let r = (kernel.len() / 2) as i64;
+    out.clear();
+    out.extend((0..n).map(|i| {
+        kernel
+            .iter()
+            .enumerate()
+            .map(|(k, w)| {
+                let mut j = i + k as i64 - r;
+                // Reflect until inside (kernels may be longer than the line).
+                loop {
+                    if j < 0 {
+                        j = -j - 1;
+                    } else if j >= n {
+                        j = 2 * n - j - 1;
+                    } else {
+                        break;
+                    }
+                }
+                w * line[j as usize]
+            })
+            .sum::<f32>()
+    }));
+}
+
+/// Down to `round(n * zoom)` voxels per axis by nearest neighbour, then back up linearly
+/// (half-voxel-centred, edges clamped), as nnU-Net's `SimulateLowResolutionTransform`.
+pub fn low_resolution(c: &mut [f32], size: [usize; 3], zoom: f64, in_plane: bool) {
+    let small: [usize; 3] = std::array::from_fn(|a| {
+        if in_plane && a == 0 {
+            size[0]
+        } else {
+            ((size[a] as f64 * zoom).round() as usize).max(1)
+        }
+    });
+    if small == size {
+        return;
+    }
+    let near = |a: usize, j: usize| ((j as f64 + 0.5) * size[a] as f64 / small[a] as f64) as usize;
+    let mut low = Vec::with_capacity(small.iter().product());
+    for z in 0..small[0] {
+        for y in 0..small[1] {
+            for x in 0..small[2] {
+                let (sz, sy, sx) = (near(0, z), near(1, y), near(2, x));
+                low.push(c[(sz.min(size[0] - 1) * size[1] + sy.min(size[1] - 1)) * size[2]
+                    + sx.min(size[2] - 1)]);
+            }
+        }
+    }
+    // Linear weights of output voxel j on the small grid, per axis.
+    let taps = |a: usize| -> Vec<(usize, usize, f32)> {
+        (0..size[a])
+            .map(|j| {
+                let s = ((j as f64 + 0.5) * small[a] as f64 / size[a] as f64 - 0.5)
+                    .clamp(0.0, (small[a] - 1) as f64);
+                let i0 = s.floor() as usize;
+                let i1 = (i0 + 1).min(small[a] - 1);
+                (i0, i1, (s - i0 as f64) as f32)
+            })
+            .collect()
+    };
+    let (tz, ty, tx) = (taps(0), taps(1), taps(2));
+    let at = |z: usize, y: usize, x: usize| low[(z * small[1] + y) * small[2] + x];
+    for (z, &(z0, z1, fz)) in tz.iter().enumerate() {
+        for (y, &(y0, y1, fy)) in ty.iter().enumerate() {
+            for (x, &(x0, x1, fx)) in tx.iter().enumerate() {
+                let lerp = |a: f32, b: f32, f: f32| a + (b - a) * f;
+                let plane = |zz: usize| {
+                    lerp(
+                        lerp(at(zz, y0, x0), at(zz, y0, x1), fx),
+                        lerp(at(zz, y1, x0), at(zz, y1, x1), fx),
+                        fy,
+                    )
+                };
+                c[(z * size[1] + y) * size[2] + x] = lerp(plane(z0), plane(z1), fz);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(size: [usize; 3]) -> Vec<f32> {
+        let n: usize = size.iter().product();
+        (0..n).map(|i| ((i * 37) % 101) as f32 * 0.1 - 3.0).collect()
+    }
+
+    #[test]
+    fn none_changes_nothing_and_defaults_are_valid() {
+        let size = [4, 6, 6];
+        let img = ramp(size);
+        for seed in 0..50 {
+            let mut a = img.clone();
+            apply(&mut a, size, false, &IntensityConfig::none(), &mut Rng::new(seed));
+            assert_eq!(a, img);
+        }
+        IntensityConfig::default().validate().unwrap();
+        let bad = IntensityConfig {
+            gamma_range: [1.5, 0.7],
+            ..IntensityConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn blur_keeps_constants_and_the_sum_and_matches_a_direct_sum() {
+        let size = [5, 7, 9];
+        let mut flat = vec![2.5f32; 5 * 63];
+        gaussian_blur(&mut flat, size, [0.7, 1.0, 0.5]);
+        assert!(flat.iter().all(|v| (v - 2.5).abs() < 1e-5));
+        // One axis against a direct reflected sum.
+        let mut img = ramp([1, 1, 9]);
+        let orig = img.clone();
+        gaussian_blur(&mut img, [1, 1, 9], [0.0, 0.0, 0.8]);
+        let k = gaussian_kernel(0.8);
+        let r = (k.len() / 2) as i64;
+        for i in 0..9i64 {
+            let want: f32 = (0..k.len() as i64)
+                .map(|q| {
+                    let mut j = i + q - r;
+                    if j < 0 {
+                        j = -j - 1;
+                    }
+                    if j >= 9 {
+                        j = 17 - j;
+                    }
+                    k[q as usize] * orig[j as usize]
+                })
+                .sum();
+            assert!((img[i as usize] - want).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn contrast_and_gamma_keep_what_they_promise() {
+        let size = [3, 8, 8];
+        let img = ramp(size);
+        let (lo, hi) = min_max(&img);
+        let mut c = img.clone();
+        contrast(&mut c, 1.4);
+        let (lo2, hi2) = min_max(&c);
+        assert!(lo2 >= lo && hi2 <= hi);
+        let (m0, s0) = mean_std(&img);
+        for invert in [false, true] {
+            let mut g = img.clone();
+            gamma(&mut g, 0.7, invert);
+            let (m, s) = mean_std(&g);
+            assert!((m - m0).abs() < 1e-4 && (s - s0).abs() < 1e-4, "{m} {s}");
+            assert_ne!(g, img);
+            // Monotone: the order of values is kept.
+            let mut idx: Vec<usize> = (0..img.len()).collect();
+            idx.sort_by(|&a, &b| img[a].total_cmp(&img[b]));
+            assert!(idx.windows(2).all(|w| g[w[0]] <= g[w[1]] + 1e-5));
+        }
+    }
+
+    #[test]
+    fn low_resolution_keeps_constants_and_the_z_axis_of_in_plane_patches() {
+        let size = [4, 10, 10];
+        let mut flat = vec![-1.25f32; 400];
+        low_resolution(&mut flat, size, 0.5, false);
+        assert!(flat.iter().all(|&v| v == -1.25));
+        // Values constant in-plane, varying in z: in-plane low resolution keeps them.
+        let mut layers: Vec<f32> = (0..400).map(|i| (i / 100) as f32).collect();
+        let orig = layers.clone();
+        low_resolution(&mut layers, size, 0.5, true);
+        assert_eq!(layers, orig);
+        let mut img = ramp(size);
+        let before = img.clone();
+        low_resolution(&mut img, size, 0.5, false);
+        assert_ne!(img, before);
+    }
+
+    #[test]
+    fn either_side_of_one_is_balanced() {
+        let mut rng = Rng::new(4);
+        let draws: Vec<f64> = (0..4000)
+            .map(|_| either_side_of_one([0.75, 1.25], &mut rng))
+            .collect();
+        let below = draws.iter().filter(|&&v| v < 1.0).count();
+        assert!((1800..2200).contains(&below), "{below}");
+        assert!(draws.iter().all(|v| (0.75..=1.25).contains(v)));
+    }
+}

@@ -1,0 +1,740 @@
+//! Spatial augmentation: rotation, scaling and elastic deformation as one map from patch voxels
+//! to source coordinates, and one interpolation of every array of the case at those coordinates.
+//!
+//! nnU-Net crops an enlarged patch, then rotates and scales it; we compute where each patch voxel
+//! comes from in the cached volume and read only the box those coordinates need (memory-mapped
+//! chunks under it), so nothing depends on the volume's size and nothing is interpolated twice.
+//!
+//! The map, in voxel coordinates (z, y, x) of the cached volume, for patch voxel `p`:
+//!
+//! ```text
+//! source(p) = centre + scale * R * (p - (size - 1) / 2) + elastic(p)
+//! ```
+//!
+//! `centre = start + (size - 1) / 2` is the centre of the box the sampler chose (so the identity
+//! map reads exactly that box, and a foreground-centred patch stays centred on its voxel);
+//! `R = Rz * Ry * Rx` rotates by the angles about the z, y and x axes (`Rz` turns the (y, x)
+//! plane); a scale above 1 samples a wider region (structures look smaller), as in nnU-Net.
+//! `elastic` is a displacement interpolated trilinearly from a coarse grid of random control
+//! displacements. Rotation happens in voxel space, as nnU-Net does; patches much thinner in z
+//! than in-plane (nnU-Net's "dummy 2D" rule, largest side over 3 times z) are rotated, scaled
+//! and deformed in-plane only.
+//!
+//! Interpolation: images linearly (what scipy's `map_coordinates(order=1,
+//! mode="grid-constant")` computes over the zero-padded volume); labels by the class with the
+//! largest summed linear weight among the 8 neighbours (nnU-Net's per-class interpolation,
+//! which never invents a value between two classes), ties to the lower value. Outside the
+//! volume images read 0 (after normalization) and labels background, like nnU-Net's padding.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::PatchSource;
+use crate::error::{Error, Result};
+use crate::train::rng::Rng;
+
+/// Patches whose largest side is more than this many times their z side are augmented in-plane
+/// only (nnU-Net's `ANISO_THRESHOLD`).
+pub const IN_PLANE_RATIO: f64 = 3.0;
+
+/// The spatial part of the augmentation options (keys of `[train.augmentation]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpatialConfig {
+    /// Probability that a patch is rotated (nnU-Net: 0.2).
+    pub rotation_prob: f64,
+    /// Largest rotation in degrees about the z, y and x axes. Unset: nnU-Net's choice, 30
+    /// about each axis, or 180 about z alone for in-plane patches.
+    pub rotation_degrees: Option<[f64; 3]>,
+    /// Probability that a patch is scaled (nnU-Net: 0.2), by one factor for every axis.
+    pub scale_prob: f64,
+    /// Scale factor range (nnU-Net: 0.7 to 1.4); above 1 samples a wider region.
+    pub scale_range: [f64; 2],
+    /// Probability of an elastic deformation (nnU-Net: 0, off).
+    pub elastic_prob: f64,
+    /// Standard deviation of the control displacements, in voxels.
+    pub elastic_magnitude: f64,
+    /// Voxels between elastic control points.
+    pub elastic_grid: usize,
+    /// Rotate, scale and deform in the (y, x) plane only. Unset: when the patch is more than
+    /// 3 times wider than deep (nnU-Net's rule).
+    pub in_plane: Option<bool>,
+}
+
+impl Default for SpatialConfig {
+    fn default() -> Self {
+        SpatialConfig {
+            rotation_prob: 0.2,
+            rotation_degrees: None,
+            scale_prob: 0.2,
+            scale_range: [0.7, 1.4],
+            elastic_prob: 0.0,
+            elastic_magnitude: 3.0,
+            elastic_grid: 16,
+            in_plane: None,
+        }
+    }
+}
+
+impl SpatialConfig {
+    /// No spatial transform at all.
+    pub fn none() -> Self {
+        SpatialConfig {
+            rotation_prob: 0.0,
+            scale_prob: 0.0,
+            elastic_prob: 0.0,
+            ..SpatialConfig::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("augmentation: {m}")));
+        for (name, p) in [
+            ("rotation_prob", self.rotation_prob),
+            ("scale_prob", self.scale_prob),
+            ("elastic_prob", self.elastic_prob),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return bad(format!("{name} {p} is not between 0 and 1"));
+            }
+        }
+        if let Some(d) = self.rotation_degrees {
+            if d.iter().any(|a| !(a.is_finite() && (0.0..=180.0).contains(a))) {
+                return bad(format!(
+                    "rotation_degrees {d:?}: each must be between 0 and 180"
+                ));
+            }
+        }
+        let [lo, hi] = self.scale_range;
+        if !(lo.is_finite() && hi.is_finite() && 0.25 <= lo && lo <= hi && hi <= 4.0) {
+            return bad(format!(
+                "scale_range [{lo}, {hi}] must be ordered and within 0.25..4"
+            ));
+        }
+        if !(self.elastic_magnitude.is_finite() && (0.0..=32.0).contains(&self.elastic_magnitude))
+        {
+            return bad(format!(
+                "elastic_magnitude {} must be between 0 and 32 voxels",
+                self.elastic_magnitude
+            ));
+        }
+        if !(2..=256).contains(&self.elastic_grid) {
+            return bad(format!(
+                "elastic_grid {} must be between 2 and 256 voxels",
+                self.elastic_grid
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a patch of this size is augmented in-plane only.
+    pub fn in_plane_for(&self, patch_zyx: [usize; 3]) -> bool {
+        self.in_plane.unwrap_or_else(|| {
+            let largest = patch_zyx.iter().copied().max().unwrap_or(1) as f64;
+            largest / patch_zyx[0].max(1) as f64 > IN_PLANE_RATIO
+        })
+    }
+
+    /// The largest angles (z, y, x axes) in degrees for a patch of this size.
+    pub fn degrees_for(&self, patch_zyx: [usize; 3]) -> [f64; 3] {
+        match (self.rotation_degrees, self.in_plane_for(patch_zyx)) {
+            (Some([z, _, _]), true) => [z, 0.0, 0.0],
+            (Some(d), false) => d,
+            (None, true) => [180.0, 0.0, 0.0],
+            (None, false) => [30.0; 3],
+        }
+    }
+
+    /// Draw the transform of one patch. A fixed number of draws is taken from `rng` whatever
+    /// is applied (the elastic field comes from a generator seeded by one of them), so the
+    /// draws that follow do not depend on these settings.
+    pub fn draw(&self, patch_zyx: [usize; 3], rng: &mut Rng) -> Transform {
+        let in_plane = self.in_plane_for(patch_zyx);
+        let degrees = self.degrees_for(patch_zyx);
+        let rotate = rng.chance(self.rotation_prob);
+        let angles = degrees.map(|d| rng.range(-d, d).to_radians());
+        let scale = rng.chance(self.scale_prob);
+        let factor = rng.range(self.scale_range[0], self.scale_range[1]);
+        let elastic = rng.chance(self.elastic_prob);
+        let elastic_seed = rng.next_u64();
+
+        let rotation = if rotate {
+            rotation_zyx(angles)
+        } else {
+            IDENTITY
+        };
+        let s = if scale { factor } else { 1.0 };
+        let mut matrix = rotation.map(|row| row.map(|v| v * s));
+        if in_plane {
+            // z stays put: only the (y, x) block of the map acts.
+            matrix[0] = [1.0, 0.0, 0.0];
+            matrix[1][0] = 0.0;
+            matrix[2][0] = 0.0;
+        }
+        let field = (elastic && self.elastic_magnitude > 0.0).then(|| {
+            ElasticField::random(
+                patch_zyx,
+                self.elastic_grid,
+                self.elastic_magnitude,
+                in_plane,
+                &mut Rng::new(elastic_seed),
+            )
+        });
+        Transform {
+            matrix,
+            scale: s,
+            elastic: field,
+        }
+    }
+}
+
+const IDENTITY: [[f64; 3]; 3] = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]];
+
+/// `Rz * Ry * Rx` in (z, y, x) coordinates, angles in radians about the z, y and x axes.
+pub fn rotation_zyx(angles: [f64; 3]) -> [[f64; 3]; 3] {
+    let [az, ay, ax] = angles;
+    // About z: turns (y, x). About y: turns (z, x). About x: turns (z, y).
+    let rz = [
+        [1.0, 0.0, 0.0],
+        [0.0, az.cos(), -az.sin()],
+        [0.0, az.sin(), az.cos()],
+    ];
+    let ry = [
+        [ay.cos(), 0.0, ay.sin()],
+        [0.0, 1.0, 0.0],
+        [-ay.sin(), 0.0, ay.cos()],
+    ];
+    let rx = [
+        [ax.cos(), -ax.sin(), 0.0],
+        [ax.sin(), ax.cos(), 0.0],
+        [0.0, 0.0, 1.0],
+    ];
+    mat_mul(&mat_mul(&rz, &ry), &rx)
+}
+
+fn mat_mul(a: &[[f64; 3]; 3], b: &[[f64; 3]; 3]) -> [[f64; 3]; 3] {
+    std::array::from_fn(|i| std::array::from_fn(|j| (0..3).map(|k| a[i][k] * b[k][j]).sum()))
+}
+
+/// Random displacements on a coarse grid over the patch, interpolated trilinearly in between.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ElasticField {
+    /// Control points per axis (z, y, x).
+    nodes: [usize; 3],
+    grid: f64,
+    /// (z, y, x) displacement per control point, C order over `nodes`.
+    disp: Vec<[f64; 3]>,
+}
+
+impl ElasticField {
+    fn random(size: [usize; 3], grid: usize, magnitude: f64, in_plane: bool, rng: &mut Rng) -> Self {
+        let nodes = size.map(|n| (n.saturating_sub(1)).div_ceil(grid) + 1);
+        let count: usize = nodes.iter().product();
+        let disp = (0..count)
+            .map(|_| {
+                let d = [0, 1, 2].map(|_| rng.normal() * magnitude);
+                if in_plane {
+                    [0.0, d[1], d[2]]
+                } else {
+                    d
+                }
+            })
+            .collect();
+        ElasticField {
+            nodes,
+            grid: grid as f64,
+            disp,
+        }
+    }
+
+    /// The displacement at patch voxel `p`.
+    fn at(&self, p: [usize; 3]) -> [f64; 3] {
+        let mut i0 = [0usize; 3];
+        let mut f = [0f64; 3];
+        for a in 0..3 {
+            let g = p[a] as f64 / self.grid;
+            let i = (g.floor() as usize).min(self.nodes[a].saturating_sub(2));
+            i0[a] = i;
+            f[a] = if self.nodes[a] > 1 { g - i as f64 } else { 0.0 };
+        }
+        let mut out = [0f64; 3];
+        for corner in 0..8 {
+            let mut w = 1.0;
+            let mut idx = [0usize; 3];
+            for a in 0..3 {
+                let up = (corner >> (2 - a)) & 1;
+                w *= if up == 1 { f[a] } else { 1.0 - f[a] };
+                idx[a] = (i0[a] + up).min(self.nodes[a] - 1);
+            }
+            if w == 0.0 {
+                continue;
+            }
+            let d = &self.disp[(idx[0] * self.nodes[1] + idx[1]) * self.nodes[2] + idx[2]];
+            for a in 0..3 {
+                out[a] += w * d[a];
+            }
+        }
+        out
+    }
+}
+
+/// One patch's map from patch voxels to source coordinates (see the module doc).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transform {
+    /// `scale * R`, acting on (z, y, x) offsets from the patch centre.
+    pub matrix: [[f64; 3]; 3],
+    /// The scale factor alone (distance maps sampled through the map shrink by it).
+    pub scale: f64,
+    pub elastic: Option<ElasticField>,
+}
+
+impl Transform {
+    pub fn identity() -> Self {
+        Transform {
+            matrix: IDENTITY,
+            scale: 1.0,
+            elastic: None,
+        }
+    }
+
+    /// A rotation (radians about z, y, x) and scale, without elastic deformation.
+    pub fn rotate_scale(angles: [f64; 3], scale: f64) -> Self {
+        Transform {
+            matrix: rotation_zyx(angles).map(|row| row.map(|v| v * scale)),
+            scale,
+            elastic: None,
+        }
+    }
+
+    /// Whether this map is the plain crop (then nothing needs interpolating).
+    pub fn is_identity(&self) -> bool {
+        self.matrix == IDENTITY && self.elastic.is_none()
+    }
+
+    /// Source coordinates (z, y, x) of the patch row `(z, y)`, one per x, into `out`.
+    fn row(&self, centre: [f64; 3], size: [usize; 3], z: usize, y: usize, out: &mut [[f64; 3]]) {
+        let half = size.map(|n| (n as f64 - 1.0) / 2.0);
+        let (dz, dy) = (z as f64 - half[0], y as f64 - half[1]);
+        let m = &self.matrix;
+        for (x, o) in out.iter_mut().enumerate() {
+            let dx = x as f64 - half[2];
+            for a in 0..3 {
+                o[a] = centre[a] + m[a][0] * dz + m[a][1] * dy + m[a][2] * dx;
+            }
+            if let Some(e) = &self.elastic {
+                let d = e.at([z, y, x]);
+                for a in 0..3 {
+                    o[a] += d[a];
+                }
+            }
+        }
+    }
+
+    /// Every source coordinate of a patch, C order (for tests and reference implementations).
+    pub fn coordinates(&self, start_zyx: [i64; 3], size: [usize; 3]) -> Vec<[f64; 3]> {
+        let centre = centre_of(start_zyx, size);
+        let mut out = vec![[0.0; 3]; size.iter().product()];
+        for (r, row) in out.chunks_exact_mut(size[2]).enumerate() {
+            self.row(centre, size, r / size[1], r % size[1], row);
+        }
+        out
+    }
+
+    /// The box (start, size) of source voxels that linear interpolation at every coordinate
+    /// of the patch reads.
+    pub fn source_box(&self, start_zyx: [i64; 3], size: [usize; 3]) -> ([i64; 3], [usize; 3]) {
+        let centre = centre_of(start_zyx, size);
+        let mut lo = [i64::MAX; 3];
+        let mut hi = [i64::MIN; 3];
+        let mut row = vec![[0.0; 3]; size[2]];
+        for z in 0..size[0] {
+            for y in 0..size[1] {
+                self.row(centre, size, z, y, &mut row);
+                for c in &row {
+                    for a in 0..3 {
+                        let f = c[a].floor() as i64;
+                        lo[a] = lo[a].min(f);
+                        hi[a] = hi[a].max(f + 1);
+                    }
+                }
+            }
+        }
+        (lo, [0, 1, 2].map(|a| (hi[a] - lo[a] + 1) as usize))
+    }
+}
+
+fn centre_of(start_zyx: [i64; 3], size: [usize; 3]) -> [f64; 3] {
+    [0, 1, 2].map(|a| start_zyx[a] as f64 + (size[a] as f64 - 1.0) / 2.0)
+}
+
+/// Reads patches through a transform: the source box once, then one interpolation per array.
+/// Holds the box buffers between patches (a loader worker keeps one).
+#[derive(Default)]
+pub struct TransformedReader {
+    image_box: Vec<f32>,
+    label_box: Vec<u16>,
+    row: Vec<[f64; 3]>,
+}
+
+impl TransformedReader {
+    /// Fill `image` (channels x patch, C order) and `label` (patch) with the case's arrays
+    /// sampled through `t` for the patch whose untransformed box starts at `start_zyx`.
+    pub fn read(
+        &mut self,
+        src: &dyn PatchSource,
+        start_zyx: [i64; 3],
+        size: [usize; 3],
+        t: &Transform,
+        image: &mut [f32],
+        label: Option<&mut [u16]>,
+    ) -> Result<()> {
+        if t.is_identity() {
+            return src.read_patch(start_zyx, size, image, label);
+        }
+        let n: usize = size.iter().product();
+        let channels = src.channels();
+        let (box_start, box_size) = t.source_box(start_zyx, size);
+        let bn: usize = box_size.iter().product();
+        self.image_box.resize(channels * bn, 0.0);
+        src.read_image(box_start, box_size, &mut self.image_box)?;
+        let with_label = label.is_some();
+        if with_label {
+            self.label_box.resize(bn, 0);
+            src.read_label(box_start, box_size, &mut self.label_box)?;
+        }
+        let centre = centre_of(start_zyx, size);
+        self.row.resize(size[2], [0.0; 3]);
+        let mut label = label;
+        for z in 0..size[0] {
+            for y in 0..size[1] {
+                t.row(centre, size, z, y, &mut self.row);
+                let at = (z * size[1] + y) * size[2];
+                for (x, c) in self.row.iter().enumerate() {
+                    let local = [0, 1, 2].map(|a| c[a] - box_start[a] as f64);
+                    let corners = Corners::new(local, box_size);
+                    for ch in 0..channels {
+                        let b = &self.image_box[ch * bn..(ch + 1) * bn];
+                        image[ch * n + at + x] = corners.linear(b);
+                    }
+                    if let Some(l) = label.as_deref_mut() {
+                        l[at + x] = corners.majority(&self.label_box);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The 8 neighbours of a coordinate inside a box and their linear weights.
+struct Corners {
+    index: [usize; 8],
+    weight: [f64; 8],
+}
+
+impl Corners {
+    /// `local` must lie inside the box with its upper neighbours (as `source_box` makes sure).
+    fn new(local: [f64; 3], size: [usize; 3]) -> Self {
+        let i0 = local.map(|v| v.floor());
+        let f = [0, 1, 2].map(|a| local[a] - i0[a]);
+        let i0 = i0.map(|v| v as usize);
+        let mut index = [0usize; 8];
+        let mut weight = [0f64; 8];
+        for k in 0..8 {
+            let up = [(k >> 2) & 1, (k >> 1) & 1, k & 1];
+            let mut w = 1.0;
+            let mut idx = [0usize; 3];
+            for a in 0..3 {
+                w *= if up[a] == 1 { f[a] } else { 1.0 - f[a] };
+                idx[a] = (i0[a] + up[a]).min(size[a] - 1);
+            }
+            index[k] = (idx[0] * size[1] + idx[1]) * size[2] + idx[2];
+            weight[k] = w;
+        }
+        Corners { index, weight }
+    }
+
+    /// Trilinear interpolation: x first, then y, then z, as scipy's order-1 spline computes it.
+    fn linear(&self, b: &[f32]) -> f32 {
+        let mut s = 0f64;
+        for k in 0..8 {
+            if self.weight[k] != 0.0 {
+                s += self.weight[k] * b[self.index[k]] as f64;
+            }
+        }
+        s as f32
+    }
+
+    /// The value with the largest summed weight (ties to the lower value).
+    fn majority(&self, b: &[u16]) -> u16 {
+        let mut best = (0u16, -1.0f64);
+        let mut seen: [(u16, f64); 8] = [(0, 0.0); 8];
+        let mut len = 0;
+        for k in 0..8 {
+            if self.weight[k] == 0.0 {
+                continue;
+            }
+            let v = b[self.index[k]];
+            match seen[..len].iter_mut().find(|s| s.0 == v) {
+                Some(s) => s.1 += self.weight[k],
+                None => {
+                    seen[len] = (v, self.weight[k]);
+                    len += 1;
+                }
+            }
+        }
+        for &(v, w) in &seen[..len] {
+            if w > best.1 || (w == best.1 && v < best.0) {
+                best = (v, w);
+            }
+        }
+        best.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A volume in memory as a patch source (image linear in each axis, label by thresholds).
+    struct Volume {
+        shape: [usize; 3],
+        image: Vec<f32>,
+        label: Vec<u16>,
+    }
+
+    impl Volume {
+        fn new(shape: [usize; 3]) -> Self {
+            let n: usize = shape.iter().product();
+            let mut image = Vec::with_capacity(n);
+            let mut label = Vec::with_capacity(n);
+            for i in 0..n {
+                let (z, y, x) = (i / (shape[1] * shape[2]), (i / shape[2]) % shape[1], i % shape[2]);
+                image.push(((z * 31 + y * 7 + x * 3) % 17) as f32 - 8.0 + 0.25 * x as f32);
+                label.push(((x / 3 + y / 4 + z / 2) % 3) as u16);
+            }
+            Volume {
+                shape,
+                image,
+                label,
+            }
+        }
+
+        fn get<T: Copy + Default>(&self, v: &[T], p: [i64; 3]) -> T {
+            if (0..3).any(|a| p[a] < 0 || p[a] >= self.shape[a] as i64) {
+                return T::default();
+            }
+            v[((p[0] as usize) * self.shape[1] + p[1] as usize) * self.shape[2] + p[2] as usize]
+        }
+    }
+
+    impl PatchSource for Volume {
+        fn name(&self) -> String {
+            "volume".into()
+        }
+        fn shape_zyx(&self) -> [usize; 3] {
+            self.shape
+        }
+        fn has_label(&self) -> bool {
+            true
+        }
+        fn classes(&self) -> Vec<u16> {
+            vec![1, 2]
+        }
+        fn fg_coords(&self, _: u16) -> Result<Vec<[u32; 3]>> {
+            Ok(vec![])
+        }
+        fn read_image(&self, s: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
+            for (i, o) in out.iter_mut().enumerate() {
+                let p = [i / (size[1] * size[2]), (i / size[2]) % size[1], i % size[2]];
+                *o = self.get(&self.image, [0, 1, 2].map(|a| s[a] + p[a] as i64));
+            }
+            Ok(())
+        }
+        fn read_label(&self, s: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+            for (i, o) in out.iter_mut().enumerate() {
+                let p = [i / (size[1] * size[2]), (i / size[2]) % size[1], i % size[2]];
+                *o = self.get(&self.label, [0, 1, 2].map(|a| s[a] + p[a] as i64));
+            }
+            Ok(())
+        }
+    }
+
+    /// Whole-volume reference: trilinear over the zero-padded volume at a coordinate.
+    fn reference_linear(v: &Volume, c: [f64; 3]) -> f64 {
+        let i0 = c.map(|x| x.floor() as i64);
+        let f = [0, 1, 2].map(|a| c[a] - i0[a] as f64);
+        let mut s = 0.0;
+        for k in 0..8 {
+            let up = [(k >> 2) & 1, (k >> 1) & 1, k & 1];
+            let w: f64 = (0..3)
+                .map(|a| if up[a] == 1 { f[a] } else { 1.0 - f[a] })
+                .product();
+            let p = [0, 1, 2].map(|a| i0[a] + up[a] as i64);
+            s += w * v.get(&v.image, p) as f64;
+        }
+        s
+    }
+
+    #[test]
+    fn identity_reads_the_plain_box() -> Result<()> {
+        let v = Volume::new([9, 20, 22]);
+        let size = [4, 8, 10];
+        let mut a = vec![0.0; 320];
+        let mut la = vec![0u16; 320];
+        let mut b = a.clone();
+        let mut lb = la.clone();
+        let start = [-1, 3, 15];
+        v.read_patch(start, size, &mut a, Some(&mut la))?;
+        // A transform that is the identity but goes through interpolation.
+        let t = Transform {
+            matrix: IDENTITY,
+            scale: 1.0,
+            elastic: Some(ElasticField {
+                nodes: [2, 2, 2],
+                grid: 16.0,
+                disp: vec![[0.0; 3]; 8],
+            }),
+        };
+        TransformedReader::default().read(&v, start, size, &t, &mut b, Some(&mut lb))?;
+        assert_eq!(a, b);
+        assert_eq!(la, lb);
+        Ok(())
+    }
+
+    #[test]
+    fn rotated_scaled_patches_equal_a_whole_volume_reference() -> Result<()> {
+        let v = Volume::new([12, 30, 28]);
+        let size = [6, 10, 12];
+        let n: usize = size.iter().product();
+        let mut reader = TransformedReader::default();
+        for (k, (angles, scale)) in [
+            ([0.3, -0.2, 0.5], 1.0),
+            ([0.0, 0.0, 1.2], 0.7),
+            ([-2.5, 0.4, 0.1], 1.4),
+            ([0.0, 0.0, 0.0], 1.25),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let t = Transform::rotate_scale(angles, scale);
+            let start = [k as i64 * 2 - 2, 5 + k as i64, 14 - 3 * k as i64];
+            let mut img = vec![0.0; n];
+            let mut lab = vec![0u16; n];
+            reader.read(&v, start, size, &t, &mut img, Some(&mut lab))?;
+            for (i, c) in t.coordinates(start, size).iter().enumerate() {
+                let want = reference_linear(&v, *c);
+                assert!(
+                    (img[i] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()),
+                    "{k} {i}: {} vs {want}",
+                    img[i]
+                );
+                // The label is one of the 8 neighbours' values, and the nearest one's when the
+                // coordinate lies on a voxel.
+                let near = c.map(|x| x.round() as i64);
+                if c.iter().all(|x| (x - x.round()).abs() < 1e-9) {
+                    assert_eq!(lab[i], v.get(&v.label, near));
+                }
+                let i0 = c.map(|x| x.floor() as i64);
+                let neighbours: Vec<u16> = (0..8)
+                    .map(|q| {
+                        let up = [(q >> 2) & 1, (q >> 1) & 1, q & 1];
+                        v.get(&v.label, [0, 1, 2].map(|a| i0[a] + up[a] as i64))
+                    })
+                    .collect();
+                assert!(neighbours.contains(&lab[i]), "{k} {i}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn labels_keep_thin_structures_and_never_mix_values() -> Result<()> {
+        // A one-voxel line of value 2 through a background of 0, shifted by half a voxel: per-
+        // class weights never produce 1 (the mean of 0 and 2).
+        let shape = [5, 16, 16];
+        let mut v = Volume::new(shape);
+        v.label.iter_mut().for_each(|l| *l = 0);
+        for x in 0..16 {
+            v.label[(2 * 16 + 8) * 16 + x] = 2;
+        }
+        let t = Transform::rotate_scale([0.2, 0.0, 0.0], 1.0);
+        let size = [5, 16, 16];
+        let mut img = vec![0.0; 5 * 256];
+        let mut lab = vec![0u16; 5 * 256];
+        TransformedReader::default().read(&v, [0, 0, 0], size, &t, &mut img, Some(&mut lab))?;
+        assert!(lab.iter().all(|&l| l == 0 || l == 2));
+        assert!(lab.iter().filter(|&&l| l == 2).count() >= 10);
+        Ok(())
+    }
+
+    #[test]
+    fn the_source_box_covers_every_coordinate_and_little_more() {
+        let size = [8, 16, 16];
+        let t = Transform::rotate_scale([0.5, 0.3, 0.2], 1.3);
+        let (s, b) = t.source_box([10, 20, 30], size);
+        for c in t.coordinates([10, 20, 30], size) {
+            for a in 0..3 {
+                assert!(c[a].floor() as i64 >= s[a]);
+                assert!((c[a].floor() as i64 + 1) < s[a] + b[a] as i64);
+            }
+        }
+        let plain = Transform::identity().source_box([10, 20, 30], size);
+        assert_eq!(plain, ([10, 20, 30], [9, 17, 17]));
+    }
+
+    #[test]
+    fn draws_follow_nnunet_rules() {
+        let cfg = SpatialConfig::default();
+        assert!(cfg.in_plane_for([16, 64, 64]));
+        assert!(!cfg.in_plane_for([32, 64, 64]));
+        assert_eq!(cfg.degrees_for([16, 64, 64]), [180.0, 0.0, 0.0]);
+        assert_eq!(cfg.degrees_for([64, 64, 64]), [30.0; 3]);
+        // About 20% rotated, 20% scaled, independently; in-plane patches keep z.
+        let mut rotated = 0;
+        let mut scaled = 0;
+        for seed in 0..2000 {
+            let t = cfg.draw([8, 48, 48], &mut Rng::new(seed));
+            assert_eq!(t.matrix[0], [1.0, 0.0, 0.0]);
+            assert_eq!((t.matrix[1][0], t.matrix[2][0]), (0.0, 0.0));
+            scaled += (t.scale != 1.0) as usize;
+            let det = t.matrix[1][1] * t.matrix[2][2] - t.matrix[1][2] * t.matrix[2][1];
+            assert!((det - t.scale * t.scale).abs() < 1e-9);
+            rotated += (t.matrix[1][2].abs() > 1e-12) as usize;
+            assert!((0.7..=1.4).contains(&t.scale));
+        }
+        assert!((330..470).contains(&rotated), "{rotated}");
+        assert!((330..470).contains(&scaled), "{scaled}");
+        let none = SpatialConfig::none();
+        assert!((0..100).all(|s| none.draw([8, 8, 8], &mut Rng::new(s)).is_identity()));
+    }
+
+    #[test]
+    fn elastic_fields_are_smooth_and_bounded() {
+        let cfg = SpatialConfig {
+            elastic_prob: 1.0,
+            ..SpatialConfig::none()
+        };
+        let t = cfg.draw([16, 32, 32], &mut Rng::new(5));
+        let e = t.elastic.as_ref().expect("a field");
+        let max = e
+            .disp
+            .iter()
+            .flat_map(|d| d.iter().map(|v| v.abs()))
+            .fold(0.0, f64::max);
+        assert!(max > 0.5);
+        // Neighbouring voxels move by little more than magnitude / grid each.
+        for z in 0..15 {
+            let (a, b) = (e.at([z, 7, 9]), e.at([z + 1, 7, 9]));
+            let step = (0..3).map(|k| (a[k] - b[k]).abs()).fold(0.0, f64::max);
+            assert!(step <= 2.0 * max / 16.0 + 1e-12, "{step}");
+        }
+        // At a control point the field is that point's displacement.
+        assert_eq!(e.at([16, 16, 0]), e.disp[(e.nodes[1] + 1) * e.nodes[2]]);
+        let bad = SpatialConfig {
+            scale_range: [1.4, 0.7],
+            ..SpatialConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        assert!(SpatialConfig::default().validate().is_ok());
+    }
+}
