@@ -137,9 +137,11 @@ fn set_options(base: &AugmentConfig, settings: &[String]) -> Result<AugmentConfi
     let bad = |m: String| Error::Config(format!("--augment: {m}"));
     let mut table = toml::Table::try_from(base).map_err(|e| bad(e.to_string()))?;
     for s in settings {
-        let (key, value) = s
-            .split_once('=')
-            .ok_or_else(|| bad(format!("{s:?}: write KEY=VALUE, e.g. spatial.rotation_prob=0.3")))?;
+        let (key, value) = s.split_once('=').ok_or_else(|| {
+            bad(format!(
+                "{s:?}: write KEY=VALUE, e.g. spatial.rotation_prob=0.3"
+            ))
+        })?;
         let line: toml::Table = toml::from_str(&format!("{} = {}", key.trim(), value.trim()))
             .map_err(|e| bad(format!("{s:?}: {}", e.message())))?;
         merge(&mut table, line);

@@ -316,8 +316,10 @@ pub fn low_resolution(c: &mut [f32], size: [usize; 3], zoom: f64, in_plane: bool
         for y in 0..small[1] {
             for x in 0..small[2] {
                 let (sz, sy, sx) = (near(0, z), near(1, y), near(2, x));
-                low.push(c[(sz.min(size[0] - 1) * size[1] + sy.min(size[1] - 1)) * size[2]
-                    + sx.min(size[2] - 1)]);
+                low.push(
+                    c[(sz.min(size[0] - 1) * size[1] + sy.min(size[1] - 1)) * size[2]
+                        + sx.min(size[2] - 1)],
+                );
             }
         }
     }
@@ -358,7 +360,9 @@ mod tests {
 
     fn ramp(size: [usize; 3]) -> Vec<f32> {
         let n: usize = size.iter().product();
-        (0..n).map(|i| ((i * 37) % 101) as f32 * 0.1 - 3.0).collect()
+        (0..n)
+            .map(|i| ((i * 37) % 101) as f32 * 0.1 - 3.0)
+            .collect()
     }
 
     #[test]
@@ -367,7 +371,13 @@ mod tests {
         let img = ramp(size);
         for seed in 0..50 {
             let mut a = img.clone();
-            apply(&mut a, size, false, &IntensityConfig::none(), &mut Rng::new(seed));
+            apply(
+                &mut a,
+                size,
+                false,
+                &IntensityConfig::none(),
+                &mut Rng::new(seed),
+            );
             assert_eq!(a, img);
         }
         IntensityConfig::default().validate().unwrap();

@@ -98,7 +98,9 @@ impl SpatialConfig {
             }
         }
         if let Some(d) = self.rotation_degrees {
-            if d.iter().any(|a| !(a.is_finite() && (0.0..=180.0).contains(a))) {
+            if d.iter()
+                .any(|a| !(a.is_finite() && (0.0..=180.0).contains(a)))
+            {
                 return bad(format!(
                     "rotation_degrees {d:?}: each must be between 0 and 180"
                 ));
@@ -110,8 +112,7 @@ impl SpatialConfig {
                 "scale_range [{lo}, {hi}] must be ordered and within 0.25..4"
             ));
         }
-        if !(self.elastic_magnitude.is_finite() && (0.0..=32.0).contains(&self.elastic_magnitude))
-        {
+        if !(self.elastic_magnitude.is_finite() && (0.0..=32.0).contains(&self.elastic_magnitude)) {
             return bad(format!(
                 "elastic_magnitude {} must be between 0 and 32 voxels",
                 self.elastic_magnitude
@@ -226,7 +227,13 @@ pub struct ElasticField {
 }
 
 impl ElasticField {
-    fn random(size: [usize; 3], grid: usize, magnitude: f64, in_plane: bool, rng: &mut Rng) -> Self {
+    fn random(
+        size: [usize; 3],
+        grid: usize,
+        magnitude: f64,
+        in_plane: bool,
+        rng: &mut Rng,
+    ) -> Self {
         let nodes = size.map(|n| (n.saturating_sub(1)).div_ceil(grid) + 1);
         let count: usize = nodes.iter().product();
         let disp = (0..count)
@@ -508,7 +515,11 @@ mod tests {
             let mut image = Vec::with_capacity(n);
             let mut label = Vec::with_capacity(n);
             for i in 0..n {
-                let (z, y, x) = (i / (shape[1] * shape[2]), (i / shape[2]) % shape[1], i % shape[2]);
+                let (z, y, x) = (
+                    i / (shape[1] * shape[2]),
+                    (i / shape[2]) % shape[1],
+                    i % shape[2],
+                );
                 image.push(((z * 31 + y * 7 + x * 3) % 17) as f32 - 8.0 + 0.25 * x as f32);
                 label.push(((x / 3 + y / 4 + z / 2) % 3) as u16);
             }
@@ -545,14 +556,22 @@ mod tests {
         }
         fn read_image(&self, s: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
             for (i, o) in out.iter_mut().enumerate() {
-                let p = [i / (size[1] * size[2]), (i / size[2]) % size[1], i % size[2]];
+                let p = [
+                    i / (size[1] * size[2]),
+                    (i / size[2]) % size[1],
+                    i % size[2],
+                ];
                 *o = self.get(&self.image, [0, 1, 2].map(|a| s[a] + p[a] as i64));
             }
             Ok(())
         }
         fn read_label(&self, s: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
             for (i, o) in out.iter_mut().enumerate() {
-                let p = [i / (size[1] * size[2]), (i / size[2]) % size[1], i % size[2]];
+                let p = [
+                    i / (size[1] * size[2]),
+                    (i / size[2]) % size[1],
+                    i % size[2],
+                ];
                 *o = self.get(&self.label, [0, 1, 2].map(|a| s[a] + p[a] as i64));
             }
             Ok(())
