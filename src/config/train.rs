@@ -236,6 +236,13 @@ mod tests {
     }
 
     #[test]
+    fn the_default_pipeline_spells_out_the_augmentation_defaults() {
+        let c = resolve(&TrainFlags::default()).unwrap();
+        assert_eq!(c.augmentation, AugmentConfig::default());
+        assert!(c.deep_supervision && c.augment);
+    }
+
+    #[test]
     fn a_pipeline_without_a_train_table_gives_the_defaults() {
         let c = resolve(&TrainFlags {
             pipeline: Some("ct".into()),

@@ -1,0 +1,92 @@
+//! Augmented patches per second through the trainer's loader with one worker thread (reads from
+//! the memory-mapped cache, spatial transform, intensity transforms, mirroring), for
+//! `scripts/bench_augment.sh`, which runs nnU-Net's augmentation beside it.
+//!
+//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all]
+//!
+//! `default` is nnU-Net's probabilities; `all` applies every transform to every patch.
+//! Prints one JSON line.
+
+use std::time::Instant;
+
+use voxcache::cache::reader::{CacheReader, EntryReader};
+use voxcache::train::augment::AugmentConfig;
+use voxcache::train::loader::{Loader, LoaderConfig};
+use voxcache::train::sampler::{Sampler, SamplerConfig};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    anyhow::ensure!(
+        args.len() >= 3,
+        "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all]"
+    );
+    let reader = CacheReader::open(&args[1])?;
+    let patch: Vec<usize> = args[2]
+        .split(',')
+        .map(|v| v.parse())
+        .collect::<Result<_, _>>()?;
+    anyhow::ensure!(patch.len() == 3, "patch: give z,y,x");
+    let patch = [patch[0], patch[1], patch[2]];
+    let batches: u64 = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(50);
+    let mode = args.get(4).map(String::as_str).unwrap_or("default");
+    let mut augment = AugmentConfig::default();
+    if mode == "all" {
+        augment.mirror_prob = 1.0;
+        let s = &mut augment.spatial;
+        (s.rotation_prob, s.scale_prob) = (1.0, 1.0);
+        let i = &mut augment.intensity;
+        (
+            i.noise_prob,
+            i.blur_prob,
+            i.brightness_prob,
+            i.contrast_prob,
+        ) = (1.0, 1.0, 1.0, 1.0);
+        (i.lowres_prob, i.gamma_prob, i.inverted_gamma_prob) = (1.0, 1.0, 1.0);
+        (i.blur_channel_prob, i.lowres_channel_prob) = (1.0, 1.0);
+    }
+    let dataset = reader
+        .datasets()
+        .first()
+        .map(|s| s.to_string())
+        .ok_or_else(|| anyhow::anyhow!("no dataset in the cache"))?;
+    let entries: Vec<EntryReader> = reader
+        .cases(&dataset)?
+        .iter()
+        .map(|c| reader.open_entry(&dataset, &c.case_id))
+        .collect::<Result<_, _>>()?;
+    let batch = 2;
+    let sampler = Sampler::new(&entries, Vec::new(), SamplerConfig::new(patch, batch, 7))?;
+    let mut loader = Loader::start(
+        entries,
+        sampler,
+        LoaderConfig {
+            workers: 1,
+            queue_depth: 2,
+            augment,
+        },
+        0,
+    )?;
+    // Warm-up: the first batches map chunks and hash them once.
+    for _ in 0..3 {
+        let (b, _) = loader.next()?;
+        loader.recycle(b);
+    }
+    let t = Instant::now();
+    for _ in 0..batches {
+        let (b, _) = loader.next()?;
+        loader.recycle(b);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        serde_json::json!({
+            "tool": "voxcache",
+            "mode": mode,
+            "patch": patch,
+            "patches": batches * batch as u64,
+            "seconds": secs,
+            "patches_per_s": (batches * batch as u64) as f64 / secs,
+        })
+    );
+    Ok(())
+}
