@@ -2,7 +2,7 @@
 //! the memory-mapped cache, spatial transform, intensity transforms, mirroring), for
 //! `scripts/bench_augment.sh`, which runs nnU-Net's augmentation beside it.
 //!
-//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all]
+//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|intensity|none]
 //!
 //! `default` is nnU-Net's probabilities; `all` applies every transform to every patch.
 //! Prints one JSON line.
@@ -18,7 +18,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(
         args.len() >= 3,
-        "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all]"
+        "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|intensity|none]"
     );
     let reader = CacheReader::open(&args[1])?;
     let patch: Vec<usize> = args[2]
@@ -29,7 +29,30 @@ fn main() -> anyhow::Result<()> {
     let patch = [patch[0], patch[1], patch[2]];
     let batches: u64 = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(50);
     let mode = args.get(4).map(String::as_str).unwrap_or("default");
-    let mut augment = AugmentConfig::default();
+    let mut augment = if mode == "none" {
+        AugmentConfig::none()
+    } else {
+        AugmentConfig::default()
+    };
+    if mode == "spatial" || mode == "intensity" {
+        // One part alone, every transform of it on every patch (for profiling).
+        let s = &mut augment.spatial;
+        (s.rotation_prob, s.scale_prob) = (1.0, 1.0);
+        let i = &mut augment.intensity;
+        (
+            i.noise_prob,
+            i.blur_prob,
+            i.brightness_prob,
+            i.contrast_prob,
+        ) = (1.0, 1.0, 1.0, 1.0);
+        (i.lowres_prob, i.gamma_prob, i.inverted_gamma_prob) = (1.0, 1.0, 1.0);
+        (i.blur_channel_prob, i.lowres_channel_prob) = (1.0, 1.0);
+        if mode == "spatial" {
+            augment.intensity = voxcache::train::intensity::IntensityConfig::none();
+        } else {
+            augment.spatial = voxcache::train::spatial::SpatialConfig::none();
+        }
+    }
     if mode == "all" {
         augment.mirror_prob = 1.0;
         let s = &mut augment.spatial;

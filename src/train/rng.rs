@@ -86,6 +86,27 @@ impl Rng {
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
 
+    /// Add `std` times a standard normal draw to every value (Marsaglia's polar method: both
+    /// draws of a pair used, no trigonometry; the noise of augmentation, a draw per voxel).
+    pub fn add_normal(&mut self, values: &mut [f32], std: f64) {
+        let mut pairs = values.chunks_mut(2);
+        for pair in &mut pairs {
+            let (a, b) = loop {
+                let u = 2.0 * self.uniform() - 1.0;
+                let v = 2.0 * self.uniform() - 1.0;
+                let s = u * u + v * v;
+                if s > 0.0 && s < 1.0 {
+                    let k = (-2.0 * s.ln() / s).sqrt() * std;
+                    break (u * k, v * k);
+                }
+            };
+            pair[0] += a as f32;
+            if let Some(second) = pair.get_mut(1) {
+                *second += b as f32;
+            }
+        }
+    }
+
     /// Index drawn with probability proportional to `weights` (non-negative, not all zero);
     /// uniform when they sum to zero.
     pub fn weighted(&mut self, weights: &[f64]) -> usize {

@@ -253,6 +253,44 @@ impl ElasticField {
         }
     }
 
+    /// The largest displacement magnitude per axis (the interpolated field never exceeds it).
+    fn bound(&self) -> [f64; 3] {
+        let mut b = [0f64; 3];
+        for d in &self.disp {
+            for a in 0..3 {
+                b[a] = b[a].max(d[a].abs());
+            }
+        }
+        b
+    }
+
+    /// The displacements along patch row `(z, y)` from `x0`, one per x, added to `out`: the
+    /// field is interpolated in (z, y) once per control column, then along x.
+    fn add_row(
+        &self,
+        z: usize,
+        y: usize,
+        x0: usize,
+        out: &mut [[f64; 3]],
+        columns: &mut Vec<[f64; 3]>,
+    ) {
+        let nx = self.nodes[2];
+        columns.clear();
+        for ix in 0..nx {
+            // The (z, y) interpolation at control column ix (x exactly on a node).
+            columns.push(self.at([z, y, (ix as f64 * self.grid) as usize]));
+        }
+        for (k, o) in out.iter_mut().enumerate() {
+            let g = (x0 + k) as f64 / self.grid;
+            let i = (g as usize).min(nx.saturating_sub(2));
+            let f = if nx > 1 { g - i as f64 } else { 0.0 };
+            let (a, b) = (columns[i], columns[(i + 1).min(nx - 1)]);
+            for k in 0..3 {
+                o[k] += a[k] + (b[k] - a[k]) * f;
+            }
+        }
+    }
+
     /// The displacement at patch voxel `p`.
     fn at(&self, p: [usize; 3]) -> [f64; 3] {
         let mut i0 = [0usize; 3];
@@ -317,22 +355,28 @@ impl Transform {
         self.matrix == IDENTITY && self.elastic.is_none()
     }
 
-    /// Source coordinates (z, y, x) of the patch row `(z, y)`, one per x, into `out`.
-    fn row(&self, centre: [f64; 3], size: [usize; 3], z: usize, y: usize, out: &mut [[f64; 3]]) {
+    /// Source coordinates (z, y, x) of the patch row `(z, y)`, one per x, into `out`
+    /// (`scratch` holds the elastic field's control columns).
+    fn row(
+        &self,
+        centre: [f64; 3],
+        size: [usize; 3],
+        (z, y): (usize, usize),
+        x0: usize,
+        out: &mut [[f64; 3]],
+        scratch: &mut Vec<[f64; 3]>,
+    ) {
         let half = size.map(|n| (n as f64 - 1.0) / 2.0);
         let (dz, dy) = (z as f64 - half[0], y as f64 - half[1]);
         let m = &self.matrix;
-        for (x, o) in out.iter_mut().enumerate() {
-            let dx = x as f64 - half[2];
+        for (k, o) in out.iter_mut().enumerate() {
+            let dx = (x0 + k) as f64 - half[2];
             for a in 0..3 {
                 o[a] = centre[a] + m[a][0] * dz + m[a][1] * dy + m[a][2] * dx;
             }
-            if let Some(e) = &self.elastic {
-                let d = e.at([z, y, x]);
-                for a in 0..3 {
-                    o[a] += d[a];
-                }
-            }
+        }
+        if let Some(e) = &self.elastic {
+            e.add_row(z, y, x0, out, scratch);
         }
     }
 
@@ -340,32 +384,47 @@ impl Transform {
     pub fn coordinates(&self, start_zyx: [i64; 3], size: [usize; 3]) -> Vec<[f64; 3]> {
         let centre = centre_of(start_zyx, size);
         let mut out = vec![[0.0; 3]; size.iter().product()];
+        let mut scratch = Vec::new();
         for (r, row) in out.chunks_exact_mut(size[2]).enumerate() {
-            self.row(centre, size, r / size[1], r % size[1], row);
+            self.row(
+                centre,
+                size,
+                (r / size[1], r % size[1]),
+                0,
+                row,
+                &mut scratch,
+            );
         }
         out
     }
 
     /// The box (start, size) of source voxels that linear interpolation at every coordinate
-    /// of the patch reads.
+    /// of the patch reads: the map is affine plus a bounded displacement, so its extremes are
+    /// at the patch's corners; one voxel of margin on each side absorbs rounding.
     pub fn source_box(&self, start_zyx: [i64; 3], size: [usize; 3]) -> ([i64; 3], [usize; 3]) {
         let centre = centre_of(start_zyx, size);
-        let mut lo = [i64::MAX; 3];
-        let mut hi = [i64::MIN; 3];
-        let mut row = vec![[0.0; 3]; size[2]];
-        for z in 0..size[0] {
-            for y in 0..size[1] {
-                self.row(centre, size, z, y, &mut row);
-                for c in &row {
-                    for a in 0..3 {
-                        let f = c[a].floor() as i64;
-                        lo[a] = lo[a].min(f);
-                        hi[a] = hi[a].max(f + 1);
-                    }
+        let half = size.map(|n| (n as f64 - 1.0) / 2.0);
+        let bound = self.elastic.as_ref().map_or([0.0; 3], ElasticField::bound);
+        let mut lo = [f64::INFINITY; 3];
+        let mut hi = [f64::NEG_INFINITY; 3];
+        for corner in 0..8 {
+            let d = [0, 1, 2].map(|a| {
+                if (corner >> (2 - a)) & 1 == 1 {
+                    half[a]
+                } else {
+                    -half[a]
                 }
+            });
+            for a in 0..3 {
+                let m = &self.matrix[a];
+                let c = centre[a] + m[0] * d[0] + m[1] * d[1] + m[2] * d[2];
+                lo[a] = lo[a].min(c - bound[a]);
+                hi[a] = hi[a].max(c + bound[a]);
             }
         }
-        (lo, [0, 1, 2].map(|a| (hi[a] - lo[a] + 1) as usize))
+        let start = lo.map(|v| v.floor() as i64 - 1);
+        let end = hi.map(|v| v.floor() as i64 + 2);
+        (start, [0, 1, 2].map(|a| (end[a] - start[a] + 1) as usize))
     }
 }
 
@@ -380,6 +439,7 @@ pub struct TransformedReader {
     image_box: Vec<f32>,
     label_box: Vec<u16>,
     row: Vec<[f64; 3]>,
+    scratch: Vec<[f64; 3]>,
 }
 
 impl TransformedReader {
@@ -399,31 +459,55 @@ impl TransformedReader {
         }
         let n: usize = size.iter().product();
         let channels = src.channels();
-        let (box_start, box_size) = t.source_box(start_zyx, size);
-        let bn: usize = box_size.iter().product();
+        let (box_start, bs) = t.source_box(start_zyx, size);
+        let bn: usize = bs.iter().product();
         self.image_box.resize(channels * bn, 0.0);
-        src.read_image(box_start, box_size, &mut self.image_box)?;
-        let with_label = label.is_some();
-        if with_label {
+        src.read_image(box_start, bs, &mut self.image_box)?;
+        if label.is_some() {
             self.label_box.resize(bn, 0);
-            src.read_label(box_start, box_size, &mut self.label_box)?;
+            src.read_label(box_start, bs, &mut self.label_box)?;
         }
-        let centre = centre_of(start_zyx, size);
-        self.row.resize(size[2], [0.0; 3]);
         let mut label = label;
-        for z in 0..size[0] {
-            for y in 0..size[1] {
-                t.row(centre, size, z, y, &mut self.row);
-                let at = (z * size[1] + y) * size[2];
-                for (x, c) in self.row.iter().enumerate() {
-                    let local = [0, 1, 2].map(|a| c[a] - box_start[a] as f64);
-                    let corners = Corners::new(local, box_size);
-                    for ch in 0..channels {
-                        let b = &self.image_box[ch * bn..(ch + 1) * bn];
-                        image[ch * n + at + x] = corners.linear(b);
-                    }
-                    if let Some(l) = label.as_deref_mut() {
-                        l[at + x] = corners.majority(&self.label_box);
+        let centre = centre_of(start_zyx, size);
+        // Coordinates relative to the box: the map's centre moved by the box's start.
+        let local_centre = [0, 1, 2].map(|a| centre[a] - box_start[a] as f64);
+        let (sy, sz) = (bs[2], bs[1] * bs[2]);
+        // Output tiles, so that the source voxels one tile reads are few and stay in cache
+        // (the box of a rotated patch is many times the patch and far larger than the cache).
+        for tz in (0..size[0]).step_by(TILE[0]) {
+            for ty in (0..size[1]).step_by(TILE[1]) {
+                for tx in (0..size[2]).step_by(TILE[2]) {
+                    let x_end = (tx + TILE[2]).min(size[2]);
+                    self.row.resize(x_end - tx, [0.0; 3]);
+                    for z in tz..(tz + TILE[0]).min(size[0]) {
+                        for y in ty..(ty + TILE[1]).min(size[1]) {
+                            t.row(
+                                local_centre,
+                                size,
+                                (z, y),
+                                tx,
+                                &mut self.row,
+                                &mut self.scratch,
+                            );
+                            let at = (z * size[1] + y) * size[2] + tx;
+                            for (x, c) in self.row.iter().enumerate() {
+                                // The box holds every coordinate with a voxel to spare on each
+                                // side, so truncation is the floor and i + 1 is inside; the
+                                // clamps only guard.
+                                let iz = (c[0].max(0.0) as usize).min(bs[0] - 2);
+                                let iy = (c[1].max(0.0) as usize).min(bs[1] - 2);
+                                let ix = (c[2].max(0.0) as usize).min(bs[2] - 2);
+                                let f = [c[0] - iz as f64, c[1] - iy as f64, c[2] - ix as f64];
+                                let base = iz * sz + iy * sy + ix;
+                                for ch in 0..channels {
+                                    let b = &self.image_box[ch * bn..(ch + 1) * bn];
+                                    image[ch * n + at + x] = trilinear(b, base, sy, sz, f);
+                                }
+                                if let Some(l) = label.as_deref_mut() {
+                                    l[at + x] = majority(&self.label_box, base, sy, sz, f);
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -432,70 +516,61 @@ impl TransformedReader {
     }
 }
 
-/// The 8 neighbours of a coordinate inside a box and their linear weights.
-struct Corners {
-    index: [usize; 8],
-    weight: [f64; 8],
+/// Output tile (z, y, x) of the interpolation loop.
+const TILE: [usize; 3] = [4, 8, 32];
+
+/// Linear interpolation between the 8 voxels from `base` (x, then y, then z).
+#[inline]
+fn trilinear(b: &[f32], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> f32 {
+    // One bounds check for the farthest voxel; the other seven lie before it.
+    let b = &b[base..=base + sz + sy + 1];
+    let v = |o: usize| b[o] as f64;
+    let lerp = |a: f64, b: f64, t: f64| a + (b - a) * t;
+    let y0 = lerp(v(0), v(1), f[2]);
+    let y1 = lerp(v(sy), v(sy + 1), f[2]);
+    let z0 = lerp(y0, y1, f[1]);
+    let y0 = lerp(v(sz), v(sz + 1), f[2]);
+    let y1 = lerp(v(sz + sy), v(sz + sy + 1), f[2]);
+    let z1 = lerp(y0, y1, f[1]);
+    lerp(z0, z1, f[0]) as f32
 }
 
-impl Corners {
-    /// `local` must lie inside the box with its upper neighbours (as `source_box` makes sure).
-    fn new(local: [f64; 3], size: [usize; 3]) -> Self {
-        let i0 = local.map(|v| v.floor());
-        let f = [0, 1, 2].map(|a| local[a] - i0[a]);
-        let i0 = i0.map(|v| v as usize);
-        let mut index = [0usize; 8];
-        let mut weight = [0f64; 8];
-        for k in 0..8 {
-            let up = [(k >> 2) & 1, (k >> 1) & 1, k & 1];
-            let mut w = 1.0;
-            let mut idx = [0usize; 3];
-            for a in 0..3 {
-                w *= if up[a] == 1 { f[a] } else { 1.0 - f[a] };
-                idx[a] = (i0[a] + up[a]).min(size[a] - 1);
-            }
-            index[k] = (idx[0] * size[1] + idx[1]) * size[2] + idx[2];
-            weight[k] = w;
-        }
-        Corners { index, weight }
+/// The label value with the largest summed linear weight among the 8 voxels from `base`
+/// (ties to the lower value); most voxels have 8 equal neighbours and skip the weights.
+#[inline]
+fn majority(b: &[u16], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> u16 {
+    let b = &b[base..=base + sz + sy + 1];
+    let offsets = [0, 1, sy, sy + 1, sz, sz + 1, sz + sy, sz + sy + 1];
+    let values = offsets.map(|o| b[o]);
+    if values.iter().all(|&v| v == values[0]) {
+        return values[0];
     }
-
-    /// Trilinear interpolation: x first, then y, then z, as scipy's order-1 spline computes it.
-    fn linear(&self, b: &[f32]) -> f32 {
-        let mut s = 0f64;
-        for k in 0..8 {
-            if self.weight[k] != 0.0 {
-                s += self.weight[k] * b[self.index[k]] as f64;
+    let mut seen: [(u16, f64); 8] = [(0, 0.0); 8];
+    let mut len = 0;
+    for (k, &v) in values.iter().enumerate() {
+        let w = [(k >> 2) & 1, (k >> 1) & 1, k & 1]
+            .iter()
+            .zip(f)
+            .map(|(&up, t)| if up == 1 { t } else { 1.0 - t })
+            .product::<f64>();
+        if w == 0.0 {
+            continue;
+        }
+        match seen[..len].iter_mut().find(|s| s.0 == v) {
+            Some(s) => s.1 += w,
+            None => {
+                seen[len] = (v, w);
+                len += 1;
             }
         }
-        s as f32
     }
-
-    /// The value with the largest summed weight (ties to the lower value).
-    fn majority(&self, b: &[u16]) -> u16 {
-        let mut best = (0u16, -1.0f64);
-        let mut seen: [(u16, f64); 8] = [(0, 0.0); 8];
-        let mut len = 0;
-        for k in 0..8 {
-            if self.weight[k] == 0.0 {
-                continue;
-            }
-            let v = b[self.index[k]];
-            match seen[..len].iter_mut().find(|s| s.0 == v) {
-                Some(s) => s.1 += self.weight[k],
-                None => {
-                    seen[len] = (v, self.weight[k]);
-                    len += 1;
-                }
-            }
+    let mut best = (0u16, -1.0f64);
+    for &(v, w) in &seen[..len] {
+        if w > best.1 || (w == best.1 && v < best.0) {
+            best = (v, w);
         }
-        for &(v, w) in &seen[..len] {
-            if w > best.1 || (w == best.1 && v < best.0) {
-                best = (v, w);
-            }
-        }
-        best.0
     }
+    best.0
 }
 
 #[cfg(test)]
@@ -698,7 +773,7 @@ mod tests {
             }
         }
         let plain = Transform::identity().source_box([10, 20, 30], size);
-        assert_eq!(plain, ([10, 20, 30], [9, 17, 17]));
+        assert_eq!(plain, ([9, 19, 29], [11, 19, 19]));
     }
 
     #[test]

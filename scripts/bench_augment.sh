@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Benchmark: augmented patches per second, our loader (one worker thread: memory-mapped reads,
+# spatial transform, intensity transforms, mirroring; examples/bench_augment.rs) beside nnU-Net
+# v2's augmentation in batchgeneratorsv2 (scripts/bench_augment_nnunet.py: the same transforms
+# and probabilities, torch on one thread, the case held in memory), alternating, ROUNDS rounds,
+# medians printed. Modes: `default` (nnU-Net's probabilities) and `all` (every transform on
+# every patch).
+#
+#   bash scripts/bench_augment.sh
+#   PATCHES="32,96,96 16,128,128" ROUNDS=3 bash scripts/bench_augment.sh
+#
+# Data: the MiniVess outlier (prep synth --preset outlier) built at 4x4x4 um (636x636x76).
+# Environment: BENCH_DIR (bench-out/augment), BIN (target/release), BG_PYTHON (a python with
+# batchgeneratorsv2, zarr; default: $BENCH_DIR/bgenv made from PyPI, several GB with torch).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+B="${BENCH_DIR:-$ROOT/bench-out/augment}"
+BIN="${BIN:-$ROOT/target/release}"
+ROUNDS="${ROUNDS:-3}"
+PATCHES="${PATCHES:-32,96,96 16,128,128}"
+N="${N:-60}"
+step() { echo "== $*" >&2; }
+mkdir -p "$B"
+if [ ! -x "$BIN/examples/bench_augment" ] || [ ! -x "$BIN/prep" ]; then
+    step "building release binaries"
+    (cd "$ROOT" && cargo build --release --bin prep --example bench_augment)
+fi
+PY="${BG_PYTHON:-$B/bgenv/bin/python}"
+if ! "$PY" -c "import batchgeneratorsv2, zarr, torch" >/dev/null 2>&1; then
+    step "creating $B/bgenv with batchgeneratorsv2 (PyPI)"
+    python3 -m venv "$B/bgenv"
+    "$B/bgenv/bin/pip" install -q batchgeneratorsv2 zarr
+    PY="$B/bgenv/bin/python"
+fi
+[ -d "$B/data/imagesTr" ] || "$BIN/prep" synth --preset outlier --out "$B/data" >/dev/null
+[ -f "$B/cache/manifest.json" ] || "$BIN/prep" build-cache "$B/data" --cache-dir "$B/cache" --spacing 4,4,4 --quiet
+
+results="$B/results.jsonl"
+: >"$results"
+for patch in $PATCHES; do
+    for mode in default all; do
+        for r in $(seq 1 "$ROUNDS"); do
+            step "round $r, patch $patch, $mode: voxcache"
+            "$BIN/examples/bench_augment" "$B/cache" "$patch" "$((N / 2))" "$mode" >>"$results"
+            step "round $r, patch $patch, $mode: batchgeneratorsv2"
+            "$PY" "$ROOT/scripts/bench_augment_nnunet.py" --cache "$B/cache" --patch "$patch" \
+                --patches "$N" --mode "$mode" >>"$results"
+        done
+    done
+done
+"$PY" - "$results" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+keys = sorted({(tuple(r["patch"]), r["mode"]) for r in rows})
+print(f"{'patch':>12} {'mode':>8} {'voxcache/s':>11} {'bgv2/s':>8} {'ratio':>6}")
+for patch, mode in keys:
+    med = lambda tool: statistics.median(r["patches_per_s"] for r in rows
+                                         if r["tool"] == tool and tuple(r["patch"]) == patch and r["mode"] == mode)
+    a, b = med("voxcache"), med("batchgeneratorsv2")
+    print(f"{'x'.join(map(str, patch)):>12} {mode:>8} {a:>11.1f} {b:>8.1f} {a / b:>5.1f}x")
+EOF
