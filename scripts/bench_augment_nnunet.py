@@ -104,7 +104,10 @@ def initial_patch_size(patch: tuple[int, int, int]) -> np.ndarray:
     for axis, a in enumerate(angles):
         if a:
             final = np.maximum(final, np.abs(rot(coords, axis, a)))
-    return np.ceil(final / 0.85).astype(int)
+    out = np.ceil(final / 0.85).astype(int)
+    if dummy_2d:
+        out[0] = patch[0]  # nnU-Net enlarges the in-plane axes only (z rides along as channels)
+    return out
 
 
 def main() -> None:

@@ -186,7 +186,7 @@ pub fn contrast(c: &mut [f32], f: f64) {
     if c.is_empty() {
         return;
     }
-    let mean = c.iter().map(|&v| v as f64).sum::<f64>() / c.len() as f64;
+    let mean = lane_sum(c, |v| v) / c.len() as f64;
     let (lo, hi) = min_max(c);
     for v in c.iter_mut() {
         *v = (((*v as f64 - mean) * f + mean) as f32).clamp(lo, hi);
@@ -208,17 +208,51 @@ pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
         min_max(c)
     };
     let range = (hi - lo) as f64 + 1e-7;
-    // In single precision: the power is most of this transform's cost, and f32's is twice as
-    // fast as f64's, well within the rounding of the f32 result.
+    // The power is most of this transform's cost: a polynomial one (relative error under
+    // 4e-6 in 0..1) that the compiler vectorizes, where libm's powf goes a voxel at a time.
     let (g, lo, range, sign) = (g as f32, lo, range as f32, sign as f32);
     for v in c.iter_mut() {
         let x = sign * *v;
-        *v = sign * (((x - lo) / range).max(0.0).powf(g) * range + lo);
+        *v = sign * (pow_unit(((x - lo) / range).max(0.0), g) * range + lo);
     }
     let (m2, s2) = mean_std(c);
     for v in c.iter_mut() {
         *v = ((*v as f64 - m2) / (s2 + 1e-8) * std + mean) as f32;
     }
+}
+
+/// `x^g` for `x` in 0..=1 and `g` > 0 as `2^(g * log2 x)`, both halves by bit manipulation and
+/// short polynomials (branch-free, so loops over it vectorize).
+#[inline]
+fn pow_unit(x: f32, g: f32) -> f32 {
+    if x <= 0.0 {
+        return 0.0;
+    }
+    // log2 x = exponent + log2(mantissa), mantissa in [1, 2).
+    let bits = x.to_bits();
+    let e = ((bits >> 23) & 0xff) as i32 - 127;
+    let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    // log2(m) on [1, 2) through t = (m - 1) / (m + 1): 2 / ln 2 * atanh(t), odd series in t.
+    let t = (m - 1.0) / (m + 1.0);
+    let t2 = t * t;
+    let log2m = t
+        * (2.885_39
+            + t2 * (0.961_797_7
+                + t2 * (0.577_078 + t2 * (0.412_198_6 + t2 * (0.320_598 + t2 * 0.262_307)))));
+    let y = (g * (e as f32 + log2m)).max(-126.0);
+    // 2^y = 2^floor(y) * 2^frac, 2^frac by its Taylor series in frac * ln 2.
+    // floor without libm's floorf (a call per voxel that stops vectorization).
+    let tr = y as i32;
+    let fl = (tr - (y < tr as f32) as i32) as f32;
+    let f = (y - fl) * std::f32::consts::LN_2;
+    let p = 1.0
+        + f * (1.0
+            + f * (0.5
+                + f * (1.0 / 6.0
+                    + f * (1.0 / 24.0
+                        + f * (1.0 / 120.0
+                            + f * (1.0 / 720.0 + f * (1.0 / 5040.0 + f / 40320.0)))))));
+    p * f32::from_bits(((fl as i32 + 127) as u32) << 23)
 }
 
 fn min_max(c: &[f32]) -> (f32, f32) {
@@ -230,9 +264,23 @@ fn min_max(c: &[f32]) -> (f32, f32) {
 
 fn mean_std(c: &[f32]) -> (f64, f64) {
     let n = c.len().max(1) as f64;
-    let mean = c.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = c.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let mean = lane_sum(c, |v| v) / n;
+    let var = lane_sum(c, |v| (v - mean) * (v - mean)) / n;
     (mean, var.sqrt())
+}
+
+/// Sum of `f(v)` over the values in f64, in 8 independent lanes (so the loop vectorizes
+/// instead of waiting on one running sum).
+fn lane_sum(c: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    let mut lanes = [0f64; 8];
+    let chunks = c.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v as f64)).sum();
+    for ch in chunks {
+        for (l, &v) in lanes.iter_mut().zip(ch) {
+            *l += f(v as f64);
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
 }
 
 /// Separable Gaussian blur with per-axis sigma (voxels), kernels cut at 4 sigma, the edges
@@ -461,6 +509,21 @@ mod tests {
         let before = img.clone();
         low_resolution(&mut img, size, 0.5, false);
         assert_ne!(img, before);
+    }
+
+    #[test]
+    fn the_polynomial_power_matches_powf() {
+        for g in [0.7f32, 0.9, 1.0, 1.2, 1.5, 3.0] {
+            for k in 0..=10_000 {
+                let x = k as f32 / 10_000.0;
+                let (a, b) = (pow_unit(x, g), x.powf(g));
+                assert!(
+                    (a - b).abs() <= 4e-6 * b.max(1e-30) + 1e-30,
+                    "{x}^{g}: {a} vs {b}"
+                );
+            }
+        }
+        assert_eq!(pow_unit(0.0, 0.7), 0.0);
     }
 
     #[test]
