@@ -6,6 +6,7 @@
 //! - [`geometry`]: affines, spacing, the output grid convention.
 //! - [`dataset`]: find image/label pairs, name cases, scan and check their headers.
 //! - [`plan`]: target spacing, output shapes, memory cost, outliers, dataset statistics.
+//! - [`distance`]: exact Euclidean distance transforms with spacing (label-derived arrays).
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`normalize`]: intensity normalization schemes.
 //! - [`config`]: defaults, bundled pipelines and flags merged into the settings of every command;
@@ -27,6 +28,7 @@ pub mod build;
 pub mod cache;
 pub mod config;
 pub mod dataset;
+pub mod distance;
 pub mod error;
 pub mod evaluate;
 pub mod format;
