@@ -7,6 +7,7 @@
 //! - [`dataset`]: find image/label pairs, name cases, scan and check their headers.
 //! - [`plan`]: target spacing, output shapes, memory cost, outliers, dataset statistics.
 //! - [`distance`]: exact Euclidean distance transforms with spacing (label-derived arrays).
+//! - [`skeleton`]: topology-preserving thinning of masks to their centre lines.
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`normalize`]: intensity normalization schemes.
 //! - [`config`]: defaults, bundled pipelines and flags merged into the settings of every command;
@@ -42,6 +43,7 @@ pub mod normalize;
 pub mod plan;
 pub mod progress;
 pub mod resample;
+pub mod skeleton;
 #[allow(missing_docs)]
 pub mod synth;
 pub mod sysinfo;
