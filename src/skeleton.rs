@@ -138,7 +138,7 @@ fn euler_change(n: &[bool; 27]) -> i32 {
         });
         if !shared {
             let dim = 3 - fixed.len();
-            change += if dim % 2 == 0 { 1 } else { -1 };
+            change += if dim.is_multiple_of(2) { 1 } else { -1 };
         }
     }
     // Removing the centre lowers the characteristic by `change` (cells lost, signed).
@@ -172,7 +172,7 @@ fn background_components(n: &[bool; 27]) -> usize {
     let mut label = [usize::MAX; 27];
     let mut count = 0;
     for start in 0..27 {
-        if !(in18(start) && !n[start]) || label[start] != usize::MAX {
+        if !in18(start) || n[start] || label[start] != usize::MAX {
             continue;
         }
         let mut stack = vec![start];
