@@ -208,9 +208,9 @@ fn components(member: impl Fn(usize) -> bool, adjacent: impl Fn(usize, usize) ->
         let mut stack = vec![start];
         seen[start] = true;
         while let Some(a) = stack.pop() {
-            for b in 0..27 {
-                if member(b) && !seen[b] && adjacent(a, b) {
-                    seen[b] = true;
+            for (b, s) in seen.iter_mut().enumerate() {
+                if !*s && member(b) && adjacent(a, b) {
+                    *s = true;
                     stack.push(b);
                 }
             }
