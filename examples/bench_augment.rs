@@ -11,8 +11,10 @@ use std::time::Instant;
 
 use voxcache::cache::reader::{CacheReader, EntryReader};
 use voxcache::train::augment::AugmentConfig;
+use voxcache::train::intensity::IntensityConfig;
 use voxcache::train::loader::{Loader, LoaderConfig};
 use voxcache::train::sampler::{Sampler, SamplerConfig};
+use voxcache::train::spatial::SpatialConfig;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -29,44 +31,22 @@ fn main() -> anyhow::Result<()> {
     let patch = [patch[0], patch[1], patch[2]];
     let batches: u64 = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(50);
     let mode = args.get(4).map(String::as_str).unwrap_or("default");
-    let mut augment = if mode == "none" {
-        AugmentConfig::none()
-    } else {
-        AugmentConfig::default()
-    };
-    if mode == "spatial" || mode == "intensity" {
+    let augment = match mode {
+        "none" => AugmentConfig::none(),
+        "all" => AugmentConfig::every(),
         // One part alone, every transform of it on every patch (for profiling).
-        let s = &mut augment.spatial;
-        (s.rotation_prob, s.scale_prob) = (1.0, 1.0);
-        let i = &mut augment.intensity;
-        (
-            i.noise_prob,
-            i.blur_prob,
-            i.brightness_prob,
-            i.contrast_prob,
-        ) = (1.0, 1.0, 1.0, 1.0);
-        (i.lowres_prob, i.gamma_prob, i.inverted_gamma_prob) = (1.0, 1.0, 1.0);
-        (i.blur_channel_prob, i.lowres_channel_prob) = (1.0, 1.0);
-        if mode == "spatial" {
-            augment.intensity = voxcache::train::intensity::IntensityConfig::none();
-        } else {
-            augment.spatial = voxcache::train::spatial::SpatialConfig::none();
-        }
-    }
-    if mode == "all" {
-        augment.mirror_prob = 1.0;
-        let s = &mut augment.spatial;
-        (s.rotation_prob, s.scale_prob) = (1.0, 1.0);
-        let i = &mut augment.intensity;
-        (
-            i.noise_prob,
-            i.blur_prob,
-            i.brightness_prob,
-            i.contrast_prob,
-        ) = (1.0, 1.0, 1.0, 1.0);
-        (i.lowres_prob, i.gamma_prob, i.inverted_gamma_prob) = (1.0, 1.0, 1.0);
-        (i.blur_channel_prob, i.lowres_channel_prob) = (1.0, 1.0);
-    }
+        "spatial" => AugmentConfig {
+            spatial: SpatialConfig::default().every(),
+            intensity: IntensityConfig::none(),
+            ..AugmentConfig::default()
+        },
+        "intensity" => AugmentConfig {
+            spatial: SpatialConfig::none(),
+            intensity: IntensityConfig::default().every(),
+            ..AugmentConfig::default()
+        },
+        _ => AugmentConfig::default(),
+    };
     let dataset = reader
         .datasets()
         .first()

@@ -479,18 +479,7 @@ fn throughput() {
     let n: usize = size.iter().product();
     let mut img: Vec<f32> = (0..n).map(|i| (i % 97) as f32).collect();
     let mut lab: Vec<u16> = (0..n).map(|i| (i % 3) as u16).collect();
-    let mut all = AugmentConfig {
-        mirror_prob: 1.0,
-        ..AugmentConfig::default()
-    };
-    let i = &mut all.intensity;
-    (
-        i.noise_prob,
-        i.blur_prob,
-        i.brightness_prob,
-        i.contrast_prob,
-    ) = (1.0, 1.0, 1.0, 1.0);
-    (i.lowres_prob, i.gamma_prob, i.inverted_gamma_prob) = (1.0, 1.0, 1.0);
+    let all = AugmentConfig::every();
     for (name, cfg) in [
         ("every transform", all),
         ("default", AugmentConfig::default()),

@@ -39,6 +39,18 @@ impl AugmentConfig {
         }
     }
 
+    /// Every transform of nnU-Net's list on every patch (mirroring each axis, rotation,
+    /// scaling, every intensity transform), ranges as in the defaults: for benchmarks and tests.
+    pub fn every() -> Self {
+        let d = AugmentConfig::default();
+        AugmentConfig {
+            mirror_prob: 1.0,
+            spatial: d.spatial.every(),
+            intensity: d.intensity.every(),
+            ..d
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         if !(0.0..=1.0).contains(&self.mirror_prob) {
             return Err(Error::Config(format!(

@@ -81,6 +81,22 @@ impl IntensityConfig {
         }
     }
 
+    /// Every transform on every patch and channel, ranges as configured: for benchmarks.
+    pub fn every(&self) -> Self {
+        IntensityConfig {
+            noise_prob: 1.0,
+            blur_prob: 1.0,
+            blur_channel_prob: 1.0,
+            brightness_prob: 1.0,
+            contrast_prob: 1.0,
+            lowres_prob: 1.0,
+            lowres_channel_prob: 1.0,
+            inverted_gamma_prob: 1.0,
+            gamma_prob: 1.0,
+            ..self.clone()
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(format!("augmentation: {m}")));
         for (name, p) in [

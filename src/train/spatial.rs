@@ -86,6 +86,15 @@ impl SpatialConfig {
         }
     }
 
+    /// Rotation and scaling on every patch (elastic stays as configured): for benchmarks.
+    pub fn every(&self) -> Self {
+        SpatialConfig {
+            rotation_prob: 1.0,
+            scale_prob: 1.0,
+            ..self.clone()
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(format!("augmentation: {m}")));
         for (name, p) in [
@@ -630,26 +639,26 @@ mod tests {
             Ok(vec![])
         }
         fn read_image(&self, s: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
-            for (i, o) in out.iter_mut().enumerate() {
-                let p = [
-                    i / (size[1] * size[2]),
-                    (i / size[2]) % size[1],
-                    i % size[2],
-                ];
-                *o = self.get(&self.image, [0, 1, 2].map(|a| s[a] + p[a] as i64));
-            }
+            self.fill(&self.image, s, size, out);
             Ok(())
         }
         fn read_label(&self, s: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+            self.fill(&self.label, s, size, out);
+            Ok(())
+        }
+    }
+
+    impl Volume {
+        /// The box `s .. s + size` of `v`, zero outside the volume.
+        fn fill<T: Copy + Default>(&self, v: &[T], s: [i64; 3], size: [usize; 3], out: &mut [T]) {
             for (i, o) in out.iter_mut().enumerate() {
                 let p = [
                     i / (size[1] * size[2]),
                     (i / size[2]) % size[1],
                     i % size[2],
                 ];
-                *o = self.get(&self.label, [0, 1, 2].map(|a| s[a] + p[a] as i64));
+                *o = self.get(v, [0, 1, 2].map(|a| s[a] + p[a] as i64));
             }
-            Ok(())
         }
     }
 
