@@ -98,7 +98,7 @@ impl IntensityConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Config(format!("augmentation: {m}")));
+        let bad = |m: String| Err(Error::Config(format!("augmentation.intensity: {m}")));
         for (name, p) in [
             ("noise_prob", self.noise_prob),
             ("blur_prob", self.blur_prob),

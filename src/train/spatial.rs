@@ -96,7 +96,7 @@ impl SpatialConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Config(format!("augmentation: {m}")));
+        let bad = |m: String| Err(Error::Config(format!("augmentation.spatial: {m}")));
         for (name, p) in [
             ("rotation_prob", self.rotation_prob),
             ("scale_prob", self.scale_prob),
