@@ -66,6 +66,7 @@ fn main() -> anyhow::Result<()> {
             workers: 1,
             queue_depth: 2,
             augment,
+            skeleton: false,
         },
         0,
     )?;

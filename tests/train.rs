@@ -122,6 +122,7 @@ fn a_tiny_unet_overfits_one_case() {
             workers: 1,
             queue_depth: 2,
             augment: AugmentConfig::none(),
+            skeleton: false,
         },
         0,
     )
@@ -203,6 +204,43 @@ fn resume_after_a_halt_gives_the_uninterrupted_weights() {
         .unwrap()
         .count();
     assert!(kept <= 3, "{kept} checkpoint folders");
+}
+
+#[test]
+fn skeleton_recall_trains_logs_its_term_and_resumes_exactly() {
+    let t = tempfile::tempdir().unwrap();
+    let stop = AtomicBool::new(false);
+    let mut cfg = tiny();
+    cfg.loss.skeleton_recall = 1.0;
+    cfg.fg_fraction = 1.0; // every patch on a vessel, so every batch has a skeleton
+    let full = t.path().join("full");
+    let s = run(&options(&full, cfg.clone()), &stop).unwrap();
+    assert_eq!(s.steps_done, 12);
+    let log = std::fs::read_to_string(full.join("metrics.jsonl")).unwrap();
+    let terms: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains("\"train\""))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["skeleton_recall_loss"]
+                .as_f64()
+                .expect("the term is logged")
+        })
+        .collect();
+    assert_eq!(terms.len(), 6);
+    assert!(terms.iter().all(|v| (0.0..=1.0).contains(v)), "{terms:?}");
+    // The same run without the term ends elsewhere; with it, a halted and resumed run ends
+    // where the uninterrupted one did (the skeletons are a function of the batch).
+    let plain = t.path().join("plain");
+    run(&options(&plain, tiny()), &stop).unwrap();
+    assert_ne!(final_weights(&full), final_weights(&plain));
+    let halted = t.path().join("halted");
+    let mut o = options(&halted, cfg);
+    o.halt_after = Some(6);
+    run(&o, &stop).unwrap();
+    o.halt_after = None;
+    o.resume = true;
+    run(&o, &stop).unwrap();
+    assert_eq!(final_weights(&full), final_weights(&halted));
 }
 
 #[test]

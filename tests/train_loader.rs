@@ -36,6 +36,7 @@ fn loader_cfg(workers: usize, augment: AugmentConfig) -> LoaderConfig {
         workers,
         queue_depth: 3,
         augment,
+        skeleton: false,
     }
 }
 
@@ -353,6 +354,7 @@ fn bad_loader_settings_are_errors() {
             workers: w,
             queue_depth: d,
             augment: AugmentConfig::none(),
+            skeleton: false,
         };
         assert!(Loader::start(es.clone(), sampler(), c, 0).is_err());
     }

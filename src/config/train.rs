@@ -4,7 +4,6 @@
 use super::pipeline::{Pipeline, DEFAULT_PIPELINE};
 use super::values::parse_zyx;
 use crate::error::{Error, Result};
-use crate::train::augment::AugmentConfig;
 use crate::train::config::{OptimizerName, TrainConfig};
 use crate::train::model::{Norm, Upsampling};
 
@@ -60,6 +59,9 @@ pub struct TrainFlags {
     /// (repeat the flag for several).
     #[arg(long = "augment", value_name = "KEY=VALUE")]
     pub augment_options: Vec<String>,
+    /// Set one loss weight, spelled as in the `[train.loss]` table: `skeleton_recall=1`.
+    #[arg(long = "loss", value_name = "KEY=VALUE")]
+    pub loss_options: Vec<String>,
     /// Deep supervision: on or off.
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     pub deep_supervision: Option<bool>,
@@ -116,7 +118,10 @@ impl TrainFlags {
             c.augment = false;
         }
         if !self.augment_options.is_empty() {
-            c.augmentation = set_options(&c.augmentation, &self.augment_options)?;
+            c.augmentation = set_options("--augment", &c.augmentation, &self.augment_options)?;
+        }
+        if !self.loss_options.is_empty() {
+            c.loss = set_options("--loss", &c.loss, &self.loss_options)?;
         }
         Ok(())
     }
@@ -130,11 +135,15 @@ fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
     }
 }
 
-/// The augmentation options with `KEY=VALUE` settings laid over them: each is read as a line
-/// of the `[train.augmentation]` table (dotted keys reach the sub-tables), so the flag and the
-/// file spell every option the same way and are checked by the same code.
-fn set_options(base: &AugmentConfig, settings: &[String]) -> Result<AugmentConfig> {
-    let bad = |m: String| Error::Config(format!("--augment: {m}"));
+/// A table's options with `KEY=VALUE` settings laid over them: each is read as a line of the
+/// table (`[train.augmentation]`, `[train.loss]`; dotted keys reach sub-tables), so the flag and
+/// the file spell every option the same way and are checked by the same code.
+fn set_options<T: serde::Serialize + serde::de::DeserializeOwned>(
+    flag: &str,
+    base: &T,
+    settings: &[String],
+) -> Result<T> {
+    let bad = |m: String| Error::Config(format!("{flag}: {m}"));
     let mut table = toml::Table::try_from(base).map_err(|e| bad(e.to_string()))?;
     for s in settings {
         let (key, value) = s.split_once('=').ok_or_else(|| {
@@ -147,7 +156,7 @@ fn set_options(base: &AugmentConfig, settings: &[String]) -> Result<AugmentConfi
         merge(&mut table, line);
     }
     toml::Value::Table(table)
-        .try_into::<AugmentConfig>()
+        .try_into::<T>()
         .map_err(|e| bad(e.message().to_string()))
 }
 
@@ -176,6 +185,7 @@ pub fn resolve(flags: &TrainFlags) -> Result<TrainConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::augment::AugmentConfig;
 
     #[test]
     fn flags_override_the_pipeline_table() {
@@ -211,9 +221,11 @@ mod tests {
                 "mirror_prob=0".into(),
             ],
             deep_supervision: Some(false),
+            loss_options: vec!["skeleton_recall=1".into()],
             ..TrainFlags::default()
         })
         .unwrap();
+        assert_eq!(c.loss.skeleton_recall, 1.0);
         assert_eq!(c.augmentation.spatial.elastic_prob, 0.25);
         assert_eq!(c.augmentation.intensity.gamma_range, [0.8, 1.2]);
         assert_eq!(c.augmentation.mirror_prob, 0.0);

@@ -52,6 +52,34 @@ impl<'de> Deserialize<'de> for OptimizerName {
     }
 }
 
+/// Weights of the loss terms added to Dice + cross-entropy (the `[train.loss]` table); 0 = off.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LossWeights {
+    /// Skeleton Recall (Kirchhoff et al. 2024; their weight: 1). Off by default, as in nnU-Net.
+    pub skeleton_recall: f64,
+}
+
+impl Default for LossWeights {
+    fn default() -> Self {
+        LossWeights {
+            skeleton_recall: 0.0,
+        }
+    }
+}
+
+impl LossWeights {
+    pub fn validate(&self) -> Result<()> {
+        let w = self.skeleton_recall;
+        if !(w.is_finite() && (0.0..=100.0).contains(&w)) {
+            return Err(Error::Config(format!(
+                "loss: skeleton_recall weight {w} must be between 0 and 100"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Every option of a training run. Field names are the `[train]` keys of a pipeline file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -89,6 +117,8 @@ pub struct TrainConfig {
     pub augment: bool,
     /// The `[train.augmentation]` table (nnU-Net v2's defaults).
     pub augmentation: AugmentConfig,
+    /// The `[train.loss]` table: weights of the terms beside Dice + CE.
+    pub loss: LossWeights,
     /// Fraction of cases held out for validation (at least one when there are two or more).
     pub val_fraction: f64,
     /// Validate every N optimizer steps (and at the end); 0 = only at the end.
@@ -133,6 +163,7 @@ impl Default for TrainConfig {
             deep_supervision: true,
             augment: true,
             augmentation: AugmentConfig::default(),
+            loss: LossWeights::default(),
             val_fraction: 0.2,
             val_every: 100,
             val_overlap: 0.5,
@@ -213,6 +244,7 @@ impl TrainConfig {
             ));
         }
         self.augmentation.validate()?;
+        self.loss.validate()?;
         if self.keep_last == 0 {
             return bad("keep_last must be at least 1".into());
         }

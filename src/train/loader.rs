@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::train::augment::{augment, AugmentConfig};
 use crate::train::rng::Rng;
 use crate::train::sampler::{PatchChoice, Sampler};
+use crate::train::skeleton_target::tubed_skeleton;
 use crate::train::spatial::TransformedReader;
 
 /// Stream tag of augmentation draws (`Rng::derive(seed, &[AUGMENT_STREAM, step, sample])`).
@@ -34,6 +35,8 @@ pub struct LoaderConfig {
     /// Batches that may be built ahead of the consumer (at least 1).
     pub queue_depth: usize,
     pub augment: AugmentConfig,
+    /// Also compute each patch's tubed skeleton (the Skeleton Recall loss's target).
+    pub skeleton: bool,
 }
 
 impl Default for LoaderConfig {
@@ -42,6 +45,7 @@ impl Default for LoaderConfig {
             workers: 2,
             queue_depth: 4,
             augment: AugmentConfig::default(),
+            skeleton: false,
         }
     }
 }
@@ -54,6 +58,10 @@ pub struct Batch {
     pub patch_zyx: [usize; 3],
     pub image: Vec<f32>,
     pub label: Vec<u16>,
+    /// Per voxel the label value whose tubed skeleton covers it (see
+    /// [`skeleton_target`](crate::train::skeleton_target)), laid out as `label`; empty unless
+    /// the loader was asked for skeletons.
+    pub skeleton: Vec<u16>,
     /// Where each patch came from (before augmentation).
     pub choices: Vec<PatchChoice>,
 }
@@ -63,6 +71,7 @@ struct Job {
     entries: Vec<Arc<dyn PatchSource>>,
     sampler: Sampler,
     augment: AugmentConfig,
+    skeleton: bool,
 }
 
 struct State {
@@ -170,6 +179,7 @@ impl Loader {
             entries,
             sampler,
             augment: cfg.augment,
+            skeleton: cfg.skeleton,
         });
         // Built before spawning so that a failed spawn stops and joins the others (Drop).
         let mut loader = Loader {
@@ -352,12 +362,21 @@ fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Ba
         }
         augment(img, lab, patch, &job.augment, &mut rng);
     }
+    let skeleton = if job.skeleton {
+        label
+            .chunks_exact(n)
+            .flat_map(|l| tubed_skeleton(l, patch))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(Batch {
         step,
         batch_size: choices.len(),
         patch_zyx: patch,
         image,
         label,
+        skeleton,
         choices,
     })
 }

@@ -133,9 +133,109 @@ pub fn dice_ce_masked(
     })
 }
 
+/// Skeleton Recall (Kirchhoff et al., 2024): one minus the soft recall of each foreground
+/// class's tubed skeleton by the predicted probabilities, over the batch, averaged over the
+/// classes that have skeleton voxels: `1 - mean_c (sum p_c s_c + smooth) / (sum s_c + smooth)`.
+/// `skeleton` is a one-hot (N, C, D, H, W) target like [`one_hot`]'s (background channel
+/// unused). `None` when no class has a skeleton voxel in the batch.
+pub fn skeleton_recall(logits: &Tensor, skeleton: &Tensor) -> Result<Option<Tensor>> {
+    if logits.dims() != skeleton.dims() || logits.rank() != 5 {
+        return Err(Error::Train(format!(
+            "skeleton recall: logits {:?} and skeleton {:?} must both be (N, C, D, H, W)",
+            logits.dims(),
+            skeleton.dims()
+        )));
+    }
+    let c = logits.dim(1)?;
+    let p = candle_nn::ops::log_softmax(logits, 1)?
+        .exp()?
+        .narrow(1, 1, c - 1)?;
+    let s = skeleton.narrow(1, 1, c - 1)?;
+    let per_class =
+        |x: &Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.flatten_from(1)?.sum(1)?) };
+    let sums = per_class(&s)?.to_vec1::<f32>()?;
+    let present: Vec<u32> = (0..sums.len() as u32)
+        .filter(|&k| sums[k as usize] > 0.0)
+        .collect();
+    if present.is_empty() {
+        return Ok(None);
+    }
+    let idx = Tensor::new(present.as_slice(), logits.device())?;
+    let inter = per_class(&p.mul(&s)?)?.index_select(&idx, 0)?;
+    let total = per_class(&s)?.index_select(&idx, 0)?;
+    let recall = ((inter + SMOOTH)? / (total + SMOOTH)?)?;
+    Ok(Some((1.0 - recall.mean_all()?)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skeleton_recall_matches_the_formula_and_its_gradient_finite_differences() -> Result<()> {
+        let dev = Device::Cpu;
+        let spatial = [1, 2, 3];
+        // Two patches, three classes; skeleton voxels of class 1 and 2 in places.
+        let sk_labels: Vec<u16> = vec![0, 1, 1, 0, 2, 0, 1, 0, 0, 0, 2, 2];
+        let target = one_hot(&sk_labels, 2, 3, spatial, &dev)?;
+        let base: Vec<f32> = (0..36)
+            .map(|i| ((i * 7) % 11) as f32 * 0.37 - 1.6)
+            .collect();
+        let loss_at = |v: &[f32]| -> Result<f64> {
+            let x = Tensor::from_vec(v.to_vec(), (2, 3, 1, 2, 3), &dev)?;
+            Ok(skeleton_recall(&x, &target)?
+                .expect("a skeleton")
+                .to_scalar::<f32>()? as f64)
+        };
+        // The formula by hand: softmax per voxel, recall per class over the batch.
+        let mut inter = [0f64; 3];
+        let mut total = [0f64; 3];
+        for b in 0..2 {
+            for v in 0..6 {
+                let z: Vec<f64> = (0..3).map(|c| base[(b * 3 + c) * 6 + v] as f64).collect();
+                let m = z.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = z.iter().map(|a| (a - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let k = sk_labels[b * 6 + v] as usize;
+                if k > 0 {
+                    inter[k] += e[k] / sum;
+                    total[k] += 1.0;
+                }
+            }
+        }
+        let want = 1.0
+            - ((inter[1] + SMOOTH) / (total[1] + SMOOTH)
+                + (inter[2] + SMOOTH) / (total[2] + SMOOTH))
+                / 2.0;
+        let got = loss_at(&base)?;
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        // Gradient against central differences.
+        let x = candle_core::Var::from_vec(base.clone(), (2, 3, 1, 2, 3), &dev)?;
+        let l = skeleton_recall(x.as_tensor(), &target)?.expect("a skeleton");
+        let g = l.backward()?;
+        let g = g
+            .get(x.as_tensor())
+            .expect("gradient")
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        for k in [0, 5, 7, 13, 22, 35] {
+            let h = 1e-2f32;
+            let (mut up, mut down) = (base.clone(), base.clone());
+            up[k] += h;
+            down[k] -= h;
+            let fd = (loss_at(&up)? - loss_at(&down)?) / (2.0 * h as f64);
+            assert!(
+                (fd - g[k] as f64).abs() < 2e-3,
+                "logit {k}: {fd} vs {}",
+                g[k]
+            );
+        }
+        // No skeleton voxel: no term.
+        let none = one_hot(&[0; 12], 2, 3, spatial, &dev)?;
+        let x = Tensor::from_vec(base, (2, 3, 1, 2, 3), &dev)?;
+        assert!(skeleton_recall(&x, &none)?.is_none());
+        Ok(())
+    }
 
     #[test]
     fn perfect_prediction_has_tiny_loss_and_wrong_has_large() -> Result<()> {

@@ -36,6 +36,9 @@ pub struct TrainRecord {
     pub peak_rss_mb: f64,
     #[serde(deserialize_with = "f64_or_nan")]
     pub elapsed_s: f64,
+    /// The Skeleton Recall term (unweighted), when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skeleton_recall_loss: Option<f64>,
 }
 
 /// One validation pass.
@@ -204,6 +207,7 @@ mod tests {
             data_wait_frac: 0.1,
             peak_rss_mb: 900.0,
             elapsed_s: step as f64,
+            skeleton_recall_loss: None,
         })
     }
 

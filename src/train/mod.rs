@@ -5,6 +5,7 @@
 //! - [`model`]: the U-Net (depth, width, norm, up-sampling mode).
 //! - [`loss`]: Dice + cross-entropy.
 //! - [`deep_supervision`]: the label patch pooled down to each supervised resolution.
+//! - [`skeleton_target`]: the tubed skeleton of a label patch (Skeleton Recall's target).
 //! - [`optim`]: AdamW and SGD with Nesterov momentum, poly learning rate, state for checkpoints.
 //! - [`rng`]: the seeded, checkpointable random generator every draw comes from.
 //! - [`sampler`]: which case and which box each patch of a batch comes from.
@@ -39,6 +40,7 @@ pub mod optim;
 pub mod plot;
 pub mod rng;
 pub mod sampler;
+pub mod skeleton_target;
 pub mod spatial;
 pub mod split;
 pub mod trainer;

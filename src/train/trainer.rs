@@ -20,7 +20,7 @@ use super::config::{OptimizerName, TrainConfig};
 use super::data::{open_data, Data};
 use super::deep_supervision::downsample_labels;
 use super::loader::{Loader, LoaderConfig};
-use super::loss::{dice_ce_masked, ignore_mask, one_hot, LossParts};
+use super::loss::{dice_ce_masked, ignore_mask, one_hot, skeleton_recall, LossParts};
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
 use super::model::{UNet, UNetConfig};
 use super::optim::{poly_lr, Optimizer, OptimizerKind};
@@ -226,16 +226,14 @@ fn add_grads(
 /// Dice + CE of every supervised output against its target, weighted by level (nnU-Net's
 /// 1/2^level, normalized); without deep supervision, of the full-resolution output alone.
 fn supervised_loss(
-    model: &UNet,
-    x: &Tensor,
+    cfg: &UNetConfig,
+    outputs: &[Tensor],
     label: &[u16],
     n: usize,
     patch: [usize; 3],
     classes: usize,
     dev: &Device,
 ) -> Result<LossParts> {
-    let cfg = model.config();
-    let outputs = model.forward_all(x)?;
     let mut sum: Option<LossParts> = None;
     for ((logits, level), w) in outputs
         .iter()
@@ -275,6 +273,7 @@ struct Window {
     loss: f64,
     ce: f64,
     dice: f64,
+    srec: f64,
     grad_norm: f64,
     patches: u64,
     wait: Duration,
@@ -396,6 +395,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             workers: cfg.workers,
             queue_depth: cfg.queue_depth,
             augment,
+            skeleton: cfg.loss.skeleton_recall > 0.0,
         },
         start_step * accumulate,
     )?;
@@ -458,16 +458,37 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             )?;
             let mut label = batch.label;
             data.classes.map(&mut label)?;
-            let parts = supervised_loss(&model, &x, &label, n, patch, data.num_classes, &dev)?;
-            if !(parts.ce.is_finite() && parts.dice_loss.is_finite()) {
+            let outputs = model.forward_all(&x)?;
+            let mut parts = supervised_loss(
+                model.config(),
+                &outputs,
+                &label,
+                n,
+                patch,
+                data.num_classes,
+                &dev,
+            )?;
+            let mut srec = 0.0;
+            let w = cfg.loss.skeleton_recall;
+            if w > 0.0 {
+                let mut skeleton = batch.skeleton;
+                data.classes.map(&mut skeleton)?;
+                let target = one_hot(&skeleton, n, data.num_classes, patch, &dev)?;
+                if let Some(t) = skeleton_recall(&outputs[0], &target)? {
+                    srec = t.to_scalar::<f32>()? as f64;
+                    parts.total = (parts.total + (t * w)?)?;
+                }
+            }
+            if !(parts.ce.is_finite() && parts.dice_loss.is_finite() && srec.is_finite()) {
                 return Err(Error::Train(format!(
-                    "step {step}: the loss is not finite (ce {}, dice {}); start a new run (--out) with a lower --lr",
+                    "step {step}: the loss is not finite (ce {}, dice {}, skeleton recall {srec}); start a new run (--out) with a lower --lr",
                     parts.ce, parts.dice_loss
                 )));
             }
             let g = parts.total.backward()?;
             add_grads(&mut grads, &params, &g, 1.0 / accumulate as f64)?;
-            window.loss += (parts.ce + parts.dice_loss) / accumulate as f64;
+            window.srec += srec / accumulate as f64;
+            window.loss += (parts.ce + parts.dice_loss + w * srec) / accumulate as f64;
             window.ce += parts.ce / accumulate as f64;
             window.dice += parts.dice_loss / accumulate as f64;
             window.patches += n as u64;
@@ -505,6 +526,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 data_wait_frac: window.wait.as_secs_f64() / secs,
                 peak_rss_mb: sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
                 elapsed_s: run_started.elapsed().as_secs_f64(),
+                skeleton_recall_loss: (cfg.loss.skeleton_recall > 0.0).then(|| window.srec / k),
             };
             bar.set_message(format!(
                 "loss {:.4}  {:.1} patches/s  data wait {:.1}%",
