@@ -8,12 +8,19 @@
 //! scale), `patch_K.image.f32` (channels x patch), `patch_K.label.u16` and
 //! `patch_K.coords.f64` (the source coordinate of every patch voxel, z y x), little-endian.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use voxcache::cache::reader::CacheReader;
 use voxcache::train::rng::Rng;
 use voxcache::train::spatial::{SpatialConfig, Transform, TransformedReader};
+
+/// Write values already turned into little-endian bytes, one after the other.
+fn write_le<const N: usize>(
+    path: &std::path::Path,
+    values: impl Iterator<Item = [u8; N]>,
+) -> std::io::Result<()> {
+    std::fs::write(path, values.flatten().collect::<Vec<u8>>())
+}
 
 /// Angles about z, y, x in radians, scale, start offset from the middle box, and a whole
 /// transform where the first two do not describe it.
@@ -81,28 +88,18 @@ fn main() -> anyhow::Result<()> {
             "channels": entry.channels(),
         });
         std::fs::write(out.join(format!("patch_{k}.json")), meta.to_string())?;
-        let mut f = std::fs::File::create(out.join(format!("patch_{k}.image.f32")))?;
-        f.write_all(
-            &image
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>(),
+        write_le(
+            &out.join(format!("patch_{k}.image.f32")),
+            image.iter().map(|v| v.to_le_bytes()),
         )?;
-        let mut f = std::fs::File::create(out.join(format!("patch_{k}.label.u16")))?;
-        f.write_all(
-            &label
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>(),
+        write_le(
+            &out.join(format!("patch_{k}.label.u16")),
+            label.iter().map(|v| v.to_le_bytes()),
         )?;
         let coords = t.coordinates(start, size);
-        let mut f = std::fs::File::create(out.join(format!("patch_{k}.coords.f64")))?;
-        f.write_all(
-            &coords
-                .iter()
-                .flatten()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>(),
+        write_le(
+            &out.join(format!("patch_{k}.coords.f64")),
+            coords.iter().flatten().map(|v| v.to_le_bytes()),
         )?;
     }
     println!("{}", out.display());

@@ -279,6 +279,8 @@ impl Drop for LiveGuard<'_> {
 
 fn work(shared: &Shared, job: &Job) {
     let _live = LiveGuard(shared);
+    // Kept for the worker's life: its box buffers are reused by every transformed read.
+    let mut reader = TransformedReader::default();
     loop {
         let (step, buffers) = {
             let mut st = lock(&shared.state);
@@ -292,17 +294,19 @@ fn work(shared: &Shared, job: &Job) {
             st.next_claim += 1;
             (step, st.pool.pop().unwrap_or_default())
         };
-        let result = catch_unwind(AssertUnwindSafe(|| build_batch(job, step, buffers)))
-            .unwrap_or_else(|panic| {
-                let why = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::Train(format!(
-                    "loader worker failed building batch {step}: {why}"
-                )))
-            });
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            build_batch(job, step, buffers, &mut reader)
+        }))
+        .unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::Train(format!(
+                "loader worker failed building batch {step}: {why}"
+            )))
+        });
         let mut st = lock(&shared.state);
         if st.stop {
             return;
@@ -318,7 +322,12 @@ fn case_name(e: &Arc<dyn PatchSource>) -> String {
 }
 
 /// Batch `step`: a pure function of the job and the step.
-fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Batch> {
+fn build_batch(
+    job: &Job,
+    step: u64,
+    buffers: (Vec<f32>, Vec<u16>),
+    reader: &mut TransformedReader,
+) -> Result<Batch> {
     let cfg = job.sampler.config();
     let patch = cfg.patch_zyx;
     let n: usize = patch.iter().product();
@@ -331,7 +340,6 @@ fn build_batch(job: &Job, step: u64, buffers: (Vec<f32>, Vec<u16>)) -> Result<Ba
     let pieces = image
         .chunks_exact_mut(channels * n)
         .zip(label.chunks_exact_mut(n));
-    let mut reader = TransformedReader::default();
     for (i, (c, (img, lab))) in choices.iter().zip(pieces).enumerate() {
         let entry = &job.entries[c.case];
         // The spatial transform is drawn first, then (in `augment`) the rest, all from the

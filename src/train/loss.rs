@@ -153,7 +153,8 @@ pub fn skeleton_recall(logits: &Tensor, skeleton: &Tensor) -> Result<Option<Tens
     let s = skeleton.narrow(1, 1, c - 1)?;
     let per_class =
         |x: &Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.flatten_from(1)?.sum(1)?) };
-    let sums = per_class(&s)?.to_vec1::<f32>()?;
+    let per_class_total = per_class(&s)?;
+    let sums = per_class_total.to_vec1::<f32>()?;
     let present: Vec<u32> = (0..sums.len() as u32)
         .filter(|&k| sums[k as usize] > 0.0)
         .collect();
@@ -162,7 +163,7 @@ pub fn skeleton_recall(logits: &Tensor, skeleton: &Tensor) -> Result<Option<Tens
     }
     let idx = Tensor::new(present.as_slice(), logits.device())?;
     let inter = per_class(&p.mul(&s)?)?.index_select(&idx, 0)?;
-    let total = per_class(&s)?.index_select(&idx, 0)?;
+    let total = per_class_total.index_select(&idx, 0)?;
     let recall = ((inter + SMOOTH)? / (total + SMOOTH)?)?;
     Ok(Some((1.0 - recall.mean_all()?)?))
 }
