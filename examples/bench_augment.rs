@@ -67,6 +67,7 @@ fn main() -> anyhow::Result<()> {
             queue_depth: 2,
             augment,
             skeleton: false,
+            ..LoaderConfig::default()
         },
         0,
     )?;

@@ -19,6 +19,13 @@
 /// The skeleton of a (z, y, x) mask: a mask of the same shape. Voxels outside the block count
 /// as background.
 pub fn skeletonize(mask: &[bool], shape: [usize; 3]) -> Vec<bool> {
+    skeletonize_counting(mask, shape).0
+}
+
+/// [`skeletonize`], and the number of rounds (six passes each) that removed voxels: about the
+/// radius, in voxels, of the thickest part of the mask.
+pub fn skeletonize_counting(mask: &[bool], shape: [usize; 3]) -> (Vec<bool>, usize) {
+    let mut rounds = 0;
     let mut m = mask.to_vec();
     let [nz, ny, nx] = shape;
     assert_eq!(m.len(), nz * ny * nx, "mask does not match its shape");
@@ -74,8 +81,9 @@ pub fn skeletonize(mask: &[bool], shape: [usize; 3]) -> Vec<bool> {
             }
         }
         if removed == 0 {
-            return m;
+            return (m, rounds);
         }
+        rounds += 1;
     }
 }
 

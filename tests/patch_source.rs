@@ -109,6 +109,7 @@ fn the_loader_reads_any_patch_source() {
         queue_depth: 2,
         augment: AugmentConfig::none(),
         skeleton: false,
+        ..LoaderConfig::default()
     };
     let mut loader = Loader::start(cases, sampler, loader_cfg, 0).unwrap();
     let n: usize = size.iter().product();
@@ -155,6 +156,7 @@ fn a_non_finite_image_value_is_an_error_naming_the_case() {
         queue_depth: 1,
         augment: AugmentConfig::none(),
         skeleton: false,
+        ..LoaderConfig::default()
     };
     let mut loader = Loader::start(cases, sampler, cfg, 0).unwrap();
     let Err(err) = loader.next() else {

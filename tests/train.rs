@@ -123,6 +123,7 @@ fn a_tiny_unet_overfits_one_case() {
             queue_depth: 2,
             augment: AugmentConfig::none(),
             skeleton: false,
+            ..LoaderConfig::default()
         },
         0,
     )

@@ -37,6 +37,7 @@ fn loader_cfg(workers: usize, augment: AugmentConfig) -> LoaderConfig {
         queue_depth: 3,
         augment,
         skeleton: false,
+        ..LoaderConfig::default()
     }
 }
 
@@ -355,6 +356,7 @@ fn bad_loader_settings_are_errors() {
             queue_depth: d,
             augment: AugmentConfig::none(),
             skeleton: false,
+            ..LoaderConfig::default()
         };
         assert!(Loader::start(es.clone(), sampler(), c, 0).is_err());
     }

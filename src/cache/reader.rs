@@ -49,7 +49,9 @@ pub use self::cache_reader::{CacheReader, CaseInfo};
 pub use self::chunk_cache::{ChunkCache, ChunkCacheStats, ReaderOptions};
 pub use self::sample::{Sample, StoredDtype};
 use crate::error::{Error, Result};
-use crate::format::{ChunkChecksums, EntryAttrs, IMAGE_ARRAY, LABEL_ARRAY};
+use crate::format::{
+    ChunkChecksums, EntryAttrs, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY,
+};
 
 /// Rows ahead of the copy whose source is prefetched: rows are short (a patch's width) and
 /// 4 KiB pages apart every few rows, which hardware prefetchers do not cross.
@@ -87,10 +89,18 @@ struct EntryInner {
     key: String,
     /// The input's spatial unit ("mm", "um"...), which the output spacing is in.
     unit: String,
+    /// Output spacing (z, y, x).
+    spacing: [f64; 3],
     shape: [usize; 3],
     /// One reader per image channel (never empty).
     image: Vec<ArrayReader>,
     label: Option<ArrayReader>,
+    /// Signed distance readers, one per class of `distance_classes`; empty when not built.
+    distance: Vec<ArrayReader>,
+    distance_classes: Vec<u16>,
+    /// Whether the entry was built with a distance array at all.
+    has_distance: bool,
+    skeleton: Option<ArrayReader>,
     fg_array: Option<String>,
     fg_ranges: BTreeMap<u16, FgRange>,
     /// The `fg` array's rows (class, z, y, x), flat, read on first use.
@@ -155,7 +165,8 @@ impl EntryReader {
         let sums_path = dir.join(&attrs.chunk_checksums);
         let sums_bytes = std::fs::read(&sums_path).map_err(|e| Error::io(&sums_path, e))?;
         let sums = ChunkChecksums::from_json(&sums_path, &sums_bytes)?;
-        // Ids: the label 0, image channels 1.. (they key the shared chunk caches).
+        // Ids: the label 0, image channels 1.., then derived arrays (they key the shared chunk
+        // caches).
         let mut image =
             ArrayReader::open_channels(&dir, IMAGE_ARRAY, 1, shape, Some(attrs.channels()), mmap)?;
         for ch in &mut image {
@@ -186,6 +197,50 @@ impl EntryReader {
                 Some(l)
             }
         };
+        // Ids after the image channels: the distance channels, then the skeleton.
+        let mut next_id = 1 + attrs.channels() as u16;
+        let (distance, distance_classes) = match &attrs.derived.distance {
+            Some(d) if !d.classes.is_empty() => {
+                let mut v = ArrayReader::open_channels(
+                    &dir,
+                    DISTANCE_ARRAY,
+                    next_id,
+                    shape,
+                    Some(d.classes.len()),
+                    mmap,
+                )?;
+                next_id += d.classes.len() as u16;
+                for ch in &mut v {
+                    let r = Recorded::new(&sums, DISTANCE_ARRAY, ch.channel, ch.block_bytes());
+                    ch.set_recorded(r);
+                    if ch.dtype != StoredDtype::Float32 {
+                        return Err(bad(format!(
+                            "distance data type {} (expected float32)",
+                            ch.dtype.name()
+                        )));
+                    }
+                }
+                (v, d.classes.clone())
+            }
+            _ => (Vec::new(), Vec::new()),
+        };
+        let skeleton = match (&attrs.derived.skeleton, &label) {
+            (Some(_), Some(l)) => {
+                let mut s =
+                    ArrayReader::open_channels(&dir, SKELETON_ARRAY, next_id, shape, None, mmap)?
+                        .remove(0);
+                s.set_recorded(Recorded::new(&sums, SKELETON_ARRAY, None, s.block_bytes()));
+                if s.dtype != l.dtype {
+                    return Err(bad(format!(
+                        "skeleton data type {} differs from the label's {}",
+                        s.dtype.name(),
+                        l.dtype.name()
+                    )));
+                }
+                Some(s)
+            }
+            _ => None,
+        };
         let fg_array = attrs.fg_index.array.clone();
         let mut fg_ranges = BTreeMap::new();
         for (&c, r) in &attrs.fg_index.rows_per_class {
@@ -206,11 +261,19 @@ impl EntryReader {
                 serial: NEXT_ENTRY.fetch_add(1, Ordering::Relaxed),
                 case_id: Some(attrs.case_id.clone()),
                 unit: attrs.input.unit.clone(),
+                spacing: {
+                    let s = attrs.output.spacing_xyz;
+                    [s[2], s[1], s[0]]
+                },
                 key: attrs.key.clone(),
                 dir,
                 shape,
                 image,
                 label,
+                distance,
+                distance_classes,
+                has_distance: attrs.derived.distance.is_some(),
+                skeleton,
                 fg_array,
                 fg_ranges,
                 fg_rows: OnceLock::new(),
@@ -344,6 +407,61 @@ impl EntryReader {
             .as_ref()
             .ok_or_else(|| Error::cache(&self.inner.dir, "entry has no label"))?;
         self.read_region(label, start_zyx, size_zyx, out)
+    }
+
+    /// Output spacing (z, y, x) in [`EntryReader::unit`]s.
+    pub fn spacing_zyx(&self) -> [f64; 3] {
+        self.inner.spacing
+    }
+
+    /// Whether the entry holds signed distance maps (built with `--derived distance`).
+    pub fn has_distance(&self) -> bool {
+        self.inner.has_distance
+    }
+
+    /// Whether the entry holds the label's skeleton (built with `--derived skeleton`).
+    pub fn has_skeleton(&self) -> bool {
+        self.inner.skeleton.is_some()
+    }
+
+    /// The signed distance map of label value `class` over a box (negative inside, in the
+    /// output spacing's unit); outside the volume, and for a class absent from the case, 0.
+    pub fn read_distance(
+        &self,
+        class: u16,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [f32],
+    ) -> Result<()> {
+        if !self.inner.has_distance {
+            return Err(Error::cache(
+                &self.inner.dir,
+                "entry has no distance maps: build the cache with --derived distance",
+            ));
+        }
+        match self.inner.distance_classes.iter().position(|&c| c == class) {
+            Some(k) => self.read_region(&self.inner.distance[k], start_zyx, size_zyx, out),
+            None => {
+                out.fill(0.0);
+                Ok(())
+            }
+        }
+    }
+
+    /// The skeleton over a box: each skeleton voxel holds its class, 0 elsewhere and outside.
+    pub fn read_skeleton<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+    ) -> Result<()> {
+        let s = self.inner.skeleton.as_ref().ok_or_else(|| {
+            Error::cache(
+                &self.inner.dir,
+                "entry has no skeleton: build the cache with --derived skeleton",
+            )
+        })?;
+        self.read_region(s, start_zyx, size_zyx, out)
     }
 
     /// The chunk `c` of `arr`, from the shared caches or freshly mapped / decoded.

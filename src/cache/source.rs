@@ -36,6 +36,50 @@ pub trait PatchSource: Send + Sync {
     /// The same box of the label (an error when the case has none).
     fn read_label(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [u16]) -> Result<()>;
 
+    /// Voxel spacing (z, y, x) in the grid's unit (1 where unknown).
+    fn spacing_zyx(&self) -> [f64; 3] {
+        [1.0; 3]
+    }
+
+    /// Whether the case holds signed distance maps of its classes.
+    fn has_distance(&self) -> bool {
+        false
+    }
+
+    /// Whether the case holds its label's skeleton.
+    fn has_skeleton(&self) -> bool {
+        false
+    }
+
+    /// The signed distance map of label value `class` over a box (0 outside the volume and for
+    /// an absent class); an error when the case has none.
+    fn read_distance(
+        &self,
+        _class: u16,
+        _start_zyx: [i64; 3],
+        _size_zyx: [usize; 3],
+        _out: &mut [f32],
+    ) -> Result<()> {
+        Err(crate::error::Error::Config(format!(
+            "{}: no distance maps (build the cache with --derived distance)",
+            self.name()
+        )))
+    }
+
+    /// The label's skeleton over a box (each voxel its class, 0 elsewhere); an error when the
+    /// case has none.
+    fn read_skeleton(
+        &self,
+        _start_zyx: [i64; 3],
+        _size_zyx: [usize; 3],
+        _out: &mut [u16],
+    ) -> Result<()> {
+        Err(crate::error::Error::Config(format!(
+            "{}: no skeleton (build the cache with --derived skeleton)",
+            self.name()
+        )))
+    }
+
     /// Image and label of one box.
     fn read_patch(
         &self,
@@ -85,5 +129,36 @@ impl PatchSource for EntryReader {
 
     fn read_label(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [u16]) -> Result<()> {
         EntryReader::read_label(self, start_zyx, size_zyx, out)
+    }
+
+    fn has_distance(&self) -> bool {
+        EntryReader::has_distance(self)
+    }
+
+    fn spacing_zyx(&self) -> [f64; 3] {
+        EntryReader::spacing_zyx(self)
+    }
+
+    fn has_skeleton(&self) -> bool {
+        EntryReader::has_skeleton(self)
+    }
+
+    fn read_distance(
+        &self,
+        class: u16,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [f32],
+    ) -> Result<()> {
+        EntryReader::read_distance(self, class, start_zyx, size_zyx, out)
+    }
+
+    fn read_skeleton(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [u16],
+    ) -> Result<()> {
+        EntryReader::read_skeleton(self, start_zyx, size_zyx, out)
     }
 }

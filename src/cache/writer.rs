@@ -1,4 +1,5 @@
-//! Writing one cache entry: a Zarr v3 group with `image`, `label` and `fg` arrays, computed
+//! Writing one cache entry: a Zarr v3 group with `image`, `label` and `fg` arrays (and the
+//! label-derived arrays of [`super::derived`] when asked for), computed
 //! block by block (a block is one chunk, or one shard when sharded) in parallel. Each block is
 //! resampled from the in-memory input, hashed, encoded and written, then forgotten, so memory
 //! holds the input plus a few blocks per thread, whatever the output size.
@@ -97,13 +98,13 @@ fn compression_codecs(
 
 /// One array of an entry: its name, element type (the fill value is zero) and, for the image,
 /// its channel count (a leading axis, one channel per chunk).
-struct ArraySpec {
-    name: &'static str,
-    dtype: Dtype,
-    channels: Option<usize>,
+pub(super) struct ArraySpec {
+    pub(super) name: &'static str,
+    pub(super) dtype: Dtype,
+    pub(super) channels: Option<usize>,
 }
 
-fn build_array(
+pub(super) fn build_array(
     store: &Arc<EntryStore>,
     dir: &Path,
     params: &OutputParams,
@@ -148,7 +149,12 @@ fn build_array(
 
 /// Copy a block computed at its own size into a full-chunk buffer (edge blocks are padded with
 /// the fill value, as Zarr stores them).
-fn pad_block<T: Copy>(data: Vec<T>, size: [usize; 3], full: [usize; 3], fill: T) -> Vec<T> {
+pub(super) fn pad_block<T: Copy>(
+    data: Vec<T>,
+    size: [usize; 3],
+    full: [usize; 3],
+    fill: T,
+) -> Vec<T> {
     if size == full {
         return data;
     }
@@ -162,18 +168,19 @@ fn pad_block<T: Copy>(data: Vec<T>, size: [usize; 3], full: [usize; 3], fill: T)
     out
 }
 
-fn bytes_of<T: bytemuck_like::Pod>(v: &[T]) -> &[u8] {
+pub(super) fn bytes_of<T: bytemuck_like::Pod>(v: &[T]) -> &[u8] {
     bytemuck_like::as_bytes(v)
 }
 
 /// Minimal plain-old-data view, to hash what Zarr stores without another dependency.
-mod bytemuck_like {
-    pub(super) trait Pod: Copy {}
+pub(super) mod bytemuck_like {
+    pub(in crate::cache) trait Pod: Copy {}
     impl Pod for f32 {}
+    impl Pod for f64 {}
     impl Pod for u8 {}
     impl Pod for u16 {}
     impl Pod for half::f16 {}
-    pub(super) fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
+    pub(in crate::cache) fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
         // SAFETY: T is a plain numeric type without padding; the slice is valid for its length.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
     }
@@ -325,9 +332,35 @@ pub fn write_entry(
             .map_err(|e| store_fg(e.into()))?;
     }
 
+    // The label is complete: the arrays derived from it are read back from it.
+    let derived = match label_dtype {
+        Some(dtype) if params.derived.any() => Some(super::derived::write_derived(
+            super::derived::DerivedInput {
+                store,
+                dir,
+                params,
+                layout: &layout,
+                shape_zyx: out_shape,
+                spacing_zyx: {
+                    let s = input.output.spacing_xyz;
+                    [s[2], s[1], s[0]]
+                },
+                unit: &input.input.unit,
+                label_dtype: dtype,
+                classes: fg.classes.iter().map(|(&c, s)| (c, s.voxels)).collect(),
+            },
+        )?),
+        _ => None,
+    };
+    let (derived_info, distance_sums, skeleton_sums) = match derived {
+        Some(d) => (d.info, d.distance_sums, d.skeleton_sums),
+        None => Default::default(),
+    };
     let checksums = ChunkChecksums {
         image: image_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
         label: label_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
+        distance: distance_sums,
+        skeleton: skeleton_sums,
         ..ChunkChecksums::new(write_block)
     };
     let sums_key = StoreKey::new(CHECKSUMS_FILE).map_err(|e| Error::zarr(dir, e))?;
@@ -365,6 +398,7 @@ pub fn write_entry(
                 })
                 .collect(),
         },
+        derived: derived_info,
         chunk_checksums: CHECKSUMS_FILE.to_string(),
     };
     let group = GroupBuilder::new()
@@ -379,6 +413,6 @@ pub fn write_entry(
     })
 }
 
-fn short_hex(h: &blake3::Hash) -> String {
+pub(super) fn short_hex(h: &blake3::Hash) -> String {
     h.to_hex()[..32].to_string()
 }

@@ -52,6 +52,8 @@ pub struct PipelineFile {
     pub fg_samples: Option<usize>,
     /// Seed of the foreground sample (same seed, same sample).
     pub seed: Option<u64>,
+    /// Label-derived arrays to build: a list of "distance", "skeleton" (default: none).
+    pub derived: Option<Vec<String>>,
     /// Largest forecast output of one case, in GiB (default 1024).
     pub max_case_gib: Option<f64>,
     /// Inputs with more voxel data than this many MiB are read from a scratch file (default 256).
@@ -63,8 +65,12 @@ pub struct PipelineFile {
 impl PipelineFile {
     /// The cache parameters this file sets, as one layer over the defaults (the command line is
     /// another layer of the same kind, applied after it).
-    pub fn cache_layer(&self) -> PrepFlags {
-        PrepFlags {
+    pub fn cache_layer(&self) -> Result<PrepFlags> {
+        let derived = match &self.derived {
+            Some(names) => Some(crate::format::DerivedArrays::from_names(names)?),
+            None => None,
+        };
+        Ok(PrepFlags {
             pipeline: None,
             spacing: self.spacing,
             normalization: self.normalization,
@@ -77,7 +83,8 @@ impl PipelineFile {
             seed: self.seed,
             max_case_gib: self.max_case_gib,
             input_ram_mib: self.input_ram_mib,
-        }
+            derived,
+        })
     }
 }
 
@@ -143,8 +150,8 @@ impl Pipeline {
             pipeline: name.clone(),
             ..Settings::default()
         };
-        settings
-            .apply(&file.cache_layer())
+        file.cache_layer()
+            .and_then(|layer| settings.apply(&layer))
             .and_then(|()| settings.validate())
             .map_err(|e| in_origin(&e))?;
         let train = file.train.clone().unwrap_or_default();

@@ -7,7 +7,7 @@ use super::pipeline::{Pipeline, DEFAULT_PIPELINE};
 use super::values::{parse_three, parse_zyx, Shard};
 use crate::dataset::DatasetSource;
 use crate::error::{Error, Result};
-use crate::format::{Compression, ImageDtype};
+use crate::format::{Compression, DerivedArrays, ImageDtype};
 use crate::normalize::Normalization;
 
 /// How the target spacing is chosen.
@@ -75,6 +75,11 @@ pub struct PrepFlags {
     /// Seed of the foreground sample.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Label-derived arrays to build beside the label: distance (signed distance per class, for
+    /// the boundary and surface losses), skeleton (Skeleton Recall, clDice), both as
+    /// distance,skeleton, or none (default).
+    #[arg(long, value_name = "distance,skeleton|none")]
+    pub derived: Option<DerivedArrays>,
     /// Largest output a case may have, in GiB (image + label as cached): a case whose forecast
     /// is over it fails before anything is written (a header with a wrong spacing, usually).
     #[arg(long, value_name = "GIB")]
@@ -111,6 +116,8 @@ pub struct Settings {
     pub fg_samples: usize,
     /// Seed of the foreground sample (same seed, same sample).
     pub seed: u64,
+    /// Label-derived arrays built beside the label.
+    pub derived: DerivedArrays,
     /// Largest forecast output of one case, in GiB; not part of the content key (it shapes
     /// nothing that is written).
     pub max_case_gib: f64,
@@ -133,6 +140,7 @@ impl Default for Settings {
             compression: Compression::None,
             fg_samples: 10_000,
             seed: 1234,
+            derived: DerivedArrays::default(),
             max_case_gib: 1024.0,
             input_ram_mib: 256,
         }
@@ -170,6 +178,9 @@ impl Settings {
         }
         if let Some(v) = l.seed {
             self.seed = v;
+        }
+        if let Some(v) = l.derived {
+            self.derived = v;
         }
         if let Some(v) = l.max_case_gib {
             self.max_case_gib = v;

@@ -1,5 +1,5 @@
 //! `voxcache_chunks.json`: one blake3 per written block (chunk, or shard when sharded) of the
-//! image and label arrays, over the block's decoded little-endian bytes, edge blocks padded with
+//! image, label and label-derived arrays, over the block's decoded little-endian bytes, edge blocks padded with
 //! the fill value. `prep inspect --verify` re-hashes against it.
 
 use std::collections::BTreeMap;
@@ -29,6 +29,12 @@ pub struct ChunkChecksums {
     /// Label block name -> hash; empty for an unlabelled entry.
     #[serde(default)]
     pub label: BTreeMap<String, String>,
+    /// Signed distance block name (`"c.z.y.x"`) -> hash; empty when not built.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub distance: BTreeMap<String, String>,
+    /// Skeleton block name -> hash; empty when not built.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skeleton: BTreeMap<String, String>,
 }
 
 impl ChunkChecksums {
@@ -39,6 +45,8 @@ impl ChunkChecksums {
             block_shape_zyx,
             image: BTreeMap::new(),
             label: BTreeMap::new(),
+            distance: BTreeMap::new(),
+            skeleton: BTreeMap::new(),
         }
     }
 
@@ -57,6 +65,8 @@ impl ChunkChecksums {
         match array {
             super::entry::IMAGE_ARRAY => Some(&self.image),
             super::entry::LABEL_ARRAY => Some(&self.label),
+            super::entry::DISTANCE_ARRAY => Some(&self.distance),
+            super::entry::SKELETON_ARRAY => Some(&self.skeleton),
             _ => None,
         }
     }

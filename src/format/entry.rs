@@ -23,6 +23,10 @@ pub const MAX_CHANNELS: usize = 64;
 
 /// Name of the entry's foreground index array.
 pub const FG_ARRAY: &str = "fg";
+/// Name of the entry's signed distance array (one channel per foreground class).
+pub const DISTANCE_ARRAY: &str = "distance";
+/// Name of the entry's skeleton array (the label's type; each skeleton voxel holds its class).
+pub const SKELETON_ARRAY: &str = "skeleton";
 
 /// One input file of a case.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -144,6 +148,48 @@ impl FgIndexInfo {
     }
 }
 
+/// The signed distance array: `(c, z, y, x)` float32, channel `k` for label value
+/// `classes[k]`; outside the class the distance to its nearest voxel, inside minus the distance
+/// to the nearest voxel outside it, between voxel centres in the output spacing's unit, over the
+/// whole volume. A class absent from the case has no channel (read as 0: nothing to measure).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DistanceInfo {
+    /// The array's name ([`DISTANCE_ARRAY`]).
+    pub array: String,
+    /// Label value of each channel, ascending.
+    pub classes: Vec<u16>,
+    /// The unit of the distances (the input's spatial unit).
+    pub unit: String,
+}
+
+/// The skeleton array: the label's type and shape, each voxel of a class's skeleton holding the
+/// class, 0 elsewhere. Built chunk by chunk, each chunk thinned with a halo of label around it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SkeletonInfo {
+    /// The array's name ([`SKELETON_ARRAY`]).
+    pub array: String,
+    /// Skeleton voxels per class.
+    pub voxels: BTreeMap<u16, u64>,
+    /// The halo (voxels of label around each chunk) every chunk got at least.
+    pub halo_voxels: usize,
+    /// The widest halo a chunk needed (structures thicker than the base halo get a wider one).
+    pub widest_halo_voxels: usize,
+    /// Chunks whose structures were still thicker than the widest halo allowed: their skeleton
+    /// may differ from a whole-volume one near the chunk's faces.
+    pub chunks_over_halo: usize,
+}
+
+/// Arrays derived from the label at build time, for the losses that need them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DerivedInfo {
+    /// The signed distance per foreground class, if built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distance: Option<DistanceInfo>,
+    /// The skeleton, if built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skeleton: Option<SkeletonInfo>,
+}
+
 /// Everything voxcache records about one entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EntryAttrs {
@@ -173,6 +219,9 @@ pub struct EntryAttrs {
     pub label: Option<LabelInfo>,
     /// Where the sampled foreground coordinates are.
     pub fg_index: FgIndexInfo,
+    /// The label-derived arrays built for this entry.
+    #[serde(default)]
+    pub derived: DerivedInfo,
     /// The checksums file (`voxcache_chunks.json`).
     pub chunk_checksums: String,
 }
@@ -269,6 +318,28 @@ impl EntryAttrs {
                 return bad(format!(
                     "layout.shard_zyx {s:?} is not a whole multiple of the chunk {:?}",
                     l.chunk_zyx
+                ));
+            }
+        }
+        if let Some(d) = &self.derived.distance {
+            if d.array != DISTANCE_ARRAY || self.label.is_none() {
+                return bad(format!(
+                    "derived.distance: array {:?} (expected {DISTANCE_ARRAY:?}, in a labelled entry)",
+                    d.array
+                ));
+            }
+            if d.classes.windows(2).any(|w| w[0] >= w[1]) || d.classes.contains(&0) {
+                return bad(format!(
+                    "derived.distance.classes {:?} are not ascending foreground values",
+                    d.classes
+                ));
+            }
+        }
+        if let Some(s) = &self.derived.skeleton {
+            if s.array != SKELETON_ARRAY || self.label.is_none() {
+                return bad(format!(
+                    "derived.skeleton: array {:?} (expected {SKELETON_ARRAY:?}, in a labelled entry)",
+                    s.array
                 ));
             }
         }

@@ -33,15 +33,18 @@ use serde::{Deserialize, Deserializer};
 pub use array::{ArrayLayout, Encoding};
 pub use checksums::{ChunkChecksums, CHECKSUMS_FILE};
 pub use dtype::Dtype;
-pub use entry::{EntryAttrs, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY};
+pub use entry::{EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY};
 pub use manifest::{Manifest, ManifestCase, ManifestDataset};
-pub use params::{ChannelParams, ChunkLayout, Compression, ImageDtype, OutputParams};
+pub use params::{
+    ChannelParams, ChunkLayout, Compression, DerivedArrays, ImageDtype, OutputParams,
+};
 
 /// Bumped whenever the bytes or the schema of an entry change for the same parameters.
 /// 1: the first release. 2: typed schema (sources record sizes, label classes keyed by value).
 /// 3: image channels: the image array is (c, z, y, x), one channel per chunk; sources,
-/// statistics and normalization per channel.
-pub const FORMAT_VERSION: u32 = 3;
+/// statistics and normalization per channel. 4: label-derived arrays (`distance`, `skeleton`)
+/// and the parameters that ask for them.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Refuse anything but this version, with one sentence that says what to do.
 fn check_version(path: &Path, what: &str, v: Option<&serde_json::Value>) -> crate::Result<()> {

@@ -42,6 +42,61 @@ impl std::str::FromStr for ImageDtype {
     }
 }
 
+/// The label-derived arrays an entry is built with (for the losses that need them): part of the
+/// content key, so asking for them builds new entries and never changes existing ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DerivedArrays {
+    /// A signed distance map per foreground class (boundary and surface losses).
+    pub distance: bool,
+    /// The label's skeleton (Skeleton Recall, clDice).
+    pub skeleton: bool,
+}
+
+impl DerivedArrays {
+    /// Whether any array is asked for.
+    pub fn any(self) -> bool {
+        self.distance || self.skeleton
+    }
+
+    /// The names asked for, as the pipeline key spells them.
+    pub fn names(self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.distance {
+            v.push("distance");
+        }
+        if self.skeleton {
+            v.push("skeleton");
+        }
+        v
+    }
+
+    /// From names: `distance`, `skeleton`; an empty list or `none` asks for nothing.
+    pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<Self> {
+        let mut d = DerivedArrays::default();
+        for n in names {
+            match n.as_ref().trim() {
+                "distance" => d.distance = true,
+                "skeleton" => d.skeleton = true,
+                "none" | "" => {}
+                other => {
+                    return Err(Error::Config(format!(
+                        "derived array {other:?}: choose distance, skeleton (or none)"
+                    )))
+                }
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// `distance,skeleton`, `distance`, `skeleton` or `none`.
+impl std::str::FromStr for DerivedArrays {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::from_names(&s.split(',').collect::<Vec<_>>())
+    }
+}
+
 /// Chunk compression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "codec", rename_all = "lowercase")]
@@ -122,6 +177,8 @@ pub struct OutputParams {
     pub fg_samples: usize,
     /// Seed of the foreground sample (same seed, same sample).
     pub seed: u64,
+    /// The label-derived arrays built beside the label.
+    pub derived: DerivedArrays,
 }
 
 /// How one image channel is normalized. Channel names are not here: renaming a channel in
@@ -164,6 +221,7 @@ impl OutputParams {
             compression: settings.compression,
             fg_samples: settings.fg_samples,
             seed: settings.seed,
+            derived: settings.derived,
         }
     }
 

@@ -25,6 +25,10 @@ pub struct EntryMeta {
     pub unit: String,
     pub image_dtype: Dtype,
     pub label_dtype: Option<Dtype>,
+    /// Channels of the signed distance array, if the entry has one (may be 0: no class).
+    pub distance_channels: Option<usize>,
+    /// Whether the entry has a skeleton array (of the label's type).
+    pub skeleton: bool,
     pub chunk_zyx: [usize; 3],
     pub shard_zyx: Option<[usize; 3]>,
     pub codec: String,
@@ -90,6 +94,8 @@ pub fn read_entry(root: &Path, dir: &Path) -> Found<EntryMeta> {
         unit: a.input.unit,
         image_dtype: a.params.image_dtype.dtype(),
         label_dtype: a.label.as_ref().map(|l| l.dtype),
+        distance_channels: a.derived.distance.as_ref().map(|d| d.classes.len()),
+        skeleton: a.derived.skeleton.is_some(),
         chunk_zyx: a.layout.chunk_zyx,
         shard_zyx: a.layout.shard_zyx,
         codec: codec_name(&a.params.compression),

@@ -163,7 +163,8 @@ impl Acc<'_> {
     }
 }
 
-/// Verify one entry: every block of its image and label, and that its fg array decodes.
+/// Verify one entry: every block of its image, label and derived arrays, and that its fg
+/// array decodes.
 pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>) {
     let mut acc = Acc {
         sum: VerifySummary::default(),
@@ -214,6 +215,12 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
     let mut arrays = vec![(crate::format::IMAGE_ARRAY, m.image_dtype, Some(m.channels))];
     if let Some(l) = m.label_dtype {
         arrays.push((crate::format::LABEL_ARRAY, l, None));
+        if m.skeleton {
+            arrays.push((crate::format::SKELETON_ARRAY, l, None));
+        }
+    }
+    if let Some(c) = m.distance_channels.filter(|&c| c > 0) {
+        arrays.push((crate::format::DISTANCE_ARRAY, Dtype::Float32, Some(c)));
     }
     for (name, dtype, channels) in arrays {
         let meta_path = m.dir.join(name).join("zarr.json");

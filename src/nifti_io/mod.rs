@@ -30,7 +30,7 @@ pub use header::{
 };
 pub use label_writer::{LabelType, LabelWriter};
 pub use labels::{label_from_f32, stream_label_slices, LabelCheck, LabelData};
-pub(crate) use source::scratch_file;
+pub(crate) use source::{reserve, scratch_file};
 pub use source::{SourceOptions, VoxelSource};
 pub use stream::{stream_frame, stream_voxels, Streamed, BLOCK_VOXELS};
 pub use voxels::{read_volume, stream_f32, stream_f32_frame, Volume};

@@ -224,7 +224,7 @@ pub(crate) fn scratch_file(dir: &Path) -> Result<(File, PathBuf)> {
 /// Reserve `bytes` of disk for a scratch file, so a full disk fails the case before inflating
 /// rather than midway; a filesystem that cannot reserve is simply written to.
 #[cfg(target_os = "linux")]
-fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
+pub(crate) fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let len = libc::off_t::try_from(bytes).unwrap_or(libc::off_t::MAX);
     // SAFETY: a valid open file descriptor and a non-negative length.
@@ -236,6 +236,6 @@ fn reserve(file: &File, bytes: u64) -> std::io::Result<()> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn reserve(_file: &File, _bytes: u64) -> std::io::Result<()> {
+pub(crate) fn reserve(_file: &File, _bytes: u64) -> std::io::Result<()> {
     Ok(())
 }

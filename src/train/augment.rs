@@ -91,7 +91,7 @@ pub fn augment(
     size_zyx: [usize; 3],
     cfg: &AugmentConfig,
     rng: &mut Rng,
-) {
+) -> Moves {
     let n: usize = size_zyx.iter().product();
     assert!(
         n > 0 && !image.is_empty() && image.len().is_multiple_of(n),
@@ -106,28 +106,50 @@ pub fn augment(
     // Drawn whatever is applied, so one setting does not shift the stream of the others.
     let flips = [0, 1, 2].map(|_| rng.chance(cfg.mirror_prob));
     let quarter_turns = rng.below(4) as usize;
-    for (axis, &flip) in flips.iter().enumerate() {
-        if flip {
-            image
-                .chunks_exact_mut(n)
-                .for_each(|c| flip_axis(c, size_zyx, axis));
-            flip_axis(label, size_zyx, axis);
+    let moves = Moves {
+        flips,
+        quarter_turns: match cfg.rot90 {
+            false => 0,
+            true if size_zyx[1] == size_zyx[2] => quarter_turns,
+            true => quarter_turns & 2, // 0 or 180 degrees
+        },
+    };
+    moves.apply(image, size_zyx);
+    moves.apply(label, size_zyx);
+    moves
+}
+
+/// The mirrorings and quarter turns drawn for one patch, to move other arrays of the same patch
+/// (distance maps, skeletons) the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moves {
+    /// Mirror along z, y, x.
+    pub flips: [bool; 3],
+    /// Quarter turns in the (y, x) plane.
+    pub quarter_turns: usize,
+}
+
+impl Moves {
+    /// Move every patch of `data` (any number of `size_zyx` patches one after the other; empty
+    /// is nothing to move).
+    pub fn apply<T: Copy>(&self, data: &mut [T], size_zyx: [usize; 3]) {
+        let n: usize = size_zyx.iter().product();
+        if data.is_empty() || n == 0 {
+            return;
         }
-    }
-    if cfg.rot90 {
-        let k = if size_zyx[1] == size_zyx[2] {
-            quarter_turns
-        } else {
-            quarter_turns & 2 // 0 or 180 degrees
-        };
-        image
-            .chunks_exact_mut(n)
-            .for_each(|c| rotate_yx(c, size_zyx, k));
-        rotate_yx(label, size_zyx, k);
+        for patch in data.chunks_exact_mut(n) {
+            for (axis, &flip) in self.flips.iter().enumerate() {
+                if flip {
+                    flip_axis(patch, size_zyx, axis);
+                }
+            }
+            if self.quarter_turns != 0 {
+                rotate_yx(patch, size_zyx, self.quarter_turns);
+            }
+        }
     }
 }
 
-/// Reverse the order of voxels along `axis` (0 = z, 1 = y, 2 = x).
 pub fn flip_axis<T>(data: &mut [T], size_zyx: [usize; 3], axis: usize) {
     if data.is_empty() {
         return;

@@ -58,25 +58,47 @@ impl<'de> Deserialize<'de> for OptimizerName {
 pub struct LossWeights {
     /// Skeleton Recall (Kirchhoff et al. 2024; their weight: 1). Off by default, as in nnU-Net.
     pub skeleton_recall: f64,
+    /// clDice (Shit et al. 2021): soft skeleton of the prediction against the label, the
+    /// label's skeleton against the prediction.
+    pub cldice: f64,
+    /// Boundary loss (Kervadec et al. 2019): probabilities times the cached signed distance.
+    pub boundary: f64,
+    /// Surface (distance-weighted) loss: squared error weighted by the label's and the
+    /// thresholded prediction's squared distances to their boundaries (Karimi and Salcudean).
+    pub surface: f64,
 }
 
 impl Default for LossWeights {
     fn default() -> Self {
         LossWeights {
             skeleton_recall: 0.0,
+            cldice: 0.0,
+            boundary: 0.0,
+            surface: 0.0,
         }
     }
 }
 
 impl LossWeights {
     pub fn validate(&self) -> Result<()> {
-        let w = self.skeleton_recall;
-        if !(w.is_finite() && (0.0..=100.0).contains(&w)) {
-            return Err(Error::Config(format!(
-                "loss: skeleton_recall weight {w} must be between 0 and 100"
-            )));
+        for (name, w) in [
+            ("skeleton_recall", self.skeleton_recall),
+            ("cldice", self.cldice),
+            ("boundary", self.boundary),
+            ("surface", self.surface),
+        ] {
+            if !(w.is_finite() && (0.0..=100.0).contains(&w)) {
+                return Err(Error::Config(format!(
+                    "loss: {name} weight {w} must be between 0 and 100"
+                )));
+            }
         }
         Ok(())
+    }
+
+    /// Whether a term needs the cached signed distance maps.
+    pub fn needs_distance(&self) -> bool {
+        self.boundary > 0.0 || self.surface > 0.0
     }
 }
 

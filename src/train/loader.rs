@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::train::augment::{augment, AugmentConfig};
 use crate::train::rng::Rng;
 use crate::train::sampler::{PatchChoice, Sampler};
-use crate::train::skeleton_target::tubed_skeleton;
+use crate::train::skeleton_target::{skeleton_of, tube_around};
 use crate::train::spatial::TransformedReader;
 
 /// Stream tag of augmentation draws (`Rng::derive(seed, &[AUGMENT_STREAM, step, sample])`).
@@ -37,6 +37,11 @@ pub struct LoaderConfig {
     pub augment: AugmentConfig,
     /// Also compute each patch's tubed skeleton (the Skeleton Recall loss's target).
     pub skeleton: bool,
+    /// Also give each patch's skeleton itself (clDice's target side).
+    pub centreline: bool,
+    /// Label values whose signed distance maps each patch carries (boundary and surface
+    /// losses; the cases must hold them); empty for none.
+    pub distance: Vec<u16>,
 }
 
 impl Default for LoaderConfig {
@@ -46,6 +51,8 @@ impl Default for LoaderConfig {
             queue_depth: 4,
             augment: AugmentConfig::default(),
             skeleton: false,
+            centreline: false,
+            distance: Vec::new(),
         }
     }
 }
@@ -62,6 +69,14 @@ pub struct Batch {
     /// [`skeleton_target`](crate::train::skeleton_target)), laid out as `label`; empty unless
     /// the loader was asked for skeletons.
     pub skeleton: Vec<u16>,
+    /// Per voxel the label value whose skeleton passes there, laid out as `label`; empty
+    /// unless asked for (from the cached skeleton when the case has one).
+    pub centreline: Vec<u16>,
+    /// Per patch, the signed distance map of each asked-for class, one after the other
+    /// (B, K, D, H, W); empty unless asked for.
+    pub distance: Vec<f32>,
+    /// Per patch, its case's voxel spacing (z, y, x).
+    pub spacing: Vec<[f64; 3]>,
     /// Where each patch came from (before augmentation).
     pub choices: Vec<PatchChoice>,
 }
@@ -72,6 +87,8 @@ struct Job {
     sampler: Sampler,
     augment: AugmentConfig,
     skeleton: bool,
+    centreline: bool,
+    distance: Vec<u16>,
 }
 
 struct State {
@@ -150,6 +167,12 @@ impl Loader {
                     "cache entry has no label: it cannot be used for training",
                 ));
             }
+            if !cfg.distance.is_empty() && !e.has_distance() {
+                return Err(Error::case(
+                    case_name(e),
+                    "the boundary and surface losses need the cached signed distance maps: rebuild the cache with prep build-cache --derived distance (or put derived = [\"distance\"] in the pipeline)",
+                ));
+            }
             let (c, first) = (e.channels(), entries[0].channels());
             if c != first {
                 return Err(Error::case(
@@ -180,6 +203,8 @@ impl Loader {
             sampler,
             augment: cfg.augment,
             skeleton: cfg.skeleton,
+            centreline: cfg.centreline,
+            distance: cfg.distance,
         });
         // Built before spawning so that a failed spawn stops and joins the others (Drop).
         let mut loader = Loader {
@@ -337,6 +362,16 @@ fn build_batch(
     // Every voxel is overwritten by the read; resizing only sets the length.
     image.resize(choices.len() * channels * n, 0.0);
     label.resize(choices.len() * n, 0);
+    let b = choices.len();
+    let sk_len = if job.skeleton { b * n } else { 0 };
+    let cl_len = if job.skeleton || job.centreline {
+        b * n
+    } else {
+        0
+    };
+    let mut skeleton = vec![0u16; sk_len];
+    let mut centreline = vec![0u16; cl_len];
+    let mut distance = vec![0f32; b * job.distance.len() * n];
     let pieces = image
         .chunks_exact_mut(channels * n)
         .zip(label.chunks_exact_mut(n));
@@ -368,16 +403,46 @@ fn build_batch(
                 ),
             ));
         }
-        augment(img, lab, patch, &job.augment, &mut rng);
+        let moves = augment(img, lab, patch, &job.augment, &mut rng);
+        // The derived arrays follow the same map and the same mirrorings.
+        let cached_skeleton = (job.skeleton || job.centreline) && entry.has_skeleton();
+        if !job.distance.is_empty() || cached_skeleton {
+            let k = job.distance.len();
+            let d = &mut distance[i * k * n..(i + 1) * k * n];
+            let sk = cached_skeleton.then(|| &mut centreline[i * n..(i + 1) * n]);
+            reader
+                .read_derived(
+                    entry.as_ref(),
+                    c.start_zyx,
+                    patch,
+                    &transform,
+                    &job.distance,
+                    d,
+                    sk,
+                )
+                .map_err(|err| {
+                    Error::case(
+                        case_name(entry),
+                        format!("batch {step}, sample {i}: reading derived arrays: {err}"),
+                    )
+                })?;
+            moves.apply(d, patch);
+            if cached_skeleton {
+                moves.apply(&mut centreline[i * n..(i + 1) * n], patch);
+            }
+        }
+        let lab = &*lab;
+        if (job.skeleton || job.centreline) && !cached_skeleton {
+            centreline[i * n..(i + 1) * n].copy_from_slice(&skeleton_of(lab, patch));
+        }
+        if job.skeleton {
+            let tube = tube_around(&centreline[i * n..(i + 1) * n], lab, patch);
+            skeleton[i * n..(i + 1) * n].copy_from_slice(&tube);
+        }
     }
-    let skeleton = if job.skeleton {
-        label
-            .chunks_exact(n)
-            .flat_map(|l| tubed_skeleton(l, patch))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    if !job.centreline {
+        centreline = Vec::new();
+    }
     Ok(Batch {
         step,
         batch_size: choices.len(),
@@ -385,6 +450,12 @@ fn build_batch(
         image,
         label,
         skeleton,
+        centreline,
+        distance,
+        spacing: choices
+            .iter()
+            .map(|c| job.entries[c.case].spacing_zyx())
+            .collect(),
         choices,
     })
 }

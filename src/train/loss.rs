@@ -168,6 +168,144 @@ pub fn skeleton_recall(logits: &Tensor, skeleton: &Tensor) -> Result<Option<Tens
     Ok(Some((1.0 - recall.mean_all()?)?))
 }
 
+/// Iterations of the soft skeleton (MONAI's `SoftclDiceLoss` default).
+pub const CLDICE_ITERATIONS: usize = 3;
+/// Smoothing of clDice's two ratios (MONAI's default).
+const CLDICE_SMOOTH: f64 = 1.0;
+
+/// Max (or min) over each voxel and its two neighbours along `axis`; the edges repeat their
+/// own value, which for a max or a min is the same as padding with -inf or +inf.
+fn extreme3(x: &Tensor, axis: usize, max: bool) -> Result<Tensor> {
+    let l = x.dim(axis)?;
+    if l == 1 {
+        return Ok(x.clone());
+    }
+    let prev = Tensor::cat(&[&x.narrow(axis, 0, 1)?, &x.narrow(axis, 0, l - 1)?], axis)?;
+    let next = Tensor::cat(
+        &[&x.narrow(axis, 1, l - 1)?, &x.narrow(axis, l - 1, 1)?],
+        axis,
+    )?;
+    Ok(if max {
+        x.maximum(&prev)?.maximum(&next)?
+    } else {
+        x.minimum(&prev)?.minimum(&next)?
+    })
+}
+
+/// Soft erosion of (N, C, D, H, W): the minimum over the 6-neighbour cross (three 3-voxel
+/// minima, one per axis, as MONAI's `soft_erode`).
+fn soft_erode(x: &Tensor) -> Result<Tensor> {
+    Ok(extreme3(x, 2, false)?
+        .minimum(&extreme3(x, 3, false)?)?
+        .minimum(&extreme3(x, 4, false)?)?)
+}
+
+/// Soft dilation: the maximum over the 3x3x3 cube (separable).
+fn soft_dilate(x: &Tensor) -> Result<Tensor> {
+    extreme3(&extreme3(&extreme3(x, 2, true)?, 3, true)?, 4, true)
+}
+
+/// Soft skeleton of probabilities (Shit et al. 2021): what each erosion step removes that an
+/// opening would not restore, accumulated.
+pub fn soft_skeleton(x: &Tensor, iterations: usize) -> Result<Tensor> {
+    let open = |t: &Tensor| -> Result<Tensor> { soft_dilate(&soft_erode(t)?) };
+    let mut img = x.clone();
+    let mut skel = (&img - open(&img)?)?.relu()?;
+    for _ in 0..iterations {
+        img = soft_erode(&img)?;
+        let delta = (&img - open(&img)?)?.relu()?;
+        skel = (&skel + (&delta - skel.mul(&delta)?)?.relu()?)?;
+    }
+    Ok(skel)
+}
+
+/// clDice loss: `1 - 2 Tprec Tsens / (Tprec + Tsens)` with Tprec the soft skeleton of the
+/// prediction inside the target and Tsens the target's skeleton inside the prediction, summed
+/// over the batch and the foreground classes (MONAI's `SoftclDiceLoss`, smoothing 1).
+/// `target` is the one-hot label and `target_skeleton` the one-hot skeleton of the label (the
+/// cached hard skeleton, or [`soft_skeleton`] of the target as MONAI does).
+pub fn cldice(logits: &Tensor, target: &Tensor, target_skeleton: &Tensor) -> Result<Tensor> {
+    if logits.dims() != target.dims() || logits.dims() != target_skeleton.dims() {
+        return Err(Error::Train(format!(
+            "cldice: logits {:?}, target {:?} and skeleton {:?} must have one shape",
+            logits.dims(),
+            target.dims(),
+            target_skeleton.dims()
+        )));
+    }
+    let c = logits.dim(1)?;
+    let p = candle_nn::ops::log_softmax(logits, 1)?.exp()?;
+    let skel_pred = soft_skeleton(&p, CLDICE_ITERATIONS)?.narrow(1, 1, c - 1)?;
+    let fg = |t: &Tensor| t.narrow(1, 1, c - 1);
+    let (p, t, st) = (fg(&p)?, fg(target)?, fg(target_skeleton)?);
+    let tprec = ((skel_pred.mul(&t)?.sum_all()? + CLDICE_SMOOTH)?
+        / (skel_pred.sum_all()? + CLDICE_SMOOTH)?)?;
+    let tsens = ((st.mul(&p)?.sum_all()? + CLDICE_SMOOTH)? / (st.sum_all()? + CLDICE_SMOOTH)?)?;
+    let ratio = ((tprec.mul(&tsens)? * 2.0)? / (&tprec + &tsens)?)?;
+    Ok((1.0 - ratio)?)
+}
+
+/// Boundary loss (Kervadec et al. 2019): the mean over batch, foreground classes and voxels of
+/// each class's probability times its signed distance (negative inside), so probability mass
+/// is pulled inside the boundary. `distance` is (N, C - 1, D, H, W), one map per foreground
+/// class, in the cache's unit.
+pub fn boundary(logits: &Tensor, distance: &Tensor) -> Result<Tensor> {
+    let c = logits.dim(1)?;
+    let p = candle_nn::ops::log_softmax(logits, 1)?
+        .exp()?
+        .narrow(1, 1, c - 1)?;
+    if p.dims() != distance.dims() {
+        return Err(Error::Train(format!(
+            "boundary: probabilities {:?} and distances {:?} differ in shape",
+            p.dims(),
+            distance.dims()
+        )));
+    }
+    Ok(p.mul(distance)?.mean_all()?)
+}
+
+/// The surface loss's prediction side: per patch and foreground class, the unsigned distance
+/// of every voxel to the boundary of the thresholded prediction (`argmax == class`), squared;
+/// 0 for a class the patch's prediction does not hold or fills. Computed in the training step
+/// (never in loader workers), about 17 bytes a voxel of one patch at a time.
+pub fn predicted_distance_squared(logits: &Tensor, spacing_zyx: &[[f64; 3]]) -> Result<Vec<f32>> {
+    let (n, c) = (logits.dim(0)?, logits.dim(1)?);
+    let spatial = [logits.dim(2)?, logits.dim(3)?, logits.dim(4)?];
+    let v: usize = spatial.iter().product();
+    let arg: Vec<u32> = logits.argmax(1)?.flatten_all()?.to_vec1::<u32>()?;
+    let mut out = Vec::with_capacity(n * (c - 1) * v);
+    for b in 0..n {
+        let a = &arg[b * v..(b + 1) * v];
+        for k in 1..c {
+            let inside: Vec<bool> = a.iter().map(|&x| x as usize == k).collect();
+            let d = crate::distance::signed_distance(&inside, spatial, spacing_zyx[b]);
+            out.extend(d.iter().map(|x| x * x));
+        }
+    }
+    Ok(out)
+}
+
+/// Surface loss (the distance-transform Hausdorff loss of Karimi and Salcudean 2019, alpha 2,
+/// as MONAI's `HausdorffDTLoss`): mean over batch, foreground classes and voxels of
+/// `(p - g)^2 (d_g^2 + d_p^2)`, with `d_g` the cached distance to the label's boundary and
+/// `d_p` the distance to the thresholded prediction's (`predicted_sq`, no gradient).
+/// `distance` is the cached signed distance, (N, C - 1, D, H, W).
+pub fn surface(
+    logits: &Tensor,
+    target: &Tensor,
+    distance: &Tensor,
+    predicted_sq: &Tensor,
+) -> Result<Tensor> {
+    let c = logits.dim(1)?;
+    let p = candle_nn::ops::log_softmax(logits, 1)?
+        .exp()?
+        .narrow(1, 1, c - 1)?;
+    let g = target.narrow(1, 1, c - 1)?;
+    let err = (p - g)?.sqr()?;
+    let weight = (distance.sqr()? + predicted_sq)?;
+    Ok(err.mul(&weight)?.mean_all()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,6 +39,15 @@ pub struct TrainRecord {
     /// The Skeleton Recall term (unweighted), when it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skeleton_recall_loss: Option<f64>,
+    /// The clDice term (unweighted), when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cldice_loss: Option<f64>,
+    /// The boundary term (unweighted), when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boundary_loss: Option<f64>,
+    /// The surface term (unweighted), when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surface_loss: Option<f64>,
 }
 
 /// One validation pass.
@@ -208,6 +217,9 @@ mod tests {
             peak_rss_mb: 900.0,
             elapsed_s: step as f64,
             skeleton_recall_loss: None,
+            cldice_loss: None,
+            boundary_loss: None,
+            surface_loss: None,
         })
     }
 

@@ -1,9 +1,9 @@
 //! The Skeleton Recall loss's target: each foreground class's skeleton, thickened into a thin
 //! tube and kept inside the class (Kirchhoff et al., 2024).
 //!
-//! Computed per augmented label patch in the loader's threads, as their data loader does; the
-//! skeleton of the whole volume, cached beside the label and sampled through the same spatial
-//! map, is the next step (issue 13).
+//! When the cache holds the label's skeleton (`--derived skeleton`), the loader samples it
+//! through the patch's spatial map and only the tube is made per patch; otherwise the skeleton
+//! of each augmented label patch is computed in the loader's threads, as their data loader does.
 
 use crate::skeleton::skeletonize;
 
@@ -11,23 +11,49 @@ use crate::skeleton::skeletonize;
 /// value, the skeleton of its voxels, dilated twice by the 6-neighbour cross, then cut back to
 /// the value's own voxels.
 pub fn tubed_skeleton(label: &[u16], size: [usize; 3]) -> Vec<u16> {
+    tube_around(&skeleton_of(label, size), label, size)
+}
+
+/// Per voxel the label value whose skeleton passes there (each non-zero value thinned on its
+/// own), 0 elsewhere.
+pub fn skeleton_of(label: &[u16], size: [usize; 3]) -> Vec<u16> {
     let mut out = vec![0u16; label.len()];
-    let mut values: Vec<u16> = label.iter().copied().filter(|&v| v != 0).collect();
-    values.sort_unstable();
-    values.dedup();
-    for v in values {
+    for v in values(label) {
         let mask: Vec<bool> = label.iter().map(|&l| l == v).collect();
-        let mut tube = skeletonize(&mask, size);
-        for _ in 0..2 {
-            tube = dilate_cross(&tube, size);
-        }
-        for ((o, &t), &m) in out.iter_mut().zip(&tube).zip(&mask) {
-            if t && m {
+        for (o, s) in out.iter_mut().zip(skeletonize(&mask, size)) {
+            if s {
                 *o = v;
             }
         }
     }
     out
+}
+
+/// The tube around a skeleton (as [`skeleton_of`] gives it, or read from the cache): each
+/// value's skeleton dilated twice by the 6-neighbour cross, then cut back to the voxels of
+/// that value in `label`.
+pub fn tube_around(skeleton: &[u16], label: &[u16], size: [usize; 3]) -> Vec<u16> {
+    let mut out = vec![0u16; label.len()];
+    for v in values(skeleton) {
+        let mut tube: Vec<bool> = skeleton.iter().map(|&s| s == v).collect();
+        for _ in 0..2 {
+            tube = dilate_cross(&tube, size);
+        }
+        for ((o, &t), &l) in out.iter_mut().zip(&tube).zip(label) {
+            if t && l == v {
+                *o = v;
+            }
+        }
+    }
+    out
+}
+
+/// The non-zero values of a patch, ascending.
+fn values(v: &[u16]) -> Vec<u16> {
+    let mut vals: Vec<u16> = v.iter().copied().filter(|&x| x != 0).collect();
+    vals.sort_unstable();
+    vals.dedup();
+    vals
 }
 
 /// One dilation by the 6-neighbour cross.

@@ -525,6 +525,81 @@ impl TransformedReader {
     }
 }
 
+impl TransformedReader {
+    /// The label-derived arrays of the same patch through the same map: the signed distance of
+    /// each of `classes` into `distance` (one patch after the other; linear, divided by the
+    /// map's scale since the patch shows the source shrunk by it; 0 outside the volume) and the
+    /// skeleton into `skeleton` (nearest voxel: a skeleton voxel is never blended).
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_derived(
+        &mut self,
+        src: &dyn PatchSource,
+        start_zyx: [i64; 3],
+        size: [usize; 3],
+        t: &Transform,
+        classes: &[u16],
+        distance: &mut [f32],
+        skeleton: Option<&mut [u16]>,
+    ) -> Result<()> {
+        let n: usize = size.iter().product();
+        if t.is_identity() {
+            for (&c, out) in classes.iter().zip(distance.chunks_exact_mut(n)) {
+                src.read_distance(c, start_zyx, size, out)?;
+            }
+            if let Some(s) = skeleton {
+                src.read_skeleton(start_zyx, size, s)?;
+            }
+            return Ok(());
+        }
+        let (box_start, bs) = t.source_box(start_zyx, size);
+        let bn: usize = bs.iter().product();
+        self.image_box.resize(classes.len() * bn, 0.0);
+        for (k, &c) in classes.iter().enumerate() {
+            src.read_distance(c, box_start, bs, &mut self.image_box[k * bn..(k + 1) * bn])?;
+        }
+        if skeleton.is_some() {
+            self.label_box.resize(bn, 0);
+            src.read_skeleton(box_start, bs, &mut self.label_box)?;
+        }
+        let mut skeleton = skeleton;
+        let inv_scale = 1.0 / t.scale;
+        let centre = centre_of(start_zyx, size);
+        let local_centre = [0, 1, 2].map(|a| centre[a] - box_start[a] as f64);
+        let (sy, sz) = (bs[2], bs[1] * bs[2]);
+        self.row.resize(size[2], [0.0; 3]);
+        for z in 0..size[0] {
+            for y in 0..size[1] {
+                t.row(
+                    local_centre,
+                    size,
+                    (z, y),
+                    0,
+                    &mut self.row,
+                    &mut self.scratch,
+                );
+                let at = (z * size[1] + y) * size[2];
+                for (x, c) in self.row.iter().enumerate() {
+                    let iz = (c[0].max(0.0) as usize).min(bs[0] - 2);
+                    let iy = (c[1].max(0.0) as usize).min(bs[1] - 2);
+                    let ix = (c[2].max(0.0) as usize).min(bs[2] - 2);
+                    let f = [c[0] - iz as f64, c[1] - iy as f64, c[2] - ix as f64];
+                    let base = iz * sz + iy * sy + ix;
+                    for k in 0..classes.len() {
+                        let b = &self.image_box[k * bn..(k + 1) * bn];
+                        distance[k * n + at + x] =
+                            (trilinear(b, base, sy, sz, f) as f64 * inv_scale) as f32;
+                    }
+                    if let Some(s) = skeleton.as_deref_mut() {
+                        let near = [0, 1, 2].map(|a| usize::from(f[a] >= 0.5));
+                        s[at + x] = self.label_box[base + near[0] * sz + near[1] * sy + near[2]];
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Output tile (z, y, x) of the interpolation loop.
 const TILE: [usize; 3] = [4, 8, 32];
 

@@ -20,7 +20,10 @@ use super::config::{OptimizerName, TrainConfig};
 use super::data::{open_data, Data};
 use super::deep_supervision::downsample_labels;
 use super::loader::{Loader, LoaderConfig};
-use super::loss::{dice_ce_masked, ignore_mask, one_hot, skeleton_recall, LossParts};
+use super::loss::{
+    boundary, cldice, dice_ce_masked, ignore_mask, one_hot, predicted_distance_squared,
+    skeleton_recall, surface, LossParts,
+};
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
 use super::model::{UNet, UNetConfig};
 use super::optim::{poly_lr, Optimizer, OptimizerKind};
@@ -274,10 +277,69 @@ struct Window {
     ce: f64,
     dice: f64,
     srec: f64,
+    cldice: f64,
+    boundary: f64,
+    surface: f64,
     grad_norm: f64,
     patches: u64,
     wait: Duration,
     started: Option<Instant>,
+}
+
+/// The loss terms beside Dice + CE and Skeleton Recall that are switched on, unweighted.
+struct ExtraTerms {
+    cldice: Option<Tensor>,
+    boundary: Option<Tensor>,
+    surface: Option<Tensor>,
+}
+
+fn scalar(t: &Option<Tensor>) -> Result<f64> {
+    Ok(match t {
+        Some(t) => t.to_scalar::<f32>()? as f64,
+        None => 0.0,
+    })
+}
+
+/// clDice, boundary and surface terms at full resolution (`label` already mapped to classes).
+#[allow(clippy::too_many_arguments)]
+fn extra_terms(
+    w: &super::config::LossWeights,
+    logits: &Tensor,
+    label: &[u16],
+    mut centreline: Vec<u16>,
+    distance: Vec<f32>,
+    spacing: &[[f64; 3]],
+    classes: &super::classes::ClassMap,
+    (n, c, patch): (usize, usize, [usize; 3]),
+    dev: &Device,
+) -> Result<ExtraTerms> {
+    let mut out = ExtraTerms {
+        cldice: None,
+        boundary: None,
+        surface: None,
+    };
+    if w.cldice <= 0.0 && !w.needs_distance() {
+        return Ok(out);
+    }
+    let target = one_hot(label, n, c, patch, dev)?;
+    if w.cldice > 0.0 {
+        classes.map(&mut centreline)?;
+        let skel = one_hot(&centreline, n, c, patch, dev)?;
+        out.cldice = Some(cldice(logits, &target, &skel)?);
+    }
+    if w.needs_distance() {
+        let shape = (n, c - 1, patch[0], patch[1], patch[2]);
+        let d = Tensor::from_vec(distance, shape, dev)?;
+        if w.boundary > 0.0 {
+            out.boundary = Some(boundary(logits, &d)?);
+        }
+        if w.surface > 0.0 {
+            let pred = predicted_distance_squared(logits, spacing)?;
+            let pred = Tensor::from_vec(pred, shape, dev)?;
+            out.surface = Some(surface(logits, &target, &d, &pred)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Train (or resume) a run. `stop` is polled after every step (Ctrl-C): a checkpoint is written
@@ -396,6 +458,15 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             queue_depth: cfg.queue_depth,
             augment,
             skeleton: cfg.loss.skeleton_recall > 0.0,
+            centreline: cfg.loss.cldice > 0.0,
+            distance: if cfg.loss.needs_distance() {
+                data.classes.classes()[1..]
+                    .iter()
+                    .map(|c| c.value)
+                    .collect()
+            } else {
+                Vec::new()
+            },
         },
         start_step * accumulate,
     )?;
@@ -479,12 +550,49 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                     parts.total = (parts.total + (t * w)?)?;
                 }
             }
-            if !(parts.ce.is_finite() && parts.dice_loss.is_finite() && srec.is_finite()) {
+            let terms = extra_terms(
+                &cfg.loss,
+                &outputs[0],
+                &label,
+                batch.centreline,
+                batch.distance,
+                &batch.spacing,
+                &data.classes,
+                (n, data.num_classes, patch),
+                &dev,
+            )?;
+            for (term, weight) in [
+                (&terms.cldice, cfg.loss.cldice),
+                (&terms.boundary, cfg.loss.boundary),
+                (&terms.surface, cfg.loss.surface),
+            ] {
+                if let Some(t) = term {
+                    parts.total = (parts.total + (t * weight)?)?;
+                }
+            }
+            let (cl, bd, sf) = (
+                scalar(&terms.cldice)?,
+                scalar(&terms.boundary)?,
+                scalar(&terms.surface)?,
+            );
+            if !(parts.ce.is_finite()
+                && parts.dice_loss.is_finite()
+                && srec.is_finite()
+                && cl.is_finite()
+                && bd.is_finite()
+                && sf.is_finite())
+            {
                 return Err(Error::Train(format!(
-                    "step {step}: the loss is not finite (ce {}, dice {}, skeleton recall {srec}); start a new run (--out) with a lower --lr",
+                    "step {step}: the loss is not finite (ce {}, dice {}, skeleton recall {srec}, cldice {cl}, boundary {bd}, surface {sf}); start a new run (--out) with a lower --lr",
                     parts.ce, parts.dice_loss
                 )));
             }
+            let a = accumulate as f64;
+            window.cldice += cl / a;
+            window.boundary += bd / a;
+            window.surface += sf / a;
+            let extra = cfg.loss.cldice * cl + cfg.loss.boundary * bd + cfg.loss.surface * sf;
+            window.loss += extra / a;
             let g = parts.total.backward()?;
             add_grads(&mut grads, &params, &g, 1.0 / accumulate as f64)?;
             window.srec += srec / accumulate as f64;
@@ -527,6 +635,9 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 peak_rss_mb: sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
                 elapsed_s: run_started.elapsed().as_secs_f64(),
                 skeleton_recall_loss: (cfg.loss.skeleton_recall > 0.0).then(|| window.srec / k),
+                cldice_loss: (cfg.loss.cldice > 0.0).then(|| window.cldice / k),
+                boundary_loss: (cfg.loss.boundary > 0.0).then(|| window.boundary / k),
+                surface_loss: (cfg.loss.surface > 0.0).then(|| window.surface / k),
             };
             bar.set_message(format!(
                 "loss {:.4}  {:.1} patches/s  data wait {:.1}%",

@@ -96,7 +96,7 @@ pub(crate) enum Source {
 /// The whole of what the reader needs to know about one array.
 pub(crate) struct ArrayReader {
     /// Distinguishes the arrays of one entry in the shared caches.
-    pub(crate) id: u8,
+    pub(crate) id: u16,
     pub(crate) name: &'static str,
     /// The channel of a (c, z, y, x) array this reader reads; `None` for a 3-D array.
     pub(crate) channel: Option<usize>,
@@ -170,7 +170,7 @@ impl ArrayReader {
     pub(crate) fn open_channels(
         entry: &Path,
         name: &'static str,
-        first_id: u8,
+        first_id: u16,
         expect_shape: [usize; 3],
         channels: Option<usize>,
         mmap: bool,
@@ -202,7 +202,7 @@ impl ArrayReader {
         let mut all = vec![first];
         for c in 1..channels.unwrap_or(1) {
             let id = first_id
-                .checked_add(c as u8)
+                .checked_add(u16::try_from(c).unwrap_or(u16::MAX))
                 .ok_or_else(|| Error::cache(&meta_path, format!("{name}: too many channels")))?;
             all.push(Self::open(entry, name, id, expect_shape, mmap, Some(c))?);
         }
@@ -218,7 +218,7 @@ impl ArrayReader {
     fn open(
         entry: &Path,
         name: &'static str,
-        id: u8,
+        id: u16,
         expect_shape: [usize; 3],
         mmap: bool,
         channel: Option<usize>,

@@ -31,7 +31,7 @@ impl Default for ReaderOptions {
 }
 
 /// (entry serial, array id, chunk or file index)
-pub(super) type Key = (u64, u8, usize);
+pub(super) type Key = (u64, u16, usize);
 
 struct Shared {
     options: ReaderOptions,

@@ -1,0 +1,161 @@
+//! Label-derived arrays through the real `prep` binary: `--derived distance,skeleton` builds a
+//! signed distance map per class and the skeleton, chunk by chunk, equal to the whole-volume
+//! computations; they are part of the content key, read by the reader, checked by --verify.
+
+mod common;
+
+use std::path::Path;
+
+use common::fixtures::{build, build_report, entry_dirs, prep, text};
+use voxcache::cache::reader::CacheReader;
+use voxcache::distance::signed_distance;
+use voxcache::skeleton::skeletonize;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn thin_data(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("thin");
+    let o = prep(&["synth", "--preset", "thin", "--out", s(&data)]);
+    assert!(o.status.success(), "{}", text(&o));
+    data
+}
+
+#[test]
+fn chunked_derived_arrays_equal_whole_volume_ones() {
+    let t = tempfile::tempdir().unwrap();
+    let data = thin_data(t.path());
+    let cache = t.path().join("cache");
+    // Small chunks: many chunk faces cut the vessels.
+    build(
+        &data,
+        &cache,
+        &["--derived", "distance,skeleton", "--chunk", "8,16,16"],
+    );
+    let reader = CacheReader::open(&cache).unwrap();
+    let ds = reader.datasets()[0].to_string();
+    let mut skeleton_voxels = 0;
+    for case in reader.cases(&ds).unwrap() {
+        let e = reader.open_entry(&ds, &case.case_id).unwrap();
+        assert!(e.has_distance() && e.has_skeleton());
+        let shape = e.shape_zyx();
+        let n: usize = shape.iter().product();
+        let mut lab = vec![0u16; n];
+        e.read_label([0, 0, 0], shape, &mut lab).unwrap();
+        let meta = std::fs::read(e.dir().join("zarr.json")).unwrap();
+        let attrs: serde_json::Value = serde_json::from_slice(&meta).unwrap();
+        let sp = &attrs["attributes"]["voxcache"]["output"]["spacing_xyz"];
+        let sp = [2, 1, 0].map(|i| sp[i].as_f64().unwrap());
+        for class in e.classes() {
+            let inside: Vec<bool> = lab.iter().map(|&v| v == class).collect();
+            let want = signed_distance(&inside, shape, sp);
+            let mut got = vec![0f32; n];
+            e.read_distance(class, [0, 0, 0], shape, &mut got).unwrap();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{}: distance of class {class} differs from the whole-volume transform",
+                case.case_id
+            );
+            let whole = skeletonize(&inside, shape);
+            let mut sk = vec![0u16; n];
+            e.read_skeleton([0, 0, 0], shape, &mut sk).unwrap();
+            let differ = sk
+                .iter()
+                .zip(&whole)
+                .filter(|(a, b)| (**a == class) != **b)
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{}: chunked skeleton differs from the whole-volume one",
+                case.case_id
+            );
+            skeleton_voxels += whole.iter().filter(|&&b| b).count();
+        }
+        // A class absent from the case reads as 0.
+        let mut z = vec![1f32; 8];
+        e.read_distance(77, [0, 0, 0], [2, 2, 2], &mut z).unwrap();
+        assert!(z.iter().all(|&v| v == 0.0));
+    }
+    assert!(skeleton_voxels > 1000, "{skeleton_voxels} skeleton voxels");
+}
+
+#[test]
+fn derived_arrays_change_the_key_and_are_verified() {
+    let t = tempfile::tempdir().unwrap();
+    let data = thin_data(t.path());
+    let cache = t.path().join("cache");
+    build(&data, &cache, &[]);
+    let plain = entry_dirs(&cache);
+    let (o, r) = build_report(&data, &cache, &["--derived", "skeleton,distance"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        r["built"], 10,
+        "asking for derived arrays builds new entries"
+    );
+    let all = entry_dirs(&cache);
+    assert_eq!(all.len(), 20);
+    let derived: Vec<_> = all.iter().filter(|d| !plain.contains(d)).collect();
+    let reader = CacheReader::open(&cache).unwrap();
+    let ds = reader.datasets()[0].to_string();
+    let e = reader.open_entry(&ds, "vessels_000").unwrap();
+    assert!(!e.has_distance() || derived.iter().any(|d| *d == e.dir()));
+
+    let o = prep(&["inspect", s(&cache), "--verify", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache"]["verify"]["corrupt"], 0);
+
+    // Damage one distance chunk and one skeleton chunk: --verify names both.
+    let d = derived[0];
+    for array in ["distance", "skeleton"] {
+        let mut files: Vec<_> = walk(&d.join(array));
+        files.sort();
+        let f = files.last().unwrap();
+        let mut b = std::fs::read(f).unwrap();
+        b[0] ^= 0x55;
+        std::fs::write(f, b).unwrap();
+    }
+    let o = prep(&["inspect", s(&cache), "--verify", "--json"]);
+    assert!(!o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache"]["verify"]["corrupt"], 2, "{v}");
+    let arrays: Vec<String> = v["problems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["array"].as_str().map(String::from))
+        .collect();
+    assert!(arrays.contains(&"distance".to_string()), "{arrays:?}");
+    assert!(arrays.contains(&"skeleton".to_string()), "{arrays:?}");
+}
+
+#[test]
+fn bad_derived_names_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let o = prep(&[
+        "build-cache",
+        "nowhere",
+        "--cache-dir",
+        s(&t.path().join("c")),
+        "--derived",
+        "distance,medial",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("\"medial\""), "{}", text(&o));
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if p.file_name().is_some_and(|n| n != "zarr.json") {
+            out.push(p);
+        }
+    }
+    out
+}
