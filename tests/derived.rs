@@ -6,10 +6,15 @@ mod common;
 
 use std::path::Path;
 
-use common::fixtures::{build, build_report, entry_dirs, prep, text};
+use std::sync::atomic::AtomicBool;
+
+use common::fixtures::{build, build_report, bundled_cache, entry_dirs, prep, text};
 use voxcache::cache::reader::CacheReader;
 use voxcache::distance::signed_distance;
 use voxcache::skeleton::skeletonize;
+use voxcache::train::config::TrainConfig;
+use voxcache::train::model::Norm;
+use voxcache::train::trainer::{run, RunOptions};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -145,6 +150,100 @@ fn bad_derived_names_are_refused() {
     ]);
     assert!(!o.status.success());
     assert!(text(&o).contains("\"medial\""), "{}", text(&o));
+}
+
+fn train_options(cache: &Path, run_dir: &Path, config: TrainConfig) -> RunOptions {
+    RunOptions {
+        cache_dir: cache.to_path_buf(),
+        run_dir: run_dir.to_path_buf(),
+        resume: false,
+        device: "cpu".into(),
+        progress: false,
+        config,
+        halt_after: None,
+    }
+}
+
+fn small_run() -> TrainConfig {
+    TrainConfig {
+        patch: [8, 32, 32],
+        batch_size: 2,
+        steps: 8,
+        base_channels: 4,
+        max_channels: 16,
+        stages: 3,
+        norm: Norm::Group(2),
+        val_every: 0,
+        val_fraction: 0.0,
+        checkpoint_every: 4,
+        log_every: 2,
+        fg_fraction: 1.0,
+        workers: 2,
+        ..TrainConfig::default()
+    }
+}
+
+#[test]
+fn distance_and_skeleton_losses_train_log_and_resume_exactly() {
+    let t = tempfile::tempdir().unwrap();
+    let stop = AtomicBool::new(false);
+    // Without distance maps, the losses that need them say how to get them.
+    let plain = bundled_cache("plain", &[]);
+    let mut cfg = small_run();
+    cfg.loss.boundary = 0.1;
+    let err = run(&train_options(plain, &t.path().join("x"), cfg), &stop).unwrap_err();
+    assert!(err.to_string().contains("--derived distance"), "{err}");
+
+    let cache = bundled_cache("derived", &["--derived", "distance,skeleton"]);
+    let mut cfg = small_run();
+    cfg.loss.skeleton_recall = 1.0;
+    cfg.loss.cldice = 0.5;
+    cfg.loss.boundary = 0.1;
+    cfg.loss.surface = 0.001;
+    let full = t.path().join("full");
+    run(&train_options(cache, &full, cfg.clone()), &stop).unwrap();
+    let log = std::fs::read_to_string(full.join("metrics.jsonl")).unwrap();
+    for key in [
+        "cldice_loss",
+        "boundary_loss",
+        "surface_loss",
+        "skeleton_recall_loss",
+    ] {
+        let v: Vec<f64> = log
+            .lines()
+            .filter(|l| l.contains("\"train\""))
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()[key]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(v.len(), 4, "{key}");
+        assert!(v.iter().all(|x| x.is_finite()), "{key}: {v:?}");
+    }
+    let halted = t.path().join("halted");
+    let mut o = train_options(cache, &halted, cfg);
+    o.halt_after = Some(4);
+    run(&o, &stop).unwrap();
+    o.halt_after = None;
+    o.resume = true;
+    run(&o, &stop).unwrap();
+    let last = |d: &Path| {
+        std::fs::read_to_string(d.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"train\""))
+            .last()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (
+                    v["loss"].as_f64(),
+                    v["cldice_loss"].as_f64(),
+                    v["surface_loss"].as_f64(),
+                )
+            })
+    };
+    assert_eq!(last(&full), last(&halted), "resumed run differs");
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
