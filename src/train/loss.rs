@@ -616,7 +616,7 @@ mod tests {
             let sk = soft_skel_ref(&p[bc * vox..(bc + 1) * vox], s, CLDICE_ITERATIONS);
             pskel[bc * vox..(bc + 1) * vox].copy_from_slice(&sk);
         }
-        let fg = |i: usize| (i / vox) % c != 0;
+        let fg = |i: usize| !(i / vox).is_multiple_of(c);
         let sum = |f: &dyn Fn(usize) -> f64| (0..p.len()).filter(|&i| fg(i)).map(f).sum::<f64>();
         let tprec = (sum(&|i| pskel[i] * t64[i]) + 1.0) / (sum(&|i| pskel[i]) + 1.0);
         let tsens = (sum(&|i| tskel[i] * p[i]) + 1.0) / (sum(&|i| tskel[i]) + 1.0);
