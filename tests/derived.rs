@@ -232,8 +232,7 @@ fn distance_and_skeleton_losses_train_log_and_resume_exactly() {
         std::fs::read_to_string(d.join("metrics.jsonl"))
             .unwrap()
             .lines()
-            .filter(|l| l.contains("\"train\""))
-            .last()
+            .rfind(|l| l.contains("\"train\""))
             .map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l).unwrap();
                 (
