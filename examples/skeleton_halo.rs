@@ -7,7 +7,9 @@
 //! Prints, per halo, the voxels that differ from the whole-volume skeleton over all cases and
 //! how many cases match exactly.
 
-use voxcache::cache::derived::{chunked_skeleton_with, LabelVolume, BASE_HALO, MAX_HALO};
+use voxcache::cache::derived::{
+    block_bounds, chunked_skeleton_with, LabelVolume, BASE_HALO, MAX_HALO,
+};
 use voxcache::cache::reader::CacheReader;
 use voxcache::skeleton::skeletonize;
 
@@ -70,13 +72,7 @@ fn main() -> anyhow::Result<()> {
             let mut got = vec![0u16; lab.len()];
             let grid = [0, 1, 2].map(|a| shape[a].div_ceil(block[a]));
             for i in 0..grid.iter().product::<usize>() {
-                let b = [
-                    i / (grid[1] * grid[2]),
-                    (i / grid[2]) % grid[1],
-                    i % grid[2],
-                ];
-                let lo = [0, 1, 2].map(|a| b[a] * block[a]);
-                let hi = [0, 1, 2].map(|a| (lo[a] + block[a]).min(shape[a]));
+                let (_, lo, hi) = block_bounds(*shape, block, i);
                 let (sk, st) = chunked_skeleton_with(&label, *shape, lo, hi, base, max)?;
                 widest = widest.max(st.widest_halo);
                 let size = [0, 1, 2].map(|a| hi[a] - lo[a]);

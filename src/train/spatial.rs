@@ -500,14 +500,7 @@ impl TransformedReader {
                             );
                             let at = (z * size[1] + y) * size[2] + tx;
                             for (x, c) in self.row.iter().enumerate() {
-                                // The box holds every coordinate with a voxel to spare on each
-                                // side, so truncation is the floor and i + 1 is inside; the
-                                // clamps only guard.
-                                let iz = (c[0].max(0.0) as usize).min(bs[0] - 2);
-                                let iy = (c[1].max(0.0) as usize).min(bs[1] - 2);
-                                let ix = (c[2].max(0.0) as usize).min(bs[2] - 2);
-                                let f = [c[0] - iz as f64, c[1] - iy as f64, c[2] - ix as f64];
-                                let base = iz * sz + iy * sy + ix;
+                                let (base, f) = cell(c, bs);
                                 for ch in 0..channels {
                                     let b = &self.image_box[ch * bn..(ch + 1) * bn];
                                     image[ch * n + at + x] = trilinear(b, base, sy, sz, f);
@@ -579,11 +572,7 @@ impl TransformedReader {
                 );
                 let at = (z * size[1] + y) * size[2];
                 for (x, c) in self.row.iter().enumerate() {
-                    let iz = (c[0].max(0.0) as usize).min(bs[0] - 2);
-                    let iy = (c[1].max(0.0) as usize).min(bs[1] - 2);
-                    let ix = (c[2].max(0.0) as usize).min(bs[2] - 2);
-                    let f = [c[0] - iz as f64, c[1] - iy as f64, c[2] - ix as f64];
-                    let base = iz * sz + iy * sy + ix;
+                    let (base, f) = cell(c, bs);
                     for k in 0..classes.len() {
                         let b = &self.image_box[k * bn..(k + 1) * bn];
                         distance[k * n + at + x] =
@@ -598,6 +587,16 @@ impl TransformedReader {
         }
         Ok(())
     }
+}
+
+/// The box voxel below a source coordinate (its flat index in a box of `bs`) and the
+/// fractions past it. The box holds every coordinate with a voxel to spare on each side, so
+/// truncation is the floor and i + 1 is inside; the clamps only guard.
+#[inline]
+fn cell(c: &[f64; 3], bs: [usize; 3]) -> (usize, [f64; 3]) {
+    let i = [0, 1, 2].map(|a| (c[a].max(0.0) as usize).min(bs[a] - 2));
+    let f = [0, 1, 2].map(|a| c[a] - i[a] as f64);
+    ((i[0] * bs[1] + i[1]) * bs[2] + i[2], f)
 }
 
 /// Output tile (z, y, x) of the interpolation loop.

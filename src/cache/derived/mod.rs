@@ -21,7 +21,9 @@ use crate::format::{
 };
 
 pub use distance::{streamed_signed_distance, BlockSink};
-pub use skeleton::{chunked_skeleton, chunked_skeleton_with, SkeletonStats, BASE_HALO, MAX_HALO};
+pub use skeleton::{
+    block_bounds, chunked_skeleton, chunked_skeleton_with, SkeletonStats, BASE_HALO, MAX_HALO,
+};
 
 /// What the derived arrays need to know about the entry being written.
 pub(super) struct DerivedInput<'a> {

@@ -137,6 +137,24 @@ pub fn chunked_skeleton_with(
     }
 }
 
+/// Block `i` (C order) of the grid of `block` over `shape`: its grid index and its voxel
+/// range `lo..hi` (edge blocks cut to the volume).
+pub fn block_bounds(
+    shape: [usize; 3],
+    block: [usize; 3],
+    i: usize,
+) -> ([usize; 3], [usize; 3], [usize; 3]) {
+    let grid = [0, 1, 2].map(|a| shape[a].div_ceil(block[a]));
+    let b = [
+        i / (grid[1] * grid[2]),
+        (i / grid[2]) % grid[1],
+        i % grid[2],
+    ];
+    let lo = [0, 1, 2].map(|a| b[a] * block[a]);
+    let hi = [0, 1, 2].map(|a| (lo[a] + block[a]).min(shape[a]));
+    (b, lo, hi)
+}
+
 /// Write the skeleton array block by block (in parallel); returns each block's checksum and
 /// the totals.
 pub(super) fn write_skeleton(
@@ -153,13 +171,7 @@ pub(super) fn write_skeleton(
     (0..grid.iter().product::<usize>())
         .into_par_iter()
         .try_for_each(|i| -> Result<()> {
-            let b = [
-                i / (grid[1] * grid[2]),
-                (i / grid[2]) % grid[1],
-                i % grid[2],
-            ];
-            let lo = [0, 1, 2].map(|a| b[a] * block[a]);
-            let hi = [0, 1, 2].map(|a| (lo[a] + block[a]).min(shape[a]));
+            let (b, lo, hi) = block_bounds(shape, block, i);
             let size = [0, 1, 2].map(|a| hi[a] - lo[a]);
             let (sk, stats) = chunked_skeleton(label, shape, lo, hi)?;
             let idx = b.map(|v| v as u64);
