@@ -8,6 +8,7 @@
 //! - [`plan`]: target spacing, output shapes, memory cost, outliers, dataset statistics.
 //! - [`distance`]: exact Euclidean distance transforms with spacing (label-derived arrays).
 //! - [`skeleton`]: topology-preserving thinning of masks to their centre lines.
+//! - [`centreline`]: centreline Dice (clDice) of a segmentation against a reference, block by block.
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`normalize`]: intensity normalization schemes.
 //! - [`config`]: defaults, bundled pipelines and flags merged into the settings of every command;
@@ -27,6 +28,7 @@
 // `allow` document their items at module level for now (README, "Code map": what is left).
 pub mod build;
 pub mod cache;
+pub mod centreline;
 pub mod config;
 pub mod dataset;
 pub mod distance;

@@ -224,6 +224,73 @@ fn blobs_across_read_blocks_equal_the_whole_volume_definitions() {
     for (k, want) in [("dice", dice), ("hd95", hd95), ("hd", hd), ("asd", asd)] {
         assert!(close(m[k].as_f64().unwrap(), want), "{k}: {m} vs {want}");
     }
+    // Blobs up to 9 voxels thick thinned in 64-voxel blocks: the halo widens until the
+    // skeletons equal those of the whole volumes. Disjoint blobs score 0; against the union
+    // of both, the prediction's skeleton is all inside and part of the union's is not.
+    let cl = reference_cldice(&p, &r, 1.0);
+    assert!(close(m["cldice"].as_f64().unwrap(), cl), "{m} vs {cl}");
+    let union: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x | y).collect();
+    let u = t.path().join("u.nii.gz");
+    write(&u, shape, [0.7, 0.7, 1.6], &union);
+    let j = json(&evaluate(&[&p, &u], &[]));
+    let m = &j["cases"][0]["classes"][0];
+    let cl = reference_cldice(&p, &u, 1.0);
+    assert!(cl > 0.3 && cl < 0.95, "{cl}");
+    assert!(close(m["cldice"].as_f64().unwrap(), cl), "{m} vs {cl}");
+}
+
+/// clDice on whole volumes: both masks thinned at once ([`voxcache::skeleton::skeletonize`]).
+fn reference_cldice(pred: &Path, truth: &Path, value: f32) -> f64 {
+    let (p, t) = (read_volume(pred).unwrap(), read_volume(truth).unwrap());
+    let [nx, ny, nz] = p.header.shape_xyz;
+    let mask = |d: &[f32]| d.iter().map(|&v| v == value).collect::<Vec<bool>>();
+    let (mp, mt) = (mask(&p.data), mask(&t.data));
+    let (sp, st) = (
+        voxcache::skeleton::skeletonize(&mp, [nz, ny, nx]),
+        voxcache::skeleton::skeletonize(&mt, [nz, ny, nx]),
+    );
+    let share = |s: &[bool], m: &[bool]| {
+        let all = s.iter().filter(|&&v| v).count() as f64;
+        s.iter().zip(m).filter(|(&s, &m)| s && m).count() as f64 / all
+    };
+    let (prec, sens) = (share(&sp, &mt), share(&st, &mp));
+    if prec + sens == 0.0 {
+        0.0
+    } else {
+        2.0 * prec * sens / (prec + sens)
+    }
+}
+
+#[test]
+fn a_broken_tube_costs_cldice_far_more_than_dice() {
+    // A tube three voxels across along x, 150 voxels long (three 64-voxel blocks); the
+    // prediction misses 6 voxels of it in the middle.
+    let shape = [150usize, 9, 9];
+    let t = tempfile::tempdir().unwrap();
+    let tube = boxed(shape, [0, 3, 3], [150, 6, 6], 1);
+    let mut broken = tube.clone();
+    for (b, g) in broken
+        .iter_mut()
+        .zip(boxed(shape, [72, 3, 3], [78, 6, 6], 1))
+    {
+        if g != 0 {
+            *b = 0;
+        }
+    }
+    let (p, r) = (t.path().join("p.nii.gz"), t.path().join("r.nii.gz"));
+    write(&p, shape, [1.0; 3], &broken);
+    write(&r, shape, [1.0; 3], &tube);
+    let j = json(&evaluate(&[&p, &r], &[]));
+    let m = &j["cases"][0]["classes"][0];
+    let (dice, cldice) = (m["dice"].as_f64().unwrap(), m["cldice"].as_f64().unwrap());
+    assert!(close(cldice, reference_cldice(&p, &r, 1.0)), "{m}");
+    assert!(dice > 0.97 && cldice < dice, "{m}");
+    // --no-cldice: not measured.
+    let j = json(&evaluate(&[&p, &r], &["--no-cldice"]));
+    assert!(j["cases"][0]["classes"][0]["cldice"].is_null(), "{j}");
+    // Identical files: 1.
+    let j = json(&evaluate(&[&r, &r], &[]));
+    assert_eq!(j["cases"][0]["classes"][0]["cldice"], 1.0);
 }
 
 #[test]
@@ -278,13 +345,16 @@ fn regions_the_ignore_label_and_empty_classes() {
     );
     // The region: 45 voxels each side, the same ones.
     assert_eq!(classes[1]["dice"], 1.0);
+    assert_eq!(classes[1]["cldice"], 1.0);
     assert_eq!(classes[1]["hd95"], 0.0);
     // Edema predicted nowhere: Dice 0, distances undefined (null), the empty side named.
     assert_eq!(classes[2]["dice"], 0.0);
+    assert_eq!(classes[2]["cldice"], 0.0);
     assert!(classes[2]["hd95"].is_null());
     assert_eq!(classes[2]["empty"], "prediction");
     // A class in neither file: nothing defined.
     assert!(classes[3]["dice"].is_null());
+    assert!(classes[3]["cldice"].is_null());
     assert_eq!(classes[3]["empty"], "both");
     // --labels wins over dataset.json; its names are used.
     let o = evaluate(&[&pred, &t.path().join("ds")], &["--labels", "tumour=1+2"]);

@@ -147,6 +147,7 @@ fn a_tiny_unet_overfits_one_case() {
     }
     let first: f64 = losses[..5].iter().sum::<f64>() / 5.0;
     let last: f64 = losses[losses.len() - 5..].iter().sum::<f64>() / 5.0;
+    let scratch = tempfile::tempdir().unwrap();
     let v = SlidingWindow {
         model: &model,
         device: &dev,
@@ -154,13 +155,23 @@ fn a_tiny_unet_overfits_one_case() {
         overlap: 0.5,
         batch: 2,
         classes: &voxcache::train::classes::ClassMap::new(&[0, 1].into(), None, "test").unwrap(),
+        cldice_scratch: Some(scratch.path()),
     }
     .run(&[("vessels_000".to_string(), entry)])
     .unwrap();
     eprintln!(
-        "overfit: loss {first:.3} -> {last:.3}, Dice {:.3}, {:.1} s",
+        "overfit: loss {first:.3} -> {last:.3}, Dice {:.3}, clDice {:.3}, {:.1} s",
         v.mean_dice,
+        v.mean_cldice,
         started.elapsed().as_secs_f64()
+    );
+    // The scratch files are unlinked at once: nothing is left behind.
+    assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0);
+    assert_eq!(v.cldice_per_class.len(), 1);
+    assert!(
+        v.mean_cldice > 0.6,
+        "clDice on the training case {}",
+        v.mean_cldice
     );
     assert!(last < first / 3.0, "loss fell only from {first} to {last}");
     assert!(

@@ -121,6 +121,13 @@ fn real_main(cli: Cli) -> Result<Exit> {
             per_class(&s.class_names, &v.dice_per_class),
             s.best_dice.unwrap_or(f64::NAN)
         );
+        if !v.cldice_per_class.is_empty() {
+            println!(
+                "validation clDice {:.4} ({})",
+                v.mean_cldice,
+                per_class(&s.class_names, &v.cldice_per_class)
+            );
+        }
     }
     if let Some(p) = s.peak_rss {
         println!("peak memory {}", human_bytes(p));

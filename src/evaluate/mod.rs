@@ -1,11 +1,14 @@
 //! `evaluate`: compare segmentations with reference ones, case by case and class by class:
-//! Dice, IoU, 95th-percentile Hausdorff distance, average surface distance (physical units from
-//! the headers) and volumes, then their means over cases.
+//! Dice, IoU, centreline Dice (clDice), 95th-percentile Hausdorff distance, average surface
+//! distance (physical units from the headers) and volumes, then their means over cases.
 //!
 //! Stages: [`pairs`] matches each prediction with its reference and decides the classes;
 //! [`overlap`] reads both files once, a slice at a time, counting voxels and collecting edge
-//! voxels; [`surface`] measures the distances between edges; [`report`] holds the results and
-//! their table. Memory follows a slice and the surfaces, never the volume.
+//! voxels (and copying both into scratch files for clDice); [`surface`] measures the distances
+//! between edges; [`crate::centreline`] thins both scratch volumes block by block; [`report`]
+//! holds the results and their table. Memory follows a slice, a few blocks and the surfaces,
+//! never the volume; clDice's scratch costs 4 bytes a voxel of disk in the temporary folder
+//! (`TMPDIR`) while a case is measured.
 
 pub mod overlap;
 pub mod pairs;
@@ -17,11 +20,13 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::centreline::scratch::ScratchLabels;
+use crate::centreline::{centreline_counts, ClassMask};
 use crate::dataset::scan::check_prediction;
 use crate::error::{Error, Result};
 use crate::format::dataset_json::LabelClass;
 use crate::nifti_io::read_header;
-use overlap::{measure_pair, ClassTable};
+use overlap::{measure_pair, ClassTable, PairScratch};
 use pairs::CasePair;
 use report::{CaseOutcome, CaseReport, ClassMetrics, EvaluationReport};
 use surface::surface_distances;
@@ -38,6 +43,8 @@ pub struct EvaluateOptions {
     pub dataset_json: Option<PathBuf>,
     /// Classes given on the command line (they win over any dataset.json).
     pub labels: Option<Vec<LabelClass>>,
+    /// Measure clDice (thinning both segmentations; `--no-cldice` leaves it out).
+    pub cldice: bool,
     /// Cases measured at once.
     pub jobs: usize,
     /// Show a progress bar (on a terminal).
@@ -60,7 +67,7 @@ pub fn evaluate(opts: &EvaluateOptions) -> Result<EvaluationReport> {
             .pairs
             .par_iter()
             .map(|pair| {
-                let outcome = match evaluate_case(pair, &table) {
+                let outcome = match evaluate_case(pair, &table, opts.cldice) {
                     Ok((unit, classes)) => CaseOutcome::Evaluated { unit, classes },
                     Err(e) => CaseOutcome::Failed {
                         error: e.to_string(),
@@ -109,8 +116,12 @@ pub fn evaluate(opts: &EvaluateOptions) -> Result<EvaluationReport> {
     })
 }
 
-/// One case: headers checked against each other, one pass, distances per class.
-fn evaluate_case(pair: &CasePair, table: &ClassTable) -> Result<(&'static str, Vec<ClassMetrics>)> {
+/// One case: headers checked against each other, one pass, distances per class, then clDice.
+fn evaluate_case(
+    pair: &CasePair,
+    table: &ClassTable,
+    cldice: bool,
+) -> Result<(&'static str, Vec<ClassMetrics>)> {
     let reference = pair.reference.as_ref().ok_or_else(|| {
         Error::case(
             &pair.id,
@@ -135,19 +146,41 @@ fn evaluate_case(pair: &CasePair, table: &ClassTable) -> Result<(&'static str, V
             ),
         ));
     }
-    let (table, counts) = measure_pair(&pair.prediction, reference, r.shape_xyz, table.clone())?;
+    let [nx, ny, nz] = r.shape_xyz;
+    let shape_zyx = [nz, ny, nx];
+    let scratch = if cldice {
+        let dir = std::env::temp_dir();
+        Some(PairScratch {
+            pred: ScratchLabels::create(&dir, shape_zyx)?,
+            reference: ScratchLabels::create(&dir, shape_zyx)?,
+        })
+    } else {
+        None
+    };
+    let (table, counts) = measure_pair(
+        &pair.prediction,
+        reference,
+        r.shape_xyz,
+        table.clone(),
+        scratch.as_ref(),
+    )?;
     // The spacing every tool takes as the voxel size: the header's pixdim.
     let spacing = r.spacing_xyz;
     let voxel_volume = spacing.iter().product::<f64>();
-    let classes = table
-        .classes
-        .iter()
-        .zip(&counts)
-        .map(|(class, c)| {
-            let d = surface_distances(&c.pred_edges, &c.ref_edges, spacing);
-            ClassMetrics::new(class, c, d, voxel_volume)
-        })
-        .collect();
+    let mut classes = Vec::with_capacity(counts.len());
+    for (k, (class, c)) in table.classes.iter().zip(&counts).enumerate() {
+        let d = surface_distances(&c.pred_edges, &c.ref_edges, spacing);
+        let mut m = ClassMetrics::new(class, c, d, voxel_volume);
+        if let Some(s) = &scratch {
+            let member = |v: u16| table.member(k as u16, v);
+            let mask = |labels| ClassMask {
+                labels,
+                member: &member,
+            };
+            m.cldice = centreline_counts(&mask(&s.pred), &mask(&s.reference), shape_zyx)?.cldice();
+        }
+        classes.push(m);
+    }
     Ok((r.unit, classes))
 }
 

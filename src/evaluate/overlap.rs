@@ -7,10 +7,13 @@
 //! structuring element removes (scipy's default, with voxels beyond the grid counted as
 //! background), the surface MONAI and MedPy measure. Voxels the reference marks with the
 //! ignore label count for neither side. Memory: three slices of each file and the edges.
+//! When clDice is measured, both files' slices (ignored voxels background) are also copied into
+//! scratch volumes on disk, for the block-by-block thinning that follows the pass.
 
 use std::path::Path;
 use std::sync::mpsc;
 
+use crate::centreline::scratch::ScratchLabels;
 use crate::error::{Error, Result};
 use crate::format::dataset_json::LabelClass;
 use crate::nifti_io::stream_label_slices;
@@ -67,7 +70,8 @@ impl ClassTable {
         }
     }
 
-    fn member(&self, class: u16, value: u16) -> bool {
+    /// Whether label `value` belongs to class `class` (its index in `classes`).
+    pub fn member(&self, class: u16, value: u16) -> bool {
         self.of_value[value as usize].contains(&class)
     }
 }
@@ -103,8 +107,16 @@ impl Window {
     }
 }
 
+/// The scratch copies of a pair, (z, y, x), for clDice.
+pub struct PairScratch {
+    /// The prediction's values.
+    pub pred: ScratchLabels,
+    /// The reference's values.
+    pub reference: ScratchLabels,
+}
+
 /// The pass's state: the class table (it grows when classes are discovered) and the counts.
-struct Pass {
+struct Pass<'a> {
     table: ClassTable,
     counts: Vec<ClassCounts>,
     nx: usize,
@@ -115,11 +127,14 @@ struct Pass {
     reference: Window,
     /// The z of the slice in `cur`.
     z: usize,
+    /// Slices taken so far.
+    taken: usize,
+    scratch: Option<&'a PairScratch>,
 }
 
-impl Pass {
+impl Pass<'_> {
     /// Take the next slice of both files (`None` at the end) and measure the one before it.
-    fn push(&mut self, pred: Option<Vec<u16>>, reference: Option<Vec<u16>>) {
+    fn push(&mut self, pred: Option<Vec<u16>>, reference: Option<Vec<u16>>) -> Result<()> {
         let (mut pred, reference) = (pred, reference);
         if let (Some(p), Some(r), Some(ignore)) = (&mut pred, &reference, self.table.ignore) {
             // Not annotated: neither side counts here.
@@ -138,6 +153,11 @@ impl Pass {
         for s in [&pred, &reference].into_iter().flatten() {
             self.table.learn(s);
         }
+        if let (Some(s), Some(p), Some(r)) = (self.scratch, &pred, &reference) {
+            s.pred.write_planes(self.taken, p)?;
+            s.reference.write_planes(self.taken, r)?;
+        }
+        self.taken += 1;
         self.counts
             .resize_with(self.table.classes.len(), ClassCounts::default);
         self.pred.push(pred);
@@ -146,6 +166,7 @@ impl Pass {
             self.measure();
             self.z += 1;
         }
+        Ok(())
     }
 
     fn measure(&mut self) {
@@ -226,12 +247,13 @@ fn edge(
 /// Measure `pred` against `reference` (both label files on a grid of `nz` slices of `nx` x
 /// `ny`, already checked to agree; a one-slice grid is measured as a 2-D image): the reference is read on a thread of its own, a slice ahead at
 /// most, while the prediction is read here. Returns the table (with any discovered classes)
-/// and its counts.
+/// and its counts; fills `scratch` (volumes of `nz` x `ny` x `nx`) when given.
 pub fn measure_pair(
     pred: &Path,
     reference: &Path,
     [nx, ny, nz]: [usize; 3],
     table: ClassTable,
+    scratch: Option<&PairScratch>,
 ) -> Result<(ClassTable, Vec<ClassCounts>)> {
     let mut pass = Pass {
         counts: vec![ClassCounts::default(); table.classes.len()],
@@ -242,6 +264,8 @@ pub fn measure_pair(
         pred: Window::default(),
         reference: Window::default(),
         z: 0,
+        taken: 0,
+        scratch,
     };
     let (tx, rx) = mpsc::sync_channel::<Vec<u16>>(2);
     let stopped = || Error::Dataset("stopped".into());
@@ -253,8 +277,7 @@ pub fn measure_pair(
         });
         let ours = stream_label_slices(pred, &mut |_, slice| {
             let r = rx.recv().map_err(|_| stopped())?;
-            pass.push(Some(slice.to_vec()), Some(r));
-            Ok(())
+            pass.push(Some(slice.to_vec()), Some(r))
         });
         drop(rx);
         let theirs = reader
@@ -269,6 +292,6 @@ pub fn measure_pair(
         (Ok(_), Err(e)) => return Err(e),
         (Ok(_), Ok(_)) => {}
     }
-    pass.push(None, None);
+    pass.push(None, None)?;
     Ok((pass.table, pass.counts))
 }

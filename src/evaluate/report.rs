@@ -24,6 +24,9 @@ pub struct ClassMetrics {
     pub dice: f64,
     /// TP / (TP + FP + FN).
     pub iou: f64,
+    /// Centreline Dice: harmonic mean of the share of the prediction's skeleton inside the
+    /// reference and of the reference's skeleton inside the prediction (NaN when not measured).
+    pub cldice: f64,
     /// 95th-percentile Hausdorff distance, physical units.
     pub hd95: f64,
     /// Hausdorff distance (maximum), physical units.
@@ -71,6 +74,7 @@ impl ClassMetrics {
             values: class.values.clone(),
             dice: ratio(2 * tp, 2 * tp + fp + fn_),
             iou: ratio(tp, tp + fp + fn_),
+            cldice: f64::NAN,
             hd95: distances.hd95,
             hd: distances.hd,
             asd: distances.asd,
@@ -134,6 +138,8 @@ pub struct ClassMean {
     pub dice: f64,
     /// Mean IoU.
     pub iou: f64,
+    /// Mean clDice.
+    pub cldice: f64,
     /// Mean HD95.
     pub hd95: f64,
     /// Mean HD.
@@ -199,6 +205,7 @@ pub fn means(cases: &[CaseReport]) -> (Vec<ClassMean>, ClassMean) {
                 values,
                 dice,
                 iou: mean(|m| m.iou).0,
+                cldice: mean(|m| m.cldice).0,
                 hd95,
                 hd: mean(|m| m.hd).0,
                 asd: mean(|m| m.asd).0,
@@ -213,6 +220,7 @@ pub fn means(cases: &[CaseReport]) -> (Vec<ClassMean>, ClassMean) {
         values: Vec::new(),
         dice: over(|m| m.dice),
         iou: over(|m| m.iou),
+        cldice: over(|m| m.cldice),
         hd95: over(|m| m.hd95),
         hd: over(|m| m.hd),
         asd: over(|m| m.asd),
@@ -243,11 +251,12 @@ impl EvaluationReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<20} {:<16} {:>7} {:>7} {:>10} {:>10} {:>12} {:>12}",
+            "{:<20} {:<16} {:>7} {:>7} {:>7} {:>10} {:>10} {:>12} {:>12}",
             "case",
             "class",
             "Dice",
             "IoU",
+            "clDice",
             format!("HD95{u}"),
             format!("ASD{u}"),
             format!("pred vol{u}3"),
@@ -261,11 +270,12 @@ impl EvaluationReport {
             for m in classes {
                 let _ = writeln!(
                     out,
-                    "{:<20} {:<16} {:>7} {:>7} {:>10} {:>10} {:>12} {:>12}",
+                    "{:<20} {:<16} {:>7} {:>7} {:>7} {:>10} {:>10} {:>12} {:>12}",
                     c.id,
                     m.class,
                     number(m.dice, 4),
                     number(m.iou, 4),
+                    number(m.cldice, 4),
                     number(m.hd95, 3),
                     number(m.asd, 3),
                     number(m.pred_volume, 1),
@@ -280,11 +290,12 @@ impl EvaluationReport {
         for m in rows {
             let _ = writeln!(
                 out,
-                "{:<20} {:<16} {:>7} {:>7} {:>10} {:>10}",
+                "{:<20} {:<16} {:>7} {:>7} {:>7} {:>10} {:>10}",
                 format!("mean of {}", m.cases_dice),
                 m.class,
                 number(m.dice, 4),
                 number(m.iou, 4),
+                number(m.cldice, 4),
                 number(m.hd95, 3),
                 number(m.asd, 3),
             );

@@ -147,6 +147,9 @@ pub struct TrainConfig {
     pub val_every: u64,
     /// Sliding-window overlap (fraction of the patch) during validation.
     pub val_overlap: f64,
+    /// Measure centreline Dice (clDice) beside Dice in validation: both skeletons are thinned
+    /// block by block, the prediction kept in a scratch file of the run folder meanwhile.
+    pub val_cldice: bool,
     /// Checkpoint every N steps (and at the end and on Ctrl-C).
     pub checkpoint_every: u64,
     /// Checkpoints kept besides `best`.
@@ -189,6 +192,7 @@ impl Default for TrainConfig {
             val_fraction: 0.2,
             val_every: 100,
             val_overlap: 0.5,
+            val_cldice: true,
             checkpoint_every: 50,
             keep_last: 2,
             log_every: 10,
@@ -297,6 +301,7 @@ impl TrainConfig {
                 "workers",
                 "queue_depth",
                 "val_overlap",
+                "val_cldice",
             ] {
                 o.remove(k);
             }

@@ -61,6 +61,15 @@ pub struct ValRecord {
     pub mean_dice: f64,
     #[serde(deserialize_with = "cases_or_nan")]
     pub dice_per_case: Vec<(String, f64)>,
+    /// Centreline Dice per foreground class (absent when not measured).
+    #[serde(
+        deserialize_with = "vec_f64_or_nan",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub cldice_per_class: Vec<f64>,
+    /// Mean of the defined per-class clDice values (absent when not measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_cldice: Option<f64>,
     #[serde(deserialize_with = "f64_or_nan")]
     pub seconds: f64,
 }
@@ -229,6 +238,8 @@ mod tests {
             dice_per_class: vec![dice, f64::NAN],
             mean_dice: dice,
             dice_per_case: vec![("case_001".into(), dice)],
+            cldice_per_class: vec![dice, f64::NAN],
+            mean_cldice: Some(dice),
             seconds: 4.5,
         })
     }

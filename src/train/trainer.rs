@@ -666,6 +666,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 overlap: cfg.val_overlap,
                 batch: cfg.batch_size,
                 classes: &data.classes,
+                cldice_scratch: cfg.val_cldice.then_some(opts.run_dir.as_path()),
             }
             .run(&data.val)?;
             log.append(&Record::Val(ValRecord {
@@ -673,12 +674,23 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 dice_per_class: v.dice_per_class.clone(),
                 mean_dice: v.mean_dice,
                 dice_per_case: v.dice_per_case.clone(),
+                cldice_per_class: v.cldice_per_class.clone(),
+                mean_cldice: cfg.val_cldice.then_some(v.mean_cldice),
                 seconds: t.elapsed().as_secs_f64(),
             }))?;
+            let cldice = if cfg.val_cldice {
+                format!(
+                    ", clDice {:.4} ({})",
+                    v.mean_cldice,
+                    per_class(&data.classes.foreground_names(), &v.cldice_per_class)
+                )
+            } else {
+                String::new()
+            };
             say(
                 &bar,
                 format!(
-                    "step {step}: validation Dice {:.4} ({}) in {:.1} s",
+                    "step {step}: validation Dice {:.4} ({}){cldice} in {:.1} s",
                     v.mean_dice,
                     per_class(&data.classes.foreground_names(), &v.dice_per_class),
                     t.elapsed().as_secs_f64()

@@ -1,12 +1,18 @@
 //! Validation: sliding-window inference ([`crate::infer::sliding`]) over whole cached volumes,
-//! Dice per class. Each slab of final rows is compared with the label rows read from the cache
-//! and dropped, so a volume of any size validates in the memory of one slab.
+//! Dice and centreline Dice per class. Each slab of final rows is compared with the label rows
+//! read from the cache and dropped, so a volume of any size validates in the memory of one slab;
+//! for clDice the predicted classes and the label go to scratch files meanwhile, whose skeletons
+//! are then thinned block by block ([`crate::centreline`]).
+
+use std::path::Path;
 
 use candle_core::Device;
 
 use super::classes::{ClassMap, IGNORE};
 use super::model::UNet;
 use crate::cache::PatchSource;
+use crate::centreline::scratch::ScratchLabels;
+use crate::centreline::{centreline_counts, CentrelineCounts, ClassMask};
 use crate::error::{Error, Result};
 use crate::infer::sliding::{argmax, Predictor};
 
@@ -20,6 +26,10 @@ pub struct ValidationResult {
     pub mean_dice: f64,
     /// Each case's mean foreground Dice.
     pub dice_per_case: Vec<(String, f64)>,
+    /// Mean over cases of each foreground class's clDice (empty when not measured).
+    pub cldice_per_class: Vec<f64>,
+    /// Mean of the defined per-class clDice values (NaN when not measured).
+    pub mean_cldice: f64,
 }
 
 /// Per-class confusion counts of one case.
@@ -66,17 +76,34 @@ pub struct SlidingWindow<'a> {
     pub overlap: f64,
     /// Windows per forward pass.
     pub batch: usize,
-    /// Label-file values to classes; ignore-label voxels are left out of Dice.
+    /// Label-file values to classes; ignore-label voxels are left out of Dice, and are
+    /// background on both sides for clDice.
     pub classes: &'a ClassMap,
+    /// Where the scratch files of clDice go; `None`: no clDice.
+    pub cldice_scratch: Option<&'a Path>,
+}
+
+/// The scratch volumes of one case's clDice: predicted classes and label classes.
+struct Centrelines {
+    pred: ScratchLabels,
+    truth: ScratchLabels,
 }
 
 impl SlidingWindow<'_> {
-    /// Predict one cached case and count agreement with its label, slab by slab.
-    fn case_counts<S: PatchSource>(&self, entry: &S) -> Result<Counts> {
+    /// Predict one cached case and count agreement with its label, slab by slab; with clDice,
+    /// per foreground class its skeleton counts.
+    fn case_counts<S: PatchSource>(&self, entry: &S) -> Result<(Counts, Vec<CentrelineCounts>)> {
         let classes = self.model.config().num_classes;
         let shape = entry.shape_zyx();
         let plane = shape[1] * shape[2];
         let mut counts = Counts::new(classes);
+        let scratch = match self.cldice_scratch {
+            Some(dir) => Some(Centrelines {
+                pred: ScratchLabels::create(dir, shape)?,
+                truth: ScratchLabels::create(dir, shape)?,
+            }),
+            None => None,
+        };
         let predictor = Predictor {
             model: self.model,
             device: self.device,
@@ -90,14 +117,36 @@ impl SlidingWindow<'_> {
             let mut truth = vec![0u16; rows * plane];
             entry.read_label([z0 as i64, 0, 0], [rows, shape[1], shape[2]], &mut truth)?;
             self.classes.map(&mut truth)?;
-            for (scores, &t) in probs.chunks_exact(classes).zip(&truth) {
-                if t != IGNORE {
-                    counts.add(argmax(scores) as u16, t);
+            let mut pred: Vec<u16> = probs
+                .chunks_exact(classes)
+                .map(|s| argmax(s) as u16)
+                .collect();
+            for (p, t) in pred.iter_mut().zip(truth.iter_mut()) {
+                if *t == IGNORE {
+                    (*p, *t) = (0, 0);
+                } else {
+                    counts.add(*p, *t);
                 }
+            }
+            if let Some(s) = &scratch {
+                s.pred.write_planes(z0, &pred)?;
+                s.truth.write_planes(z0, &truth)?;
             }
             Ok(())
         })?;
-        Ok(counts)
+        let Some(s) = scratch else {
+            return Ok((counts, Vec::new()));
+        };
+        let mut centrelines = vec![CentrelineCounts::default(); classes];
+        for (c, out) in centrelines.iter_mut().enumerate().skip(1) {
+            let member = move |v: u16| v as usize == c;
+            let mask = |labels| ClassMask {
+                labels,
+                member: &member,
+            };
+            *out = centreline_counts(&mask(&s.pred), &mask(&s.truth), shape)?;
+        }
+        Ok((counts, centrelines))
     }
 
     /// Validate on cases (id, entry): mean Dice per foreground class and per case.
@@ -110,12 +159,20 @@ impl SlidingWindow<'_> {
         }
         let classes = self.model.config().num_classes;
         let mut per_class: Vec<Vec<f64>> = vec![Vec::new(); classes];
+        let mut cl_per_class: Vec<Vec<f64>> = vec![Vec::new(); classes];
         let mut per_case = Vec::with_capacity(cases.len());
         for (id, entry) in cases {
             if !entry.has_label() {
                 return Err(Error::case(id, "validation case has no label"));
             }
-            let counts = self.case_counts(entry)?;
+            let (counts, centrelines) = self.case_counts(entry)?;
+            for (c, list) in cl_per_class.iter_mut().enumerate().skip(1) {
+                if let Some(v) = centrelines.get(c).map(|x| x.cldice()) {
+                    if !v.is_nan() {
+                        list.push(v);
+                    }
+                }
+            }
             let mut case_dice = Vec::new();
             for (c, list) in per_class.iter_mut().enumerate().skip(1) {
                 if let Some(d) = counts.dice(c) {
@@ -126,17 +183,23 @@ impl SlidingWindow<'_> {
             per_case.push((id.clone(), mean(&case_dice)));
         }
         let dice_per_class: Vec<f64> = per_class[1..].iter().map(|l| mean(l)).collect();
-        let defined: Vec<f64> = dice_per_class
-            .iter()
-            .copied()
-            .filter(|d| !d.is_nan())
-            .collect();
+        let cldice_per_class: Vec<f64> = match self.cldice_scratch {
+            Some(_) => cl_per_class[1..].iter().map(|l| mean(l)).collect(),
+            None => Vec::new(),
+        };
         Ok(ValidationResult {
-            mean_dice: mean(&defined),
+            mean_dice: mean_defined(&dice_per_class),
+            mean_cldice: mean_defined(&cldice_per_class),
             dice_per_class,
             dice_per_case: per_case,
+            cldice_per_class,
         })
     }
+}
+
+fn mean_defined(v: &[f64]) -> f64 {
+    let defined: Vec<f64> = v.iter().copied().filter(|d| !d.is_nan()).collect();
+    mean(&defined)
 }
 
 fn mean(v: &[f64]) -> f64 {
