@@ -40,8 +40,10 @@ results="$B/results.jsonl"
 : >"$results"
 for seed in $SEEDS; do
     for name in "dice+ce" "+skeleton_recall" "+cldice"; do
-        run="$B/runs/seed$seed/${name//+/plus_}"
+        slug="${name//+/}"
+        run="$B/runs/seed$seed/${slug//[^a-z_]/_}"
         rm -rf "$run"
+        mkdir -p "$(dirname "$run")"
         step "seed $seed, $name: $STEPS steps"
         start=$(date +%s.%N)
         # shellcheck disable=SC2086 # the flags are words
