@@ -20,8 +20,8 @@ foreground classes and an ignore label). For every entry:
     thinnings differ on vessels several voxels thick; scripts/skeleton_check.py compares them
     on thin masks).
 
-The ignore label (dataset.json's "ignore") is cached like a class today (a distance channel
-and skeleton voxels); its distances are checked, its skeleton (thick unannotated slabs) is not.
+The ignore label (dataset.json's "ignore", unannotated voxels) is no class: it must have no
+distance channel and no skeleton voxels.
 
     python scripts/derived_check.py --prep target/debug/prep --example target/debug/examples/skeleton_mask --data data/vessels
 """
@@ -72,7 +72,7 @@ def whole_skeleton(example: str, mask: np.ndarray, tmp: Path) -> np.ndarray:
     return np.fromfile(dst, np.uint8).reshape(mask.shape) > 0
 
 
-def check_entry(entry: Path, label_name: str, ignore, example: str, tmp: Path) -> tuple[float, float]:
+def check_entry(entry: Path, label_name: str, ignore: int | None, example: str, tmp: Path) -> tuple[float, float]:
     g = zarr.open_group(str(entry), mode="r")
     attrs = g.attrs.asdict()["voxcache"]
     case = attrs["case_id"]
@@ -81,6 +81,7 @@ def check_entry(entry: Path, label_name: str, ignore, example: str, tmp: Path) -
     spacing = tuple(reversed(attrs["output"]["spacing_xyz"]))
     dist = g["distance"]
     classes = derived["distance"]["classes"]
+    check(ignore not in classes, f"{label_name} {case}: the ignore label {ignore} has a distance channel")
     check(dist.dtype == np.float32, f"{label_name} {case}: distance dtype {dist.dtype}")
     check(tuple(dist.shape) == (len(classes),) + label.shape,
           f"{label_name} {case}: distance shape {dist.shape} vs label {label.shape}")
@@ -103,9 +104,9 @@ def check_entry(entry: Path, label_name: str, ignore, example: str, tmp: Path) -
     check(counts == {k: int(v) for k, v in derived["skeleton"]["voxels"].items()},
           f"{label_name} {case}: skeleton counts {counts} vs attributes {derived['skeleton']['voxels']}")
     near = 1.0
+    check(ignore is None or not bool((sk == ignore).any()),
+          f"{label_name} {case}: the ignore label {ignore} has skeleton voxels")
     for c in classes:
-        if c == ignore:
-            continue
         mask = label == c
         ours = sk == c
         whole = whole_skeleton(example, mask, tmp)

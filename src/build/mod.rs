@@ -252,14 +252,20 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             )))
         }
         Some(p) => p.clone(),
-        None => derive_params(
-            opts,
-            &ok,
-            &channel_names,
-            decision.target_xyz,
-            &pool,
-            &source,
-        )?,
+        None => {
+            let mut p = derive_params(
+                opts,
+                &ok,
+                &channel_names,
+                decision.target_xyz,
+                &pool,
+                &source,
+            )?;
+            if p.derived.any() {
+                p.derived.ignore_label = description.as_ref().and_then(|d| d.ignore_label);
+            }
+            p
+        }
     };
 
     // Keys first (hashing is cheap), so we know what is cached before any heavy work.

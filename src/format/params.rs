@@ -50,6 +50,10 @@ pub struct DerivedArrays {
     pub distance: bool,
     /// The label's skeleton (Skeleton Recall, clDice).
     pub skeleton: bool,
+    /// dataset.json's ignore label when arrays are built: it is not a class (no distance
+    /// channel) and is background to the skeleton. Absent from the key when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_label: Option<u16>,
 }
 
 impl DerivedArrays {

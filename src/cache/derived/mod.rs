@@ -114,10 +114,34 @@ impl LabelBoxes for LabelArray {
     }
 }
 
+/// A label with its ignore label read as background: unannotated voxels are no class.
+struct Unignored<L> {
+    label: L,
+    ignore: Option<u16>,
+}
+
+impl<L: LabelBoxes> LabelBoxes for Unignored<L> {
+    fn read(&self, lo: [usize; 3], hi: [usize; 3]) -> Result<Vec<u16>> {
+        let mut v = self.label.read(lo, hi)?;
+        if let Some(i) = self.ignore {
+            v.iter_mut().filter(|x| **x == i).for_each(|x| *x = 0);
+        }
+        Ok(v)
+    }
+}
+
 /// Build the derived arrays `input.params.derived` asks for.
 pub(super) fn write_derived(input: DerivedInput) -> Result<DerivedOutput> {
-    let DerivedArrays { distance, skeleton } = input.params.derived;
+    let DerivedArrays {
+        distance,
+        skeleton,
+        ignore_label,
+    } = input.params.derived;
     let label = LabelArray::open(input.dir, input.label_dtype)?;
+    let label = Unignored {
+        label,
+        ignore: ignore_label,
+    };
     let block = input.layout.write_block_zyx();
     let array = |spec: ArraySpec| {
         build_array(
@@ -134,8 +158,14 @@ pub(super) fn write_derived(input: DerivedInput) -> Result<DerivedOutput> {
         distance_sums: BTreeMap::new(),
         skeleton_sums: BTreeMap::new(),
     };
+    let present: BTreeMap<u16, u64> = input
+        .classes
+        .iter()
+        .filter(|(&c, _)| Some(c) != ignore_label)
+        .map(|(&c, &n)| (c, n))
+        .collect();
     if distance {
-        let classes: Vec<u16> = input.classes.keys().copied().collect();
+        let classes: Vec<u16> = present.keys().copied().collect();
         let arr = array(ArraySpec {
             name: DISTANCE_ARRAY,
             dtype: Dtype::Float32,
@@ -144,7 +174,7 @@ pub(super) fn write_derived(input: DerivedInput) -> Result<DerivedOutput> {
         let store_path = input.dir.join(DISTANCE_ARRAY);
         let sums = Mutex::new(BTreeMap::new());
         let volume = input.shape_zyx.iter().product::<usize>() as u64;
-        for (k, (&class, &count)) in input.classes.iter().enumerate() {
+        for (k, (&class, &count)) in present.iter().enumerate() {
             let sink = |idx: [u64; 3], size: [usize; 3], data: &[f32]| -> Result<()> {
                 let data = pad_block(data.to_vec(), size, block, 0f32);
                 let cidx = [k as u64, idx[0], idx[1], idx[2]];
