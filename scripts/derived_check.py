@@ -41,6 +41,8 @@ from scipy import ndimage
 from scipy.ndimage import distance_transform_edt
 from skimage.morphology import skeletonize
 
+from skeleton_check import within_one  # scripts/ is on the path when run as a script
+
 failures: list[str] = []
 checks = 0
 
@@ -51,14 +53,6 @@ def check(ok: bool, what: str) -> None:
     if not ok:
         failures.append(what)
         print(f"FAIL {what}")
-
-
-def within_one(a: np.ndarray, b: np.ndarray) -> float:
-    """Share of a's voxels with a voxel of b in their 3x3x3 neighbourhood."""
-    if not a.any():
-        return 1.0 if not b.any() else 0.0
-    near = ndimage.binary_dilation(b, structure=np.ones((3, 3, 3), bool))
-    return float((a & near).sum() / a.sum())
 
 
 def components(m: np.ndarray) -> int:
