@@ -1,12 +1,15 @@
 //! Training-step benchmark: forward + backward + AdamW step of the U-Net on random data, the
 //! same network and loss as scripts/torch_unet_step.py. Prints one JSON line.
 //!
-//! `cargo run --release --example bench_train_step -- [z,y,x] [batch] [base] [stages] [steps]`
+//! `cargo run --release --example bench_train_step -- [z,y,x] [batch] [base] [stages] [steps]
+//!  [device] [max_channels]` (device cpu, cuda or cuda:N; on a GPU the step is timed after the
+//! device has finished it, and the peak GPU memory our tensors held is reported).
 
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use voxcache::train::config::TrainConfig;
+use voxcache::train::device::{gpu_memory, reset_gpu_peak};
 use voxcache::train::loss::{dice_ce, one_hot};
 use voxcache::train::optim::{Optimizer, OptimizerKind};
 use voxcache::train::rng::Rng;
@@ -25,14 +28,16 @@ fn main() -> voxcache::Result<()> {
     let base: usize = arg(2, "16").parse().expect("base");
     let stages: usize = arg(3, "4").parse().expect("stages");
     let steps: usize = arg(4, "10").parse().expect("steps");
+    let dev = voxcache::train::device::select(&arg(5, "cpu"))?;
+    let max_channels: usize = arg(6, "128").parse().expect("max_channels");
     let cfg = TrainConfig {
         patch,
         batch_size: batch,
         base_channels: base,
         stages,
+        max_channels,
         ..TrainConfig::default()
     };
-    let dev = Device::Cpu;
     let model = build_model(&cfg, 1, 2, &dev)?;
     let mut opt = Optimizer::new(
         model.params(),
@@ -53,8 +58,13 @@ fn main() -> voxcache::Result<()> {
     let mut times = Vec::new();
     let (mut fwd_t, mut bwd_t) = (Vec::new(), Vec::new());
     for i in 0..steps + 2 {
+        if i == 2 {
+            reset_gpu_peak(&dev);
+        }
+        dev.synchronize()?;
         let t0 = Instant::now();
         let loss = dice_ce(&model.forward(&x)?, &t)?;
+        dev.synchronize()?;
         let t1 = Instant::now();
         let grads = loss.total.backward()?;
         let g: Vec<Tensor> = params
@@ -66,8 +76,10 @@ fn main() -> voxcache::Result<()> {
                     .ok_or(candle_core::Error::Msg("no grad".into()))
             })
             .collect::<candle_core::Result<_>>()?;
+        dev.synchronize()?;
         let t2 = Instant::now();
         opt.step(&g, 1e-3, Some(12.0))?;
+        dev.synchronize()?;
         if i >= 2 {
             times.push(t0.elapsed().as_secs_f64());
             fwd_t.push((t1 - t0).as_secs_f64());
@@ -79,7 +91,8 @@ fn main() -> voxcache::Result<()> {
         v[v.len() / 2]
     };
     println!(
-        "{{\"impl\": \"voxcache\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}}}",
+        "{{\"impl\": \"voxcache\", \"device\": \"{}\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}, \"peak_gpu_mib\": {:.0}}}",
+        voxcache::train::device::describe(&dev),
         rayon::current_num_threads(),
         patch,
         model.num_parameters(),
@@ -87,7 +100,8 @@ fn main() -> voxcache::Result<()> {
         median(&mut fwd_t),
         median(&mut bwd_t),
         times.len(),
-        voxcache::sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64
+        voxcache::sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+        gpu_memory(&dev).map_or(0.0, |m| m.peak_allocated as f64 / (1 << 20) as f64)
     );
     Ok(())
 }

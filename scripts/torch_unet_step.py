@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch CPU reference for the training-step benchmark (scripts/bench_train.sh).
+"""PyTorch reference for the training-step benchmarks (scripts/bench_train.sh on the CPU,
+scripts/gpu_check.sh on a GPU with --device cuda, optionally --amp bf16|f16).
 
 Builds the same network as voxcache's `train::model::UNet` (two conv3x3x3 + InstanceNorm(affine) +
 LeakyReLU(0.01) blocks a stage, strided first conv, transposed-conv up with kernel = stride,
@@ -84,27 +85,51 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--amp", default="", choices=["", "bf16", "f16"],
+                    help="autocast (f16 with a GradScaler), as nnU-Net trains")
     a = ap.parse_args()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        # nnU-Net's setting: let cuDNN time its algorithms for each shape.
+        torch.backends.cudnn.benchmark = True
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     patch = [int(v) for v in a.patch.split(",")]
-    net = UNet(a.classes, a.base, a.max_ch, plan_strides(patch, a.stages))
+    net = UNet(a.classes, a.base, a.max_ch, plan_strides(patch, a.stages)).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-4)
-    x = torch.randn(a.batch, 1, *patch)
+    x = torch.randn(a.batch, 1, *patch).to(dev)
     lab = (torch.rand(a.batch, *patch) < 0.1).long()
-    onehot = F.one_hot(lab, a.classes).permute(0, 4, 1, 2, 3).float()
+    onehot = F.one_hot(lab, a.classes).permute(0, 4, 1, 2, 3).float().to(dev)
+    amp_dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(a.amp)
+    scaler = torch.amp.GradScaler("cuda") if a.amp == "f16" else None
     times = []
     for i in range(a.warmup + a.steps):
+        if cuda and i == a.warmup:
+            torch.cuda.reset_peak_memory_stats(dev)
+        if cuda:
+            torch.cuda.synchronize(dev)
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = dice_ce(net(x), onehot)
-        loss.backward()
-        opt.step()
+        with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            logits = net(x)
+        loss = dice_ce(logits.float(), onehot)
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        if cuda:
+            torch.cuda.synchronize(dev)
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
     print(json.dumps({
-        "impl": "pytorch",
+        "impl": "pytorch" + (f" amp {a.amp}" if a.amp else ""),
+        "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "patch_zyx": patch,
@@ -113,6 +138,7 @@ def main():
         "median_step_s": statistics.median(times),
         "min_step_s": min(times),
         "steps": len(times),
+        "peak_gpu_mib": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else 0,
     }))
 
 

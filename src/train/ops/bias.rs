@@ -18,7 +18,7 @@ pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
             bias.dims()
         );
     }
-    if x.device().is_cpu() && x.dtype() == candle_core::DType::F32 && bias.dtype() == x.dtype() {
+    if super::fast_path(&[x, bias]) {
         x.contiguous()?
             .apply_op2(&bias.contiguous()?, AddChannelBias)
     } else {
@@ -63,6 +63,24 @@ impl CustomOp2 for AddChannelBias {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let x = super::cuda::f32_view(s1, l1, self.name())?;
+        let b = super::cuda::f32_view(s2, l2, self.name())?;
+        let (_, c, v) = rows(l1.dims());
+        let y = super::cuda::launch::add_channel_bias(&s1.device, &x, &b, c, v)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(y, s1.device.clone()),
+            l1.shape().clone(),
+        ))
+    }
+
     fn bwd(
         &self,
         _x: &Tensor,
@@ -91,6 +109,21 @@ impl CustomOp1 for ChannelSum {
         }
         let out = acc.into_iter().map(|a| a as f32).collect();
         Ok((CpuStorage::F32(out), Shape::from(c)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = super::cuda::f32_view(s, l, self.name())?;
+        let (n, c, v) = rows(l.dims());
+        let out = super::cuda::launch::channel_sum(&s.device, &g, n, c, v)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, s.device.clone()),
+            Shape::from(c),
+        ))
     }
 }
 

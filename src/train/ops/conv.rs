@@ -228,6 +228,20 @@ pub fn grad_weight_cpu(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Vec<f32> {
     dw
 }
 
+/// The contiguous f32 device data of one argument, with its shape checked.
+#[cfg(feature = "cuda")]
+fn cuda_data<'a>(
+    storage: &'a candle_core::CudaStorage,
+    layout: &Layout,
+    expect: &[usize],
+    what: &str,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
+    if layout.dims() != expect {
+        bail!("{what}: shape {:?}, expected {expect:?}", layout.dims());
+    }
+    super::cuda::f32_view(storage, layout, what)
+}
+
 /// `conv3d(x, w)`, arguments (x, w).
 pub struct Conv3dForward(pub ConvGeom);
 /// Input gradient of a convolution, arguments (dy, w); also the transposed convolution.
@@ -252,6 +266,24 @@ impl CustomOp2 for Conv3dForward {
         let w = f32_data(s2, l2, &g.w_dims(), "conv3d w")?;
         Ok((
             CpuStorage::F32(forward_cpu(g, x, w)),
+            Shape::from(g.y_dims().to_vec()),
+        ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = &self.0;
+        let a = cuda_data(s1, l1, &g.x_dims(), "conv3d x")?;
+        let b = cuda_data(s2, l2, &g.w_dims(), "conv3d w")?;
+        let out = super::cuda::conv::forward(&s1.device, g, &a, &b)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, s1.device.clone()),
             Shape::from(g.y_dims().to_vec()),
         ))
     }
@@ -300,6 +332,24 @@ impl CustomOp2 for Conv3dGradInput {
 
     // dx = A(w) dy is linear in each argument: its adjoints are the forward conv (for dy) and
     // the weight gradient with the roles of x and dy taken by the upstream gradient and dy.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = &self.0;
+        let a = cuda_data(s1, l1, &g.y_dims(), "conv3d grad-input dy")?;
+        let b = cuda_data(s2, l2, &g.w_dims(), "conv3d grad-input w")?;
+        let out = super::cuda::conv::grad_input(&s1.device, g, &a, &b)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, s1.device.clone()),
+            Shape::from(g.x_dims().to_vec()),
+        ))
+    }
+
     fn bwd(
         &self,
         dy: &Tensor,
@@ -331,6 +381,24 @@ impl CustomOp2 for Conv3dGradWeight {
         let dy = f32_data(s2, l2, &g.y_dims(), "conv3d grad-weight dy")?;
         Ok((
             CpuStorage::F32(grad_weight_cpu(g, x, dy)),
+            Shape::from(g.w_dims().to_vec()),
+        ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = &self.0;
+        let a = cuda_data(s1, l1, &g.x_dims(), "conv3d grad-weight x")?;
+        let b = cuda_data(s2, l2, &g.y_dims(), "conv3d grad-weight dy")?;
+        let out = super::cuda::conv::grad_weight(&s1.device, g, &a, &b)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, s1.device.clone()),
             Shape::from(g.w_dims().to_vec()),
         ))
     }

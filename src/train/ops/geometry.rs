@@ -6,7 +6,7 @@ use candle_core::{bail, Result};
 
 /// Everything needed to index one 3D convolution `y = conv3d(x, w)`, with `x` (N, Cin, D, H, W)
 /// and `w` (Cout, Cin, kd, kh, kw).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvGeom {
     pub batch: usize,
     pub cin: usize,

@@ -15,8 +15,11 @@ pub mod bias;
 pub mod blocks;
 pub mod columns;
 pub mod conv;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod generic;
 pub mod geometry;
+pub mod launch_plan;
 pub mod matmul;
 pub mod norm;
 pub mod pool3d;
@@ -31,10 +34,14 @@ pub use pool3d::{avg_pool3d, max_pool3d_generic};
 use conv::{Conv3dForward, Conv3dGradInput};
 use geometry::ConvGeom;
 
-/// Whether the CPU custom ops can run on these tensors.
-fn fast_path(ts: &[&Tensor]) -> bool {
+/// Whether the custom ops (CPU, or CUDA in a `cuda` build) can run on these tensors.
+pub(crate) fn fast_path(ts: &[&Tensor]) -> bool {
     ts.iter()
-        .all(|t| t.device().is_cpu() && t.dtype() == DType::F32)
+        .all(|t| t.dtype() == DType::F32 && custom_device(t.device()))
+}
+
+fn custom_device(dev: &candle_core::Device) -> bool {
+    dev.is_cpu() || (cfg!(feature = "cuda") && dev.is_cuda())
 }
 
 /// x: (N, Cin, D, H, W), w: (Cout, Cin, kd, kh, kw); zero padding and stride per axis (d, h, w).

@@ -8,7 +8,7 @@
 //! are summed afterwards in sample order, so results do not depend on the thread count.
 //! Mean and inverse standard deviation are recomputed in backward instead of being stored.
 
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use candle_nn::GroupNorm;
 use rayon::prelude::*;
 
@@ -52,6 +52,16 @@ impl NormGeom {
 
     fn numel(&self) -> usize {
         self.batch * self.channels * self.voxels
+    }
+
+    #[cfg(feature = "cuda")]
+    fn sizes(&self) -> super::cuda::launch::NormSizes {
+        super::cuda::launch::NormSizes {
+            batch: self.batch,
+            channels: self.channels,
+            groups: self.groups,
+            voxels: self.voxels,
+        }
     }
 }
 
@@ -165,6 +175,32 @@ impl CustomOp3 for GroupNormLeakyRelu {
                 });
         }
         Ok((CpuStorage::F32(y), Shape::from(l1.dims())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::{f32_view, launch};
+        let what = "group_norm_leaky_relu";
+        let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.groups)?;
+        let (x, w, b) = (
+            f32_view(s1, l1, what)?,
+            f32_view(s2, l2, what)?,
+            f32_view(s3, l3, what)?,
+        );
+        let dev = &s1.device;
+        let y = launch::norm_forward(dev, &x, &w, &b, g.sizes(), self.eps, self.slope)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            Shape::from(l1.dims()),
+        ))
     }
 
     fn bwd(
@@ -300,6 +336,38 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
         }
         Ok((CpuStorage::F32(out), Shape::from(vec![n + 2 * c])))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::{f32_view, launch};
+        let what = "group_norm_leaky_relu backward";
+        let c = l1.dims().get(1).copied().unwrap_or(0);
+        let g = NormGeom::new(l1.dims(), &[c], &[c], self.groups)?;
+        if l2.dims() != l1.dims() || l3.dims() != [2 * c] {
+            bail!(
+                "{what}: dy {:?} / params {:?} do not match x",
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        let (x, dy) = (f32_view(s1, l1, what)?, f32_view(s2, l2, what)?);
+        let params = f32_view(s3, l3, what)?;
+        let (w, b) = (params.slice(0..c), params.slice(c..2 * c));
+        let dev = &s1.device;
+        let out = launch::norm_backward(dev, &x, &dy, &w, &b, g.sizes(), self.eps, self.slope)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from(vec![g.numel() + 2 * c]),
+        ))
+    }
 }
 
 /// `y = LeakyReLU(slope)((x - mean_g) / sqrt(var_g + eps) * weight[c] + bias[c])`, statistics
@@ -315,10 +383,7 @@ pub fn group_norm_leaky_relu(
     eps: f64,
     slope: f64,
 ) -> Result<Tensor> {
-    let cpu_f32 = [x, weight, bias]
-        .iter()
-        .all(|t| t.device().is_cpu() && t.dtype() == DType::F32);
-    if !cpu_f32 {
+    if !super::fast_path(&[x, weight, bias]) {
         return group_norm_leaky_relu_generic(x, weight, bias, groups, eps, slope);
     }
     NormGeom::new(x.dims(), weight.dims(), bias.dims(), groups)?;

@@ -98,6 +98,27 @@ impl CustomOp1 for MaxPool3d {
         Ok((CpuStorage::F32(y), Shape::from(vec![n, c, pd, ph, pw])))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let ([n, c, d, h, w], [pd, ph, pw]) = pooled_dims(l.dims(), self.0, "max_pool3d")?;
+        let x = super::cuda::f32_view(s, l, "max_pool3d")?;
+        let y = super::cuda::launch::max_pool_forward(
+            &s.device,
+            &x,
+            [d, h, w],
+            self.0,
+            n * c * pd * ph * pw,
+        )?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(y, s.device.clone()),
+            Shape::from(vec![n, c, pd, ph, pw]),
+        ))
+    }
+
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(x.apply_op2(&dy.contiguous()?, MaxPool3dGrad(self.0))?))
     }
@@ -133,5 +154,37 @@ impl CustomOp2 for MaxPool3dGrad {
                 argmax_plane(xp, [d, h, w], self.0, |o, i| dxp[i] = dyp[o]);
             });
         Ok((CpuStorage::F32(dx), Shape::from(l1.dims())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let ([n, c, d, h, w], [pd, ph, pw]) = pooled_dims(l1.dims(), self.0, "max_pool3d grad")?;
+        if l2.dims() != [n, c, pd, ph, pw] {
+            bail!(
+                "max_pool3d grad: dy shape {:?} does not match x {:?}",
+                l2.dims(),
+                l1.dims()
+            );
+        }
+        let x = super::cuda::f32_view(s1, l1, "max_pool3d grad")?;
+        let dy = super::cuda::f32_view(s2, l2, "max_pool3d grad")?;
+        let dx = super::cuda::launch::max_pool_backward(
+            &s1.device,
+            &x,
+            &dy,
+            [d, h, w],
+            self.0,
+            l1.shape().elem_count(),
+        )?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(dx, s1.device.clone()),
+            Shape::from(l1.dims()),
+        ))
     }
 }
