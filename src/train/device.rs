@@ -30,6 +30,9 @@ pub fn select(name: &str) -> Result<Device> {
 #[cfg(feature = "cuda")]
 fn cuda(ordinal: usize) -> Result<Device> {
     Device::new_cuda(ordinal).map_err(|e| {
+        // candle appends a backtrace to driver errors: keep the message line.
+        let e = e.to_string();
+        let e = e.lines().next().unwrap_or_default();
         Error::Config(format!(
             "cannot open CUDA device {ordinal}: {e} (is an NVIDIA GPU visible, with its driver, \
              and are CUDA 13's libraries on LD_LIBRARY_PATH? see scripts/gpu_check.sh)"

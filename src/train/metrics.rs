@@ -48,6 +48,11 @@ pub struct TrainRecord {
     /// The surface term (unweighted), when it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub surface_loss: Option<f64>,
+    /// On a GPU: MiB our tensors hold at the log step, and the most they held in the interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_allocated_mb: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_peak_mb: Option<f64>,
 }
 
 /// One validation pass.
@@ -228,7 +233,9 @@ mod tests {
             skeleton_recall_loss: None,
             cldice_loss: None,
             boundary_loss: None,
-            surface_loss: None,
+            surface_loss: Some(0.25),
+            gpu_allocated_mb: Some(512.0),
+            gpu_peak_mb: Some(2048.5),
         })
     }
 

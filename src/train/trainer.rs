@@ -36,6 +36,8 @@ use crate::error::{Error, Result};
 use crate::format::run::{RunRecord, Split, RUN_FILE};
 use crate::sysinfo;
 
+const MIB: f64 = (1u64 << 20) as f64;
+
 /// What one `train` invocation is asked to do.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -623,6 +625,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 .map_or(0.0, |t| t.elapsed().as_secs_f64())
                 .max(1e-9);
             let k = window.steps.max(1) as f64;
+            let gpu = device::gpu_memory(&dev);
             let rec = TrainRecord {
                 step,
                 loss: window.loss / k,
@@ -638,9 +641,16 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 cldice_loss: (cfg.loss.cldice > 0.0).then(|| window.cldice / k),
                 boundary_loss: (cfg.loss.boundary > 0.0).then(|| window.boundary / k),
                 surface_loss: (cfg.loss.surface > 0.0).then(|| window.surface / k),
+                gpu_allocated_mb: gpu.map(|m| m.allocated as f64 / MIB),
+                gpu_peak_mb: gpu.map(|m| m.peak_allocated as f64 / MIB),
             };
+            // The peak restarts each interval: the log shows where memory went, not only its max.
+            device::reset_gpu_peak(&dev);
+            let gpu_note = rec
+                .gpu_peak_mb
+                .map_or(String::new(), |p| format!("  GPU peak {:.0} MiB", p));
             bar.set_message(format!(
-                "loss {:.4}  {:.1} patches/s  data wait {:.1}%",
+                "loss {:.4}  {:.1} patches/s  data wait {:.1}%{gpu_note}",
                 rec.loss,
                 rec.patches_per_s,
                 100.0 * rec.data_wait_frac
