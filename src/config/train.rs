@@ -5,7 +5,7 @@ use super::pipeline::{Pipeline, DEFAULT_PIPELINE};
 use super::values::parse_zyx;
 use crate::error::{Error, Result};
 use crate::train::config::{OptimizerName, TrainConfig};
-use crate::train::model::{Norm, Upsampling};
+use crate::train::model::{Norm, Precision, Upsampling};
 
 /// Overrides of the training options, every one optional. Field names and value spellings are
 /// the `[train]` keys and values of a pipeline file.
@@ -51,6 +51,10 @@ pub struct TrainFlags {
     /// transpose or nearest.
     #[arg(long)]
     pub upsampling: Option<Upsampling>,
+    /// f32, or bf16 on a GPU: activations and convolutions in bfloat16, weights, optimizer,
+    /// norm statistics and loss in f32.
+    #[arg(long, value_name = "f32|bf16")]
+    pub precision: Option<Precision>,
     /// Turn data augmentation off (the pipeline's `augment = false`).
     #[arg(long)]
     pub no_augment: bool,
@@ -103,6 +107,7 @@ impl TrainFlags {
             stages,
             norm,
             upsampling,
+            precision,
             val_fraction,
             val_every,
             checkpoint_every,

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::augment::AugmentConfig;
-use super::model::{Norm, Upsampling};
+use super::model::{Norm, Precision, Upsampling};
 use crate::error::{Error, Result};
 
 /// Which optimizer, with nnU-Net-like defaults for each: `adamw` or `sgd`, the same in a
@@ -132,6 +132,8 @@ pub struct TrainConfig {
     pub stages: usize,
     pub norm: Norm,
     pub upsampling: Upsampling,
+    /// `f32`, or `bf16` on a GPU (mixed precision; see [`Precision`]).
+    pub precision: Precision,
     /// Extra 1x1x1 heads at the decoder's lower resolutions, trained against downsampled
     /// targets (nnU-Net's deep supervision).
     pub deep_supervision: bool,
@@ -185,6 +187,7 @@ impl Default for TrainConfig {
             stages: 4,
             norm: Norm::Instance,
             upsampling: Upsampling::Transpose,
+            precision: Precision::F32,
             deep_supervision: true,
             augment: true,
             augmentation: AugmentConfig::default(),

@@ -136,6 +136,74 @@ impl<'de> Deserialize<'de> for Upsampling {
     }
 }
 
+/// Arithmetic of the forward and backward passes: `f32`, or `bf16` (activations and
+/// convolutions in bfloat16 with f32 accumulation; master weights, optimizer moments, norm
+/// statistics and the loss stay f32, and checkpoints are f32 either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// The dtype activations are computed in.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::Bf16 => DType::BF16,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            "f16" => Err(Error::Config(
+                "precision f16 needs loss scaling, which is not built yet: use bf16 (same speed on \
+                 GPUs since Ampere, no scaling needed)"
+                    .into(),
+            )),
+            _ => Err(Error::Config(format!("precision {s:?}: give f32 or bf16"))),
+        }
+    }
+}
+
+impl Serialize for Precision {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Precision {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `t` in `dt`: parameters are kept in f32 and cast on use, so their gradients come back f32.
+fn cast(t: &Tensor, dt: DType) -> Result<Tensor> {
+    Ok(t.to_dtype(dt)?)
+}
+
 /// The network's shape.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UNetConfig {
@@ -346,8 +414,9 @@ impl Conv {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = ops::conv3d(x, &self.weight, self.padding, self.stride)?;
-        Ok(ops::add_channel_bias(&y, &self.bias)?)
+        let dt = x.dtype();
+        let y = ops::conv3d(x, &cast(&self.weight, dt)?, self.padding, self.stride)?;
+        Ok(ops::add_channel_bias(&y, &cast(&self.bias, dt)?)?)
     }
 }
 
@@ -385,10 +454,11 @@ impl Block {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.conv.forward(x)?;
+        let dt = y.dtype();
         Ok(ops::group_norm_leaky_relu(
             &y,
-            &self.norm_weight,
-            &self.norm_bias,
+            &cast(&self.norm_weight, dt)?,
+            &cast(&self.norm_bias, dt)?,
             self.groups,
             1e-5,
             0.01,
@@ -428,8 +498,9 @@ impl Up {
                 bias,
                 stride,
             } => {
-                let y = ops::conv_transpose3d(x, weight, *stride)?;
-                Ok(ops::add_channel_bias(&y, bias)?)
+                let dt = x.dtype();
+                let y = ops::conv_transpose3d(x, &cast(weight, dt)?, *stride)?;
+                Ok(ops::add_channel_bias(&y, &cast(bias, dt)?)?)
             }
             Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?),
         }
@@ -446,6 +517,7 @@ pub struct UNet {
     /// Deep-supervision heads of levels 1.. (index 0 is level 1).
     ds_heads: Vec<Conv>,
     params: ParamStore,
+    precision: Precision,
 }
 
 impl UNet {
@@ -564,7 +636,17 @@ impl UNet {
             head,
             ds_heads,
             params: ps,
+            precision: Precision::F32,
         })
+    }
+
+    /// Compute the passes in `precision` from now on (the parameters stay f32).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     pub fn config(&self) -> &UNetConfig {
@@ -627,7 +709,7 @@ impl UNet {
 
     fn run(&self, x: &Tensor, all_levels: bool) -> Result<Vec<Tensor>> {
         let mut skips = Vec::with_capacity(self.encoder.len());
-        let mut h = x.clone();
+        let mut h = cast(x, self.precision.dtype())?;
         for [a, b] in &self.encoder {
             h = b.forward(&a.forward(&h)?)?;
             skips.push(h.clone());
@@ -648,7 +730,8 @@ impl UNet {
         }
         let mut out = vec![self.head.forward(&h)?];
         out.extend(lower.into_iter().rev());
-        Ok(out)
+        // Losses and softmax run in f32 whatever the passes' precision.
+        out.iter().map(|t| cast(t, DType::F32)).collect()
     }
 }
 
@@ -680,6 +763,75 @@ mod tests {
             assert_eq!(serde_json::to_value(u).unwrap(), u.name());
         }
         assert!("bilinear".parse::<Upsampling>().is_err());
+    }
+
+    #[test]
+    fn precision_has_one_spelling_and_f16_is_refused_with_a_reason() {
+        for p in [Precision::F32, Precision::Bf16] {
+            assert_eq!(p.name().parse::<Precision>().unwrap(), p);
+            assert_eq!(serde_json::to_value(p).unwrap(), p.name());
+        }
+        let e = "f16".parse::<Precision>().unwrap_err().to_string();
+        assert!(e.contains("loss scaling") && e.contains("bf16"), "{e}");
+        assert!("fp32".parse::<Precision>().is_err());
+    }
+
+    /// bf16 passes (here through the generic ops on the CPU, the same casts as on a GPU) give
+    /// f32 logits close to the f32 ones, and f32 gradients for the f32 master weights that
+    /// point the same way.
+    #[test]
+    fn bf16_passes_keep_f32_outputs_and_gradients() -> Result<()> {
+        let cfg = UNetConfig {
+            in_channels: 1,
+            num_classes: 2,
+            base_channels: 4,
+            max_channels: 8,
+            strides: vec![[1, 2, 2], [2, 2, 2]],
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: true,
+        };
+        let dev = Device::Cpu;
+        let mut net = UNet::new(cfg, 3, &dev)?;
+        let mut rng = Rng::new(9);
+        let x: Vec<f32> = (0..4 * 16 * 16).map(|_| rng.normal() as f32).collect();
+        let x = Tensor::from_vec(x, (1, 1, 4, 16, 16), &dev)?;
+        let run = |net: &UNet| -> Result<(Vec<Tensor>, candle_core::backprop::GradStore)> {
+            let outs = net.forward_all(&x)?;
+            let total = outs[0].sqr()?.mean_all()?;
+            let grads = total.backward()?;
+            Ok((outs, grads))
+        };
+        let (f32_out, f32_grads) = run(&net)?;
+        net.set_precision(Precision::Bf16);
+        let (bf_out, bf_grads) = run(&net)?;
+        for (a, b) in f32_out.iter().zip(&bf_out) {
+            assert_eq!(b.dtype(), DType::F32);
+            let scale = a.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-6);
+            let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(
+                diff / scale < 0.05,
+                "bf16 logits off by {diff} (scale {scale})"
+            );
+        }
+        for (name, p) in net.params() {
+            let (g32, g16) = (f32_grads.get(p.as_tensor()), bf_grads.get(p.as_tensor()));
+            let (Some(g32), Some(g16)) = (g32, g16) else {
+                // Deep-supervision heads get no gradient from this full-resolution loss.
+                assert!(name.starts_with(DS_PREFIX), "{name}: no gradient");
+                continue;
+            };
+            assert_eq!(g16.dtype(), DType::F32, "{name}");
+            let dot = (g32 * g16)?.sum_all()?.to_scalar::<f32>()?;
+            let n = (g32.sqr()?.sum_all()?.sqrt()? * g16.sqr()?.sum_all()?.sqrt()?)?
+                .to_scalar::<f32>()?;
+            // A conv bias followed by instance norm has a zero gradient in exact arithmetic:
+            // both devices hand it rounding noise, whose direction means nothing.
+            if n > 1e-12 && !name.ends_with("conv.bias") {
+                assert!(dot / n > 0.97, "{name}: cosine {}", dot / n);
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -25,7 +25,7 @@ use super::loss::{
     skeleton_recall, surface, LossParts,
 };
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
-use super::model::{UNet, UNetConfig};
+use super::model::{Precision, UNet, UNetConfig};
 use super::optim::{poly_lr, Optimizer, OptimizerKind};
 use super::sampler::{Sampler, SamplerConfig};
 use super::validate::{SlidingWindow, ValidationResult};
@@ -110,7 +110,15 @@ pub fn build_model(
         deep_supervision: cfg.deep_supervision,
     };
     ucfg.check_patch(cfg.patch)?;
-    UNet::new(ucfg, cfg.seed, dev)
+    if cfg.precision != Precision::F32 && dev.is_cpu() {
+        return Err(Error::Config(format!(
+            "precision {} is for a GPU (--device cuda): the CPU kernels compute in f32",
+            cfg.precision
+        )));
+    }
+    let mut model = UNet::new(ucfg, cfg.seed, dev)?;
+    model.set_precision(cfg.precision);
+    Ok(model)
 }
 
 /// "key: was X, now Y" for each differing part of two run identities.

@@ -18,6 +18,9 @@ pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
             bias.dims()
         );
     }
+    if super::widened_bf16(&[x, bias]) {
+        return super::in_f32(&[x, bias], |t| add_channel_bias(&t[0], &t[1]));
+    }
     if super::fast_path(&[x, bias]) {
         x.contiguous()?
             .apply_op2(&bias.contiguous()?, AddChannelBias)

@@ -44,8 +44,32 @@ fn custom_device(dev: &candle_core::Device) -> bool {
     dev.is_cpu() || (cfg!(feature = "cuda") && dev.is_cuda())
 }
 
+/// bf16 tensors on a device with the custom ops: the op runs in f32 on the widened values
+/// and its result is rounded to bf16, which is what bf16 kernels compute (bf16 storage, f32
+/// arithmetic), so it is also their oracle. The casts carry gradients, so the backward pass
+/// is the f32 one with bf16 gradients at the op's boundary. (candle's own CPU matmul has no
+/// bf16, so the generic compositions could not run these at all.)
+pub(crate) fn widened_bf16(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| t.dtype() == DType::BF16 && custom_device(t.device()))
+}
+
+pub(crate) fn in_f32(
+    ts: &[&Tensor],
+    op: impl FnOnce(&[Tensor]) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let wide = ts
+        .iter()
+        .map(|t| t.to_dtype(DType::F32))
+        .collect::<Result<Vec<_>>>()?;
+    op(&wide)?.to_dtype(DType::BF16)
+}
+
 /// x: (N, Cin, D, H, W), w: (Cout, Cin, kd, kh, kw); zero padding and stride per axis (d, h, w).
 pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -> Result<Tensor> {
+    if widened_bf16(&[x, w]) {
+        return in_f32(&[x, w], |t| conv3d(&t[0], &t[1], padding, stride));
+    }
     if !fast_path(&[x, w]) {
         return conv3d_generic(x, w, padding, stride);
     }
@@ -57,6 +81,9 @@ pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -
 /// Transposed conv with kernel == stride (nnU-Net's up path): x (N, Cin, D, H, W),
 /// w (Cin, Cout, sd, sh, sw) -> (N, Cout, D*sd, H*sh, W*sw).
 pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Tensor> {
+    if widened_bf16(&[x, w]) {
+        return in_f32(&[x, w], |t| conv_transpose3d(&t[0], &t[1], stride));
+    }
     if !fast_path(&[x, w]) {
         return conv_transpose3d_generic(x, w, stride);
     }
@@ -73,6 +100,9 @@ pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Te
 
 /// Max pooling with kernel == stride (dims must divide; error otherwise).
 pub fn max_pool3d(x: &Tensor, k: [usize; 3]) -> Result<Tensor> {
+    if widened_bf16(&[x]) {
+        return in_f32(&[x], |t| max_pool3d(&t[0], k));
+    }
     if !fast_path(&[x]) {
         return max_pool3d_generic(x, k);
     }

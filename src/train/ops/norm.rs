@@ -383,6 +383,11 @@ pub fn group_norm_leaky_relu(
     eps: f64,
     slope: f64,
 ) -> Result<Tensor> {
+    if super::widened_bf16(&[x, weight, bias]) {
+        return super::in_f32(&[x, weight, bias], |t| {
+            group_norm_leaky_relu(&t[0], &t[1], &t[2], groups, eps, slope)
+        });
+    }
     if !super::fast_path(&[x, weight, bias]) {
         return group_norm_leaky_relu_generic(x, weight, bias, groups, eps, slope);
     }
