@@ -7,13 +7,15 @@
 //!
 //! Tolerances (|gpu - cpu| <= tol * max(|cpu|, rms(cpu)) per element): convolutions 1e-4 in
 //! full f32 (cuDNN with FMA math) and 2e-2 with TF32 tensor cores (the default, as PyTorch's);
-//! norm, pooling and bias 1e-4; the whole U-Net's loss and gradients 1e-3.
+//! norm, pooling and bias 1e-4; the whole U-Net's loss and gradients 1e-3; bf16 against the
+//! CPU's widened op (f32 arithmetic on the bf16 values) 3e-2, and the bf16 U-Net's loss
+//! within 2% of its f32 loss.
 #![cfg(feature = "cuda")]
 
 use std::sync::{Mutex, MutexGuard};
 
 use candle_core::{DType, Device, Tensor, Var};
-use voxcache::train::model::{Norm, UNet, UNetConfig, Upsampling};
+use voxcache::train::model::{Norm, Precision, UNet, UNetConfig, Upsampling};
 use voxcache::train::ops::cuda::conv::set_tf32;
 use voxcache::train::ops::{
     add_channel_bias, conv3d, conv_transpose3d, group_norm_leaky_relu, max_pool3d,
@@ -100,7 +102,9 @@ fn check(
     assert!(yg.device().is_cuda(), "{what}: output left the GPU");
     assert_close(&yg, &yc, tol, &format!("{what} forward"));
     let mut rng = Rng::new(0x6770_7500 ^ inputs.len() as u64);
-    let r = random(&mut rng, yc.dims(), 1.0, 0.0);
+    let r = random(&mut rng, yc.dims(), 1.0, 0.0)
+        .to_dtype(yc.dtype())
+        .unwrap();
     let gc = (yc * &r).unwrap().sum_all().unwrap().backward().unwrap();
     let gg = (yg * r.to_device(dev).unwrap())
         .unwrap()
@@ -151,6 +155,30 @@ fn conv3d_with_tf32_stays_close() {
     ];
     check("conv3d tf32", &inputs, &dev, 2e-2, |t| {
         conv3d(t[0], t[1], [1; 3], [1; 3])
+    });
+}
+
+/// bf16 convolutions (cuDNN, tensor cores, f32 accumulation) against the CPU oracle: the f32
+/// op on the same bf16 values, rounded to bf16. Gradients are bf16 too, so the bound is
+/// bf16's: a few units of its 2^-8 relative step after summing.
+#[test]
+fn bf16_convolutions_match_the_widened_cpu_op() {
+    let (_g, dev) = gpu(false);
+    let mut rng = Rng::new(11);
+    let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+    let inputs = [
+        bf(random(&mut rng, &[2, 8, 9, 10, 11], 1.0, 0.0)),
+        bf(random(&mut rng, &[16, 8, 3, 3, 3], 0.2, 0.0)),
+    ];
+    check("conv3d bf16", &inputs, &dev, 3e-2, |t| {
+        conv3d(t[0], t[1], [1; 3], [1; 3])
+    });
+    let inputs = [
+        bf(random(&mut rng, &[2, 8, 5, 4, 3], 1.0, 0.0)),
+        bf(random(&mut rng, &[8, 4, 2, 2, 2], 0.3, 0.0)),
+    ];
+    check("conv_transpose3d bf16", &inputs, &dev, 3e-2, |t| {
+        conv_transpose3d(t[0], t[1], [2, 2, 2])
     });
 }
 
@@ -280,5 +308,45 @@ fn unet_loss_and_gradients_match_cpu() {
             panic!("{name}: gradient missing on one device");
         };
         assert_close(dg, dc, 1e-3, &format!("U-Net gradient {name}"));
+    }
+}
+
+#[test]
+fn unet_bf16_step_stays_close_to_f32() {
+    let (_g, dev) = gpu(true);
+    let config = UNetConfig {
+        in_channels: 1,
+        num_classes: 2,
+        base_channels: 16,
+        max_channels: 64,
+        strides: vec![[1, 2, 2], [2, 2, 2], [2, 2, 2]],
+        norm: Norm::Instance,
+        upsampling: Upsampling::Transpose,
+        deep_supervision: false,
+    };
+    let mut net = UNet::new(config, 12, &dev).unwrap();
+    let x = random(&mut Rng::new(13), &[2, 1, 16, 64, 64], 1.0, 0.0)
+        .to_device(&dev)
+        .unwrap();
+    let loss = |net: &UNet| -> (f32, Tensor) {
+        let y = net.forward(&x).unwrap();
+        assert_eq!(y.dtype(), DType::F32);
+        let l = y.sqr().unwrap().mean_all().unwrap();
+        (l.to_scalar::<f32>().unwrap(), l)
+    };
+    let (l32, t32) = loss(&net);
+    net.set_precision(Precision::Bf16);
+    let (l16, t16) = loss(&net);
+    println!("U-Net loss f32 {l32} bf16 {l16}");
+    assert!(
+        (l16 - l32).abs() <= 0.02 * l32.abs(),
+        "f32 {l32} bf16 {l16}"
+    );
+    let (g32, g16) = (t32.backward().unwrap(), t16.backward().unwrap());
+    for (name, p) in net.params() {
+        if let (Some(a), Some(b)) = (g32.get(p.as_tensor()), g16.get(p.as_tensor())) {
+            assert_eq!(b.dtype(), DType::F32, "{name}: master gradient must be f32");
+            assert!(a.dims() == b.dims(), "{name}");
+        }
     }
 }

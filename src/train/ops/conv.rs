@@ -228,18 +228,22 @@ pub fn grad_weight_cpu(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Vec<f32> {
     dw
 }
 
-/// The contiguous f32 device data of one argument, with its shape checked.
+/// One cuDNN convolution pass on two device arguments with the shapes `e1`, `e2`.
 #[cfg(feature = "cuda")]
-fn cuda_data<'a>(
-    storage: &'a candle_core::CudaStorage,
-    layout: &Layout,
-    expect: &[usize],
-    what: &str,
-) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
-    if layout.dims() != expect {
-        bail!("{what}: shape {:?}, expected {expect:?}", layout.dims());
+fn cuda_conv(
+    pass: super::cuda::conv::Pass,
+    g: &ConvGeom,
+    (s1, l1, e1): (&candle_core::CudaStorage, &Layout, [usize; 5]),
+    (s2, l2, e2): (&candle_core::CudaStorage, &Layout, [usize; 5]),
+    out_dims: [usize; 5],
+) -> Result<(candle_core::CudaStorage, Shape)> {
+    for (l, e) in [(l1, e1), (l2, e2)] {
+        if l.dims() != e {
+            bail!("{pass:?}: shape {:?}, expected {e:?}", l.dims());
+        }
     }
-    super::cuda::f32_view(storage, layout, what)
+    let out = super::cuda::conv::run(pass, g, (s1, l1), (s2, l2))?;
+    Ok((out, Shape::from(out_dims.to_vec())))
 }
 
 /// `conv3d(x, w)`, arguments (x, w).
@@ -279,13 +283,14 @@ impl CustomOp2 for Conv3dForward {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let g = &self.0;
-        let a = cuda_data(s1, l1, &g.x_dims(), "conv3d x")?;
-        let b = cuda_data(s2, l2, &g.w_dims(), "conv3d w")?;
-        let out = super::cuda::conv::forward(&s1.device, g, &a, &b)?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, s1.device.clone()),
-            Shape::from(g.y_dims().to_vec()),
-        ))
+        use super::cuda::conv::Pass;
+        cuda_conv(
+            Pass::Forward,
+            g,
+            (s1, l1, g.x_dims()),
+            (s2, l2, g.w_dims()),
+            g.y_dims(),
+        )
     }
 
     fn bwd(
@@ -341,13 +346,14 @@ impl CustomOp2 for Conv3dGradInput {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let g = &self.0;
-        let a = cuda_data(s1, l1, &g.y_dims(), "conv3d grad-input dy")?;
-        let b = cuda_data(s2, l2, &g.w_dims(), "conv3d grad-input w")?;
-        let out = super::cuda::conv::grad_input(&s1.device, g, &a, &b)?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, s1.device.clone()),
-            Shape::from(g.x_dims().to_vec()),
-        ))
+        use super::cuda::conv::Pass;
+        cuda_conv(
+            Pass::GradInput,
+            g,
+            (s1, l1, g.y_dims()),
+            (s2, l2, g.w_dims()),
+            g.x_dims(),
+        )
     }
 
     fn bwd(
@@ -394,13 +400,14 @@ impl CustomOp2 for Conv3dGradWeight {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let g = &self.0;
-        let a = cuda_data(s1, l1, &g.x_dims(), "conv3d grad-weight x")?;
-        let b = cuda_data(s2, l2, &g.y_dims(), "conv3d grad-weight dy")?;
-        let out = super::cuda::conv::grad_weight(&s1.device, g, &a, &b)?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, s1.device.clone()),
-            Shape::from(g.w_dims().to_vec()),
-        ))
+        use super::cuda::conv::Pass;
+        cuda_conv(
+            Pass::GradWeight,
+            g,
+            (s1, l1, g.x_dims()),
+            (s2, l2, g.y_dims()),
+            g.w_dims(),
+        )
     }
 
     fn bwd(

@@ -13,7 +13,25 @@ pub mod conv;
 pub mod launch;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView};
+use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaStorage, Layout, Result};
+
+/// The contiguous data of one argument, of element type `T`.
+pub(crate) fn view<'a, T: CudaDType>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    use candle_core::backend::BackendStorage;
+    let slice: &CudaSlice<T> = match s.as_cuda_slice::<T>() {
+        Ok(slice) => slice,
+        Err(_) => bail!("{what}: unsupported element type {:?} on CUDA", s.dtype()),
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(slice.slice(a..b)),
+        None => bail!("{what}: argument must be contiguous"),
+    }
+}
 
 /// The contiguous f32 data of one argument.
 pub(crate) fn f32_view<'a>(
@@ -21,12 +39,5 @@ pub(crate) fn f32_view<'a>(
     l: &Layout,
     what: &str,
 ) -> Result<CudaView<'a, f32>> {
-    let slice: &CudaSlice<f32> = match s.as_cuda_slice::<f32>() {
-        Ok(slice) => slice,
-        Err(_) => bail!("{what}: only f32 tensors are supported on CUDA"),
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(slice.slice(a..b)),
-        None => bail!("{what}: argument must be contiguous"),
-    }
+    view::<f32>(s, l, what)
 }
