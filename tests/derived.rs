@@ -161,6 +161,7 @@ fn train_options(cache: &Path, run_dir: &Path, config: TrainConfig) -> RunOption
         progress: false,
         config,
         halt_after: None,
+        benchmark: false,
     }
 }
 

@@ -59,6 +59,7 @@ fn options(run_dir: &Path, config: TrainConfig) -> RunOptions {
         progress: false,
         config,
         halt_after: None,
+        benchmark: false,
     }
 }
 
@@ -625,4 +626,43 @@ fn labels_that_skip_values_train_as_consecutive_classes_and_the_ignore_label_is_
         Some(2),
         "{val}"
     );
+}
+
+#[test]
+fn benchmark_times_steps_and_keeps_no_run_folder() {
+    let t = tempfile::tempdir().unwrap();
+    let run_dir = t.path().join("run");
+    let out = train_cmd(&run_dir, &["--benchmark", "3"]).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    for line in ["step time", "patches/s", "data wait", "peak memory", "a run of"] {
+        assert!(stdout.contains(line), "{line} missing:\n{stdout}");
+    }
+    assert!(!run_dir.exists(), "--benchmark must not create the run folder");
+
+    // The library report: 3 measured steps of 2 patches, plausible rates.
+    let mut opts = options(&run_dir, tiny());
+    opts.progress = false;
+    let r = voxcache::train::benchmark::benchmark(&opts, 3, &AtomicBool::new(false)).unwrap();
+    assert_eq!(r.steps, 3);
+    assert!(r.step_s > 0.0 && r.max_step_s >= r.step_s, "{r:?}");
+    assert!(r.patches_per_s > 0.0 && (0.0..=1.0).contains(&r.data_wait_frac), "{r:?}");
+    assert_eq!(r.gpu_peak_mb, None);
+    assert!(!run_dir.exists());
+
+    // bf16 is for a GPU: refused on the CPU with the reason.
+    let e = train_error(&[
+        "--cache-dir",
+        cache().to_str().unwrap(),
+        "--out",
+        t.path().join("bf").to_str().unwrap(),
+        "--precision",
+        "bf16",
+    ]);
+    assert!(e.contains("bf16") && e.contains("GPU"), "{e}");
+    let e = train_error(&["--precision", "f16"]);
+    assert!(e.contains("loss scaling"), "{e}");
 }

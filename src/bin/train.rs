@@ -12,6 +12,7 @@ use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::run_dir::run_dir;
 use voxcache::config::{train, Exit, TrainFlags};
 use voxcache::sysinfo::human_bytes;
+use voxcache::train::benchmark::{benchmark, WARMUP_STEPS};
 use voxcache::train::trainer::{per_class, run, RunOptions};
 
 /// Train a 3D U-Net (candle) on patches memory-mapped from a cache built by `prep build-cache`.
@@ -43,12 +44,65 @@ struct Cli {
     /// No progress bar (logs still go to metrics.jsonl).
     #[arg(long)]
     no_progress: bool,
+    /// Time STEPS training steps (default 20, after 3 warm-up steps) of this configuration on
+    /// this cache and device, print step time, patches/s, data wait and peak memory, and
+    /// exit: no run folder is kept.
+    #[arg(long, value_name = "STEPS", num_args = 0..=1, default_missing_value = "20",
+          conflicts_with = "resume")]
+    benchmark: Option<u64>,
 }
 
 fn main() -> ExitCode {
     voxcache::train::device::default_cpu_threads();
     let cli = Cli::parse();
     voxcache::config::exit::finish(real_main(cli))
+}
+
+fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Exit> {
+    let c = &opts.config;
+    eprintln!(
+        "train --benchmark: {steps} steps after {WARMUP_STEPS} warm-up, batch {} x patch {:?} \
+         ({} precision), cache {}, device {}",
+        c.batch_size,
+        c.patch,
+        c.precision,
+        opts.cache_dir.display(),
+        opts.device
+    );
+    let r = benchmark(opts, steps, stop)?;
+    let per_step = c.batch_size * c.accumulate;
+    println!(
+        "step time       {:.3} s median, {:.3} s slowest (first step {:.2} s)",
+        r.step_s, r.max_step_s, r.first_step_s
+    );
+    println!(
+        "patches/s       {:.2} ({per_step} a step)",
+        r.patches_per_s
+    );
+    println!(
+        "data wait       {:.1}% of the step time{}",
+        100.0 * r.data_wait_frac,
+        if r.data_wait_frac > 0.05 {
+            ": the loader is the bottleneck (more --workers, or fewer augmentations)"
+        } else {
+            ""
+        }
+    );
+    let gpu = r
+        .gpu_peak_mb
+        .map_or(String::new(), |g| format!(", GPU {:.0} MiB (peak our tensors held)", g));
+    println!("peak memory     RSS {:.0} MiB{gpu}", r.peak_rss_mb);
+    let total = r.forecast_s(c.steps);
+    let total = match total {
+        t if t < 120.0 => format!("{t:.0} s"),
+        t if t < 7200.0 => format!("{:.0} min", t / 60.0),
+        t => format!("{:.1} h", t / 3600.0),
+    };
+    println!(
+        "a run of {} steps: about {total} of training steps (validation not included)",
+        c.steps
+    );
+    Ok(Exit::Success)
 }
 
 fn real_main(cli: Cli) -> Result<Exit> {
@@ -91,7 +145,11 @@ fn real_main(cli: Cli) -> Result<Exit> {
         progress: !cli.no_progress,
         config,
         halt_after: None,
+        benchmark: false,
     };
+    if let Some(steps) = cli.benchmark {
+        return benchmark_main(&opts, steps.max(1), &stop);
+    }
     eprintln!(
         "train: cache {}, run folder {}, device {}",
         opts.cache_dir.display(),

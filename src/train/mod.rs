@@ -24,6 +24,7 @@
 //! - [`trainer`]: the loop that ties them together.
 
 pub mod augment;
+pub mod benchmark;
 pub mod checkpoint;
 pub mod classes;
 pub mod config;

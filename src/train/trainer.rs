@@ -49,6 +49,8 @@ pub struct RunOptions {
     pub config: TrainConfig,
     /// Testing aid: return right after this step, writing nothing more (as if killed).
     pub halt_after: Option<u64>,
+    /// Timing only (`train --benchmark`): no validation, checkpoints or plots.
+    pub benchmark: bool,
 }
 
 /// What a run did.
@@ -671,7 +673,8 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             window = Window::default();
         }
 
-        let due_val = !data.val.is_empty()
+        let due_val = !opts.benchmark
+            && !data.val.is_empty()
             && (last || (cfg.val_every > 0 && step.is_multiple_of(cfg.val_every)));
         let mut improved = false;
         if due_val {
@@ -727,10 +730,11 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
             break;
         }
         interrupted = stop.load(Ordering::SeqCst);
-        let due_ckpt = last
-            || interrupted
-            || improved
-            || (cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every));
+        let due_ckpt = !opts.benchmark
+            && (last
+                || interrupted
+                || improved
+                || (cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every)));
         if due_ckpt {
             let named: Vec<(String, Tensor)> = params
                 .iter()
@@ -753,7 +757,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
                 checkpointer.mark_best(&saved)?;
             }
         }
-        if due_val || last || interrupted {
+        if !opts.benchmark && (due_val || last || interrupted) {
             write_plot(&metrics_path, &opts.run_dir.join("curves.png"));
         }
         if interrupted {
