@@ -2,7 +2,8 @@
 //! same network and loss as scripts/torch_unet_step.py. Prints one JSON line.
 //!
 //! `cargo run --release --example bench_train_step -- [z,y,x] [batch] [base] [stages] [steps]
-//!  [device] [max_channels]` (device cpu, cuda or cuda:N; on a GPU the step is timed after the
+//!  [device] [max_channels] [precision]` (device cpu, cuda or cuda:N; precision f32 or bf16; on
+//! a GPU the step is timed after the
 //! device has finished it, and the peak GPU memory our tensors held is reported).
 
 use std::time::Instant;
@@ -30,12 +31,14 @@ fn main() -> voxcache::Result<()> {
     let steps: usize = arg(4, "10").parse().expect("steps");
     let dev = voxcache::train::device::select(&arg(5, "cpu"))?;
     let max_channels: usize = arg(6, "128").parse().expect("max_channels");
+    let precision: voxcache::train::model::Precision = arg(7, "f32").parse()?;
     let cfg = TrainConfig {
         patch,
         batch_size: batch,
         base_channels: base,
         stages,
         max_channels,
+        precision,
         ..TrainConfig::default()
     };
     let model = build_model(&cfg, 1, 2, &dev)?;
@@ -91,7 +94,11 @@ fn main() -> voxcache::Result<()> {
         v[v.len() / 2]
     };
     println!(
-        "{{\"impl\": \"voxcache\", \"device\": \"{}\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}, \"peak_gpu_mib\": {:.0}}}",
+        "{{\"impl\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}, \"peak_gpu_mib\": {:.0}}}",
+        match precision {
+            voxcache::train::model::Precision::F32 => "voxcache".to_string(),
+            p => format!("voxcache {p}"),
+        },
         voxcache::train::device::describe(&dev),
         rayon::current_num_threads(),
         patch,

@@ -12,7 +12,8 @@
 # - for the comparison rows, a python with torch (PYTHON, default python3).
 #
 # Then the whole pipeline once on the GPU (bundled data: cache, 60 training steps, predict,
-# evaluate), then the benchmark.
+# evaluate), `train --benchmark` with the MiniVess pipeline's settings in f32 and bf16 (data
+# wait, GPU memory), then the step-time table against PyTorch.
 #
 # Environment: STEPS (timed steps a run, default 20), ROUNDS (alternating rounds, default 3),
 # ONLY_TESTS=1 to skip the benchmark. Writes $OUT_DIR/gpu_bench.jsonl (OUT_DIR default
@@ -59,6 +60,12 @@ rm -rf "$e2e"
 "$dist/predict" --model "$e2e/run" data/vessels/imagesTr --out "$e2e/pred" --device cuda --quiet
 "$dist/evaluate" "$e2e/pred" data/vessels | tail -3
 tail -2 "$e2e/run/metrics.jsonl"
+
+echo "== train --benchmark: the MiniVess pipeline's training settings on the bundled cache"
+for p in f32 bf16; do
+  "$dist/train" --cache-dir "$e2e/cache" --pipeline minivess --device cuda --precision "$p" \
+    --benchmark 20 --no-progress 2>&1 | tee "$out/benchmark_$p.txt"
+done
 [[ ${ONLY_TESTS:-0} == 1 ]] && exit 0
 
 STEPS=${STEPS:-20}
@@ -75,8 +82,10 @@ for r in $(seq "$ROUNDS"); do
   for c in "${configs[@]}"; do
     read -r name patch batch base stages maxch <<<"$c"
     tag() { "$py" -c 'import json,sys; d=json.loads(sys.argv[1]); d["config"]=sys.argv[2]; d["round"]=int(sys.argv[3]); print(json.dumps(d))' "$1" "$name" "$r"; }
-    line=$("$dist/bench_train_step" "$patch" "$batch" "$base" "$stages" "$STEPS" cuda "$maxch")
-    tag "$line" | tee -a "$results"
+    for prec in f32 bf16; do
+      line=$("$dist/bench_train_step" "$patch" "$batch" "$base" "$stages" "$STEPS" cuda "$maxch" "$prec")
+      tag "$line" | tee -a "$results"
+    done
     for amp in "" bf16 f16; do
       line=$("$py" scripts/torch_unet_step.py --device cuda --patch "$patch" --batch "$batch" \
         --base "$base" --max-ch "$maxch" --stages "$stages" --steps "$STEPS" ${amp:+--amp $amp})
@@ -96,4 +105,13 @@ for cfg, impl in keys:
     step = statistics.median(r["median_step_s"] for r in rs)
     mem = max(r.get("peak_gpu_mib", 0) for r in rs)
     print(f"{cfg:20} {impl:22} {step:8.4f} {mem:9.0f}")
+print("\nratio to PyTorch AMP bf16 (target: within 1.5x)")
+for cfg in sorted({r["config"] for r in rows}):
+    med = {impl: statistics.median(r["median_step_s"] for r in rows
+                                   if r["config"] == cfg and r["impl"] == impl)
+           for impl in {r["impl"] for r in rows if r["config"] == cfg}}
+    ref = med.get("pytorch amp bf16")
+    for impl in ("voxcache", "voxcache bf16"):
+        if ref and impl in med:
+            print(f"{cfg:20} {impl:22} {med[impl] / ref:8.2f}x")
 PY
