@@ -8,7 +8,8 @@
 #   built on any x86-64 Linux machine;
 # - the NVIDIA driver (CUDA 13.0 or newer: driver 580+) and the CUDA 13 libraries cuBLAS,
 #   cuRAND, cuDNN 9 and the runtime: taken from a Python environment's nvidia-* packages
-#   (PyTorch's own, `pip install torch`), or from LD_LIBRARY_PATH;
+#   (PyTorch's own, `pip install torch`; newer PyTorch needs `pip install nvidia-curand` beside
+#   it), or from LD_LIBRARY_PATH;
 # - for the comparison rows, a python with torch (PYTHON, default python3).
 #
 # Then the whole pipeline once on the GPU (bundled data: cache, 60 training steps, predict,
@@ -44,7 +45,9 @@ export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "== GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 if ldd "$dist/train" | grep "not found"; then
-  echo "libraries above are missing: install torch (its nvidia-* wheels) or set LD_LIBRARY_PATH" >&2
+  echo "the libraries above are missing: pip install the wheels that hold them (libcurand:" \
+    "nvidia-curand, libcudnn: nvidia-cudnn-cu13, libcublas: nvidia-cublas, libcudart:" \
+    "nvidia-cuda-runtime; recent PyTorch no longer brings nvidia-curand) or set LD_LIBRARY_PATH" >&2
   exit 1
 fi
 
