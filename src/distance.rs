@@ -105,9 +105,11 @@ pub fn signed_distance(inside: &[bool], shape: [usize; 3], spacing_zyx: [f64; 3]
     if !(any_in && any_out) {
         return vec![0.0; inside.len()];
     }
-    let to_inside = distance_to(inside, shape, spacing_zyx);
     let outside: Vec<bool> = inside.iter().map(|&b| !b).collect();
-    let to_outside = distance_to(&outside, shape, spacing_zyx);
+    let (to_inside, to_outside) = rayon::join(
+        || distance_to(inside, shape, spacing_zyx),
+        || distance_to(&outside, shape, spacing_zyx),
+    );
     inside
         .iter()
         .zip(to_inside.iter().zip(&to_outside))

@@ -8,6 +8,7 @@
 //! ignore label ([`IGNORE`] after class mapping) count in neither term (nnU-Net's semantics).
 
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 
 use super::classes::IGNORE;
 use crate::error::{Error, Result};
@@ -273,15 +274,24 @@ pub fn predicted_distance_squared(logits: &Tensor, spacing_zyx: &[[f64; 3]]) -> 
     let spatial = [logits.dim(2)?, logits.dim(3)?, logits.dim(4)?];
     let v: usize = spatial.iter().product();
     let arg: Vec<u32> = logits.argmax(1)?.flatten_all()?.to_vec1::<u32>()?;
-    let mut out = Vec::with_capacity(n * (c - 1) * v);
-    for b in 0..n {
-        let a = &arg[b * v..(b + 1) * v];
-        for k in 1..c {
+    if spacing_zyx.len() < n {
+        return Err(Error::Train(format!(
+            "surface: {} spacings for {n} patches",
+            spacing_zyx.len()
+        )));
+    }
+    // One task per (patch, class), each written to its own slice: same result on any thread
+    // count, and the trainer's threads are idle here anyway.
+    let mut out = vec![0f32; n * (c - 1) * v];
+    out.par_chunks_mut(v.max(1))
+        .enumerate()
+        .for_each(|(task, dst)| {
+            let (b, k) = (task / (c - 1), task % (c - 1) + 1);
+            let a = &arg[b * v..(b + 1) * v];
             let inside: Vec<bool> = a.iter().map(|&x| x as usize == k).collect();
             let d = crate::distance::signed_distance(&inside, spatial, spacing_zyx[b]);
-            out.extend(d.iter().map(|x| x * x));
-        }
-    }
+            dst.iter_mut().zip(&d).for_each(|(o, x)| *o = x * x);
+        });
     Ok(out)
 }
 
@@ -296,14 +306,22 @@ pub fn surface(
     distance: &Tensor,
     predicted_sq: &Tensor,
 ) -> Result<Tensor> {
+    let weight = (distance.sqr()? + predicted_sq)?;
+    if let Some(loss) = super::surface_fused::surface_fused(logits, target, &weight)? {
+        return Ok(loss);
+    }
+    surface_composed(logits, target, &weight)
+}
+
+/// The surface loss from candle's ops (any device), given `weight = d_g^2 + d_p^2`.
+pub fn surface_composed(logits: &Tensor, target: &Tensor, weight: &Tensor) -> Result<Tensor> {
     let c = logits.dim(1)?;
     let p = candle_nn::ops::log_softmax(logits, 1)?
         .exp()?
         .narrow(1, 1, c - 1)?;
     let g = target.narrow(1, 1, c - 1)?;
     let err = (p - g)?.sqr()?;
-    let weight = (distance.sqr()? + predicted_sq)?;
-    Ok(err.mul(&weight)?.mean_all()?)
+    Ok(err.mul(weight)?.mean_all()?)
 }
 
 #[cfg(test)]
@@ -672,6 +690,34 @@ mod tests {
         let full = (n, c, s[0], s[1], s[2]);
         check_gradient(&|x| boundary(x, &d), &base, full)?;
         check_gradient(&|x| surface(x, &target, &d, &ps), &base, full)
+    }
+
+    /// The fused op against the composed form on larger random data: loss and gradients.
+    #[test]
+    fn fused_surface_equals_the_composed_form() -> Result<()> {
+        let dev = Device::Cpu;
+        let (n, c, s) = (2, 3, [5, 40, 41]);
+        let vox: usize = s.iter().product();
+        let mut rng = super::super::rng::Rng::new(21);
+        let labels: Vec<u16> = (0..n * vox).map(|_| (rng.uniform() * 3.0) as u16 % 3).collect();
+        let target = one_hot(&labels, n, c, s, &dev)?;
+        let z: Vec<f32> = (0..n * c * vox).map(|_| 2.0 * rng.normal() as f32).collect();
+        let w: Vec<f32> = (0..n * (c - 1) * vox)
+            .map(|_| (rng.uniform() * 30.0) as f32)
+            .collect();
+        let w = Tensor::from_vec(w, (n, c - 1, s[0], s[1], s[2]), &dev)?;
+        let x = candle_core::Var::from_vec(z, (n, c, s[0], s[1], s[2]), &dev)?;
+        let fused = super::super::surface_fused::surface_fused(x.as_tensor(), &target, &w)?
+            .expect("cpu f32");
+        let composed = surface_composed(x.as_tensor(), &target, &w)?;
+        let (a, b) = (fused.to_scalar::<f32>()?, composed.to_scalar::<f32>()?);
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        let ga = fused.backward()?.get(x.as_tensor()).unwrap().clone();
+        let gb = composed.backward()?.get(x.as_tensor()).unwrap().clone();
+        let scale = gb.abs()?.max_all()?.to_scalar::<f32>()?;
+        let diff = (ga - gb)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff <= 1e-4 * scale, "gradient differs by {diff} (scale {scale})");
+        Ok(())
     }
 
     #[test]
