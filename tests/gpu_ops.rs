@@ -7,9 +7,9 @@
 //!
 //! Tolerances (|gpu - cpu| <= tol * max(|cpu|, rms(cpu)) per element): convolutions 1e-4 in
 //! full f32 (cuDNN with FMA math) and 2e-2 with TF32 tensor cores (the default, as PyTorch's);
-//! norm, pooling and bias 1e-4; the whole U-Net's loss and gradients 1e-3; bf16 against the
-//! CPU's widened op (f32 arithmetic on the bf16 values) 3e-2, and the bf16 U-Net's loss
-//! within 2% of its f32 loss.
+//! norm, pooling and bias 1e-4; the whole U-Net's loss and gradients 1e-3; bf16 ops against
+//! the CPU's widened op (f32 arithmetic on the same bf16 values, rounded to bf16) 3e-2 (max
+//! pooling exactly), and the bf16 U-Net's loss within 2% of its f32 loss.
 #![cfg(feature = "cuda")]
 
 use std::sync::{Mutex, MutexGuard};
@@ -179,6 +179,48 @@ fn bf16_convolutions_match_the_widened_cpu_op() {
     ];
     check("conv_transpose3d bf16", &inputs, &dev, 3e-2, |t| {
         conv_transpose3d(t[0], t[1], [2, 2, 2])
+    });
+}
+
+/// Our bf16 kernels (norm, pooling, bias: bf16 storage, f32 arithmetic) against the CPU's
+/// widened op on the same bf16 values.
+#[test]
+fn bf16_kernels_match_the_widened_cpu_op() {
+    let (_g, dev) = gpu(false);
+    let mut rng = Rng::new(14);
+    let bf = |t: Tensor| t.to_dtype(DType::BF16).unwrap();
+    for groups in [8, 2] {
+        let inputs = [
+            bf(random(&mut rng, &[2, 8, 6, 17, 16], 2.0, 0.5)),
+            bf(random(&mut rng, &[8], 0.5, 1.0)),
+            bf(random(&mut rng, &[8], 0.5, 0.0)),
+        ];
+        check(
+            &format!("group_norm bf16 groups {groups}"),
+            &inputs,
+            &dev,
+            3e-2,
+            |t| group_norm_leaky_relu(t[0], t[1], t[2], groups, 1e-5, 0.01),
+        );
+    }
+    let x = bf(random(&mut rng, &[2, 3, 8, 10, 12], 1.0, 0.0));
+    check(
+        "max_pool3d bf16",
+        std::slice::from_ref(&x),
+        &dev,
+        0.0,
+        |t| max_pool3d(t[0], [2, 2, 2]),
+    );
+    let relu = x.relu().unwrap();
+    check("max_pool3d bf16 ties", &[relu], &dev, 0.0, |t| {
+        max_pool3d(t[0], [1, 2, 2])
+    });
+    let inputs = [
+        bf(random(&mut rng, &[2, 5, 16, 32, 33], 1.0, 0.0)),
+        bf(random(&mut rng, &[5], 1.0, 0.0)),
+    ];
+    check("add_channel_bias bf16", &inputs, &dev, 3e-2, |t| {
+        add_channel_bias(t[0], t[1])
     });
 }
 

@@ -638,10 +638,19 @@ fn benchmark_times_steps_and_keeps_no_run_folder() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stderr}");
-    for line in ["step time", "patches/s", "data wait", "peak memory", "a run of"] {
+    for line in [
+        "step time",
+        "patches/s",
+        "data wait",
+        "peak memory",
+        "a run of",
+    ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
     }
-    assert!(!run_dir.exists(), "--benchmark must not create the run folder");
+    assert!(
+        !run_dir.exists(),
+        "--benchmark must not create the run folder"
+    );
 
     // The library report: 3 measured steps of 2 patches, plausible rates.
     let mut opts = options(&run_dir, tiny());
@@ -649,7 +658,10 @@ fn benchmark_times_steps_and_keeps_no_run_folder() {
     let r = voxcache::train::benchmark::benchmark(&opts, 3, &AtomicBool::new(false)).unwrap();
     assert_eq!(r.steps, 3);
     assert!(r.step_s > 0.0 && r.max_step_s >= r.step_s, "{r:?}");
-    assert!(r.patches_per_s > 0.0 && (0.0..=1.0).contains(&r.data_wait_frac), "{r:?}");
+    assert!(
+        r.patches_per_s > 0.0 && (0.0..=1.0).contains(&r.data_wait_frac),
+        "{r:?}"
+    );
     assert_eq!(r.gpu_peak_mb, None);
     assert!(!run_dir.exists());
 

@@ -75,10 +75,7 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
         "step time       {:.3} s median, {:.3} s slowest (first step {:.2} s)",
         r.step_s, r.max_step_s, r.first_step_s
     );
-    println!(
-        "patches/s       {:.2} ({per_step} a step)",
-        r.patches_per_s
-    );
+    println!("patches/s       {:.2} ({per_step} a step)", r.patches_per_s);
     println!(
         "data wait       {:.1}% of the step time{}",
         100.0 * r.data_wait_frac,
@@ -88,9 +85,9 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
             ""
         }
     );
-    let gpu = r
-        .gpu_peak_mb
-        .map_or(String::new(), |g| format!(", GPU {:.0} MiB (peak our tensors held)", g));
+    let gpu = r.gpu_peak_mb.map_or(String::new(), |g| {
+        format!(", GPU {:.0} MiB (peak our tensors held)", g)
+    });
     println!("peak memory     RSS {:.0} MiB{gpu}", r.peak_rss_mb);
     let total = r.forecast_s(c.steps);
     let total = match total {

@@ -699,9 +699,13 @@ mod tests {
         let (n, c, s) = (2, 3, [5, 40, 41]);
         let vox: usize = s.iter().product();
         let mut rng = super::super::rng::Rng::new(21);
-        let labels: Vec<u16> = (0..n * vox).map(|_| (rng.uniform() * 3.0) as u16 % 3).collect();
+        let labels: Vec<u16> = (0..n * vox)
+            .map(|_| (rng.uniform() * 3.0) as u16 % 3)
+            .collect();
         let target = one_hot(&labels, n, c, s, &dev)?;
-        let z: Vec<f32> = (0..n * c * vox).map(|_| 2.0 * rng.normal() as f32).collect();
+        let z: Vec<f32> = (0..n * c * vox)
+            .map(|_| 2.0 * rng.normal() as f32)
+            .collect();
         let w: Vec<f32> = (0..n * (c - 1) * vox)
             .map(|_| (rng.uniform() * 30.0) as f32)
             .collect();
@@ -716,7 +720,10 @@ mod tests {
         let gb = composed.backward()?.get(x.as_tensor()).unwrap().clone();
         let scale = gb.abs()?.max_all()?.to_scalar::<f32>()?;
         let diff = (ga - gb)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(diff <= 1e-4 * scale, "gradient differs by {diff} (scale {scale})");
+        assert!(
+            diff <= 1e-4 * scale,
+            "gradient differs by {diff} (scale {scale})"
+        );
         Ok(())
     }
 

@@ -43,7 +43,7 @@ pub mod rng;
 pub mod sampler;
 pub mod skeleton_target;
 pub mod spatial;
-pub mod surface_fused;
 pub mod split;
+pub mod surface_fused;
 pub mod trainer;
 pub mod validate;

@@ -48,7 +48,11 @@ fn softmax_at(z: &[f32], b: usize, c: usize, v: usize, i: usize, p: &mut [f64]) 
 /// Blocks of (sample, voxel range), in order.
 fn blocks(n: usize, v: usize) -> Vec<(usize, usize, usize)> {
     (0..n)
-        .flat_map(|b| (0..v).step_by(BLOCK).map(move |s| (b, s, (s + BLOCK).min(v))))
+        .flat_map(|b| {
+            (0..v)
+                .step_by(BLOCK)
+                .map(move |s| (b, s, (s + BLOCK).min(v)))
+        })
         .collect()
 }
 

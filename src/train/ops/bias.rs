@@ -18,10 +18,10 @@ pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
             bias.dims()
         );
     }
-    if super::widened_bf16(&[x, bias]) {
+    if !super::native(&[x, bias]) && super::widened_bf16(&[x, bias]) {
         return super::in_f32(&[x, bias], |t| add_channel_bias(&t[0], &t[1]));
     }
-    if super::fast_path(&[x, bias]) {
+    if super::native(&[x, bias]) {
         x.contiguous()?
             .apply_op2(&bias.contiguous()?, AddChannelBias)
     } else {
@@ -74,14 +74,15 @@ impl CustomOp2 for AddChannelBias {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let x = super::cuda::f32_view(s1, l1, self.name())?;
-        let b = super::cuda::f32_view(s2, l2, self.name())?;
+        use super::cuda::{launch, view, with_element};
+        use candle_core::backend::BackendStorage;
         let (_, c, v) = rows(l1.dims());
-        let y = super::cuda::launch::add_channel_bias(&s1.device, &x, &b, c, v)?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(y, s1.device.clone()),
-            l1.shape().clone(),
-        ))
+        let y = with_element!(s1.dtype(), self.name(), T => {
+            let (x, b) = (view::<T>(s1, l1, self.name())?, view::<T>(s2, l2, self.name())?);
+            let y = launch::add_channel_bias(&s1.device, &x, &b, c, v)?;
+            candle_core::CudaStorage::wrap_cuda_slice(y, s1.device.clone())
+        });
+        Ok((y, l1.shape().clone()))
     }
 
     fn bwd(
@@ -120,13 +121,15 @@ impl CustomOp1 for ChannelSum {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let g = super::cuda::f32_view(s, l, self.name())?;
+        use super::cuda::{launch, view, with_element};
+        use candle_core::backend::BackendStorage;
         let (n, c, v) = rows(l.dims());
-        let out = super::cuda::launch::channel_sum(&s.device, &g, n, c, v)?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, s.device.clone()),
-            Shape::from(c),
-        ))
+        let out = with_element!(s.dtype(), self.name(), T => {
+            let g = view::<T>(s, l, self.name())?;
+            let out = launch::channel_sum(&s.device, &g, n, c, v)?;
+            candle_core::CudaStorage::wrap_cuda_slice(out, s.device.clone())
+        });
+        Ok((out, Shape::from(c)))
     }
 }
 

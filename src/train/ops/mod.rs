@@ -54,9 +54,9 @@ pub(crate) fn widened_bf16(ts: &[&Tensor]) -> bool {
         .all(|t| t.dtype() == DType::BF16 && custom_device(t.device()))
 }
 
-/// Whether the convolution custom ops take these tensors as they are: f32 wherever the custom
-/// ops exist, and bf16 on CUDA too (cuDNN, with f32 accumulation).
-fn conv_native(ts: &[&Tensor]) -> bool {
+/// Whether the custom ops take these tensors as they are: f32 wherever the custom ops exist,
+/// and bf16 on CUDA too (cuDNN and our kernels store bf16 and compute in f32).
+pub(crate) fn native(ts: &[&Tensor]) -> bool {
     let cuda_bf16 = |t: &&Tensor| t.dtype() == DType::BF16 && t.device().is_cuda();
     fast_path(ts) || (cfg!(feature = "cuda") && ts.iter().all(cuda_bf16))
 }
@@ -74,10 +74,10 @@ pub(crate) fn in_f32(
 
 /// x: (N, Cin, D, H, W), w: (Cout, Cin, kd, kh, kw); zero padding and stride per axis (d, h, w).
 pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -> Result<Tensor> {
-    if !conv_native(&[x, w]) && widened_bf16(&[x, w]) {
+    if !native(&[x, w]) && widened_bf16(&[x, w]) {
         return in_f32(&[x, w], |t| conv3d(&t[0], &t[1], padding, stride));
     }
-    if !conv_native(&[x, w]) {
+    if !native(&[x, w]) {
         return conv3d_generic(x, w, padding, stride);
     }
     let geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
@@ -88,10 +88,10 @@ pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -
 /// Transposed conv with kernel == stride (nnU-Net's up path): x (N, Cin, D, H, W),
 /// w (Cin, Cout, sd, sh, sw) -> (N, Cout, D*sd, H*sh, W*sw).
 pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Tensor> {
-    if !conv_native(&[x, w]) && widened_bf16(&[x, w]) {
+    if !native(&[x, w]) && widened_bf16(&[x, w]) {
         return in_f32(&[x, w], |t| conv_transpose3d(&t[0], &t[1], stride));
     }
-    if !conv_native(&[x, w]) {
+    if !native(&[x, w]) {
         return conv_transpose3d_generic(x, w, stride);
     }
     let (n, cin, d, h, wd) = x.dims5()?;
@@ -107,10 +107,10 @@ pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Te
 
 /// Max pooling with kernel == stride (dims must divide; error otherwise).
 pub fn max_pool3d(x: &Tensor, k: [usize; 3]) -> Result<Tensor> {
-    if widened_bf16(&[x]) {
+    if !native(&[x]) && widened_bf16(&[x]) {
         return in_f32(&[x], |t| max_pool3d(&t[0], k));
     }
-    if !fast_path(&[x]) {
+    if !native(&[x]) {
         return max_pool3d_generic(x, k);
     }
     pool3d::pooled_dims(x.dims(), k, "max_pool3d")?;

@@ -187,20 +187,21 @@ impl CustomOp3 for GroupNormLeakyRelu {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use super::cuda::{f32_view, launch};
+        use super::cuda::{launch, view, with_element};
+        use candle_core::backend::BackendStorage;
         let what = "group_norm_leaky_relu";
         let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.groups)?;
-        let (x, w, b) = (
-            f32_view(s1, l1, what)?,
-            f32_view(s2, l2, what)?,
-            f32_view(s3, l3, what)?,
-        );
         let dev = &s1.device;
-        let y = launch::norm_forward(dev, &x, &w, &b, g.sizes(), self.eps, self.slope)?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(y, dev.clone()),
-            Shape::from(l1.dims()),
-        ))
+        let y = with_element!(s1.dtype(), what, T => {
+            let (x, w, b) = (
+                view::<T>(s1, l1, what)?,
+                view::<T>(s2, l2, what)?,
+                view::<T>(s3, l3, what)?,
+            );
+            let y = launch::norm_forward(dev, &x, &w, &b, g.sizes(), self.eps, self.slope)?;
+            candle_core::CudaStorage::wrap_cuda_slice(y, dev.clone())
+        });
+        Ok((y, Shape::from(l1.dims())))
     }
 
     fn bwd(
@@ -347,7 +348,8 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use super::cuda::{f32_view, launch};
+        use super::cuda::{launch, view, with_element};
+        use candle_core::backend::BackendStorage;
         let what = "group_norm_leaky_relu backward";
         let c = l1.dims().get(1).copied().unwrap_or(0);
         let g = NormGeom::new(l1.dims(), &[c], &[c], self.groups)?;
@@ -358,15 +360,16 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
                 l3.dims()
             );
         }
-        let (x, dy) = (f32_view(s1, l1, what)?, f32_view(s2, l2, what)?);
-        let params = f32_view(s3, l3, what)?;
-        let (w, b) = (params.slice(0..c), params.slice(c..2 * c));
         let dev = &s1.device;
-        let out = launch::norm_backward(dev, &x, &dy, &w, &b, g.sizes(), self.eps, self.slope)?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            Shape::from(vec![g.numel() + 2 * c]),
-        ))
+        let out = with_element!(s1.dtype(), what, T => {
+            let (x, dy) = (view::<T>(s1, l1, what)?, view::<T>(s2, l2, what)?);
+            let params = view::<T>(s3, l3, what)?;
+            let (w, b) = (params.slice(0..c), params.slice(c..2 * c));
+            let sizes = g.sizes();
+            let out = launch::norm_backward(dev, &x, &dy, &w, &b, sizes, self.eps, self.slope)?;
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+        });
+        Ok((out, Shape::from(vec![g.numel() + 2 * c])))
     }
 }
 
@@ -383,12 +386,12 @@ pub fn group_norm_leaky_relu(
     eps: f64,
     slope: f64,
 ) -> Result<Tensor> {
-    if super::widened_bf16(&[x, weight, bias]) {
+    if !super::native(&[x, weight, bias]) && super::widened_bf16(&[x, weight, bias]) {
         return super::in_f32(&[x, weight, bias], |t| {
             group_norm_leaky_relu(&t[0], &t[1], &t[2], groups, eps, slope)
         });
     }
-    if !super::fast_path(&[x, weight, bias]) {
+    if !super::native(&[x, weight, bias]) {
         return group_norm_leaky_relu_generic(x, weight, bias, groups, eps, slope);
     }
     NormGeom::new(x.dims(), weight.dims(), bias.dims(), groups)?;

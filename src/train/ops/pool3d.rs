@@ -104,19 +104,17 @@ impl CustomOp1 for MaxPool3d {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let ([n, c, d, h, w], [pd, ph, pw]) = pooled_dims(l.dims(), self.0, "max_pool3d")?;
-        let x = super::cuda::f32_view(s, l, "max_pool3d")?;
-        let y = super::cuda::launch::max_pool_forward(
-            &s.device,
-            &x,
-            [d, h, w],
-            self.0,
-            n * c * pd * ph * pw,
-        )?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(y, s.device.clone()),
-            Shape::from(vec![n, c, pd, ph, pw]),
-        ))
+        use super::cuda::{launch, view, with_element};
+        use candle_core::backend::BackendStorage;
+        let what = "max_pool3d";
+        let ([n, c, d, h, w], [pd, ph, pw]) = pooled_dims(l.dims(), self.0, what)?;
+        let y = with_element!(s.dtype(), what, T => {
+            let x = view::<T>(s, l, what)?;
+            let out = n * c * pd * ph * pw;
+            let y = launch::max_pool_forward(&s.device, &x, [d, h, w], self.0, out)?;
+            candle_core::CudaStorage::wrap_cuda_slice(y, s.device.clone())
+        });
+        Ok((y, Shape::from(vec![n, c, pd, ph, pw])))
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
@@ -172,19 +170,15 @@ impl CustomOp2 for MaxPool3dGrad {
                 l1.dims()
             );
         }
-        let x = super::cuda::f32_view(s1, l1, "max_pool3d grad")?;
-        let dy = super::cuda::f32_view(s2, l2, "max_pool3d grad")?;
-        let dx = super::cuda::launch::max_pool_backward(
-            &s1.device,
-            &x,
-            &dy,
-            [d, h, w],
-            self.0,
-            l1.shape().elem_count(),
-        )?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(dx, s1.device.clone()),
-            Shape::from(l1.dims()),
-        ))
+        use super::cuda::{launch, view, with_element};
+        use candle_core::backend::BackendStorage;
+        let what = "max_pool3d grad";
+        let dx = with_element!(s1.dtype(), what, T => {
+            let (x, dy) = (view::<T>(s1, l1, what)?, view::<T>(s2, l2, what)?);
+            let numel = l1.shape().elem_count();
+            let dx = launch::max_pool_backward(&s1.device, &x, &dy, [d, h, w], self.0, numel)?;
+            candle_core::CudaStorage::wrap_cuda_slice(dx, s1.device.clone())
+        });
+        Ok((dx, Shape::from(l1.dims())))
     }
 }

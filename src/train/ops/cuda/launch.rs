@@ -3,7 +3,8 @@
 //! stream, so the kernels of one op, and the ops of one step, run in order.
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    ValidAsZeroBits,
 };
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{bail, Result};
@@ -33,8 +34,8 @@ fn kernel(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
 /// Launches kernel `$name` on the device's stream over `$grid` blocks with the arguments in
 /// the kernel's declared order.
 macro_rules! launch {
-    ($dev:expr, $name:literal, $grid:expr, [$($arg:expr),* $(,)?]) => {{
-        let func = kernel($dev, $name)?;
+    ($dev:expr, $name:expr, $grid:expr, [$($arg:expr),* $(,)?]) => {{
+        let func = kernel($dev, &$name)?;
         let stream = $dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
         $( args.arg($arg); )*
@@ -48,6 +49,25 @@ fn run(mut args: LaunchArgs<'_>, grid: (u32, u32)) -> Result<()> {
     // callers below, and the buffers are sized from the same numbers the kernel indexes with.
     unsafe { args.launch(config(grid)) }.w()?;
     Ok(())
+}
+
+/// The element types our kernels are instantiated for (`NAME_f32`, `NAME_bf16`): storage
+/// only, arithmetic is f32.
+pub trait Element: DeviceRepr + ValidAsZeroBits + Copy {
+    const SUFFIX: &'static str;
+}
+
+impl Element for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+
+impl Element for half::bf16 {
+    const SUFFIX: &'static str = "bf16";
+}
+
+/// The instance of kernel `name` for element type `T`.
+fn typed<T: Element>(name: &str) -> String {
+    format!("{name}_{}", T::SUFFIX)
 }
 
 /// Sizes of one group norm application.
@@ -72,9 +92,9 @@ impl NormSizes {
 }
 
 /// (mean, rstd) per (sample, group) slab, as `2 * slabs` floats.
-fn slab_stats(
+fn slab_stats<T: Element>(
     dev: &CudaDevice,
-    x: &CudaView<'_, f32>,
+    x: &CudaView<'_, T>,
     s: NormSizes,
     eps: f64,
 ) -> Result<CudaSlice<f32>> {
@@ -84,14 +104,14 @@ fn slab_stats(
     let (len_i, parts_i, slabs_i) = (len as i64, parts as i32, slabs as i32);
     launch!(
         dev,
-        "slab_moments",
+        typed::<T>("slab_moments"),
         (parts, slabs as u32),
         [x, &len_i, &parts_i, &mut partials]
     )?;
     let mut stats = dev.alloc_zeros::<f32>(2 * slabs)?;
     launch!(
         dev,
-        "slab_stats",
+        typed::<T>("slab_stats"),
         (one_per_item_blocks(slabs), 1),
         [x, &partials, &parts_i, &len_i, &slabs_i, &eps, &mut stats]
     )?;
@@ -99,17 +119,17 @@ fn slab_stats(
 }
 
 /// `LeakyReLU(GroupNorm(x) * w + b)`, the CUDA twin of the CPU op in `norm.rs`.
-pub fn norm_forward(
+pub fn norm_forward<T: Element>(
     dev: &CudaDevice,
-    x: &CudaView<'_, f32>,
-    w: &CudaView<'_, f32>,
-    b: &CudaView<'_, f32>,
+    x: &CudaView<'_, T>,
+    w: &CudaView<'_, T>,
+    b: &CudaView<'_, T>,
     s: NormSizes,
     eps: f64,
     slope: f32,
-) -> Result<CudaSlice<f32>> {
+) -> Result<CudaSlice<T>> {
     let n = s.numel();
-    let mut y = dev.alloc_zeros::<f32>(n)?;
+    let mut y = dev.alloc_zeros::<T>(n)?;
     if n == 0 {
         return Ok(y);
     }
@@ -117,7 +137,7 @@ pub fn norm_forward(
     let (n_i, v_i, c_i, cg) = (n as i64, s.voxels as i64, s.channels as i32, s.cg());
     launch!(
         dev,
-        "norm_act_forward",
+        typed::<T>("norm_act_forward"),
         (grid_stride_blocks(n), 1),
         [x, &stats, w, b, &n_i, &v_i, &c_i, &cg, &slope, &mut y]
     )?;
@@ -126,18 +146,18 @@ pub fn norm_forward(
 
 /// The flat `[dx | dweight | dbias]` of the norm's backward, as the CPU op returns it.
 #[allow(clippy::too_many_arguments)]
-pub fn norm_backward(
+pub fn norm_backward<T: Element>(
     dev: &CudaDevice,
-    x: &CudaView<'_, f32>,
-    dy: &CudaView<'_, f32>,
-    w: &CudaView<'_, f32>,
-    b: &CudaView<'_, f32>,
+    x: &CudaView<'_, T>,
+    dy: &CudaView<'_, T>,
+    w: &CudaView<'_, T>,
+    b: &CudaView<'_, T>,
     s: NormSizes,
     eps: f64,
     slope: f32,
-) -> Result<CudaSlice<f32>> {
+) -> Result<CudaSlice<T>> {
     let (n, c) = (s.numel(), s.channels);
-    let mut out = dev.alloc_zeros::<f32>(n + 2 * c)?;
+    let mut out = dev.alloc_zeros::<T>(n + 2 * c)?;
     if n == 0 {
         return Ok(out);
     }
@@ -148,7 +168,7 @@ pub fn norm_backward(
     let (n_i, v_i, c_i, cg, parts_i) = (n as i64, s.voxels as i64, c as i32, s.cg(), parts as i32);
     launch!(
         dev,
-        "norm_act_grad_partials",
+        typed::<T>("norm_act_grad_partials"),
         (parts, rows as u32),
         [
             x,
@@ -168,7 +188,7 @@ pub fn norm_backward(
     let rows_i = rows as i32;
     launch!(
         dev,
-        "rows_reduce",
+        String::from("rows_reduce"),
         (one_per_item_blocks(rows), 1),
         [&partials, &parts_i, &rows_i, &mut row_sums]
     )?;
@@ -178,7 +198,7 @@ pub fn norm_backward(
     let tasks = s.slabs() + c;
     launch!(
         dev,
-        "norm_act_grad_coefs",
+        typed::<T>("norm_act_grad_coefs"),
         (one_per_item_blocks(tasks), 1),
         [
             &row_sums,
@@ -194,7 +214,7 @@ pub fn norm_backward(
     let mut dx = out.slice_mut(0..n);
     launch!(
         dev,
-        "norm_act_grad_input",
+        typed::<T>("norm_act_grad_input"),
         (grid_stride_blocks(n), 1),
         [x, dy, &stats, &coef, w, b, &n_i, &v_i, &c_i, &cg, &slope, &mut dx]
     )?;
@@ -211,14 +231,14 @@ fn pool_args(size: [usize; 3], k: [usize; 3]) -> Result<[i32; 6]> {
 }
 
 /// Max pooling with kernel == stride over (N, C) planes of `size`; `out_numel` outputs.
-pub fn max_pool_forward(
+pub fn max_pool_forward<T: Element>(
     dev: &CudaDevice,
-    x: &CudaView<'_, f32>,
+    x: &CudaView<'_, T>,
     size: [usize; 3],
     k: [usize; 3],
     out_numel: usize,
-) -> Result<CudaSlice<f32>> {
-    let mut y = dev.alloc_zeros::<f32>(out_numel)?;
+) -> Result<CudaSlice<T>> {
+    let mut y = dev.alloc_zeros::<T>(out_numel)?;
     if out_numel == 0 {
         return Ok(y);
     }
@@ -226,7 +246,7 @@ pub fn max_pool_forward(
     let on = out_numel as i64;
     launch!(
         dev,
-        "max_pool_forward",
+        typed::<T>("max_pool_forward"),
         (grid_stride_blocks(out_numel), 1),
         [x, &on, &d, &h, &w, &kd, &kh, &kw, &mut y]
     )?;
@@ -234,15 +254,15 @@ pub fn max_pool_forward(
 }
 
 /// Gradient of [`max_pool_forward`]: dy goes to each window's first maximum, zero elsewhere.
-pub fn max_pool_backward(
+pub fn max_pool_backward<T: Element>(
     dev: &CudaDevice,
-    x: &CudaView<'_, f32>,
-    dy: &CudaView<'_, f32>,
+    x: &CudaView<'_, T>,
+    dy: &CudaView<'_, T>,
     size: [usize; 3],
     k: [usize; 3],
     in_numel: usize,
-) -> Result<CudaSlice<f32>> {
-    let mut dx = dev.alloc_zeros::<f32>(in_numel)?;
+) -> Result<CudaSlice<T>> {
+    let mut dx = dev.alloc_zeros::<T>(in_numel)?;
     let out_numel = dy.len();
     if out_numel == 0 {
         return Ok(dx);
@@ -251,7 +271,7 @@ pub fn max_pool_backward(
     let on = out_numel as i64;
     launch!(
         dev,
-        "max_pool_backward",
+        typed::<T>("max_pool_backward"),
         (grid_stride_blocks(out_numel), 1),
         [x, dy, &on, &d, &h, &w, &kd, &kh, &kw, &mut dx]
     )?;
@@ -259,22 +279,22 @@ pub fn max_pool_backward(
 }
 
 /// `x + bias[c]` for x (N, C, voxels...).
-pub fn add_channel_bias(
+pub fn add_channel_bias<T: Element>(
     dev: &CudaDevice,
-    x: &CudaView<'_, f32>,
-    bias: &CudaView<'_, f32>,
+    x: &CudaView<'_, T>,
+    bias: &CudaView<'_, T>,
     channels: usize,
     voxels: usize,
-) -> Result<CudaSlice<f32>> {
+) -> Result<CudaSlice<T>> {
     let n = x.len();
-    let mut y = dev.alloc_zeros::<f32>(n)?;
+    let mut y = dev.alloc_zeros::<T>(n)?;
     if n == 0 || voxels == 0 {
         return Ok(y);
     }
     let (n_i, v_i, c_i) = (n as i64, voxels as i64, channels as i32);
     launch!(
         dev,
-        "add_channel_bias",
+        typed::<T>("add_channel_bias"),
         (grid_stride_blocks(n), 1),
         [x, bias, &n_i, &v_i, &c_i, &mut y]
     )?;
@@ -282,14 +302,14 @@ pub fn add_channel_bias(
 }
 
 /// (N, C, voxels...) -> (C,): each channel summed over samples and voxels.
-pub fn channel_sum(
+pub fn channel_sum<T: Element>(
     dev: &CudaDevice,
-    x: &CudaView<'_, f32>,
+    x: &CudaView<'_, T>,
     batch: usize,
     channels: usize,
     voxels: usize,
-) -> Result<CudaSlice<f32>> {
-    let mut out = dev.alloc_zeros::<f32>(channels)?;
+) -> Result<CudaSlice<T>> {
+    let mut out = dev.alloc_zeros::<T>(channels)?;
     let rows = batch * channels;
     if rows == 0 || voxels == 0 {
         return Ok(out);
@@ -299,21 +319,21 @@ pub fn channel_sum(
     let (v_i, parts_i, rows_i) = (voxels as i64, parts as i32, rows as i32);
     launch!(
         dev,
-        "row_partial_sums",
+        typed::<T>("row_partial_sums"),
         (parts, rows as u32),
         [x, &v_i, &parts_i, &mut partials]
     )?;
     let mut row_sums = dev.alloc_zeros::<f64>(2 * rows)?;
     launch!(
         dev,
-        "rows_reduce",
+        String::from("rows_reduce"),
         (one_per_item_blocks(rows), 1),
         [&partials, &parts_i, &rows_i, &mut row_sums]
     )?;
     let (batch_i, c_i) = (batch as i32, channels as i32);
     launch!(
         dev,
-        "channel_totals",
+        typed::<T>("channel_totals"),
         (one_per_item_blocks(channels), 1),
         [&row_sums, &batch_i, &c_i, &mut out]
     )?;

@@ -33,11 +33,21 @@ pub(crate) fn view<'a, T: CudaDType>(
     }
 }
 
-/// The contiguous f32 data of one argument.
-pub(crate) fn f32_view<'a>(
-    s: &'a CudaStorage,
-    l: &Layout,
-    what: &str,
-) -> Result<CudaView<'a, f32>> {
-    view::<f32>(s, l, what)
+/// Evaluates `$body` with the type alias `$t` set to the element type `$dtype` names (f32 or
+/// bf16, the types the kernels are instantiated for); an error for any other.
+macro_rules! with_element {
+    ($dtype:expr, $what:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            d => candle_core::bail!("{}: element type {d:?} on CUDA: need f32 or bf16", $what),
+        }
+    };
 }
+pub(crate) use with_element;
