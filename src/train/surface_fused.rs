@@ -32,6 +32,33 @@ fn sizes(l: &Layout, t: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
     Ok((n, c, d[2..].iter().product()))
 }
 
+/// The three arguments' data and sizes.
+struct Args<'a> {
+    z: &'a [f32],
+    g: &'a [f32],
+    w: &'a [f32],
+    n: usize,
+    c: usize,
+    v: usize,
+}
+
+fn args<'a>(
+    (s1, l1): (&'a CpuStorage, &Layout),
+    (s2, l2): (&'a CpuStorage, &Layout),
+    (s3, l3): (&'a CpuStorage, &Layout),
+    what: &str,
+) -> Result<Args<'a>> {
+    let (n, c, v) = sizes(l1, l2, l3)?;
+    Ok(Args {
+        z: contiguous_f32(s1, l1, what)?,
+        g: contiguous_f32(s2, l2, what)?,
+        w: contiguous_f32(s3, l3, what)?,
+        n,
+        c,
+        v,
+    })
+}
+
 /// Softmax over the classes of voxel `i` of sample `b` into `p`.
 #[inline]
 fn softmax_at(z: &[f32], b: usize, c: usize, v: usize, i: usize, p: &mut [f64]) {
@@ -75,12 +102,7 @@ impl CustomOp3 for SurfaceLoss {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (n, c, v) = sizes(l1, l2, l3)?;
-        let (z, g, w) = (
-            contiguous_f32(s1, l1, self.name())?,
-            contiguous_f32(s2, l2, self.name())?,
-            contiguous_f32(s3, l3, self.name())?,
-        );
+        let Args { z, g, w, n, c, v } = args((s1, l1), (s2, l2), (s3, l3), self.name())?;
         let partial: Vec<f64> = blocks(n, v)
             .par_iter()
             .map(|&(b, s, e)| {
@@ -128,12 +150,7 @@ impl CustomOp3 for SurfaceLossGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (n, c, v) = sizes(l1, l2, l3)?;
-        let (z, g, w) = (
-            contiguous_f32(s1, l1, self.name())?,
-            contiguous_f32(s2, l2, self.name())?,
-            contiguous_f32(s3, l3, self.name())?,
-        );
+        let Args { z, g, w, n, c, v } = args((s1, l1), (s2, l2), (s3, l3), self.name())?;
         let m = (n * (c - 1) * v).max(1) as f64;
         let mut out = vec![0f32; n * c * v];
         // Each block writes its own voxels of every class: collect per block, then scatter.
