@@ -15,6 +15,9 @@ pub fn pooled_dims(dims: &[usize], k: [usize; 3], what: &str) -> Result<([usize;
     if (0..3).any(|a| k[a] == 0 || size[a] % k[a] != 0) {
         bail!("{what}: kernel {k:?} must be positive and divide the spatial size {size:?}");
     }
+    if size.contains(&0) || n == 0 || c == 0 {
+        bail!("{what}: empty tensor {dims:?}");
+    }
     Ok(([n, c, d, h, w], [0, 1, 2].map(|a| size[a] / k[a])))
 }
 
@@ -180,5 +183,20 @@ impl CustomOp2 for MaxPool3dGrad {
             candle_core::CudaStorage::wrap_cuda_slice(dx, s1.device.clone())
         });
         Ok((dx, Shape::from(l1.dims())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn empty_tensors_are_an_error_not_a_panic() {
+        for dims in [[1, 1, 0, 2, 2], [0, 1, 2, 2, 2], [1, 0, 2, 2, 2]] {
+            let x = Tensor::zeros(&dims, DType::F32, &Device::Cpu).unwrap();
+            let e = crate::train::ops::max_pool3d(&x, [1, 2, 2]).unwrap_err();
+            assert!(e.to_string().contains("empty"), "{e}");
+        }
     }
 }
