@@ -17,7 +17,8 @@
 # wait, GPU memory), then the step-time table against PyTorch.
 #
 # Environment: STEPS (timed steps a run, default 20), ROUNDS (alternating rounds, default 3),
-# ONLY_TESTS=1 to skip the benchmark. Writes $OUT_DIR/gpu_bench.jsonl (OUT_DIR default
+# ONLY_TESTS=1 to stop before the step table, SKIP_TESTS=1 to run the step table alone (a
+# device call lasts at most 10 minutes: run the two halves as two calls). Writes $OUT_DIR/gpu_bench.jsonl (OUT_DIR default
 # target/gpu-check).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,25 +52,54 @@ if ldd "$dist/train" | grep "not found"; then
   exit 1
 fi
 
-echo "== op tests: CUDA against CPU (tests/gpu_ops.rs)"
-"$dist/gpu_ops" --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_ops.log"
+# A failing part is reported and the next one still runs: a GPU session is short, and one call
+# should bring back everything there is to learn. The exit status counts the failed parts.
+failed=0
+part() {
+  local name=$1
+  shift
+  echo "== $name"
+  if ! "$@"; then
+    echo "!! FAILED: $name" >&2
+    failed=$((failed + 1))
+  fi
+}
 
-echo "== end to end on the GPU: cache the bundled data, train 60 steps, predict, evaluate"
+op_tests() {
+  "$dist/gpu_ops" --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_ops.log"
+}
+
 e2e="$out/e2e"
-rm -rf "$e2e"
-"$dist/prep" build-cache --cache-dir "$e2e/cache" --quiet
-"$dist/train" --cache-dir "$e2e/cache" --out "$e2e/run" --device cuda --steps 60 --val-every 30 \
-  --no-progress
-"$dist/predict" --model "$e2e/run" data/vessels/imagesTr --out "$e2e/pred" --device cuda --quiet
-"$dist/evaluate" "$e2e/pred" data/vessels | tail -3
-tail -2 "$e2e/run/metrics.jsonl"
+end_to_end() {
+  rm -rf "$e2e"
+  "$dist/prep" build-cache --cache-dir "$e2e/cache" --quiet &&
+    "$dist/train" --cache-dir "$e2e/cache" --out "$e2e/run" --device cuda --steps 60 \
+      --val-every 30 --no-progress &&
+    "$dist/predict" --model "$e2e/run" data/vessels/imagesTr --out "$e2e/pred" --device cuda \
+      --quiet &&
+    "$dist/evaluate" "$e2e/pred" data/vessels | tail -3 &&
+    tail -2 "$e2e/run/metrics.jsonl"
+}
 
-echo "== train --benchmark: the MiniVess pipeline's training settings on the bundled cache"
-for p in f32 bf16; do
-  "$dist/train" --cache-dir "$e2e/cache" --pipeline minivess --device cuda --precision "$p" \
-    --benchmark 20 --no-progress 2>&1 | tee "$out/benchmark_$p.txt"
-done
-[[ ${ONLY_TESTS:-0} == 1 ]] && exit 0
+train_benchmark() {
+  [[ -d $e2e/cache ]] || "$dist/prep" build-cache --cache-dir "$e2e/cache" --quiet
+  local p
+  for p in f32 bf16; do
+    "$dist/train" --cache-dir "$e2e/cache" --pipeline minivess --device cuda --precision "$p" \
+      --benchmark 20 --no-progress 2>&1 | tee "$out/benchmark_$p.txt" || return 1
+  done
+}
+
+if [[ ${SKIP_TESTS:-0} != 1 ]]; then
+  part "op tests: CUDA against CPU (tests/gpu_ops.rs)" op_tests
+  part "end to end on the GPU: cache the bundled data, train 60 steps, predict, evaluate" end_to_end
+  part "train --benchmark: the MiniVess pipeline's training settings on the bundled cache" \
+    train_benchmark
+fi
+if [[ ${ONLY_TESTS:-0} == 1 ]]; then
+  echo "== $failed part(s) failed"
+  exit "$failed"
+fi
 
 STEPS=${STEPS:-20}
 ROUNDS=${ROUNDS:-3}
@@ -86,13 +116,22 @@ for r in $(seq "$ROUNDS"); do
     read -r name patch batch base stages maxch <<<"$c"
     tag() { "$py" -c 'import json,sys; d=json.loads(sys.argv[1]); d["config"]=sys.argv[2]; d["round"]=int(sys.argv[3]); print(json.dumps(d))' "$1" "$name" "$r"; }
     for prec in f32 bf16; do
-      line=$("$dist/bench_train_step" "$patch" "$batch" "$base" "$stages" "$STEPS" cuda "$maxch" "$prec")
-      tag "$line" | tee -a "$results"
+      if line=$("$dist/bench_train_step" "$patch" "$batch" "$base" "$stages" "$STEPS" cuda \
+        "$maxch" "$prec"); then
+        tag "$line" | tee -a "$results"
+      else
+        echo "!! FAILED: voxcache $prec $name" >&2
+        failed=$((failed + 1))
+      fi
     done
     for amp in "" bf16 f16; do
-      line=$("$py" scripts/torch_unet_step.py --device cuda --patch "$patch" --batch "$batch" \
-        --base "$base" --max-ch "$maxch" --stages "$stages" --steps "$STEPS" ${amp:+--amp $amp})
-      tag "$line" | tee -a "$results"
+      if line=$("$py" scripts/torch_unet_step.py --device cuda --patch "$patch" --batch "$batch" \
+        --base "$base" --max-ch "$maxch" --stages "$stages" --steps "$STEPS" ${amp:+--amp $amp}); then
+        tag "$line" | tee -a "$results"
+      else
+        echo "!! FAILED: pytorch ${amp:-f32} $name" >&2
+        failed=$((failed + 1))
+      fi
     done
   done
 done
@@ -118,3 +157,5 @@ for cfg in sorted({r["config"] for r in rows}):
         if ref and impl in med:
             print(f"{cfg:20} {impl:22} {med[impl] / ref:8.2f}x")
 PY
+echo "== $failed part(s) failed"
+exit "$failed"
