@@ -57,13 +57,14 @@ done
 
 # The driver stub: every function cudarc's driver bindings name, with libcuda.so.1 as soname
 # so that the binary asks for the real driver at run time.
-cudarc_src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.10 2>/dev/null | head -1 || true)
+cudarc_v=$(grep -A1 '^name = "cudarc"$' Cargo.lock | sed -n 's/^version = "\(.*\)"$/\1/p')
+cudarc_src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"cudarc-$cudarc_v" 2>/dev/null | head -1 || true)
 if [[ -z $cudarc_src ]]; then
   cargo fetch --quiet
-  crate=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/cudarc-0.19.10.crate | head -1)
+  crate=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"cudarc-$cudarc_v.crate" | head -1)
   mkdir -p "$toolkit/src"
   tar xzf "$crate" -C "$toolkit/src"
-  cudarc_src="$toolkit/src/cudarc-0.19.10"
+  cudarc_src="$toolkit/src/cudarc-$cudarc_v"
 fi
 grep -oP '^\s+fn \Kcu[A-Za-z0-9_]+(?=\()' "$cudarc_src/src/driver/sys/mod.rs" | sort -u |
   sed 's/.*/int &(void) { return 999; }/' >"$toolkit/cuda_stub.c"
