@@ -1,15 +1,19 @@
 //! 3D convolution, transposed convolution, pooling and upsampling for candle, with gradients.
 //!
-//! Tensors are f32 NCDHW, weights laid out as in PyTorch. On the CPU the convolutions are
-//! custom ops (blocked im2col + `gemm`, workspace bounded per worker; see [`conv`]
-//! for the family); on other devices they fall back to compositions of candle's built-in ops
-//! ([`conv3d_generic`]). The signatures mirror what a future `Tensor::conv3d` would take.
+//! Tensors are NCDHW, weights laid out as in PyTorch. Each op is a custom op with a CPU
+//! implementation (f32; the convolutions are blocked im2col + `gemm`, workspace bounded per
+//! worker; see [`conv`] for the family) and, in a `cuda` build, a CUDA one (f32 and bf16:
+//! cuDNN for the convolutions, our kernels for the rest; see `cuda`). bf16 where no bf16
+//! implementation exists runs widened to f32 (f32 op, result rounded); other devices and types fall
+//! back to compositions of candle's built-in ops ([`conv3d_generic`]). The signatures mirror
+//! what a future `Tensor::conv3d` would take.
 //!
 //! - [`geometry`]: shapes and per-axis tap index maps;
 //! - [`columns`]: blocks of the column (im2col) matrix; [`blocks`]: block plan and workers;
 //! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops;
 //! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling;
-//! - [`norm`]: group/instance norm fused with LeakyReLU; [`bias`]: per-channel bias add.
+//! - [`norm`]: group/instance norm fused with LeakyReLU; [`bias`]: per-channel bias add;
+//! - [`launch_plan`]: launch sizes of the CUDA kernels (plain arithmetic, tested on the CPU).
 
 pub mod bias;
 pub mod blocks;
