@@ -118,6 +118,25 @@ fn slab_stats<T: Element>(
     Ok(stats)
 }
 
+/// The second level of a two-level reduction: each row's `parts` partial pairs summed in
+/// order, `2 * rows` values.
+fn reduce_rows(
+    dev: &CudaDevice,
+    partials: &CudaSlice<f64>,
+    parts: u32,
+    rows: usize,
+) -> Result<CudaSlice<f64>> {
+    let mut row_sums = dev.alloc_zeros::<f64>(2 * rows)?;
+    let (parts_i, rows_i) = (parts as i32, rows as i32);
+    launch!(
+        dev,
+        String::from("rows_reduce"),
+        (one_per_item_blocks(rows), 1),
+        [partials, &parts_i, &rows_i, &mut row_sums]
+    )?;
+    Ok(row_sums)
+}
+
 /// `LeakyReLU(GroupNorm(x) * w + b)`, the CUDA twin of the CPU op in `norm.rs`.
 pub fn norm_forward<T: Element>(
     dev: &CudaDevice,
@@ -184,14 +203,7 @@ pub fn norm_backward<T: Element>(
             &mut partials
         ]
     )?;
-    let mut row_sums = dev.alloc_zeros::<f64>(2 * rows)?;
-    let rows_i = rows as i32;
-    launch!(
-        dev,
-        String::from("rows_reduce"),
-        (one_per_item_blocks(rows), 1),
-        [&partials, &parts_i, &rows_i, &mut row_sums]
-    )?;
+    let row_sums = reduce_rows(dev, &partials, parts, rows)?;
     let mut coef = dev.alloc_zeros::<f32>(2 * s.slabs())?;
     let mut dparams = out.slice_mut(n..n + 2 * c);
     let batch_i = s.batch as i32;
@@ -316,20 +328,14 @@ pub fn channel_sum<T: Element>(
     }
     let parts = reduction_parts(voxels, rows)?;
     let mut partials = dev.alloc_zeros::<f64>(2 * rows * parts as usize)?;
-    let (v_i, parts_i, rows_i) = (voxels as i64, parts as i32, rows as i32);
+    let (v_i, parts_i) = (voxels as i64, parts as i32);
     launch!(
         dev,
         typed::<T>("row_partial_sums"),
         (parts, rows as u32),
         [x, &v_i, &parts_i, &mut partials]
     )?;
-    let mut row_sums = dev.alloc_zeros::<f64>(2 * rows)?;
-    launch!(
-        dev,
-        String::from("rows_reduce"),
-        (one_per_item_blocks(rows), 1),
-        [&partials, &parts_i, &rows_i, &mut row_sums]
-    )?;
+    let row_sums = reduce_rows(dev, &partials, parts, rows)?;
     let (batch_i, c_i) = (batch as i32, channels as i32);
     launch!(
         dev,
