@@ -4,7 +4,7 @@
 //!   cargo run --example augment_patch -- CACHE_DIR OUT_DIR
 //!
 //! For the first case of the cache's first dataset and a fixed set of rotations, scales and
-//! one elastic field, OUT_DIR gets `patch_K.json` (entry folder, box start and size, angles,
+//! two elastic fields (one in-plane), OUT_DIR gets `patch_K.json` (entry folder, box start and size, angles,
 //! scale), `patch_K.image.f32` (channels x patch), `patch_K.label.u16` and
 //! `patch_K.coords.f64` (the source coordinate of every patch voxel, z y x), little-endian.
 
@@ -54,6 +54,18 @@ fn main() -> anyhow::Result<()> {
         ..SpatialConfig::none()
     }
     .draw(size, &mut Rng::new(11));
+    // In-plane: rotated, scaled and deformed in (y, x) only, z on whole voxels (the reader's
+    // 4-neighbour path).
+    let in_plane = SpatialConfig {
+        rotation_prob: 1.0,
+        scale_prob: 1.0,
+        elastic_prob: 1.0,
+        elastic_magnitude: 2.0,
+        elastic_grid: 8,
+        in_plane: Some(true),
+        ..SpatialConfig::none()
+    }
+    .draw(size, &mut Rng::new(5));
     let cases: Vec<Case> = vec![
         ([0.4, 0.0, 0.0], 1.0, [0, 0, 0], None),
         ([0.3, -0.2, 0.25], 1.3, [1, -5, 7], None),
@@ -67,6 +79,7 @@ fn main() -> anyhow::Result<()> {
             None,
         ),
         ([0.0; 3], 1.0, [0, 2, -3], Some(elastic)),
+        ([0.0; 3], 1.0, [1, -2, 4], Some(in_plane)),
     ];
     let mut tr = TransformedReader::default();
     let n: usize = size.iter().product();

@@ -545,8 +545,12 @@ impl EntryReader {
                     let held = self.chunk(arr, [cz, cy, cx])?;
                     let (ny, nrows) = (y1 - y0, (z1 - z0) * (y1 - y0));
                     if let Held::Mapped(..) = held {
-                        // Each row touches at least a page of the mapping.
-                        let touched = nrows * (row * es).max(4096);
+                        // The pages this read can touch: per z plane of the chunk, the span
+                        // from its first row to its last (rows of one plane are adjacent),
+                        // plus one for alignment. Counting a page per row instead released
+                        // the maps (and refaulted them) up to 16 times too often.
+                        let span = (ny - 1) * c[2] * es + row * es;
+                        let touched = (z1 - z0) * (span.div_ceil(4096) + 1) * 4096;
                         self.inner.cache.note_mapped_read(touched as u64);
                     }
                     // Output position of (z, y0, x0).

@@ -141,6 +141,38 @@ pub fn apply(
     cfg: &IntensityConfig,
     rng: &mut Rng,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe { apply_avx2(image, size_zyx, in_plane, cfg, rng) };
+        return;
+    }
+    apply_body(image, size_zyx, in_plane, cfg, rng);
+}
+
+/// [`apply`] compiled for AVX2: the element-wise loops (gamma's power, blur, contrast) run 8
+/// lanes wide instead of SSE's 4. Same results bit for bit: the operations and their order are
+/// the same, only more of them per instruction (no fused multiply-add is enabled).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn apply_avx2(
+    image: &mut [f32],
+    size_zyx: [usize; 3],
+    in_plane: bool,
+    cfg: &IntensityConfig,
+    rng: &mut Rng,
+) {
+    apply_body(image, size_zyx, in_plane, cfg, rng);
+}
+
+#[inline(always)]
+fn apply_body(
+    image: &mut [f32],
+    size_zyx: [usize; 3],
+    in_plane: bool,
+    cfg: &IntensityConfig,
+    rng: &mut Rng,
+) {
     let n: usize = size_zyx.iter().product();
     if rng.chance(cfg.noise_prob) {
         let var = rng.range(cfg.noise_variance[0], cfg.noise_variance[1]);
@@ -198,6 +230,7 @@ fn either_side_of_one([lo, hi]: [f64; 2], rng: &mut Rng) -> f64 {
 }
 
 /// `(x - mean) * f + mean`, clipped to the values' original range.
+#[inline(always)]
 pub fn contrast(c: &mut [f32], f: f64) {
     if c.is_empty() {
         return;
@@ -211,6 +244,7 @@ pub fn contrast(c: &mut [f32], f: f64) {
 
 /// Gamma on the values rescaled to 0..1, then the original mean and standard deviation put
 /// back; `invert` applies it to the negated values (brightening the dark end instead).
+#[inline(always)]
 pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
     if c.is_empty() {
         return;
@@ -239,7 +273,7 @@ pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
 
 /// `x^g` for `x` in 0..=1 and `g` > 0 as `2^(g * log2 x)`, both halves by bit manipulation and
 /// short polynomials (branch-free, so loops over it vectorize).
-#[inline]
+#[inline(always)]
 fn pow_unit(x: f32, g: f32) -> f32 {
     if x <= 0.0 {
         return 0.0;
@@ -271,6 +305,7 @@ fn pow_unit(x: f32, g: f32) -> f32 {
     p * f32::from_bits(((fl as i32 + 127) as u32) << 23)
 }
 
+#[inline(always)]
 fn min_max(c: &[f32]) -> (f32, f32) {
     c.iter()
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
@@ -278,6 +313,7 @@ fn min_max(c: &[f32]) -> (f32, f32) {
         })
 }
 
+#[inline(always)]
 fn mean_std(c: &[f32]) -> (f64, f64) {
     let n = c.len().max(1) as f64;
     let mean = lane_sum(c, |v| v) / n;
@@ -287,6 +323,7 @@ fn mean_std(c: &[f32]) -> (f64, f64) {
 
 /// Sum of `f(v)` over the values in f64, in 8 independent lanes (so the loop vectorizes
 /// instead of waiting on one running sum).
+#[inline(always)]
 fn lane_sum(c: &[f32], f: impl Fn(f64) -> f64) -> f64 {
     let mut lanes = [0f64; 8];
     let chunks = c.chunks_exact(8);
@@ -301,6 +338,7 @@ fn lane_sum(c: &[f32], f: impl Fn(f64) -> f64) -> f64 {
 
 /// Separable Gaussian blur with per-axis sigma (voxels), kernels cut at 4 sigma, the edges
 /// mirrored (scipy's `gaussian_filter` defaults).
+#[inline(always)]
 pub fn gaussian_blur(c: &mut [f32], size: [usize; 3], sigma: [f64; 3]) {
     let mut tmp = Vec::new();
     for axis in 0..3 {
@@ -369,6 +407,7 @@ fn gaussian_kernel(sigma: f64) -> Vec<f32> {
 
 /// Down to `round(n * zoom)` voxels per axis by nearest neighbour, then back up linearly
 /// (half-voxel-centred, edges clamped), as nnU-Net's `SimulateLowResolutionTransform`.
+#[inline(always)]
 pub fn low_resolution(c: &mut [f32], size: [usize; 3], zoom: f64, in_plane: bool) {
     let small: [usize; 3] = std::array::from_fn(|a| {
         if in_plane && a == 0 {
@@ -540,6 +579,22 @@ mod tests {
             }
         }
         assert_eq!(pow_unit(0.0, 0.7), 0.0);
+    }
+
+    #[test]
+    fn the_avx2_build_gives_the_same_bits() {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            let size = [6, 20, 24];
+            let cfg = IntensityConfig::default().every();
+            for seed in 0..8 {
+                let (mut a, mut b) = (ramp(size), ramp(size));
+                apply_body(&mut a, size, seed % 2 == 0, &cfg, &mut Rng::new(seed));
+                // SAFETY: AVX2 is present (checked above).
+                unsafe { apply_avx2(&mut b, size, seed % 2 == 0, &cfg, &mut Rng::new(seed)) };
+                assert_eq!(a, b, "seed {seed}");
+            }
+        }
     }
 
     #[test]

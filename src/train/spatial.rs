@@ -364,6 +364,19 @@ impl Transform {
         self.matrix == IDENTITY && self.elastic.is_none()
     }
 
+    /// Whether every patch voxel's source z is a whole voxel: z maps to itself (in-plane
+    /// maps) and the elastic field, if any, never moves along z.
+    pub fn keeps_z_planes(&self) -> bool {
+        let m = &self.matrix;
+        m[0] == [1.0, 0.0, 0.0]
+            && m[1][0] == 0.0
+            && m[2][0] == 0.0
+            && self
+                .elastic
+                .as_ref()
+                .is_none_or(|e| e.disp.iter().all(|d| d[0] == 0.0))
+    }
+
     /// Source coordinates (z, y, x) of the patch row `(z, y)`, one per x, into `out`
     /// (`scratch` holds the elastic field's control columns).
     fn row(
@@ -449,6 +462,8 @@ pub struct TransformedReader {
     label_box: Vec<u16>,
     row: Vec<[f64; 3]>,
     scratch: Vec<[f64; 3]>,
+    /// One tile's voxels: output index, box cell, fractions.
+    cells: Vec<(usize, usize, [f64; 3])>,
 }
 
 impl TransformedReader {
@@ -466,7 +481,6 @@ impl TransformedReader {
         if t.is_identity() {
             return src.read_patch(start_zyx, size, image, label);
         }
-        let n: usize = size.iter().product();
         let channels = src.channels();
         let (box_start, bs) = t.source_box(start_zyx, size);
         let bn: usize = bs.iter().product();
@@ -476,18 +490,55 @@ impl TransformedReader {
             self.label_box.resize(bn, 0);
             src.read_label(box_start, bs, &mut self.label_box)?;
         }
-        let mut label = label;
         let centre = centre_of(start_zyx, size);
         // Coordinates relative to the box: the map's centre moved by the box's start.
         let local_centre = [0, 1, 2].map(|a| centre[a] - box_start[a] as f64);
+        let job = Sampling {
+            t,
+            local_centre,
+            size,
+            bs,
+            channels,
+        };
+        // In-plane maps keep z on whole voxels: 4 neighbours instead of 8 (the same values,
+        // since the upper plane's weight is exactly 0).
+        if t.keeps_z_planes() {
+            self.sample::<true>(&job, image, label);
+        } else {
+            self.sample::<false>(&job, image, label);
+        }
+        Ok(())
+    }
+
+    /// The interpolation loop of [`TransformedReader::read`] over the box already read.
+    fn sample<const FLAT_Z: bool>(
+        &mut self,
+        job: &Sampling,
+        image: &mut [f32],
+        mut label: Option<&mut [u16]>,
+    ) {
+        let Sampling {
+            t,
+            local_centre,
+            size,
+            bs,
+            channels,
+        } = *job;
+        let n: usize = size.iter().product();
+        let bn: usize = bs.iter().product();
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
         // Output tiles, so that the source voxels one tile reads are few and stay in cache
         // (the box of a rotated patch is many times the patch and far larger than the cache).
+        // Per tile, first every voxel's cell and fractions, then each array in a tight loop
+        // of loads and lerps: the loads of many voxels are then in flight at once, where
+        // the coordinate arithmetic between them used to hold them back.
         for tz in (0..size[0]).step_by(TILE[0]) {
             for ty in (0..size[1]).step_by(TILE[1]) {
                 for tx in (0..size[2]).step_by(TILE[2]) {
                     let x_end = (tx + TILE[2]).min(size[2]);
                     self.row.resize(x_end - tx, [0.0; 3]);
+                    self.cells.clear();
+                    self.cells.reserve(TILE[0] * TILE[1] * TILE[2]);
                     for z in tz..(tz + TILE[0]).min(size[0]) {
                         for y in ty..(ty + TILE[1]).min(size[1]) {
                             t.row(
@@ -501,21 +552,37 @@ impl TransformedReader {
                             let at = (z * size[1] + y) * size[2] + tx;
                             for (x, c) in self.row.iter().enumerate() {
                                 let (base, f) = cell(c, bs);
-                                for ch in 0..channels {
-                                    let b = &self.image_box[ch * bn..(ch + 1) * bn];
-                                    image[ch * n + at + x] = trilinear(b, base, sy, sz, f);
-                                }
-                                if let Some(l) = label.as_deref_mut() {
-                                    l[at + x] = majority(&self.label_box, base, sy, sz, f);
-                                }
+                                self.cells.push((at + x, base, f));
                             }
+                        }
+                    }
+                    for ch in 0..channels {
+                        let b = &self.image_box[ch * bn..(ch + 1) * bn];
+                        let out = &mut image[ch * n..(ch + 1) * n];
+                        for &(at, base, f) in &self.cells {
+                            out[at] = trilinear::<FLAT_Z>(b, base, sy, sz, f);
+                        }
+                    }
+                    if let Some(l) = label.as_deref_mut() {
+                        for &(at, base, f) in &self.cells {
+                            l[at] = majority::<FLAT_Z>(&self.label_box, base, sy, sz, f);
                         }
                     }
                 }
             }
         }
-        Ok(())
     }
+}
+
+/// What [`TransformedReader::sample`] interpolates: the map, the centre in box coordinates,
+/// the patch and box sizes, the image's channels.
+#[derive(Clone, Copy)]
+struct Sampling<'a> {
+    t: &'a Transform,
+    local_centre: [f64; 3],
+    size: [usize; 3],
+    bs: [usize; 3],
+    channels: usize,
 }
 
 impl TransformedReader {
@@ -576,7 +643,7 @@ impl TransformedReader {
                     for k in 0..classes.len() {
                         let b = &self.image_box[k * bn..(k + 1) * bn];
                         distance[k * n + at + x] =
-                            (trilinear(b, base, sy, sz, f) as f64 * inv_scale) as f32;
+                            (trilinear::<false>(b, base, sy, sz, f) as f64 * inv_scale) as f32;
                     }
                     if let Some(s) = skeleton.as_deref_mut() {
                         let near = [0, 1, 2].map(|a| usize::from(f[a] >= 0.5));
@@ -591,51 +658,95 @@ impl TransformedReader {
 
 /// The box voxel below a source coordinate (its flat index in a box of `bs`) and the
 /// fractions past it. The box holds every coordinate with a voxel to spare on each side, so
-/// truncation is the floor and i + 1 is inside; the clamps only guard.
-#[inline]
+/// truncation is the floor and i + 1 is inside; the clamps only guard. Written out per axis
+/// (no closures over arrays) so that it inlines into the per-voxel loop.
+#[inline(always)]
 fn cell(c: &[f64; 3], bs: [usize; 3]) -> (usize, [f64; 3]) {
-    let i = [0, 1, 2].map(|a| (c[a].max(0.0) as usize).min(bs[a] - 2));
-    let f = [0, 1, 2].map(|a| c[a] - i[a] as f64);
-    ((i[0] * bs[1] + i[1]) * bs[2] + i[2], f)
+    // Through i32 (one conversion instruction; f64 to usize takes a branchy sequence): box
+    // sides are far below 2^31, and the conversion saturates.
+    let iz = (c[0].max(0.0) as i32 as usize).min(bs[0] - 2);
+    let iy = (c[1].max(0.0) as i32 as usize).min(bs[1] - 2);
+    let ix = (c[2].max(0.0) as i32 as usize).min(bs[2] - 2);
+    (
+        (iz * bs[1] + iy) * bs[2] + ix,
+        [c[0] - iz as f64, c[1] - iy as f64, c[2] - ix as f64],
+    )
 }
 
 /// Output tile (z, y, x) of the interpolation loop.
-const TILE: [usize; 3] = [4, 8, 32];
+const TILE: [usize; 3] = [8, 8, 8];
 
-/// Linear interpolation between the 8 voxels from `base` (x, then y, then z).
-#[inline]
-fn trilinear(b: &[f32], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> f32 {
+/// Linear interpolation between the 8 voxels from `base` (x, then y, then z), in f32: the
+/// values are f32 and the fractions' rounding (under 1e-7) is far below the tests' 1e-5.
+/// `FLAT_Z`: the z fraction is 0, only the lower plane's 4 voxels are read.
+#[inline(always)]
+fn trilinear<const FLAT_Z: bool>(b: &[f32], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> f32 {
+    let lerp = |a: f32, b: f32, t: f32| a + (b - a) * t;
+    let (fz, fy, fx) = (f[0] as f32, f[1] as f32, f[2] as f32);
+    if FLAT_Z {
+        let b = &b[base..=base + sy + 1];
+        return lerp(lerp(b[0], b[1], fx), lerp(b[sy], b[sy + 1], fx), fy);
+    }
     // One bounds check for the farthest voxel; the other seven lie before it.
     let b = &b[base..=base + sz + sy + 1];
-    let v = |o: usize| b[o] as f64;
-    let lerp = |a: f64, b: f64, t: f64| a + (b - a) * t;
-    let y0 = lerp(v(0), v(1), f[2]);
-    let y1 = lerp(v(sy), v(sy + 1), f[2]);
-    let z0 = lerp(y0, y1, f[1]);
-    let y0 = lerp(v(sz), v(sz + 1), f[2]);
-    let y1 = lerp(v(sz + sy), v(sz + sy + 1), f[2]);
-    let z1 = lerp(y0, y1, f[1]);
-    lerp(z0, z1, f[0]) as f32
+    let z0 = lerp(lerp(b[0], b[1], fx), lerp(b[sy], b[sy + 1], fx), fy);
+    let z1 = lerp(
+        lerp(b[sz], b[sz + 1], fx),
+        lerp(b[sz + sy], b[sz + sy + 1], fx),
+        fy,
+    );
+    lerp(z0, z1, fz)
 }
 
 /// The label value with the largest summed linear weight among the 8 voxels from `base`
 /// (ties to the lower value); most voxels have 8 equal neighbours and skip the weights.
-#[inline]
-fn majority(b: &[u16], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> u16 {
-    let b = &b[base..=base + sz + sy + 1];
-    let offsets = [0, 1, sy, sy + 1, sz, sz + 1, sz + sy, sz + sy + 1];
-    let values = offsets.map(|o| b[o]);
-    if values.iter().all(|&v| v == values[0]) {
-        return values[0];
+/// `FLAT_Z` as for [`trilinear`] (the upper plane's weights are 0, so it never counts).
+#[inline(always)]
+fn majority<const FLAT_Z: bool>(b: &[u16], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> u16 {
+    if FLAT_Z {
+        let b = &b[base..=base + sy + 1];
+        let values = [b[0], b[1], b[sy], b[sy + 1]];
+        let first = values[0];
+        if values.iter().fold(0u16, |acc, &v| acc | (v ^ first)) == 0 {
+            return first;
+        }
+        return mixed_majority(&values, [1.0, f[1], f[2]]);
     }
+    let b = &b[base..=base + sz + sy + 1];
+    let values = [
+        b[0],
+        b[1],
+        b[sy],
+        b[sy + 1],
+        b[sz],
+        b[sz + 1],
+        b[sz + sy],
+        b[sz + sy + 1],
+    ];
+    let first = values[0];
+    if values.iter().fold(0u16, |acc, &v| acc | (v ^ first)) == 0 {
+        return first;
+    }
+    mixed_majority(&values, f)
+}
+
+/// [`majority`] where the neighbours differ: weights in f64, as the reference computes them.
+/// `values`: the 8 neighbours (z, y, x order), or the lower plane's 4 when the z fraction
+/// is 0 (then `f[0]` is not read).
+#[inline(never)]
+fn mixed_majority(values: &[u16], f: [f64; 3]) -> u16 {
+    // Weights of the lower and upper neighbour per axis.
+    let wz = if values.len() == 4 {
+        [1.0, 0.0]
+    } else {
+        [1.0 - f[0], f[0]]
+    };
+    let wy = [1.0 - f[1], f[1]];
+    let wx = [1.0 - f[2], f[2]];
     let mut seen: [(u16, f64); 8] = [(0, 0.0); 8];
     let mut len = 0;
     for (k, &v) in values.iter().enumerate() {
-        let w = [(k >> 2) & 1, (k >> 1) & 1, k & 1]
-            .iter()
-            .zip(f)
-            .map(|(&up, t)| if up == 1 { t } else { 1.0 - t })
-            .product::<f64>();
+        let w = wz[(k >> 2) & 1] * wy[(k >> 1) & 1] * wx[k & 1];
         if w == 0.0 {
             continue;
         }
@@ -820,6 +931,43 @@ mod tests {
                     .collect();
                 assert!(neighbours.contains(&lab[i]), "{k} {i}");
             }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_in_plane_path_equals_the_general_one() -> Result<()> {
+        // An in-plane rotation and scale takes the 4-neighbour path; the same map with a
+        // z coefficient too small to move any coordinate takes the 8-neighbour one. Both must
+        // give the same bits (the upper plane's weight is exactly 0).
+        let v = Volume::new([12, 30, 28]);
+        let size = [5, 12, 14];
+        let n: usize = size.iter().product();
+        let mut reader = TransformedReader::default();
+        for (k, (angle, scale)) in [(0.7, 1.0), (-2.1, 1.3), (0.2, 0.8)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut flat = Transform::rotate_scale([angle, 0.0, 0.0], scale);
+            flat.matrix[0] = [1.0, 0.0, 0.0];
+            let mut general = flat.clone();
+            general.matrix[0][1] = 1e-300;
+            assert!(flat.keeps_z_planes() && !general.keeps_z_planes());
+            assert_eq!(
+                flat.coordinates([2, 4, 3], size),
+                general.coordinates([2, 4, 3], size)
+            );
+            let start = [k as i64 * 3 - 1, 6, 5 - k as i64];
+            let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+            let (mut la, mut lb) = (vec![0u16; n], vec![0u16; n]);
+            reader.read(&v, start, size, &flat, &mut a, Some(&mut la))?;
+            reader.read(&v, start, size, &general, &mut b, Some(&mut lb))?;
+            assert_eq!(a, b, "{k}");
+            assert_eq!(la, lb, "{k}");
+            assert!(
+                la.iter().any(|&l| l != la[0]),
+                "{k}: the patch crosses labels"
+            );
         }
         Ok(())
     }
