@@ -462,8 +462,8 @@ pub struct TransformedReader {
     label_box: Vec<u16>,
     row: Vec<[f64; 3]>,
     scratch: Vec<[f64; 3]>,
-    /// One tile's voxels: output index, box cell, fractions.
-    cells: Vec<(usize, usize, [f64; 3])>,
+    /// One tile's voxels (see [`Cell`]).
+    cells: Vec<Cell>,
 }
 
 impl TransformedReader {
@@ -502,7 +502,8 @@ impl TransformedReader {
         };
         // In-plane maps keep z on whole voxels: 4 neighbours instead of 8 (the same values,
         // since the upper plane's weight is exactly 0).
-        if t.keeps_z_planes() {
+        let flat = t.keeps_z_planes();
+        if flat {
             self.sample::<true>(&job, image, label);
         } else {
             self.sample::<false>(&job, image, label);
@@ -538,7 +539,6 @@ impl TransformedReader {
                     let x_end = (tx + TILE[2]).min(size[2]);
                     self.row.resize(x_end - tx, [0.0; 3]);
                     self.cells.clear();
-                    self.cells.reserve(TILE[0] * TILE[1] * TILE[2]);
                     for z in tz..(tz + TILE[0]).min(size[0]) {
                         for y in ty..(ty + TILE[1]).min(size[1]) {
                             t.row(
@@ -550,26 +550,55 @@ impl TransformedReader {
                                 &mut self.scratch,
                             );
                             let at = (z * size[1] + y) * size[2] + tx;
-                            for (x, c) in self.row.iter().enumerate() {
-                                let (base, f) = cell(c, bs);
-                                self.cells.push((at + x, base, f));
+                            // The label right away (its rare mixed case wants the fractions
+                            // in f64); the image's cells kept for the loops below.
+                            match label.as_deref_mut() {
+                                Some(l) => {
+                                    for (x, c) in self.row.iter().enumerate() {
+                                        let (base, f) = cell(c, bs);
+                                        l[at + x] =
+                                            majority::<FLAT_Z>(&self.label_box, base, sy, sz, f);
+                                        self.cells.push(Cell::new(at + x, base, f));
+                                    }
+                                }
+                                None => {
+                                    for (x, c) in self.row.iter().enumerate() {
+                                        let (base, f) = cell(c, bs);
+                                        self.cells.push(Cell::new(at + x, base, f));
+                                    }
+                                }
                             }
                         }
                     }
                     for ch in 0..channels {
                         let b = &self.image_box[ch * bn..(ch + 1) * bn];
                         let out = &mut image[ch * n..(ch + 1) * n];
-                        for &(at, base, f) in &self.cells {
-                            out[at] = trilinear::<FLAT_Z>(b, base, sy, sz, f);
-                        }
-                    }
-                    if let Some(l) = label.as_deref_mut() {
-                        for &(at, base, f) in &self.cells {
-                            l[at] = majority::<FLAT_Z>(&self.label_box, base, sy, sz, f);
+                        for c in &self.cells {
+                            out[c.at as usize] =
+                                trilinear::<FLAT_Z>(b, c.base as usize, sy, sz, c.f);
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// One output voxel of a tile: where it goes, its cell in the box, its fractions.
+#[derive(Clone, Copy)]
+struct Cell {
+    at: u32,
+    base: u32,
+    f: [f32; 3],
+}
+
+impl Cell {
+    #[inline(always)]
+    fn new(at: usize, base: usize, f: [f64; 3]) -> Self {
+        Cell {
+            at: at as u32,
+            base: base as u32,
+            f: [f[0] as f32, f[1] as f32, f[2] as f32],
         }
     }
 }
@@ -643,7 +672,8 @@ impl TransformedReader {
                     for k in 0..classes.len() {
                         let b = &self.image_box[k * bn..(k + 1) * bn];
                         distance[k * n + at + x] =
-                            (trilinear::<false>(b, base, sy, sz, f) as f64 * inv_scale) as f32;
+                            (trilinear::<false>(b, base, sy, sz, f.map(|v| v as f32)) as f64
+                                * inv_scale) as f32;
                     }
                     if let Some(s) = skeleton.as_deref_mut() {
                         let near = [0, 1, 2].map(|a| usize::from(f[a] >= 0.5));
@@ -680,9 +710,9 @@ const TILE: [usize; 3] = [8, 8, 8];
 /// values are f32 and the fractions' rounding (under 1e-7) is far below the tests' 1e-5.
 /// `FLAT_Z`: the z fraction is 0, only the lower plane's 4 voxels are read.
 #[inline(always)]
-fn trilinear<const FLAT_Z: bool>(b: &[f32], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> f32 {
+fn trilinear<const FLAT_Z: bool>(b: &[f32], base: usize, sy: usize, sz: usize, f: [f32; 3]) -> f32 {
     let lerp = |a: f32, b: f32, t: f32| a + (b - a) * t;
-    let (fz, fy, fx) = (f[0] as f32, f[1] as f32, f[2] as f32);
+    let [fz, fy, fx] = f;
     if FLAT_Z {
         let b = &b[base..=base + sy + 1];
         return lerp(lerp(b[0], b[1], fx), lerp(b[sy], b[sy + 1], fx), fy);
@@ -703,31 +733,41 @@ fn trilinear<const FLAT_Z: bool>(b: &[f32], base: usize, sy: usize, sz: usize, f
 /// `FLAT_Z` as for [`trilinear`] (the upper plane's weights are 0, so it never counts).
 #[inline(always)]
 fn majority<const FLAT_Z: bool>(b: &[u16], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> u16 {
+    // The equality test in registers: an array of the values here would be stored to the
+    // stack and read back for every voxel.
     if FLAT_Z {
         let b = &b[base..=base + sy + 1];
-        let values = [b[0], b[1], b[sy], b[sy + 1]];
-        let first = values[0];
-        if values.iter().fold(0u16, |acc, &v| acc | (v ^ first)) == 0 {
-            return first;
+        let v = b[0];
+        if (b[1] ^ v) | (b[sy] ^ v) | (b[sy + 1] ^ v) == 0 {
+            return v;
         }
-        return mixed_majority(&values, [1.0, f[1], f[2]]);
+        return mixed_majority(&[b[0], b[1], b[sy], b[sy + 1]], f);
     }
     let b = &b[base..=base + sz + sy + 1];
-    let values = [
-        b[0],
-        b[1],
-        b[sy],
-        b[sy + 1],
-        b[sz],
-        b[sz + 1],
-        b[sz + sy],
-        b[sz + sy + 1],
-    ];
-    let first = values[0];
-    if values.iter().fold(0u16, |acc, &v| acc | (v ^ first)) == 0 {
-        return first;
+    let v = b[0];
+    let diff = (b[1] ^ v)
+        | (b[sy] ^ v)
+        | (b[sy + 1] ^ v)
+        | (b[sz] ^ v)
+        | (b[sz + 1] ^ v)
+        | (b[sz + sy] ^ v)
+        | (b[sz + sy + 1] ^ v);
+    if diff == 0 {
+        return v;
     }
-    mixed_majority(&values, f)
+    mixed_majority(
+        &[
+            b[0],
+            b[1],
+            b[sy],
+            b[sy + 1],
+            b[sz],
+            b[sz + 1],
+            b[sz + sy],
+            b[sz + sy + 1],
+        ],
+        f,
+    )
 }
 
 /// [`majority`] where the neighbours differ: weights in f64, as the reference computes them.
