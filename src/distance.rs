@@ -55,6 +55,11 @@ pub fn lower_envelope(f: &[f64], w: f64, out: &mut [f64], v: &mut Vec<usize>, z:
     }
 }
 
+/// Lines gathered at once by [`transform_axis`] along a strided axis: neighbouring lines are
+/// neighbours in memory, so each step along the axis reads one run of them instead of one
+/// value per cache line.
+const LINES: usize = 16;
+
 /// One pass of the transform over a (z, y, x) block of squared distances, along `axis`
 /// (0 = z, 1 = y, 2 = x) with that axis's `spacing`, in place. The block must hold whole lines
 /// of that axis.
@@ -65,33 +70,83 @@ pub fn transform_axis(d: &mut [f64], shape: [usize; 3], axis: usize, spacing: f6
     }
     let stride: usize = shape[axis + 1..].iter().product();
     let w = spacing * spacing;
-    let (mut line, mut out) = (vec![0f64; len], vec![0f64; len]);
+    let group = LINES.min(stride.max(1));
+    // `lines` holds `group` lines one after the other.
+    let (mut lines, mut out) = (vec![0f64; len * group], vec![0f64; len]);
     let (mut v, mut z) = (Vec::with_capacity(len), Vec::with_capacity(len));
     for block in d.chunks_exact_mut(len * stride) {
-        for i in 0..stride {
-            for (k, l) in line.iter_mut().enumerate() {
-                *l = block[k * stride + i];
+        for i0 in (0..stride).step_by(group) {
+            let g = group.min(stride - i0);
+            for k in 0..len {
+                let row = &block[k * stride + i0..k * stride + i0 + g];
+                for (j, &x) in row.iter().enumerate() {
+                    lines[j * len + k] = x;
+                }
             }
-            lower_envelope(&line, w, &mut out, &mut v, &mut z);
-            for (k, o) in out.iter().enumerate() {
-                block[k * stride + i] = *o;
+            for j in 0..g {
+                let line = &mut lines[j * len..(j + 1) * len];
+                lower_envelope(line, w, &mut out, &mut v, &mut z);
+                line.copy_from_slice(&out);
+            }
+            for k in 0..len {
+                let row = &mut block[k * stride + i0..k * stride + i0 + g];
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x = lines[j * len + k];
+                }
             }
         }
     }
+}
+
+/// The first pass along x straight from the feature mask: the squared distance to the
+/// nearest feature of the line, `w (p - q)^2`, by one sweep each way (what the lower envelope
+/// computes from zeros and infinities, to the bit, in a fraction of its time).
+fn first_pass_x(feature: &[bool], len: usize, w: f64) -> Vec<f64> {
+    let mut d = vec![f64::INFINITY; feature.len()];
+    for (f, o) in feature.chunks_exact(len).zip(d.chunks_exact_mut(len)) {
+        let mut last: Option<usize> = None;
+        for (p, (&is, o)) in f.iter().zip(o.iter_mut()).enumerate() {
+            if is {
+                last = Some(p);
+            }
+            if let Some(q) = last {
+                let t = (p - q) as f64;
+                *o = w * t * t;
+            }
+        }
+        let mut next: Option<usize> = None;
+        for p in (0..len).rev() {
+            if f[p] {
+                next = Some(p);
+            }
+            if let Some(q) = next {
+                let t = (q - p) as f64;
+                o[p] = o[p].min(w * t * t);
+            }
+        }
+    }
+    d
 }
 
 /// Distance from every voxel of a (z, y, x) block to the nearest voxel where `feature` is true,
 /// with per-axis spacing (z, y, x); infinite everywhere when no voxel is a feature. scipy's
 /// `distance_transform_edt(~feature, sampling=spacing)`.
 pub fn distance_to(feature: &[bool], shape: [usize; 3], spacing_zyx: [f64; 3]) -> Vec<f64> {
-    let mut d: Vec<f64> = feature
-        .iter()
-        .map(|&f| if f { 0.0 } else { f64::INFINITY })
-        .collect();
-    for axis in [2, 1, 0] {
+    let mut d = squared_distance_to(feature, shape, spacing_zyx);
+    d.iter_mut().for_each(|v| *v = v.sqrt());
+    d
+}
+
+/// [`distance_to`] squared (no square root taken).
+pub fn squared_distance_to(feature: &[bool], shape: [usize; 3], spacing_zyx: [f64; 3]) -> Vec<f64> {
+    if shape[2] == 0 || feature.is_empty() {
+        return vec![f64::INFINITY; feature.len()];
+    }
+    let w = spacing_zyx[2] * spacing_zyx[2];
+    let mut d = first_pass_x(feature, shape[2], w);
+    for axis in [1, 0] {
         transform_axis(&mut d, shape, axis, spacing_zyx[axis]);
     }
-    d.iter_mut().for_each(|v| *v = v.sqrt());
     d
 }
 

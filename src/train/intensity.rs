@@ -289,20 +289,7 @@ fn pow_unit(x: f32, g: f32) -> f32 {
         * (2.885_39
             + t2 * (0.961_797_7
                 + t2 * (0.577_078 + t2 * (0.412_198_6 + t2 * (0.320_598 + t2 * 0.262_307)))));
-    let y = (g * (e as f32 + log2m)).max(-126.0);
-    // 2^y = 2^floor(y) * 2^frac, 2^frac by its Taylor series in frac * ln 2.
-    // floor without libm's floorf (a call per voxel that stops vectorization).
-    let tr = y as i32;
-    let fl = (tr - (y < tr as f32) as i32) as f32;
-    let f = (y - fl) * std::f32::consts::LN_2;
-    let p = 1.0
-        + f * (1.0
-            + f * (0.5
-                + f * (1.0 / 6.0
-                    + f * (1.0 / 24.0
-                        + f * (1.0 / 120.0
-                            + f * (1.0 / 720.0 + f * (1.0 / 5040.0 + f / 40320.0)))))));
-    p * f32::from_bits(((fl as i32 + 127) as u32) << 23)
+    crate::train::fastmath::exp2(g * (e as f32 + log2m))
 }
 
 #[inline(always)]

@@ -306,11 +306,16 @@ pub fn surface(
     distance: &Tensor,
     predicted_sq: &Tensor,
 ) -> Result<Tensor> {
-    let weight = (distance.sqr()? + predicted_sq)?;
-    if let Some(loss) = super::surface_fused::surface_fused(logits, target, &weight)? {
+    surface_weighted(logits, target, &(distance.sqr()? + predicted_sq)?)
+}
+
+/// [`surface`] given its weight `d_g^2 + d_p^2`, (N, C - 1, D, H, W): the fused CPU op, else
+/// the composed form.
+pub fn surface_weighted(logits: &Tensor, target: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    if let Some(loss) = super::surface_fused::surface_fused(logits, target, weight)? {
         return Ok(loss);
     }
-    surface_composed(logits, target, &weight)
+    surface_composed(logits, target, weight)
 }
 
 /// The surface loss from candle's ops (any device), given `weight = d_g^2 + d_p^2`.
@@ -719,11 +724,18 @@ mod tests {
         let ga = fused.backward()?.get(x.as_tensor()).unwrap().clone();
         let gb = composed.backward()?.get(x.as_tensor()).unwrap().clone();
         let scale = gb.abs()?.max_all()?.to_scalar::<f32>()?;
-        let diff = (ga - gb)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let diff = (&ga - &gb)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(
             diff <= 1e-4 * scale,
             "gradient differs by {diff} (scale {scale})"
         );
+        // A weighted term: the upstream gradient scales the fused op's gradient.
+        let weighted = (super::super::surface_fused::surface_fused(x.as_tensor(), &target, &w)?
+            .expect("cpu f32")
+            * 0.25)?;
+        let gw = weighted.backward()?.get(x.as_tensor()).unwrap().clone();
+        let diff = (gw - (&ga * 0.25)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff <= 1e-6 * scale, "weighted gradient differs by {diff}");
         Ok(())
     }
 

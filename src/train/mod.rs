@@ -31,6 +31,7 @@ pub mod config;
 pub mod data;
 pub mod deep_supervision;
 pub mod device;
+pub mod fastmath;
 pub mod intensity;
 pub mod loader;
 pub mod loss;

@@ -7,11 +7,14 @@
 //! writes the logits' gradient directly:
 //! `dL/dz_j = p_j (a_j - sum_k p_k a_k)` with `a_k = 2 (p_k - g_k) W_k / M` for the foreground
 //! classes and `a_0 = 0`. Sums run over fixed blocks of voxels in order, so results do not
-//! depend on the thread count.
+//! depend on the thread count. Within a block the softmax runs class by class over the
+//! block's voxels in f32 with a polynomial `exp` ([`crate::train::fastmath`]), loops the
+//! compiler vectorizes (libm's f64 `exp` per voxel and class was most of this op's time).
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::fastmath;
 use super::ops::norm::contiguous_f32;
 
 /// Voxels per block of the parallel passes (a fixed split: deterministic sums).
@@ -59,17 +62,58 @@ fn args<'a>(
     })
 }
 
-/// Softmax over the classes of voxel `i` of sample `b` into `p`.
-#[inline]
-fn softmax_at(z: &[f32], b: usize, c: usize, v: usize, i: usize, p: &mut [f64]) {
-    let at = |k: usize| z[(b * c + k) * v + i] as f64;
-    let m = (0..c).map(at).fold(f64::NEG_INFINITY, f64::max);
-    let mut s = 0.0;
-    for (k, pk) in p.iter_mut().enumerate().take(c) {
-        *pk = (at(k) - m).exp();
-        s += *pk;
+/// Softmax over the classes of voxels `s..e` of sample `b` into `p` (class-major: class `k`
+/// at `p[k * (e - s)..]`); `m` and `sum` are scratch of at least `e - s` values.
+fn softmax_block(
+    z: &[f32],
+    (b, c, v): (usize, usize, usize),
+    (s, e): (usize, usize),
+    p: &mut [f32],
+    m: &mut [f32],
+    sum: &mut [f32],
+) {
+    let l = e - s;
+    let zk = |k: usize| &z[(b * c + k) * v + s..(b * c + k) * v + e];
+    let (m, sum) = (&mut m[..l], &mut sum[..l]);
+    m.copy_from_slice(zk(0));
+    for k in 1..c {
+        for (mi, &x) in m.iter_mut().zip(zk(k)) {
+            *mi = mi.max(x);
+        }
     }
-    p.iter_mut().take(c).for_each(|pk| *pk /= s);
+    sum.fill(0.0);
+    for k in 0..c {
+        let pk = &mut p[k * l..(k + 1) * l];
+        for ((pi, &x), (&mi, si)) in pk.iter_mut().zip(zk(k)).zip(m.iter().zip(sum.iter_mut())) {
+            *pi = fastmath::exp(x - mi);
+            *si += *pi;
+        }
+    }
+    for si in sum.iter_mut() {
+        *si = 1.0 / *si;
+    }
+    for k in 0..c {
+        for (pi, &r) in p[k * l..(k + 1) * l].iter_mut().zip(sum.iter()) {
+            *pi *= r;
+        }
+    }
+}
+
+/// Scratch of one block: probabilities (classes x block), and two rows.
+struct Scratch {
+    p: Vec<f32>,
+    m: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(c: usize) -> Self {
+        Scratch {
+            p: vec![0.0; c * BLOCK],
+            m: vec![0.0; BLOCK],
+            sum: vec![0.0; BLOCK],
+        }
+    }
 }
 
 /// Blocks of (sample, voxel range), in order.
@@ -85,8 +129,10 @@ fn blocks(n: usize, v: usize) -> Vec<(usize, usize, usize)> {
 
 struct SurfaceLoss;
 
-/// The logits' gradient of [`SurfaceLoss`] for an upstream gradient of 1.
-struct SurfaceLossGrad;
+/// The logits' gradient of [`SurfaceLoss`] for an upstream gradient of `scale`.
+struct SurfaceLossGrad {
+    scale: f64,
+}
 
 impl CustomOp3 for SurfaceLoss {
     fn name(&self) -> &'static str {
@@ -105,18 +151,25 @@ impl CustomOp3 for SurfaceLoss {
         let Args { z, g, w, n, c, v } = args((s1, l1), (s2, l2), (s3, l3), self.name())?;
         let partial: Vec<f64> = blocks(n, v)
             .par_iter()
-            .map(|&(b, s, e)| {
-                let mut p = vec![0f64; c];
-                let mut acc = 0f64;
-                for i in s..e {
-                    softmax_at(z, b, c, v, i, &mut p);
+            .map_init(
+                || Scratch::new(c),
+                |sc, &(b, s, e)| {
+                    let l = e - s;
+                    softmax_block(z, (b, c, v), (s, e), &mut sc.p, &mut sc.m, &mut sc.sum);
+                    // Eight running sums, so the loop vectorizes; f64 for the total.
+                    let mut lanes = [0f64; 8];
                     for k in 1..c {
-                        let d = p[k] - g[(b * c + k) * v + i] as f64;
-                        acc += d * d * w[(b * (c - 1) + k - 1) * v + i] as f64;
+                        let gk = &g[(b * c + k) * v + s..(b * c + k) * v + e];
+                        let wk = &w[(b * (c - 1) + k - 1) * v + s..(b * (c - 1) + k - 1) * v + e];
+                        let pk = &sc.p[k * l..(k + 1) * l];
+                        for (i, ((&pi, &gi), &wi)) in pk.iter().zip(gk).zip(wk).enumerate() {
+                            let d = pi - gi;
+                            lanes[i % 8] += (d * d * wi) as f64;
+                        }
                     }
-                }
-                acc
-            })
+                    lanes.iter().sum::<f64>()
+                },
+            )
             .collect();
         let m = (n * (c - 1) * v).max(1) as f64;
         let loss = partial.iter().sum::<f64>() / m;
@@ -131,8 +184,11 @@ impl CustomOp3 for SurfaceLoss {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let d = logits.apply_op3_no_bwd(target, weight, &SurfaceLossGrad)?;
-        Ok((Some(d.broadcast_mul(grad)?), None, None))
+        // The upstream gradient is the loss's weight (a scalar): applied inside the gradient
+        // op instead of as one more full-size multiplication.
+        let scale = grad.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+        let d = logits.apply_op3_no_bwd(target, weight, &SurfaceLossGrad { scale })?;
+        Ok((Some(d), None, None))
     }
 }
 
@@ -152,34 +208,57 @@ impl CustomOp3 for SurfaceLossGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let Args { z, g, w, n, c, v } = args((s1, l1), (s2, l2), (s3, l3), self.name())?;
         let m = (n * (c - 1) * v).max(1) as f64;
+        let coef = (2.0 * self.scale / m) as f32;
         let mut out = vec![0f32; n * c * v];
-        // Each block writes its own voxels of every class: collect per block, then scatter.
-        let parts: Vec<Vec<f32>> = blocks(n, v)
-            .par_iter()
-            .map(|&(b, s, e)| {
-                let (mut p, mut a) = (vec![0f64; c], vec![0f64; c]);
-                let mut local = vec![0f32; c * (e - s)];
-                for i in s..e {
-                    softmax_at(z, b, c, v, i, &mut p);
-                    a[0] = 0.0;
-                    for k in 1..c {
-                        let wk = w[(b * (c - 1) + k - 1) * v + i] as f64;
-                        a[k] = 2.0 * (p[k] - g[(b * c + k) * v + i] as f64) * wk / m;
-                    }
-                    let pa: f64 = (0..c).map(|k| p[k] * a[k]).sum();
-                    for j in 0..c {
-                        local[j * (e - s) + i - s] = (p[j] * (a[j] - pa)) as f32;
-                    }
-                }
-                local
-            })
-            .collect();
-        for (&(b, s, e), local) in blocks(n, v).iter().zip(&parts) {
-            for j in 0..c {
-                let dst = &mut out[(b * c + j) * v + s..(b * c + j) * v + e];
-                dst.copy_from_slice(&local[j * (e - s)..(j + 1) * (e - s)]);
+        // Each block writes its voxels of every class: one slice per class and block.
+        let per_plane = v.div_ceil(BLOCK);
+        let mut slices: Vec<Vec<&mut [f32]>> =
+            (0..n * per_plane).map(|_| Vec::with_capacity(c)).collect();
+        for (plane, data) in out.chunks_mut(v.max(1)).enumerate() {
+            let b = plane / c;
+            for (k, part) in data.chunks_mut(BLOCK).enumerate() {
+                slices[b * per_plane + k].push(part);
             }
         }
+        blocks(n, v)
+            .into_par_iter()
+            .zip(slices.into_par_iter())
+            .for_each_init(
+                || (Scratch::new(c), vec![0f32; BLOCK]),
+                |(sc, pa), ((b, s, e), mut dst)| {
+                    let l = e - s;
+                    softmax_block(z, (b, c, v), (s, e), &mut sc.p, &mut sc.m, &mut sc.sum);
+                    // a_k = coef (p_k - g_k) W_k for the foreground classes, held in the
+                    // output until the last pass; pa = sum_k p_k a_k.
+                    let pa = &mut pa[..l];
+                    pa.fill(0.0);
+                    for k in 1..c {
+                        let gk = &g[(b * c + k) * v + s..(b * c + k) * v + e];
+                        let wk = &w[(b * (c - 1) + k - 1) * v + s..(b * (c - 1) + k - 1) * v + e];
+                        let pk = &sc.p[k * l..(k + 1) * l];
+                        let ak = &mut dst[k][..l];
+                        for (((a, &pi), &gi), (&wi, t)) in ak
+                            .iter_mut()
+                            .zip(pk)
+                            .zip(gk)
+                            .zip(wk.iter().zip(pa.iter_mut()))
+                        {
+                            *a = coef * (pi - gi) * wi;
+                            *t += pi * *a;
+                        }
+                    }
+                    // d_j = p_j (a_j - pa), a_0 = 0.
+                    for (d, (&pi, &t)) in dst[0].iter_mut().zip(sc.p[..l].iter().zip(pa.iter())) {
+                        *d = -pi * t;
+                    }
+                    for k in 1..c {
+                        let pk = &sc.p[k * l..(k + 1) * l];
+                        for (d, (&pi, &t)) in dst[k].iter_mut().zip(pk.iter().zip(pa.iter())) {
+                            *d = pi * (*d - t);
+                        }
+                    }
+                },
+            );
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }

@@ -22,7 +22,7 @@ use super::deep_supervision::downsample_labels;
 use super::loader::{Loader, LoaderConfig};
 use super::loss::{
     boundary, cldice, dice_ce_masked, ignore_mask, one_hot, predicted_distance_squared,
-    skeleton_recall, surface, LossParts,
+    skeleton_recall, surface_weighted, LossParts,
 };
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
 use super::model::{Precision, UNet, UNetConfig};
@@ -341,14 +341,20 @@ fn extra_terms(
     }
     if w.needs_distance() {
         let shape = (n, c - 1, patch[0], patch[1], patch[2]);
-        let d = Tensor::from_vec(distance, shape, dev)?;
-        if w.boundary > 0.0 {
-            out.boundary = Some(boundary(logits, &d)?);
-        }
         if w.surface > 0.0 {
-            let pred = predicted_distance_squared(logits, spacing)?;
-            let pred = Tensor::from_vec(pred, shape, dev)?;
-            out.surface = Some(surface(logits, &target, &d, &pred)?);
+            // The weight d_g^2 + d_p^2 made here, beside the prediction's distances, rather
+            // than as two more full-size tensor operations.
+            let mut weight = predicted_distance_squared(logits, spacing)?;
+            weight
+                .iter_mut()
+                .zip(&distance)
+                .for_each(|(p, g)| *p += g * g);
+            let weight = Tensor::from_vec(weight, shape, dev)?;
+            out.surface = Some(surface_weighted(logits, &target, &weight)?);
+        }
+        if w.boundary > 0.0 {
+            let d = Tensor::from_vec(distance, shape, dev)?;
+            out.boundary = Some(boundary(logits, &d)?);
         }
     }
     Ok(out)
