@@ -251,9 +251,9 @@ impl CustomOp3 for SurfaceLossGrad {
                     for (d, (&pi, &t)) in dst[0].iter_mut().zip(sc.p[..l].iter().zip(pa.iter())) {
                         *d = -pi * t;
                     }
-                    for k in 1..c {
+                    for (k, dk) in dst.iter_mut().enumerate().skip(1) {
                         let pk = &sc.p[k * l..(k + 1) * l];
-                        for (d, (&pi, &t)) in dst[k].iter_mut().zip(pk.iter().zip(pa.iter())) {
+                        for (d, (&pi, &t)) in dk.iter_mut().zip(pk.iter().zip(pa.iter())) {
                             *d = pi * (*d - t);
                         }
                     }
