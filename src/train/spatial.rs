@@ -482,7 +482,14 @@ impl TransformedReader {
             return src.read_patch(start_zyx, size, image, label);
         }
         let channels = src.channels();
-        let (box_start, bs) = t.source_box(start_zyx, size);
+        let Some((box_start, bs)) = needed_box(t, start_zyx, size, src.shape_zyx())? else {
+            // The whole patch lies more than a voxel outside the volume.
+            image.fill(0.0);
+            if let Some(l) = label {
+                l.fill(0);
+            }
+            return Ok(());
+        };
         let bn: usize = bs.iter().product();
         self.image_box.resize(channels * bn, 0.0);
         src.read_image(box_start, bs, &mut self.image_box)?;
@@ -555,7 +562,11 @@ impl TransformedReader {
                             match label.as_deref_mut() {
                                 Some(l) => {
                                     for (x, c) in self.row.iter().enumerate() {
-                                        let (base, f) = cell(c, bs);
+                                        let Some((base, f)) = cell(c, bs) else {
+                                            l[at + x] = 0;
+                                            self.cells.push(Cell::outside(at + x));
+                                            continue;
+                                        };
                                         l[at + x] =
                                             majority::<FLAT_Z>(&self.label_box, base, sy, sz, f);
                                         self.cells.push(Cell::new(at + x, base, f));
@@ -563,8 +574,10 @@ impl TransformedReader {
                                 }
                                 None => {
                                     for (x, c) in self.row.iter().enumerate() {
-                                        let (base, f) = cell(c, bs);
-                                        self.cells.push(Cell::new(at + x, base, f));
+                                        self.cells.push(match cell(c, bs) {
+                                            Some((base, f)) => Cell::new(at + x, base, f),
+                                            None => Cell::outside(at + x),
+                                        });
                                     }
                                 }
                             }
@@ -574,8 +587,11 @@ impl TransformedReader {
                         let b = &self.image_box[ch * bn..(ch + 1) * bn];
                         let out = &mut image[ch * n..(ch + 1) * n];
                         for c in &self.cells {
-                            out[c.at as usize] =
-                                trilinear::<FLAT_Z>(b, c.base as usize, sy, sz, c.f);
+                            out[c.at as usize] = if c.base == Cell::OUTSIDE {
+                                0.0
+                            } else {
+                                trilinear::<FLAT_Z>(b, c.base as usize, sy, sz, c.f)
+                            };
                         }
                     }
                 }
@@ -593,6 +609,19 @@ struct Cell {
 }
 
 impl Cell {
+    /// `base` of a voxel whose coordinate lies more than a voxel outside the volume: it
+    /// reads 0. Box indices stay below it ([`needed_box`] refuses larger boxes).
+    const OUTSIDE: u32 = u32::MAX;
+
+    #[inline(always)]
+    fn outside(at: usize) -> Self {
+        Cell {
+            at: at as u32,
+            base: Self::OUTSIDE,
+            f: [0.0; 3],
+        }
+    }
+
     #[inline(always)]
     fn new(at: usize, base: usize, f: [f64; 3]) -> Self {
         Cell {
@@ -640,7 +669,13 @@ impl TransformedReader {
             }
             return Ok(());
         }
-        let (box_start, bs) = t.source_box(start_zyx, size);
+        let Some((box_start, bs)) = needed_box(t, start_zyx, size, src.shape_zyx())? else {
+            distance.fill(0.0);
+            if let Some(s) = skeleton {
+                s.fill(0);
+            }
+            return Ok(());
+        };
         let bn: usize = bs.iter().product();
         self.image_box.resize(classes.len() * bn, 0.0);
         for (k, &c) in classes.iter().enumerate() {
@@ -668,7 +703,15 @@ impl TransformedReader {
                 );
                 let at = (z * size[1] + y) * size[2];
                 for (x, c) in self.row.iter().enumerate() {
-                    let (base, f) = cell(c, bs);
+                    let Some((base, f)) = cell(c, bs) else {
+                        for k in 0..classes.len() {
+                            distance[k * n + at + x] = 0.0;
+                        }
+                        if let Some(s) = skeleton.as_deref_mut() {
+                            s[at + x] = 0;
+                        }
+                        continue;
+                    };
                     for k in 0..classes.len() {
                         let b = &self.image_box[k * bn..(k + 1) * bn];
                         distance[k * n + at + x] =
@@ -687,20 +730,61 @@ impl TransformedReader {
 }
 
 /// The box voxel below a source coordinate (its flat index in a box of `bs`) and the
-/// fractions past it. The box holds every coordinate with a voxel to spare on each side, so
-/// truncation is the floor and i + 1 is inside; the clamps only guard. Written out per axis
-/// (no closures over arrays) so that it inlines into the per-voxel loop.
+/// fractions past it; `None` when the coordinate lies outside the box's interpolation range
+/// (only where [`needed_box`] cut the box at one plane beyond the volume: everything there
+/// reads 0). Written out per axis (no closures over arrays) so that it inlines into the
+/// per-voxel loop.
 #[inline(always)]
-fn cell(c: &[f64; 3], bs: [usize; 3]) -> (usize, [f64; 3]) {
+fn cell(c: &[f64; 3], bs: [usize; 3]) -> Option<(usize, [f64; 3])> {
+    let inside = |a: usize| c[a] >= 0.0 && c[a] < (bs[a] - 1) as f64;
+    if !(inside(0) && inside(1) && inside(2)) {
+        return None;
+    }
     // Through i32 (one conversion instruction; f64 to usize takes a branchy sequence): box
-    // sides are far below 2^31, and the conversion saturates.
-    let iz = (c[0].max(0.0) as i32 as usize).min(bs[0] - 2);
-    let iy = (c[1].max(0.0) as i32 as usize).min(bs[1] - 2);
-    let ix = (c[2].max(0.0) as i32 as usize).min(bs[2] - 2);
-    (
+    // sides are far below 2^31, and truncation is the floor of these non-negative values.
+    let iz = c[0] as i32 as usize;
+    let iy = c[1] as i32 as usize;
+    let ix = c[2] as i32 as usize;
+    Some((
         (iz * bs[1] + iy) * bs[2] + ix,
         [c[0] - iz as f64, c[1] - iy as f64, c[2] - ix as f64],
-    )
+    ))
+}
+
+/// The box of source voxels a transformed patch needs: [`Transform::source_box`] cut at one
+/// voxel beyond the volume on each side (past it every neighbour reads 0, which [`cell`]
+/// answers without a box), so the box, its memory and its zero-filling never exceed the
+/// volume plus a border whatever the rotation and scale. `None`: nothing of the volume is
+/// within reach. An error for a box too large to index (2^32 voxels or more).
+fn needed_box(
+    t: &Transform,
+    start_zyx: [i64; 3],
+    size: [usize; 3],
+    shape: [usize; 3],
+) -> Result<Option<([i64; 3], [usize; 3])>> {
+    let (start, bs) = t.source_box(start_zyx, size);
+    let mut out = ([0i64; 3], [0usize; 3]);
+    for a in 0..3 {
+        let lo = start[a].max(-1);
+        let hi = (start[a] + bs[a] as i64 - 1).min(shape[a] as i64);
+        // Fewer than 2 planes: only planes outside the volume are in reach.
+        if hi - lo + 1 < 2 {
+            return Ok(None);
+        }
+        out.0[a] = lo;
+        out.1[a] = (hi - lo + 1) as usize;
+    }
+    let voxels = out
+        .1
+        .iter()
+        .try_fold(1u64, |acc, &n| acc.checked_mul(n as u64));
+    if voxels.is_none_or(|v| v >= Cell::OUTSIDE as u64) {
+        return Err(Error::Config(format!(
+            "a {}x{}x{} patch under this rotation and scale needs a source box of {}x{}x{} voxels, more than the sampler can index",
+            size[0], size[1], size[2], out.1[0], out.1[1], out.1[2]
+        )));
+    }
+    Ok(Some(out))
 }
 
 /// Output tile (z, y, x) of the interpolation loop.
@@ -970,6 +1054,36 @@ mod tests {
                     })
                     .collect();
                 assert!(neighbours.contains(&lab[i]), "{k} {i}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn patches_reaching_far_outside_read_zeros_there_and_the_volume_elsewhere() -> Result<()> {
+        // The box is cut one voxel beyond the volume; coordinates past the cut read 0 and
+        // background without a box, the rest as before.
+        let v = Volume::new([12, 30, 28]);
+        let size = [6, 10, 12];
+        let n: usize = size.iter().product();
+        let mut reader = TransformedReader::default();
+        for (angles, scale, start) in [
+            ([0.3, -0.4, 0.6], 1.4, [-7, -9, 20]),
+            ([1.1, 0.2, -0.3], 1.3, [9, 24, -10]),
+            ([0.0, 0.0, 0.5], 1.0, [-30, 5, 5]),
+            ([0.2, 0.1, 0.0], 0.8, [3, 40, 3]),
+        ] {
+            let t = Transform::rotate_scale(angles, scale);
+            let (mut img, mut lab) = (vec![1.0; n], vec![7u16; n]);
+            reader.read(&v, start, size, &t, &mut img, Some(&mut lab))?;
+            for (i, c) in t.coordinates(start, size).iter().enumerate() {
+                let want = reference_linear(&v, *c);
+                assert!((img[i] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()));
+                let outside = (0..3).any(|a| c[a] < -1.0 || c[a] >= v.shape[a] as f64);
+                if outside {
+                    assert_eq!((img[i], lab[i]), (0.0, 0), "{start:?} {i}");
+                }
+                assert_ne!(lab[i], 7);
             }
         }
         Ok(())
