@@ -1,5 +1,6 @@
-//! Branch-free `2^y` and `exp` in f32 for element-wise loops the compiler should vectorize
-//! (libm's `exp`/`powf` go one value at a time): gamma augmentation, the fused surface loss.
+//! Branch-free `2^y`, `exp`, `log2` and a quarter-turn `sin`/`cos` in f32 for element-wise
+//! loops the compiler should vectorize (libm's functions go one value at a time): gamma
+//! augmentation, Gaussian noise, the fused surface loss.
 
 use std::f32::consts::{LN_2, LOG2_E};
 
@@ -9,9 +10,15 @@ use std::f32::consts::{LN_2, LOG2_E};
 #[inline(always)]
 pub fn exp2(y: f32) -> f32 {
     let y = y.max(-126.0);
-    // floor without libm's floorf (a call per value that stops vectorization).
-    let tr = y as i32;
-    let fl = (tr - (y < tr as f32) as i32) as f32;
+    // floor(y) without float-to-int conversions, which Rust saturates (one value at a time:
+    // they stopped the loops around this from vectorizing) and without libm's floorf: adding
+    // 1.5 * 2^23 rounds y to an integer held in the low mantissa bits.
+    const ROUNDER: f32 = 12_582_912.0;
+    let t = y + ROUNDER;
+    let rounded = t - ROUNDER;
+    let down = (rounded > y) as i32;
+    let fl_int = (t.to_bits() as i32 - ROUNDER.to_bits() as i32) - down;
+    let fl = rounded - down as f32;
     let f = (y - fl) * LN_2;
     let p = 1.0
         + f * (1.0
@@ -20,7 +27,7 @@ pub fn exp2(y: f32) -> f32 {
                     + f * (1.0 / 24.0
                         + f * (1.0 / 120.0
                             + f * (1.0 / 720.0 + f * (1.0 / 5040.0 + f / 40320.0)))))));
-    p * f32::from_bits(((fl as i32 + 127) as u32) << 23)
+    p * f32::from_bits(((fl_int + 127) as u32) << 23)
 }
 
 /// `e^x` for `x` up to about 88 (softmax calls it with `x <= 0`); relative error under 5e-6,
@@ -28,6 +35,52 @@ pub fn exp2(y: f32) -> f32 {
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     exp2(x * LOG2_E)
+}
+
+/// `log2 x` for finite `x > 0` (no subnormals): the exponent bits plus `log2` of the
+/// mantissa `m` in [1, 2) through `t = (m - 1) / (m + 1)`, `2 / ln 2 * atanh t` as an odd
+/// series (absolute error under 3e-7 before the sum's rounding).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let e = ((bits >> 23) & 0xff) as i32 - 127;
+    let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    let t = (m - 1.0) / (m + 1.0);
+    let t2 = t * t;
+    let log2m = t
+        * (2.885_39
+            + t2 * (0.961_797_7
+                + t2 * (0.577_078 + t2 * (0.412_198_6 + t2 * (0.320_598 + t2 * 0.262_307)))));
+    e as f32 + log2m
+}
+
+/// `(sin, cos)` of `2 pi * turn / 2^24` for `turn` below 2^24 (a 24-bit fraction of a turn):
+/// the quadrant from its top two bits, the angle within it centred on pi/4 so that short
+/// Taylor series suffice (absolute error under 5e-7), the quadrant's symmetry by selects.
+#[inline(always)]
+pub fn sin_cos_turn(turn: u32) -> (f32, f32) {
+    use std::f32::consts::{FRAC_1_SQRT_2, FRAC_PI_2, FRAC_PI_4};
+    let quadrant = (turn >> 22) & 3;
+    let within = (turn & 0x3f_ffff) as i32 as f32 * (1.0 / 4_194_304.0);
+    let x = within * FRAC_PI_2 - FRAC_PI_4;
+    let x2 = x * x;
+    let s = x * (1.0 - x2 / 6.0 * (1.0 - x2 / 20.0 * (1.0 - x2 / 42.0)));
+    let c = 1.0 - x2 / 2.0 * (1.0 - x2 / 12.0 * (1.0 - x2 / 30.0 * (1.0 - x2 / 56.0)));
+    // sin and cos of (x + pi/4), the angle within the quadrant.
+    let (sq, cq) = ((s + c) * FRAC_1_SQRT_2, (c - s) * FRAC_1_SQRT_2);
+    // Whole quarter turns: (sin, cos) -> (cos, -sin) per quarter.
+    let (a, b) = if quadrant & 1 == 1 {
+        (cq, sq)
+    } else {
+        (sq, cq)
+    };
+    let sin = if quadrant & 2 == 2 { -a } else { a };
+    let cos = if (quadrant ^ (quadrant >> 1)) & 1 == 1 {
+        -b
+    } else {
+        b
+    };
+    (sin, cos)
 }
 
 #[cfg(test)]
@@ -49,5 +102,26 @@ mod tests {
             assert!(((a - b) / b).abs() < 1e-6, "2^{y}: {a} vs {b}");
         }
         assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn log2_and_sin_cos_match_libm() {
+        for k in 1..=100_000u32 {
+            let x = k as f32 / 100_000.0 * 3.0;
+            let (a, b) = (log2(x) as f64, (x as f64).log2());
+            // The mantissa's part to 3e-7, then the sum's rounding (half an ulp of the result).
+            assert!(
+                (a - b).abs() < 3e-7 + b.abs() * 6e-8,
+                "log2 {x}: {a} vs {b}"
+            );
+        }
+        assert_eq!(log2(1.0), 0.0);
+        assert!((log2(2f32.powi(-24)) + 24.0).abs() < 1e-6);
+        for turn in (0..1u32 << 24).step_by(97) {
+            let angle = std::f64::consts::TAU * turn as f64 / (1u64 << 24) as f64;
+            let (s, c) = sin_cos_turn(turn);
+            assert!((s as f64 - angle.sin()).abs() < 5e-7, "sin at {turn}");
+            assert!((c as f64 - angle.cos()).abs() < 5e-7, "cos at {turn}");
+        }
     }
 }

@@ -86,24 +86,33 @@ impl Rng {
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
 
-    /// Add `std` times a standard normal draw to every value (Marsaglia's polar method: both
-    /// draws of a pair used, no trigonometry; the noise of augmentation, a draw per voxel).
+    /// Add `std` times a standard normal draw to every value: the noise of augmentation, a
+    /// draw per voxel. One word from this generator keys a counter-based stream: value `i`'s
+    /// draw depends only on the key and `i`, so blocks of values are computed side by side in
+    /// vector registers (the sequential polar method here before took most of the noise
+    /// transform's time). Box-Muller from two 24-bit uniforms: tails are cut at 5.8 standard
+    /// deviations, which a patch of a few million voxels reaches with probability under 2%.
+    #[inline(always)]
     pub fn add_normal(&mut self, values: &mut [f32], std: f64) {
-        let mut pairs = values.chunks_mut(2);
-        for pair in &mut pairs {
-            let (a, b) = loop {
-                let u = 2.0 * self.uniform() - 1.0;
-                let v = 2.0 * self.uniform() - 1.0;
-                let s = u * u + v * v;
-                if s > 0.0 && s < 1.0 {
-                    let k = (-2.0 * s.ln() / s).sqrt() * std;
-                    break (u * k, v * k);
-                }
-            };
-            pair[0] += a as f32;
-            if let Some(second) = pair.get_mut(1) {
-                *second += b as f32;
+        let key = self.next_u64();
+        let (k0, k1) = (key as u32, (key >> 32) as u32);
+        let std = std as f32;
+        // Blocks of 16: draw pair j of a block goes to values j and j + 8 (contiguous halves,
+        // so the loop over j is plain vector code).
+        let mut blocks = values.chunks_exact_mut(16);
+        let mut pair = 0u32;
+        for block in &mut blocks {
+            let (lo, hi) = block.split_at_mut(8);
+            for j in 0..8 {
+                let (a, b) = normal_pair(pair.wrapping_add(j as u32), k0, k1);
+                lo[j] += a * std;
+                hi[j] += b * std;
             }
+            pair = pair.wrapping_add(8);
+        }
+        for (j, v) in blocks.into_remainder().iter_mut().enumerate() {
+            let (a, _) = normal_pair(pair.wrapping_add(j as u32), k0, k1);
+            *v += a * std;
         }
     }
 
@@ -123,6 +132,32 @@ impl Rng {
         }
         weights.len() - 1
     }
+}
+
+/// A 32-bit hash of a counter under a 64-bit key (two rounds of xor-shift-multiply, the
+/// second keyed again): uniform enough for noise, and only 32-bit lanes, which AVX2 multiplies
+/// eight at a time.
+#[inline(always)]
+fn hash32(i: u32, k0: u32, k1: u32) -> u32 {
+    let mut x = i ^ k0;
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = (x ^ k1).wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
+}
+
+/// Draw pair `i` of the stream keyed by `(k0, k1)`: two independent standard normals by
+/// Box-Muller on 24-bit uniforms (radius from `u1` in (0, 1], angle from `u2`).
+#[inline(always)]
+fn normal_pair(i: u32, k0: u32, k1: u32) -> (f32, f32) {
+    use crate::train::fastmath::{log2, sin_cos_turn};
+    let h1 = hash32(i.wrapping_mul(2), k0, k1);
+    let h2 = hash32(i.wrapping_mul(2) | 1, k0, k1);
+    let u1 = ((h1 >> 8) as i32 + 1) as f32 * (1.0 / 16_777_216.0);
+    let r = (-2.0 * std::f32::consts::LN_2 * log2(u1)).max(0.0).sqrt();
+    let (s, c) = sin_cos_turn(h2 >> 8);
+    (r * c, r * s)
 }
 
 #[cfg(test)]
@@ -164,5 +199,59 @@ mod tests {
         }
         assert_eq!(counts[1], 0);
         assert!((counts[2] as f64 / counts[0] as f64 - 2.0).abs() < 0.1);
+    }
+
+    /// Standard normal CDF through erf's Abramowitz-Stegun 7.1.26 (error under 1.5e-7).
+    fn phi(x: f64) -> f64 {
+        let z = x.abs() / std::f64::consts::SQRT_2;
+        let t = 1.0 / (1.0 + 0.327_591_1 * z);
+        let poly = t
+            * (0.254_829_592
+                + t * (-0.284_496_736
+                    + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+        let erf = 1.0 - poly * (-z * z).exp();
+        0.5 * (1.0 + if x < 0.0 { -erf } else { erf })
+    }
+
+    #[test]
+    fn added_noise_is_normal_independent_and_reproducible() {
+        let n = 1_000_003; // not a multiple of the 16-value blocks
+        let mut v = vec![0f32; n];
+        let mut r = Rng::new(5);
+        r.add_normal(&mut v, 2.0);
+        let mut again = vec![0f32; n];
+        Rng::new(5).add_normal(&mut again, 2.0);
+        assert_eq!(v, again);
+        let z: Vec<f64> = v.iter().map(|&x| x as f64 / 2.0).collect();
+        let m = n as f64;
+        let mean = z.iter().sum::<f64>() / m;
+        let var = z.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / m;
+        let kurt = z.iter().map(|x| (x - mean).powi(4)).sum::<f64>() / m / (var * var);
+        assert!(mean.abs() < 0.005, "mean {mean}");
+        assert!((var - 1.0).abs() < 0.005, "variance {var}");
+        assert!((kurt - 3.0).abs() < 0.03, "kurtosis {kurt}");
+        // The empirical CDF against the normal one (Kolmogorov-Smirnov at many points: the
+        // 1e-3 bound is over twice the 99.9% critical value for a million draws).
+        let mut sorted = z.clone();
+        sorted.sort_by(f64::total_cmp);
+        let worst = (1..200)
+            .map(|k| {
+                let x = -5.0 + k as f64 * 0.05;
+                let below = sorted.partition_point(|&v| v < x) as f64 / m;
+                (below - phi(x)).abs()
+            })
+            .fold(0.0, f64::max);
+        assert!(worst < 2e-3, "largest CDF gap {worst}");
+        // Neighbours, both halves of a block and the draws of another key are uncorrelated.
+        let corr = |a: &[f64], b: &[f64]| {
+            a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / a.len() as f64
+        };
+        assert!(corr(&z[..n - 1], &z[1..]).abs() < 0.005);
+        assert!(corr(&z[..n - 8], &z[8..]).abs() < 0.005);
+        let mut other = vec![0f32; n];
+        r.add_normal(&mut other, 1.0);
+        let other: Vec<f64> = other.iter().map(|&x| x as f64).collect();
+        assert!(corr(&z, &other).abs() < 0.005);
+        assert!(z.iter().all(|x| x.abs() < 6.0));
     }
 }
