@@ -346,6 +346,17 @@ fn case_name(e: &Arc<dyn PatchSource>) -> String {
     e.name()
 }
 
+/// Index of the first NaN or infinity in `v`: blocks tested without an early exit first
+/// (a loop the compiler vectorizes; `position` goes a value at a time), so a clean patch
+/// costs a fraction of a millisecond less.
+fn first_non_finite(v: &[f32]) -> Option<usize> {
+    let bad_block = v
+        .chunks(4096)
+        .position(|b| b.iter().fold(false, |bad, x| bad | !x.is_finite()))?;
+    let at = bad_block * 4096;
+    v[at..].iter().position(|x| !x.is_finite()).map(|k| at + k)
+}
+
 /// Batch `step`: a pure function of the job and the step.
 fn build_batch(
     job: &Job,
@@ -394,7 +405,7 @@ fn build_batch(
             })?;
         // The build refuses non-finite voxels, so one here is damage (in a shard, which is
         // not hashed on read): name it here rather than as a non-finite loss later.
-        if let Some(k) = img.iter().position(|v| !v.is_finite()) {
+        if let Some(k) = first_non_finite(img) {
             return Err(Error::case(
                 case_name(entry),
                 format!(
