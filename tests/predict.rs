@@ -9,17 +9,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::fixtures::{bundled_cache, bundled_data, text};
+use common::fixtures::{bundled_cache, bundled_data, process_scratch, text};
 use common::zarrs_box;
 use common::Nii;
 use voxcache::nifti_io::{read_header, read_volume};
 
 /// A tiny model trained once for this test binary on the bundled cache.
 fn model() -> &'static Path {
-    static RUN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, run) = RUN.get_or_init(|| {
-        let t = tempfile::tempdir().unwrap();
-        let run = t.path().join("run");
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        let run = process_scratch("model").join("run");
         let o = Command::new(env!("CARGO_BIN_EXE_train"))
             .arg("--cache-dir")
             .arg(bundled_cache("default", &[]))
@@ -43,7 +42,7 @@ fn model() -> &'static Path {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
-        (t, run)
+        run
     });
     run
 }

@@ -80,11 +80,38 @@ pub fn bundled_data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels")
 }
 
+/// A folder of this test process for fixtures kept in statics (built once, shared by the
+/// binary's tests): `<target tmp>/fixtures/<pid>/<what>`, emptied first. Statics are never
+/// dropped, so a `TempDir` held in one was never deleted: every run of a test binary left its
+/// caches in the system's temporary folder (hundreds of MB each). Here each process removes
+/// the folders of processes that are gone (where `/proc` tells), so at most one run's worth
+/// stays, inside `target/`.
+pub fn process_scratch(what: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
+    std::fs::create_dir_all(&root).unwrap();
+    let me = std::process::id();
+    if Path::new("/proc/self").exists() {
+        for e in std::fs::read_dir(&root).unwrap().flatten() {
+            let pid = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+            if let Some(pid) = pid.filter(|&p| p != me) {
+                if !Path::new("/proc").join(pid.to_string()).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+    let dir = root.join(me.to_string()).join(what);
+    // A folder left by an earlier process with the same pid is stale.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A cache of the bundled data built with `flags`, once per test binary and `name` (read-only
 /// to tests). Asking for a name again with other flags is a bug in the test.
 pub fn bundled_cache(name: &str, flags: &[&str]) -> &'static Path {
     struct Built {
-        root: tempfile::TempDir,
+        root: PathBuf,
         caches: Vec<(String, Vec<String>, &'static Path)>,
     }
     // One lock for all: tests that need a cache wait for it, and builds do not compete for the
@@ -92,7 +119,7 @@ pub fn bundled_cache(name: &str, flags: &[&str]) -> &'static Path {
     static BUILT: Mutex<Option<Built>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(PoisonError::into_inner);
     let built = built.get_or_insert_with(|| Built {
-        root: tempfile::tempdir().unwrap(),
+        root: process_scratch("bundled-caches"),
         caches: Vec::new(),
     });
     if let Some((_, had, dir)) = built.caches.iter().find(|(n, ..)| n == name) {
@@ -102,7 +129,7 @@ pub fn bundled_cache(name: &str, flags: &[&str]) -> &'static Path {
         );
         return dir;
     }
-    let dir: &'static Path = Box::leak(built.root.path().join(name).into_boxed_path());
+    let dir: &'static Path = Box::leak(built.root.join(name).into_boxed_path());
     build(&bundled_data(), dir, flags);
     let flags = flags.iter().map(|f| f.to_string()).collect();
     built.caches.push((name.to_string(), flags, dir));
