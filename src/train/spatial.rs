@@ -470,6 +470,8 @@ pub struct TransformedReader {
     cells: Vec<Cell>,
     /// Never take the AVX2 build (tests compare the two).
     portable_only: bool,
+    /// A short tile row's 8-lane output, channel after channel (AVX2 path).
+    short_row: Vec<f32>,
 }
 
 impl TransformedReader {
@@ -551,8 +553,8 @@ impl TransformedReader {
         }
     }
 
-    /// [`TransformedReader::sample`] in AVX2 vectors: the same tiles, each whole row of 8
-    /// voxels interpolated 8 lanes wide ([`gather::row8`]), shorter rows voxel by voxel; the
+    /// [`TransformedReader::sample`] in AVX2 vectors: the same tiles, each row of 8 voxels
+    /// interpolated 8 lanes wide ([`gather::row8`]; a shorter row through a buffer); the
     /// label's majority per voxel as there. The same values as the portable path.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
@@ -588,54 +590,42 @@ impl TransformedReader {
                                 &mut self.scratch,
                             );
                             let at = (z * size[1] + y) * size[2] + tx;
-                            if w == TILE[2] {
-                                let row: &[[f64; 3]; TILE[2]] =
-                                    self.row[..TILE[2]].try_into().expect("a tile row");
-                                // SAFETY: AVX2 is enabled here; the box is under 2^31 voxels
-                                // (checked by the caller) and the buffers are the job's.
-                                let cells = gather::row8::<FLAT_Z>(
-                                    row,
-                                    bs,
-                                    &self.image_box,
-                                    bn,
-                                    channels,
-                                    image,
-                                    n,
-                                    at,
-                                );
-                                if let Some(l) = label.as_deref_mut() {
-                                    for k in 0..TILE[2] {
-                                        l[at + k] = if cells.inside & (1 << k) == 0 {
-                                            0
-                                        } else {
-                                            let f = [0, 1, 2].map(|a| cells.frac[a][k]);
-                                            let base = cells.base[k] as usize;
-                                            majority::<FLAT_Z>(&self.label_box, base, sy, sz, f)
-                                        };
-                                    }
-                                }
-                                continue;
-                            }
-                            for x in 0..w {
-                                let cell = cell(&self.row[x], bs);
+                            // Lanes past a short row's end hold stale coordinates: computed,
+                            // then dropped (into `short_row`, copied out for the first `w`).
+                            let row: &[[f64; 3]; TILE[2]] =
+                                self.row[..TILE[2]].try_into().expect("a tile row");
+                            let (out, out_n, out_at) = if w == TILE[2] {
+                                (&mut *image, n, at)
+                            } else {
+                                self.short_row.resize(channels * TILE[2], 0.0);
+                                (&mut self.short_row[..], TILE[2], 0)
+                            };
+                            // SAFETY: AVX2 is enabled here; the box is under 2^31 voxels
+                            // (checked by the caller) and the buffers are the job's.
+                            let cells = gather::row8::<FLAT_Z>(
+                                row,
+                                bs,
+                                &self.image_box,
+                                bn,
+                                channels,
+                                out,
+                                out_n,
+                                out_at,
+                            );
+                            if w < TILE[2] {
                                 for ch in 0..channels {
-                                    image[ch * n + at + x] = match cell {
-                                        None => 0.0,
-                                        Some((base, f)) => trilinear::<FLAT_Z>(
-                                            &self.image_box[ch * bn..(ch + 1) * bn],
-                                            base,
-                                            sy,
-                                            sz,
-                                            f.map(|v| v as f32),
-                                        ),
-                                    };
+                                    image[ch * n + at..][..w]
+                                        .copy_from_slice(&self.short_row[ch * TILE[2]..][..w]);
                                 }
-                                if let Some(l) = label.as_deref_mut() {
-                                    l[at + x] = match cell {
-                                        None => 0,
-                                        Some((base, f)) => {
-                                            majority::<FLAT_Z>(&self.label_box, base, sy, sz, f)
-                                        }
+                            }
+                            if let Some(l) = label.as_deref_mut() {
+                                for k in 0..w {
+                                    l[at + k] = if cells.inside & (1 << k) == 0 {
+                                        0
+                                    } else {
+                                        let f = [0, 1, 2].map(|a| cells.frac[a][k]);
+                                        let base = cells.base[k] as usize;
+                                        majority::<FLAT_Z>(&self.label_box, base, sy, sz, f)
                                     };
                                 }
                             }
