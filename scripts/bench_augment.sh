@@ -41,7 +41,7 @@ for patch in $PATCHES; do
     for mode in default all; do
         for r in $(seq 1 "$ROUNDS"); do
             step "round $r, patch $patch, $mode: voxcache"
-            "$BIN/examples/bench_augment" "$B/cache" "$patch" "$((N / 2))" "$mode" >>"$results"
+            "$BIN/examples/bench_augment" "$B/cache" "$patch" "$N" "$mode" >>"$results"
             step "round $r, patch $patch, $mode: batchgeneratorsv2"
             "$PY" "$ROOT/scripts/bench_augment_nnunet.py" --cache "$B/cache" --patch "$patch" \
                 --patches "$N" --mode "$mode" >>"$results"

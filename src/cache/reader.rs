@@ -535,6 +535,7 @@ impl EntryReader {
         let off = [0, 1, 2].map(|a| (lo[a] as i128 - start[a] as i128) as usize);
         let es = arr.dtype.size();
         let c = arr.chunk;
+        let mut grown = 0;
         for cz in lo[0] / c[0]..=(hi[0] - 1) / c[0] {
             let (z0, z1) = (lo[0].max(cz * c[0]), hi[0].min((cz + 1) * c[0]));
             for cy in lo[1] / c[1]..=(hi[1] - 1) / c[1] {
@@ -544,15 +545,6 @@ impl EntryReader {
                     let row = x1 - x0;
                     let held = self.chunk(arr, [cz, cy, cx])?;
                     let (ny, nrows) = (y1 - y0, (z1 - z0) * (y1 - y0));
-                    if let Held::Mapped(..) = held {
-                        // The pages this read can touch: per z plane of the chunk, the span
-                        // from its first row to its last (rows of one plane are adjacent),
-                        // plus one for alignment. Counting a page per row instead released
-                        // the maps (and refaulted them) up to 16 times too often.
-                        let span = (ny - 1) * c[2] * es + row * es;
-                        let touched = (z1 - z0) * (span.div_ceil(4096) + 1) * 4096;
-                        self.inner.cache.note_mapped_read(touched as u64);
-                    }
                     // Output position of (z, y0, x0).
                     let dst_at = |z: usize| {
                         ((z - lo[0] + off[0]) * size[1] + (y0 - lo[1] + off[1])) * size[2]
@@ -577,10 +569,16 @@ impl EntryReader {
                                 let (z, y) = (z0 + k / ny, y0 + k % ny);
                                 (z - cz * c[0]) * sz + (y - cy * c[1]) * sy + (x0 - cx * c[2]) * es
                             };
+                            // The bytes one z plane's rows span (rows of a plane are
+                            // adjacent): what this read may bring into the resident set.
+                            let span = (ny - 1) * sy + row * es;
                             let mut k = 0;
                             for z in z0..z1 {
                                 let mut d = dst_at(z);
                                 let mut s = src_at(k);
+                                if let Held::Mapped(block, _) = &held {
+                                    grown += block.touch(&bytes[s..s + span]);
+                                }
                                 for _ in 0..ny {
                                     if k + PREFETCH_ROWS < nrows {
                                         prefetch(bytes, src_at(k + PREFETCH_ROWS), row * es);
@@ -597,6 +595,9 @@ impl EntryReader {
                             }
                         }
                     }
+                    self.inner
+                        .cache
+                        .note_mapped_growth(std::mem::take(&mut grown));
                 }
             }
         }

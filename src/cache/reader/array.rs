@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use memmap2::Mmap;
@@ -18,15 +19,75 @@ use crate::format::{ArrayLayout, ChunkChecksums, Encoding};
 /// An inner chunk that a shard does not hold (all fill value).
 const EMPTY: u64 = u64::MAX;
 
+/// The kernel maps a file's cached pages around a faulting page in aligned windows of this
+/// size (`fault_around_bytes`, 64 KiB by default), so what a read adds to the resident set is
+/// counted in these windows, not in the bytes read.
+const RESIDENT_WINDOW_SHIFT: u32 = 16;
+
 /// One chunk file, or one shard file with its validated index, mapped read-only.
 pub(crate) struct MappedBlock {
     map: Mmap,
     /// Byte offset of each inner chunk (C order) of a shard, [`EMPTY`] for an absent one;
     /// `None` for a plain chunk file (the chunk starts at 0).
     inner: Option<Box<[u64]>>,
+    /// One bit per fault-around window the mapping overlaps (counted from the window holding
+    /// its first byte): touched by a read since the pages were last handed back.
+    touched: Box<[AtomicU64]>,
 }
 
 impl MappedBlock {
+    fn new(map: Mmap, inner: Option<Box<[u64]>>) -> Self {
+        let windows = Self::window_of(&map, map.len().saturating_sub(1)) + 1;
+        let touched = (0..windows.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        MappedBlock {
+            map,
+            inner,
+            touched,
+        }
+    }
+
+    /// The window (of [`RESIDENT_WINDOW_SHIFT`]) holding byte `at` of the mapping, counted
+    /// from the window of its first byte: windows are aligned in the address space.
+    fn window_of(map: &Mmap, at: usize) -> usize {
+        let base = map.as_ptr() as usize;
+        ((base + at) >> RESIDENT_WINDOW_SHIFT) - (base >> RESIDENT_WINDOW_SHIFT)
+    }
+
+    /// Note that a read touches `part` (a slice of this mapping); returns the bytes of the
+    /// windows it touches for the first time since the last [`MappedBlock::release`]: an upper
+    /// bound on what the read adds to the resident set. Re-reading resident pages adds nothing,
+    /// so the hand-back follows the pages actually brought in, not the bytes copied.
+    pub(crate) fn touch(&self, part: &[u8]) -> u64 {
+        if part.is_empty() {
+            return 0;
+        }
+        let at = part.as_ptr() as usize - self.map.as_ptr() as usize;
+        debug_assert!(at + part.len() <= self.map.len(), "a slice of the mapping");
+        let (first, last) = (
+            Self::window_of(&self.map, at),
+            Self::window_of(&self.map, at + part.len() - 1),
+        );
+        let mut new = 0;
+        for w in first..=last {
+            let (word, bit) = (&self.touched[w / 64], 1u64 << (w % 64));
+            // A load first: the common case (already touched) writes nothing shared.
+            if word.load(Ordering::Relaxed) & bit == 0
+                && word.fetch_or(bit, Ordering::Relaxed) & bit == 0
+            {
+                new += 1u64 << RESIDENT_WINDOW_SHIFT;
+            }
+        }
+        new
+    }
+
+    /// How many windows the mapping overlaps.
+    #[cfg(test)]
+    fn window_count(&self) -> usize {
+        Self::window_of(&self.map, self.map.len() - 1) + 1
+    }
+
     /// Hand the mapping's resident pages back to the system; they come back from the page
     /// cache when next touched.
     pub(crate) fn release(&self) {
@@ -36,6 +97,9 @@ impl MappedBlock {
             self.map
                 .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
         };
+        for w in self.touched.iter() {
+            w.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -544,7 +608,7 @@ impl ArrayReader {
         }
         // Hashing touched every page of the file; hand them back so the process keeps only the
         // rows patches read. Without this, each mapped file would stay whole in the resident set.
-        let block = MappedBlock { map, inner };
+        let block = MappedBlock::new(map, inner);
         block.release();
         Ok(Some(block))
     }
@@ -630,5 +694,39 @@ impl ArrayReader {
             self.check_hash(c, &bytes, &path())?;
         }
         Ok(Decoded { bytes, dims })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_count_count_once_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c");
+        let window = 1usize << RESIDENT_WINDOW_SHIFT;
+        std::fs::write(&path, vec![7u8; 5 * window + 100]).unwrap();
+        let file = File::open(&path).unwrap();
+        // SAFETY: a private file of this test, not modified while mapped.
+        let block = MappedBlock::new(unsafe { Mmap::map(&file) }.unwrap(), None);
+        let map = &block.map;
+        // Windows are aligned in the address space; the mapping starts on a page.
+        let skew = (map.as_ptr() as usize) % window;
+        let w = window as u64;
+        // One byte: its window. Again: nothing new. Its neighbour in the same window: nothing.
+        assert_eq!(block.touch(&map[10..11]), w);
+        assert_eq!(block.touch(&map[10..11]), 0);
+        assert_eq!(block.touch(&map[11..12]), 0);
+        // A span from the next window's first byte over two more windows: three windows.
+        let next = window - skew;
+        assert_eq!(block.touch(&map[next..next + 2 * window + 1]), 3 * w);
+        assert_eq!(block.touch(&map[..]), (block.window_count() - 4) as u64 * w);
+        assert_eq!(block.touch(&map[..]), 0);
+        assert_eq!(block.touch(&map[0..0]), 0);
+        block.release();
+        assert_eq!(block.touch(&map[..]), block.window_count() as u64 * w);
+        // 5 windows and 100 bytes overlap 6 or 7 aligned windows.
+        assert!((6..=7).contains(&block.window_count()));
     }
 }

@@ -18,6 +18,12 @@ pub struct ReaderOptions {
     pub max_maps: usize,
     /// Bytes of decoded (compressed) chunks kept, over all entries sharing the cache.
     pub decoded_cache_bytes: usize,
+    /// Bytes of file pages that reads may bring into the maps (counted in the kernel's 64 KiB
+    /// fault-around windows, each once) before every map's pages are handed back: what the
+    /// maps may add to the resident set, whatever the cache's size. Larger: fewer page faults
+    /// when the patches keep coming back to the same volumes, a larger resident set of clean
+    /// file pages.
+    pub mapped_resident_bytes: u64,
 }
 
 impl Default for ReaderOptions {
@@ -26,6 +32,7 @@ impl Default for ReaderOptions {
             mmap: true,
             max_maps: 4096,
             decoded_cache_bytes: 256 << 20,
+            mapped_resident_bytes: 128 << 20,
         }
     }
 }
@@ -38,14 +45,9 @@ struct Shared {
     /// `None`: the file does not exist (all fill value); remembered so it is not looked up again.
     maps: Mutex<Lru<Key, Option<Arc<MappedBlock>>>>,
     decoded: Mutex<Lru<Key, Arc<Decoded>>>,
-    /// Mapped bytes read (pages touched, counted generously) since the maps' pages were last
-    /// handed back.
-    read_since_release: AtomicU64,
+    /// Bytes the maps' pages may have grown by since they were last handed back.
+    resident_since_release: AtomicU64,
 }
-
-/// Mapped bytes read between two hand-backs of every map's resident pages: what the maps may
-/// add to the resident set, whatever the cache's size.
-const RELEASE_EVERY: u64 = 128 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -75,7 +77,7 @@ impl ChunkCache {
             shared: Arc::new(Shared {
                 maps: Mutex::new(Lru::new(options.max_maps.max(1))),
                 decoded: Mutex::new(Lru::new(options.decoded_cache_bytes)),
-                read_since_release: AtomicU64::new(0),
+                resident_since_release: AtomicU64::new(0),
                 options,
             }),
         }
@@ -112,12 +114,17 @@ impl ChunkCache {
         Ok(slot)
     }
 
-    /// Count `bytes` read from mapped files; past [`RELEASE_EVERY`], hand back the resident
-    /// pages of every map (clean file pages, read again from the page cache when next touched),
-    /// so a long run over a large cache keeps a flat resident set.
-    pub(super) fn note_mapped_read(&self, bytes: u64) {
-        let since = &self.shared.read_since_release;
-        if since.fetch_add(bytes, Ordering::Relaxed) + bytes < RELEASE_EVERY {
+    /// Count `bytes` that reads may have added to the maps' resident pages
+    /// ([`super::array::MappedBlock::touch`]); past [`ReaderOptions::mapped_resident_bytes`],
+    /// hand back the resident pages of every map (clean file pages, read again from the page
+    /// cache when next touched), so a long run over a large cache keeps a flat resident set.
+    pub(super) fn note_mapped_growth(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let since = &self.shared.resident_since_release;
+        let limit = self.shared.options.mapped_resident_bytes;
+        if since.fetch_add(bytes, Ordering::Relaxed) + bytes < limit {
             return;
         }
         since.store(0, Ordering::Relaxed);
