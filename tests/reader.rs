@@ -278,6 +278,53 @@ fn threads_share_one_reader() {
     });
 }
 
+#[test]
+fn mapped_pages_are_handed_back_oldest_first_within_the_limit() {
+    let size = [8usize, 24, 24];
+    let n = size.iter().product::<usize>();
+    let (mut img, mut lab) = (vec![0.0f32; n], vec![0u16; n]);
+    for name in ["plain", "sharded"] {
+        let limit = 1u64 << 20;
+        let opts = ReaderOptions {
+            mapped_resident_bytes: limit,
+            ..ReaderOptions::default()
+        };
+        let reader = CacheReader::open_with(cache(name), opts).unwrap();
+        let es = open_entries(&reader);
+        let resident = || reader.chunk_cache().mapped_resident_bytes();
+        // A patch read twice: the second read brings nothing new in.
+        es[0]
+            .read_patch([0, 0, 0], size, &mut img, Some(&mut lab))
+            .unwrap();
+        let once = resident();
+        assert!(once > 0, "{name}");
+        es[0]
+            .read_patch([0, 0, 0], size, &mut img, Some(&mut lab))
+            .unwrap();
+        assert_eq!(resident(), once, "{name}");
+        // Many patches over every entry: the count passes the limit and is held near it
+        // (checked every eighth of it; one patch of these small chunks adds well under 1 MiB).
+        let mut rng = Lcg(3);
+        let mut peak = 0;
+        for _ in 0..3000 {
+            let e = &es[rng.below(es.len() as u64) as usize];
+            let s = e.shape_zyx();
+            let start = [0, 1, 2].map(|a| rng.range(-4, s[a] as i64));
+            e.read_patch(start, size, &mut img, Some(&mut lab)).unwrap();
+            peak = peak.max(resident());
+            assert!(
+                resident() <= limit + limit / 8 + (1 << 20),
+                "{name}: {}",
+                resident()
+            );
+        }
+        assert!(
+            peak > limit,
+            "{name}: the reads never reached the limit ({peak})"
+        );
+    }
+}
+
 /// The caches the RSS probe reads, passed to its own process.
 const RSS_CACHES_ENV: &str = "VOXCACHE_TEST_RSS_CACHES";
 

@@ -33,6 +33,8 @@ pub(crate) struct MappedBlock {
     /// One bit per fault-around window the mapping overlaps (counted from the window holding
     /// its first byte): touched by a read since the pages were last handed back.
     touched: Box<[AtomicU64]>,
+    /// The bytes of those windows: what the mapping may hold resident.
+    resident: AtomicU64,
 }
 
 impl MappedBlock {
@@ -45,6 +47,7 @@ impl MappedBlock {
             map,
             inner,
             touched,
+            resident: AtomicU64::new(0),
         }
     }
 
@@ -53,6 +56,16 @@ impl MappedBlock {
     fn window_of(map: &Mmap, at: usize) -> usize {
         let base = map.as_ptr() as usize;
         ((base + at) >> RESIDENT_WINDOW_SHIFT) - (base >> RESIDENT_WINDOW_SHIFT)
+    }
+
+    /// The bytes of window `w` inside the mapping (whole pages): a window is the most the
+    /// kernel maps around a fault, never past the mapping's ends.
+    fn window_bytes(&self, w: usize) -> u64 {
+        let base = self.map.as_ptr() as usize;
+        let end = base + self.map.len().div_ceil(4096) * 4096;
+        let start = ((base >> RESIDENT_WINDOW_SHIFT) + w) << RESIDENT_WINDOW_SHIFT;
+        let stop = start + (1 << RESIDENT_WINDOW_SHIFT);
+        (stop.min(end) - start.max(base)) as u64
     }
 
     /// Note that a read touches `part` (a slice of this mapping); returns the bytes of the
@@ -76,10 +89,18 @@ impl MappedBlock {
             if word.load(Ordering::Relaxed) & bit == 0
                 && word.fetch_or(bit, Ordering::Relaxed) & bit == 0
             {
-                new += 1u64 << RESIDENT_WINDOW_SHIFT;
+                new += self.window_bytes(w);
             }
         }
+        if new > 0 {
+            self.resident.fetch_add(new, Ordering::Relaxed);
+        }
         new
+    }
+
+    /// The bytes of the windows touched since the last release.
+    pub(crate) fn resident(&self) -> u64 {
+        self.resident.load(Ordering::Relaxed)
     }
 
     /// How many windows the mapping overlaps.
@@ -89,8 +110,8 @@ impl MappedBlock {
     }
 
     /// Hand the mapping's resident pages back to the system; they come back from the page
-    /// cache when next touched.
-    pub(crate) fn release(&self) {
+    /// cache when next touched. Returns the bytes [`MappedBlock::resident`] counted.
+    pub(crate) fn release(&self) -> u64 {
         // SAFETY: a shared, read-only mapping of an immutable entry file: dropped pages are
         // read again, unchanged, from the file, by any thread.
         let _ = unsafe {
@@ -100,6 +121,7 @@ impl MappedBlock {
         for w in self.touched.iter() {
             w.store(0, Ordering::Relaxed);
         }
+        self.resident.swap(0, Ordering::Relaxed)
     }
 }
 
@@ -609,6 +631,7 @@ impl ArrayReader {
         // Hashing touched every page of the file; hand them back so the process keeps only the
         // rows patches read. Without this, each mapped file would stay whole in the resident set.
         let block = MappedBlock::new(map, inner);
+        // Nothing counted yet: hashing read the pages, but not through `touch`.
         block.release();
         Ok(Some(block))
     }
@@ -702,7 +725,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn window_count_count_once_until_released() {
+    fn touched_windows_count_once_until_released() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c");
         let window = 1usize << RESIDENT_WINDOW_SHIFT;
@@ -713,19 +736,28 @@ mod tests {
         let map = &block.map;
         // Windows are aligned in the address space; the mapping starts on a page.
         let skew = (map.as_ptr() as usize) % window;
-        let w = window as u64;
+        let all: u64 = (0..block.window_count())
+            .map(|w| block.window_bytes(w))
+            .sum();
+        assert_eq!(all, (5 * window + 100).div_ceil(4096) as u64 * 4096);
+        let w = |k: usize| block.window_bytes(k);
         // One byte: its window. Again: nothing new. Its neighbour in the same window: nothing.
-        assert_eq!(block.touch(&map[10..11]), w);
+        assert_eq!(block.touch(&map[10..11]), w(0));
         assert_eq!(block.touch(&map[10..11]), 0);
         assert_eq!(block.touch(&map[11..12]), 0);
         // A span from the next window's first byte over two more windows: three windows.
         let next = window - skew;
-        assert_eq!(block.touch(&map[next..next + 2 * window + 1]), 3 * w);
-        assert_eq!(block.touch(&map[..]), (block.window_count() - 4) as u64 * w);
+        assert_eq!(
+            block.touch(&map[next..next + 2 * window + 1]),
+            w(1) + w(2) + w(3)
+        );
+        assert_eq!(block.touch(&map[..]), all - w(0) - w(1) - w(2) - w(3));
         assert_eq!(block.touch(&map[..]), 0);
         assert_eq!(block.touch(&map[0..0]), 0);
-        block.release();
-        assert_eq!(block.touch(&map[..]), block.window_count() as u64 * w);
+        assert_eq!(block.resident(), all);
+        assert_eq!(block.release(), all);
+        assert_eq!(block.resident(), 0);
+        assert_eq!(block.touch(&map[..]), all);
         // 5 windows and 100 bytes overlap 6 or 7 aligned windows.
         assert!((6..=7).contains(&block.window_count()));
     }

@@ -45,8 +45,8 @@ struct Shared {
     /// `None`: the file does not exist (all fill value); remembered so it is not looked up again.
     maps: Mutex<Lru<Key, Option<Arc<MappedBlock>>>>,
     decoded: Mutex<Lru<Key, Arc<Decoded>>>,
-    /// Bytes the maps' pages may have grown by since they were last handed back.
-    resident_since_release: AtomicU64,
+    /// Bytes the maps' pages may have grown by since the maps were last counted.
+    growth_since_count: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -77,7 +77,7 @@ impl ChunkCache {
             shared: Arc::new(Shared {
                 maps: Mutex::new(Lru::new(options.max_maps.max(1))),
                 decoded: Mutex::new(Lru::new(options.decoded_cache_bytes)),
-                resident_since_release: AtomicU64::new(0),
+                growth_since_count: AtomicU64::new(0),
                 options,
             }),
         }
@@ -115,24 +115,43 @@ impl ChunkCache {
     }
 
     /// Count `bytes` that reads may have added to the maps' resident pages
-    /// ([`super::array::MappedBlock::touch`]); past [`ReaderOptions::mapped_resident_bytes`],
-    /// hand back the resident pages of every map (clean file pages, read again from the page
-    /// cache when next touched), so a long run over a large cache keeps a flat resident set.
+    /// ([`super::array::MappedBlock::touch`]). Every eighth of
+    /// [`ReaderOptions::mapped_resident_bytes`] of growth, the maps' resident bytes are summed;
+    /// past the limit, the least recently used maps hand their pages back (clean file pages,
+    /// read again from the page cache when next touched) until three quarters of it remain, so
+    /// a long run over a large cache keeps a flat resident set, and the volumes patches keep
+    /// coming back to keep their pages.
     pub(super) fn note_mapped_growth(&self, bytes: u64) {
         if bytes == 0 {
             return;
         }
-        let since = &self.shared.resident_since_release;
+        let since = &self.shared.growth_since_count;
         let limit = self.shared.options.mapped_resident_bytes;
-        if since.fetch_add(bytes, Ordering::Relaxed) + bytes < limit {
+        if since.fetch_add(bytes, Ordering::Relaxed) + bytes < limit / 8 {
             return;
         }
         since.store(0, Ordering::Relaxed);
-        lock(&self.shared.maps).for_each_value(|m| {
+        let maps = lock(&self.shared.maps);
+        let mut total = 0;
+        maps.for_each_value(|m| total += m.as_ref().map_or(0, |m| m.resident()));
+        if total <= limit {
+            return;
+        }
+        let keep = limit / 4 * 3;
+        maps.for_each_oldest_first(|m| {
             if let Some(m) = m {
-                m.release();
+                total -= m.release().min(total);
             }
+            total > keep
         });
+    }
+
+    /// The bytes the mapped files may hold resident (what reads touched since each map's pages
+    /// were last handed back, in fault-around windows).
+    pub fn mapped_resident_bytes(&self) -> u64 {
+        let mut total = 0;
+        lock(&self.shared.maps).for_each_value(|m| total += m.as_ref().map_or(0, |m| m.resident()));
+        total
     }
 
     /// The decoded chunk under `key`, decoding it with `decode` on a miss (outside the lock).

@@ -66,6 +66,15 @@ impl<K: Hash + Eq + Clone, V: Clone> Lru<K, V> {
         self.items.iter().for_each(|(_, (v, _))| f(v));
     }
 
+    /// Values from the least recently used on, while `f` returns true (recency is not touched).
+    pub(crate) fn for_each_oldest_first(&self, mut f: impl FnMut(&V) -> bool) {
+        for (_, (v, _)) in self.items.iter().rev() {
+            if !f(v) {
+                break;
+            }
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
@@ -95,6 +104,18 @@ mod tests {
         assert_eq!(l.len(), 2);
         l.insert("a", 5, 2);
         assert_eq!((l.get(&"a"), l.used()), (Some(5), 6));
+        let mut order = Vec::new();
+        l.for_each_oldest_first(|v| {
+            order.push(*v);
+            true
+        });
+        assert_eq!(order, [3, 5], "c, then the just-inserted a");
+        let mut first = Vec::new();
+        l.for_each_oldest_first(|v| {
+            first.push(*v);
+            false
+        });
+        assert_eq!(first, [3]);
         l.retain(|k| *k != "c");
         assert_eq!((l.len(), l.used()), (1, 2));
     }
