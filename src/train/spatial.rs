@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::PatchSource;
 #[cfg(target_arch = "x86_64")]
 mod gather;
+mod label;
 
 use crate::error::{Error, Result};
 use crate::train::rng::Rng;
@@ -464,6 +465,8 @@ fn centre_of(start_zyx: [i64; 3], size: [usize; 3]) -> [f64; 3] {
 pub struct TransformedReader {
     image_box: Vec<f32>,
     label_box: Vec<u16>,
+    /// The label box's uniform cells ([`label::uniform_cells`]).
+    label_uniform: Vec<u16>,
     row: Vec<[f64; 3]>,
     scratch: Vec<[f64; 3]>,
     /// One tile's voxels (see [`Cell`]).
@@ -574,6 +577,23 @@ impl TransformedReader {
         let n: usize = size.iter().product();
         let bn: usize = bs.iter().product();
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
+        if label.is_some() {
+            label::uniform_cells::<FLAT_Z>(&self.label_box, bs, &mut self.label_uniform);
+            if std::env::var_os("VX_DBG").is_some() {
+                let m = self
+                    .label_uniform
+                    .iter()
+                    .filter(|&&u| u == label::MIXED)
+                    .count();
+                let fg = self.label_box.iter().filter(|&&u| u != 0).count();
+                eprintln!(
+                    "box {:?} mixed {:.3} fg {:.3}",
+                    bs,
+                    m as f64 / self.label_box.len() as f64,
+                    fg as f64 / self.label_box.len() as f64
+                );
+            }
+        }
         self.row.resize(TILE[2], [0.0; 3]);
         for tz in (0..size[0]).step_by(TILE[0]) {
             for ty in (0..size[1]).step_by(TILE[1]) {
@@ -619,15 +639,14 @@ impl TransformedReader {
                                 }
                             }
                             if let Some(l) = label.as_deref_mut() {
-                                for k in 0..w {
-                                    l[at + k] = if cells.inside & (1 << k) == 0 {
-                                        0
-                                    } else {
-                                        let f = [0, 1, 2].map(|a| cells.frac[a][k]);
-                                        let base = cells.base[k] as usize;
-                                        majority::<FLAT_Z>(&self.label_box, base, sy, sz, f)
-                                    };
-                                }
+                                let vals = label::row8_labels::<FLAT_Z>(
+                                    &self.label_uniform,
+                                    &self.label_box,
+                                    &cells,
+                                    sy,
+                                    sz,
+                                );
+                                l[at..at + w].copy_from_slice(&vals[..w]);
                             }
                         }
                     }
@@ -654,6 +673,9 @@ impl TransformedReader {
         let n: usize = size.iter().product();
         let bn: usize = bs.iter().product();
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
+        if label.is_some() {
+            label::uniform_cells::<FLAT_Z>(&self.label_box, bs, &mut self.label_uniform);
+        }
         // Output tiles, so that the source voxels one tile reads are few and stay in cache
         // (the box of a rotated patch is many times the patch and far larger than the cache).
         // Per tile, first every voxel's cell and fractions, then each array in a loop of
@@ -686,8 +708,14 @@ impl TransformedReader {
                                             self.cells.push(Cell::outside(at + x));
                                             continue;
                                         };
-                                        l[at + x] =
-                                            majority::<FLAT_Z>(&self.label_box, base, sy, sz, f);
+                                        l[at + x] = label::label_at::<FLAT_Z>(
+                                            &self.label_uniform,
+                                            &self.label_box,
+                                            base,
+                                            sy,
+                                            sz,
+                                            f,
+                                        );
                                         self.cells.push(Cell::new(at + x, base, f));
                                     }
                                 }
@@ -937,114 +965,6 @@ fn trilinear<const FLAT_Z: bool>(b: &[f32], base: usize, sy: usize, sz: usize, f
         fy,
     );
     lerp(z0, z1, fz)
-}
-
-/// The label value with the largest summed linear weight among the 8 voxels from `base`
-/// (ties to the lower value); most voxels have 8 equal neighbours and skip the weights.
-/// `FLAT_Z` as for [`trilinear`] (the upper plane's weights are 0, so it never counts).
-#[inline(always)]
-fn majority<const FLAT_Z: bool>(b: &[u16], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> u16 {
-    // The equality test in registers: an array of the values here would be stored to the
-    // stack and read back for every voxel.
-    if FLAT_Z {
-        let b = &b[base..=base + sy + 1];
-        let v = b[0];
-        if (b[1] ^ v) | (b[sy] ^ v) | (b[sy + 1] ^ v) == 0 {
-            return v;
-        }
-        return mixed_majority(&[b[0], b[1], b[sy], b[sy + 1]], f);
-    }
-    let b = &b[base..=base + sz + sy + 1];
-    let v = b[0];
-    let diff = (b[1] ^ v)
-        | (b[sy] ^ v)
-        | (b[sy + 1] ^ v)
-        | (b[sz] ^ v)
-        | (b[sz + 1] ^ v)
-        | (b[sz + sy] ^ v)
-        | (b[sz + sy + 1] ^ v);
-    if diff == 0 {
-        return v;
-    }
-    mixed_majority(
-        &[
-            b[0],
-            b[1],
-            b[sy],
-            b[sy + 1],
-            b[sz],
-            b[sz + 1],
-            b[sz + sy],
-            b[sz + sy + 1],
-        ],
-        f,
-    )
-}
-
-/// [`majority`] where the neighbours differ: weights in f64, as the reference computes them.
-/// `values`: the 8 neighbours (z, y, x order), or the lower plane's 4 when the z fraction
-/// is 0 (then `f[0]` is not read).
-#[inline(never)]
-fn mixed_majority(values: &[u16], f: [f64; 3]) -> u16 {
-    // Weights of the lower and upper neighbour per axis.
-    let wz = if values.len() == 4 {
-        [1.0, 0.0]
-    } else {
-        [1.0 - f[0], f[0]]
-    };
-    let wy = [1.0 - f[1], f[1]];
-    let wx = [1.0 - f[2], f[2]];
-    // Two values (a structure's border, nine in ten mixed voxels here): both sums without
-    // branches on the values (their mispredictions were most of this function's time), each
-    // summed in the same order as the list below, where zero weights add nothing, so the
-    // same winner.
-    let first = values[0];
-    let mut other = first;
-    for &v in values {
-        other = if v != first { v } else { other };
-    }
-    let mut two = true;
-    for &v in values {
-        two &= (v == first) | (v == other);
-    }
-    if two {
-        let (mut w_first, mut w_other) = (0.0, 0.0);
-        for (k, &v) in values.iter().enumerate() {
-            let w = wz[(k >> 2) & 1] * wy[(k >> 1) & 1] * wx[k & 1];
-            let is_first = v == first;
-            w_first += if is_first { w } else { 0.0 };
-            w_other += if is_first { 0.0 } else { w };
-        }
-        let first_wins = (w_first > w_other) | ((w_first == w_other) & (first < other));
-        return if first_wins { first } else { other };
-    }
-    majority_by_list(values, wz, wy, wx)
-}
-
-/// The general case of [`mixed_majority`]: each distinct value's summed weight in a list.
-fn majority_by_list(values: &[u16], wz: [f64; 2], wy: [f64; 2], wx: [f64; 2]) -> u16 {
-    let mut seen: [(u16, f64); 8] = [(0, 0.0); 8];
-    let mut len = 0;
-    for (k, &v) in values.iter().enumerate() {
-        let w = wz[(k >> 2) & 1] * wy[(k >> 1) & 1] * wx[k & 1];
-        if w == 0.0 {
-            continue;
-        }
-        match seen[..len].iter_mut().find(|s| s.0 == v) {
-            Some(s) => s.1 += w,
-            None => {
-                seen[len] = (v, w);
-                len += 1;
-            }
-        }
-    }
-    let mut best = (0u16, -1.0f64);
-    for &(v, w) in &seen[..len] {
-        if w > best.1 || (w == best.1 && v < best.0) {
-            best = (v, w);
-        }
-    }
-    best.0
 }
 
 #[cfg(test)]
@@ -1375,27 +1295,6 @@ mod tests {
         assert!(lab.iter().all(|&l| l == 0 || l == 2));
         assert!(lab.iter().filter(|&&l| l == 2).count() >= 10);
         Ok(())
-    }
-
-    #[test]
-    fn the_two_value_majority_agrees_with_the_list() {
-        let mut rng = Rng::new(11);
-        for case in 0..20_000 {
-            let four = case % 3 == 0;
-            let pick = [3u16, 9, 0];
-            // Mostly two values, some three; fractions often exactly 0, 0.5 or 1 (ties).
-            let values: Vec<u16> = (0..if four { 4 } else { 8 })
-                .map(|_| pick[rng.below(if case % 5 == 0 { 3 } else { 2 }) as usize])
-                .collect();
-            let f = [0, 1, 2].map(|_| match rng.below(4) {
-                0 => 0.5,
-                1 => 0.0,
-                _ => rng.uniform(),
-            });
-            let wz = if four { [1.0, 0.0] } else { [1.0 - f[0], f[0]] };
-            let want = majority_by_list(&values, wz, [1.0 - f[1], f[1]], [1.0 - f[2], f[2]]);
-            assert_eq!(mixed_majority(&values, f), want, "{values:?} at {f:?}");
-        }
     }
 
     #[test]

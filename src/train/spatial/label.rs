@@ -1,0 +1,298 @@
+//! Labels through the spatial transform: the class with the largest summed linear weight
+//! among a coordinate's 8 neighbours (4 for in-plane maps), ties to the lower value, and the
+//! box-wide table that answers most voxels with one load.
+
+/// [`uniform_cells`]' mark for a cell whose corners differ (or hold this value): the voxel's
+/// neighbours are weighed one by one.
+pub(super) const MIXED: u16 = u16::MAX;
+
+/// For each voxel `v` of a label box of sides `bs` (C order), the value of the cell from `v`
+/// (its 8 corners, or the 4 of its plane when `FLAT_Z`) when all corners hold it, [`MIXED`]
+/// otherwise, into `out`. Most cells of a label lie inside one structure: one load from this
+/// table replaces their 8 loads and compares in the per-voxel loop, and this pass reads the
+/// box in 8 sequential streams, which the compiler vectorizes.
+#[inline(always)]
+pub(super) fn uniform_cells<const FLAT_Z: bool>(label: &[u16], bs: [usize; 3], out: &mut Vec<u16>) {
+    let (sy, sz) = (bs[2], bs[1] * bs[2]);
+    let n = label.len();
+    out.clear();
+    out.resize(n, MIXED);
+    // Cells start at most one voxel before each axis' end: their farthest corner is in the box.
+    let far = if FLAT_Z { sy + 1 } else { sz + sy + 1 };
+    let m = n.saturating_sub(far);
+    if m == 0 {
+        return;
+    }
+    let l = |off: usize| &label[off..off + m];
+    let (a, b, c, d) = (l(0), l(1), l(sy), l(sy + 1));
+    let o = &mut out[..m];
+    if FLAT_Z {
+        for i in 0..m {
+            let v = a[i];
+            let same = (b[i] == v) & (c[i] == v) & (d[i] == v);
+            o[i] = if same { v } else { MIXED };
+        }
+        return;
+    }
+    let (e, f, g, h) = (l(sz), l(sz + 1), l(sz + sy), l(sz + sy + 1));
+    for i in 0..m {
+        let v = a[i];
+        let same = (b[i] == v)
+            & (c[i] == v)
+            & (d[i] == v)
+            & (e[i] == v)
+            & (f[i] == v)
+            & (g[i] == v)
+            & (h[i] == v);
+        o[i] = if same { v } else { MIXED };
+    }
+}
+
+/// The labels of one row of 8 voxels from their cells ([`super::gather::row8`]): the uniform
+/// table's answers for all 8, then the weighed neighbours for the mixed lanes only (one
+/// branch per row where no lane is mixed, instead of one per voxel); 0 outside.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn row8_labels<const FLAT_Z: bool>(
+    uniform: &[u16],
+    b: &[u16],
+    cells: &super::gather::Cells8,
+    sy: usize,
+    sz: usize,
+) -> [u16; 8] {
+    let mut vals = [0u16; 8];
+    let mut mixed = 0u32;
+    for k in 0..8 {
+        // Lanes outside hold base 0, a voxel of the box.
+        let v = uniform[cells.base[k] as usize];
+        let inside = cells.inside & (1 << k) != 0;
+        vals[k] = if inside { v } else { 0 };
+        mixed |= u32::from(inside & (v == MIXED)) << k;
+    }
+    while mixed != 0 {
+        let k = mixed.trailing_zeros() as usize;
+        mixed &= mixed - 1;
+        let f = [0, 1, 2].map(|a| cells.frac[a][k]);
+        vals[k] = majority::<FLAT_Z>(b, cells.base[k] as usize, sy, sz, f);
+    }
+    vals
+}
+
+/// The label at a coordinate whose cell starts at box voxel `base` with fractions `f`:
+/// [`uniform_cells`]' answer, or the weighed neighbours when it says [`MIXED`].
+#[inline(always)]
+pub(super) fn label_at<const FLAT_Z: bool>(
+    uniform: &[u16],
+    b: &[u16],
+    base: usize,
+    sy: usize,
+    sz: usize,
+    f: [f64; 3],
+) -> u16 {
+    let u = uniform[base];
+    if u != MIXED {
+        return u;
+    }
+    majority::<FLAT_Z>(b, base, sy, sz, f)
+}
+
+/// The label value with the largest summed linear weight among the 8 voxels from `base`
+/// (ties to the lower value); most voxels have 8 equal neighbours and skip the weights.
+/// `FLAT_Z` as for [`trilinear`] (the upper plane's weights are 0, so it never counts).
+#[inline(always)]
+pub(super) fn majority<const FLAT_Z: bool>(
+    b: &[u16],
+    base: usize,
+    sy: usize,
+    sz: usize,
+    f: [f64; 3],
+) -> u16 {
+    // The equality test in registers: an array of the values here would be stored to the
+    // stack and read back for every voxel.
+    if FLAT_Z {
+        let b = &b[base..=base + sy + 1];
+        let v = b[0];
+        if (b[1] ^ v) | (b[sy] ^ v) | (b[sy + 1] ^ v) == 0 {
+            return v;
+        }
+        return mixed_majority(&[b[0], b[1], b[sy], b[sy + 1]], f);
+    }
+    let b = &b[base..=base + sz + sy + 1];
+    let v = b[0];
+    let diff = (b[1] ^ v)
+        | (b[sy] ^ v)
+        | (b[sy + 1] ^ v)
+        | (b[sz] ^ v)
+        | (b[sz + 1] ^ v)
+        | (b[sz + sy] ^ v)
+        | (b[sz + sy + 1] ^ v);
+    if diff == 0 {
+        return v;
+    }
+    mixed_majority(
+        &[
+            b[0],
+            b[1],
+            b[sy],
+            b[sy + 1],
+            b[sz],
+            b[sz + 1],
+            b[sz + sy],
+            b[sz + sy + 1],
+        ],
+        f,
+    )
+}
+
+/// [`majority`] where the neighbours differ: weights in f64, as the reference computes them.
+/// `values`: the 8 neighbours (z, y, x order), or the lower plane's 4 when the z fraction
+/// is 0 (then `f[0]` is not read).
+#[inline(never)]
+fn mixed_majority(values: &[u16], f: [f64; 3]) -> u16 {
+    // Weights of the lower and upper neighbour per axis.
+    let wz = if values.len() == 4 {
+        [1.0, 0.0]
+    } else {
+        [1.0 - f[0], f[0]]
+    };
+    let wy = [1.0 - f[1], f[1]];
+    let wx = [1.0 - f[2], f[2]];
+    // Two values (a structure's border, nine in ten mixed voxels here): both sums without
+    // branches on the values (their mispredictions were most of this function's time), each
+    // summed in the same order as the list below, where zero weights add nothing, so the
+    // same winner.
+    let first = values[0];
+    let mut other = first;
+    for &v in values {
+        other = if v != first { v } else { other };
+    }
+    let mut two = true;
+    for &v in values {
+        two &= (v == first) | (v == other);
+    }
+    if two {
+        let (mut w_first, mut w_other) = (0.0, 0.0);
+        for (k, &v) in values.iter().enumerate() {
+            let w = wz[(k >> 2) & 1] * wy[(k >> 1) & 1] * wx[k & 1];
+            let is_first = v == first;
+            w_first += if is_first { w } else { 0.0 };
+            w_other += if is_first { 0.0 } else { w };
+        }
+        let first_wins = (w_first > w_other) | ((w_first == w_other) & (first < other));
+        return if first_wins { first } else { other };
+    }
+    majority_by_list(values, wz, wy, wx)
+}
+
+/// The general case of [`mixed_majority`]: each distinct value's summed weight in a list.
+fn majority_by_list(values: &[u16], wz: [f64; 2], wy: [f64; 2], wx: [f64; 2]) -> u16 {
+    let mut seen: [(u16, f64); 8] = [(0, 0.0); 8];
+    let mut len = 0;
+    for (k, &v) in values.iter().enumerate() {
+        let w = wz[(k >> 2) & 1] * wy[(k >> 1) & 1] * wx[k & 1];
+        if w == 0.0 {
+            continue;
+        }
+        match seen[..len].iter_mut().find(|s| s.0 == v) {
+            Some(s) => s.1 += w,
+            None => {
+                seen[len] = (v, w);
+                len += 1;
+            }
+        }
+    }
+    let mut best = (0u16, -1.0f64);
+    for &(v, w) in &seen[..len] {
+        if w > best.1 || (w == best.1 && v < best.0) {
+            best = (v, w);
+        }
+    }
+    best.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::rng::Rng;
+
+    #[test]
+    fn the_two_value_majority_agrees_with_the_list() {
+        let mut rng = Rng::new(11);
+        for case in 0..20_000 {
+            let four = case % 3 == 0;
+            let pick = [3u16, 9, 0];
+            // Mostly two values, some three; fractions often exactly 0, 0.5 or 1 (ties).
+            let values: Vec<u16> = (0..if four { 4 } else { 8 })
+                .map(|_| pick[rng.below(if case % 5 == 0 { 3 } else { 2 }) as usize])
+                .collect();
+            let f = [0, 1, 2].map(|_| match rng.below(4) {
+                0 => 0.5,
+                1 => 0.0,
+                _ => rng.uniform(),
+            });
+            let wz = if four { [1.0, 0.0] } else { [1.0 - f[0], f[0]] };
+            let want = majority_by_list(&values, wz, [1.0 - f[1], f[1]], [1.0 - f[2], f[2]]);
+            assert_eq!(mixed_majority(&values, f), want, "{values:?} at {f:?}");
+        }
+    }
+
+    #[test]
+    fn the_uniform_table_matches_the_cells() {
+        let mut rng = Rng::new(5);
+        let bs = [5, 6, 7];
+        let n: usize = bs.iter().product();
+        let (sy, sz) = (bs[2], bs[1] * bs[2]);
+        let mut out = Vec::new();
+        for case in 0..200 {
+            // Blocks of a few values, so that uniform and mixed cells both occur; MIXED itself
+            // as a value in some cases (it must read as mixed, and weigh to itself).
+            let top = if case % 4 == 0 { MIXED } else { 3 };
+            let cut = [0, 1, 2].map(|a| rng.below(bs[a] as u64) as usize);
+            let label: Vec<u16> = (0..n)
+                .map(|i| {
+                    let p = [i / sz, (i / sy) % bs[1], i % sy];
+                    if p[0] >= cut[0] && p[1] >= cut[1] && p[2] >= cut[2] {
+                        top
+                    } else if rng.below(20) == 0 {
+                        1
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            for flat in [false, true] {
+                if flat {
+                    uniform_cells::<true>(&label, bs, &mut out);
+                } else {
+                    uniform_cells::<false>(&label, bs, &mut out);
+                }
+                let planes = if flat { 1 } else { 2 };
+                for z in 0..bs[0] + 1 - planes {
+                    for y in 0..bs[1] - 1 {
+                        for x in 0..bs[2] - 1 {
+                            let v = (z * bs[1] + y) * bs[2] + x;
+                            let corners: Vec<u16> = (0..4 * planes)
+                                .map(|k| label[v + (k >> 2) * sz + ((k >> 1) & 1) * sy + (k & 1)])
+                                .collect();
+                            let same = corners.iter().all(|&c| c == corners[0]);
+                            let want = if same { corners[0] } else { MIXED };
+                            assert_eq!(out[v], want, "cell {v}, {flat}");
+                            let f = [0.3, 0.6, 0.5];
+                            let got = if flat {
+                                label_at::<true>(&out, &label, v, sy, sz, f)
+                            } else {
+                                label_at::<false>(&out, &label, v, sy, sz, f)
+                            };
+                            let slow = if flat {
+                                majority::<true>(&label, v, sy, sz, f)
+                            } else {
+                                majority::<false>(&label, v, sy, sz, f)
+                            };
+                            assert_eq!(got, slow, "cell {v}, {flat}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
