@@ -381,6 +381,16 @@ impl Transform {
                 .is_none_or(|e| e.disp.iter().all(|d| d[0] == 0.0))
     }
 
+    /// The affine part's source coordinate of patch voxel `(z, y, x)` before its x term:
+    /// `centre + m * (dz, dy, 0)`, summed left to right as [`Transform::row`] does.
+    #[inline(always)]
+    fn row_start(&self, centre: [f64; 3], size: [usize; 3], (z, y): (usize, usize)) -> [f64; 3] {
+        let half = size.map(|n| (n as f64 - 1.0) / 2.0);
+        let (dz, dy) = (z as f64 - half[0], y as f64 - half[1]);
+        let m = &self.matrix;
+        [0, 1, 2].map(|a| centre[a] + m[a][0] * dz + m[a][1] * dy)
+    }
+
     /// Source coordinates (z, y, x) of the patch row `(z, y)`, one per x, into `out`
     /// (`scratch` holds the elastic field's control columns).
     #[inline(always)]
@@ -393,18 +403,37 @@ impl Transform {
         out: &mut [[f64; 3]],
         scratch: &mut Vec<[f64; 3]>,
     ) {
-        let half = size.map(|n| (n as f64 - 1.0) / 2.0);
-        let (dz, dy) = (z as f64 - half[0], y as f64 - half[1]);
+        let start = self.row_start(centre, size, (z, y));
+        let half_x = (size[2] as f64 - 1.0) / 2.0;
         let m = &self.matrix;
         for (k, o) in out.iter_mut().enumerate() {
-            let dx = (x0 + k) as f64 - half[2];
+            let dx = (x0 + k) as f64 - half_x;
             for a in 0..3 {
-                o[a] = centre[a] + m[a][0] * dz + m[a][1] * dy + m[a][2] * dx;
+                o[a] = start[a] + m[a][2] * dx;
             }
         }
         if let Some(e) = &self.elastic {
             e.add_row(z, y, x0, out, scratch);
         }
+    }
+
+    /// [`Transform::row`] for the 8 voxels from `x0` of a map without elastic deformation, axis
+    /// by axis (the lanes the vector loop wants; the same sums, so the same bits).
+    #[inline(always)]
+    fn row8(
+        &self,
+        centre: [f64; 3],
+        size: [usize; 3],
+        (z, y): (usize, usize),
+        x0: usize,
+    ) -> [[f64; 8]; 3] {
+        debug_assert!(self.elastic.is_none());
+        let start = self.row_start(centre, size, (z, y));
+        let half_x = (size[2] as f64 - 1.0) / 2.0;
+        let m = &self.matrix;
+        std::array::from_fn(|a| {
+            std::array::from_fn(|k| start[a] + m[a][2] * ((x0 + k) as f64 - half_x))
+        })
     }
 
     /// Every source coordinate of a patch, C order (for tests and reference implementations).
@@ -579,20 +608,6 @@ impl TransformedReader {
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
         if label.is_some() {
             label::uniform_cells::<FLAT_Z>(&self.label_box, bs, &mut self.label_uniform);
-            if std::env::var_os("VX_DBG").is_some() {
-                let m = self
-                    .label_uniform
-                    .iter()
-                    .filter(|&&u| u == label::MIXED)
-                    .count();
-                let fg = self.label_box.iter().filter(|&&u| u != 0).count();
-                eprintln!(
-                    "box {:?} mixed {:.3} fg {:.3}",
-                    bs,
-                    m as f64 / self.label_box.len() as f64,
-                    fg as f64 / self.label_box.len() as f64
-                );
-            }
         }
         self.row.resize(TILE[2], [0.0; 3]);
         for tz in (0..size[0]).step_by(TILE[0]) {
@@ -601,19 +616,24 @@ impl TransformedReader {
                     let w = (tx + TILE[2]).min(size[2]) - tx;
                     for z in tz..(tz + TILE[0]).min(size[0]) {
                         for y in ty..(ty + TILE[1]).min(size[1]) {
-                            t.row(
-                                local_centre,
-                                size,
-                                (z, y),
-                                tx,
-                                &mut self.row[..w],
-                                &mut self.scratch,
-                            );
                             let at = (z * size[1] + y) * size[2] + tx;
-                            // Lanes past a short row's end hold stale coordinates: computed,
-                            // then dropped (into `short_row`, copied out for the first `w`).
-                            let row: &[[f64; 3]; TILE[2]] =
-                                self.row[..TILE[2]].try_into().expect("a tile row");
+                            // Lanes past a short row's end hold coordinates past the patch:
+                            // computed, then dropped (into `short_row`, copied out for the
+                            // first `w`).
+                            let coords = match &t.elastic {
+                                None => t.row8(local_centre, size, (z, y), tx),
+                                Some(_) => {
+                                    t.row(
+                                        local_centre,
+                                        size,
+                                        (z, y),
+                                        tx,
+                                        &mut self.row[..w],
+                                        &mut self.scratch,
+                                    );
+                                    std::array::from_fn(|a| std::array::from_fn(|k| self.row[k][a]))
+                                }
+                            };
                             let (out, out_n, out_at) = if w == TILE[2] {
                                 (&mut *image, n, at)
                             } else {
@@ -623,7 +643,7 @@ impl TransformedReader {
                             // SAFETY: AVX2 is enabled here; the box is under 2^31 voxels
                             // (checked by the caller) and the buffers are the job's.
                             let cells = gather::row8::<FLAT_Z>(
-                                row,
+                                &coords,
                                 bs,
                                 &self.image_box,
                                 bn,
@@ -1212,11 +1232,15 @@ mod tests {
         let mut in_plane = Transform::rotate_scale([0.9, 0.0, 0.0], 1.3);
         in_plane.matrix[0] = [1.0, 0.0, 0.0];
         assert!(in_plane.keeps_z_planes());
+        // A deformed map: its coordinates come per voxel, not from the affine lanes.
+        let mut elastic = Transform::rotate_scale([0.3, 0.2, -0.4], 1.1);
+        elastic.elastic = Some(ElasticField::random(size, 4, 1.5, false, &mut Rng::new(3)));
         for (k, t) in [
             Transform::rotate_scale([0.4, -0.3, 0.2], 1.2),
             Transform::rotate_scale([1.1, 0.0, 0.0], 0.8),
             in_plane,
             Transform::rotate_scale([-0.5, 0.6, 0.1], 1.4),
+            elastic,
         ]
         .iter()
         .enumerate()

@@ -17,7 +17,8 @@ pub(super) struct Cells8 {
     pub frac: [[f64; 8]; 3],
 }
 
-/// The 8 cells of `coords` (source coordinates relative to a box of sides `bs`), and each
+/// The 8 cells of `coords` (source coordinates relative to a box of sides `bs`, axis by axis:
+/// `coords[a][k]` is voxel k's coordinate on axis a), and each
 /// channel of `image_box` (`bn` voxels each) interpolated there into `image[ch * n + at..][..8]`
 /// (0 outside).
 ///
@@ -27,7 +28,7 @@ pub(super) struct Cells8 {
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn row8<const FLAT_Z: bool>(
-    coords: &[[f64; 3]; 8],
+    coords: &[[f64; 8]; 3],
     bs: [usize; 3],
     image_box: &[f32],
     bn: usize,
@@ -37,12 +38,7 @@ pub(super) unsafe fn row8<const FLAT_Z: bool>(
     at: usize,
 ) -> Cells8 {
     let (sy, sz) = (bs[2], bs[1] * bs[2]);
-    let mut axis = [[0f64; 8]; 3];
-    for (k, c) in coords.iter().enumerate() {
-        for a in 0..3 {
-            axis[a][k] = c[a];
-        }
-    }
+    let axis = coords;
     let zero = _mm256_setzero_pd();
     let mut inside = 0i32;
     let mut trunc = [[_mm_setzero_si128(); 2]; 3];
