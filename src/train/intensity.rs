@@ -296,9 +296,9 @@ pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
     // in f64 was a fifth of the transform).
     let (m2, s2) = mean_std(c);
     let a = std / (s2 + 1e-8);
-    let b = mean - m2 * a;
+    let (a, b) = (a as f32, (mean - m2 * a) as f32);
     for v in c.iter_mut() {
-        *v = (*v as f64 * a + b) as f32;
+        *v = *v * a + b;
     }
 }
 
