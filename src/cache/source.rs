@@ -36,6 +36,26 @@ pub trait PatchSource: Send + Sync {
     /// The same box of the label (an error when the case has none).
     fn read_label(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [u16]) -> Result<()>;
 
+    /// Whether the label is stored one byte a voxel (uint8), so that
+    /// [`PatchSource::read_label_u8`] can read it.
+    fn label_bytes(&self) -> bool {
+        false
+    }
+
+    /// [`PatchSource::read_label`] into bytes, for a label stored as uint8
+    /// ([`PatchSource::label_bytes`]); an error otherwise.
+    fn read_label_u8(
+        &self,
+        _start_zyx: [i64; 3],
+        _size_zyx: [usize; 3],
+        _out: &mut [u8],
+    ) -> Result<()> {
+        Err(crate::error::Error::Config(format!(
+            "{}: the label is not stored as uint8",
+            self.name()
+        )))
+    }
+
     /// Voxel spacing (z, y, x) in the grid's unit (1 where unknown).
     fn spacing_zyx(&self) -> [f64; 3] {
         [1.0; 3]
@@ -128,6 +148,19 @@ impl PatchSource for EntryReader {
     }
 
     fn read_label(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [u16]) -> Result<()> {
+        EntryReader::read_label(self, start_zyx, size_zyx, out)
+    }
+
+    fn label_bytes(&self) -> bool {
+        self.label_dtype() == Some(crate::cache::reader::StoredDtype::Uint8)
+    }
+
+    fn read_label_u8(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [u8],
+    ) -> Result<()> {
         EntryReader::read_label(self, start_zyx, size_zyx, out)
     }
 

@@ -493,9 +493,9 @@ fn centre_of(start_zyx: [i64; 3], size: [usize; 3]) -> [f64; 3] {
 #[derive(Default)]
 pub struct TransformedReader {
     image_box: Vec<f32>,
-    label_box: Vec<u16>,
-    /// The label box's uniform cells ([`label::uniform_cells`]).
-    label_uniform: Vec<u16>,
+    labels: label::LabelBox,
+    /// The skeleton's box ([`TransformedReader::read_derived`]).
+    skeleton_box: Vec<u16>,
     row: Vec<[f64; 3]>,
     scratch: Vec<[f64; 3]>,
     /// One tile's voxels (see [`Cell`]).
@@ -534,8 +534,7 @@ impl TransformedReader {
         self.image_box.resize(channels * bn, 0.0);
         src.read_image(box_start, bs, &mut self.image_box)?;
         if label.is_some() {
-            self.label_box.resize(bn, 0);
-            src.read_label(box_start, bs, &mut self.label_box)?;
+            self.labels.read(src, box_start, bs)?;
         }
         let centre = centre_of(start_zyx, size);
         // Coordinates relative to the box: the map's centre moved by the box's start.
@@ -607,7 +606,7 @@ impl TransformedReader {
         let bn: usize = bs.iter().product();
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
         if label.is_some() {
-            label::uniform_cells::<FLAT_Z>(&self.label_box, bs, &mut self.label_uniform);
+            self.labels.prepare::<FLAT_Z>(bs);
         }
         self.row.resize(TILE[2], [0.0; 3]);
         for tz in (0..size[0]).step_by(TILE[0]) {
@@ -659,13 +658,7 @@ impl TransformedReader {
                                 }
                             }
                             if let Some(l) = label.as_deref_mut() {
-                                let vals = label::row8_labels::<FLAT_Z>(
-                                    &self.label_uniform,
-                                    &self.label_box,
-                                    &cells,
-                                    sy,
-                                    sz,
-                                );
+                                let vals = self.labels.row8::<FLAT_Z>(&cells, sy, sz);
                                 l[at..at + w].copy_from_slice(&vals[..w]);
                             }
                         }
@@ -694,7 +687,7 @@ impl TransformedReader {
         let bn: usize = bs.iter().product();
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
         if label.is_some() {
-            label::uniform_cells::<FLAT_Z>(&self.label_box, bs, &mut self.label_uniform);
+            self.labels.prepare::<FLAT_Z>(bs);
         }
         // Output tiles, so that the source voxels one tile reads are few and stay in cache
         // (the box of a rotated patch is many times the patch and far larger than the cache).
@@ -728,14 +721,7 @@ impl TransformedReader {
                                             self.cells.push(Cell::outside(at + x));
                                             continue;
                                         };
-                                        l[at + x] = label::label_at::<FLAT_Z>(
-                                            &self.label_uniform,
-                                            &self.label_box,
-                                            base,
-                                            sy,
-                                            sz,
-                                            f,
-                                        );
+                                        l[at + x] = self.labels.at::<FLAT_Z>(base, sy, sz, f);
                                         self.cells.push(Cell::new(at + x, base, f));
                                     }
                                 }
@@ -849,8 +835,8 @@ impl TransformedReader {
             src.read_distance(c, box_start, bs, &mut self.image_box[k * bn..(k + 1) * bn])?;
         }
         if skeleton.is_some() {
-            self.label_box.resize(bn, 0);
-            src.read_skeleton(box_start, bs, &mut self.label_box)?;
+            self.skeleton_box.resize(bn, 0);
+            src.read_skeleton(box_start, bs, &mut self.skeleton_box)?;
         }
         let mut skeleton = skeleton;
         let inv_scale = 1.0 / t.scale;
@@ -887,7 +873,7 @@ impl TransformedReader {
                     }
                     if let Some(s) = skeleton.as_deref_mut() {
                         let near = [0, 1, 2].map(|a| usize::from(f[a] >= 0.5));
-                        s[at + x] = self.label_box[base + near[0] * sz + near[1] * sy + near[2]];
+                        s[at + x] = self.skeleton_box[base + near[0] * sz + near[1] * sy + near[2]];
                     }
                 }
             }
@@ -1087,6 +1073,41 @@ mod tests {
         }
     }
 
+    /// The volume with its label stored one byte a voxel (as uint8 labels in a cache).
+    struct ByteLabels(Volume);
+
+    impl PatchSource for ByteLabels {
+        fn name(&self) -> String {
+            "byte labels".into()
+        }
+        fn shape_zyx(&self) -> [usize; 3] {
+            self.0.shape
+        }
+        fn has_label(&self) -> bool {
+            true
+        }
+        fn classes(&self) -> Vec<u16> {
+            vec![1, 2]
+        }
+        fn fg_coords(&self, _: u16) -> Result<Vec<[u32; 3]>> {
+            Ok(vec![])
+        }
+        fn read_image(&self, s: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
+            self.0.read_image(s, size, out)
+        }
+        fn read_label(&self, _: [i64; 3], _: [usize; 3], _: &mut [u16]) -> Result<()> {
+            panic!("a byte label is read as bytes")
+        }
+        fn label_bytes(&self) -> bool {
+            true
+        }
+        fn read_label_u8(&self, s: [i64; 3], size: [usize; 3], out: &mut [u8]) -> Result<()> {
+            let bytes: Vec<u8> = self.0.label.iter().map(|&l| l as u8).collect();
+            self.0.fill(&bytes, s, size, out);
+            Ok(())
+        }
+    }
+
     impl Volume {
         /// The box `s .. s + size` of `v`, zero outside the volume.
         fn fill<T: Copy + Default>(&self, v: &[T], s: [i64; 3], size: [usize; 3], out: &mut [T]) {
@@ -1260,6 +1281,14 @@ mod tests {
             assert_eq!(a2, b2, "{k}, two channels");
             assert_eq!(a2[..n], a[..], "{k}, first channel");
             assert!(a2[n..].iter().zip(&a).any(|(x, y)| x != y));
+            // Labels read as bytes: the same values through both builds.
+            let bytes = ByteLabels(Volume::new([14, 30, 28]));
+            let (mut a8, mut b8) = (vec![0.0; n], vec![0.0; n]);
+            let (mut la8, mut lb8) = (vec![0u16; n], vec![0u16; n]);
+            fast.read(&bytes, start, size, t, &mut a8, Some(&mut la8))?;
+            portable.read(&bytes, start, size, t, &mut b8, Some(&mut lb8))?;
+            assert_eq!((&a8, &la8), (&a, &la), "{k}, byte labels");
+            assert_eq!((&b8, &lb8), (&a, &la), "{k}, byte labels, portable");
         }
         Ok(())
     }

@@ -2,21 +2,116 @@
 //! among a coordinate's 8 neighbours (4 for in-plane maps), ties to the lower value, and the
 //! box-wide table that answers most voxels with one load.
 
-/// [`uniform_cells`]' mark for a cell whose corners differ (or hold this value): the voxel's
-/// neighbours are weighed one by one.
-pub(super) const MIXED: u16 = u16::MAX;
+use crate::cache::PatchSource;
+use crate::error::Result;
+
+/// A label box's element: `u8` when the case stores its labels as uint8 (half the bytes to
+/// read and to keep in cache), else `u16`.
+pub(super) trait LabelValue:
+    Copy + Eq + Default + Into<u16> + std::ops::BitXor<Output = Self> + std::ops::BitOr<Output = Self>
+{
+    /// [`uniform_cells`]' mark for a cell whose corners differ (or hold this value): the
+    /// voxel's neighbours are weighed one by one.
+    const MIXED: Self;
+}
+
+impl LabelValue for u8 {
+    const MIXED: u8 = u8::MAX;
+}
+
+impl LabelValue for u16 {
+    const MIXED: u16 = u16::MAX;
+}
+
+/// A transformed patch's label box, in the type the case stores (one byte a voxel for uint8
+/// labels), with its table of uniform cells.
+#[derive(Default)]
+pub(super) struct LabelBox {
+    bytes: Vec<u8>,
+    bytes_uniform: Vec<u8>,
+    wide: Vec<u16>,
+    wide_uniform: Vec<u16>,
+    /// Whether the current box is in `bytes`.
+    is_bytes: bool,
+}
+
+impl LabelBox {
+    /// Read the box `start .. start + bs` of the case's label.
+    pub(super) fn read(
+        &mut self,
+        src: &dyn PatchSource,
+        start: [i64; 3],
+        bs: [usize; 3],
+    ) -> Result<()> {
+        let bn: usize = bs.iter().product();
+        self.is_bytes = src.label_bytes();
+        if self.is_bytes {
+            self.bytes.resize(bn, 0);
+            src.read_label_u8(start, bs, &mut self.bytes)
+        } else {
+            self.wide.resize(bn, 0);
+            src.read_label(start, bs, &mut self.wide)
+        }
+    }
+
+    /// The table of uniform cells ([`uniform_cells`]) of the box just read.
+    #[inline(always)]
+    pub(super) fn prepare<const FLAT_Z: bool>(&mut self, bs: [usize; 3]) {
+        if self.is_bytes {
+            uniform_cells::<FLAT_Z, u8>(&self.bytes, bs, &mut self.bytes_uniform);
+        } else {
+            uniform_cells::<FLAT_Z, u16>(&self.wide, bs, &mut self.wide_uniform);
+        }
+    }
+
+    /// [`row8_labels`] over this box.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(super) fn row8<const FLAT_Z: bool>(
+        &self,
+        cells: &super::gather::Cells8,
+        sy: usize,
+        sz: usize,
+    ) -> [u16; 8] {
+        if self.is_bytes {
+            row8_labels::<FLAT_Z, u8>(&self.bytes_uniform, &self.bytes, cells, sy, sz)
+        } else {
+            row8_labels::<FLAT_Z, u16>(&self.wide_uniform, &self.wide, cells, sy, sz)
+        }
+    }
+
+    /// [`label_at`] over this box.
+    #[inline(always)]
+    pub(super) fn at<const FLAT_Z: bool>(
+        &self,
+        base: usize,
+        sy: usize,
+        sz: usize,
+        f: [f64; 3],
+    ) -> u16 {
+        if self.is_bytes {
+            label_at::<FLAT_Z, u8>(&self.bytes_uniform, &self.bytes, base, sy, sz, f)
+        } else {
+            label_at::<FLAT_Z, u16>(&self.wide_uniform, &self.wide, base, sy, sz, f)
+        }
+    }
+}
 
 /// For each voxel `v` of a label box of sides `bs` (C order), the value of the cell from `v`
-/// (its 8 corners, or the 4 of its plane when `FLAT_Z`) when all corners hold it, [`MIXED`]
-/// otherwise, into `out`. Most cells of a label lie inside one structure: one load from this
-/// table replaces their 8 loads and compares in the per-voxel loop, and this pass reads the
-/// box in 8 sequential streams, which the compiler vectorizes.
+/// (its 8 corners, or the 4 of its plane when `FLAT_Z`) when all corners hold it,
+/// [`LabelValue::MIXED`] otherwise, into `out`. Most cells of a label lie inside one
+/// structure: one load from this table replaces their 8 loads and compares in the per-voxel
+/// loop, and this pass reads the box in 8 sequential streams, which the compiler vectorizes.
 #[inline(always)]
-pub(super) fn uniform_cells<const FLAT_Z: bool>(label: &[u16], bs: [usize; 3], out: &mut Vec<u16>) {
+pub(super) fn uniform_cells<const FLAT_Z: bool, L: LabelValue>(
+    label: &[L],
+    bs: [usize; 3],
+    out: &mut Vec<L>,
+) {
     let (sy, sz) = (bs[2], bs[1] * bs[2]);
     let n = label.len();
     out.clear();
-    out.resize(n, MIXED);
+    out.resize(n, L::MIXED);
     // Cells start at most one voxel before each axis' end: their farthest corner is in the box.
     let far = if FLAT_Z { sy + 1 } else { sz + sy + 1 };
     let m = n.saturating_sub(far);
@@ -30,7 +125,7 @@ pub(super) fn uniform_cells<const FLAT_Z: bool>(label: &[u16], bs: [usize; 3], o
         for i in 0..m {
             let v = a[i];
             let same = (b[i] == v) & (c[i] == v) & (d[i] == v);
-            o[i] = if same { v } else { MIXED };
+            o[i] = if same { v } else { L::MIXED };
         }
         return;
     }
@@ -44,7 +139,7 @@ pub(super) fn uniform_cells<const FLAT_Z: bool>(label: &[u16], bs: [usize; 3], o
             & (f[i] == v)
             & (g[i] == v)
             & (h[i] == v);
-        o[i] = if same { v } else { MIXED };
+        o[i] = if same { v } else { L::MIXED };
     }
 }
 
@@ -53,9 +148,9 @@ pub(super) fn uniform_cells<const FLAT_Z: bool>(label: &[u16], bs: [usize; 3], o
 /// branch per row where no lane is mixed, instead of one per voxel); 0 outside.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) fn row8_labels<const FLAT_Z: bool>(
-    uniform: &[u16],
-    b: &[u16],
+pub(super) fn row8_labels<const FLAT_Z: bool, L: LabelValue>(
+    uniform: &[L],
+    b: &[L],
     cells: &super::gather::Cells8,
     sy: usize,
     sz: usize,
@@ -66,42 +161,42 @@ pub(super) fn row8_labels<const FLAT_Z: bool>(
         // Lanes outside hold base 0, a voxel of the box.
         let v = uniform[cells.base[k] as usize];
         let inside = cells.inside & (1 << k) != 0;
-        vals[k] = if inside { v } else { 0 };
-        mixed |= u32::from(inside & (v == MIXED)) << k;
+        vals[k] = if inside { v.into() } else { 0 };
+        mixed |= u32::from(inside & (v == L::MIXED)) << k;
     }
     while mixed != 0 {
         let k = mixed.trailing_zeros() as usize;
         mixed &= mixed - 1;
         let f = [0, 1, 2].map(|a| cells.frac[a][k]);
-        vals[k] = majority::<FLAT_Z>(b, cells.base[k] as usize, sy, sz, f);
+        vals[k] = majority::<FLAT_Z, L>(b, cells.base[k] as usize, sy, sz, f);
     }
     vals
 }
 
 /// The label at a coordinate whose cell starts at box voxel `base` with fractions `f`:
-/// [`uniform_cells`]' answer, or the weighed neighbours when it says [`MIXED`].
+/// [`uniform_cells`]' answer, or the weighed neighbours when it says [`LabelValue::MIXED`].
 #[inline(always)]
-pub(super) fn label_at<const FLAT_Z: bool>(
-    uniform: &[u16],
-    b: &[u16],
+pub(super) fn label_at<const FLAT_Z: bool, L: LabelValue>(
+    uniform: &[L],
+    b: &[L],
     base: usize,
     sy: usize,
     sz: usize,
     f: [f64; 3],
 ) -> u16 {
     let u = uniform[base];
-    if u != MIXED {
-        return u;
+    if u != L::MIXED {
+        return u.into();
     }
-    majority::<FLAT_Z>(b, base, sy, sz, f)
+    majority::<FLAT_Z, L>(b, base, sy, sz, f)
 }
 
 /// The label value with the largest summed linear weight among the 8 voxels from `base`
 /// (ties to the lower value); most voxels have 8 equal neighbours and skip the weights.
 /// `FLAT_Z` as for [`trilinear`] (the upper plane's weights are 0, so it never counts).
 #[inline(always)]
-pub(super) fn majority<const FLAT_Z: bool>(
-    b: &[u16],
+pub(super) fn majority<const FLAT_Z: bool, L: LabelValue>(
+    b: &[L],
     base: usize,
     sy: usize,
     sz: usize,
@@ -109,13 +204,14 @@ pub(super) fn majority<const FLAT_Z: bool>(
 ) -> u16 {
     // The equality test in registers: an array of the values here would be stored to the
     // stack and read back for every voxel.
+    let zero = L::default();
     if FLAT_Z {
         let b = &b[base..=base + sy + 1];
         let v = b[0];
-        if (b[1] ^ v) | (b[sy] ^ v) | (b[sy + 1] ^ v) == 0 {
-            return v;
+        if (b[1] ^ v) | (b[sy] ^ v) | (b[sy + 1] ^ v) == zero {
+            return v.into();
         }
-        return mixed_majority(&[b[0], b[1], b[sy], b[sy + 1]], f);
+        return mixed_majority(&[b[0], b[1], b[sy], b[sy + 1]].map(Into::into), f);
     }
     let b = &b[base..=base + sz + sy + 1];
     let v = b[0];
@@ -126,8 +222,8 @@ pub(super) fn majority<const FLAT_Z: bool>(
         | (b[sz + 1] ^ v)
         | (b[sz + sy] ^ v)
         | (b[sz + sy + 1] ^ v);
-    if diff == 0 {
-        return v;
+    if diff == zero {
+        return v.into();
     }
     mixed_majority(
         &[
@@ -139,7 +235,8 @@ pub(super) fn majority<const FLAT_Z: bool>(
             b[sz + 1],
             b[sz + sy],
             b[sz + sy + 1],
-        ],
+        ]
+        .map(Into::into),
         f,
     )
 }
@@ -238,6 +335,11 @@ mod tests {
 
     #[test]
     fn the_uniform_table_matches_the_cells() {
+        uniform_table_matches::<u8>();
+        uniform_table_matches::<u16>();
+    }
+
+    fn uniform_table_matches<L: LabelValue + From<u8> + std::fmt::Debug>() {
         let mut rng = Rng::new(5);
         let bs = [5, 6, 7];
         let n: usize = bs.iter().product();
@@ -246,47 +348,47 @@ mod tests {
         for case in 0..200 {
             // Blocks of a few values, so that uniform and mixed cells both occur; MIXED itself
             // as a value in some cases (it must read as mixed, and weigh to itself).
-            let top = if case % 4 == 0 { MIXED } else { 3 };
+            let top = if case % 4 == 0 { L::MIXED } else { L::from(3) };
             let cut = [0, 1, 2].map(|a| rng.below(bs[a] as u64) as usize);
-            let label: Vec<u16> = (0..n)
+            let label: Vec<L> = (0..n)
                 .map(|i| {
                     let p = [i / sz, (i / sy) % bs[1], i % sy];
                     if p[0] >= cut[0] && p[1] >= cut[1] && p[2] >= cut[2] {
                         top
                     } else if rng.below(20) == 0 {
-                        1
+                        L::from(1)
                     } else {
-                        0
+                        L::from(0)
                     }
                 })
                 .collect();
             for flat in [false, true] {
                 if flat {
-                    uniform_cells::<true>(&label, bs, &mut out);
+                    uniform_cells::<true, L>(&label, bs, &mut out);
                 } else {
-                    uniform_cells::<false>(&label, bs, &mut out);
+                    uniform_cells::<false, L>(&label, bs, &mut out);
                 }
                 let planes = if flat { 1 } else { 2 };
                 for z in 0..bs[0] + 1 - planes {
                     for y in 0..bs[1] - 1 {
                         for x in 0..bs[2] - 1 {
                             let v = (z * bs[1] + y) * bs[2] + x;
-                            let corners: Vec<u16> = (0..4 * planes)
+                            let corners: Vec<L> = (0..4 * planes)
                                 .map(|k| label[v + (k >> 2) * sz + ((k >> 1) & 1) * sy + (k & 1)])
                                 .collect();
                             let same = corners.iter().all(|&c| c == corners[0]);
-                            let want = if same { corners[0] } else { MIXED };
+                            let want = if same { corners[0] } else { L::MIXED };
                             assert_eq!(out[v], want, "cell {v}, {flat}");
                             let f = [0.3, 0.6, 0.5];
                             let got = if flat {
-                                label_at::<true>(&out, &label, v, sy, sz, f)
+                                label_at::<true, L>(&out, &label, v, sy, sz, f)
                             } else {
-                                label_at::<false>(&out, &label, v, sy, sz, f)
+                                label_at::<false, L>(&out, &label, v, sy, sz, f)
                             };
                             let slow = if flat {
-                                majority::<true>(&label, v, sy, sz, f)
+                                majority::<true, L>(&label, v, sy, sz, f)
                             } else {
-                                majority::<false>(&label, v, sy, sz, f)
+                                majority::<false, L>(&label, v, sy, sz, f)
                             };
                             assert_eq!(got, slow, "cell {v}, {flat}");
                         }
