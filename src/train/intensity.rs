@@ -289,8 +289,11 @@ pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
     let (g, lo, range, sign) = (g as f32, lo, range as f32, sign as f32);
     let inv_range = 1.0 / range;
     for v in c.iter_mut() {
-        let x = sign * *v;
-        *v = sign * (pow_unit(((x - lo) * inv_range).max(0.0), g) * range + lo);
+        let x = (sign * *v - lo) * inv_range;
+        // Clamped at 0 by a compare and select (`f32::max` spends more on NaN, which a
+        // patch cannot hold: the loader refuses non-finite values).
+        let x = if x > 0.0 { x } else { 0.0 };
+        *v = sign * (pow_unit(x, g) * range + lo);
     }
     // Back to the original mean and deviation: one multiply-add a voxel (a division a voxel
     // in f64 was a fifth of the transform).
