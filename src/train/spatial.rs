@@ -1039,21 +1039,26 @@ mod tests {
         }
     }
 
-    /// The volume with a second image channel (`3 - image / 2`).
-    struct TwoChannels(Volume);
+    /// The volume stored otherwise: with a second image channel (`3 - image / 2`), or with
+    /// its label one byte a voxel (as uint8 labels in a cache).
+    struct Stored {
+        v: Volume,
+        two_channels: bool,
+        byte_labels: bool,
+    }
 
-    impl PatchSource for TwoChannels {
+    impl PatchSource for Stored {
         fn name(&self) -> String {
-            "two channels".into()
+            "stored otherwise".into()
         }
         fn shape_zyx(&self) -> [usize; 3] {
-            self.0.shape
+            self.v.shape
         }
         fn has_label(&self) -> bool {
             true
         }
         fn channels(&self) -> usize {
-            2
+            1 + usize::from(self.two_channels)
         }
         fn classes(&self) -> Vec<u16> {
             vec![1, 2]
@@ -1062,48 +1067,25 @@ mod tests {
             Ok(vec![])
         }
         fn read_image(&self, s: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
+            if !self.two_channels {
+                return self.v.read_image(s, size, out);
+            }
             let (first, second) = out.split_at_mut(out.len() / 2);
-            self.0.fill(&self.0.image, s, size, first);
-            let other: Vec<f32> = self.0.image.iter().map(|v| 3.0 - v / 2.0).collect();
-            self.0.fill(&other, s, size, second);
+            self.v.fill(&self.v.image, s, size, first);
+            let other: Vec<f32> = self.v.image.iter().map(|v| 3.0 - v / 2.0).collect();
+            self.v.fill(&other, s, size, second);
             Ok(())
         }
         fn read_label(&self, s: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
-            self.0.read_label(s, size, out)
-        }
-    }
-
-    /// The volume with its label stored one byte a voxel (as uint8 labels in a cache).
-    struct ByteLabels(Volume);
-
-    impl PatchSource for ByteLabels {
-        fn name(&self) -> String {
-            "byte labels".into()
-        }
-        fn shape_zyx(&self) -> [usize; 3] {
-            self.0.shape
-        }
-        fn has_label(&self) -> bool {
-            true
-        }
-        fn classes(&self) -> Vec<u16> {
-            vec![1, 2]
-        }
-        fn fg_coords(&self, _: u16) -> Result<Vec<[u32; 3]>> {
-            Ok(vec![])
-        }
-        fn read_image(&self, s: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
-            self.0.read_image(s, size, out)
-        }
-        fn read_label(&self, _: [i64; 3], _: [usize; 3], _: &mut [u16]) -> Result<()> {
-            panic!("a byte label is read as bytes")
+            assert!(!self.byte_labels, "a byte label is read as bytes");
+            self.v.read_label(s, size, out)
         }
         fn label_bytes(&self) -> bool {
-            true
+            self.byte_labels
         }
         fn read_label_u8(&self, s: [i64; 3], size: [usize; 3], out: &mut [u8]) -> Result<()> {
-            let bytes: Vec<u8> = self.0.label.iter().map(|&l| l as u8).collect();
-            self.0.fill(&bytes, s, size, out);
+            let bytes: Vec<u8> = self.v.label.iter().map(|&l| l as u8).collect();
+            self.v.fill(&bytes, s, size, out);
             Ok(())
         }
     }
@@ -1274,7 +1256,11 @@ mod tests {
             assert_eq!(a, b, "{k}");
             assert_eq!(la, lb, "{k}");
             // Two channels: each the same through both builds, the first the one above.
-            let two = TwoChannels(Volume::new([14, 30, 28]));
+            let two = Stored {
+                v: Volume::new([14, 30, 28]),
+                two_channels: true,
+                byte_labels: false,
+            };
             let (mut a2, mut b2) = (vec![0.0; 2 * n], vec![0.0; 2 * n]);
             fast.read(&two, start, size, t, &mut a2, None)?;
             portable.read(&two, start, size, t, &mut b2, None)?;
@@ -1282,7 +1268,11 @@ mod tests {
             assert_eq!(a2[..n], a[..], "{k}, first channel");
             assert!(a2[n..].iter().zip(&a).any(|(x, y)| x != y));
             // Labels read as bytes: the same values through both builds.
-            let bytes = ByteLabels(Volume::new([14, 30, 28]));
+            let bytes = Stored {
+                v: Volume::new([14, 30, 28]),
+                two_channels: false,
+                byte_labels: true,
+            };
             let (mut a8, mut b8) = (vec![0.0; n], vec![0.0; n]);
             let (mut la8, mut lb8) = (vec![0u16; n], vec![0u16; n]);
             fast.read(&bytes, start, size, t, &mut a8, Some(&mut la8))?;

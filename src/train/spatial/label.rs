@@ -193,7 +193,7 @@ pub(super) fn label_at<const FLAT_Z: bool, L: LabelValue>(
 
 /// The label value with the largest summed linear weight among the 8 voxels from `base`
 /// (ties to the lower value); most voxels have 8 equal neighbours and skip the weights.
-/// `FLAT_Z` as for [`trilinear`] (the upper plane's weights are 0, so it never counts).
+/// `FLAT_Z` as for [`super::trilinear`] (the upper plane's weights are 0, so it never counts).
 #[inline(always)]
 pub(super) fn majority<const FLAT_Z: bool, L: LabelValue>(
     b: &[L],
