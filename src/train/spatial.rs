@@ -1037,6 +1037,49 @@ mod tests {
             self.fill(&self.label, s, size, out);
             Ok(())
         }
+        fn has_distance(&self) -> bool {
+            true
+        }
+        fn has_skeleton(&self) -> bool {
+            true
+        }
+        fn read_distance(
+            &self,
+            class: u16,
+            s: [i64; 3],
+            size: [usize; 3],
+            out: &mut [f32],
+        ) -> Result<()> {
+            self.fill(&self.distance(class), s, size, out);
+            Ok(())
+        }
+        fn read_skeleton(&self, s: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+            self.fill(&self.skeleton(), s, size, out);
+            Ok(())
+        }
+    }
+
+    impl Volume {
+        /// A stand-in for the signed distance of `class` (any field serves to test the
+        /// interpolation): the image scaled per class.
+        fn distance(&self, class: u16) -> Vec<f32> {
+            self.image.iter().map(|v| v * class as f32 - 1.0).collect()
+        }
+
+        /// A stand-in skeleton: the label on a sparse lattice of voxels, 0 elsewhere.
+        fn skeleton(&self) -> Vec<u16> {
+            let [_, ny, nx] = self.shape;
+            (0..self.label.len())
+                .map(|i| {
+                    let (z, y, x) = (i / (ny * nx), (i / nx) % ny, i % nx);
+                    if (x + 2 * y + 3 * z) % 5 == 0 {
+                        self.label[i]
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        }
     }
 
     /// The volume stored otherwise: with a second image channel (`3 - image / 2`), or with
@@ -1106,6 +1149,11 @@ mod tests {
 
     /// Whole-volume reference: trilinear over the zero-padded volume at a coordinate.
     fn reference_linear(v: &Volume, c: [f64; 3]) -> f64 {
+        reference_linear_in(v, &v.image, c)
+    }
+
+    /// [`reference_linear`] over another array of the volume's shape.
+    fn reference_linear_in(v: &Volume, a: &[f32], c: [f64; 3]) -> f64 {
         let i0 = c.map(|x| x.floor() as i64);
         let f = [0, 1, 2].map(|a| c[a] - i0[a] as f64);
         let mut s = 0.0;
@@ -1115,9 +1163,56 @@ mod tests {
                 .map(|a| if up[a] == 1 { f[a] } else { 1.0 - f[a] })
                 .product();
             let p = [0, 1, 2].map(|a| i0[a] + up[a] as i64);
-            s += w * v.get(&v.image, p) as f64;
+            s += w * v.get(a, p) as f64;
         }
         s
+    }
+
+    #[test]
+    fn derived_arrays_follow_the_map_linear_over_the_scale_and_nearest() -> Result<()> {
+        // Distance maps: linear at the same coordinates as the image, divided by the scale (the
+        // patch shows the source shrunk by it); the skeleton: the nearest voxel's value, never a
+        // blend; both 0 more than a voxel outside the volume.
+        let v = Volume::new([12, 30, 28]);
+        let size = [6, 10, 12];
+        let n: usize = size.iter().product();
+        let classes = [1u16, 2];
+        let fields = classes.map(|c| v.distance(c));
+        let skeleton = v.skeleton();
+        let mut reader = TransformedReader::default();
+        for (k, (angles, scale)) in [
+            ([0.3, -0.2, 0.5], 1.0),
+            ([0.0, 0.0, 1.2], 0.7),
+            ([-2.5, 0.4, 0.1], 1.4),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let t = Transform::rotate_scale(angles, scale);
+            let start = [k as i64 * 3 - 3, 6 + k as i64, 15 - 4 * k as i64];
+            let mut d = vec![f32::NAN; 2 * n];
+            let mut sk = vec![u16::MAX; n];
+            reader.read_derived(&v, start, size, &t, &classes, &mut d, Some(&mut sk))?;
+            let mut on_skeleton = 0;
+            for (i, c) in t.coordinates(start, size).iter().enumerate() {
+                for (j, field) in fields.iter().enumerate() {
+                    let want = reference_linear_in(&v, field, *c) / scale;
+                    let got = d[j * n + i] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+                        "{k} {i}: {got} {want}"
+                    );
+                }
+                let i0 = c.map(|x| x.floor());
+                let near = [0, 1, 2].map(|a| i0[a] as i64 + i64::from(c[a] - i0[a] >= 0.5));
+                let far_out = (0..3).any(|a| c[a] < -1.0 || c[a] >= v.shape[a] as f64);
+                let want = if far_out { 0 } else { v.get(&skeleton, near) };
+                assert_eq!(sk[i], want, "{k} {i} at {c:?}");
+                on_skeleton += usize::from(want != 0);
+            }
+            assert!(on_skeleton > 0, "{k}: the patch meets the skeleton");
+        }
+        Ok(())
     }
 
     #[test]
