@@ -2,9 +2,12 @@
 //! the memory-mapped cache, spatial transform, intensity transforms, mirroring), for
 //! `scripts/bench_augment.sh`, which runs nnU-Net's augmentation beside it.
 //!
-//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|intensity|none]
+//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|intensity|none] [derived]
 //!
 //! `default` is nnU-Net's probabilities; `all` applies every transform to every patch.
+//! `derived` also reads the label-derived arrays through the same maps (the signed distance of
+//! each foreground class and the skeleton; a cache built with `--derived distance,skeleton`),
+//! as training with the boundary, surface or skeleton losses does.
 //! Prints one JSON line.
 
 use std::time::Instant;
@@ -31,6 +34,7 @@ fn main() -> anyhow::Result<()> {
     let patch = [patch[0], patch[1], patch[2]];
     let batches: u64 = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(50);
     let mode = args.get(4).map(String::as_str).unwrap_or("default");
+    let derived = args.get(5).is_some_and(|a| a == "derived");
     let augment = match mode {
         "none" => AugmentConfig::none(),
         "all" => AugmentConfig::every(),
@@ -74,6 +78,15 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
+    let distance = if derived {
+        entries[0]
+            .classes()
+            .into_iter()
+            .filter(|&c| c != 0)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let batch = 2;
     let sampler = Sampler::new(&entries, Vec::new(), SamplerConfig::new(patch, batch, 7))?;
     let mut loader = Loader::start(
@@ -84,6 +97,8 @@ fn main() -> anyhow::Result<()> {
             queue_depth: 2,
             augment,
             skeleton: false,
+            centreline: derived,
+            distance,
             ..LoaderConfig::default()
         },
         0,
@@ -104,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         serde_json::json!({
             "tool": "voxcache",
             "mode": mode,
+            "derived": derived,
             "patch": patch,
             "patches": batches * batch as u64,
             "seconds": secs,

@@ -577,19 +577,40 @@ impl TransformedReader {
         // Cells are computed in i32 lanes: boxes past that take the portable path's loop.
         let vectors = job.bs.iter().product::<usize>() < i32::MAX as usize;
         match (vectors, flat) {
-            (true, true) => self.sample_rows::<true>(job, image, label),
-            (true, false) => self.sample_rows::<false>(job, image, label),
+            (true, true) => self.sample_rows::<true, false>(job, image, label),
+            (true, false) => self.sample_rows::<false, false>(job, image, label),
             (false, true) => self.sample::<true>(job, image, label),
             (false, false) => self.sample::<false>(job, image, label),
         }
     }
 
-    /// [`TransformedReader::sample`] in AVX2 vectors: the same tiles, each row of 8 voxels
-    /// interpolated 8 lanes wide ([`gather::row8`]; a shorter row through a buffer); the
-    /// label's majority per voxel as there. The same values as the portable path.
+    /// [`TransformedReader::read_derived`]'s interpolation in AVX2 vectors: the distance maps
+    /// (the channels of `job`) linearly as images are, the skeleton by the nearest voxel; the
+    /// same values as its scalar loop (in-plane maps read 4 neighbours instead of 8, whose
+    /// upper plane weighs exactly 0). The caller checks for AVX2 and the box's size.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn sample_rows<const FLAT_Z: bool>(
+    unsafe fn derived_avx2(
+        &mut self,
+        flat: bool,
+        job: &Sampling,
+        distance: &mut [f32],
+        skeleton: Option<&mut [u16]>,
+    ) {
+        if flat {
+            self.sample_rows::<true, true>(job, distance, skeleton);
+        } else {
+            self.sample_rows::<false, true>(job, distance, skeleton);
+        }
+    }
+
+    /// [`TransformedReader::sample`] in AVX2 vectors: the same tiles, each row of 8 voxels
+    /// interpolated 8 lanes wide ([`gather::row8`]; a shorter row through a buffer); the
+    /// label's majority per voxel as there, or with `NEAREST` the skeleton box's nearest voxel
+    /// ([`TransformedReader::read_derived`]). The same values as the portable path.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sample_rows<const FLAT_Z: bool, const NEAREST: bool>(
         &mut self,
         job: &Sampling,
         image: &mut [f32],
@@ -605,7 +626,7 @@ impl TransformedReader {
         let n: usize = size.iter().product();
         let bn: usize = bs.iter().product();
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
-        if label.is_some() {
+        if label.is_some() && !NEAREST {
             self.labels.prepare::<FLAT_Z>(bs);
         }
         self.row.resize(TILE[2], [0.0; 3]);
@@ -658,8 +679,23 @@ impl TransformedReader {
                                 }
                             }
                             if let Some(l) = label.as_deref_mut() {
-                                let vals = self.labels.row8::<FLAT_Z>(&cells, sy, sz);
-                                l[at..at + w].copy_from_slice(&vals[..w]);
+                                if NEAREST {
+                                    for k in 0..w {
+                                        l[at + k] = if cells.inside & (1 << k) == 0 {
+                                            0
+                                        } else {
+                                            let near =
+                                                |a: usize| usize::from(cells.frac[a][k] >= 0.5);
+                                            self.skeleton_box[cells.base[k] as usize
+                                                + near(0) * sz
+                                                + near(1) * sy
+                                                + near(2)]
+                                        };
+                                    }
+                                } else {
+                                    let vals = self.labels.row8::<FLAT_Z>(&cells, sy, sz);
+                                    l[at..at + w].copy_from_slice(&vals[..w]);
+                                }
                             }
                         }
                     }
@@ -842,6 +878,23 @@ impl TransformedReader {
         let inv_scale = 1.0 / t.scale;
         let centre = centre_of(start_zyx, size);
         let local_centre = [0, 1, 2].map(|a| centre[a] - box_start[a] as f64);
+        #[cfg(target_arch = "x86_64")]
+        if !self.portable_only && std::is_x86_feature_detected!("avx2") && bn < i32::MAX as usize {
+            let job = Sampling {
+                t,
+                local_centre,
+                size,
+                bs,
+                channels: classes.len(),
+            };
+            // SAFETY: the CPU has AVX2 (checked above) and the box is under 2^31 voxels.
+            unsafe { self.derived_avx2(t.keeps_z_planes(), &job, distance, skeleton) };
+            // The same product and rounding as the loop below, after the interpolation.
+            for v in distance.iter_mut() {
+                *v = (*v as f64 * inv_scale) as f32;
+            }
+            return Ok(());
+        }
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
         self.row.resize(size[2], [0.0; 3]);
         for z in 0..size[0] {
@@ -1180,19 +1233,42 @@ mod tests {
         let fields = classes.map(|c| v.distance(c));
         let skeleton = v.skeleton();
         let mut reader = TransformedReader::default();
-        for (k, (angles, scale)) in [
-            ([0.3, -0.2, 0.5], 1.0),
-            ([0.0, 0.0, 1.2], 0.7),
-            ([-2.5, 0.4, 0.1], 1.4),
+        let mut portable = TransformedReader {
+            portable_only: true,
+            ..TransformedReader::default()
+        };
+        let mut in_plane = Transform::rotate_scale([0.9, 0.0, 0.0], 1.3);
+        in_plane.matrix[0] = [1.0, 0.0, 0.0];
+        for (k, t) in [
+            Transform::rotate_scale([0.3, -0.2, 0.5], 1.0),
+            Transform::rotate_scale([0.0, 0.0, 1.2], 0.7),
+            Transform::rotate_scale([-2.5, 0.4, 0.1], 1.4),
+            in_plane,
         ]
         .into_iter()
         .enumerate()
         {
-            let t = Transform::rotate_scale(angles, scale);
+            let scale = t.scale;
             let start = [k as i64 * 3 - 3, 6 + k as i64, 15 - 4 * k as i64];
             let mut d = vec![f32::NAN; 2 * n];
             let mut sk = vec![u16::MAX; n];
             reader.read_derived(&v, start, size, &t, &classes, &mut d, Some(&mut sk))?;
+            // The vector build and the portable loop: the same bits.
+            let (mut d2, mut sk2) = (vec![f32::NAN; 2 * n], vec![u16::MAX; n]);
+            portable.read_derived(&v, start, size, &t, &classes, &mut d2, Some(&mut sk2))?;
+            assert_eq!(
+                d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                d2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{k}"
+            );
+            assert_eq!(sk, sk2, "{k}");
+            // The skeleton alone (no distance classes), and the distances alone.
+            let mut sk3 = vec![u16::MAX; n];
+            reader.read_derived(&v, start, size, &t, &[], &mut [], Some(&mut sk3))?;
+            assert_eq!(sk3, sk, "{k}, skeleton alone");
+            let mut d3 = vec![f32::NAN; 2 * n];
+            reader.read_derived(&v, start, size, &t, &classes, &mut d3, None)?;
+            assert_eq!(d3, d, "{k}, distances alone");
             let mut on_skeleton = 0;
             for (i, c) in t.coordinates(start, size).iter().enumerate() {
                 for (j, field) in fields.iter().enumerate() {
