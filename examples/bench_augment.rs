@@ -99,7 +99,6 @@ fn main() -> anyhow::Result<()> {
             skeleton: false,
             centreline: derived,
             distance,
-            ..LoaderConfig::default()
         },
         0,
     )?;
