@@ -162,6 +162,7 @@ fn train_options(cache: &Path, run_dir: &Path, config: TrainConfig) -> RunOption
         config,
         halt_after: None,
         benchmark: false,
+        mapped_mib: None,
     }
 }
 

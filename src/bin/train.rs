@@ -44,6 +44,12 @@ struct Cli {
     /// No progress bar (logs still go to metrics.jsonl).
     #[arg(long)]
     no_progress: bool,
+    /// MiB of cache pages the memory maps may bring into the resident set before the least
+    /// recently used maps hand theirs back (default 128): larger reads fewer pages again when
+    /// patches keep returning to the same volumes, for a larger resident set of clean file
+    /// pages.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    mapped_mib: Option<u64>,
     /// Time STEPS training steps (default 20, after 3 warm-up steps) of this configuration on
     /// this cache and device, print step time, patches/s, data wait and peak memory, and
     /// exit: no run folder is kept.
@@ -143,6 +149,7 @@ fn real_main(cli: Cli) -> Result<Exit> {
         config,
         halt_after: None,
         benchmark: false,
+        mapped_mib: cli.mapped_mib,
     };
     if let Some(steps) = cli.benchmark {
         return benchmark_main(&opts, steps.max(1), &stop);

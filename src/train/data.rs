@@ -6,7 +6,7 @@ use std::path::Path;
 use super::classes::ClassMap;
 use super::config::TrainConfig;
 use super::split::split_cases;
-use crate::cache::reader::{CacheReader, EntryReader};
+use crate::cache::reader::{CacheReader, EntryReader, ReaderOptions};
 use crate::error::{Error, Result};
 
 /// Everything opened from the cache for a run.
@@ -25,8 +25,17 @@ pub(super) struct Data {
     pub(super) unlabelled: Vec<String>,
 }
 
-pub(super) fn open_data(cache_dir: &Path, cfg: &TrainConfig) -> Result<Data> {
-    let reader = CacheReader::open(cache_dir)?;
+/// `mapped_mib`: the reader's limit on mapped pages brought in (`None`: its default).
+pub(super) fn open_data(
+    cache_dir: &Path,
+    cfg: &TrainConfig,
+    mapped_mib: Option<u64>,
+) -> Result<Data> {
+    let mut options = ReaderOptions::default();
+    if let Some(mib) = mapped_mib {
+        options.mapped_resident_bytes = mib.saturating_mul(1 << 20);
+    }
+    let reader = CacheReader::open_with(cache_dir, options)?;
     let names = reader.datasets();
     let dataset = match (&cfg.dataset, names.as_slice()) {
         (Some(name), _) => {

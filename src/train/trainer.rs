@@ -51,6 +51,10 @@ pub struct RunOptions {
     pub halt_after: Option<u64>,
     /// Timing only (`train --benchmark`): no validation, checkpoints or plots.
     pub benchmark: bool,
+    /// MiB of cache pages the memory maps may bring in before the least recently used maps
+    /// hand theirs back (`ReaderOptions::mapped_resident_bytes`); `None`: the reader's
+    /// default, 128.
+    pub mapped_mib: Option<u64>,
 }
 
 /// What a run did.
@@ -366,7 +370,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     let cfg = &opts.config;
     cfg.validate()?;
     let dev = device::select(&opts.device)?;
-    let data = open_data(&opts.cache_dir, cfg)?;
+    let data = open_data(&opts.cache_dir, cfg, opts.mapped_mib)?;
     let in_channels = data.channels.len();
     let model = build_model(cfg, in_channels, data.num_classes, &dev)?;
     let split = Split {
