@@ -110,11 +110,12 @@ pub(super) fn uniform_cells<const FLAT_Z: bool, L: LabelValue>(
 ) {
     let (sy, sz) = (bs[2], bs[1] * bs[2]);
     let n = label.len();
-    out.clear();
+    // Resized, not cleared: the loop below writes the first `m` entries, the tail is filled.
     out.resize(n, L::MIXED);
     // Cells start at most one voxel before each axis' end: their farthest corner is in the box.
     let far = if FLAT_Z { sy + 1 } else { sz + sy + 1 };
     let m = n.saturating_sub(far);
+    out[m..].fill(L::MIXED);
     if m == 0 {
         return;
     }
