@@ -24,10 +24,11 @@ pub(super) struct Cells8 {
 /// (0 outside).
 ///
 /// # Safety
-/// The CPU must have AVX2; `bs` must multiply to `bn < 2^31`, `image_box` must hold
-/// `channels * bn` voxels and `image` at least `(channels - 1) * n + at + 8`.
+/// The CPU must have AVX2 (inlined into callers compiled for AVX2 or AVX-512); `bs` must
+/// multiply to `bn < 2^31`, `image_box` must hold `channels * bn` voxels and `image` at least
+/// `(channels - 1) * n + at + 8`.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 pub(super) unsafe fn row8<const FLAT_Z: bool>(
     coords: &[[f64; 8]; 3],
     bs: [usize; 3],
