@@ -563,10 +563,18 @@ impl TransformedReader {
         let flat = t.keeps_z_planes();
         #[cfg(target_arch = "x86_64")]
         match self.simd() {
-            // SAFETY: the CPU has these features (`simd` checked them).
-            Simd::Avx512 => return Ok(unsafe { self.sample_avx512(flat, &job, image, label) }),
-            Simd::Avx2 => return Ok(unsafe { self.sample_avx2(flat, &job, image, label) }),
             Simd::Portable => {}
+            // SAFETY: the CPU has these features (`simd` checked them).
+            simd => {
+                unsafe {
+                    if simd == Simd::Avx512 {
+                        self.sample_avx512(flat, &job, image, label);
+                    } else {
+                        self.sample_avx2(flat, &job, image, label);
+                    }
+                }
+                return Ok(());
+            }
         }
         if flat {
             self.sample::<true>(&job, image, label);
