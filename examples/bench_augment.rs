@@ -2,7 +2,7 @@
 //! the memory-mapped cache, spatial transform, intensity transforms, mirroring), for
 //! `scripts/bench_augment.sh`, which runs nnU-Net's augmentation beside it.
 //!
-//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|intensity|none] [derived]
+//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|scale|intensity|none] [derived]
 //!
 //! `default` is nnU-Net's probabilities; `all` applies every transform to every patch.
 //! `derived` also reads the label-derived arrays through the same maps (the signed distance of
@@ -23,7 +23,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(
         args.len() >= 3,
-        "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|intensity|none]"
+        "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|scale|intensity|none]"
     );
     let reader = CacheReader::open(&args[1])?;
     let patch: Vec<usize> = args[2]
@@ -41,6 +41,15 @@ fn main() -> anyhow::Result<()> {
         // One part alone, every transform of it on every patch (for profiling).
         "spatial" => AugmentConfig {
             spatial: SpatialConfig::default().every(),
+            intensity: IntensityConfig::none(),
+            ..AugmentConfig::default()
+        },
+        // Scaling alone on every patch (the separable path).
+        "scale" => AugmentConfig {
+            spatial: SpatialConfig {
+                rotation_prob: 0.0,
+                ..SpatialConfig::default().every()
+            },
             intensity: IntensityConfig::none(),
             ..AugmentConfig::default()
         },

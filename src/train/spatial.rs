@@ -25,6 +25,11 @@
 //! largest summed linear weight among the 8 neighbours (nnU-Net's per-class interpolation,
 //! which never invents a value between two classes), ties to the lower value. Outside the
 //! volume images read 0 (after normalization) and labels background, like nnU-Net's padding.
+//!
+//! Paths, all giving the same bits: the general tile loop (`sample`, and its vector build over
+//! rows of 8 voxels with `gather`); maps without rotation or deformation through three 1D
+//! passes (`separable`); labels' majorities in `label`. Vector builds are picked by
+//! [`crate::train::simd`].
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +37,7 @@ use crate::cache::PatchSource;
 #[cfg(target_arch = "x86_64")]
 mod gather;
 mod label;
+mod separable;
 
 use crate::error::{Error, Result};
 use crate::train::rng::Rng;
@@ -382,6 +388,36 @@ impl Transform {
                 .is_none_or(|e| e.disp.iter().all(|d| d[0] == 0.0))
     }
 
+    /// Whether each axis's source coordinate depends on that axis's patch index alone (no
+    /// rotation, no deformation: a scaling, or nothing), so that interpolation separates.
+    pub fn axis_aligned(&self) -> bool {
+        let m = &self.matrix;
+        self.elastic.is_none() && (0..3).all(|a| (0..3).all(|b| a == b || m[a][b] == 0.0))
+    }
+
+    /// Each axis's source coordinates of an [`Transform::axis_aligned`] map, per patch index:
+    /// the coordinates [`Transform::row`] gives along the patch's first row, column and pillar
+    /// (its other terms are zeros, so every voxel has these, bit for bit).
+    fn axis_coordinates(&self, centre: [f64; 3], size: [usize; 3]) -> [Vec<f64>; 3] {
+        let mut scratch = Vec::new();
+        let mut row = vec![[0.0; 3]; size[2]];
+        let mut pillar = |a: usize| -> Vec<f64> {
+            (0..size[a])
+                .map(|i| {
+                    let (z, y) = match a {
+                        0 => (i, 0),
+                        _ => (0, i),
+                    };
+                    self.row(centre, size, (z, y), 0, &mut row[..1], &mut scratch);
+                    row[0][a]
+                })
+                .collect()
+        };
+        let (z, y) = (pillar(0), pillar(1));
+        self.row(centre, size, (0, 0), 0, &mut row, &mut scratch);
+        [z, y, row.iter().map(|c| c[2]).collect()]
+    }
+
     /// The affine part's source coordinate of patch voxel `(z, y, x)` before its x term:
     /// `centre + m * (dz, dy, 0)`, summed left to right as [`Transform::row`] does.
     #[inline(always)]
@@ -507,6 +543,11 @@ pub struct TransformedReader {
     build: Option<Simd>,
     /// A short tile row's 8-lane output, channel after channel (AVX2 path).
     short_row: Vec<f32>,
+    /// Tables and planes of maps without rotation ([`separable`]).
+    separable: separable::Separable,
+    /// Take the general loop for maps without rotation too (tests compare the two).
+    #[cfg(test)]
+    general_only: bool,
 }
 
 impl TransformedReader {
@@ -561,6 +602,26 @@ impl TransformedReader {
         // In-plane maps keep z on whole voxels: 4 neighbours instead of 8 (the same values,
         // since the upper plane's weight is exactly 0).
         let flat = t.keeps_z_planes();
+        #[cfg(test)]
+        let separable = t.axis_aligned() && !self.general_only;
+        #[cfg(not(test))]
+        let separable = t.axis_aligned();
+        if separable {
+            let coords = t.axis_coordinates(local_centre, size);
+            self.separable.prepare(coords, bs);
+            separable::sample_in(
+                self.simd(),
+                &mut self.separable,
+                flat,
+                &self.image_box,
+                bs,
+                channels,
+                size,
+                image,
+                label.map(|l| (&mut self.labels, l)),
+            );
+            return Ok(());
+        }
         #[cfg(target_arch = "x86_64")]
         match self.simd() {
             Simd::Portable => {}
@@ -1549,6 +1610,64 @@ mod tests {
             portable.read(&bytes, start, size, t, &mut b8, Some(&mut lb8))?;
             assert_eq!((&a8, &la8), (&a, &la), "{k}, byte labels");
             assert_eq!((&b8, &lb8), (&a, &la), "{k}, byte labels, portable");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn maps_without_rotation_separate_into_the_same_bits() -> Result<()> {
+        // Scalings (3D and in-plane, shrinking and growing, patches reaching outside the
+        // volume on every side) through the separable passes and through the general loop,
+        // in every build: the same image and label bits, for one and two channels and for
+        // byte labels.
+        let mut in_plane = Transform::rotate_scale([0.0; 3], 1.3);
+        in_plane.matrix[0] = [1.0, 0.0, 0.0];
+        let maps = [
+            Transform::rotate_scale([0.0; 3], 1.4),
+            Transform::rotate_scale([0.0; 3], 0.7),
+            Transform::rotate_scale([0.0; 3], 1.0 + 1e-9),
+            in_plane,
+        ];
+        for t in &maps {
+            assert!(t.axis_aligned() && !t.is_identity());
+        }
+        assert!(!Transform::rotate_scale([0.1, 0.0, 0.0], 1.2).axis_aligned());
+        let size = [6, 12, 14];
+        let n: usize = size.iter().product();
+        let sources = [(false, false), (true, false), (false, true)].map(|(two, bytes)| Stored {
+            v: Volume::new([14, 30, 28]),
+            two_channels: two,
+            byte_labels: bytes,
+        });
+        for build in vector_builds().into_iter().chain([Simd::Portable]) {
+            let mut fast = TransformedReader::with_build(build);
+            let mut general = TransformedReader {
+                general_only: true,
+                ..TransformedReader::with_build(build)
+            };
+            for (k, t) in maps.iter().enumerate() {
+                for start in [
+                    [-4, -6, -9],
+                    [k as i64 * 2, 7, 6],
+                    [10, 24, 20],
+                    [13, -20, 40],
+                ] {
+                    for src in &sources {
+                        let c = src.channels();
+                        let (mut a, mut b) = (vec![f32::NAN; c * n], vec![f32::NAN; c * n]);
+                        let (mut la, mut lb) = (vec![7u16; n], vec![9u16; n]);
+                        fast.read(src, start, size, t, &mut a, Some(&mut la))?;
+                        general.read(src, start, size, t, &mut b, Some(&mut lb))?;
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&a), bits(&b), "{build:?} map {k} at {start:?}");
+                        assert_eq!(la, lb, "{build:?} map {k} at {start:?}");
+                        // Without a label too.
+                        let mut a2 = vec![f32::NAN; c * n];
+                        fast.read(src, start, size, t, &mut a2, None)?;
+                        assert_eq!(bits(&a2), bits(&a));
+                    }
+                }
+            }
         }
         Ok(())
     }
