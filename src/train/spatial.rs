@@ -543,6 +543,12 @@ pub struct TransformedReader {
     build: Option<Simd>,
     /// A short tile row's 8-lane output, channel after channel (AVX2 path).
     short_row: Vec<f32>,
+    /// The cells of one patch plane's rows of 8 within a box plane (in-plane maps), and
+    /// their fractions in f64 (y, x) for the label's mixed lanes.
+    #[cfg(target_arch = "x86_64")]
+    plane_rows: Vec<gather::PlaneRow>,
+    #[cfg(target_arch = "x86_64")]
+    plane_frac: Vec<[[f64; 8]; 2]>,
     /// Tables and planes of maps without rotation ([`separable`]).
     separable: separable::Separable,
     /// Take the general loop for maps without rotation too (tests compare the two).
@@ -665,6 +671,7 @@ impl TransformedReader {
         // Cells are computed in i32 lanes: boxes past that take the portable path's loop.
         let vectors = job.bs.iter().product::<usize>() < i32::MAX as usize;
         match (vectors, flat) {
+            (true, true) if job.t.elastic.is_none() => self.sample_planes(job, image, label),
             (true, true) => self.sample_rows::<true, false>(job, image, label),
             (true, false) => self.sample_rows::<false, false>(job, image, label),
             (false, true) => self.sample::<true>(job, image, label),
@@ -740,6 +747,105 @@ impl TransformedReader {
         skeleton: Option<&mut [u16]>,
     ) {
         self.derived_vectors(flat, job, distance, skeleton);
+    }
+
+    /// [`TransformedReader::sample_rows`] for in-plane maps without deformation: every patch
+    /// plane has the same (y, x) coordinates (the z terms of those axes are zero), so the
+    /// cells of one plane's rows within a box plane are computed once and moved to each
+    /// patch plane's box plane: 16x fewer coordinates for a 16-plane patch. Plane by plane,
+    /// each reading one box plane (which stays in cache). The same values as the portable
+    /// path.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn sample_planes(
+        &mut self,
+        job: &Sampling,
+        image: &mut [f32],
+        mut label: Option<&mut [u16]>,
+    ) {
+        let Sampling {
+            t,
+            local_centre,
+            size,
+            bs,
+            channels,
+        } = *job;
+        let n: usize = size.iter().product();
+        let bn: usize = bs.iter().product();
+        let (sy, sz) = (bs[2], bs[1] * bs[2]);
+        let plane = size[1] * size[2];
+        if label.is_some() {
+            self.labels.prepare::<true>(bs);
+        }
+        // Box plane 0's cells of the first patch plane's rows (z coordinate 0, inside: boxes
+        // have at least 2 planes).
+        self.plane_rows.clear();
+        self.plane_frac.clear();
+        for y in 0..size[1] {
+            for tx in (0..size[2]).step_by(TILE[2]) {
+                let mut coords = t.row8(local_centre, size, (0, y), tx);
+                coords[0] = [0.0; 8];
+                let cells = gather::cells8(&coords, bs);
+                self.plane_rows.push(gather::PlaneRow::new(&cells));
+                self.plane_frac.push([cells.frac[1], cells.frac[2]]);
+            }
+        }
+        for z in 0..size[0] {
+            // The plane's z coordinate, whole (in-plane maps), and its box plane.
+            let cz = t.row8(local_centre, size, (z, 0), 0)[0][0];
+            if !(cz >= 0.0 && cz < (bs[0] - 1) as f64) {
+                for ch in 0..channels {
+                    image[ch * n + z * plane..][..plane].fill(0.0);
+                }
+                if let Some(l) = label.as_deref_mut() {
+                    l[z * plane..][..plane].fill(0);
+                }
+                continue;
+            }
+            let plane_at = (cz as usize * sz) as i32;
+            let mut k = 0;
+            for y in 0..size[1] {
+                for tx in (0..size[2]).step_by(TILE[2]) {
+                    let row = &self.plane_rows[k];
+                    let frac = &self.plane_frac[k];
+                    k += 1;
+                    let base = row.base.map(|b| b + plane_at);
+                    let w = (tx + TILE[2]).min(size[2]) - tx;
+                    let at = z * plane + y * size[2] + tx;
+                    let (out, out_n, out_at) = if w == TILE[2] {
+                        (&mut *image, n, at)
+                    } else {
+                        self.short_row.resize(channels * TILE[2], 0.0);
+                        (&mut self.short_row[..], TILE[2], 0)
+                    };
+                    // SAFETY: AVX2 is enabled here; the box is under 2^31 voxels (checked by
+                    // the caller), each base is a cell of this box plane or its first voxel.
+                    gather::lerp8_at::<true>(
+                        &base,
+                        row.inside,
+                        [std::arch::x86_64::_mm256_setzero_ps(), row.fy, row.fx],
+                        bs,
+                        &self.image_box,
+                        bn,
+                        channels,
+                        out,
+                        out_n,
+                        out_at,
+                    );
+                    if w < TILE[2] {
+                        for ch in 0..channels {
+                            image[ch * n + at..][..w]
+                                .copy_from_slice(&self.short_row[ch * TILE[2]..][..w]);
+                        }
+                    }
+                    if let Some(l) = label.as_deref_mut() {
+                        let frac = |j: usize| [0.0, frac[0][j], frac[1][j]];
+                        let vals = self.labels.row8_at::<true>(&base, row.inside, frac, sy, sz);
+                        l[at..at + w].copy_from_slice(&vals[..w]);
+                    }
+                }
+            }
+        }
     }
 
     /// [`TransformedReader::sample`] in vectors: the same tiles, each row of 8 voxels
@@ -1566,6 +1672,16 @@ mod tests {
         let mut in_plane = Transform::rotate_scale([0.9, 0.0, 0.0], 1.3);
         in_plane.matrix[0] = [1.0, 0.0, 0.0];
         assert!(in_plane.keeps_z_planes());
+        // In-plane maps share one plane's cells across planes: planes outside the volume
+        // (above, below) and rows reaching outside in y and x too.
+        for start in [[-4, 7, 6], [11, -9, 20], [-1, 20, -10]] {
+            let (mut a, mut b) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            let (mut la, mut lb) = (vec![7u16; n], vec![9u16; n]);
+            fast.read(&v, start, size, &in_plane, &mut a, Some(&mut la))?;
+            portable.read(&v, start, size, &in_plane, &mut b, Some(&mut lb))?;
+            assert_eq!(a, b, "in-plane at {start:?}");
+            assert_eq!(la, lb, "in-plane at {start:?}");
+        }
         // A deformed map: its coordinates come per voxel, not from the affine lanes.
         let mut elastic = Transform::rotate_scale([0.3, 0.2, -0.4], 1.1);
         elastic.elastic = Some(ElasticField::random(size, 4, 1.5, false, &mut Rng::new(3)));

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 
 /// One row's 8 cells: which lanes lie inside the box's interpolation range (bit k for voxel
 /// k), each one's box index (0 outside) and fractions past it (z, y, x; unspecified outside).
+#[derive(Clone)]
 pub(super) struct Cells8 {
     pub inside: u32,
     pub base: [i32; 8],
@@ -39,14 +40,24 @@ pub(super) unsafe fn row8<const FLAT_Z: bool>(
     n: usize,
     at: usize,
 ) -> Cells8 {
-    let (sy, sz) = (bs[2], bs[1] * bs[2]);
+    let cells = cells8(coords, bs);
+    lerp8::<FLAT_Z>(&cells, bs, image_box, bn, channels, image, n, at);
+    cells
+}
+
+/// The cells of 8 coordinates (as for [`row8`]).
+///
+/// # Safety
+/// The CPU must have AVX2; `bs` must multiply to under 2^31.
+#[inline(always)]
+pub(super) unsafe fn cells8(coords: &[[f64; 8]; 3], bs: [usize; 3]) -> Cells8 {
     let axis = coords;
     let zero = _mm256_setzero_pd();
     let mut inside = 0i32;
-    let mut trunc = [[_mm_setzero_si128(); 2]; 3];
+    // Per half of the lanes, each axis's truncated coordinates.
+    let mut trunc = [[_mm_setzero_si128(); 3]; 2];
     let mut frac = [[0f64; 8]; 3];
-    let mut frac32 = [[_mm_setzero_ps(); 2]; 3];
-    for half in 0..2 {
+    for (half, tr) in trunc.iter_mut().enumerate() {
         let mut ok = _mm256_castsi256_pd(_mm256_set1_epi32(-1));
         for a in 0..3 {
             let c = _mm256_loadu_pd(axis[a].as_ptr().add(4 * half));
@@ -63,44 +74,116 @@ pub(super) unsafe fn row8<const FLAT_Z: bool>(
             let t = _mm256_cvttpd_epi32(c);
             let f = _mm256_sub_pd(c, _mm256_cvtepi32_pd(t));
             _mm256_storeu_pd(frac[a].as_mut_ptr().add(4 * half), f);
-            trunc[a][half] = t;
-            frac32[a][half] = _mm256_cvtpd_ps(f);
+            tr[a] = t;
         }
         inside |= _mm256_movemask_pd(ok) << (4 * half);
     }
-    let lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    let lanes = _mm256_cmpeq_epi32(
-        _mm256_and_si256(_mm256_set1_epi32(inside), lane_bit),
-        lane_bit,
-    );
-    let iz = _mm256_set_m128i(trunc[0][1], trunc[0][0]);
-    let iy = _mm256_set_m128i(trunc[1][1], trunc[1][0]);
-    let ix = _mm256_set_m128i(trunc[2][1], trunc[2][0]);
+    let iz = _mm256_set_m128i(trunc[1][0], trunc[0][0]);
+    let iy = _mm256_set_m128i(trunc[1][1], trunc[0][1]);
+    let ix = _mm256_set_m128i(trunc[1][2], trunc[0][2]);
     let plane_rows = _mm256_add_epi32(_mm256_mullo_epi32(iz, _mm256_set1_epi32(bs[1] as i32)), iy);
     let base = _mm256_add_epi32(
         _mm256_mullo_epi32(plane_rows, _mm256_set1_epi32(bs[2] as i32)),
         ix,
     );
     // Lanes outside read voxel 0 (always in the box) and are zeroed after.
-    let base = _mm256_and_si256(base, lanes);
-    let fz = _mm256_set_m128(frac32[0][1], frac32[0][0]);
-    let fy = _mm256_set_m128(frac32[1][1], frac32[1][0]);
-    let fx = _mm256_set_m128(frac32[2][1], frac32[2][0]);
+    let base = _mm256_and_si256(base, lane_mask(inside as u32));
     let mut cells = [0i32; 8];
     _mm256_storeu_si256(cells.as_mut_ptr().cast(), base);
+    Cells8 {
+        inside: inside as u32,
+        base: cells,
+        frac,
+    }
+}
+
+/// All bits of lane k set where bit k of `inside` is.
+#[inline(always)]
+unsafe fn lane_mask(inside: u32) -> __m256i {
+    let lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(inside as i32), lane_bit),
+        lane_bit,
+    )
+}
+
+/// Each channel of `image_box` interpolated at `cells` into `image[ch * n + at..][..8]` (0 in
+/// lanes outside); the fractions rounded to f32 as the scalar loop rounds them.
+///
+/// # Safety
+/// As for [`row8`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn lerp8<const FLAT_Z: bool>(
+    cells: &Cells8,
+    bs: [usize; 3],
+    image_box: &[f32],
+    bn: usize,
+    channels: usize,
+    image: &mut [f32],
+    n: usize,
+    at: usize,
+) {
+    let f32x8 = |f: &[f64; 8]| {
+        _mm256_set_m128(
+            _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr().add(4))),
+            _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr())),
+        )
+    };
+    let fz = if FLAT_Z {
+        _mm256_setzero_ps()
+    } else {
+        f32x8(&cells.frac[0])
+    };
+    let fractions = [fz, f32x8(&cells.frac[1]), f32x8(&cells.frac[2])];
+    lerp8_at::<FLAT_Z>(
+        &cells.base,
+        cells.inside,
+        fractions,
+        bs,
+        image_box,
+        bn,
+        channels,
+        image,
+        n,
+        at,
+    );
+}
+
+/// [`lerp8`] from the lanes' box indices, inside bits and f32 fractions (z, y, x).
+///
+/// # Safety
+/// As for [`row8`]; every lane's base is a cell inside the box (or any voxel of it for lanes
+/// outside) whose farthest neighbour read lies in the box.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn lerp8_at<const FLAT_Z: bool>(
+    base: &[i32; 8],
+    inside: u32,
+    [fz, fy, fx]: [__m256; 3],
+    bs: [usize; 3],
+    image_box: &[f32],
+    bn: usize,
+    channels: usize,
+    image: &mut [f32],
+    n: usize,
+    at: usize,
+) {
+    let (sy, sz) = (bs[2], bs[1] * bs[2]);
+    let lanes = lane_mask(inside);
     for ch in 0..channels {
         let b = &image_box[ch * bn..(ch + 1) * bn];
-        // SAFETY (of each gather): every lane's index is a cell inside the box (or 0), whose
-        // farthest neighbour read, + sz + sy + 1 (+ sy + 1 when flat), lies inside the box too
-        // (boxes have at least 2 voxels a side, `needed_box`).
-        let (v00, v01) = gather_pairs(b, &cells, 0);
-        let (v10, v11) = gather_pairs(b, &cells, sy);
+        // SAFETY (of each gather): every lane's index is a cell inside the box (or a voxel
+        // of it), whose farthest neighbour read, + sz + sy + 1 (+ sy + 1 when flat), lies
+        // inside the box too (boxes have at least 2 voxels a side, `needed_box`).
+        let (v00, v01) = gather_pairs(b, base, 0);
+        let (v10, v11) = gather_pairs(b, base, sy);
         let z0 = lerp(lerp(v00, v01, fx), lerp(v10, v11, fx), fy);
         let v = if FLAT_Z {
             z0
         } else {
-            let (v20, v21) = gather_pairs(b, &cells, sz);
-            let (v30, v31) = gather_pairs(b, &cells, sz + sy);
+            let (v20, v21) = gather_pairs(b, base, sz);
+            let (v30, v31) = gather_pairs(b, base, sz + sy);
             let z1 = lerp(lerp(v20, v21, fx), lerp(v30, v31, fx), fy);
             lerp(z0, z1, fz)
         };
@@ -108,10 +191,38 @@ pub(super) unsafe fn row8<const FLAT_Z: bool>(
         let out = &mut image[ch * n + at..ch * n + at + 8];
         _mm256_storeu_ps(out.as_mut_ptr(), v);
     }
-    Cells8 {
-        inside: inside as u32,
-        base: cells,
-        frac,
+}
+
+/// The cells of one row of 8 within a box plane, for in-plane maps (whose patch planes all
+/// share them): box indices within the plane, inside bits, the y and x fractions in f32 for
+/// the lerps and in f64 for the label's weights.
+#[derive(Clone, Copy)]
+pub(super) struct PlaneRow {
+    pub base: [i32; 8],
+    pub inside: u32,
+    pub fy: __m256,
+    pub fx: __m256,
+}
+
+impl PlaneRow {
+    /// From the cells of a row computed at box plane 0.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    pub(super) unsafe fn new(cells: &Cells8) -> Self {
+        let f32x8 = |f: &[f64; 8]| {
+            _mm256_set_m128(
+                _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr().add(4))),
+                _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr())),
+            )
+        };
+        PlaneRow {
+            base: cells.base,
+            inside: cells.inside,
+            fy: f32x8(&cells.frac[1]),
+            fx: f32x8(&cells.frac[2]),
+        }
     }
 }
 

@@ -73,10 +73,26 @@ impl LabelBox {
         sy: usize,
         sz: usize,
     ) -> [u16; 8] {
+        let frac = |k: usize| [0, 1, 2].map(|a| cells.frac[a][k]);
+        self.row8_at::<FLAT_Z>(&cells.base, cells.inside, frac, sy, sz)
+    }
+
+    /// [`row8_labels`] over this box from the lanes' box indices, inside bits and fractions
+    /// (asked for the mixed lanes only).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(super) fn row8_at<const FLAT_Z: bool>(
+        &self,
+        base: &[i32; 8],
+        inside: u32,
+        frac: impl Fn(usize) -> [f64; 3],
+        sy: usize,
+        sz: usize,
+    ) -> [u16; 8] {
         if self.is_bytes {
-            row8_labels::<FLAT_Z, u8>(&self.bytes_uniform, &self.bytes, cells, sy, sz)
+            row8_labels::<FLAT_Z, u8>(&self.bytes_uniform, &self.bytes, base, inside, frac, sy, sz)
         } else {
-            row8_labels::<FLAT_Z, u16>(&self.wide_uniform, &self.wide, cells, sy, sz)
+            row8_labels::<FLAT_Z, u16>(&self.wide_uniform, &self.wide, base, inside, frac, sy, sz)
         }
     }
 
@@ -149,27 +165,29 @@ pub(super) fn uniform_cells<const FLAT_Z: bool, L: LabelValue>(
 /// branch per row where no lane is mixed, instead of one per voxel); 0 outside.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn row8_labels<const FLAT_Z: bool, L: LabelValue>(
     uniform: &[L],
     b: &[L],
-    cells: &super::gather::Cells8,
+    base: &[i32; 8],
+    inside: u32,
+    frac: impl Fn(usize) -> [f64; 3],
     sy: usize,
     sz: usize,
 ) -> [u16; 8] {
     let mut vals = [0u16; 8];
     let mut mixed = 0u32;
     for k in 0..8 {
-        // Lanes outside hold base 0, a voxel of the box.
-        let v = uniform[cells.base[k] as usize];
-        let inside = cells.inside & (1 << k) != 0;
+        // Lanes outside hold a voxel of the box.
+        let v = uniform[base[k] as usize];
+        let inside = inside & (1 << k) != 0;
         vals[k] = if inside { v.into() } else { 0 };
         mixed |= u32::from(inside & (v == L::MIXED)) << k;
     }
     while mixed != 0 {
         let k = mixed.trailing_zeros() as usize;
         mixed &= mixed - 1;
-        let f = [0, 1, 2].map(|a| cells.frac[a][k]);
-        vals[k] = majority::<FLAT_Z, L>(b, cells.base[k] as usize, sy, sz, f);
+        vals[k] = majority::<FLAT_Z, L>(b, base[k] as usize, sy, sz, frac(k));
     }
     vals
 }
