@@ -8,11 +8,12 @@
 //! `derived` also reads the label-derived arrays through the same maps (the signed distance of
 //! each foreground class and the skeleton; a cache built with `--derived distance,skeleton`),
 //! as training with the boundary, surface or skeleton losses does.
-//! Prints one JSON line.
+//! `MAPPED_MIB=M` sets the reader's limit on resident mapped pages (the trainer's
+//! `--mapped-mib`; default 128). Prints one JSON line.
 
 use std::time::Instant;
 
-use voxcache::cache::reader::{CacheReader, EntryReader};
+use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions};
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::intensity::IntensityConfig;
 use voxcache::train::loader::{Loader, LoaderConfig};
@@ -25,7 +26,19 @@ fn main() -> anyhow::Result<()> {
         args.len() >= 3,
         "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|scale|intensity|none]"
     );
-    let reader = CacheReader::open(&args[1])?;
+    // MAPPED_MIB: the reader's limit on mapped pages kept resident (the trainer's
+    // `--mapped-mib`); unset, its default.
+    let mapped_mib: Option<u64> = std::env::var("MAPPED_MIB")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map(|v| v.parse())
+        .transpose()?;
+    let mut options = ReaderOptions::default();
+    if let Some(mib) = mapped_mib {
+        options.mapped_resident_bytes = mib.saturating_mul(1 << 20);
+    }
+    let mapped_mib = options.mapped_resident_bytes >> 20;
+    let reader = CacheReader::open_with(&args[1], options)?;
     let patch: Vec<usize> = args[2]
         .split(',')
         .map(|v| v.parse())
@@ -128,6 +141,7 @@ fn main() -> anyhow::Result<()> {
             "tool": "voxcache",
             "mode": mode,
             "derived": derived,
+            "mapped_mib": mapped_mib,
             "patch": patch,
             "patches": batches * batch as u64,
             "seconds": secs,
