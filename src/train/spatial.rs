@@ -661,7 +661,7 @@ impl TransformedReader {
     /// without FMA: the same operations, so the same values).
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn sample_vectors(
+    unsafe fn sample_vectors<const W512: bool>(
         &mut self,
         flat: bool,
         job: &Sampling,
@@ -672,8 +672,8 @@ impl TransformedReader {
         let vectors = job.bs.iter().product::<usize>() < i32::MAX as usize;
         match (vectors, flat) {
             (true, true) if job.t.elastic.is_none() => self.sample_planes(job, image, label),
-            (true, true) => self.sample_rows::<true, false>(job, image, label),
-            (true, false) => self.sample_rows::<false, false>(job, image, label),
+            (true, true) => self.sample_rows::<true, false, W512>(job, image, label),
+            (true, false) => self.sample_rows::<false, false, W512>(job, image, label),
             (false, true) => self.sample::<true>(job, image, label),
             (false, false) => self.sample::<false>(job, image, label),
         }
@@ -688,7 +688,7 @@ impl TransformedReader {
         image: &mut [f32],
         label: Option<&mut [u16]>,
     ) {
-        self.sample_vectors(flat, job, image, label);
+        self.sample_vectors::<false>(flat, job, image, label);
     }
 
     /// AVX-512's 32 vector registers and 8 f64 lanes (the coordinates) make the same loop
@@ -702,7 +702,7 @@ impl TransformedReader {
         image: &mut [f32],
         label: Option<&mut [u16]>,
     ) {
-        self.sample_vectors(flat, job, image, label);
+        self.sample_vectors::<true>(flat, job, image, label);
     }
 
     /// [`TransformedReader::read_derived`]'s interpolation in vectors: the distance maps
@@ -711,7 +711,7 @@ impl TransformedReader {
     /// upper plane weighs exactly 0). The caller checks the CPU and the box's size.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn derived_vectors(
+    unsafe fn derived_vectors<const W512: bool>(
         &mut self,
         flat: bool,
         job: &Sampling,
@@ -719,9 +719,9 @@ impl TransformedReader {
         skeleton: Option<&mut [u16]>,
     ) {
         if flat {
-            self.sample_rows::<true, true>(job, distance, skeleton);
+            self.sample_rows::<true, true, W512>(job, distance, skeleton);
         } else {
-            self.sample_rows::<false, true>(job, distance, skeleton);
+            self.sample_rows::<false, true, W512>(job, distance, skeleton);
         }
     }
 
@@ -734,7 +734,7 @@ impl TransformedReader {
         distance: &mut [f32],
         skeleton: Option<&mut [u16]>,
     ) {
-        self.derived_vectors(flat, job, distance, skeleton);
+        self.derived_vectors::<false>(flat, job, distance, skeleton);
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -746,7 +746,7 @@ impl TransformedReader {
         distance: &mut [f32],
         skeleton: Option<&mut [u16]>,
     ) {
-        self.derived_vectors(flat, job, distance, skeleton);
+        self.derived_vectors::<true>(flat, job, distance, skeleton);
     }
 
     /// [`TransformedReader::sample_rows`] for in-plane maps without deformation: every patch
@@ -855,7 +855,7 @@ impl TransformedReader {
     /// into its callers, each compiled for AVX2 or AVX-512.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn sample_rows<const FLAT_Z: bool, const NEAREST: bool>(
+    unsafe fn sample_rows<const FLAT_Z: bool, const NEAREST: bool, const W512: bool>(
         &mut self,
         job: &Sampling,
         image: &mut [f32],
@@ -907,7 +907,7 @@ impl TransformedReader {
                             };
                             // SAFETY: AVX2 is enabled here; the box is under 2^31 voxels
                             // (checked by the caller) and the buffers are the job's.
-                            let cells = gather::row8::<FLAT_Z>(
+                            let cells = gather::row8::<FLAT_Z, W512>(
                                 &coords,
                                 bs,
                                 &self.image_box,
