@@ -138,14 +138,47 @@ impl Moves {
             return;
         }
         for patch in data.chunks_exact_mut(n) {
-            for (axis, &flip) in self.flips.iter().enumerate() {
-                if flip {
-                    flip_axis(patch, size_zyx, axis);
-                }
-            }
+            flip_axes(patch, size_zyx, self.flips);
             if self.quarter_turns != 0 {
                 rotate_yx(patch, size_zyx, self.quarter_turns);
             }
+        }
+    }
+}
+
+/// Mirror a patch along each axis of `flips` in one pass (one pass per axis moved the patch up
+/// to three times): row `(z, y)` and its mirror row swap places, each reversed when x flips.
+pub fn flip_axes<T>(data: &mut [T], size_zyx: [usize; 3], flips: [bool; 3]) {
+    let [nz, ny, nx] = size_zyx;
+    if data.is_empty() || flips == [false; 3] {
+        return;
+    }
+    let rows = nz * ny;
+    // The mirror of a row is an involution on rows: each pair is swapped once, from its
+    // lower member; rows that are their own mirror are only reversed.
+    let mirror = |r: usize| {
+        let (z, y) = (r / ny, r % ny);
+        let z = if flips[0] { nz - 1 - z } else { z };
+        let y = if flips[1] { ny - 1 - y } else { y };
+        z * ny + y
+    };
+    for r in 0..rows {
+        let m = mirror(r);
+        if m < r {
+            continue;
+        }
+        if m == r {
+            if flips[2] {
+                data[r * nx..(r + 1) * nx].reverse();
+            }
+            continue;
+        }
+        let (a, b) = data.split_at_mut(m * nx);
+        let (a, b) = (&mut a[r * nx..(r + 1) * nx], &mut b[..nx]);
+        a.swap_with_slice(b);
+        if flips[2] {
+            a.reverse();
+            b.reverse();
         }
     }
 }
@@ -260,6 +293,24 @@ mod tests {
             let mut half = img.clone();
             rotate_yx(&mut half, s, 2);
             assert_eq!(two, half);
+        }
+    }
+
+    #[test]
+    fn flips_in_one_pass_equal_one_axis_at_a_time() {
+        for s in [[3, 4, 5], [4, 3, 6], [1, 1, 7], [2, 5, 1]] {
+            for bits in 0..8 {
+                let flips = [bits & 4 != 0, bits & 2 != 0, bits & 1 != 0];
+                let (mut a, _) = ramp(s.iter().product());
+                let mut b = a.clone();
+                flip_axes(&mut a, s, flips);
+                for (axis, &f) in flips.iter().enumerate() {
+                    if f {
+                        flip_axis(&mut b, s, axis);
+                    }
+                }
+                assert_eq!(a, b, "{s:?} {flips:?}");
+            }
         }
     }
 
