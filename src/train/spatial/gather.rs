@@ -143,6 +143,15 @@ pub(super) unsafe fn cells8_avx512(coords: &[[f64; 8]; 3], bs: [usize; 3]) -> Ce
     }
 }
 
+/// 8 fractions in f64 rounded to f32 (to nearest, as the scalar loop's `as f32`).
+#[inline(always)]
+unsafe fn f32x8(f: &[f64; 8]) -> __m256 {
+    _mm256_set_m128(
+        _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr().add(4))),
+        _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr())),
+    )
+}
+
 /// All bits of lane k set where bit k of `inside` is.
 #[inline(always)]
 unsafe fn lane_mask(inside: u32) -> __m256i {
@@ -170,12 +179,6 @@ pub(super) unsafe fn lerp8<const FLAT_Z: bool>(
     n: usize,
     at: usize,
 ) {
-    let f32x8 = |f: &[f64; 8]| {
-        _mm256_set_m128(
-            _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr().add(4))),
-            _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr())),
-        )
-    };
     let fz = if FLAT_Z {
         _mm256_setzero_ps()
     } else {
@@ -257,12 +260,6 @@ impl PlaneRow {
     /// The CPU must have AVX2.
     #[inline(always)]
     pub(super) unsafe fn new(cells: &Cells8) -> Self {
-        let f32x8 = |f: &[f64; 8]| {
-            _mm256_set_m128(
-                _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr().add(4))),
-                _mm256_cvtpd_ps(_mm256_loadu_pd(f.as_ptr())),
-            )
-        };
         PlaneRow {
             base: cells.base,
             inside: cells.inside,
