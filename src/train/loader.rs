@@ -346,10 +346,34 @@ fn case_name(e: &Arc<dyn PatchSource>) -> String {
     e.name()
 }
 
-/// Index of the first NaN or infinity in `v`: blocks tested without an early exit first
-/// (a loop the compiler vectorizes; `position` goes a value at a time), so a clean patch
-/// costs a fraction of a millisecond less.
+/// Index of the first NaN or infinity in `v`, in the widest vector build the CPU runs (a scan
+/// of every patch: with SSE alone it was 8% of a plain crop's time).
 fn first_non_finite(v: &[f32]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::train::simd::Simd;
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(v: &[f32]) -> Option<usize> {
+            first_non_finite_body(v)
+        }
+        #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
+        unsafe fn avx512(v: &[f32]) -> Option<usize> {
+            first_non_finite_body(v)
+        }
+        // SAFETY: `simd::best` checked that the CPU has these features.
+        match crate::train::simd::best() {
+            Simd::Avx512 => return unsafe { avx512(v) },
+            Simd::Avx2 => return unsafe { avx2(v) },
+            Simd::Portable => {}
+        }
+    }
+    first_non_finite_body(v)
+}
+
+/// [`first_non_finite`]: blocks tested without an early exit first (a loop the compiler
+/// vectorizes; `position` goes a value at a time), then the block holding one searched.
+#[inline(always)]
+fn first_non_finite_body(v: &[f32]) -> Option<usize> {
     let bad_block = v
         .chunks(4096)
         .position(|b| b.iter().fold(false, |bad, x| bad | !x.is_finite()))?;
@@ -469,4 +493,30 @@ fn build_batch(
             .collect(),
         choices,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_non_finite_value_is_found_in_every_block() {
+        let mut v = vec![1.5f32; 3 * 4096 + 77];
+        assert_eq!(first_non_finite(&v), None);
+        assert_eq!(first_non_finite_body(&v), None);
+        for at in [0, 1, 4095, 4096, 8191, 9000, v.len() - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                v[at] = bad;
+                // A later bad value too: the first one is named.
+                let last = v.len() - 1;
+                let keep = v[last];
+                v[last] = f32::NAN;
+                assert_eq!(first_non_finite(&v), Some(at));
+                assert_eq!(first_non_finite_body(&v), Some(at));
+                v[last] = keep;
+                v[at] = 1.5;
+            }
+        }
+        assert_eq!(first_non_finite(&[]), None);
+    }
 }
