@@ -458,6 +458,7 @@ impl Transform {
 
     /// [`Transform::row`] for the 8 voxels from `x0` of a map without elastic deformation, axis
     /// by axis (the lanes the vector loop wants; the same sums, so the same bits).
+    #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn row8(
         &self,
@@ -541,7 +542,8 @@ pub struct TransformedReader {
     cells: Vec<Cell>,
     /// The vector build to take instead of the widest ([`simd::best`]; tests compare them).
     build: Option<Simd>,
-    /// A short tile row's 8-lane output, channel after channel (AVX2 path).
+    /// A short tile row's 8-lane output, channel after channel (vector paths).
+    #[cfg(target_arch = "x86_64")]
     short_row: Vec<f32>,
     /// The cells of one patch plane's rows of 8 within a box plane (in-plane maps), and
     /// their fractions in f64 (y, x) for the label's mixed lanes.
@@ -1124,30 +1126,32 @@ impl TransformedReader {
         let centre = centre_of(start_zyx, size);
         let local_centre = [0, 1, 2].map(|a| centre[a] - box_start[a] as f64);
         #[cfg(target_arch = "x86_64")]
-        let simd = self.simd();
-        if simd > Simd::Portable && bn < i32::MAX as usize {
-            let job = Sampling {
-                t,
-                local_centre,
-                size,
-                bs,
-                channels: classes.len(),
-            };
-            let flat = t.keeps_z_planes();
-            // SAFETY: the CPU has the build's features (`simd` checked them) and the box is
-            // under 2^31 voxels.
-            unsafe {
-                if simd == Simd::Avx512 {
-                    self.derived_avx512(flat, &job, distance, skeleton);
-                } else {
-                    self.derived_avx2(flat, &job, distance, skeleton);
+        {
+            let simd = self.simd();
+            if simd > Simd::Portable && bn < i32::MAX as usize {
+                let job = Sampling {
+                    t,
+                    local_centre,
+                    size,
+                    bs,
+                    channels: classes.len(),
+                };
+                let flat = t.keeps_z_planes();
+                // SAFETY: the CPU has the build's features (`simd` checked them) and the box is
+                // under 2^31 voxels.
+                unsafe {
+                    if simd == Simd::Avx512 {
+                        self.derived_avx512(flat, &job, distance, skeleton);
+                    } else {
+                        self.derived_avx2(flat, &job, distance, skeleton);
+                    }
                 }
+                // The same product and rounding as the loop below, after the interpolation.
+                for v in distance.iter_mut() {
+                    *v = (*v as f64 * inv_scale) as f32;
+                }
+                return Ok(());
             }
-            // The same product and rounding as the loop below, after the interpolation.
-            for v in distance.iter_mut() {
-                *v = (*v as f64 * inv_scale) as f32;
-            }
-            return Ok(());
         }
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
         self.row.resize(size[2], [0.0; 3]);

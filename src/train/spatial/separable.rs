@@ -213,9 +213,9 @@ pub(super) fn sample_in(
     image: &mut [f32],
     labels: Option<(&mut LabelBox, &mut [u16])>,
 ) {
-    use crate::train::simd::Simd;
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::train::simd::Simd;
         #[target_feature(enable = "avx2")]
         #[allow(clippy::too_many_arguments)]
         unsafe fn avx2(
