@@ -65,9 +65,12 @@ impl LabelBox {
     }
 
     /// [`row8_labels`] over this box.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; [`LabelBox::prepare`] must have run on this box.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    pub(super) fn row8<const FLAT_Z: bool>(
+    pub(super) unsafe fn row8<const FLAT_Z: bool>(
         &self,
         cells: &super::gather::Cells8,
         sy: usize,
@@ -79,9 +82,12 @@ impl LabelBox {
 
     /// [`row8_labels`] over this box from the lanes' box indices, inside bits and fractions
     /// (asked for the mixed lanes only).
+    ///
+    /// # Safety
+    /// As for [`LabelBox::row8`].
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    pub(super) fn row8_at<const FLAT_Z: bool>(
+    pub(super) unsafe fn row8_at<const FLAT_Z: bool>(
         &self,
         base: &[i32; 8],
         inside: u32,
@@ -89,10 +95,29 @@ impl LabelBox {
         sy: usize,
         sz: usize,
     ) -> [u16; 8] {
-        if self.is_bytes {
-            row8_labels::<FLAT_Z, u8>(&self.bytes_uniform, &self.bytes, base, inside, frac, sy, sz)
-        } else {
-            row8_labels::<FLAT_Z, u16>(&self.wide_uniform, &self.wide, base, inside, frac, sy, sz)
+        // SAFETY: the caller's AVX2; the tables are `prepare`'s, padded.
+        unsafe {
+            if self.is_bytes {
+                row8_labels::<FLAT_Z, u8>(
+                    &self.bytes_uniform,
+                    &self.bytes,
+                    base,
+                    inside,
+                    frac,
+                    sy,
+                    sz,
+                )
+            } else {
+                row8_labels::<FLAT_Z, u16>(
+                    &self.wide_uniform,
+                    &self.wide,
+                    base,
+                    inside,
+                    frac,
+                    sy,
+                    sz,
+                )
+            }
         }
     }
 
@@ -113,6 +138,10 @@ impl LabelBox {
     }
 }
 
+/// Entries past the box's end in [`uniform_cells`]' table (all [`LabelValue::MIXED`]), so
+/// that a 4-byte read at any entry stays inside it.
+pub(super) const UNIFORM_PAD: usize = 4;
+
 /// For each voxel `v` of a label box of sides `bs` (C order), the value of the cell from `v`
 /// (its 8 corners, or the 4 of its plane when `FLAT_Z`) when all corners hold it,
 /// [`LabelValue::MIXED`] otherwise, into `out`. Most cells of a label lie inside one
@@ -126,8 +155,9 @@ pub(super) fn uniform_cells<const FLAT_Z: bool, L: LabelValue>(
 ) {
     let (sy, sz) = (bs[2], bs[1] * bs[2]);
     let n = label.len();
-    // Resized, not cleared: the loop below writes the first `m` entries, the tail is filled.
-    out.resize(n, L::MIXED);
+    // Resized, not cleared: the loop below writes the first `m` entries, the tail (and the
+    // padding) is filled.
+    out.resize(n + UNIFORM_PAD, L::MIXED);
     // Cells start at most one voxel before each axis' end: their farthest corner is in the box.
     let far = if FLAT_Z { sy + 1 } else { sz + sy + 1 };
     let m = n.saturating_sub(far);
@@ -161,12 +191,16 @@ pub(super) fn uniform_cells<const FLAT_Z: bool, L: LabelValue>(
 }
 
 /// The labels of one row of 8 voxels from their cells ([`super::gather::row8`]): the uniform
-/// table's answers for all 8, then the weighed neighbours for the mixed lanes only (one
-/// branch per row where no lane is mixed, instead of one per voxel); 0 outside.
+/// table's answers for all 8 in one gather, then the weighed neighbours for the mixed lanes
+/// only (one branch per row where no lane is mixed, instead of one per voxel); 0 outside.
+///
+/// # Safety
+/// The CPU must have AVX2; `uniform` must be [`uniform_cells`]' table of `b` (its padding
+/// lets each lane read 4 bytes).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn row8_labels<const FLAT_Z: bool, L: LabelValue>(
+pub(super) unsafe fn row8_labels<const FLAT_Z: bool, L: LabelValue>(
     uniform: &[L],
     b: &[L],
     base: &[i32; 8],
@@ -175,21 +209,59 @@ pub(super) fn row8_labels<const FLAT_Z: bool, L: LabelValue>(
     sy: usize,
     sz: usize,
 ) -> [u16; 8] {
-    let mut vals = [0u16; 8];
-    let mut mixed = 0u32;
-    for k in 0..8 {
-        // Lanes outside hold a voxel of the box.
-        let v = uniform[base[k] as usize];
-        let inside = inside & (1 << k) != 0;
-        vals[k] = if inside { v.into() } else { 0 };
-        mixed |= u32::from(inside & (v == L::MIXED)) << k;
-    }
+    let (mut vals, mut mixed) = uniform8(uniform, b.len(), base, inside);
     while mixed != 0 {
         let k = mixed.trailing_zeros() as usize;
         mixed &= mixed - 1;
-        vals[k] = majority::<FLAT_Z, L>(b, base[k] as usize, sy, sz, frac(k));
+        vals[k] = weighed::<FLAT_Z, L>(b, base[k] as usize, sy, sz, frac(k));
     }
     vals
+}
+
+/// The uniform table's entries at 8 box indices in one gather (8 loads, bounds checks and
+/// lane moves one by one were a tenth of a rotated patch's time): the values, 0 in lanes
+/// outside, and the bits of the lanes inside whose entry is [`LabelValue::MIXED`].
+///
+/// # Safety
+/// The CPU must have AVX2; `uniform` must hold `n` entries and [`UNIFORM_PAD`] more.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn uniform8<L: LabelValue>(
+    uniform: &[L],
+    n: usize,
+    base: &[i32; 8],
+    inside: u32,
+) -> ([u16; 8], u32) {
+    use std::arch::x86_64::*;
+    assert!(n > 0 && uniform.len() >= n + UNIFORM_PAD);
+    let idx = _mm256_loadu_si256(base.as_ptr().cast());
+    // Clamped into the box: the cells are inside it, and this keeps every read in bounds
+    // whatever they hold. Each lane reads 4 bytes from its entry; the mask keeps the entry.
+    let idx = _mm256_min_epu32(idx, _mm256_set1_epi32((n - 1) as i32));
+    let ptr = uniform.as_ptr().cast::<i32>();
+    let (got, keep) = if std::mem::size_of::<L>() == 1 {
+        (_mm256_i32gather_epi32::<1>(ptr, idx), 0xff)
+    } else {
+        (_mm256_i32gather_epi32::<2>(ptr, idx), 0xffff)
+    };
+    let got = _mm256_and_si256(got, _mm256_set1_epi32(keep));
+    let lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let lanes = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(inside as i32), lane_bit),
+        lane_bit,
+    );
+    let mixed = _mm256_and_si256(
+        lanes,
+        _mm256_cmpeq_epi32(got, _mm256_set1_epi32(i32::from(L::MIXED.into()))),
+    );
+    let got = _mm256_and_si256(got, lanes);
+    let packed = _mm_packus_epi32(
+        _mm256_castsi256_si128(got),
+        _mm256_extracti128_si256::<1>(got),
+    );
+    let mut vals = [0u16; 8];
+    _mm_storeu_si128(vals.as_mut_ptr().cast(), packed);
+    (vals, _mm256_movemask_ps(_mm256_castsi256_ps(mixed)) as u32)
 }
 
 /// The label at a coordinate whose cell starts at box voxel `base` with fractions `f`:
@@ -207,13 +279,14 @@ pub(super) fn label_at<const FLAT_Z: bool, L: LabelValue>(
     if u != L::MIXED {
         return u.into();
     }
-    majority::<FLAT_Z, L>(b, base, sy, sz, f)
+    weighed::<FLAT_Z, L>(b, base, sy, sz, f)
 }
 
 /// The label value with the largest summed linear weight among the 8 voxels from `base`
 /// (ties to the lower value); most voxels have 8 equal neighbours and skip the weights.
 /// `FLAT_Z` as for [`super::trilinear`] (the upper plane's weights are 0, so it never counts).
-#[inline(always)]
+/// The tests' reference for the table's answers.
+#[cfg(test)]
 pub(super) fn majority<const FLAT_Z: bool, L: LabelValue>(
     b: &[L],
     base: usize,
@@ -230,7 +303,7 @@ pub(super) fn majority<const FLAT_Z: bool, L: LabelValue>(
         if (b[1] ^ v) | (b[sy] ^ v) | (b[sy + 1] ^ v) == zero {
             return v.into();
         }
-        return mixed_majority(&[b[0], b[1], b[sy], b[sy + 1]].map(Into::into), f);
+        return weighed::<FLAT_Z, L>(b, 0, sy, sz, f);
     }
     let b = &b[base..=base + sz + sy + 1];
     let v = b[0];
@@ -244,6 +317,24 @@ pub(super) fn majority<const FLAT_Z: bool, L: LabelValue>(
     if diff == zero {
         return v.into();
     }
+    weighed::<FLAT_Z, L>(b, 0, sy, sz, f)
+}
+
+/// [`majority`] without its test for equal neighbours, for cells the uniform table marks
+/// mixed (a cell whose corners all hold [`LabelValue::MIXED`] weighs to that value too).
+#[inline(always)]
+fn weighed<const FLAT_Z: bool, L: LabelValue>(
+    b: &[L],
+    base: usize,
+    sy: usize,
+    sz: usize,
+    f: [f64; 3],
+) -> u16 {
+    if FLAT_Z {
+        let b = &b[base..=base + sy + 1];
+        return mixed_majority(&[b[0], b[1], b[sy], b[sy + 1]].map(Into::into), f);
+    }
+    let b = &b[base..=base + sz + sy + 1];
     mixed_majority(
         &[
             b[0],

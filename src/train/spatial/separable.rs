@@ -63,6 +63,9 @@ pub(super) struct Separable {
     along_x: Vec<f32>,
     /// The box planes in reach, each interpolated along x and y (patch rows x columns).
     along_xy: Vec<f32>,
+    /// The label's rows of 8 (vector builds): per block of 8 patch columns, their lower x
+    /// neighbours in the box (0 outside) and the bits of those inside.
+    x_blocks: Vec<([i32; 8], u32)>,
 }
 
 /// `a + (b - a) * t`: the general loop's lerp.
@@ -85,8 +88,9 @@ impl Separable {
     /// coordinates are whole planes (in-plane maps), only the lower plane is read, as in the
     /// general loop.
     #[allow(clippy::too_many_arguments)]
+    /// `VECTORS`: compiled for AVX2 or AVX-512 (the label's rows of 8 gather).
     #[inline(always)]
-    pub(super) fn sample<const FLAT_Z: bool>(
+    pub(super) fn sample<const FLAT_Z: bool, const VECTORS: bool>(
         &mut self,
         image_box: &[f32],
         bs: [usize; 3],
@@ -159,6 +163,26 @@ impl Separable {
         if let Some((labels, l)) = labels {
             let (sy, sz) = (bs[2], bs[1] * bs[2]);
             labels.prepare::<FLAT_Z>(bs);
+            // Rows of 8 through the uniform table's gathers where the build has them (box
+            // indices in i32 lanes: boxes past that go voxel by voxel).
+            #[cfg(target_arch = "x86_64")]
+            let by_eight = VECTORS && bn < i32::MAX as usize;
+            #[cfg(not(target_arch = "x86_64"))]
+            let by_eight = false;
+            if by_eight {
+                self.x_blocks.clear();
+                for x0 in (0..nx).step_by(8) {
+                    let mut lower = [0i32; 8];
+                    let mut inside = 0u32;
+                    for (k, low) in lower.iter_mut().enumerate().take(nx - x0) {
+                        if ax.inside[x0 + k] {
+                            *low = ax.lower[x0 + k] as i32;
+                            inside |= 1 << k;
+                        }
+                    }
+                    self.x_blocks.push((lower, inside));
+                }
+            }
             for (z, lz) in l.chunks_exact_mut(plane).enumerate() {
                 if !az.inside[z] {
                     lz.fill(0);
@@ -171,6 +195,18 @@ impl Separable {
                     }
                     let zy = az.lower[z] * sz + ay.lower[y] * sy;
                     let (fz, fy) = (az.frac[z], ay.frac[y]);
+                    #[cfg(target_arch = "x86_64")]
+                    if by_eight {
+                        for (x0, (lower, inside)) in (0..nx).step_by(8).zip(&self.x_blocks) {
+                            let base = lower.map(|i| i + zy as i32);
+                            let frac = |k: usize| [fz, fy, ax.frac[(x0 + k).min(nx - 1)]];
+                            // SAFETY: `VECTORS` builds have AVX2; the table was prepared above.
+                            let vals =
+                                unsafe { labels.row8_at::<FLAT_Z>(&base, *inside, frac, sy, sz) };
+                            super::put_row(row, x0, &vals, (nx - x0).min(8));
+                        }
+                        continue;
+                    }
                     for (x, v) in row.iter_mut().enumerate() {
                         *v = if ax.inside[x] {
                             labels.at::<FLAT_Z>(zy + ax.lower[x], sy, sz, [fz, fy, ax.frac[x]])
@@ -228,7 +264,7 @@ pub(super) fn sample_in(
             image: &mut [f32],
             labels: Option<(&mut LabelBox, &mut [u16])>,
         ) {
-            sep.sample_either(flat, image_box, bs, channels, size, image, labels);
+            sep.sample_either::<true>(flat, image_box, bs, channels, size, image, labels);
         }
         #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
         #[allow(clippy::too_many_arguments)]
@@ -242,7 +278,7 @@ pub(super) fn sample_in(
             image: &mut [f32],
             labels: Option<(&mut LabelBox, &mut [u16])>,
         ) {
-            sep.sample_either(flat, image_box, bs, channels, size, image, labels);
+            sep.sample_either::<true>(flat, image_box, bs, channels, size, image, labels);
         }
         // SAFETY: the caller's `simd` is one the CPU runs.
         match simd {
@@ -256,13 +292,13 @@ pub(super) fn sample_in(
         }
     }
     let _ = simd;
-    sep.sample_either(flat, image_box, bs, channels, size, image, labels);
+    sep.sample_either::<false>(flat, image_box, bs, channels, size, image, labels);
 }
 
 impl Separable {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn sample_either(
+    fn sample_either<const VECTORS: bool>(
         &mut self,
         flat: bool,
         image_box: &[f32],
@@ -273,9 +309,9 @@ impl Separable {
         labels: Option<(&mut LabelBox, &mut [u16])>,
     ) {
         if flat {
-            self.sample::<true>(image_box, bs, channels, size, image, labels);
+            self.sample::<true, VECTORS>(image_box, bs, channels, size, image, labels);
         } else {
-            self.sample::<false>(image_box, bs, channels, size, image, labels);
+            self.sample::<false, VECTORS>(image_box, bs, channels, size, image, labels);
         }
     }
 }
