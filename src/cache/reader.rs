@@ -54,8 +54,10 @@ use crate::format::{
 };
 
 /// Rows ahead of the copy whose source is prefetched: rows are short (a patch's width) and
-/// 4 KiB pages apart every few rows, which hardware prefetchers do not cross.
-const PREFETCH_ROWS: usize = 4;
+/// 4 KiB pages apart every few rows, which hardware prefetchers do not cross. Far enough
+/// ahead to cover a fetch from memory: plain 32x96x96 crops of a case larger than the cache
+/// +26% against 4 rows (16: +22%, 64: no better, 128: worse; 16x128x128 alike).
+const PREFETCH_ROWS: usize = 32;
 
 /// Hint the CPU to fetch `bytes[at..at + len]` into cache; never faults.
 #[inline(always)]
@@ -572,6 +574,10 @@ impl EntryReader {
                             // The bytes one z plane's rows span (rows of a plane are
                             // adjacent): what this read may bring into the resident set.
                             let span = (ny - 1) * sy + row * es;
+                            // The first rows, which the loop's look-ahead does not reach.
+                            for k in 0..PREFETCH_ROWS.min(nrows) {
+                                prefetch(bytes, src_at(k), row * es);
+                            }
                             let mut k = 0;
                             for z in z0..z1 {
                                 let mut d = dst_at(z);
