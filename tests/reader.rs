@@ -11,6 +11,7 @@ use common::fixtures::{bits, build, bundled_cache, copy_tree, files_under, open_
 use common::probe::{assert_probe_sees_an_allocation, vm_rss_kib};
 use common::Lcg;
 use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
+use voxcache::cache::source::mirror;
 
 const CHUNK: &str = "4,16,16";
 const SHARD: &str = "8,32,32";
@@ -64,6 +65,21 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
         "label differs at {start:?} {size:?} in {}",
         e.dir().display()
     );
+    // Mirrored on read: the same voxels as reading, then mirroring.
+    for m in 1..8u8 {
+        let flips = [m & 4 != 0, m & 2 != 0, m & 1 != 0];
+        let (mut want_i, mut want_l) = (img.clone(), lab.clone());
+        mirror(&mut want_i, size, flips);
+        mirror(&mut want_l, size, flips);
+        let (mut got_i, mut got_l) = (vec![f32::NAN; n], vec![u16::MAX; n]);
+        e.read_patch_mirrored(start, size, flips, &mut got_i, Some(&mut got_l))
+            .unwrap();
+        let same = bits(got_i.iter().map(|&v| v as f64)) == bits(want_i.iter().map(|&v| v as f64));
+        assert!(
+            same && got_l == want_l,
+            "mirrored {flips:?} at {start:?} {size:?}"
+        );
+    }
 }
 
 /// Boxes that matter: inside one chunk, across chunk and shard borders, past every edge,

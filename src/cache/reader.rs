@@ -353,6 +353,23 @@ impl EntryReader {
         Ok(())
     }
 
+    /// [`EntryReader::read_patch`] mirrored along each axis of `mirror` (z, y, x): the same
+    /// voxels as reading and then mirroring, written where they belong in one pass.
+    pub fn read_patch_mirrored(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        mirror: [bool; 3],
+        out_image: &mut [f32],
+        out_label: Option<&mut [u16]>,
+    ) -> Result<()> {
+        self.read_image_in(start_zyx, size_zyx, out_image, mirror)?;
+        if let Some(l) = out_label {
+            self.read_label_in(start_zyx, size_zyx, l, mirror)?;
+        }
+        Ok(())
+    }
+
     /// The image part of [`EntryReader::read_patch`]: `out` holds every channel, one after
     /// the other.
     pub fn read_image<T: Sample>(
@@ -361,9 +378,19 @@ impl EntryReader {
         size_zyx: [usize; 3],
         out: &mut [T],
     ) -> Result<()> {
+        self.read_image_in(start_zyx, size_zyx, out, [false; 3])
+    }
+
+    fn read_image_in<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+        mirror: [bool; 3],
+    ) -> Result<()> {
         let c = self.inner.image.len();
         if c == 1 {
-            return self.read_region(&self.inner.image[0], start_zyx, size_zyx, out);
+            return self.read_region(&self.inner.image[0], start_zyx, size_zyx, out, mirror);
         }
         if !out.len().is_multiple_of(c) {
             return Err(Error::Config(format!(
@@ -373,7 +400,7 @@ impl EntryReader {
         }
         let n = out.len() / c;
         for (arr, part) in self.inner.image.iter().zip(out.chunks_exact_mut(n)) {
-            self.read_region(arr, start_zyx, size_zyx, part)?;
+            self.read_region(arr, start_zyx, size_zyx, part, mirror)?;
         }
         Ok(())
     }
@@ -393,7 +420,7 @@ impl EntryReader {
                 self.inner.image.len()
             ))
         })?;
-        self.read_region(arr, start_zyx, size_zyx, out)
+        self.read_region(arr, start_zyx, size_zyx, out, [false; 3])
     }
 
     /// The label part of [`EntryReader::read_patch`], into `u16`, or `u8` for uint8 labels.
@@ -403,12 +430,22 @@ impl EntryReader {
         size_zyx: [usize; 3],
         out: &mut [T],
     ) -> Result<()> {
+        self.read_label_in(start_zyx, size_zyx, out, [false; 3])
+    }
+
+    fn read_label_in<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+        mirror: [bool; 3],
+    ) -> Result<()> {
         let label = self
             .inner
             .label
             .as_ref()
             .ok_or_else(|| Error::cache(&self.inner.dir, "entry has no label"))?;
-        self.read_region(label, start_zyx, size_zyx, out)
+        self.read_region(label, start_zyx, size_zyx, out, mirror)
     }
 
     /// Output spacing (z, y, x) in [`EntryReader::unit`]s.
@@ -442,7 +479,13 @@ impl EntryReader {
             ));
         }
         match self.inner.distance_classes.iter().position(|&c| c == class) {
-            Some(k) => self.read_region(&self.inner.distance[k], start_zyx, size_zyx, out),
+            Some(k) => self.read_region(
+                &self.inner.distance[k],
+                start_zyx,
+                size_zyx,
+                out,
+                [false; 3],
+            ),
             None => {
                 out.fill(0.0);
                 Ok(())
@@ -463,7 +506,7 @@ impl EntryReader {
                 "entry has no skeleton: build the cache with --derived skeleton",
             )
         })?;
-        self.read_region(s, start_zyx, size_zyx, out)
+        self.read_region(s, start_zyx, size_zyx, out, [false; 3])
     }
 
     /// The chunk `c` of `arr`, from the shared caches or freshly mapped / decoded.
@@ -485,12 +528,15 @@ impl EntryReader {
         }
     }
 
+    /// The box `start .. start + size` of `arr` into `out`, 0 outside the volume, mirrored
+    /// along each axis of `mirror` (as [`crate::cache::source::mirror`] would after).
     fn read_region<T: Sample>(
         &self,
         arr: &ArrayReader,
         start: [i64; 3],
         size: [usize; 3],
         out: &mut [T],
+        mirror: [bool; 3],
     ) -> Result<()> {
         if !T::accepts(arr.dtype) {
             return Err(Error::Config(format!(
@@ -547,19 +593,34 @@ impl EntryReader {
                     let row = x1 - x0;
                     let held = self.chunk(arr, [cz, cy, cx])?;
                     let (ny, nrows) = (y1 - y0, (z1 - z0) * (y1 - y0));
-                    // Output position of (z, y0, x0).
+                    // Output position of the row piece (z, y0, x0..x1): its first voxel, or
+                    // with x mirrored the first of the reversed piece; the next y's row is
+                    // `y_step` away.
+                    let mirrored = |a: usize, o: usize| if mirror[a] { size[a] - 1 - o } else { o };
+                    let x_at = if mirror[2] {
+                        size[2] - (x0 - lo[2] + off[2]) - row
+                    } else {
+                        x0 - lo[2] + off[2]
+                    };
                     let dst_at = |z: usize| {
-                        ((z - lo[0] + off[0]) * size[1] + (y0 - lo[1] + off[1])) * size[2]
-                            + (x0 - lo[2] + off[2])
+                        (mirrored(0, z - lo[0] + off[0]) * size[1]
+                            + mirrored(1, y0 - lo[1] + off[1]))
+                            * size[2]
+                            + x_at
+                    };
+                    let y_step = if mirror[1] {
+                        (size[2] as isize).wrapping_neg()
+                    } else {
+                        size[2] as isize
                     };
                     match held.view(arr) {
                         None => {
                             if inside {
                                 for z in z0..z1 {
-                                    let d = dst_at(z);
-                                    for k in 0..ny {
-                                        let d = d + k * size[2];
+                                    let mut d = dst_at(z);
+                                    for _ in 0..ny {
                                         out[d..d + row].fill(T::default());
+                                        d = d.wrapping_add_signed(y_step);
                                     }
                                 }
                             }
@@ -589,13 +650,14 @@ impl EntryReader {
                                     if k + PREFETCH_ROWS < nrows {
                                         prefetch(bytes, src_at(k + PREFETCH_ROWS), row * es);
                                     }
-                                    T::convert_row(
-                                        arr.dtype,
-                                        &bytes[s..s + row * es],
-                                        &mut out[d..d + row],
-                                    );
+                                    let dst = &mut out[d..d + row];
+                                    T::convert_row(arr.dtype, &bytes[s..s + row * es], dst);
+                                    if mirror[2] {
+                                        // Reversed where it was just written (in L1).
+                                        dst.reverse();
+                                    }
                                     s += sy;
-                                    d += size[2];
+                                    d = d.wrapping_add_signed(y_step);
                                     k += 1;
                                 }
                             }

@@ -103,20 +103,50 @@ pub fn augment(
     );
     let in_plane = cfg.spatial.in_plane_for(size_zyx);
     intensity::apply(image, size_zyx, in_plane, &cfg.intensity, rng);
+    let moves = draw_moves(size_zyx, cfg, rng);
+    moves.apply(image, size_zyx);
+    moves.apply(label, size_zyx);
+    moves
+}
+
+/// The mirrorings and quarter turns of one patch. The loader draws them from a stream of
+/// their own before the patch is read, so that the read writes it mirrored
+/// ([`crate::train::spatial::TransformedReader::read_mirrored`]); then
+/// [`augment_mirrored`] does the rest.
+pub fn draw_moves(size_zyx: [usize; 3], cfg: &AugmentConfig, rng: &mut Rng) -> Moves {
     // Drawn whatever is applied, so one setting does not shift the stream of the others.
     let flips = [0, 1, 2].map(|_| rng.chance(cfg.mirror_prob));
     let quarter_turns = rng.below(4) as usize;
-    let moves = Moves {
+    Moves {
         flips,
         quarter_turns: match cfg.rot90 {
             false => 0,
             true if size_zyx[1] == size_zyx[2] => quarter_turns,
             true => quarter_turns & 2, // 0 or 180 degrees
         },
+    }
+}
+
+/// [`augment`] of a patch read already mirrored by `moves.flips`: the intensity transforms,
+/// then `moves`' quarter turns. Mirroring before the intensity transforms instead of after
+/// changes no distribution (noise is drawn per voxel alike, blur and the statistics are
+/// symmetric); it saves a pass over the patch (a twentieth of the augmentation's time).
+pub fn augment_mirrored(
+    image: &mut [f32],
+    label: &mut [u16],
+    size_zyx: [usize; 3],
+    cfg: &AugmentConfig,
+    rng: &mut Rng,
+    moves: &Moves,
+) {
+    let in_plane = cfg.spatial.in_plane_for(size_zyx);
+    intensity::apply(image, size_zyx, in_plane, &cfg.intensity, rng);
+    let turns = Moves {
+        flips: [false; 3],
+        ..*moves
     };
-    moves.apply(image, size_zyx);
-    moves.apply(label, size_zyx);
-    moves
+    turns.apply(image, size_zyx);
+    turns.apply(label, size_zyx);
 }
 
 /// The mirrorings and quarter turns drawn for one patch, to move other arrays of the same patch
@@ -146,42 +176,7 @@ impl Moves {
     }
 }
 
-/// Mirror a patch along each axis of `flips` in one pass (one pass per axis moved the patch up
-/// to three times): row `(z, y)` and its mirror row swap places, each reversed when x flips.
-pub fn flip_axes<T>(data: &mut [T], size_zyx: [usize; 3], flips: [bool; 3]) {
-    let [nz, ny, nx] = size_zyx;
-    if data.is_empty() || flips == [false; 3] {
-        return;
-    }
-    let rows = nz * ny;
-    // The mirror of a row is an involution on rows: each pair is swapped once, from its
-    // lower member; rows that are their own mirror are only reversed.
-    let mirror = |r: usize| {
-        let (z, y) = (r / ny, r % ny);
-        let z = if flips[0] { nz - 1 - z } else { z };
-        let y = if flips[1] { ny - 1 - y } else { y };
-        z * ny + y
-    };
-    for r in 0..rows {
-        let m = mirror(r);
-        if m < r {
-            continue;
-        }
-        if m == r {
-            if flips[2] {
-                data[r * nx..(r + 1) * nx].reverse();
-            }
-            continue;
-        }
-        let (a, b) = data.split_at_mut(m * nx);
-        let (a, b) = (&mut a[r * nx..(r + 1) * nx], &mut b[..nx]);
-        a.swap_with_slice(b);
-        if flips[2] {
-            a.reverse();
-            b.reverse();
-        }
-    }
-}
+pub use crate::cache::source::mirror as flip_axes;
 
 pub fn flip_axis<T>(data: &mut [T], size_zyx: [usize; 3], axis: usize) {
     if data.is_empty() {

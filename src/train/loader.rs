@@ -2,8 +2,8 @@
 //!
 //! Workers claim step numbers from a shared counter, build batch `s` from
 //! `sampler.choose(s)` (draw each sample's spatial transform from `Rng::derive(seed,
-//! &[AUGMENT_STREAM, s, i])`, read its box through it, augment the rest from the same
-//! stream), and file it in a reorder buffer; the consumer takes batches strictly in step order.
+//! &[AUGMENT_STREAM, s, i])` and its mirrorings from `MOVES_STREAM`, read its box through
+//! both, augment the rest from the first stream), and file it in a reorder buffer; the consumer takes batches strictly in step order.
 //! Because a batch depends only on its step, the stream is the same for any number of workers.
 //!
 //! Memory is bounded whatever the dataset size: a worker does not start step `s` until
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::train::augment::{augment, AugmentConfig};
+use crate::train::augment::{augment_mirrored, draw_moves, AugmentConfig};
 use crate::train::rng::Rng;
 use crate::train::sampler::{PatchChoice, Sampler};
 use crate::train::skeleton_target::{skeleton_of, tube_around};
@@ -27,6 +27,9 @@ use crate::train::spatial::TransformedReader;
 
 /// Stream tag of augmentation draws (`Rng::derive(seed, &[AUGMENT_STREAM, step, sample])`).
 pub const AUGMENT_STREAM: u64 = 0x6175_676d_656e_0002;
+/// Stream tag of the mirrorings and turns, drawn before the patch is read so that the read
+/// writes it mirrored (`Rng::derive(seed, &[MOVES_STREAM, step, sample])`).
+pub const MOVES_STREAM: u64 = 0x6d6f_7665_7300_0003;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoaderConfig {
@@ -416,8 +419,18 @@ fn build_batch(
         // sample's own stream.
         let mut rng = Rng::derive(cfg.seed, &[AUGMENT_STREAM, step, i as u64]);
         let transform = job.augment.spatial.draw(patch, &mut rng);
+        let mut moves_rng = Rng::derive(cfg.seed, &[MOVES_STREAM, step, i as u64]);
+        let moves = draw_moves(patch, &job.augment, &mut moves_rng);
         reader
-            .read(entry.as_ref(), c.start_zyx, patch, &transform, img, Some(lab))
+            .read_mirrored(
+                entry.as_ref(),
+                c.start_zyx,
+                patch,
+                &transform,
+                moves.flips,
+                img,
+                Some(lab),
+            )
             .map_err(|err| {
                 Error::case(
                     case_name(entry),
@@ -438,7 +451,7 @@ fn build_batch(
                 ),
             ));
         }
-        let moves = augment(img, lab, patch, &job.augment, &mut rng);
+        augment_mirrored(img, lab, patch, &job.augment, &mut rng, &moves);
         // The derived arrays follow the same map and the same mirrorings.
         let cached_skeleton = (job.skeleton || job.centreline) && entry.has_skeleton();
         if !job.distance.is_empty() || cached_skeleton {

@@ -33,6 +33,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::source::mirror;
 use crate::cache::PatchSource;
 #[cfg(target_arch = "x86_64")]
 mod gather;
@@ -375,11 +376,28 @@ impl Transform {
         self.matrix == IDENTITY && self.elastic.is_none()
     }
 
-    /// Whether every patch voxel's source z is a whole voxel: z maps to itself (in-plane
-    /// maps) and the elastic field, if any, never moves along z.
+    /// The same map with the patch mirrored along each axis of `flips` (z, y, x): that axis's
+    /// column negated, so that patch voxel `p` samples where `size - 1 - p` did (the same
+    /// coordinates bit for bit: the offsets from the centre only change sign). Not for maps
+    /// with an elastic field, whose displacements are laid out on the patch.
+    pub fn mirrored(&self, flips: [bool; 3]) -> Transform {
+        debug_assert!(self.elastic.is_none());
+        let mut t = self.clone();
+        for row in &mut t.matrix {
+            for (v, &f) in row.iter_mut().zip(&flips) {
+                if f {
+                    *v = -*v;
+                }
+            }
+        }
+        t
+    }
+
+    /// Whether every patch voxel's source z is a whole voxel: z maps to itself or to its
+    /// mirror (in-plane maps) and the elastic field, if any, never moves along z.
     pub fn keeps_z_planes(&self) -> bool {
         let m = &self.matrix;
-        m[0] == [1.0, 0.0, 0.0]
+        (m[0] == [1.0, 0.0, 0.0] || m[0] == [-1.0, 0.0, 0.0])
             && m[1][0] == 0.0
             && m[2][0] == 0.0
             && self
@@ -572,6 +590,41 @@ impl TransformedReader {
             build: Some(build),
             ..TransformedReader::default()
         }
+    }
+
+    /// [`TransformedReader::read`] with the patch mirrored along each axis of `flips` (as
+    /// [`crate::cache::source::mirror`] after reading would, bit for bit): plain crops are
+    /// read mirrored, other maps mirrored in their matrix, at no cost either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_mirrored(
+        &mut self,
+        src: &dyn PatchSource,
+        start_zyx: [i64; 3],
+        size: [usize; 3],
+        t: &Transform,
+        flips: [bool; 3],
+        image: &mut [f32],
+        mut label: Option<&mut [u16]>,
+    ) -> Result<()> {
+        if flips == [false; 3] {
+            return self.read(src, start_zyx, size, t, image, label);
+        }
+        if t.is_identity() {
+            return src.read_patch_mirrored(start_zyx, size, flips, image, label);
+        }
+        if t.elastic.is_some() {
+            // Read, then mirrored (the field is laid out on the patch).
+            self.read(src, start_zyx, size, t, image, label.as_deref_mut())?;
+            let n: usize = size.iter().product();
+            for c in image.chunks_exact_mut(n.max(1)) {
+                mirror(c, size, flips);
+            }
+            if let Some(l) = label {
+                mirror(l, size, flips);
+            }
+            return Ok(());
+        }
+        self.read(src, start_zyx, size, &t.mirrored(flips), image, label)
     }
 
     /// Fill `image` (channels x patch, C order) and `label` (patch) with the case's arrays
@@ -1799,6 +1852,63 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    #[test]
+    fn mirrored_reads_equal_reads_mirrored_after() -> Result<()> {
+        // Mirroring folded into the map (rotations 3D and in-plane, scalings through the
+        // separable passes) or done by the source (plain crops) or after (elastic fields):
+        // bit for bit what mirroring the read patch gives, in every build, for every set of
+        // axes, one and two channels, byte labels.
+        let mut in_plane = Transform::rotate_scale([0.9, 0.0, 0.0], 1.3);
+        in_plane.matrix[0] = [1.0, 0.0, 0.0];
+        let mut in_plane_scale = Transform::rotate_scale([0.0; 3], 0.8);
+        in_plane_scale.matrix[0] = [1.0, 0.0, 0.0];
+        let mut elastic = Transform::rotate_scale([0.3, 0.2, -0.4], 1.1);
+        let size = [6, 12, 14];
+        elastic.elastic = Some(ElasticField::random(size, 4, 1.5, false, &mut Rng::new(3)));
+        let maps = [
+            Transform::identity(),
+            Transform::rotate_scale([0.4, -0.3, 0.2], 1.2),
+            in_plane,
+            Transform::rotate_scale([0.0; 3], 1.3),
+            in_plane_scale,
+            elastic,
+        ];
+        let n: usize = size.iter().product();
+        let sources = [(false, false), (true, false), (false, true)].map(|(two, bytes)| Stored {
+            v: Volume::new([14, 30, 28]),
+            two_channels: two,
+            byte_labels: bytes,
+        });
+        for build in vector_builds().into_iter().chain([Simd::Portable]) {
+            let mut reader = TransformedReader::with_build(build);
+            for (k, t) in maps.iter().enumerate() {
+                for f in 1..8u8 {
+                    let flips = [f & 4 != 0, f & 2 != 0, f & 1 != 0];
+                    for src in &sources {
+                        if k == 0 && src.byte_labels {
+                            // (This test source reads bytes only through the transform.)
+                            continue;
+                        }
+                        let c = src.channels();
+                        let start = [k as i64 - 3, 7, 4];
+                        let (mut a, mut la) = (vec![0.0; c * n], vec![0u16; n]);
+                        reader.read(src, start, size, t, &mut a, Some(&mut la))?;
+                        a.chunks_exact_mut(n).for_each(|p| mirror(p, size, flips));
+                        mirror(&mut la, size, flips);
+                        let (mut b, mut lb) = (vec![f32::NAN; c * n], vec![7u16; n]);
+                        reader.read_mirrored(src, start, size, t, flips, &mut b, Some(&mut lb))?;
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&a), bits(&b), "{build:?} map {k} {flips:?}");
+                        assert_eq!(la, lb, "{build:?} map {k} {flips:?}");
+                    }
+                }
+            }
+        }
+        // The in-plane map mirrored in z is still in-plane (its 4-neighbour path).
+        assert!(maps[2].mirrored([true, false, true]).keeps_z_planes());
         Ok(())
     }
 
