@@ -11,9 +11,9 @@
 
 use candle_core::{Device, Tensor};
 
+use crate::cache::source::mirror;
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::train::augment::flip_axis;
 use crate::train::model::UNet;
 
 /// Window start positions along one axis: first at 0, last at `dim - patch`, evenly spaced with
@@ -280,14 +280,12 @@ impl Predictor<'_> {
                 let mut probs = self.forward(&input, group.len(), ch)?;
                 // Mirroring: the same windows flipped, predicted, flipped back and averaged.
                 for axes in &flips {
+                    // Every axis of the set in one pass over each channel.
+                    let set = [0, 1, 2].map(|a| axes.contains(&a));
                     let mut x = input.clone();
-                    for a in axes {
-                        x.chunks_exact_mut(pv).for_each(|c| flip_axis(c, p, *a));
-                    }
+                    x.chunks_exact_mut(pv).for_each(|c| mirror(c, p, set));
                     let mut y = self.forward(&x, group.len(), ch)?;
-                    for a in axes {
-                        y.chunks_exact_mut(pv).for_each(|c| flip_axis(c, p, *a));
-                    }
+                    y.chunks_exact_mut(pv).for_each(|c| mirror(c, p, set));
                     probs.iter_mut().zip(&y).for_each(|(s, v)| *s += v);
                 }
                 if !flips.is_empty() {

@@ -210,10 +210,7 @@ pub fn rotate_yx<T>(data: &mut [T], size_zyx: [usize; 3], k: usize) {
     let [_, ny, nx] = size_zyx;
     match k % 4 {
         0 => {}
-        2 => {
-            flip_axis(data, size_zyx, 1);
-            flip_axis(data, size_zyx, 2);
-        }
+        2 => flip_axes(data, size_zyx, [false, true, true]),
         turns if ny == nx && !data.is_empty() => {
             for plane in data.chunks_exact_mut(ny * nx) {
                 for _ in 0..turns {
