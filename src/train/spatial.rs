@@ -1924,13 +1924,17 @@ mod tests {
             Transform::rotate_scale([0.0; 3], 1.4),
             Transform::rotate_scale([0.0; 3], 0.7),
             Transform::rotate_scale([0.0; 3], 1.0 + 1e-9),
-            in_plane,
+            in_plane.clone(),
+            // Mirrored (decreasing coordinates).
+            Transform::rotate_scale([0.0; 3], 1.2).mirrored([true, false, true]),
+            in_plane.mirrored([false, true, true]),
         ];
         for t in &maps {
             assert!(t.axis_aligned() && !t.is_identity());
         }
         assert!(!Transform::rotate_scale([0.1, 0.0, 0.0], 1.2).axis_aligned());
-        let size = [6, 12, 14];
+        // Rows of 37: two blocks of 16 (the AVX-512 x pass) and a tail.
+        let size = [6, 12, 37];
         let n: usize = size.iter().product();
         let sources = [(false, false), (true, false), (false, true)].map(|(two, bytes)| Stored {
             v: Volume::new([14, 30, 28]),
