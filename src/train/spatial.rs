@@ -575,6 +575,12 @@ pub struct TransformedReader {
     plane_rows: Vec<gather::PlaneRow>,
     #[cfg(target_arch = "x86_64")]
     plane_frac: Vec<[[f64; 8]; 2]>,
+    /// Rows of 8 whose label lanes are left to weigh (in-plane maps: plane row index, patch
+    /// index, mixed lanes; 3D maps: patch index, mixed lanes, cells).
+    #[cfg(target_arch = "x86_64")]
+    deferred: Vec<(usize, usize, u32)>,
+    #[cfg(target_arch = "x86_64")]
+    deferred_cells: Vec<(usize, u32, gather::Cells8)>,
     /// Tables and planes of maps without rotation ([`separable`]).
     separable: separable::Separable,
     /// Take the general loop for maps without rotation too (tests compare the two).
@@ -900,11 +906,30 @@ impl TransformedReader {
                         }
                     }
                     if let Some(l) = label.as_deref_mut() {
-                        let frac = |j: usize| [0.0, frac[0][j], frac[1][j]];
-                        let vals = self.labels.row8_at::<true>(&base, row.inside, frac, sy, sz);
+                        let _ = frac;
+                        let (vals, mixed) = self.labels.uniform_row8(&base, row.inside);
                         put_row(l, at, &vals, w);
+                        // (Lanes past a short row's end are dropped.)
+                        let mixed = mixed & ((1u32 << w) - 1);
+                        if mixed != 0 {
+                            self.deferred.push((k - 1, at, mixed));
+                        }
                     }
                 }
+            }
+            // The plane's mixed label lanes, after its table lookups (see `uniform_row8`).
+            if let Some(l) = label.as_deref_mut() {
+                for &(k, at, mut mixed) in &self.deferred {
+                    let (row, frac) = (&self.plane_rows[k], &self.plane_frac[k]);
+                    while mixed != 0 {
+                        let j = mixed.trailing_zeros() as usize;
+                        mixed &= mixed - 1;
+                        let base = (row.base[j] + plane_at) as usize;
+                        let f = [0.0, frac[0][j], frac[1][j]];
+                        l[at + j] = self.labels.weighed_at::<true>(base, sy, sz, f);
+                    }
+                }
+                self.deferred.clear();
             }
         }
     }
@@ -999,9 +1024,28 @@ impl TransformedReader {
                                         };
                                     }
                                 } else {
-                                    let vals = self.labels.row8::<FLAT_Z>(&cells, sy, sz);
+                                    let (vals, mixed) =
+                                        self.labels.uniform_row8(&cells.base, cells.inside);
                                     put_row(l, at, &vals, w);
+                                    // (Lanes past a short row's end are dropped.)
+                                    let mixed = mixed & ((1u32 << w) - 1);
+                                    if mixed != 0 {
+                                        self.deferred_cells.push((at, mixed, cells));
+                                    }
                                 }
+                            }
+                        }
+                    }
+                    // The tile's mixed label lanes, after its table lookups (see
+                    // `uniform_row8`).
+                    if let Some(l) = label.as_deref_mut() {
+                        for (at, mut mixed, cells) in self.deferred_cells.drain(..) {
+                            while mixed != 0 {
+                                let j = mixed.trailing_zeros() as usize;
+                                mixed &= mixed - 1;
+                                let f = [0, 1, 2].map(|a| cells.frac[a][j]);
+                                let base = cells.base[j] as usize;
+                                l[at + j] = self.labels.weighed_at::<FLAT_Z>(base, sy, sz, f);
                             }
                         }
                     }

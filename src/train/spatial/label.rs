@@ -64,60 +64,41 @@ impl LabelBox {
         }
     }
 
-    /// [`row8_labels`] over this box.
+    /// The uniform table's answers for a row of 8 lanes from their cells' box indices (0
+    /// outside) and the bits of the mixed lanes, for [`LabelBox::weighed_at`] later. Callers
+    /// that look up a whole row this way before weighing any lane keep the gathers going
+    /// back to back (a branch on each row's mixed lanes, mispredicted, stalled them).
     ///
     /// # Safety
     /// The CPU must have AVX2; [`LabelBox::prepare`] must have run on this box.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    pub(super) unsafe fn row8<const FLAT_Z: bool>(
-        &self,
-        cells: &super::gather::Cells8,
-        sy: usize,
-        sz: usize,
-    ) -> [u16; 8] {
-        let frac = |k: usize| [0, 1, 2].map(|a| cells.frac[a][k]);
-        self.row8_at::<FLAT_Z>(&cells.base, cells.inside, frac, sy, sz)
-    }
-
-    /// [`row8_labels`] over this box from the lanes' box indices, inside bits and fractions
-    /// (asked for the mixed lanes only).
-    ///
-    /// # Safety
-    /// As for [`LabelBox::row8`].
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    pub(super) unsafe fn row8_at<const FLAT_Z: bool>(
-        &self,
-        base: &[i32; 8],
-        inside: u32,
-        frac: impl Fn(usize) -> [f64; 3],
-        sy: usize,
-        sz: usize,
-    ) -> [u16; 8] {
+    pub(super) unsafe fn uniform_row8(&self, base: &[i32; 8], inside: u32) -> ([u16; 8], u32) {
         // SAFETY: the caller's AVX2; the tables are `prepare`'s, padded.
         unsafe {
             if self.is_bytes {
-                row8_labels::<FLAT_Z, u8>(
-                    &self.bytes_uniform,
-                    &self.bytes,
-                    base,
-                    inside,
-                    frac,
-                    sy,
-                    sz,
-                )
+                uniform8(&self.bytes_uniform, self.bytes.len(), base, inside)
             } else {
-                row8_labels::<FLAT_Z, u16>(
-                    &self.wide_uniform,
-                    &self.wide,
-                    base,
-                    inside,
-                    frac,
-                    sy,
-                    sz,
-                )
+                uniform8(&self.wide_uniform, self.wide.len(), base, inside)
             }
+        }
+    }
+
+    /// The weighed neighbours of the cell at box voxel `base` (a lane
+    /// [`LabelBox::uniform_row8`] marked mixed).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(super) fn weighed_at<const FLAT_Z: bool>(
+        &self,
+        base: usize,
+        sy: usize,
+        sz: usize,
+        f: [f64; 3],
+    ) -> u16 {
+        if self.is_bytes {
+            weighed::<FLAT_Z, u8>(&self.bytes, base, sy, sz, f)
+        } else {
+            weighed::<FLAT_Z, u16>(&self.wide, base, sy, sz, f)
         }
     }
 
@@ -188,34 +169,6 @@ pub(super) fn uniform_cells<const FLAT_Z: bool, L: LabelValue>(
             & (h[i] == v);
         o[i] = if same { v } else { L::MIXED };
     }
-}
-
-/// The labels of one row of 8 voxels from their cells ([`super::gather::row8`]): the uniform
-/// table's answers for all 8 in one gather, then the weighed neighbours for the mixed lanes
-/// only (one branch per row where no lane is mixed, instead of one per voxel); 0 outside.
-///
-/// # Safety
-/// The CPU must have AVX2; `uniform` must be [`uniform_cells`]' table of `b` (its padding
-/// lets each lane read 4 bytes).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn row8_labels<const FLAT_Z: bool, L: LabelValue>(
-    uniform: &[L],
-    b: &[L],
-    base: &[i32; 8],
-    inside: u32,
-    frac: impl Fn(usize) -> [f64; 3],
-    sy: usize,
-    sz: usize,
-) -> [u16; 8] {
-    let (mut vals, mut mixed) = uniform8(uniform, b.len(), base, inside);
-    while mixed != 0 {
-        let k = mixed.trailing_zeros() as usize;
-        mixed &= mixed - 1;
-        vals[k] = weighed::<FLAT_Z, L>(b, base[k] as usize, sy, sz, frac(k));
-    }
-    vals
 }
 
 /// The uniform table's entries at 8 box indices in one gather (8 loads, bounds checks and

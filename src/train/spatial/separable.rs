@@ -68,6 +68,9 @@ pub(super) struct Separable {
     x_blocks: Vec<([i32; 8], u32)>,
     /// The x pass's blocks of 16 (AVX-512 builds).
     x16: XBlocks,
+    /// A patch row's mixed lanes, per block of 8 (vector builds).
+    #[cfg(target_arch = "x86_64")]
+    mixed: Vec<u32>,
 }
 
 /// The x pass of one box row: each patch column's lerp between its two neighbours.
@@ -290,13 +293,23 @@ impl Separable {
                     let (fz, fy) = (az.frac[z], ay.frac[y]);
                     #[cfg(target_arch = "x86_64")]
                     if by_eight {
+                        // The table's answers for the whole row first, then the mixed lanes.
+                        self.mixed.clear();
                         for (x0, (lower, inside)) in (0..nx).step_by(8).zip(&self.x_blocks) {
                             let base = lower.map(|i| i + zy as i32);
-                            let frac = |k: usize| [fz, fy, ax.frac[(x0 + k).min(nx - 1)]];
                             // SAFETY: `VECTORS` builds have AVX2; the table was prepared above.
-                            let vals =
-                                unsafe { labels.row8_at::<FLAT_Z>(&base, *inside, frac, sy, sz) };
+                            let (vals, mixed) = unsafe { labels.uniform_row8(&base, *inside) };
                             super::put_row(row, x0, &vals, (nx - x0).min(8));
+                            self.mixed.push(mixed);
+                        }
+                        for (x0, &mixed) in (0..nx).step_by(8).zip(&self.mixed) {
+                            let mut m = mixed;
+                            while m != 0 {
+                                let x = x0 + m.trailing_zeros() as usize;
+                                m &= m - 1;
+                                let f = [fz, fy, ax.frac[x]];
+                                row[x] = labels.weighed_at::<FLAT_Z>(zy + ax.lower[x], sy, sz, f);
+                            }
                         }
                         continue;
                     }
