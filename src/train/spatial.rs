@@ -1516,6 +1516,15 @@ mod tests {
         byte_labels: bool,
     }
 
+    /// The test volume stored as it is, with a second channel, and with byte labels.
+    fn stored_three_ways() -> [Stored; 3] {
+        [(false, false), (true, false), (false, true)].map(|(two, bytes)| Stored {
+            v: Volume::new([14, 30, 28]),
+            two_channels: two,
+            byte_labels: bytes,
+        })
+    }
+
     impl PatchSource for Stored {
         fn name(&self) -> String {
             "stored otherwise".into()
@@ -1921,11 +1930,7 @@ mod tests {
             elastic,
         ];
         let n: usize = size.iter().product();
-        let sources = [(false, false), (true, false), (false, true)].map(|(two, bytes)| Stored {
-            v: Volume::new([14, 30, 28]),
-            two_channels: two,
-            byte_labels: bytes,
-        });
+        let sources = stored_three_ways();
         for build in vector_builds().into_iter().chain([Simd::Portable]) {
             let mut reader = TransformedReader::with_build(build);
             for (k, t) in maps.iter().enumerate() {
@@ -1980,11 +1985,7 @@ mod tests {
         // Rows of 37: two blocks of 16 (the AVX-512 x pass) and a tail.
         let size = [6, 12, 37];
         let n: usize = size.iter().product();
-        let sources = [(false, false), (true, false), (false, true)].map(|(two, bytes)| Stored {
-            v: Volume::new([14, 30, 28]),
-            two_channels: two,
-            byte_labels: bytes,
-        });
+        let sources = stored_three_ways();
         for build in vector_builds().into_iter().chain([Simd::Portable]) {
             let mut fast = TransformedReader::with_build(build);
             let mut general = TransformedReader {
