@@ -874,7 +874,6 @@ impl TransformedReader {
             for y in 0..size[1] {
                 for tx in (0..size[2]).step_by(TILE[2]) {
                     let row = &self.plane_rows[k];
-                    let frac = &self.plane_frac[k];
                     k += 1;
                     let base = row.base.map(|b| b + plane_at);
                     let w = (tx + TILE[2]).min(size[2]) - tx;
@@ -906,7 +905,6 @@ impl TransformedReader {
                         }
                     }
                     if let Some(l) = label.as_deref_mut() {
-                        let _ = frac;
                         let (vals, mixed) = self.labels.uniform_row8(&base, row.inside);
                         put_row(l, at, &vals, w);
                         // (Lanes past a short row's end are dropped.)
