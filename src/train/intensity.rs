@@ -684,35 +684,32 @@ pub fn low_resolution(c: &mut [f32], size: [usize; 3], zoom: f64, in_plane: bool
             })
             .collect()
     };
-    let (tz, ty, tx) = (taps(0), taps(1), taps(2));
+    let (tz, ty) = (taps(0), taps(1));
+    // x's taps straight into the full-resolution row: the small grid's voxel i of a row is
+    // the row's voxel `near[2][i]`, so the small grid needs no pass of its own (a gather a
+    // voxel: a quarter of this transform).
+    let tx: Vec<(usize, usize, f32)> = taps(2)
+        .into_iter()
+        .map(|(i0, i1, f)| (near[2][i0], near[2][i1], f))
+        .collect();
     let lerp = |a: f32, b: f32, f: f32| a + (b - a) * f;
     let plane = size[1] * size[2];
-    let n_low: usize = small.iter().product();
     let n_x = small[0] * small[1] * size[2];
     let n_y = small[0] * plane;
-    let mut buf = take_scratch(n_low + n_x + n_y);
+    let mut buf = take_scratch(n_x + n_y);
     {
-        let (low, rest) = buf.split_at_mut(n_low);
-        let (up_x, rest) = rest.split_at_mut(n_x);
+        let (up_x, rest) = buf.split_at_mut(n_x);
         let up_y = &mut rest[..n_y];
-        let mut k = 0;
+        // Back up one axis at a time, x then y then z: the same lerps in the same order as
+        // the trilinear formula (so the same values), each pass over whole rows or planes.
+        let mut rows = up_x.chunks_exact_mut(size[2]);
         for &sz in &near[0] {
             for &sy in &near[1] {
                 let row = &c[(sz * size[1] + sy) * size[2]..][..size[2]];
-                for &sx in &near[2] {
-                    low[k] = row[sx];
-                    k += 1;
+                let out = rows.next().expect("a row per small-grid row");
+                for (o, &(i0, i1, f)) in out.iter_mut().zip(&tx) {
+                    *o = lerp(row[i0], row[i1], f);
                 }
-            }
-        }
-        // Back up one axis at a time, x then y then z: the same lerps in the same order as
-        // the trilinear formula (so the same values), each pass over whole rows or planes.
-        for (row, out) in low
-            .chunks_exact(small[2])
-            .zip(up_x.chunks_exact_mut(size[2]))
-        {
-            for (o, &(i0, i1, f)) in out.iter_mut().zip(&tx) {
-                *o = lerp(row[i0], row[i1], f);
             }
         }
         for (src, dst) in up_x
