@@ -298,8 +298,9 @@ pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
     let (mean, std) = m.sums.mean_std(c.len());
     let (lo, hi) = if invert { (-m.hi, -m.lo) } else { (m.lo, m.hi) };
     let range = (hi - lo) as f64 + 1e-7;
-    // The power is most of this transform's cost: a polynomial one (relative error under
-    // 4e-6 in 0..1) that the compiler vectorizes, where libm's powf goes a voxel at a time.
+    // The power is most of this transform's cost: a table and a polynomial fitted for this g
+    // ([`PowFit`]), or series (`pow_unit`) past its range, loops the compiler vectorizes,
+    // where libm's powf goes a voxel at a time.
     let (g, lo, range, sign) = (g as f32, lo, range as f32, sign as f32);
     let inv_range = 1.0 / range;
     // Clamped at 0 by a compare and select (`f32::max` spends more on NaN, which a patch
@@ -330,13 +331,13 @@ pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
     }
 }
 
-/// `x^g` for `x` 0 or normal in 0..=1 and one `g` (up to [`PowFit::MAX_G`]) as `2^(e g) m^g` with `x =
-/// 2^e m`, `m` in [1, 2): the first from a table over the exponent, the second from a
-/// polynomial fitted to `m^g` for this `g` (degree 6 through Chebyshev nodes: relative error
-/// under 1e-6 for g up to 4; past that the f32 evaluation of its larger coefficients loses
-/// more, and [`pow_unit`] is used). Half the operations of [`pow_unit`] and no division
+/// `x^g` for `x` 0 or normal in 0..=1 and one `g` (up to [`PowFit::MAX_G`]) as `2^(e g) m^g`
+/// with `x = 2^e m`, `m` in [1, 2): the first from a table over the exponent, the second from
+/// a polynomial fitted to `m^g` for this `g` (degree 6 through Chebyshev nodes: relative
+/// error under 1e-6 for g up to 4; past that the f32 evaluation of its larger coefficients
+/// loses more, and [`pow_unit`] is used). Half the operations of [`pow_unit`] and no division
 /// (gamma 0.187 -> 0.160 ms per 16x128x128 patch); the table read is exact, so every vector
-/// build gives the same bits.
+/// build gives the same bits. Fitting costs a few microseconds a patch.
 struct PowFit {
     /// `2^(-k g)` for k = 0..=127, 0 where that is below f32's normal range (so no product
     /// is subnormal: those are slow on some CPUs, and zero there is within the error).
