@@ -440,8 +440,10 @@ fn build_batch(
                     ),
                 )
             })?;
-        // The build refuses non-finite voxels, so one here is damage (in a shard, which is
-        // not hashed on read): name it here rather than as a non-finite loss later.
+        // The build refuses non-finite voxels and the reader hashes each block when it first
+        // reads it, so one here is damage since (a file changed in place under a running
+        // job, or a source other than the cache): name it here rather than as a non-finite
+        // loss later.
         if let Some(k) = first_non_finite(img) {
             return Err(Error::case(
                 case_name(entry),
