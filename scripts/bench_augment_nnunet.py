@@ -11,7 +11,7 @@ does not do it either). Like nnU-Net's data loader, each sample crops an enlarge
 as numpy arrays (nnU-Net reads it from its own files: this leaves their I/O out, in their
 favour), then the transforms give the final patch.
 
-    python scripts/bench_augment_nnunet.py --cache CACHE --patch 32,96,96 [--patches 100] [--mode default|all]
+    python scripts/bench_augment_nnunet.py --cache CACHE --patch 32,96,96 [--patches 100] [--mode default|all|crop|intensity|spatial]
 
 Prints one JSON line: patches per second with torch on one thread.
 """
@@ -40,9 +40,14 @@ from batchgeneratorsv2.transforms.utils.pseudo2d import Convert2DTo3DTransform, 
 from batchgeneratorsv2.transforms.utils.random import RandomTransform
 
 
-def transforms(patch: tuple[int, int, int], every: bool) -> ComposeTransforms:
-    """nnUNetTrainer.get_training_transforms (v2 defaults); `every` sets each probability to 1."""
+def transforms(patch: tuple[int, int, int], mode: str) -> ComposeTransforms:
+    """nnUNetTrainer.get_training_transforms (v2 defaults); mode `all` sets each probability to
+    1, `crop`, `intensity` and `spatial` keep one part (see --mode)."""
+    every = mode == "all"
     p = (lambda q: 1.0) if every else (lambda q: q)
+    # The spatial part's and the intensity part's probabilities.
+    ps = {"crop": lambda q: 0.0, "intensity": lambda q: 0.0, "spatial": lambda q: 1.0}.get(mode, p)
+    pi = {"crop": lambda q: 0.0, "spatial": lambda q: 0.0}.get(mode, p)
     dummy_2d = max(patch) / patch[0] > 3
     if dummy_2d:
         rotation = (-np.pi, np.pi)
@@ -54,32 +59,32 @@ def transforms(patch: tuple[int, int, int], every: bool) -> ComposeTransforms:
     if dummy_2d:
         t.append(Convert3DTo2DTransform())
     t.append(SpatialTransform(spatial_patch, patch_center_dist_from_border=0, random_crop=False,
-                              p_elastic_deform=0, p_rotation=p(0.2), rotation=rotation,
-                              p_scaling=p(0.2), scaling=(0.7, 1.4),
+                              p_elastic_deform=0, p_rotation=ps(0.2), rotation=rotation,
+                              p_scaling=ps(0.2), scaling=(0.7, 1.4),
                               p_synchronize_scaling_across_axes=1, bg_style_seg_sampling=False))
     if dummy_2d:
         t.append(Convert2DTo3DTransform())
     t.append(RandomTransform(GaussianNoiseTransform(noise_variance=(0, 0.1), p_per_channel=1,
-                                                    synchronize_channels=True), apply_probability=p(0.1)))
+                                                    synchronize_channels=True), apply_probability=pi(0.1)))
     t.append(RandomTransform(GaussianBlurTransform(blur_sigma=(0.5, 1.0), synchronize_channels=False,
                                                    synchronize_axes=False, p_per_channel=p(0.5),
-                                                   benchmark=True), apply_probability=p(0.2)))
+                                                   benchmark=True), apply_probability=pi(0.2)))
     t.append(RandomTransform(MultiplicativeBrightnessTransform(multiplier_range=BGContrast((0.75, 1.25)),
                                                                synchronize_channels=False, p_per_channel=1),
-                             apply_probability=p(0.15)))
+                             apply_probability=pi(0.15)))
     t.append(RandomTransform(ContrastTransform(contrast_range=BGContrast((0.75, 1.25)), preserve_range=True,
                                                synchronize_channels=False, p_per_channel=1),
-                             apply_probability=p(0.15)))
+                             apply_probability=pi(0.15)))
     t.append(RandomTransform(SimulateLowResolutionTransform(scale=(0.5, 1), synchronize_channels=False,
                                                             synchronize_axes=True, ignore_axes=ignore_axes,
                                                             allowed_channels=None, p_per_channel=p(0.5)),
-                             apply_probability=p(0.25)))
+                             apply_probability=pi(0.25)))
     t.append(RandomTransform(GammaTransform(gamma=BGContrast((0.7, 1.5)), p_invert_image=1,
                                             synchronize_channels=False, p_per_channel=1, p_retain_stats=1),
-                             apply_probability=p(0.1)))
+                             apply_probability=pi(0.1)))
     t.append(RandomTransform(GammaTransform(gamma=BGContrast((0.7, 1.5)), p_invert_image=0,
                                             synchronize_channels=False, p_per_channel=1, p_retain_stats=1),
-                             apply_probability=p(0.3)))
+                             apply_probability=pi(0.3)))
     t.append(MirrorTransform(allowed_axes=(0, 1, 2)) if not every else RandomTransform(
         MirrorTransform(allowed_axes=(0, 1, 2)), apply_probability=1))
     return ComposeTransforms(t)
@@ -116,7 +121,12 @@ def main() -> None:
     ap.add_argument("--cache", required=True)
     ap.add_argument("--patch", required=True)
     ap.add_argument("--patches", type=int, default=100)
-    ap.add_argument("--mode", choices=["default", "all"], default="default")
+    # default: nnU-Net's probabilities; all: every transform on every patch. For timing the
+    # parts alone: crop (no spatial or intensity transform), intensity (nnU-Net's intensity
+    # probabilities, no spatial transform), spatial (rotation and scaling on every patch, no
+    # intensity transform). Mirroring as in default, except in all.
+    ap.add_argument("--mode", choices=["default", "all", "crop", "intensity", "spatial"],
+                    default="default")
     args = ap.parse_args()
     torch.set_num_threads(1)
     # The transforms draw from torch's and NumPy's global generators: seeded, so that every
@@ -132,7 +142,7 @@ def main() -> None:
         cases.append((np.asarray(g["image"][:], dtype=np.float32), np.asarray(g["label"][:]).astype(np.int16)))
     rng = np.random.default_rng(7)
     big = initial_patch_size(patch)
-    pipeline = transforms(patch, args.mode == "all")
+    pipeline = transforms(patch, args.mode)
 
     def sample() -> None:
         image, label = cases[rng.integers(len(cases))]
