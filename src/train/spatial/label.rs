@@ -102,6 +102,16 @@ impl LabelBox {
         }
     }
 
+    /// The box's elements, for [`super::columns`] (which widens them itself).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn planes(&self) -> super::columns::LabelPlanes<'_> {
+        if self.is_bytes {
+            super::columns::LabelPlanes::Bytes(&self.bytes)
+        } else {
+            super::columns::LabelPlanes::Wide(&self.wide)
+        }
+    }
+
     /// [`label_at`] over this box.
     #[inline(always)]
     pub(super) fn at<const FLAT_Z: bool>(
@@ -306,6 +316,37 @@ fn weighed<const FLAT_Z: bool, L: LabelValue>(
     )
 }
 
+/// [`weighed`] of an in-plane cell from its 4 neighbours (x, then y) already read.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn weighed4(c: [u16; 4], f: [f64; 3]) -> u16 {
+    mixed_majority([c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]], true, f)
+}
+
+/// Which value [`weighed4`] gives a cell of two values from the pattern of its neighbours
+/// that differ from the first (bit 0: the +x one, bit 1: +y, bit 2: +x+y) at fractions
+/// (y, x): 0 the first value, 1 the other, 2 the lower of the two (an exact tie). The same
+/// weights and sums as [`mixed_majority`]'s two-value case (its upper plane's weights are
+/// zeros, which change no sum's comparison with 0), so the same winner; one table serves
+/// every plane of an in-plane column. The reference of the vector tables
+/// (`columns::outcome_tables`).
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) fn two_value_outcomes(fy: f64, fx: f64) -> [u8; 8] {
+    let (wy, wx) = ([1.0 - fy, fy], [1.0 - fx, fx]);
+    let w: [f64; 4] = std::array::from_fn(|k| 1.0 * wy[(k >> 1) & 1] * wx[k & 1]);
+    std::array::from_fn(|p| {
+        let d = |k: usize| if p & (1 << (k - 1)) != 0 { -w[k] } else { w[k] };
+        let total = (w[0] + d(2)) + (d(1) + d(3));
+        if total > 0.0 {
+            0
+        } else if total == 0.0 {
+            2
+        } else {
+            1
+        }
+    })
+}
+
 /// [`majority`] where the neighbours differ: weights in f64, as the reference computes them.
 /// `v`: the 8 neighbours (z, y, x order), or with `four` the lower plane's 4 twice (the z
 /// fraction is then 0 and `f[0]` is not read). Inlined, so the values stay in registers
@@ -377,6 +418,30 @@ fn majority_by_list(values: &[u16], wz: [f64; 2], wy: [f64; 2], wx: [f64; 2]) ->
 mod tests {
     use super::*;
     use crate::train::rng::Rng;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_outcome_table_gives_the_weighed_value() {
+        // Every pattern of two values over an in-plane cell's 4 neighbours, at random and
+        // dyadic fractions: the table's pick is `weighed4`'s.
+        let mut rng = Rng::new(5);
+        for case in 0..20_000 {
+            let f = [0, 1].map(|_| match rng.below(5) {
+                0 => 0.5,
+                1 => 0.0,
+                2 => 0.25,
+                _ => rng.uniform(),
+            });
+            let table = two_value_outcomes(f[0], f[1]);
+            let (a, b) = if case % 2 == 0 { (3u16, 8u16) } else { (8, 3) };
+            for p in 1..8 {
+                let v = [a, [a, b][p & 1], [a, b][(p >> 1) & 1], [a, b][(p >> 2) & 1]];
+                let want = weighed4(v, [0.0, f[0], f[1]]);
+                let got = [a, b, a.min(b)][table[p] as usize];
+                assert_eq!(got, want, "{v:?} at {f:?}");
+            }
+        }
+    }
 
     #[test]
     fn the_two_value_majority_agrees_with_the_list() {

@@ -1,0 +1,540 @@
+//! In-plane maps without deformation through the box turned on its side. Every patch plane of
+//! such a map samples the same (y, x) coordinates in its own box plane, so a patch voxel's
+//! four neighbours are the same four box columns in every plane. With the box's planes
+//! innermost (each column's planes contiguous), one patch column's lerps are four vector
+//! loads and six operations per 8 planes, its fractions broadcast, where the plane-by-plane
+//! loop gathers four scalar pairs per voxel. Patch rows of 8 columns are turned back to planes
+//! by 8x8 transposes in registers; the box is turned on its side the same way.
+//!
+//! The same operations in the same order as the scalar path (`trilinear` with a zero z
+//! fraction; labels equal where the four neighbours agree, weighed as there where they do
+//! not), so the same bits.
+
+use std::arch::x86_64::*;
+
+use super::gather::PlaneRow;
+use super::label::weighed4;
+
+/// A box's planes as columns (`lanes` planes, padded to a multiple of 8), kept between
+/// patches.
+#[derive(Default)]
+pub(super) struct Columns {
+    image: Vec<f32>,
+    label: Vec<u16>,
+}
+
+/// What one in-plane patch reads: its rows' cells at box plane 0 (y, then rows of 8 along x),
+/// and for each column lane k the patch plane it fills (the box plane `lo + k`).
+pub(super) struct Job<'a> {
+    pub rows: &'a [PlaneRow],
+    /// The rows' y and x fractions in f64 (the label's weights).
+    pub frac: &'a [[[f64; 8]; 2]],
+    pub lo: usize,
+    pub planes: &'a [usize],
+    pub size: [usize; 3],
+    pub bs: [usize; 3],
+    pub channels: usize,
+}
+
+impl Job<'_> {
+    /// Column lanes, a multiple of 8.
+    fn lanes(&self) -> usize {
+        self.planes.len().div_ceil(8) * 8
+    }
+}
+
+/// The planes' labels, widened to u16 (a label box's elements, one plane after another from
+/// `lo`).
+pub(super) enum LabelPlanes<'a> {
+    Bytes(&'a [u8]),
+    Wide(&'a [u16]),
+}
+
+impl Columns {
+    /// Fill each channel of `image` (and `label`) for the patch planes of `job`; planes
+    /// outside are the caller's.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; each row's cells must lie in the box (inside lanes at most
+    /// one voxel before its y and x ends, the others at 0), `lo + planes.len() <= bs[0]`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) unsafe fn sample(
+        &mut self,
+        job: &Job,
+        image_box: &[f32],
+        image: &mut [f32],
+        label: Option<(LabelPlanes, &mut [u16])>,
+    ) {
+        let [_, by, bx] = job.bs;
+        let p_len = by * bx;
+        let bn = job.bs[0] * p_len;
+        let lanes = job.lanes();
+        let k = job.planes.len();
+        let n: usize = job.size.iter().product();
+        assert!(k > 0 && job.lo + k <= job.bs[0] && image_box.len() >= job.channels * bn);
+        assert!(image.len() >= job.channels * n);
+        self.image.resize(p_len * lanes, 0.0);
+        for ch in 0..job.channels {
+            let planes = &image_box[ch * bn + job.lo * p_len..][..k * p_len];
+            columns_f32(planes, p_len, k, lanes, &mut self.image);
+            lerp_rows(job, &self.image, &mut image[ch * n..][..n]);
+        }
+        if let Some((planes, out)) = label {
+            assert!(out.len() >= n);
+            self.label.resize(p_len * lanes, 0);
+            match planes {
+                LabelPlanes::Bytes(b) => columns_u16(
+                    &b[job.lo * p_len..][..k * p_len],
+                    p_len,
+                    k,
+                    lanes,
+                    &mut self.label,
+                ),
+                LabelPlanes::Wide(w) => columns_u16(
+                    &w[job.lo * p_len..][..k * p_len],
+                    p_len,
+                    k,
+                    lanes,
+                    &mut self.label,
+                ),
+            }
+            label_rows(job, &self.label, out);
+        }
+    }
+}
+
+/// Where row `r` of the job's rows writes in a patch plane, and its length (the last row of
+/// 8 along x may be shorter).
+#[inline(always)]
+fn row_at(job: &Job, r: usize) -> (usize, usize) {
+    let per_y = job.size[2].div_ceil(8);
+    let (y, tx) = (r / per_y, r % per_y * 8);
+    (y * job.size[2] + tx, (job.size[2] - tx).min(8))
+}
+
+/// `a + (b - a) * t`, lane by lane (the scalar path's lerp).
+#[inline(always)]
+unsafe fn lerp(a: __m256, b: __m256, t: __m256) -> __m256 {
+    _mm256_add_ps(a, _mm256_mul_ps(_mm256_sub_ps(b, a), t))
+}
+
+/// The image's rows: per row of 8 patch columns and 8 planes, each column's lerps over the
+/// planes, then the 8x8 block turned back to 8 planes' rows.
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn lerp_rows(job: &Job, cols: &[f32], out: &mut [f32]) {
+    let lanes = job.lanes();
+    let (sy, plane) = (job.bs[2] * lanes, job.size[1] * job.size[2]);
+    let c = cols.as_ptr();
+    for (r, row) in job.rows.iter().enumerate() {
+        let (at, w) = row_at(job, r);
+        let mut fy = [0f32; 8];
+        let mut fx = [0f32; 8];
+        _mm256_storeu_ps(fy.as_mut_ptr(), row.fy);
+        _mm256_storeu_ps(fx.as_mut_ptr(), row.fx);
+        for kb in (0..lanes).step_by(8) {
+            let mut col = [_mm256_setzero_ps(); 8];
+            for (j, v) in col.iter_mut().enumerate() {
+                if row.inside & (1 << j) == 0 {
+                    continue;
+                }
+                // SAFETY: an inside cell's column and its +x, +y, +x+y neighbours are
+                // columns of the box (the caller's), each `lanes` long.
+                let p = c.add(row.base[j] as usize * lanes + kb);
+                let (tx, ty) = (_mm256_set1_ps(fx[j]), _mm256_set1_ps(fy[j]));
+                let top = lerp(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(lanes)), tx);
+                let bottom = lerp(
+                    _mm256_loadu_ps(p.add(sy)),
+                    _mm256_loadu_ps(p.add(sy + lanes)),
+                    tx,
+                );
+                *v = lerp(top, bottom, ty);
+            }
+            let t = transpose_f32(col);
+            for (i, v) in t.iter().enumerate() {
+                let Some(&z) = job.planes.get(kb + i) else {
+                    break;
+                };
+                let o = &mut out[z * plane + at..][..w];
+                if w == 8 {
+                    _mm256_storeu_ps(o.as_mut_ptr(), *v);
+                } else {
+                    let mut tmp = [0f32; 8];
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), *v);
+                    o.copy_from_slice(&tmp[..w]);
+                }
+            }
+        }
+    }
+}
+
+/// The label's rows: per row of 8 columns and 8 planes, first whether every plane's four
+/// neighbours agree (most blocks, away from a structure's border: then the value is the
+/// first neighbour's); if not, each plane of two values gets the weighed winner from its
+/// column's table of outcomes ([`outcome_tables`], computed once per row) in vectors. Each
+/// block is turned back to planes' rows, then the rare planes of three or more values are
+/// weighed one by one.
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn label_rows(job: &Job, cols: &[u16], out: &mut [u16]) {
+    let lanes = job.lanes();
+    let (sy, plane) = (job.bs[2] * lanes, job.size[1] * job.size[2]);
+    let c = cols.as_ptr();
+    let (one, two, four) = (_mm_set1_epi16(1), _mm_set1_epi16(2), _mm_set1_epi16(4));
+    let ones = _mm_set1_epi16(-1);
+    // Each lane's upper byte as a shuffle index that reads 0.
+    let high = _mm_set1_epi16(0x8000u16 as i16);
+    for (r, row) in job.rows.iter().enumerate() {
+        let (at, w) = row_at(job, r);
+        let inside: [__m128i; 8] = std::array::from_fn(|j| {
+            if row.inside & (1 << j) != 0 {
+                ones
+            } else {
+                _mm_setzero_si128()
+            }
+        });
+        // SAFETY (of every load): each lane's column (an inside cell's, or column 0 for
+        // lanes outside) and its +x, +y, +x+y neighbours are columns of the box (the
+        // caller's), each `lanes` long.
+        let load = |j: usize, kb: usize, off: usize| {
+            _mm_loadu_si128(c.add(row.base[j] as usize * lanes + kb + off).cast())
+        };
+        let mut tables = None;
+        for kb in (0..lanes).step_by(8) {
+            let mut col = [_mm_setzero_si128(); 8];
+            let mut uniform = ones;
+            for (j, v) in col.iter_mut().enumerate() {
+                let a = load(j, kb, 0);
+                let same = _mm_and_si128(
+                    _mm_cmpeq_epi16(a, load(j, kb, lanes)),
+                    _mm_and_si128(
+                        _mm_cmpeq_epi16(a, load(j, kb, sy)),
+                        _mm_cmpeq_epi16(a, load(j, kb, sy + lanes)),
+                    ),
+                );
+                uniform =
+                    _mm_and_si128(uniform, _mm_or_si128(same, _mm_xor_si128(inside[j], ones)));
+                *v = _mm_and_si128(a, inside[j]);
+            }
+            // Bit 2i of lane j's entry: plane kb + i's neighbours hold three values or more.
+            let mut odd = [0u32; 8];
+            if _mm_movemask_epi8(uniform) != 0xffff {
+                let tables: &[u64; 8] = tables.get_or_insert_with(|| outcome_tables(&job.frac[r]));
+                for (j, v) in col.iter_mut().enumerate() {
+                    let (a, b, c, d) = (
+                        load(j, kb, 0),
+                        load(j, kb, lanes),
+                        load(j, kb, sy),
+                        load(j, kb, sy + lanes),
+                    );
+                    let (eb, ec, ed) = (
+                        _mm_cmpeq_epi16(a, b),
+                        _mm_cmpeq_epi16(a, c),
+                        _mm_cmpeq_epi16(a, d),
+                    );
+                    // The other value: the last neighbour that differs from the first (as
+                    // `mixed_majority` picks it).
+                    let other = _mm_blendv_epi8(
+                        _mm_blendv_epi8(b, c, _mm_xor_si128(ec, ones)),
+                        d,
+                        _mm_xor_si128(ed, ones),
+                    );
+                    let two_values = _mm_and_si128(
+                        _mm_or_si128(eb, _mm_cmpeq_epi16(b, other)),
+                        _mm_and_si128(
+                            _mm_or_si128(ec, _mm_cmpeq_epi16(c, other)),
+                            _mm_or_si128(ed, _mm_cmpeq_epi16(d, other)),
+                        ),
+                    );
+                    let pattern = _mm_or_si128(
+                        _mm_or_si128(_mm_andnot_si128(eb, one), _mm_andnot_si128(ec, two)),
+                        _mm_or_si128(_mm_andnot_si128(ed, four), high),
+                    );
+                    let outcome = _mm_shuffle_epi8(_mm_cvtsi64_si128(tables[j] as i64), pattern);
+                    let won = _mm_blendv_epi8(a, other, _mm_cmpeq_epi16(outcome, one));
+                    let won = _mm_blendv_epi8(
+                        won,
+                        _mm_min_epu16(a, other),
+                        _mm_cmpeq_epi16(outcome, two),
+                    );
+                    *v = _mm_and_si128(won, inside[j]);
+                    let plain = _mm_or_si128(two_values, _mm_xor_si128(inside[j], ones));
+                    odd[j] = !(_mm_movemask_epi8(plain) as u32) & 0x5555;
+                }
+            }
+            let t = transpose_u16(col);
+            for (i, v) in t.iter().enumerate() {
+                let Some(&z) = job.planes.get(kb + i) else {
+                    break;
+                };
+                let o = &mut out[z * plane + at..][..w];
+                if w == 8 {
+                    _mm_storeu_si128(o.as_mut_ptr().cast(), *v);
+                } else {
+                    let mut tmp = [0u16; 8];
+                    _mm_storeu_si128(tmp.as_mut_ptr().cast(), *v);
+                    o.copy_from_slice(&tmp[..w]);
+                }
+            }
+            for (j, &m) in odd.iter().enumerate().take(w) {
+                let mut m = m;
+                while m != 0 {
+                    let i = m.trailing_zeros() as usize / 2;
+                    m &= m - 1;
+                    let Some(&z) = job.planes.get(kb + i) else {
+                        break;
+                    };
+                    let q = row.base[j] as usize * lanes + kb + i;
+                    let v = [cols[q], cols[q + lanes], cols[q + sy], cols[q + sy + lanes]];
+                    let f = [0.0, job.frac[r][0][j], job.frac[r][1][j]];
+                    out[z * plane + at + j] = weighed4(v, f);
+                }
+            }
+        }
+    }
+}
+
+/// [`super::label`]'s `two_value_outcomes` of each of a row's 8 columns (fractions y, x per lane), byte p of
+/// entry j for pattern p, in f64 vectors (the same operations lane by lane, so the same
+/// outcomes).
+#[inline(always)]
+unsafe fn outcome_tables(frac: &[[f64; 8]; 2]) -> [u64; 8] {
+    let mut out = [0u64; 8];
+    let one = _mm256_set1_pd(1.0);
+    for half in 0..2 {
+        let fy = _mm256_loadu_pd(frac[0].as_ptr().add(4 * half));
+        let fx = _mm256_loadu_pd(frac[1].as_ptr().add(4 * half));
+        let (wy0, wx0) = (_mm256_sub_pd(one, fy), _mm256_sub_pd(one, fx));
+        // (The 1.0 of the z weight times these is exact.)
+        let w = [
+            _mm256_mul_pd(wy0, wx0),
+            _mm256_mul_pd(wy0, fx),
+            _mm256_mul_pd(fy, wx0),
+            _mm256_mul_pd(fy, fx),
+        ];
+        let neg = w.map(|v| _mm256_sub_pd(_mm256_setzero_pd(), v));
+        let mut table = _mm256_setzero_si256();
+        for p in 1..8 {
+            let d = |k: usize| {
+                if p & (1 << (k - 1)) != 0 {
+                    neg[k]
+                } else {
+                    w[k]
+                }
+            };
+            let total = _mm256_add_pd(_mm256_add_pd(w[0], d(2)), _mm256_add_pd(d(1), d(3)));
+            let gt = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_GT_OQ>(total, _mm256_setzero_pd()));
+            let eq = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_EQ_OQ>(total, _mm256_setzero_pd()));
+            // 0 where the first wins, else 2 for a tie (eq is -1), 1 for the other.
+            let code = _mm256_andnot_si256(gt, _mm256_sub_epi64(_mm256_set1_epi64x(1), eq));
+            table = _mm256_or_si256(
+                table,
+                _mm256_sllv_epi64(code, _mm256_set1_epi64x(8 * p as i64)),
+            );
+        }
+        _mm256_storeu_si256(out.as_mut_ptr().add(4 * half).cast(), table);
+    }
+    out
+}
+
+/// `k` planes of `p_len` values each (one after another) as `p_len` columns of `lanes`
+/// values into `out` (lanes past `k` repeat plane `k - 1`: read, never written out).
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn columns_f32(planes: &[f32], p_len: usize, k: usize, lanes: usize, out: &mut [f32]) {
+    assert!(planes.len() >= k * p_len && out.len() >= p_len * lanes);
+    let full = p_len / 8 * 8;
+    let src = planes.as_ptr();
+    let dst = out.as_mut_ptr();
+    for p in (0..full).step_by(8) {
+        for kb in (0..lanes).step_by(8) {
+            // SAFETY: plane indices are clamped below `k`, positions below `full`.
+            let rows =
+                std::array::from_fn(|i| _mm256_loadu_ps(src.add((kb + i).min(k - 1) * p_len + p)));
+            for (j, v) in transpose_f32(rows).iter().enumerate() {
+                _mm256_storeu_ps(dst.add((p + j) * lanes + kb), *v);
+            }
+        }
+    }
+    for p in full..p_len {
+        for i in 0..lanes {
+            out[p * lanes + i] = planes[i.min(k - 1) * p_len + p];
+        }
+    }
+}
+
+/// A label element that widens to u16 in 8-lane vectors.
+pub(super) trait Widen: Copy + Into<u16> {
+    /// 8 values from `p`, widened.
+    unsafe fn load8(p: *const Self) -> __m128i;
+}
+
+impl Widen for u8 {
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m128i {
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(p.cast()))
+    }
+}
+
+impl Widen for u16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m128i {
+        _mm_loadu_si128(p.cast())
+    }
+}
+
+/// [`columns_f32`] for labels, widened to u16.
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn columns_u16<L: Widen>(
+    planes: &[L],
+    p_len: usize,
+    k: usize,
+    lanes: usize,
+    out: &mut [u16],
+) {
+    assert!(planes.len() >= k * p_len && out.len() >= p_len * lanes);
+    let full = p_len / 8 * 8;
+    let src = planes.as_ptr();
+    let dst = out.as_mut_ptr();
+    for p in (0..full).step_by(8) {
+        for kb in (0..lanes).step_by(8) {
+            // SAFETY: as for the image's.
+            let rows = std::array::from_fn(|i| L::load8(src.add((kb + i).min(k - 1) * p_len + p)));
+            for (j, v) in transpose_u16(rows).iter().enumerate() {
+                _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
+            }
+        }
+    }
+    for p in full..p_len {
+        for i in 0..lanes {
+            out[p * lanes + i] = planes[i.min(k - 1) * p_len + p].into();
+        }
+    }
+}
+
+/// Rows of 8 floats as columns: `out[j][i] = rows[i][j]`.
+#[inline(always)]
+unsafe fn transpose_f32(r: [__m256; 8]) -> [__m256; 8] {
+    // Pairs of rows interleaved, then pairs of pairs (each 128-bit half a 4x4 block), then
+    // the halves swapped across.
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
+}
+
+/// Rows of 8 u16 as columns: `out[j][i] = rows[i][j]`.
+#[inline(always)]
+unsafe fn transpose_u16(r: [__m128i; 8]) -> [__m128i; 8] {
+    let a0 = _mm_unpacklo_epi16(r[0], r[1]);
+    let a1 = _mm_unpackhi_epi16(r[0], r[1]);
+    let a2 = _mm_unpacklo_epi16(r[2], r[3]);
+    let a3 = _mm_unpackhi_epi16(r[2], r[3]);
+    let a4 = _mm_unpacklo_epi16(r[4], r[5]);
+    let a5 = _mm_unpackhi_epi16(r[4], r[5]);
+    let a6 = _mm_unpacklo_epi16(r[6], r[7]);
+    let a7 = _mm_unpackhi_epi16(r[6], r[7]);
+    let b0 = _mm_unpacklo_epi32(a0, a2);
+    let b1 = _mm_unpackhi_epi32(a0, a2);
+    let b2 = _mm_unpacklo_epi32(a1, a3);
+    let b3 = _mm_unpackhi_epi32(a1, a3);
+    let b4 = _mm_unpacklo_epi32(a4, a6);
+    let b5 = _mm_unpackhi_epi32(a4, a6);
+    let b6 = _mm_unpacklo_epi32(a5, a7);
+    let b7 = _mm_unpackhi_epi32(a5, a7);
+    [
+        _mm_unpacklo_epi64(b0, b4),
+        _mm_unpackhi_epi64(b0, b4),
+        _mm_unpacklo_epi64(b1, b5),
+        _mm_unpackhi_epi64(b1, b5),
+        _mm_unpacklo_epi64(b2, b6),
+        _mm_unpackhi_epi64(b2, b6),
+        _mm_unpacklo_epi64(b3, b7),
+        _mm_unpackhi_epi64(b3, b7),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::spatial::label::two_value_outcomes;
+
+    #[test]
+    fn transposes_turn_rows_into_columns() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn check() {
+            let f: [[f32; 8]; 8] =
+                std::array::from_fn(|i| std::array::from_fn(|j| (i * 8 + j) as f32));
+            let t = transpose_f32(f.map(|r| _mm256_loadu_ps(r.as_ptr())));
+            for (j, v) in t.iter().enumerate() {
+                let mut o = [0f32; 8];
+                _mm256_storeu_ps(o.as_mut_ptr(), *v);
+                assert_eq!(o, std::array::from_fn(|i| f[i][j]));
+            }
+            let u: [[u16; 8]; 8] =
+                std::array::from_fn(|i| std::array::from_fn(|j| (i * 8 + j) as u16));
+            let t = transpose_u16(u.map(|r| _mm_loadu_si128(r.as_ptr().cast())));
+            for (j, v) in t.iter().enumerate() {
+                let mut o = [0u16; 8];
+                _mm_storeu_si128(o.as_mut_ptr().cast(), *v);
+                assert_eq!(o, std::array::from_fn(|i| u[i][j]));
+            }
+        }
+        // SAFETY: AVX2 checked above.
+        unsafe { check() }
+    }
+
+    #[test]
+    fn outcome_tables_are_the_scalar_ones() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let mut rng = crate::train::rng::Rng::new(9);
+        for _ in 0..5_000 {
+            let frac: [[f64; 8]; 2] = std::array::from_fn(|_| {
+                std::array::from_fn(|_| match rng.below(4) {
+                    0 => 0.5,
+                    1 => 0.0,
+                    _ => rng.uniform(),
+                })
+            });
+            // SAFETY: AVX2 checked above.
+            let got = unsafe { avx2_tables(&frac) };
+            for j in 0..8 {
+                let want = two_value_outcomes(frac[0][j], frac[1][j]);
+                assert_eq!(got[j].to_le_bytes(), want, "{frac:?} lane {j}");
+            }
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2_tables(frac: &[[f64; 8]; 2]) -> [u64; 8] {
+            outcome_tables(frac)
+        }
+    }
+}
