@@ -12,6 +12,8 @@ use common::probe::{assert_probe_sees_an_allocation, vm_rss_kib};
 use common::Lcg;
 use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
 use voxcache::cache::source::mirror;
+use voxcache::cache::PatchSource;
+use voxcache::train::spatial::{Transform, TransformedReader};
 
 const CHUNK: &str = "4,16,16";
 const SHARD: &str = "8,32,32";
@@ -65,6 +67,38 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
         "label differs at {start:?} {size:?} in {}",
         e.dir().display()
     );
+    // Part of each row (random spans, some rows empty, some whole): those parts as read
+    // above; the rest untouched, or 0 where the box reaches outside the volume (zeroed
+    // first).
+    let mut rng = Lcg(start.iter().fold(size[2] as u64, |h, &v| h * 31 + v as u64));
+    let spans: Vec<(u32, u32)> = (0..size[1])
+        .map(|_| match rng.below(4) {
+            0 => (0, 0),
+            1 => (0, size[2] as u32),
+            _ => {
+                let a = rng.below(size[2] as u64) as u32;
+                (a, a + 1 + rng.below(size[2] as u64 - a as u64) as u32)
+            }
+        })
+        .collect();
+    let (mut span_i, mut span_l) = (vec![-7.5f32; n], vec![777u16; n]);
+    e.read_image_spans(start, size, &spans, &mut span_i)
+        .unwrap();
+    e.read_label_spans(start, size, &spans, &mut span_l)
+        .unwrap();
+    for (i, (&got_i, &got_l)) in span_i.iter().zip(&span_l).enumerate() {
+        let (y, x) = ((i / size[2]) % size[1], (i % size[2]) as u32);
+        let (a, b) = spans[y];
+        if (a..b).contains(&x) {
+            assert!(
+                got_i.to_bits() == img[i].to_bits() && got_l == lab[i],
+                "span read at {i} of {start:?} {size:?}"
+            );
+        } else {
+            assert!(got_i == -7.5 || got_i == 0.0, "outside the spans at {i}");
+            assert!(got_l == 777 || got_l == 0, "outside the spans at {i}");
+        }
+    }
     // Mirrored on read: the same voxels as reading, then mirroring.
     for m in 1..8u8 {
         let flips = [m & 4 != 0, m & 2 != 0, m & 1 != 0];
@@ -651,4 +685,103 @@ fn an_entry_reached_by_a_link_or_filed_under_another_case_is_refused() {
     let reader = CacheReader::open(&copy).unwrap();
     let err = reader.open_entry(&ds, &a.case_id).unwrap_err().to_string();
     assert!(err.contains("swapped"), "{err}");
+}
+
+/// An entry read only in whole boxes (the default [`PatchSource::read_spans`]).
+struct WholeBoxes<'a>(&'a EntryReader);
+
+impl PatchSource for WholeBoxes<'_> {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn shape_zyx(&self) -> [usize; 3] {
+        self.0.shape_zyx()
+    }
+    fn channels(&self) -> usize {
+        PatchSource::channels(self.0)
+    }
+    fn has_label(&self) -> bool {
+        PatchSource::has_label(self.0)
+    }
+    fn classes(&self) -> Vec<u16> {
+        self.0.classes()
+    }
+    fn fg_coords(&self, class: u16) -> voxcache::error::Result<Vec<[u32; 3]>> {
+        self.0.fg_coords(class)
+    }
+    fn read_image(
+        &self,
+        s: [i64; 3],
+        size: [usize; 3],
+        out: &mut [f32],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_image(self.0, s, size, out)
+    }
+    fn read_label(
+        &self,
+        s: [i64; 3],
+        size: [usize; 3],
+        out: &mut [u16],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_label(self.0, s, size, out)
+    }
+    fn label_bytes(&self) -> bool {
+        self.0.label_bytes()
+    }
+    fn read_label_u8(
+        &self,
+        s: [i64; 3],
+        size: [usize; 3],
+        out: &mut [u8],
+    ) -> voxcache::error::Result<()> {
+        self.0.read_label_u8(s, size, out)
+    }
+}
+
+#[test]
+fn in_plane_patches_read_only_their_footprint_and_equal_whole_box_reads() {
+    // In-plane rotations and scalings of many planes read only the parts of the box rows
+    // their cells need (`read_spans`); the patches must be those of whole-box reads, bit for
+    // bit, across chunks and past the volume's edges.
+    let reader = CacheReader::open(cache("plain")).unwrap();
+    let es = open_entries(&reader);
+    let in_plane = |angle: f64, scale: f64| {
+        let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
+        t.matrix[0] = [1.0, 0.0, 0.0];
+        t
+    };
+    let maps = [
+        in_plane(0.7, 1.0),
+        in_plane(-2.2, 1.35),
+        in_plane(3.0, 0.7),
+        in_plane(0.0, 1.25),
+        in_plane(1.2, 1.1).mirrored([true, true, false]),
+    ];
+    let size = [9, 21, 30];
+    let n: usize = size.iter().product();
+    let (mut spans, mut whole) = (TransformedReader::default(), TransformedReader::default());
+    let mut rng = Lcg(5);
+    for e in es.iter().take(3) {
+        let s = e.shape_zyx().map(|v| v as i64);
+        for (k, t) in maps.iter().enumerate() {
+            for _ in 0..4 {
+                let start =
+                    [0, 1, 2].map(|a| rng.range(-(size[a] as i64) / 2, s[a] - size[a] as i64 / 2));
+                let (mut a, mut b) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                let (mut la, mut lb) = (vec![7u16; n], vec![9u16; n]);
+                spans
+                    .read(e, start, size, t, &mut a, Some(&mut la))
+                    .unwrap();
+                whole
+                    .read(&WholeBoxes(e), start, size, t, &mut b, Some(&mut lb))
+                    .unwrap();
+                assert_eq!(
+                    bits(a.iter().map(|&v| v as f64)),
+                    bits(b.iter().map(|&v| v as f64)),
+                    "map {k} at {start:?}"
+                );
+                assert_eq!(la, lb, "map {k} at {start:?}");
+            }
+        }
+    }
 }

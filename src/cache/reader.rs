@@ -75,6 +75,47 @@ fn prefetch(bytes: &[u8], at: usize, len: usize) {
     let _ = (bytes, at, len);
 }
 
+/// Which part of each box row a read copies: the whole row, or its span (a type each, so
+/// that the whole-row reads compile to what they were without spans).
+trait Spans: Copy {
+    /// The number of box rows the spans cover (`None`: every row is whole).
+    fn rows(self) -> Option<usize>;
+    /// The part of volume row `y`'s piece `x0..x1` to read, for a box from `start`.
+    fn piece(self, start: [i64; 3], y: usize, x0: usize, x1: usize) -> (usize, usize);
+}
+
+#[derive(Clone, Copy)]
+struct Whole;
+
+impl Spans for Whole {
+    #[inline(always)]
+    fn rows(self) -> Option<usize> {
+        None
+    }
+    #[inline(always)]
+    fn piece(self, _: [i64; 3], _: usize, x0: usize, x1: usize) -> (usize, usize) {
+        (x0, x1)
+    }
+}
+
+/// Each box row's x range (box coordinates, start and end).
+#[derive(Clone, Copy)]
+struct RowSpans<'a>(&'a [(u32, u32)]);
+
+impl Spans for RowSpans<'_> {
+    #[inline(always)]
+    fn rows(self) -> Option<usize> {
+        Some(self.0.len())
+    }
+    #[inline(always)]
+    fn piece(self, start: [i64; 3], y: usize, x0: usize, x1: usize) -> (usize, usize) {
+        let (s0, s1) = self.0[(y as i64 - start[1]) as usize];
+        let a = (start[2] + i64::from(s0)).clamp(x0 as i64, x1 as i64);
+        let b = (start[2] + i64::from(s1)).clamp(a, x1 as i64);
+        (a as usize, b as usize)
+    }
+}
+
 static NEXT_ENTRY: AtomicU64 = AtomicU64::new(0);
 
 /// A foreground-index class range: rows `start..start + count` of the `fg` array.
@@ -363,7 +404,7 @@ impl EntryReader {
         out_image: &mut [f32],
         out_label: Option<&mut [u16]>,
     ) -> Result<()> {
-        self.read_image_in(start_zyx, size_zyx, out_image, mirror)?;
+        self.read_image_in(start_zyx, size_zyx, out_image, mirror, Whole)?;
         if let Some(l) = out_label {
             self.read_label_in(start_zyx, size_zyx, l, mirror)?;
         }
@@ -378,7 +419,35 @@ impl EntryReader {
         size_zyx: [usize; 3],
         out: &mut [T],
     ) -> Result<()> {
-        self.read_image_in(start_zyx, size_zyx, out, [false; 3])
+        self.read_image_in(start_zyx, size_zyx, out, [false; 3], Whole)
+    }
+
+    /// [`EntryReader::read_image`] of only the x range `spans[y]` of each box row y (see
+    /// [`crate::cache::PatchSource::read_spans`]).
+    pub fn read_image_spans(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        spans: &[(u32, u32)],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.read_image_in(start_zyx, size_zyx, out, [false; 3], RowSpans(spans))
+    }
+
+    /// [`EntryReader::read_label`] of only the x range `spans[y]` of each box row y.
+    pub fn read_label_spans<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        spans: &[(u32, u32)],
+        out: &mut [T],
+    ) -> Result<()> {
+        let label = self
+            .inner
+            .label
+            .as_ref()
+            .ok_or_else(|| Error::cache(&self.inner.dir, "entry has no label"))?;
+        self.read_region_in(label, start_zyx, size_zyx, out, [false; 3], RowSpans(spans))
     }
 
     fn read_image_in<T: Sample>(
@@ -387,10 +456,12 @@ impl EntryReader {
         size_zyx: [usize; 3],
         out: &mut [T],
         mirror: [bool; 3],
+        spans: impl Spans,
     ) -> Result<()> {
         let c = self.inner.image.len();
         if c == 1 {
-            return self.read_region(&self.inner.image[0], start_zyx, size_zyx, out, mirror);
+            let arr = &self.inner.image[0];
+            return self.read_region_in(arr, start_zyx, size_zyx, out, mirror, spans);
         }
         if !out.len().is_multiple_of(c) {
             return Err(Error::Config(format!(
@@ -400,7 +471,7 @@ impl EntryReader {
         }
         let n = out.len() / c;
         for (arr, part) in self.inner.image.iter().zip(out.chunks_exact_mut(n)) {
-            self.read_region(arr, start_zyx, size_zyx, part, mirror)?;
+            self.read_region_in(arr, start_zyx, size_zyx, part, mirror, spans)?;
         }
         Ok(())
     }
@@ -538,6 +609,28 @@ impl EntryReader {
         out: &mut [T],
         mirror: [bool; 3],
     ) -> Result<()> {
+        self.read_region_in(arr, start, size, out, mirror, Whole)
+    }
+
+    /// [`EntryReader::read_region`], with `spans` of only the x range `spans[y]` (box
+    /// coordinates, start and end) of each box row y in every plane: chunks and rows outside
+    /// them are not read (nor brought into memory), and those voxels of `out` are left as
+    /// they were unless the box reaches outside the volume (then all of it is zeroed first).
+    fn read_region_in<T: Sample>(
+        &self,
+        arr: &ArrayReader,
+        start: [i64; 3],
+        size: [usize; 3],
+        out: &mut [T],
+        mirror: [bool; 3],
+        spans: impl Spans,
+    ) -> Result<()> {
+        if let Some(rows) = spans.rows().filter(|&r| r != size[1]) {
+            return Err(Error::Config(format!(
+                "{rows} row spans for a box of {} rows",
+                size[1]
+            )));
+        }
         if !T::accepts(arr.dtype) {
             return Err(Error::Config(format!(
                 "{}: {} {} cannot be read into {} without loss",
@@ -591,6 +684,11 @@ impl EntryReader {
                 for cx in lo[2] / c[2]..=(hi[2] - 1) / c[2] {
                     let (x0, x1) = (lo[2].max(cx * c[2]), hi[2].min((cx + 1) * c[2]));
                     let row = x1 - x0;
+                    // The part of row y's piece x0..x1 within its span.
+                    let piece = |y: usize| spans.piece(start, y, x0, x1);
+                    if spans.rows().is_some() && (y0..y1).all(|y| piece(y).0 == piece(y).1) {
+                        continue;
+                    }
                     let held = self.chunk(arr, [cz, cy, cx])?;
                     let (ny, nrows) = (y1 - y0, (z1 - z0) * (y1 - y0));
                     // Output position of the row piece (z, y0, x0..x1): its first voxel, or
@@ -627,38 +725,59 @@ impl EntryReader {
                         }
                         Some((bytes, dims)) => {
                             let (sy, sz) = (dims[2] * es, dims[1] * dims[2] * es);
-                            // Byte offset of row k (z-major over z0..z1, y0..y1) in the chunk.
-                            let src_at = |k: usize| {
-                                let (z, y) = (z0 + k / ny, y0 + k % ny);
+                            // Byte offset of row (z, y) in the chunk.
+                            let src_at = |z: usize, y: usize| {
                                 (z - cz * c[0]) * sz + (y - cy * c[1]) * sy + (x0 - cx * c[2]) * es
                             };
                             // The bytes one z plane's rows span (rows of a plane are
                             // adjacent): what this read may bring into the resident set.
                             let span = (ny - 1) * sy + row * es;
-                            // The first rows, which the loop's look-ahead does not reach.
-                            for k in 0..PREFETCH_ROWS.min(nrows) {
-                                prefetch(bytes, src_at(k), row * es);
+                            // The look-ahead row PREFETCH_ROWS ahead (z-major over z0..z1,
+                            // y0..y1), stepped along without divisions; the rows before it
+                            // first. (Written out twice: a closure here stayed a call per
+                            // row.)
+                            let (mut az, mut ay) = (z0, y0);
+                            for _ in 0..PREFETCH_ROWS.min(nrows) {
+                                let (a, b) = piece(ay);
+                                prefetch(bytes, src_at(az, ay) + (a - x0) * es, (b - a) * es);
+                                ay += 1;
+                                if ay == y1 {
+                                    (az, ay) = (az + 1, y0);
+                                }
                             }
-                            let mut k = 0;
                             for z in z0..z1 {
                                 let mut d = dst_at(z);
-                                let mut s = src_at(k);
+                                let mut s = src_at(z, y0);
                                 if let Held::Mapped(block, _) = &held {
                                     grown += block.touch(&bytes[s..s + span]);
                                 }
-                                for _ in 0..ny {
-                                    if k + PREFETCH_ROWS < nrows {
-                                        prefetch(bytes, src_at(k + PREFETCH_ROWS), row * es);
+                                for y in y0..y1 {
+                                    if az < z1 {
+                                        let (a, b) = piece(ay);
+                                        let at = src_at(az, ay) + (a - x0) * es;
+                                        prefetch(bytes, at, (b - a) * es);
+                                        ay += 1;
+                                        if ay == y1 {
+                                            (az, ay) = (az + 1, y0);
+                                        }
                                     }
-                                    let dst = &mut out[d..d + row];
-                                    T::convert_row(arr.dtype, &bytes[s..s + row * es], dst);
+                                    let (a, b) = piece(y);
+                                    // Where the part goes: reversed pieces end where the
+                                    // whole one would.
+                                    let to = d + if mirror[2] { x1 - b } else { a - x0 };
+                                    let dst = &mut out[to..to + (b - a)];
+                                    let from = s + (a - x0) * es;
+                                    T::convert_row(
+                                        arr.dtype,
+                                        &bytes[from..from + (b - a) * es],
+                                        dst,
+                                    );
                                     if mirror[2] {
                                         // Reversed where it was just written (in L1).
                                         dst.reverse();
                                     }
                                     s += sy;
                                     d = d.wrapping_add_signed(y_step);
-                                    k += 1;
                                 }
                             }
                         }

@@ -6,6 +6,16 @@
 use super::reader::EntryReader;
 use crate::error::Result;
 
+/// The array a [`PatchSource::read_spans`] fills.
+pub enum SpanOut<'a> {
+    /// The image, every channel (as [`PatchSource::read_image`]).
+    Image(&'a mut [f32]),
+    /// The label (as [`PatchSource::read_label`]).
+    Label(&'a mut [u16]),
+    /// The label as bytes (as [`PatchSource::read_label_u8`]).
+    LabelBytes(&'a mut [u8]),
+}
+
 /// One case's arrays on one grid: an image, optionally a label, and a foreground index.
 pub trait PatchSource: Send + Sync {
     /// What to call the case in messages (its id, else where it is stored).
@@ -54,6 +64,25 @@ pub trait PatchSource: Send + Sync {
             "{}: the label is not stored as uint8",
             self.name()
         )))
+    }
+
+    /// Part of a box: of each box row y (in every plane) only the x range `spans[y]` (box
+    /// coordinates, start and end) of the array `out` names; the rest of `out` may be left
+    /// as it was. For transformed patches, whose footprint is a part of the box they need.
+    /// By default the whole box.
+    fn read_spans(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        spans: &[(u32, u32)],
+        out: SpanOut,
+    ) -> Result<()> {
+        let _ = spans;
+        match out {
+            SpanOut::Image(o) => self.read_image(start_zyx, size_zyx, o),
+            SpanOut::Label(o) => self.read_label(start_zyx, size_zyx, o),
+            SpanOut::LabelBytes(o) => self.read_label_u8(start_zyx, size_zyx, o),
+        }
     }
 
     /// Voxel spacing (z, y, x) in the grid's unit (1 where unknown).
@@ -185,6 +214,20 @@ impl PatchSource for EntryReader {
         out: &mut [u8],
     ) -> Result<()> {
         EntryReader::read_label(self, start_zyx, size_zyx, out)
+    }
+
+    fn read_spans(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        spans: &[(u32, u32)],
+        out: SpanOut,
+    ) -> Result<()> {
+        match out {
+            SpanOut::Image(o) => self.read_image_spans(start_zyx, size_zyx, spans, o),
+            SpanOut::Label(o) => self.read_label_spans(start_zyx, size_zyx, spans, o),
+            SpanOut::LabelBytes(o) => self.read_label_spans(start_zyx, size_zyx, spans, o),
+        }
     }
 
     fn read_patch_mirrored(

@@ -34,6 +34,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cache::source::mirror;
+#[cfg(target_arch = "x86_64")]
+use crate::cache::source::SpanOut;
 use crate::cache::PatchSource;
 #[cfg(target_arch = "x86_64")]
 mod columns;
@@ -589,6 +591,9 @@ pub struct TransformedReader {
     columns: columns::Columns,
     #[cfg(target_arch = "x86_64")]
     column_planes: Vec<usize>,
+    /// In-plane maps: the x range of each box row their cells need.
+    #[cfg(target_arch = "x86_64")]
+    spans: Vec<(u32, u32)>,
     /// Tables and planes of maps without rotation ([`separable`]).
     separable: separable::Separable,
     /// Take the general loop for maps without rotation too (tests compare the two).
@@ -665,11 +670,6 @@ impl TransformedReader {
             return Ok(());
         };
         let bn: usize = bs.iter().product();
-        self.image_box.resize(channels * bn, 0.0);
-        src.read_image(box_start, bs, &mut self.image_box)?;
-        if label.is_some() {
-            self.labels.read(src, box_start, bs)?;
-        }
         let centre = centre_of(start_zyx, size);
         // Coordinates relative to the box: the map's centre moved by the box's start.
         let local_centre = [0, 1, 2].map(|a| centre[a] - box_start[a] as f64);
@@ -683,21 +683,34 @@ impl TransformedReader {
         // In-plane maps keep z on whole voxels: 4 neighbours instead of 8 (the same values,
         // since the upper plane's weight is exactly 0).
         let flat = t.keeps_z_planes();
-        // In-plane scalings of 8 planes or more take the box's columns in the vector builds
-        // (`sample_planes`): 19% faster than the three passes for 8 planes, 23% for 16, 13%
-        // slower for 4.
+        // In-plane maps without deformation in the vector builds: `in_plane` (which reads
+        // what it needs itself). Scalings of 8 planes or more too: faster there than the
+        // three passes (19% for 8 planes, 23% for 16; 13% slower for 4).
         #[cfg(target_arch = "x86_64")]
-        let columns = flat
+        if flat
             && t.elastic.is_none()
-            && size[0] >= 2 * COLUMN_PLANES
+            && (!t.axis_aligned() || size[0] >= 2 * COLUMN_PLANES)
             && self.simd() != Simd::Portable
-            && bn < i32::MAX as usize;
-        #[cfg(not(target_arch = "x86_64"))]
-        let columns = false;
+            && bn < i32::MAX as usize
+        {
+            // SAFETY: the CPU has AVX2 (`simd` checked it); the box is under 2^31 voxels.
+            return unsafe {
+                if self.simd() == Simd::Avx512 {
+                    self.in_plane_avx512(src, box_start, &job, image, label)
+                } else {
+                    self.in_plane_avx2(src, box_start, &job, image, label)
+                }
+            };
+        }
+        self.image_box.resize(channels * bn, 0.0);
+        src.read_image(box_start, bs, &mut self.image_box)?;
+        if label.is_some() {
+            self.labels.read(src, box_start, bs)?;
+        }
         #[cfg(test)]
-        let separable = t.axis_aligned() && !columns && !self.general_only;
+        let separable = t.axis_aligned() && !self.general_only;
         #[cfg(not(test))]
-        let separable = t.axis_aligned() && !columns;
+        let separable = t.axis_aligned();
         if separable {
             let coords = t.axis_coordinates(local_centre, size);
             self.separable.prepare(coords, bs);
@@ -757,7 +770,6 @@ impl TransformedReader {
         // Cells are computed in i32 lanes: boxes past that take the portable path's loop.
         let vectors = job.bs.iter().product::<usize>() < i32::MAX as usize;
         match (vectors, flat) {
-            (true, true) if job.t.elastic.is_none() => self.sample_planes(job, image, label),
             (true, true) => self.sample_rows::<true, false, W512>(job, image, label),
             (true, false) => self.sample_rows::<false, false, W512>(job, image, label),
             (false, true) => self.sample::<true>(job, image, label),
@@ -835,20 +847,52 @@ impl TransformedReader {
         self.derived_vectors::<true>(flat, job, distance, skeleton);
     }
 
-    /// [`TransformedReader::sample_rows`] for in-plane maps without deformation: every patch
-    /// plane has the same (y, x) coordinates (the z terms of those axes are zero), so the
-    /// cells of one plane's rows within a box plane are computed once and moved to each
-    /// patch plane's box plane: 16x fewer coordinates for a 16-plane patch. Plane by plane,
-    /// each reading one box plane (which stays in cache). The same values as the portable
-    /// path.
+    /// [`TransformedReader::read`] for in-plane maps without deformation: every patch plane
+    /// has the same (y, x) coordinates (the z terms of those axes are zero), so the cells of
+    /// one plane's rows within a box plane are computed once for all planes. Patches of
+    /// [`COLUMN_PLANES`] planes or more in the box go through its columns ([`columns`]),
+    /// reading only the rows' parts their cells need (a rotated patch's footprint is down to
+    /// half its box); fewer plane by plane, each reading one box plane (which stays in
+    /// cache). The same values as the portable path.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; the box must be under 2^31 voxels.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn in_plane_avx2(
+        &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
+        job: &Sampling,
+        image: &mut [f32],
+        label: Option<&mut [u16]>,
+    ) -> Result<()> {
+        self.in_plane(src, box_start, job, image, label)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
+    unsafe fn in_plane_avx512(
+        &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
+        job: &Sampling,
+        image: &mut [f32],
+        label: Option<&mut [u16]>,
+    ) -> Result<()> {
+        self.in_plane(src, box_start, job, image, label)
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn sample_planes(
+    unsafe fn in_plane(
         &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
         job: &Sampling,
         image: &mut [f32],
         mut label: Option<&mut [u16]>,
-    ) {
+    ) -> Result<()> {
         let Sampling {
             t,
             local_centre,
@@ -864,6 +908,14 @@ impl TransformedReader {
         // have at least 2 planes).
         self.plane_rows.clear();
         self.plane_frac.clear();
+        // Each box row's x range that the cells need, from the patch plane's corners.
+        let corner = |y: usize, x: usize| {
+            let c = t.row8(local_centre, size, (0, y), x);
+            [c[1][0], c[2][0]]
+        };
+        let (ye, xe) = (size[1] - 1, size[2] - 1);
+        let corners = [corner(0, 0), corner(0, xe), corner(ye, xe), corner(ye, 0)];
+        footprint_spans(corners, bs, &mut self.spans);
         for y in 0..size[1] {
             for tx in (0..size[2]).step_by(TILE[2]) {
                 let mut coords = t.row8(local_centre, size, (0, y), tx);
@@ -899,27 +951,41 @@ impl TransformedReader {
             if t.matrix[0][0] < 0.0 {
                 self.column_planes.reverse();
             }
+            self.image_box.resize(channels * bn, 0.0);
+            src.read_spans(
+                box_start,
+                bs,
+                &self.spans,
+                SpanOut::Image(&mut self.image_box),
+            )?;
+            if label.is_some() {
+                self.labels.read_spans(src, box_start, bs, &self.spans)?;
+            }
             let job = columns::Job {
                 rows: &self.plane_rows,
                 frac: &self.plane_frac,
                 lo,
                 planes: &self.column_planes,
+                spans: &self.spans,
                 size,
                 bs,
                 channels,
             };
             // SAFETY: AVX2 is enabled here; the rows' cells are of box plane 0, inside lanes
-            // at most one voxel before the plane's y and x ends; the planes from `lo` are box
-            // planes below its last.
+            // at most one voxel before the plane's y and x ends, and within the spans read;
+            // the planes from `lo` are box planes below its last.
             self.columns.sample(
                 &job,
                 &self.image_box,
                 image,
                 label.map(|l| (self.labels.planes(), l)),
             );
-            return;
+            return Ok(());
         }
+        self.image_box.resize(channels * bn, 0.0);
+        src.read_image(box_start, bs, &mut self.image_box)?;
         if label.is_some() {
+            self.labels.read(src, box_start, bs)?;
             self.labels.prepare::<true>(bs);
         }
         for z in 0..size[0] {
@@ -995,6 +1061,7 @@ impl TransformedReader {
                 self.deferred.clear();
             }
         }
+        Ok(())
     }
 
     /// [`TransformedReader::sample`] in vectors: the same tiles, each row of 8 voxels
@@ -1369,6 +1436,47 @@ impl TransformedReader {
         }
         Ok(())
     }
+}
+
+/// The x range (start, end) of each row of a box of sides `bs` that an in-plane map's cells
+/// read, into `spans`: a cell at (y, x) reads x and x + 1 of rows y and y + 1, so row Y
+/// serves the coordinates with y in [Y - 1, Y + 1), whose x range is that of the patch
+/// plane's parallelogram (`corners`, (y, x) in box coordinates, in order around it) within
+/// that band. Widened by a voxel each way against rounding (the cells' coordinates are
+/// computed by another sum), cut to the box; (0, 0) for rows no cell reads.
+#[cfg(target_arch = "x86_64")]
+fn footprint_spans(corners: [[f64; 2]; 4], bs: [usize; 3], spans: &mut Vec<(u32, u32)>) {
+    spans.clear();
+    spans.extend((0..bs[1]).map(|row| {
+        let (lo, hi) = (row as f64 - 1.0 - 1e-6, row as f64 + 1.0 + 1e-6);
+        let (mut x_min, mut x_max) = (f64::INFINITY, f64::NEG_INFINITY);
+        let mut take = |x: f64| {
+            x_min = x_min.min(x);
+            x_max = x_max.max(x);
+        };
+        for (k, u) in corners.iter().enumerate() {
+            if (lo..=hi).contains(&u[0]) {
+                take(u[1]);
+            }
+            // Where the edge to the next corner crosses the band's lines.
+            let v = corners[(k + 1) % 4];
+            for line in [lo, hi] {
+                if (u[0] - line) * (v[0] - line) < 0.0 {
+                    take(u[1] + (line - u[0]) * (v[1] - u[1]) / (v[0] - u[0]));
+                }
+            }
+        }
+        if x_min > x_max {
+            return (0, 0);
+        }
+        let a = (x_min.floor() - 1.0).clamp(0.0, bs[2] as f64) as u32;
+        let b = (x_max.floor() + 3.0).clamp(0.0, bs[2] as f64) as u32;
+        if a < b {
+            (a, b)
+        } else {
+            (0, 0)
+        }
+    }));
 }
 
 /// The box voxel below a source coordinate (its flat index in a box of `bs`) and the

@@ -21,6 +21,8 @@ use super::label::weighed4;
 pub(super) struct Columns {
     image: Vec<f32>,
     label: Vec<u16>,
+    /// Each column lane's patch plane as an offset into a patch (`z * plane`).
+    offsets: Vec<usize>,
 }
 
 /// What one in-plane patch reads: its rows' cells at box plane 0 (y, then rows of 8 along x),
@@ -31,6 +33,9 @@ pub(super) struct Job<'a> {
     pub frac: &'a [[[f64; 8]; 2]],
     pub lo: usize,
     pub planes: &'a [usize],
+    /// The x range of each box row that the rows' cells read (the rest of the box may hold
+    /// anything).
+    pub spans: &'a [(u32, u32)],
     pub size: [usize; 3],
     pub bs: [usize; 3],
     pub channels: usize,
@@ -74,11 +79,15 @@ impl Columns {
         let n: usize = job.size.iter().product();
         assert!(k > 0 && job.lo + k <= job.bs[0] && image_box.len() >= job.channels * bn);
         assert!(image.len() >= job.channels * n);
+        let plane = job.size[1] * job.size[2];
+        assert!(job.planes.iter().all(|&z| z < job.size[0]));
+        self.offsets.clear();
+        self.offsets.extend(job.planes.iter().map(|&z| z * plane));
         self.image.resize(p_len * lanes, 0.0);
         for ch in 0..job.channels {
             let planes = &image_box[ch * bn + job.lo * p_len..][..k * p_len];
-            columns_f32(planes, p_len, k, lanes, &mut self.image);
-            lerp_rows(job, &self.image, &mut image[ch * n..][..n]);
+            columns_f32(planes, p_len, k, lanes, job.spans, bx, &mut self.image);
+            lerp_rows(job, &self.offsets, &self.image, &mut image[ch * n..][..n]);
         }
         if let Some((planes, out)) = label {
             assert!(out.len() >= n);
@@ -89,6 +98,8 @@ impl Columns {
                     p_len,
                     k,
                     lanes,
+                    job.spans,
+                    bx,
                     &mut self.label,
                 ),
                 LabelPlanes::Wide(w) => columns_u16(
@@ -96,10 +107,12 @@ impl Columns {
                     p_len,
                     k,
                     lanes,
+                    job.spans,
+                    bx,
                     &mut self.label,
                 ),
             }
-            label_rows(job, &self.label, out);
+            label_rows(job, &self.offsets, &self.label, &mut out[..n]);
         }
     }
 }
@@ -123,9 +136,9 @@ unsafe fn lerp(a: __m256, b: __m256, t: __m256) -> __m256 {
 /// planes, then the 8x8 block turned back to 8 planes' rows.
 #[inline(never)]
 #[target_feature(enable = "avx2")]
-unsafe fn lerp_rows(job: &Job, cols: &[f32], out: &mut [f32]) {
+unsafe fn lerp_rows(job: &Job, offsets: &[usize], cols: &[f32], out: &mut [f32]) {
     let lanes = job.lanes();
-    let (sy, plane) = (job.bs[2] * lanes, job.size[1] * job.size[2]);
+    let sy = job.bs[2] * lanes;
     let c = cols.as_ptr();
     for (r, row) in job.rows.iter().enumerate() {
         let (at, w) = row_at(job, r);
@@ -133,14 +146,15 @@ unsafe fn lerp_rows(job: &Job, cols: &[f32], out: &mut [f32]) {
         let mut fx = [0f32; 8];
         _mm256_storeu_ps(fy.as_mut_ptr(), row.fy);
         _mm256_storeu_ps(fx.as_mut_ptr(), row.fx);
+        let inside: [__m256; 8] = std::array::from_fn(|j| {
+            _mm256_castsi256_ps(_mm256_set1_epi32(-i32::from(row.inside & (1 << j) != 0)))
+        });
         for kb in (0..lanes).step_by(8) {
             let mut col = [_mm256_setzero_ps(); 8];
             for (j, v) in col.iter_mut().enumerate() {
-                if row.inside & (1 << j) == 0 {
-                    continue;
-                }
-                // SAFETY: an inside cell's column and its +x, +y, +x+y neighbours are
-                // columns of the box (the caller's), each `lanes` long.
+                // SAFETY: each lane's column (an inside cell's, or column 0 for lanes
+                // outside) and its +x, +y, +x+y neighbours are columns of the box (the
+                // caller's), each `lanes` long.
                 let p = c.add(row.base[j] as usize * lanes + kb);
                 let (tx, ty) = (_mm256_set1_ps(fx[j]), _mm256_set1_ps(fy[j]));
                 let top = lerp(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(lanes)), tx);
@@ -149,22 +163,10 @@ unsafe fn lerp_rows(job: &Job, cols: &[f32], out: &mut [f32]) {
                     _mm256_loadu_ps(p.add(sy + lanes)),
                     tx,
                 );
-                *v = lerp(top, bottom, ty);
+                *v = _mm256_and_ps(lerp(top, bottom, ty), inside[j]);
             }
             let t = transpose_f32(col);
-            for (i, v) in t.iter().enumerate() {
-                let Some(&z) = job.planes.get(kb + i) else {
-                    break;
-                };
-                let o = &mut out[z * plane + at..][..w];
-                if w == 8 {
-                    _mm256_storeu_ps(o.as_mut_ptr(), *v);
-                } else {
-                    let mut tmp = [0f32; 8];
-                    _mm256_storeu_ps(tmp.as_mut_ptr(), *v);
-                    o.copy_from_slice(&tmp[..w]);
-                }
-            }
+            put_block(&t, offsets, kb, out, at, w, |p, v| _mm256_storeu_ps(p, v));
         }
     }
 }
@@ -177,9 +179,9 @@ unsafe fn lerp_rows(job: &Job, cols: &[f32], out: &mut [f32]) {
 /// weighed one by one.
 #[inline(never)]
 #[target_feature(enable = "avx2")]
-unsafe fn label_rows(job: &Job, cols: &[u16], out: &mut [u16]) {
+unsafe fn label_rows(job: &Job, offsets: &[usize], cols: &[u16], out: &mut [u16]) {
     let lanes = job.lanes();
-    let (sy, plane) = (job.bs[2] * lanes, job.size[1] * job.size[2]);
+    let sy = job.bs[2] * lanes;
     let c = cols.as_ptr();
     let (one, two, four) = (_mm_set1_epi16(1), _mm_set1_epi16(2), _mm_set1_epi16(4));
     let ones = _mm_set1_epi16(-1);
@@ -264,31 +266,21 @@ unsafe fn label_rows(job: &Job, cols: &[u16], out: &mut [u16]) {
                 }
             }
             let t = transpose_u16(col);
-            for (i, v) in t.iter().enumerate() {
-                let Some(&z) = job.planes.get(kb + i) else {
-                    break;
-                };
-                let o = &mut out[z * plane + at..][..w];
-                if w == 8 {
-                    _mm_storeu_si128(o.as_mut_ptr().cast(), *v);
-                } else {
-                    let mut tmp = [0u16; 8];
-                    _mm_storeu_si128(tmp.as_mut_ptr().cast(), *v);
-                    o.copy_from_slice(&tmp[..w]);
-                }
-            }
+            put_block(&t, offsets, kb, out, at, w, |p, v| {
+                _mm_storeu_si128(p.cast(), v)
+            });
             for (j, &m) in odd.iter().enumerate().take(w) {
                 let mut m = m;
                 while m != 0 {
                     let i = m.trailing_zeros() as usize / 2;
                     m &= m - 1;
-                    let Some(&z) = job.planes.get(kb + i) else {
+                    let Some(&o) = offsets.get(kb + i) else {
                         break;
                     };
                     let q = row.base[j] as usize * lanes + kb + i;
                     let v = [cols[q], cols[q + lanes], cols[q + sy], cols[q + sy + lanes]];
                     let f = [0.0, job.frac[r][0][j], job.frac[r][1][j]];
-                    out[z * plane + at + j] = weighed4(v, f);
+                    out[o + at + j] = weighed4(v, f);
                 }
             }
         }
@@ -338,28 +330,79 @@ unsafe fn outcome_tables(frac: &[[f64; 8]; 2]) -> [u64; 8] {
     out
 }
 
-/// `k` planes of `p_len` values each (one after another) as `p_len` columns of `lanes`
-/// values into `out` (lanes past `k` repeat plane `k - 1`: read, never written out).
+/// `k` planes of `p_len` values each (one after another; rows of `bx`) as `p_len` columns
+/// of `lanes` values into `out` (lanes past `k` repeat plane `k - 1`: read, never written
+/// out), for the x range `spans[y]` of each row y (and up to 7 columns past each).
+#[allow(clippy::too_many_arguments)]
 #[inline(never)]
 #[target_feature(enable = "avx2")]
-unsafe fn columns_f32(planes: &[f32], p_len: usize, k: usize, lanes: usize, out: &mut [f32]) {
-    assert!(planes.len() >= k * p_len && out.len() >= p_len * lanes);
-    let full = p_len / 8 * 8;
+unsafe fn columns_f32(
+    planes: &[f32],
+    p_len: usize,
+    k: usize,
+    lanes: usize,
+    spans: &[(u32, u32)],
+    bx: usize,
+    out: &mut [f32],
+) {
     let src = planes.as_ptr();
     let dst = out.as_mut_ptr();
-    for p in (0..full).step_by(8) {
-        for kb in (0..lanes).step_by(8) {
-            // SAFETY: plane indices are clamped below `k`, positions below `full`.
-            let rows =
-                std::array::from_fn(|i| _mm256_loadu_ps(src.add((kb + i).min(k - 1) * p_len + p)));
-            for (j, v) in transpose_f32(rows).iter().enumerate() {
-                _mm256_storeu_ps(dst.add((p + j) * lanes + kb), *v);
+    turn(
+        planes.len(),
+        p_len,
+        k,
+        lanes,
+        spans,
+        bx,
+        out.len(),
+        |p, scalar| {
+            if scalar {
+                for i in 0..lanes {
+                    out[p * lanes + i] = planes[i.min(k - 1) * p_len + p];
+                }
+                return;
             }
-        }
-    }
-    for p in full..p_len {
-        for i in 0..lanes {
-            out[p * lanes + i] = planes[i.min(k - 1) * p_len + p];
+            for kb in (0..lanes).step_by(8) {
+                // SAFETY: plane indices are clamped below `k`, 8 columns from `p` lie in a plane
+                // (`turn`).
+                let rows = std::array::from_fn(|i| {
+                    _mm256_loadu_ps(src.add((kb + i).min(k - 1) * p_len + p))
+                });
+                for (j, v) in transpose_f32(rows).iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((p + j) * lanes + kb), *v);
+                }
+            }
+        },
+    );
+}
+
+/// The columns [`columns_f32`] and [`columns_u16`] turn: `each(p, false)` for blocks of 8
+/// from `p` (within a plane of `p_len`), `each(p, true)` for single columns at a plane's
+/// end, over each row's span.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn turn(
+    planes_len: usize,
+    p_len: usize,
+    k: usize,
+    lanes: usize,
+    spans: &[(u32, u32)],
+    bx: usize,
+    out_len: usize,
+    mut each: impl FnMut(usize, bool),
+) {
+    assert!(k > 0 && planes_len >= k * p_len && out_len >= p_len * lanes);
+    assert!(spans.len() * bx == p_len && spans.iter().all(|s| s.1 as usize <= bx));
+    for (y, &(a, b)) in spans.iter().enumerate() {
+        let (mut p, end) = (y * bx + a as usize, y * bx + b as usize);
+        while p < end {
+            if p + 8 <= p_len {
+                each(p, false);
+                p += 8;
+            } else {
+                each(p, true);
+                p += 1;
+            }
         }
     }
 }
@@ -385,6 +428,7 @@ impl Widen for u16 {
 }
 
 /// [`columns_f32`] for labels, widened to u16.
+#[allow(clippy::too_many_arguments)]
 #[inline(never)]
 #[target_feature(enable = "avx2")]
 unsafe fn columns_u16<L: Widen>(
@@ -392,25 +436,67 @@ unsafe fn columns_u16<L: Widen>(
     p_len: usize,
     k: usize,
     lanes: usize,
+    spans: &[(u32, u32)],
+    bx: usize,
     out: &mut [u16],
 ) {
-    assert!(planes.len() >= k * p_len && out.len() >= p_len * lanes);
-    let full = p_len / 8 * 8;
     let src = planes.as_ptr();
     let dst = out.as_mut_ptr();
-    for p in (0..full).step_by(8) {
-        for kb in (0..lanes).step_by(8) {
-            // SAFETY: as for the image's.
-            let rows = std::array::from_fn(|i| L::load8(src.add((kb + i).min(k - 1) * p_len + p)));
-            for (j, v) in transpose_u16(rows).iter().enumerate() {
-                _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
+    turn(
+        planes.len(),
+        p_len,
+        k,
+        lanes,
+        spans,
+        bx,
+        out.len(),
+        |p, scalar| {
+            if scalar {
+                for i in 0..lanes {
+                    out[p * lanes + i] = planes[i.min(k - 1) * p_len + p].into();
+                }
+                return;
             }
+            for kb in (0..lanes).step_by(8) {
+                // SAFETY: as for the image's.
+                let rows =
+                    std::array::from_fn(|i| L::load8(src.add((kb + i).min(k - 1) * p_len + p)));
+                for (j, v) in transpose_u16(rows).iter().enumerate() {
+                    _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
+                }
+            }
+        },
+    );
+}
+
+/// Block `kb`'s plane rows `t` (lane i's plane in `t[i]`) into their patch planes
+/// (`offsets`) at `at`, `w` long (8 but at a row's end); lanes past the planes are dropped.
+///
+/// # Safety
+/// `at + w` must lie within a patch plane and each offset be a patch plane's (the caller's
+/// checks), `out` the whole patch.
+#[inline(always)]
+unsafe fn put_block<V: Copy, T: Copy + Default>(
+    t: &[V; 8],
+    offsets: &[usize],
+    kb: usize,
+    out: &mut [T],
+    at: usize,
+    w: usize,
+    store: impl Fn(*mut T, V),
+) {
+    let offsets = &offsets[kb..offsets.len().min(kb + 8)];
+    if w == 8 {
+        for (&o, &v) in offsets.iter().zip(t) {
+            debug_assert!(o + at + 8 <= out.len());
+            store(out.as_mut_ptr().add(o + at), v);
         }
+        return;
     }
-    for p in full..p_len {
-        for i in 0..lanes {
-            out[p * lanes + i] = planes[i.min(k - 1) * p_len + p].into();
-        }
+    for (&o, &v) in offsets.iter().zip(t) {
+        let mut tmp = [T::default(); 8];
+        store(tmp.as_mut_ptr(), v);
+        out[o + at..][..w].copy_from_slice(&tmp[..w]);
     }
 }
 

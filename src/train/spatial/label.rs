@@ -54,6 +54,28 @@ impl LabelBox {
         }
     }
 
+    /// [`LabelBox::read`] of only the x range `spans[y]` of each box row y (the rest as it
+    /// was: see [`PatchSource::read_spans`]).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn read_spans(
+        &mut self,
+        src: &dyn PatchSource,
+        start: [i64; 3],
+        bs: [usize; 3],
+        spans: &[(u32, u32)],
+    ) -> Result<()> {
+        use crate::cache::source::SpanOut;
+        let bn: usize = bs.iter().product();
+        self.is_bytes = src.label_bytes();
+        if self.is_bytes {
+            self.bytes.resize(bn, 0);
+            src.read_spans(start, bs, spans, SpanOut::LabelBytes(&mut self.bytes))
+        } else {
+            self.wide.resize(bn, 0);
+            src.read_spans(start, bs, spans, SpanOut::Label(&mut self.wide))
+        }
+    }
+
     /// The table of uniform cells ([`uniform_cells`]) of the box just read.
     #[inline(always)]
     pub(super) fn prepare<const FLAT_Z: bool>(&mut self, bs: [usize; 3]) {
