@@ -21,6 +21,8 @@ use super::label::weighed4;
 pub(super) struct Columns {
     image: Vec<f32>,
     label: Vec<u16>,
+    /// Byte labels' columns (16 planes a vector).
+    bytes: Vec<u8>,
     /// Each column lane's patch plane as an offset into a patch (`z * plane`).
     offsets: Vec<usize>,
 }
@@ -91,28 +93,22 @@ impl Columns {
         }
         if let Some((planes, out)) = label {
             assert!(out.len() >= n);
-            self.label.resize(p_len * lanes, 0);
             match planes {
-                LabelPlanes::Bytes(b) => columns_u16(
-                    &b[job.lo * p_len..][..k * p_len],
-                    p_len,
-                    k,
-                    lanes,
-                    job.spans,
-                    bx,
-                    &mut self.label,
-                ),
-                LabelPlanes::Wide(w) => columns_u16(
-                    &w[job.lo * p_len..][..k * p_len],
-                    p_len,
-                    k,
-                    lanes,
-                    job.spans,
-                    bx,
-                    &mut self.label,
-                ),
+                LabelPlanes::Bytes(b) => {
+                    // Columns of 16 planes a vector: half the work of widened ones.
+                    let lanes = k.div_ceil(16) * 16;
+                    self.bytes.resize(p_len * lanes, 0);
+                    let planes = &b[job.lo * p_len..][..k * p_len];
+                    columns_u8(planes, p_len, k, lanes, job.spans, bx, &mut self.bytes);
+                    label_rows_u8(job, lanes, &self.offsets, &self.bytes, &mut out[..n]);
+                }
+                LabelPlanes::Wide(w) => {
+                    self.label.resize(p_len * lanes, 0);
+                    let planes = &w[job.lo * p_len..][..k * p_len];
+                    columns_u16(planes, p_len, k, lanes, job.spans, bx, &mut self.label);
+                    label_rows(job, &self.offsets, &self.label, &mut out[..n]);
+                }
             }
-            label_rows(job, &self.offsets, &self.label, &mut out[..n]);
         }
     }
 }
@@ -355,6 +351,7 @@ unsafe fn columns_f32(
         spans,
         bx,
         out.len(),
+        8,
         |p, scalar| {
             if scalar {
                 for i in 0..lanes {
@@ -376,9 +373,9 @@ unsafe fn columns_f32(
     );
 }
 
-/// The columns [`columns_f32`] and [`columns_u16`] turn: `each(p, false)` for blocks of 8
-/// from `p` (within a plane of `p_len`), `each(p, true)` for single columns at a plane's
-/// end, over each row's span.
+/// The columns [`columns_f32`], [`columns_u16`] and [`columns_u8`] turn: `each(p, false)`
+/// for blocks of `block` from `p` (within a plane of `p_len`), `each(p, true)` for single
+/// columns at a plane's end, over each row's span.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn turn(
@@ -389,6 +386,7 @@ fn turn(
     spans: &[(u32, u32)],
     bx: usize,
     out_len: usize,
+    block: usize,
     mut each: impl FnMut(usize, bool),
 ) {
     assert!(k > 0 && planes_len >= k * p_len && out_len >= p_len * lanes);
@@ -396,12 +394,160 @@ fn turn(
     for (y, &(a, b)) in spans.iter().enumerate() {
         let (mut p, end) = (y * bx + a as usize, y * bx + b as usize);
         while p < end {
-            if p + 8 <= p_len {
+            if p + block <= p_len {
                 each(p, false);
-                p += 8;
+                p += block;
             } else {
                 each(p, true);
                 p += 1;
+            }
+        }
+    }
+}
+
+/// [`columns_f32`] for byte labels, 16 planes and 16 columns a block.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn columns_u8(
+    planes: &[u8],
+    p_len: usize,
+    k: usize,
+    lanes: usize,
+    spans: &[(u32, u32)],
+    bx: usize,
+    out: &mut [u8],
+) {
+    let src = planes.as_ptr();
+    let dst = out.as_mut_ptr();
+    turn(
+        planes.len(),
+        p_len,
+        k,
+        lanes,
+        spans,
+        bx,
+        out.len(),
+        16,
+        |p, scalar| {
+            if scalar {
+                for i in 0..lanes {
+                    out[p * lanes + i] = planes[i.min(k - 1) * p_len + p];
+                }
+                return;
+            }
+            for kb in (0..lanes).step_by(16) {
+                // SAFETY: as for the image's, 16 columns from `p` in a plane.
+                let rows = std::array::from_fn(|i| {
+                    _mm_loadu_si128(src.add((kb + i).min(k - 1) * p_len + p).cast())
+                });
+                for (j, v) in transpose_u8(rows).iter().enumerate() {
+                    _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
+                }
+            }
+        },
+    );
+}
+
+/// [`label_rows`] for byte labels: columns of `lanes` planes (a multiple of 16), each
+/// block of 16 planes decided in one vector, then widened and turned back as two blocks
+/// of 8.
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn label_rows_u8(job: &Job, lanes: usize, offsets: &[usize], cols: &[u8], out: &mut [u16]) {
+    let sy = job.bs[2] * lanes;
+    let c = cols.as_ptr();
+    let (one, two, four) = (_mm_set1_epi8(1), _mm_set1_epi8(2), _mm_set1_epi8(4));
+    let ones = _mm_set1_epi8(-1);
+    for (r, row) in job.rows.iter().enumerate() {
+        let (at, w) = row_at(job, r);
+        let inside: [__m128i; 8] = std::array::from_fn(|j| {
+            if row.inside & (1 << j) != 0 {
+                ones
+            } else {
+                _mm_setzero_si128()
+            }
+        });
+        // SAFETY (of every load): as in `label_rows`.
+        let load = |j: usize, kb: usize, off: usize| {
+            _mm_loadu_si128(c.add(row.base[j] as usize * lanes + kb + off).cast())
+        };
+        let mut tables = None;
+        for kb in (0..lanes).step_by(16) {
+            let mut col = [_mm_setzero_si128(); 8];
+            let mut uniform = ones;
+            for (j, v) in col.iter_mut().enumerate() {
+                let a = load(j, kb, 0);
+                let same = _mm_and_si128(
+                    _mm_cmpeq_epi8(a, load(j, kb, lanes)),
+                    _mm_and_si128(
+                        _mm_cmpeq_epi8(a, load(j, kb, sy)),
+                        _mm_cmpeq_epi8(a, load(j, kb, sy + lanes)),
+                    ),
+                );
+                uniform =
+                    _mm_and_si128(uniform, _mm_or_si128(same, _mm_xor_si128(inside[j], ones)));
+                *v = _mm_and_si128(a, inside[j]);
+            }
+            // Bit i of lane j's entry: plane kb + i's neighbours hold three values or more.
+            let mut odd = [0u32; 8];
+            if _mm_movemask_epi8(uniform) != 0xffff {
+                let tables: &[u64; 8] = tables.get_or_insert_with(|| outcome_tables(&job.frac[r]));
+                for (j, v) in col.iter_mut().enumerate() {
+                    let (a, b) = (load(j, kb, 0), load(j, kb, lanes));
+                    let (c, d) = (load(j, kb, sy), load(j, kb, sy + lanes));
+                    let (eb, ec, ed) = (
+                        _mm_cmpeq_epi8(a, b),
+                        _mm_cmpeq_epi8(a, c),
+                        _mm_cmpeq_epi8(a, d),
+                    );
+                    let other = _mm_blendv_epi8(
+                        _mm_blendv_epi8(b, c, _mm_xor_si128(ec, ones)),
+                        d,
+                        _mm_xor_si128(ed, ones),
+                    );
+                    let two_values = _mm_and_si128(
+                        _mm_or_si128(eb, _mm_cmpeq_epi8(b, other)),
+                        _mm_and_si128(
+                            _mm_or_si128(ec, _mm_cmpeq_epi8(c, other)),
+                            _mm_or_si128(ed, _mm_cmpeq_epi8(d, other)),
+                        ),
+                    );
+                    let pattern = _mm_or_si128(
+                        _mm_or_si128(_mm_andnot_si128(eb, one), _mm_andnot_si128(ec, two)),
+                        _mm_andnot_si128(ed, four),
+                    );
+                    let outcome = _mm_shuffle_epi8(_mm_cvtsi64_si128(tables[j] as i64), pattern);
+                    let won = _mm_blendv_epi8(a, other, _mm_cmpeq_epi8(outcome, one));
+                    let won =
+                        _mm_blendv_epi8(won, _mm_min_epu8(a, other), _mm_cmpeq_epi8(outcome, two));
+                    *v = _mm_and_si128(won, inside[j]);
+                    let plain = _mm_or_si128(two_values, _mm_xor_si128(inside[j], ones));
+                    odd[j] = !(_mm_movemask_epi8(plain) as u32) & 0xffff;
+                }
+            }
+            for half in 0..2 {
+                let rows = col
+                    .map(|v| _mm_cvtepu8_epi16(if half == 0 { v } else { _mm_srli_si128::<8>(v) }));
+                let t = transpose_u16(rows);
+                put_block(&t, offsets, kb + 8 * half, out, at, w, |p, v| {
+                    _mm_storeu_si128(p.cast(), v)
+                });
+            }
+            for (j, &m) in odd.iter().enumerate().take(w) {
+                let mut m = m;
+                while m != 0 {
+                    let i = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    let Some(&o) = offsets.get(kb + i) else {
+                        break;
+                    };
+                    let q = row.base[j] as usize * lanes + kb + i;
+                    let v = [cols[q], cols[q + lanes], cols[q + sy], cols[q + sy + lanes]]
+                        .map(u16::from);
+                    let f = [0.0, job.frac[r][0][j], job.frac[r][1][j]];
+                    out[o + at + j] = weighed4(v, f);
+                }
             }
         }
     }
@@ -450,6 +596,7 @@ unsafe fn columns_u16<L: Widen>(
         spans,
         bx,
         out.len(),
+        8,
         |p, scalar| {
             if scalar {
                 for i in 0..lanes {
@@ -485,7 +632,7 @@ unsafe fn put_block<V: Copy, T: Copy + Default>(
     w: usize,
     store: impl Fn(*mut T, V),
 ) {
-    let offsets = &offsets[kb..offsets.len().min(kb + 8)];
+    let offsets = &offsets[kb.min(offsets.len())..offsets.len().min(kb + 8)];
     if w == 8 {
         for (&o, &v) in offsets.iter().zip(t) {
             debug_assert!(o + at + 8 <= out.len());
@@ -531,6 +678,49 @@ unsafe fn transpose_f32(r: [__m256; 8]) -> [__m256; 8] {
         _mm256_permute2f128_ps::<0x31>(u2, u6),
         _mm256_permute2f128_ps::<0x31>(u3, u7),
     ]
+}
+
+/// Rows of 16 bytes as columns: `out[j][i] = rows[i][j]`: pairs of rows interleaved by
+/// bytes, then by pairs, fours and eights.
+#[inline(always)]
+unsafe fn transpose_u8(r: [__m128i; 16]) -> [__m128i; 16] {
+    // a[p]: rows 2p, 2p + 1 interleaved; [0] columns 0..8, [1] columns 8..16.
+    let a: [[__m128i; 2]; 8] = std::array::from_fn(|p| {
+        [
+            _mm_unpacklo_epi8(r[2 * p], r[2 * p + 1]),
+            _mm_unpackhi_epi8(r[2 * p], r[2 * p + 1]),
+        ]
+    });
+    // b[g][q]: rows 4g..4g + 4 of columns 4q..4q + 4.
+    let b: [[__m128i; 4]; 4] = std::array::from_fn(|g| {
+        std::array::from_fn(|q| {
+            let (x, y) = (a[2 * g][q / 2], a[2 * g + 1][q / 2]);
+            if q % 2 == 0 {
+                _mm_unpacklo_epi16(x, y)
+            } else {
+                _mm_unpackhi_epi16(x, y)
+            }
+        })
+    });
+    // c[h][s]: rows 8h..8h + 8 of columns 2s, 2s + 1.
+    let c: [[__m128i; 8]; 2] = std::array::from_fn(|h| {
+        std::array::from_fn(|s| {
+            let (x, y) = (b[2 * h][s / 2], b[2 * h + 1][s / 2]);
+            if s % 2 == 0 {
+                _mm_unpacklo_epi32(x, y)
+            } else {
+                _mm_unpackhi_epi32(x, y)
+            }
+        })
+    });
+    std::array::from_fn(|j| {
+        let (x, y) = (c[0][j / 2], c[1][j / 2]);
+        if j % 2 == 0 {
+            _mm_unpacklo_epi64(x, y)
+        } else {
+            _mm_unpackhi_epi64(x, y)
+        }
+    })
 }
 
 /// Rows of 8 u16 as columns: `out[j][i] = rows[i][j]`.
@@ -583,6 +773,14 @@ mod tests {
                 let mut o = [0f32; 8];
                 _mm256_storeu_ps(o.as_mut_ptr(), *v);
                 assert_eq!(o, std::array::from_fn(|i| f[i][j]));
+            }
+            let b: [[u8; 16]; 16] =
+                std::array::from_fn(|i| std::array::from_fn(|j| (i * 16 + j) as u8));
+            let t = transpose_u8(b.map(|r| _mm_loadu_si128(r.as_ptr().cast())));
+            for (j, v) in t.iter().enumerate() {
+                let mut o = [0u8; 16];
+                _mm_storeu_si128(o.as_mut_ptr().cast(), *v);
+                assert_eq!(o, std::array::from_fn(|i| b[i][j]));
             }
             let u: [[u16; 8]; 8] =
                 std::array::from_fn(|i| std::array::from_fn(|j| (i * 8 + j) as u16));
