@@ -967,6 +967,7 @@ impl TransformedReader {
                 lo,
                 planes: &self.column_planes,
                 spans: &self.spans,
+                w512: self.simd() == Simd::Avx512,
                 size,
                 bs,
                 channels,
@@ -2038,7 +2039,7 @@ mod tests {
     #[test]
     fn in_plane_columns_give_the_portable_bits() -> Result<()> {
         // Patches of many planes through the box's columns: 19 planes (two blocks of 8 and a
-        // part), rows of 37 (a short last row of 8), rotated and scaled, mirrored (z too:
+        // part) and 16, rows of 37 (a short last row of 8), rotated and scaled, mirrored (z too:
         // the planes run backwards), reaching outside the volume above and below (fewer
         // planes inside, some patches with fewer than the columns' minimum) and beside; one
         // and two channels, byte and wide labels of three classes (cells of three values).
@@ -2055,15 +2056,18 @@ mod tests {
             in_plane(0.0, 1.2),
             in_plane(0.0, 0.8).mirrored([true, true, false]),
         ];
-        let size = [19, 12, 37];
-        let n: usize = size.iter().product();
         let sources = [(false, false), (true, false), (false, true)].map(|(two, bytes)| Stored {
             v: Volume::new([30, 30, 28]),
             two_channels: two,
             byte_labels: bytes,
         });
         let mut portable = TransformedReader::with_build(Simd::Portable);
-        for build in vector_builds() {
+        // (16 planes: AVX-512's lerps of 16 planes a vector.)
+        for (build, size) in vector_builds()
+            .into_iter()
+            .flat_map(|b| [(b, [19, 12, 37]), (b, [16, 10, 21])])
+        {
+            let n: usize = size.iter().product();
             let mut fast = TransformedReader::with_build(build);
             for (k, t) in maps.iter().enumerate() {
                 assert!(t.keeps_z_planes());
