@@ -91,7 +91,7 @@ impl Columns {
         self.image.resize(p_len * lanes, 0.0);
         for ch in 0..job.channels {
             let planes = &image_box[ch * bn + job.lo * p_len..][..k * p_len];
-            columns_f32(planes, p_len, k, lanes, job.spans, bx, &mut self.image);
+            columns(planes, p_len, k, lanes, job.spans, bx, &mut self.image);
             let out = &mut image[ch * n..][..n];
             if job.w512 && lanes.is_multiple_of(16) {
                 lerp_rows_avx512(job, &self.offsets, &self.image, out);
@@ -107,14 +107,14 @@ impl Columns {
                     let lanes = k.div_ceil(16) * 16;
                     self.bytes.resize(p_len * lanes, 0);
                     let planes = &b[job.lo * p_len..][..k * p_len];
-                    columns_u8(planes, p_len, k, lanes, job.spans, bx, &mut self.bytes);
-                    label_rows_u8(job, lanes, &self.offsets, &self.bytes, &mut out[..n]);
+                    columns(planes, p_len, k, lanes, job.spans, bx, &mut self.bytes);
+                    label_rows::<Bytes>(job, lanes, &self.offsets, &self.bytes, &mut out[..n]);
                 }
                 LabelPlanes::Wide(w) => {
                     self.label.resize(p_len * lanes, 0);
                     let planes = &w[job.lo * p_len..][..k * p_len];
-                    columns_u16(planes, p_len, k, lanes, job.spans, bx, &mut self.label);
-                    label_rows(job, &self.offsets, &self.label, &mut out[..n]);
+                    columns(planes, p_len, k, lanes, job.spans, bx, &mut self.label);
+                    label_rows::<Wide>(job, lanes, &self.offsets, &self.label, &mut out[..n]);
                 }
             }
         }
@@ -227,22 +227,140 @@ unsafe fn lerp_rows_avx512(job: &Job, offsets: &[usize], cols: &[f32], out: &mut
     }
 }
 
-/// The label's rows: per row of 8 columns and 8 planes, first whether every plane's four
-/// neighbours agree (most blocks, away from a structure's border: then the value is the
-/// first neighbour's); if not, each plane of two values gets the weighed winner from its
-/// column's table of outcomes ([`outcome_tables`], computed once per row) in vectors. Each
-/// block is turned back to planes' rows, then the rare planes of three or more values are
-/// weighed one by one.
+/// A label column's vector lanes: bytes (16 planes a vector) or u16 (8).
+trait Lanes {
+    /// The columns' element.
+    type Elem: Copy + Into<u16>;
+    /// Planes a vector.
+    const PER: usize;
+    unsafe fn eq(a: __m128i, b: __m128i) -> __m128i;
+    unsafe fn min(a: __m128i, b: __m128i) -> __m128i;
+    unsafe fn splat(v: u8) -> __m128i;
+    /// Added to a pattern of lanes 0..8 so that a byte shuffle reads each lane's table entry
+    /// (u16 lanes: their upper byte reads 0).
+    unsafe fn high() -> __m128i;
+    /// Bit i set where lane i of `m` is all ones.
+    unsafe fn bits(m: __m128i) -> u32;
+    /// Block `kb`'s 8 columns (`col[j]` lane i: plane kb + i) into their patch planes.
+    unsafe fn put(
+        col: &[__m128i; 8],
+        offsets: &[usize],
+        kb: usize,
+        out: &mut [u16],
+        at: usize,
+        w: usize,
+    );
+}
+
+/// Byte labels' lanes.
+struct Bytes;
+
+impl Lanes for Bytes {
+    type Elem = u8;
+    const PER: usize = 16;
+    #[inline(always)]
+    unsafe fn eq(a: __m128i, b: __m128i) -> __m128i {
+        _mm_cmpeq_epi8(a, b)
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m128i, b: __m128i) -> __m128i {
+        _mm_min_epu8(a, b)
+    }
+    #[inline(always)]
+    unsafe fn splat(v: u8) -> __m128i {
+        _mm_set1_epi8(v as i8)
+    }
+    #[inline(always)]
+    unsafe fn high() -> __m128i {
+        _mm_setzero_si128()
+    }
+    #[inline(always)]
+    unsafe fn bits(m: __m128i) -> u32 {
+        _mm_movemask_epi8(m) as u32
+    }
+    /// Widened, as two blocks of 8 planes.
+    #[inline(always)]
+    unsafe fn put(
+        col: &[__m128i; 8],
+        offsets: &[usize],
+        kb: usize,
+        out: &mut [u16],
+        at: usize,
+        w: usize,
+    ) {
+        for half in 0..2 {
+            let rows =
+                col.map(|v| _mm_cvtepu8_epi16(if half == 0 { v } else { _mm_srli_si128::<8>(v) }));
+            let t = transpose_u16(rows);
+            put_block(&t, offsets, kb + 8 * half, out, at, w, |p, v| {
+                _mm_storeu_si128(p.cast(), v)
+            });
+        }
+    }
+}
+
+/// Wide (u16) labels' lanes.
+struct Wide;
+
+impl Lanes for Wide {
+    type Elem = u16;
+    const PER: usize = 8;
+    #[inline(always)]
+    unsafe fn eq(a: __m128i, b: __m128i) -> __m128i {
+        _mm_cmpeq_epi16(a, b)
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m128i, b: __m128i) -> __m128i {
+        _mm_min_epu16(a, b)
+    }
+    #[inline(always)]
+    unsafe fn splat(v: u8) -> __m128i {
+        _mm_set1_epi16(i16::from(v))
+    }
+    #[inline(always)]
+    unsafe fn high() -> __m128i {
+        _mm_set1_epi16(0x8000u16 as i16)
+    }
+    #[inline(always)]
+    unsafe fn bits(m: __m128i) -> u32 {
+        _mm_movemask_epi8(_mm_packs_epi16(m, _mm_setzero_si128())) as u32
+    }
+    #[inline(always)]
+    unsafe fn put(
+        col: &[__m128i; 8],
+        offsets: &[usize],
+        kb: usize,
+        out: &mut [u16],
+        at: usize,
+        w: usize,
+    ) {
+        let t = transpose_u16(*col);
+        put_block(&t, offsets, kb, out, at, w, |p, v| {
+            _mm_storeu_si128(p.cast(), v)
+        });
+    }
+}
+
+/// The label's rows: per row of 8 columns and a vector of planes, first whether every
+/// plane's four neighbours agree (most blocks, away from a structure's border: then the
+/// value is the first neighbour's); if not, each plane of two values gets the weighed winner
+/// from its column's table of outcomes ([`outcome_tables`], computed once per row) in
+/// vectors. Each block is turned back to planes' rows, then the rare planes of three or more
+/// values are weighed one by one. `lanes`: the columns' length, a multiple of `L::PER`.
 #[inline(never)]
 #[target_feature(enable = "avx2")]
-unsafe fn label_rows(job: &Job, offsets: &[usize], cols: &[u16], out: &mut [u16]) {
-    let lanes = job.lanes();
+unsafe fn label_rows<L: Lanes>(
+    job: &Job,
+    lanes: usize,
+    offsets: &[usize],
+    cols: &[L::Elem],
+    out: &mut [u16],
+) {
     let sy = job.bs[2] * lanes;
     let c = cols.as_ptr();
-    let (one, two, four) = (_mm_set1_epi16(1), _mm_set1_epi16(2), _mm_set1_epi16(4));
-    let ones = _mm_set1_epi16(-1);
-    // Each lane's upper byte as a shuffle index that reads 0.
-    let high = _mm_set1_epi16(0x8000u16 as i16);
+    let (one, two, four) = (L::splat(1), L::splat(2), L::splat(4));
+    let ones = _mm_set1_epi8(-1);
+    let all = (1u32 << L::PER) - 1;
     for (r, row) in job.rows.iter().enumerate() {
         let (at, w) = row_at(job, r);
         let inside: [__m128i; 8] = std::array::from_fn(|j| {
@@ -259,38 +377,27 @@ unsafe fn label_rows(job: &Job, offsets: &[usize], cols: &[u16], out: &mut [u16]
             _mm_loadu_si128(c.add(row.base[j] as usize * lanes + kb + off).cast())
         };
         let mut tables = None;
-        for kb in (0..lanes).step_by(8) {
+        for kb in (0..lanes).step_by(L::PER) {
             let mut col = [_mm_setzero_si128(); 8];
             let mut uniform = ones;
             for (j, v) in col.iter_mut().enumerate() {
                 let a = load(j, kb, 0);
                 let same = _mm_and_si128(
-                    _mm_cmpeq_epi16(a, load(j, kb, lanes)),
-                    _mm_and_si128(
-                        _mm_cmpeq_epi16(a, load(j, kb, sy)),
-                        _mm_cmpeq_epi16(a, load(j, kb, sy + lanes)),
-                    ),
+                    L::eq(a, load(j, kb, lanes)),
+                    _mm_and_si128(L::eq(a, load(j, kb, sy)), L::eq(a, load(j, kb, sy + lanes))),
                 );
                 uniform =
                     _mm_and_si128(uniform, _mm_or_si128(same, _mm_xor_si128(inside[j], ones)));
                 *v = _mm_and_si128(a, inside[j]);
             }
-            // Bit 2i of lane j's entry: plane kb + i's neighbours hold three values or more.
+            // Bit i of lane j's entry: plane kb + i's neighbours hold three values or more.
             let mut odd = [0u32; 8];
             if _mm_movemask_epi8(uniform) != 0xffff {
                 let tables: &[u64; 8] = tables.get_or_insert_with(|| outcome_tables(&job.frac[r]));
                 for (j, v) in col.iter_mut().enumerate() {
-                    let (a, b, c, d) = (
-                        load(j, kb, 0),
-                        load(j, kb, lanes),
-                        load(j, kb, sy),
-                        load(j, kb, sy + lanes),
-                    );
-                    let (eb, ec, ed) = (
-                        _mm_cmpeq_epi16(a, b),
-                        _mm_cmpeq_epi16(a, c),
-                        _mm_cmpeq_epi16(a, d),
-                    );
+                    let (a, b) = (load(j, kb, 0), load(j, kb, lanes));
+                    let (c, d) = (load(j, kb, sy), load(j, kb, sy + lanes));
+                    let (eb, ec, ed) = (L::eq(a, b), L::eq(a, c), L::eq(a, d));
                     // The other value: the last neighbour that differs from the first (as
                     // `mixed_majority` picks it).
                     let other = _mm_blendv_epi8(
@@ -299,42 +406,36 @@ unsafe fn label_rows(job: &Job, offsets: &[usize], cols: &[u16], out: &mut [u16]
                         _mm_xor_si128(ed, ones),
                     );
                     let two_values = _mm_and_si128(
-                        _mm_or_si128(eb, _mm_cmpeq_epi16(b, other)),
+                        _mm_or_si128(eb, L::eq(b, other)),
                         _mm_and_si128(
-                            _mm_or_si128(ec, _mm_cmpeq_epi16(c, other)),
-                            _mm_or_si128(ed, _mm_cmpeq_epi16(d, other)),
+                            _mm_or_si128(ec, L::eq(c, other)),
+                            _mm_or_si128(ed, L::eq(d, other)),
                         ),
                     );
                     let pattern = _mm_or_si128(
                         _mm_or_si128(_mm_andnot_si128(eb, one), _mm_andnot_si128(ec, two)),
-                        _mm_or_si128(_mm_andnot_si128(ed, four), high),
+                        _mm_or_si128(_mm_andnot_si128(ed, four), L::high()),
                     );
                     let outcome = _mm_shuffle_epi8(_mm_cvtsi64_si128(tables[j] as i64), pattern);
-                    let won = _mm_blendv_epi8(a, other, _mm_cmpeq_epi16(outcome, one));
-                    let won = _mm_blendv_epi8(
-                        won,
-                        _mm_min_epu16(a, other),
-                        _mm_cmpeq_epi16(outcome, two),
-                    );
+                    let won = _mm_blendv_epi8(a, other, L::eq(outcome, one));
+                    let won = _mm_blendv_epi8(won, L::min(a, other), L::eq(outcome, two));
                     *v = _mm_and_si128(won, inside[j]);
                     let plain = _mm_or_si128(two_values, _mm_xor_si128(inside[j], ones));
-                    odd[j] = !(_mm_movemask_epi8(plain) as u32) & 0x5555;
+                    odd[j] = !L::bits(plain) & all;
                 }
             }
-            let t = transpose_u16(col);
-            put_block(&t, offsets, kb, out, at, w, |p, v| {
-                _mm_storeu_si128(p.cast(), v)
-            });
+            L::put(&col, offsets, kb, out, at, w);
             for (j, &m) in odd.iter().enumerate().take(w) {
                 let mut m = m;
                 while m != 0 {
-                    let i = m.trailing_zeros() as usize / 2;
+                    let i = m.trailing_zeros() as usize;
                     m &= m - 1;
                     let Some(&o) = offsets.get(kb + i) else {
                         break;
                     };
                     let q = row.base[j] as usize * lanes + kb + i;
-                    let v = [cols[q], cols[q + lanes], cols[q + sy], cols[q + sy + lanes]];
+                    let v = [cols[q], cols[q + lanes], cols[q + sy], cols[q + sy + lanes]]
+                        .map(Into::into);
                     let f = [0.0, job.frac[r][0][j], job.frac[r][1][j]];
                     out[o + at + j] = weighed4(v, f);
                 }
@@ -386,294 +487,124 @@ unsafe fn outcome_tables(frac: &[[f64; 8]; 2]) -> [u64; 8] {
     out
 }
 
-/// `k` planes of `p_len` values each (one after another; rows of `bx`) as `p_len` columns
-/// of `lanes` values into `out` (lanes past `k` repeat plane `k - 1`: read, never written
-/// out), for the x range `spans[y]` of each row y (and up to 7 columns past each).
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-#[target_feature(enable = "avx2")]
-unsafe fn columns_f32(
-    planes: &[f32],
-    p_len: usize,
-    k: usize,
-    lanes: usize,
-    spans: &[(u32, u32)],
-    bx: usize,
-    out: &mut [f32],
-) {
-    let src = planes.as_ptr();
-    let dst = out.as_mut_ptr();
-    turn(
-        planes.len(),
-        p_len,
-        k,
-        lanes,
-        spans,
-        bx,
-        out.len(),
-        8,
-        |p, scalar| {
-            if scalar {
-                for i in 0..lanes {
-                    out[p * lanes + i] = planes[i.min(k - 1) * p_len + p];
-                }
-                return;
-            }
-            for kb in (0..lanes).step_by(8) {
-                // SAFETY: plane indices are clamped below `k`, 8 columns from `p` lie in a plane
-                // (`turn`).
-                let rows = std::array::from_fn(|i| {
-                    _mm256_loadu_ps(src.add((kb + i).min(k - 1) * p_len + p))
-                });
-                for (j, v) in transpose_f32(rows).iter().enumerate() {
-                    _mm256_storeu_ps(dst.add((p + j) * lanes + kb), *v);
-                }
-            }
-        },
+/// An element of a box turned into columns: `BLOCK` columns of `BLOCK` planes at a time, by
+/// one transpose in registers.
+trait Turn: Copy {
+    const BLOCK: usize;
+    /// Columns `p .. p + BLOCK`, planes `kb .. kb + BLOCK` (clamped below `k`), from `src`
+    /// (planes `p_len` apart) into `dst` (columns `lanes` apart).
+    unsafe fn block(
+        src: *const Self,
+        p_len: usize,
+        k: usize,
+        kb: usize,
+        p: usize,
+        dst: *mut Self,
+        lanes: usize,
     );
 }
 
-/// The columns [`columns_f32`], [`columns_u16`] and [`columns_u8`] turn: `each(p, false)`
-/// for blocks of `block` from `p` (within a plane of `p_len`), `each(p, true)` for single
-/// columns at a plane's end, over each row's span.
+impl Turn for f32 {
+    const BLOCK: usize = 8;
+    #[inline(always)]
+    unsafe fn block(
+        src: *const f32,
+        p_len: usize,
+        k: usize,
+        kb: usize,
+        p: usize,
+        dst: *mut f32,
+        lanes: usize,
+    ) {
+        let rows =
+            std::array::from_fn(|i| _mm256_loadu_ps(src.add((kb + i).min(k - 1) * p_len + p)));
+        for (j, v) in transpose_f32(rows).iter().enumerate() {
+            _mm256_storeu_ps(dst.add((p + j) * lanes + kb), *v);
+        }
+    }
+}
+
+impl Turn for u16 {
+    const BLOCK: usize = 8;
+    #[inline(always)]
+    unsafe fn block(
+        src: *const u16,
+        p_len: usize,
+        k: usize,
+        kb: usize,
+        p: usize,
+        dst: *mut u16,
+        lanes: usize,
+    ) {
+        let rows = std::array::from_fn(|i| {
+            _mm_loadu_si128(src.add((kb + i).min(k - 1) * p_len + p).cast())
+        });
+        for (j, v) in transpose_u16(rows).iter().enumerate() {
+            _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
+        }
+    }
+}
+
+impl Turn for u8 {
+    const BLOCK: usize = 16;
+    #[inline(always)]
+    unsafe fn block(
+        src: *const u8,
+        p_len: usize,
+        k: usize,
+        kb: usize,
+        p: usize,
+        dst: *mut u8,
+        lanes: usize,
+    ) {
+        let rows = std::array::from_fn(|i| {
+            _mm_loadu_si128(src.add((kb + i).min(k - 1) * p_len + p).cast())
+        });
+        for (j, v) in transpose_u8(rows).iter().enumerate() {
+            _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
+        }
+    }
+}
+
+/// `k` planes of `p_len` values each (one after another; rows of `bx`) as `p_len` columns
+/// of `lanes` values (a multiple of `E::BLOCK`) into `out`, for the x range `spans[y]` of
+/// each row y (and up to a block's width past each); lanes past `k` repeat plane `k - 1`
+/// (read, never written out).
 #[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn turn(
-    planes_len: usize,
+#[inline(never)]
+#[target_feature(enable = "avx2")]
+unsafe fn columns<E: Turn>(
+    planes: &[E],
     p_len: usize,
     k: usize,
     lanes: usize,
     spans: &[(u32, u32)],
     bx: usize,
-    out_len: usize,
-    block: usize,
-    mut each: impl FnMut(usize, bool),
+    out: &mut [E],
 ) {
-    assert!(k > 0 && planes_len >= k * p_len && out_len >= p_len * lanes);
+    assert!(k > 0 && planes.len() >= k * p_len && out.len() >= p_len * lanes);
     assert!(spans.len() * bx == p_len && spans.iter().all(|s| s.1 as usize <= bx));
+    assert!(lanes.is_multiple_of(E::BLOCK));
+    let (src, dst) = (planes.as_ptr(), out.as_mut_ptr());
     for (y, &(a, b)) in spans.iter().enumerate() {
         let (mut p, end) = (y * bx + a as usize, y * bx + b as usize);
         while p < end {
-            if p + block <= p_len {
-                each(p, false);
-                p += block;
+            if p + E::BLOCK <= p_len {
+                for kb in (0..lanes).step_by(E::BLOCK) {
+                    // SAFETY: plane indices are clamped below `k`; a block of columns from
+                    // `p` lies in a plane, and in `out` (asserted above).
+                    E::block(src, p_len, k, kb, p, dst, lanes);
+                }
+                p += E::BLOCK;
             } else {
-                each(p, true);
+                // The plane's last few columns one by one.
+                for i in 0..lanes {
+                    out[p * lanes + i] = planes[i.min(k - 1) * p_len + p];
+                }
                 p += 1;
             }
         }
     }
-}
-
-/// [`columns_f32`] for byte labels, 16 planes and 16 columns a block.
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-#[target_feature(enable = "avx2")]
-unsafe fn columns_u8(
-    planes: &[u8],
-    p_len: usize,
-    k: usize,
-    lanes: usize,
-    spans: &[(u32, u32)],
-    bx: usize,
-    out: &mut [u8],
-) {
-    let src = planes.as_ptr();
-    let dst = out.as_mut_ptr();
-    turn(
-        planes.len(),
-        p_len,
-        k,
-        lanes,
-        spans,
-        bx,
-        out.len(),
-        16,
-        |p, scalar| {
-            if scalar {
-                for i in 0..lanes {
-                    out[p * lanes + i] = planes[i.min(k - 1) * p_len + p];
-                }
-                return;
-            }
-            for kb in (0..lanes).step_by(16) {
-                // SAFETY: as for the image's, 16 columns from `p` in a plane.
-                let rows = std::array::from_fn(|i| {
-                    _mm_loadu_si128(src.add((kb + i).min(k - 1) * p_len + p).cast())
-                });
-                for (j, v) in transpose_u8(rows).iter().enumerate() {
-                    _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
-                }
-            }
-        },
-    );
-}
-
-/// [`label_rows`] for byte labels: columns of `lanes` planes (a multiple of 16), each
-/// block of 16 planes decided in one vector, then widened and turned back as two blocks
-/// of 8.
-#[inline(never)]
-#[target_feature(enable = "avx2")]
-unsafe fn label_rows_u8(job: &Job, lanes: usize, offsets: &[usize], cols: &[u8], out: &mut [u16]) {
-    let sy = job.bs[2] * lanes;
-    let c = cols.as_ptr();
-    let (one, two, four) = (_mm_set1_epi8(1), _mm_set1_epi8(2), _mm_set1_epi8(4));
-    let ones = _mm_set1_epi8(-1);
-    for (r, row) in job.rows.iter().enumerate() {
-        let (at, w) = row_at(job, r);
-        let inside: [__m128i; 8] = std::array::from_fn(|j| {
-            if row.inside & (1 << j) != 0 {
-                ones
-            } else {
-                _mm_setzero_si128()
-            }
-        });
-        // SAFETY (of every load): as in `label_rows`.
-        let load = |j: usize, kb: usize, off: usize| {
-            _mm_loadu_si128(c.add(row.base[j] as usize * lanes + kb + off).cast())
-        };
-        let mut tables = None;
-        for kb in (0..lanes).step_by(16) {
-            let mut col = [_mm_setzero_si128(); 8];
-            let mut uniform = ones;
-            for (j, v) in col.iter_mut().enumerate() {
-                let a = load(j, kb, 0);
-                let same = _mm_and_si128(
-                    _mm_cmpeq_epi8(a, load(j, kb, lanes)),
-                    _mm_and_si128(
-                        _mm_cmpeq_epi8(a, load(j, kb, sy)),
-                        _mm_cmpeq_epi8(a, load(j, kb, sy + lanes)),
-                    ),
-                );
-                uniform =
-                    _mm_and_si128(uniform, _mm_or_si128(same, _mm_xor_si128(inside[j], ones)));
-                *v = _mm_and_si128(a, inside[j]);
-            }
-            // Bit i of lane j's entry: plane kb + i's neighbours hold three values or more.
-            let mut odd = [0u32; 8];
-            if _mm_movemask_epi8(uniform) != 0xffff {
-                let tables: &[u64; 8] = tables.get_or_insert_with(|| outcome_tables(&job.frac[r]));
-                for (j, v) in col.iter_mut().enumerate() {
-                    let (a, b) = (load(j, kb, 0), load(j, kb, lanes));
-                    let (c, d) = (load(j, kb, sy), load(j, kb, sy + lanes));
-                    let (eb, ec, ed) = (
-                        _mm_cmpeq_epi8(a, b),
-                        _mm_cmpeq_epi8(a, c),
-                        _mm_cmpeq_epi8(a, d),
-                    );
-                    let other = _mm_blendv_epi8(
-                        _mm_blendv_epi8(b, c, _mm_xor_si128(ec, ones)),
-                        d,
-                        _mm_xor_si128(ed, ones),
-                    );
-                    let two_values = _mm_and_si128(
-                        _mm_or_si128(eb, _mm_cmpeq_epi8(b, other)),
-                        _mm_and_si128(
-                            _mm_or_si128(ec, _mm_cmpeq_epi8(c, other)),
-                            _mm_or_si128(ed, _mm_cmpeq_epi8(d, other)),
-                        ),
-                    );
-                    let pattern = _mm_or_si128(
-                        _mm_or_si128(_mm_andnot_si128(eb, one), _mm_andnot_si128(ec, two)),
-                        _mm_andnot_si128(ed, four),
-                    );
-                    let outcome = _mm_shuffle_epi8(_mm_cvtsi64_si128(tables[j] as i64), pattern);
-                    let won = _mm_blendv_epi8(a, other, _mm_cmpeq_epi8(outcome, one));
-                    let won =
-                        _mm_blendv_epi8(won, _mm_min_epu8(a, other), _mm_cmpeq_epi8(outcome, two));
-                    *v = _mm_and_si128(won, inside[j]);
-                    let plain = _mm_or_si128(two_values, _mm_xor_si128(inside[j], ones));
-                    odd[j] = !(_mm_movemask_epi8(plain) as u32) & 0xffff;
-                }
-            }
-            for half in 0..2 {
-                let rows = col
-                    .map(|v| _mm_cvtepu8_epi16(if half == 0 { v } else { _mm_srli_si128::<8>(v) }));
-                let t = transpose_u16(rows);
-                put_block(&t, offsets, kb + 8 * half, out, at, w, |p, v| {
-                    _mm_storeu_si128(p.cast(), v)
-                });
-            }
-            for (j, &m) in odd.iter().enumerate().take(w) {
-                let mut m = m;
-                while m != 0 {
-                    let i = m.trailing_zeros() as usize;
-                    m &= m - 1;
-                    let Some(&o) = offsets.get(kb + i) else {
-                        break;
-                    };
-                    let q = row.base[j] as usize * lanes + kb + i;
-                    let v = [cols[q], cols[q + lanes], cols[q + sy], cols[q + sy + lanes]]
-                        .map(u16::from);
-                    let f = [0.0, job.frac[r][0][j], job.frac[r][1][j]];
-                    out[o + at + j] = weighed4(v, f);
-                }
-            }
-        }
-    }
-}
-
-/// A label element that widens to u16 in 8-lane vectors.
-pub(super) trait Widen: Copy + Into<u16> {
-    /// 8 values from `p`, widened.
-    unsafe fn load8(p: *const Self) -> __m128i;
-}
-
-impl Widen for u8 {
-    #[inline(always)]
-    unsafe fn load8(p: *const u8) -> __m128i {
-        _mm_cvtepu8_epi16(_mm_loadl_epi64(p.cast()))
-    }
-}
-
-impl Widen for u16 {
-    #[inline(always)]
-    unsafe fn load8(p: *const u16) -> __m128i {
-        _mm_loadu_si128(p.cast())
-    }
-}
-
-/// [`columns_f32`] for labels, widened to u16.
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-#[target_feature(enable = "avx2")]
-unsafe fn columns_u16<L: Widen>(
-    planes: &[L],
-    p_len: usize,
-    k: usize,
-    lanes: usize,
-    spans: &[(u32, u32)],
-    bx: usize,
-    out: &mut [u16],
-) {
-    let src = planes.as_ptr();
-    let dst = out.as_mut_ptr();
-    turn(
-        planes.len(),
-        p_len,
-        k,
-        lanes,
-        spans,
-        bx,
-        out.len(),
-        8,
-        |p, scalar| {
-            if scalar {
-                for i in 0..lanes {
-                    out[p * lanes + i] = planes[i.min(k - 1) * p_len + p].into();
-                }
-                return;
-            }
-            for kb in (0..lanes).step_by(8) {
-                // SAFETY: as for the image's.
-                let rows =
-                    std::array::from_fn(|i| L::load8(src.add((kb + i).min(k - 1) * p_len + p)));
-                for (j, v) in transpose_u16(rows).iter().enumerate() {
-                    _mm_storeu_si128(dst.add((p + j) * lanes + kb).cast(), *v);
-                }
-            }
-        },
-    );
 }
 
 /// Block `kb`'s plane rows `t` (lane i's plane in `t[i]`) into their patch planes
