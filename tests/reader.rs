@@ -70,7 +70,9 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
     // Part of each row (random spans, some rows empty, some whole): those parts as read
     // above; the rest untouched, or 0 where the box reaches outside the volume (zeroed
     // first).
-    let mut rng = Lcg(start.iter().fold(size[2] as u64, |h, &v| h * 31 + v as u64));
+    let mut rng = Lcg(start.iter().fold(size[2] as u64, |h, &v| {
+        h.wrapping_mul(31).wrapping_add(v as u64)
+    }));
     let spans: Vec<(u32, u32)> = (0..size[1])
         .map(|_| match rng.below(4) {
             0 => (0, 0),
