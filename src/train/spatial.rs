@@ -28,8 +28,9 @@
 //!
 //! Paths, all giving the same bits: the general tile loop (`sample`, and its vector build over
 //! rows of 8 voxels with `gather`); maps without rotation or deformation through three 1D
-//! passes (`separable`); labels' majorities in `label`. Vector builds are picked by
-//! [`crate::train::simd`].
+//! passes (`separable`); in-plane maps of several planes through the box turned on its side,
+//! reading only their footprint (`columns`); labels' majorities in `label`. Vector builds are
+//! picked by [`crate::train::simd`].
 
 use serde::{Deserialize, Serialize};
 
