@@ -82,6 +82,8 @@ trait Spans: Copy {
     fn rows(self) -> Option<usize>;
     /// The part of volume row `y`'s piece `x0..x1` to read, for a box from `start`.
     fn piece(self, start: [i64; 3], y: usize, x0: usize, x1: usize) -> (usize, usize);
+    /// Box row `y`'s span in box coordinates, cut to the row's `width`.
+    fn in_box(self, y: usize, width: usize) -> (usize, usize);
 }
 
 #[derive(Clone, Copy)]
@@ -95,6 +97,10 @@ impl Spans for Whole {
     #[inline(always)]
     fn piece(self, _: [i64; 3], _: usize, x0: usize, x1: usize) -> (usize, usize) {
         (x0, x1)
+    }
+    #[inline(always)]
+    fn in_box(self, _: usize, width: usize) -> (usize, usize) {
+        (0, width)
     }
 }
 
@@ -113,6 +119,12 @@ impl Spans for RowSpans<'_> {
         let a = (start[2] + i64::from(s0)).clamp(x0 as i64, x1 as i64);
         let b = (start[2] + i64::from(s1)).clamp(a, x1 as i64);
         (a as usize, b as usize)
+    }
+    #[inline(always)]
+    fn in_box(self, y: usize, width: usize) -> (usize, usize) {
+        let (s0, s1) = self.0[y];
+        let b = (s1 as usize).min(width);
+        ((s0 as usize).min(b), b)
     }
 }
 
@@ -615,7 +627,8 @@ impl EntryReader {
     /// [`EntryReader::read_region`], with `spans` of only the x range `spans[y]` (box
     /// coordinates, start and end) of each box row y in every plane: chunks and rows outside
     /// them are not read (nor brought into memory), and those voxels of `out` are left as
-    /// they were unless the box reaches outside the volume (then all of it is zeroed first).
+    /// they were. Where the box reaches outside the volume, its voxels there within the
+    /// spans (all of them without spans) are zeroed.
     fn read_region_in<T: Sample>(
         &self,
         arr: &ArrayReader,
@@ -666,8 +679,26 @@ impl EntryReader {
             lo[a] = s.clamp(0, dim) as usize;
             hi[a] = e.clamp(0, dim) as usize;
         }
-        if !inside {
+        if !inside && mirror.iter().any(|&m| m) {
             out.fill(T::default());
+        } else if !inside {
+            // Zeros where the box lies outside the volume (the reads below write the rest,
+            // and zero absent chunks): rows outside it whole, rows inside their ends past
+            // it; with spans, only within them.
+            let at = |a: usize, v: usize| start[a] + v as i64;
+            let within = |a: usize, v: usize| (lo[a] as i64..hi[a] as i64).contains(&at(a, v));
+            let x_lo = (lo[2] as i64 - start[2]).clamp(0, size[2] as i64) as usize;
+            let x_hi = (hi[2] as i64 - start[2]).clamp(x_lo as i64, size[2] as i64) as usize;
+            for (r, row) in out.chunks_exact_mut(size[2]).enumerate() {
+                let (z, y) = (r / size[1], r % size[1]);
+                let (a, b) = spans.in_box(y, size[2]);
+                if !(within(0, z) && within(1, y)) {
+                    row[a..b].fill(T::default());
+                } else if a < b {
+                    row[a..b.min(x_lo).max(a)].fill(T::default());
+                    row[a.max(x_hi).min(b)..b].fill(T::default());
+                }
+            }
         }
         if (0..3).any(|a| lo[a] >= hi[a]) {
             return Ok(());
@@ -713,13 +744,14 @@ impl EntryReader {
                     };
                     match held.view(arr) {
                         None => {
-                            if inside {
-                                for z in z0..z1 {
-                                    let mut d = dst_at(z);
-                                    for _ in 0..ny {
-                                        out[d..d + row].fill(T::default());
-                                        d = d.wrapping_add_signed(y_step);
-                                    }
+                            // An absent chunk reads 0 (within the spans).
+                            for z in z0..z1 {
+                                let mut d = dst_at(z);
+                                for y in y0..y1 {
+                                    let (a, b) = piece(y);
+                                    let to = d + if mirror[2] { x1 - b } else { a - x0 };
+                                    out[to..to + (b - a)].fill(T::default());
+                                    d = d.wrapping_add_signed(y_step);
                                 }
                             }
                         }
@@ -762,19 +794,22 @@ impl EntryReader {
                                         }
                                     }
                                     let (a, b) = piece(y);
-                                    // Where the part goes: reversed pieces end where the
-                                    // whole one would.
-                                    let to = d + if mirror[2] { x1 - b } else { a - x0 };
-                                    let dst = &mut out[to..to + (b - a)];
-                                    let from = s + (a - x0) * es;
-                                    T::convert_row(
-                                        arr.dtype,
-                                        &bytes[from..from + (b - a) * es],
-                                        dst,
-                                    );
-                                    if mirror[2] {
-                                        // Reversed where it was just written (in L1).
-                                        dst.reverse();
+                                    // (Rows outside the spans: no call at all.)
+                                    if a < b {
+                                        // Where the part goes: reversed pieces end where
+                                        // the whole one would.
+                                        let to = d + if mirror[2] { x1 - b } else { a - x0 };
+                                        let dst = &mut out[to..to + (b - a)];
+                                        let from = s + (a - x0) * es;
+                                        T::convert_row(
+                                            arr.dtype,
+                                            &bytes[from..from + (b - a) * es],
+                                            dst,
+                                        );
+                                        if mirror[2] {
+                                            // Reversed where it was just written (in L1).
+                                            dst.reverse();
+                                        }
                                     }
                                     s += sy;
                                     d = d.wrapping_add_signed(y_step);
