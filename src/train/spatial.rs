@@ -1162,6 +1162,10 @@ impl TransformedReader {
                                     // (Lanes past a short row's end are dropped.)
                                     let mixed = mixed & ((1u32 << w) - 1);
                                     if mixed != 0 {
+                                        // Their neighbours fetched while the tile goes on:
+                                        // weighed after it, they were a third of a 3D
+                                        // rotation's time waiting on memory.
+                                        self.labels.prefetch_cells(&cells.base, mixed, sy, sz);
                                         self.deferred_cells.push((at, mixed, cells));
                                     }
                                 }

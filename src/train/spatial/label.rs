@@ -124,6 +124,30 @@ impl LabelBox {
         }
     }
 
+    /// Hint the CPU to fetch the neighbours of the cells `lanes` of `base` (box indices;
+    /// strides `sy`, `sz`) for [`LabelBox::weighed_at`] later; never faults.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(super) fn prefetch_cells(&self, base: &[i32; 8], lanes: u32, sy: usize, sz: usize) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (p, es) = if self.is_bytes {
+            (self.bytes.as_ptr(), 1)
+        } else {
+            (self.wide.as_ptr().cast::<u8>(), 2)
+        };
+        let mut m = lanes;
+        while m != 0 {
+            let j = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let b = base[j] as usize;
+            for off in [0, sy, sz, sz + sy] {
+                // SAFETY: a prefetch is only a hint (wrapping: no pointer arithmetic past
+                // the allocation is relied on).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add((b + off) * es).cast()) };
+            }
+        }
+    }
+
     /// The box's elements, for [`super::columns`] (which widens them itself).
     #[cfg(target_arch = "x86_64")]
     pub(super) fn planes(&self) -> super::columns::LabelPlanes<'_> {
