@@ -282,8 +282,14 @@ pub fn contrast(c: &mut [f32], f: f64) {
     }
     let m = Moments::of(c);
     let (mean, (lo, hi)) = (m.sums.mean_std(c.len()).0, (m.lo, m.hi));
+    // As `v * f + mean * (1 - f)` in f32: one multiply-add a voxel (in f64 it took two
+    // conversions and twice the vectors: half the transform's time).
+    let (a, b) = (f as f32, (mean - mean * f) as f32);
     for v in c.iter_mut() {
-        *v = (((*v as f64 - mean) * f + mean) as f32).clamp(lo, hi);
+        let x = *v * a + b;
+        // Compares and selects (`clamp` spends more on NaN, which a patch cannot hold).
+        let x = if x < lo { lo } else { x };
+        *v = if x > hi { hi } else { x };
     }
 }
 
