@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use voxcache::train::intensity::{apply, IntensityConfig};
 use voxcache::train::rng::Rng;
+use voxcache::train::spatial::SpatialConfig;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -59,13 +60,16 @@ fn main() -> anyhow::Result<()> {
         ("nnU-Net's mix", IntensityConfig::default()),
     ];
     let only = args.get(3);
+    // As the loader decides it: the low-resolution simulation keeps z for patches nnU-Net
+    // augments in-plane.
+    let in_plane = SpatialConfig::default().in_plane_for(size);
     let mut work = base.clone();
     for (name, cfg) in cases.iter().filter(|c| only.is_none_or(|o| o == c.0)) {
         let mut ms = Vec::with_capacity(runs);
         for _ in 0..runs {
             work.copy_from_slice(&base);
             let t = Instant::now();
-            apply(&mut work, size, false, cfg, &mut rng);
+            apply(&mut work, size, in_plane, cfg, &mut rng);
             ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let mean = ms.iter().sum::<f64>() / runs as f64;

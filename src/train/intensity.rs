@@ -1057,9 +1057,13 @@ fn low_resolution_in<const W512: bool>(c: &mut [f32], size: [usize; 3], zoom: f6
                 }
             }
         }
+        // With z kept (in-plane) every z weight is 0: the y pass's planes are the result,
+        // written straight into `c` (a copy of the patch after it was a sixth of the time).
+        let keep_z = small[0] == size[0];
+        let y_out = if keep_z { &mut *c } else { &mut *up_y };
         for (src, dst) in up_x
             .chunks_exact(small[1] * size[2])
-            .zip(up_y.chunks_exact_mut(plane))
+            .zip(y_out.chunks_exact_mut(plane))
         {
             for (out, &(i0, i1, f)) in dst.chunks_exact_mut(size[2]).zip(&ty) {
                 let (a, b) = (
@@ -1071,10 +1075,7 @@ fn low_resolution_in<const W512: bool>(c: &mut [f32], size: [usize; 3], zoom: f6
                 }
             }
         }
-        if small[0] == size[0] {
-            // z kept (in-plane): every z weight is 0, the planes are the result.
-            c.copy_from_slice(up_y);
-        } else {
+        if !keep_z {
             for (out, &(i0, i1, f)) in c.chunks_exact_mut(plane).zip(&tz) {
                 let (a, b) = (&up_y[i0 * plane..][..plane], &up_y[i1 * plane..][..plane]);
                 for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
