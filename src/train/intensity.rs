@@ -586,7 +586,8 @@ const LANES: usize = 32;
 /// Blocks of [`LANES`] values that [`LaneSums`] sums in f32 before adding those partial sums
 /// into its f64 ones: summing every value in f64 (two conversions and twice the vectors) was
 /// half of gamma's time. Eight terms of an f32 sum are within about 5e-7 of theirs, and the
-/// values are taken about one of them, so the mean and deviation keep six digits or more.
+/// values are taken about a centre near their mean, so the mean and deviation keep six digits
+/// or more.
 const FLUSH: usize = 8;
 
 /// Sums of `v - k` and `(v - k)^2` in [`LANES`] lanes, about a centre `k` near the data's
