@@ -101,6 +101,42 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
             assert!(got_l == 777 || got_l == 0, "outside the spans at {i}");
         }
     }
+    // A span for each row of the box (each plane its own): the same, row by row.
+    let plane_spans: Vec<(u32, u32)> = (0..size[0] * size[1])
+        .map(|_| match rng.below(3) {
+            0 => (0, 0),
+            _ => {
+                let a = rng.below(size[2] as u64) as u32;
+                (a, a + 1 + rng.below(size[2] as u64 - a as u64) as u32)
+            }
+        })
+        .collect();
+    let (mut span_i, mut span_l) = (vec![-7.5f32; n], vec![777u16; n]);
+    e.read_image_spans(start, size, &plane_spans, &mut span_i)
+        .unwrap();
+    e.read_label_spans(start, size, &plane_spans, &mut span_l)
+        .unwrap();
+    for (i, (&got_i, &got_l)) in span_i.iter().zip(&span_l).enumerate() {
+        let (a, b) = plane_spans[i / size[2]];
+        if (a..b).contains(&((i % size[2]) as u32)) {
+            assert!(
+                got_i.to_bits() == img[i].to_bits() && got_l == lab[i],
+                "plane span read at {i} of {start:?} {size:?}"
+            );
+        } else {
+            assert!(
+                got_i == -7.5 || got_i == 0.0,
+                "outside the plane spans at {i}"
+            );
+            assert!(got_l == 777 || got_l == 0, "outside the plane spans at {i}");
+        }
+    }
+    // Spans of neither count are refused.
+    let mut extra = plane_spans.clone();
+    extra.push((0, 1));
+    assert!(e
+        .read_image_spans(start, size, &extra, &mut vec![0f32; n])
+        .is_err());
     // Mirrored on read: the same voxels as reading, then mirroring.
     for m in 1..8u8 {
         let flips = [m & 4 != 0, m & 2 != 0, m & 1 != 0];
@@ -758,6 +794,11 @@ fn in_plane_patches_read_only_their_footprint_and_equal_whole_box_reads() {
         in_plane(3.0, 0.7),
         in_plane(0.0, 1.25),
         in_plane(1.2, 1.1).mirrored([true, true, false]),
+        // 3D rotations read their footprint too (a span for every row of the box).
+        Transform::rotate_scale([0.4, -0.5, 0.3], 1.0),
+        Transform::rotate_scale([-0.52, 0.2, 0.45], 1.4),
+        Transform::rotate_scale([0.1, 0.5, -0.3], 0.7).mirrored([false, true, true]),
+        Transform::rotate_scale([0.0, 0.0, 0.6], 1.2),
     ];
     let size = [9, 21, 30];
     let n: usize = size.iter().product();

@@ -78,12 +78,14 @@ fn prefetch(bytes: &[u8], at: usize, len: usize) {
 /// Which part of each box row a read copies: the whole row, or its span (a type each, so
 /// that the whole-row reads compile to what they were without spans).
 trait Spans: Copy {
-    /// The number of box rows the spans cover (`None`: every row is whole).
+    /// The number of spans (`None`: every row is whole).
     fn rows(self) -> Option<usize>;
-    /// The part of volume row `y`'s piece `x0..x1` to read, for a box from `start`.
-    fn piece(self, start: [i64; 3], y: usize, x0: usize, x1: usize) -> (usize, usize);
-    /// Box row `y`'s span in box coordinates, cut to the row's `width`.
-    fn in_box(self, y: usize, width: usize) -> (usize, usize);
+    /// Whether the spans differ from plane to plane.
+    fn per_plane(self) -> bool;
+    /// The part of volume row `(z, y)`'s piece `x0..x1` to read, for a box from `start`.
+    fn piece(self, start: [i64; 3], z: usize, y: usize, x0: usize, x1: usize) -> (usize, usize);
+    /// Box row `(z, y)`'s span in box coordinates, cut to the row's `width`.
+    fn in_box(self, z: usize, y: usize, width: usize) -> (usize, usize);
 }
 
 #[derive(Clone, Copy)]
@@ -95,34 +97,66 @@ impl Spans for Whole {
         None
     }
     #[inline(always)]
-    fn piece(self, _: [i64; 3], _: usize, x0: usize, x1: usize) -> (usize, usize) {
+    fn per_plane(self) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn piece(self, _: [i64; 3], _: usize, _: usize, x0: usize, x1: usize) -> (usize, usize) {
         (x0, x1)
     }
     #[inline(always)]
-    fn in_box(self, _: usize, width: usize) -> (usize, usize) {
+    fn in_box(self, _: usize, _: usize, width: usize) -> (usize, usize) {
         (0, width)
     }
 }
 
-/// Each box row's x range (box coordinates, start and end).
+/// Each box row's x range (box coordinates, start and end): one per row y, the same in every
+/// plane, or one per row (z, y) of the box (`planes`, `ny` rows a plane).
 #[derive(Clone, Copy)]
-struct RowSpans<'a>(&'a [(u32, u32)]);
+struct RowSpans<'a> {
+    spans: &'a [(u32, u32)],
+    ny: usize,
+    planes: bool,
+}
+
+impl<'a> RowSpans<'a> {
+    /// The spans of a box of `size`: per plane when there is one for each of its rows.
+    fn new(spans: &'a [(u32, u32)], size: [usize; 3]) -> Self {
+        RowSpans {
+            spans,
+            ny: size[1],
+            planes: spans.len() != size[1],
+        }
+    }
+
+    #[inline(always)]
+    fn at(self, bz: usize, by: usize) -> (u32, u32) {
+        self.spans[if self.planes { bz * self.ny + by } else { by }]
+    }
+}
 
 impl Spans for RowSpans<'_> {
     #[inline(always)]
     fn rows(self) -> Option<usize> {
-        Some(self.0.len())
+        Some(self.spans.len())
     }
     #[inline(always)]
-    fn piece(self, start: [i64; 3], y: usize, x0: usize, x1: usize) -> (usize, usize) {
-        let (s0, s1) = self.0[(y as i64 - start[1]) as usize];
+    fn per_plane(self) -> bool {
+        self.planes
+    }
+    #[inline(always)]
+    fn piece(self, start: [i64; 3], z: usize, y: usize, x0: usize, x1: usize) -> (usize, usize) {
+        let (s0, s1) = self.at(
+            (z as i64 - start[0]) as usize,
+            (y as i64 - start[1]) as usize,
+        );
         let a = (start[2] + i64::from(s0)).clamp(x0 as i64, x1 as i64);
         let b = (start[2] + i64::from(s1)).clamp(a, x1 as i64);
         (a as usize, b as usize)
     }
     #[inline(always)]
-    fn in_box(self, y: usize, width: usize) -> (usize, usize) {
-        let (s0, s1) = self.0[y];
+    fn in_box(self, z: usize, y: usize, width: usize) -> (usize, usize) {
+        let (s0, s1) = self.at(z, y);
         let b = (s1 as usize).min(width);
         ((s0 as usize).min(b), b)
     }
@@ -443,7 +477,13 @@ impl EntryReader {
         spans: &[(u32, u32)],
         out: &mut [f32],
     ) -> Result<()> {
-        self.read_image_in(start_zyx, size_zyx, out, [false; 3], RowSpans(spans))
+        self.read_image_in(
+            start_zyx,
+            size_zyx,
+            out,
+            [false; 3],
+            RowSpans::new(spans, size_zyx),
+        )
     }
 
     /// [`EntryReader::read_label`] of only the x range `spans[y]` of each box row y.
@@ -459,7 +499,14 @@ impl EntryReader {
             .label
             .as_ref()
             .ok_or_else(|| Error::cache(&self.inner.dir, "entry has no label"))?;
-        self.read_region_in(label, start_zyx, size_zyx, out, [false; 3], RowSpans(spans))
+        self.read_region_in(
+            label,
+            start_zyx,
+            size_zyx,
+            out,
+            [false; 3],
+            RowSpans::new(spans, size_zyx),
+        )
     }
 
     fn read_image_in<T: Sample>(
@@ -638,10 +685,13 @@ impl EntryReader {
         mirror: [bool; 3],
         spans: impl Spans,
     ) -> Result<()> {
-        if let Some(rows) = spans.rows().filter(|&r| r != size[1]) {
+        if let Some(rows) = spans
+            .rows()
+            .filter(|&r| r != size[1] && Some(r) != size[0].checked_mul(size[1]))
+        {
             return Err(Error::Config(format!(
-                "{rows} row spans for a box of {} rows",
-                size[1]
+                "{rows} row spans for a box of {} rows in each of {} planes",
+                size[1], size[0]
             )));
         }
         if !T::accepts(arr.dtype) {
@@ -691,7 +741,7 @@ impl EntryReader {
             let x_hi = (hi[2] as i64 - start[2]).clamp(x_lo as i64, size[2] as i64) as usize;
             for (r, row) in out.chunks_exact_mut(size[2]).enumerate() {
                 let (z, y) = (r / size[1], r % size[1]);
-                let (a, b) = spans.in_box(y, size[2]);
+                let (a, b) = spans.in_box(z, y, size[2]);
                 if !(within(0, z) && within(1, y)) {
                     row[a..b].fill(T::default());
                 } else if a < b {
@@ -715,13 +765,17 @@ impl EntryReader {
                 for cx in lo[2] / c[2]..=(hi[2] - 1) / c[2] {
                     let (x0, x1) = (lo[2].max(cx * c[2]), hi[2].min((cx + 1) * c[2]));
                     let row = x1 - x0;
-                    // The part of row y's piece x0..x1 within its span.
-                    let piece = |y: usize| spans.piece(start, y, x0, x1);
-                    if spans.rows().is_some() && (y0..y1).all(|y| piece(y).0 == piece(y).1) {
+                    // The part of row (z, y)'s piece x0..x1 within its span.
+                    let piece = |z: usize, y: usize| spans.piece(start, z, y, x0, x1);
+                    // (Spans the same in every plane: the first plane's rows tell.)
+                    let z_last = if spans.per_plane() { z1 } else { z0 + 1 };
+                    if spans.rows().is_some()
+                        && (z0..z_last).all(|z| (y0..y1).all(|y| piece(z, y).0 == piece(z, y).1))
+                    {
                         continue;
                     }
                     let held = self.chunk(arr, [cz, cy, cx])?;
-                    let (ny, nrows) = (y1 - y0, (z1 - z0) * (y1 - y0));
+                    let nrows = (z1 - z0) * (y1 - y0);
                     // Output position of the row piece (z, y0, x0..x1): its first voxel, or
                     // with x mirrored the first of the reversed piece; the next y's row is
                     // `y_step` away.
@@ -748,7 +802,7 @@ impl EntryReader {
                             for z in z0..z1 {
                                 let mut d = dst_at(z);
                                 for y in y0..y1 {
-                                    let (a, b) = piece(y);
+                                    let (a, b) = piece(z, y);
                                     let to = d + if mirror[2] { x1 - b } else { a - x0 };
                                     out[to..to + (b - a)].fill(T::default());
                                     d = d.wrapping_add_signed(y_step);
@@ -761,16 +815,13 @@ impl EntryReader {
                             let src_at = |z: usize, y: usize| {
                                 (z - cz * c[0]) * sz + (y - cy * c[1]) * sy + (x0 - cx * c[2]) * es
                             };
-                            // The bytes one z plane's rows span (rows of a plane are
-                            // adjacent): what this read may bring into the resident set.
-                            let span = (ny - 1) * sy + row * es;
                             // The look-ahead row PREFETCH_ROWS ahead (z-major over z0..z1,
                             // y0..y1), stepped along without divisions; the rows before it
                             // first. (Written out twice: a closure here stayed a call per
                             // row.)
                             let (mut az, mut ay) = (z0, y0);
                             for _ in 0..PREFETCH_ROWS.min(nrows) {
-                                let (a, b) = piece(ay);
+                                let (a, b) = piece(az, ay);
                                 prefetch(bytes, src_at(az, ay) + (a - x0) * es, (b - a) * es);
                                 ay += 1;
                                 if ay == y1 {
@@ -780,12 +831,12 @@ impl EntryReader {
                             for z in z0..z1 {
                                 let mut d = dst_at(z);
                                 let mut s = src_at(z, y0);
-                                if let Held::Mapped(block, _) = &held {
-                                    grown += block.touch(&bytes[s..s + span]);
-                                }
+                                // The bytes the plane's rows read span (rows of a plane are
+                                // adjacent): what this read may bring into the resident set.
+                                let (mut first, mut last) = (usize::MAX, 0);
                                 for y in y0..y1 {
                                     if az < z1 {
-                                        let (a, b) = piece(ay);
+                                        let (a, b) = piece(az, ay);
                                         let at = src_at(az, ay) + (a - x0) * es;
                                         prefetch(bytes, at, (b - a) * es);
                                         ay += 1;
@@ -793,7 +844,7 @@ impl EntryReader {
                                             (az, ay) = (az + 1, y0);
                                         }
                                     }
-                                    let (a, b) = piece(y);
+                                    let (a, b) = piece(z, y);
                                     // (Rows outside the spans: no call at all.)
                                     if a < b {
                                         // Where the part goes: reversed pieces end where
@@ -801,6 +852,8 @@ impl EntryReader {
                                         let to = d + if mirror[2] { x1 - b } else { a - x0 };
                                         let dst = &mut out[to..to + (b - a)];
                                         let from = s + (a - x0) * es;
+                                        first = first.min(from);
+                                        last = from + (b - a) * es;
                                         T::convert_row(
                                             arr.dtype,
                                             &bytes[from..from + (b - a) * es],
@@ -813,6 +866,9 @@ impl EntryReader {
                                     }
                                     s += sy;
                                     d = d.wrapping_add_signed(y_step);
+                                }
+                                if let (Held::Mapped(block, _), true) = (&held, first < last) {
+                                    grown += block.touch(&bytes[first..last]);
                                 }
                             }
                         }

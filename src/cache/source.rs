@@ -66,8 +66,9 @@ pub trait PatchSource: Send + Sync {
         )))
     }
 
-    /// Part of a box: of each box row y (in every plane) only the x range `spans[y]` (box
-    /// coordinates, start and end) of the array `out` names; the rest of `out` may be left
+    /// Part of a box: of each box row y only the x range `spans[y]` (box coordinates, start
+    /// and end; the same in every plane), or with a span for each row of the box, row (z, y)'s
+    /// `spans[z * size_zyx[1] + y]`, of the array `out` names; the rest of `out` may be left
     /// as it was. For transformed patches, whose footprint is a part of the box they need.
     /// By default the whole box.
     fn read_spans(

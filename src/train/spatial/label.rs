@@ -54,9 +54,8 @@ impl LabelBox {
         }
     }
 
-    /// [`LabelBox::read`] of only the x range `spans[y]` of each box row y (the rest as it
-    /// was: see [`PatchSource::read_spans`]).
-    #[cfg(target_arch = "x86_64")]
+    /// [`LabelBox::read`] of only the x range of each box row that `spans` give (the rest as
+    /// it was: see [`PatchSource::read_spans`]).
     pub(super) fn read_spans(
         &mut self,
         src: &dyn PatchSource,
@@ -107,20 +106,27 @@ impl LabelBox {
     }
 
     /// The weighed neighbours of the cell at box voxel `base` (a lane
-    /// [`LabelBox::uniform_row8`] marked mixed).
+    /// [`LabelBox::uniform_row8`] marked mixed): 3D cells in vectors ([`weighed8`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    pub(super) fn weighed_at<const FLAT_Z: bool>(
+    pub(super) unsafe fn weighed_at<const FLAT_Z: bool>(
         &self,
         base: usize,
         sy: usize,
         sz: usize,
         f: [f64; 3],
     ) -> u16 {
-        if self.is_bytes {
-            weighed::<FLAT_Z, u8>(&self.bytes, base, sy, sz, f)
-        } else {
-            weighed::<FLAT_Z, u16>(&self.wide, base, sy, sz, f)
+        // SAFETY: the caller's AVX2.
+        unsafe {
+            match (FLAT_Z, self.is_bytes) {
+                (false, true) => weighed8(&self.bytes, base, sy, sz, f),
+                (false, false) => weighed8(&self.wide, base, sy, sz, f),
+                (true, true) => weighed::<true, u8>(&self.bytes, base, sy, sz, f),
+                (true, false) => weighed::<true, u16>(&self.wide, base, sy, sz, f),
+            }
         }
     }
 
@@ -362,6 +368,95 @@ fn weighed<const FLAT_Z: bool, L: LabelValue>(
     )
 }
 
+/// A label element that [`weighed8`] reads two at a time.
+#[cfg(target_arch = "x86_64")]
+pub(super) trait PairLoad: LabelValue {
+    /// The 8 neighbours of the cell at `b[0]` (z, y, x order, as [`weighed`] lists them) as
+    /// 16-bit lanes, from four loads of two adjacent elements.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `b` must point at a cell whose farthest neighbour, at
+    /// `sz + sy + 1`, is in the same allocation.
+    unsafe fn neighbours(b: *const Self, sy: usize, sz: usize) -> std::arch::x86_64::__m128i;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PairLoad for u8 {
+    #[inline(always)]
+    unsafe fn neighbours(b: *const u8, sy: usize, sz: usize) -> std::arch::x86_64::__m128i {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's bounds; unaligned 2-byte reads.
+        let pair = |off: usize| u64::from(unsafe { b.add(off).cast::<u16>().read_unaligned() });
+        let all = pair(0) | pair(sy) << 16 | pair(sz) << 32 | pair(sz + sy) << 48;
+        _mm_cvtepu8_epi16(_mm_cvtsi64_si128(all as i64))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PairLoad for u16 {
+    #[inline(always)]
+    unsafe fn neighbours(b: *const u16, sy: usize, sz: usize) -> std::arch::x86_64::__m128i {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's bounds; unaligned 4-byte reads.
+        let pair = |off: usize| unsafe { b.add(off).cast::<i32>().read_unaligned() };
+        _mm_setr_epi32(pair(0), pair(sy), pair(sz), pair(sz + sy))
+    }
+}
+
+/// [`weighed`] of a 3D cell with its arithmetic in vectors: the same weights, products, signs
+/// and sums in the same order as [`mixed_majority`]'s two-value case (so the same winner in
+/// every build), the 8 weights in two vectors of 4; three values or more by the list.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weighed8<L: PairLoad>(b: &[L], base: usize, sy: usize, sz: usize, f: [f64; 3]) -> u16 {
+    use std::arch::x86_64::*;
+    assert!(base + sz + sy + 1 < b.len());
+    // SAFETY: the caller's AVX2; the farthest neighbour is in `b` (asserted).
+    unsafe {
+        let v = L::neighbours(b.as_ptr().add(base), sy, sz);
+        let mut lanes = [0u16; 8];
+        _mm_storeu_si128(lanes.as_mut_ptr().cast(), v);
+        let first = lanes[0];
+        let same = _mm_cmpeq_epi16(v, _mm_set1_epi16(first as i16));
+        // The other value: the last neighbour that differs from the first.
+        let differ = !_mm_movemask_epi8(same) as u32 & 0xffff;
+        if differ == 0 {
+            return first;
+        }
+        let other = lanes[(31 - differ.leading_zeros()) as usize / 2];
+        let either = _mm_or_si128(same, _mm_cmpeq_epi16(v, _mm_set1_epi16(other as i16)));
+        if _mm_movemask_epi8(either) != 0xffff {
+            let wz = [1.0 - f[0], f[0]];
+            let (wy, wx) = ([1.0 - f[1], f[1]], [1.0 - f[2], f[2]]);
+            return majority_by_list(&lanes, wz, wy, wx);
+        }
+        // Neighbour k's weight `wz[k >> 2] * wy[(k >> 1) & 1] * wx[k & 1]`: k < 4 in `lo`,
+        // the others in `hi`; negated (sign flipped) where it holds the other value.
+        let wy = _mm256_setr_pd(1.0 - f[1], 1.0 - f[1], f[1], f[1]);
+        let wx = _mm256_setr_pd(1.0 - f[2], f[2], 1.0 - f[2], f[2]);
+        let lo = _mm256_mul_pd(_mm256_mul_pd(_mm256_set1_pd(1.0 - f[0]), wy), wx);
+        let hi = _mm256_mul_pd(_mm256_mul_pd(_mm256_set1_pd(f[0]), wy), wx);
+        let sign = _mm256_set1_pd(-0.0);
+        let flip = |m: __m128i| _mm256_and_pd(_mm256_castsi256_pd(_mm256_cvtepi16_epi64(m)), sign);
+        let not_first = _mm_xor_si128(same, _mm_set1_epi8(-1));
+        let lo = _mm256_xor_pd(lo, flip(not_first));
+        let hi = _mm256_xor_pd(hi, flip(_mm_srli_si128::<8>(not_first)));
+        // (d0 + d4, .., d3 + d7), then (q0 + q2, q1 + q3), then their sum.
+        let q = _mm256_add_pd(lo, hi);
+        let r = _mm_add_pd(_mm256_castpd256_pd128(q), _mm256_extractf128_pd::<1>(q));
+        let total = _mm_cvtsd_f64(_mm_add_sd(r, _mm_unpackhi_pd(r, r)));
+        let first_wins = (total > 0.0) | ((total == 0.0) & (first < other));
+        if first_wins {
+            first
+        } else {
+            other
+        }
+    }
+}
+
 /// [`weighed`] of an in-plane cell from its 4 neighbours (x, then y) already read.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -485,6 +580,47 @@ mod tests {
                 let want = weighed4(v, [0.0, f[0], f[1]]);
                 let got = [a, b, a.min(b)][table[p] as usize];
                 assert_eq!(got, want, "{v:?} at {f:?}");
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vector_weighing_gives_the_scalar_value() {
+        // 3D cells of two, three or more values (bytes and u16, values at the types' ends),
+        // at random and dyadic fractions (exact ties): `weighed8` picks `weighed`'s value.
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let mut rng = Rng::new(4);
+        let (sy, sz) = (5, 35);
+        for case in 0..30_000 {
+            let pick: [u16; 4] = [0, 255, 7, 1 + rng.below(254) as u16];
+            let kinds = 1 + case % 4;
+            let wide: Vec<u16> = (0..sz * 3)
+                .map(|_| pick[rng.below(kinds as u64) as usize])
+                .collect();
+            let f = [0, 1, 2].map(|_| match rng.below(5) {
+                0 => 0.5,
+                1 => 0.0,
+                2 => 0.25,
+                _ => rng.uniform(),
+            });
+            let base = rng.below((sz * 2 - sy - 1) as u64) as usize;
+            let bytes: Vec<u8> = wide.iter().map(|&v| v as u8).collect();
+            let big: Vec<u16> = wide.iter().map(|&v| v * 257).collect();
+            // SAFETY: AVX2 checked above.
+            unsafe {
+                assert_eq!(
+                    weighed8(&bytes, base, sy, sz, f),
+                    weighed::<false, u8>(&bytes, base, sy, sz, f),
+                    "bytes, case {case}"
+                );
+                assert_eq!(
+                    weighed8(&big, base, sy, sz, f),
+                    weighed::<false, u16>(&big, base, sy, sz, f),
+                    "u16, case {case}"
+                );
             }
         }
     }

@@ -308,7 +308,10 @@ impl Separable {
                                 let x = x0 + m.trailing_zeros() as usize;
                                 m &= m - 1;
                                 let f = [fz, fy, ax.frac[x]];
-                                row[x] = labels.weighed_at::<FLAT_Z>(zy + ax.lower[x], sy, sz, f);
+                                // SAFETY: as above.
+                                row[x] = unsafe {
+                                    labels.weighed_at::<FLAT_Z>(zy + ax.lower[x], sy, sz, f)
+                                };
                             }
                         }
                         continue;
