@@ -578,12 +578,14 @@ pub struct TransformedReader {
     plane_rows: Vec<gather::PlaneRow>,
     #[cfg(target_arch = "x86_64")]
     plane_frac: Vec<[[f64; 8]; 2]>,
-    /// Rows of 8 whose label lanes are left to weigh (in-plane maps: plane row index, patch
-    /// index, mixed lanes; 3D maps: patch index, mixed lanes, cells).
+    /// Label lanes left to weigh (in-plane maps: plane row index, patch index and mixed lanes
+    /// of a row of 8; 3D maps: each lane's patch index, box index and fractions, the lanes
+    /// alone: a row's whole cells, copied for each row with a mixed lane, were a tenth of a
+    /// 3D rotation's time).
     #[cfg(target_arch = "x86_64")]
     deferred: Vec<(usize, usize, u32)>,
     #[cfg(target_arch = "x86_64")]
-    deferred_cells: Vec<(usize, u32, gather::Cells8)>,
+    deferred_cells: Vec<(usize, usize, [f64; 3])>,
     /// In-plane maps' box as columns of planes ([`columns`]), and for each column lane the
     /// patch plane it fills.
     #[cfg(target_arch = "x86_64")]
@@ -1180,7 +1182,16 @@ impl TransformedReader {
                                         // weighed after it, they were a third of a 3D
                                         // rotation's time waiting on memory.
                                         self.labels.prefetch_cells(&cells.base, mixed, sy, sz);
-                                        self.deferred_cells.push((at, mixed, cells));
+                                        let mut m = mixed;
+                                        while m != 0 {
+                                            let j = m.trailing_zeros() as usize;
+                                            m &= m - 1;
+                                            self.deferred_cells.push((
+                                                at + j,
+                                                cells.base[j] as usize,
+                                                [0, 1, 2].map(|a| cells.frac[a][j]),
+                                            ));
+                                        }
                                     }
                                 }
                             }
@@ -1189,15 +1200,10 @@ impl TransformedReader {
                     // The tile's mixed label lanes, after its table lookups (see
                     // `uniform_row8`).
                     if let Some(l) = label.as_deref_mut() {
-                        for (at, mut mixed, cells) in self.deferred_cells.drain(..) {
-                            while mixed != 0 {
-                                let j = mixed.trailing_zeros() as usize;
-                                mixed &= mixed - 1;
-                                let f = [0, 1, 2].map(|a| cells.frac[a][j]);
-                                let base = cells.base[j] as usize;
-                                l[at + j] = self.labels.weighed_at::<FLAT_Z>(base, sy, sz, f);
-                            }
+                        for &(at, base, f) in &self.deferred_cells {
+                            l[at] = self.labels.weighed_at::<FLAT_Z>(base, sy, sz, f);
                         }
+                        self.deferred_cells.clear();
                     }
                 }
             }
