@@ -706,23 +706,15 @@ impl TransformedReader {
         let separable = t.axis_aligned() && !self.general_only;
         #[cfg(not(test))]
         let separable = t.axis_aligned();
-        self.image_box.resize(channels * bn, 0.0);
         // Rotations read only their footprint (36% of the box of a 32x96x96 patch at
         // nnU-Net's ranges, fewer pages to bring in); the separable passes read all of theirs.
         if !separable
             && t.elastic.is_none()
             && footprint_spans_3d(t, local_centre, size, bs, &mut self.spans)
         {
-            src.read_spans(
-                box_start,
-                bs,
-                &self.spans,
-                SpanOut::Image(&mut self.image_box),
-            )?;
-            if label.is_some() {
-                self.labels.read_spans(src, box_start, bs, &self.spans)?;
-            }
+            self.read_box_spans(src, box_start, bs, channels, label.is_some())?;
         } else {
+            self.image_box.resize(channels * bn, 0.0);
             src.read_image(box_start, bs, &mut self.image_box)?;
             if label.is_some() {
                 self.labels.read(src, box_start, bs)?;
@@ -763,6 +755,30 @@ impl TransformedReader {
             self.sample::<true>(&job, image, label);
         } else {
             self.sample::<false>(&job, image, label);
+        }
+        Ok(())
+    }
+
+    /// The parts of the box that `spans` name (see [`PatchSource::read_spans`]) into
+    /// `image_box`, and of the label box when `label`.
+    fn read_box_spans(
+        &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
+        bs: [usize; 3],
+        channels: usize,
+        label: bool,
+    ) -> Result<()> {
+        self.image_box
+            .resize(channels * bs.iter().product::<usize>(), 0.0);
+        src.read_spans(
+            box_start,
+            bs,
+            &self.spans,
+            SpanOut::Image(&mut self.image_box),
+        )?;
+        if label {
+            self.labels.read_spans(src, box_start, bs, &self.spans)?;
         }
         Ok(())
     }
@@ -968,16 +984,7 @@ impl TransformedReader {
             if t.matrix[0][0] < 0.0 {
                 self.column_planes.reverse();
             }
-            self.image_box.resize(channels * bn, 0.0);
-            src.read_spans(
-                box_start,
-                bs,
-                &self.spans,
-                SpanOut::Image(&mut self.image_box),
-            )?;
-            if label.is_some() {
-                self.labels.read_spans(src, box_start, bs, &self.spans)?;
-            }
+            self.read_box_spans(src, box_start, bs, channels, label.is_some())?;
             let job = columns::Job {
                 rows: &self.plane_rows,
                 frac: &self.plane_frac,
