@@ -468,7 +468,8 @@ impl EntryReader {
         self.read_image_in(start_zyx, size_zyx, out, [false; 3], Whole)
     }
 
-    /// [`EntryReader::read_image`] of only the x range `spans[y]` of each box row y (see
+    /// [`EntryReader::read_image`] of only the x range `spans[y]` of each box row y, or
+    /// `spans[z * size_zyx[1] + y]` of each row (z, y) (see
     /// [`crate::cache::PatchSource::read_spans`]).
     pub fn read_image_spans(
         &self,
@@ -486,7 +487,7 @@ impl EntryReader {
         )
     }
 
-    /// [`EntryReader::read_label`] of only the x range `spans[y]` of each box row y.
+    /// [`EntryReader::read_label`] of only the spans of [`EntryReader::read_image_spans`].
     pub fn read_label_spans<T: Sample>(
         &self,
         start_zyx: [i64; 3],
