@@ -370,7 +370,7 @@ fn weighed<const FLAT_Z: bool, L: LabelValue>(
 
 /// A label element that [`weighed8`] reads two at a time.
 #[cfg(target_arch = "x86_64")]
-pub(super) trait PairLoad: LabelValue {
+trait PairLoad: LabelValue {
     /// The 8 neighbours of the cell at `b[0]` (z, y, x order, as [`weighed`] lists them) as
     /// 16-bit lanes, from four loads of two adjacent elements.
     ///
