@@ -45,6 +45,7 @@ pub mod normalize;
 pub mod plan;
 pub mod progress;
 pub mod resample;
+pub mod simd;
 pub mod skeleton;
 #[allow(missing_docs)]
 pub mod synth;

@@ -694,6 +694,54 @@ fn a_chunk_that_differs_from_the_build_or_is_gone_is_refused_not_read() {
     }
 }
 
+/// A mapped image chunk overwritten in place after its hash was checked (a file changed under a
+/// running job): the next read that copies its values fails, naming the entry and the
+/// non-finite value, straight and rotated (the box's spans), rather than serving NaN.
+#[test]
+fn an_image_chunk_changed_in_place_to_nan_fails_the_next_read() {
+    for layout in ["plain", "sharded", "f16"] {
+        let t = tempfile::tempdir().unwrap();
+        let copy = t.path().join("cache");
+        copy_tree(cache(layout), &copy);
+        let reader = CacheReader::open(&copy).unwrap();
+        let entries = open_entries(&reader);
+        let e = entries
+            .iter()
+            .max_by_key(|e| e.shape_zyx().iter().product::<usize>())
+            .unwrap();
+        // The first chunk's box, mapped and its hash checked (a whole entry's chunks could
+        // outnumber the maps kept, and a map made again is checked again).
+        let first = |e: &EntryReader| {
+            let (mut img, mut lab) = (vec![0f32; 4 * 16 * 16], vec![0u16; 4 * 16 * 16]);
+            e.read_patch([0, 0, 0], [4, 16, 16], &mut img, Some(&mut lab))
+                .map_err(|err| err.to_string())
+        };
+        assert!(first(e).is_ok());
+        // All bits set: a NaN in float32 and in float16 alike.
+        let chunk = chunk_files(e.dir(), "image")[0].clone();
+        let len = std::fs::metadata(&chunk).unwrap().len() as usize;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&chunk)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &vec![0xff; len]).unwrap();
+        drop(f);
+        let named =
+            |err: &str| err.contains("non-finite") && err.contains(&e.dir().display().to_string());
+        let err = first(e).unwrap_err();
+        assert!(named(&err), "{layout}: {err}");
+        let size = [4, 12, 12];
+        let n: usize = size.iter().product();
+        let (mut img, mut lab) = (vec![0f32; n], vec![0u16; n]);
+        let turn = Transform::rotate_scale([0.0, 0.0, 0.6], 1.0);
+        let err = TransformedReader::default()
+            .read(e, [0, 0, 0], size, &turn, &mut img, Some(&mut lab))
+            .unwrap_err()
+            .to_string();
+        assert!(named(&err), "{layout}, rotated: {err}");
+    }
+}
+
 #[test]
 fn an_entry_reached_by_a_link_or_filed_under_another_case_is_refused() {
     let t = tempfile::tempdir().unwrap();

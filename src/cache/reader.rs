@@ -508,6 +508,7 @@ impl EntryReader {
             [false; 3],
             RowSpans::new(spans, size_zyx),
         )
+        .map(|_| ())
     }
 
     fn read_image_in<T: Sample>(
@@ -521,7 +522,8 @@ impl EntryReader {
         let c = self.inner.image.len();
         if c == 1 {
             let arr = &self.inner.image[0];
-            return self.read_region_in(arr, start_zyx, size_zyx, out, mirror, spans);
+            let finite = self.read_region_in(arr, start_zyx, size_zyx, out, mirror, spans)?;
+            return self.finite_image(arr, start_zyx, size_zyx, finite);
         }
         if !out.len().is_multiple_of(c) {
             return Err(Error::Config(format!(
@@ -531,9 +533,33 @@ impl EntryReader {
         }
         let n = out.len() / c;
         for (arr, part) in self.inner.image.iter().zip(out.chunks_exact_mut(n)) {
-            self.read_region_in(arr, start_zyx, size_zyx, part, mirror, spans)?;
+            let finite = self.read_region_in(arr, start_zyx, size_zyx, part, mirror, spans)?;
+            self.finite_image(arr, start_zyx, size_zyx, finite)?;
         }
         Ok(())
+    }
+
+    /// The error for an image box that read a NaN or an infinity (`!finite`): the build
+    /// refuses them and each block's hash is checked when it is first mapped, so one is damage
+    /// since (a file changed in place under a running job), named here rather than as a
+    /// non-finite loss later.
+    fn finite_image(
+        &self,
+        arr: &ArrayReader,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        finite: bool,
+    ) -> Result<()> {
+        if finite {
+            return Ok(());
+        }
+        Err(Error::cache(
+            &self.inner.dir,
+            format!(
+                "{}: the box at {start_zyx:?} of size {size_zyx:?} holds a non-finite value: the cache is damaged (prep inspect --verify)",
+                arr.name
+            ),
+        ))
     }
 
     /// One channel of the image box (z, y, x).
@@ -551,7 +577,8 @@ impl EntryReader {
                 self.inner.image.len()
             ))
         })?;
-        self.read_region(arr, start_zyx, size_zyx, out, [false; 3])
+        let finite = self.read_region_in(arr, start_zyx, size_zyx, out, [false; 3], Whole)?;
+        self.finite_image(arr, start_zyx, size_zyx, finite)
     }
 
     /// The label part of [`EntryReader::read_patch`], into `u16`, or `u8` for uint8 labels.
@@ -670,13 +697,15 @@ impl EntryReader {
         mirror: [bool; 3],
     ) -> Result<()> {
         self.read_region_in(arr, start, size, out, mirror, Whole)
+            .map(|_| ())
     }
 
     /// [`EntryReader::read_region`], with `spans` of only the x range `spans[y]` (box
     /// coordinates, start and end) of each box row y in every plane: chunks and rows outside
     /// them are not read (nor brought into memory), and those voxels of `out` are left as
     /// they were. Where the box reaches outside the volume, its voxels there within the
-    /// spans (all of them without spans) are zeroed.
+    /// spans (all of them without spans) are zeroed. Tells whether every value read is finite
+    /// ([`Sample::convert_row`]).
     fn read_region_in<T: Sample>(
         &self,
         arr: &ArrayReader,
@@ -685,7 +714,7 @@ impl EntryReader {
         out: &mut [T],
         mirror: [bool; 3],
         spans: impl Spans,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         if let Some(rows) = spans
             .rows()
             .filter(|&r| r != size[1] && Some(r) != size[0].checked_mul(size[1]))
@@ -718,7 +747,7 @@ impl EntryReader {
             )));
         }
         if out.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         // The part of the box inside the volume, lo..hi per axis.
         let (mut lo, mut hi) = ([0usize; 3], [0usize; 3]);
@@ -752,13 +781,14 @@ impl EntryReader {
             }
         }
         if (0..3).any(|a| lo[a] >= hi[a]) {
-            return Ok(());
+            return Ok(true);
         }
         // Position of voxel (z, y, x) in the output: lo - start >= 0 on every axis here.
         let off = [0, 1, 2].map(|a| (lo[a] as i128 - start[a] as i128) as usize);
         let es = arr.dtype.size();
         let c = arr.chunk;
         let mut grown = 0;
+        let mut finite = true;
         for cz in lo[0] / c[0]..=(hi[0] - 1) / c[0] {
             let (z0, z1) = (lo[0].max(cz * c[0]), hi[0].min((cz + 1) * c[0]));
             for cy in lo[1] / c[1]..=(hi[1] - 1) / c[1] {
@@ -855,7 +885,7 @@ impl EntryReader {
                                         let from = s + (a - x0) * es;
                                         first = first.min(from);
                                         last = from + (b - a) * es;
-                                        T::convert_row(
+                                        finite &= T::convert_row(
                                             arr.dtype,
                                             &bytes[from..from + (b - a) * es],
                                             dst,
@@ -880,7 +910,7 @@ impl EntryReader {
                 }
             }
         }
-        Ok(())
+        Ok(finite)
     }
 
     /// Label values with sampled foreground coordinates, ascending.

@@ -32,6 +32,12 @@ pub trait PatchSource: Send + Sync {
         1
     }
 
+    /// Whether every image read fails, naming the case's store, on a NaN or an infinity it
+    /// reads (so that the loader need not scan each patch for them after the read).
+    fn image_reads_checked(&self) -> bool {
+        false
+    }
+
     /// Label values with sampled foreground coordinates, ascending.
     fn classes(&self) -> Vec<u16>;
 
@@ -186,6 +192,10 @@ impl PatchSource for EntryReader {
 
     fn channels(&self) -> usize {
         EntryReader::channels(self)
+    }
+
+    fn image_reads_checked(&self) -> bool {
+        true
     }
 
     fn classes(&self) -> Vec<u16> {

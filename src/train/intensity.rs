@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 
 use crate::error::{Error, Result};
-use crate::train::rng::Rng;
 #[cfg(target_arch = "x86_64")]
-use crate::train::simd::Simd;
+use crate::simd::Simd;
+use crate::train::rng::Rng;
 
 thread_local! {
     /// Working memory of blur and low resolution, kept per thread (a loader worker's): a
@@ -170,7 +170,7 @@ pub fn apply(
     rng: &mut Rng,
 ) {
     #[cfg(target_arch = "x86_64")]
-    match crate::train::simd::best() {
+    match crate::simd::best() {
         // SAFETY: the CPU has these features (`simd::best` checked them).
         Simd::Avx512 => return unsafe { apply_avx512(image, size_zyx, in_plane, cfg, rng) },
         Simd::Avx2 => return unsafe { apply_avx2(image, size_zyx, in_plane, cfg, rng) },
@@ -1414,7 +1414,7 @@ mod tests {
     fn the_vector_builds_give_the_same_bits() {
         #[cfg(target_arch = "x86_64")]
         {
-            let simd = crate::train::simd::detected();
+            let simd = crate::simd::detected();
             let cfg = IntensityConfig::default().every();
             for seed in 0..12 {
                 // (An odd size too: the 16-lane loops' tails; long rows: the low-resolution
@@ -1451,7 +1451,7 @@ mod tests {
         // read by the AVX-512 permutes and by the portable index, the same bits (before the
         // mean and deviation are put back, which would hide the smallest); both signs and a
         // range of g; and through the whole transform.
-        if crate::train::simd::detected() < Simd::Avx512 {
+        if crate::simd::detected() < Simd::Avx512 {
             return;
         }
         let mut values: Vec<f32> = (0..150).map(|e| (-(e as f32) * 0.93).exp2()).collect();

@@ -354,7 +354,7 @@ fn case_name(e: &Arc<dyn PatchSource>) -> String {
 fn first_non_finite(v: &[f32]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::train::simd::Simd;
+        use crate::simd::Simd;
         #[target_feature(enable = "avx2")]
         unsafe fn avx2(v: &[f32]) -> Option<usize> {
             first_non_finite_body(v)
@@ -364,7 +364,7 @@ fn first_non_finite(v: &[f32]) -> Option<usize> {
             first_non_finite_body(v)
         }
         // SAFETY: `simd::best` checked that the CPU has these features.
-        match crate::train::simd::best() {
+        match crate::simd::best() {
             Simd::Avx512 => return unsafe { avx512(v) },
             Simd::Avx2 => return unsafe { avx2(v) },
             Simd::Portable => {}
@@ -443,8 +443,10 @@ fn build_batch(
         // The build refuses non-finite voxels and the reader hashes each block when it first
         // reads it, so one here is damage since (a file changed in place under a running
         // job, or a source other than the cache): name it here rather than as a non-finite
-        // loss later.
-        if let Some(k) = first_non_finite(img) {
+        // loss later. The cache's reader checks the values it copies (the rest of a patch is
+        // zeros or interpolated from them); other sources are scanned here.
+        let checked = entry.image_reads_checked();
+        if let Some(k) = (!checked).then(|| first_non_finite(img)).flatten() {
             return Err(Error::case(
                 case_name(entry),
                 format!(

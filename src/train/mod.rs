@@ -43,7 +43,6 @@ pub mod optim;
 pub mod plot;
 pub mod rng;
 pub mod sampler;
-pub mod simd;
 pub mod skeleton_target;
 pub mod spatial;
 pub mod split;

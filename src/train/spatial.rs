@@ -30,7 +30,7 @@
 //! rows of 8 voxels with `gather`); maps without rotation or deformation through three 1D
 //! passes (`separable`); in-plane maps of several planes through the box turned on its side,
 //! reading only their footprint (`columns`); labels' majorities in `label`. Vector builds are
-//! picked by [`crate::train::simd`].
+//! picked by [`crate::simd`].
 
 use serde::{Deserialize, Serialize};
 
@@ -44,8 +44,8 @@ mod label;
 mod separable;
 
 use crate::error::{Error, Result};
+use crate::simd::{self, Simd};
 use crate::train::rng::Rng;
-use crate::train::simd::{self, Simd};
 
 /// Patches whose largest side is more than this many times their z side are augmented in-plane
 /// only (nnU-Net's `ANISO_THRESHOLD`).
