@@ -12,6 +12,7 @@
 
 use std::arch::x86_64::*;
 
+use super::first_n;
 use super::gather::PlaneRow;
 use super::label::weighed4;
 
@@ -88,15 +89,15 @@ impl Columns {
         assert!(job.planes.iter().all(|&z| z < job.size[0]));
         self.offsets.clear();
         self.offsets.extend(job.planes.iter().map(|&z| z * plane));
-        self.image.resize(p_len * lanes, 0.0);
+        let cols = first_n(&mut self.image, p_len * lanes);
         for ch in 0..job.channels {
             let planes = &image_box[ch * bn + job.lo * p_len..][..k * p_len];
-            columns(planes, p_len, k, lanes, job.spans, bx, &mut self.image);
+            columns(planes, p_len, k, lanes, job.spans, bx, cols);
             let out = &mut image[ch * n..][..n];
             if job.w512 && lanes.is_multiple_of(16) {
-                lerp_rows_avx512(job, &self.offsets, &self.image, out);
+                lerp_rows_avx512(job, &self.offsets, cols, out);
             } else {
-                lerp_rows(job, &self.offsets, &self.image, out);
+                lerp_rows(job, &self.offsets, cols, out);
             }
         }
         if let Some((planes, out)) = label {
@@ -105,16 +106,16 @@ impl Columns {
                 LabelPlanes::Bytes(b) => {
                     // Columns of 16 planes a vector: half the work of widened ones.
                     let lanes = k.div_ceil(16) * 16;
-                    self.bytes.resize(p_len * lanes, 0);
+                    let cols = first_n(&mut self.bytes, p_len * lanes);
                     let planes = &b[job.lo * p_len..][..k * p_len];
-                    columns(planes, p_len, k, lanes, job.spans, bx, &mut self.bytes);
-                    label_rows::<Bytes>(job, lanes, &self.offsets, &self.bytes, &mut out[..n]);
+                    columns(planes, p_len, k, lanes, job.spans, bx, cols);
+                    label_rows::<Bytes>(job, lanes, &self.offsets, cols, &mut out[..n]);
                 }
                 LabelPlanes::Wide(w) => {
-                    self.label.resize(p_len * lanes, 0);
+                    let cols = first_n(&mut self.label, p_len * lanes);
                     let planes = &w[job.lo * p_len..][..k * p_len];
-                    columns(planes, p_len, k, lanes, job.spans, bx, &mut self.label);
-                    label_rows::<Wide>(job, lanes, &self.offsets, &self.label, &mut out[..n]);
+                    columns(planes, p_len, k, lanes, job.spans, bx, cols);
+                    label_rows::<Wide>(job, lanes, &self.offsets, cols, &mut out[..n]);
                 }
             }
         }
