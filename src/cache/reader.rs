@@ -63,12 +63,17 @@ const PREFETCH_ROWS: usize = 32;
 #[inline(always)]
 fn prefetch(bytes: &[u8], at: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(p) = bytes.get(at..at + len) {
+    if let Some(p) = bytes.get(at..at + len).filter(|p| !p.is_empty()) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        for off in (0..len).step_by(64) {
-            // SAFETY: a prefetch is only a hint, here on an address inside `bytes`; it neither
-            // faults nor writes.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().add(off).cast()) };
+        // Every cache line the bytes touch: from the first byte's line to the last byte's (a
+        // step of 64 from the first byte missed the last line of a part that starts within
+        // a line).
+        let skew = p.as_ptr() as usize & 63;
+        let first = p.as_ptr().wrapping_sub(skew);
+        for k in 0..(skew + len).div_ceil(64) {
+            // SAFETY: a prefetch is only a hint, and never faults nor writes; the lines hold
+            // bytes of `bytes` (the first and last may reach past them, inside their lines).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(64 * k).cast()) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
