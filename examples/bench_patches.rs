@@ -237,11 +237,12 @@ fn main() -> anyhow::Result<()> {
                         let lo = [0, 1, 2].map(|a| s[a].max(0) as u64);
                         let hi = [0, 1, 2]
                             .map(|a| (s[a] + patch[a] as i64).min(c.shape[a] as i64) as u64);
-                        let subset = ArraySubset::new_with_ranges(&[
-                            lo[0]..hi[0],
-                            lo[1]..hi[1],
-                            lo[2]..hi[2],
-                        ]);
+                        let mut ranges = vec![lo[0]..hi[0], lo[1]..hi[1], lo[2]..hi[2]];
+                        // Images are stored channel first (c, z, y, x): the first channel.
+                        if c.array.shape().len() == 4 {
+                            ranges.insert(0, 0..1);
+                        }
+                        let subset = ArraySubset::new_with_ranges(&ranges);
                         let got: Vec<f32> = c.array.retrieve_array_subset(&subset)?;
                         let shape = [0, 1, 2].map(|a| (hi[a] - lo[a]) as usize);
                         let rel = [0, 1, 2].map(|a| s[a] - lo[a] as i64);

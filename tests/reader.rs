@@ -640,20 +640,32 @@ fn read_all(e: &EntryReader) -> Result<(), String> {
         .map_err(|err| err.to_string())
 }
 
+/// A copy of the layout's cache that a test may damage, opened; the folder lasts as long as
+/// the guard returned with it.
+fn cache_copy(layout: &str) -> (tempfile::TempDir, CacheReader) {
+    let t = tempfile::tempdir().unwrap();
+    let copy = t.path().join("cache");
+    copy_tree(cache(layout), &copy);
+    let reader = CacheReader::open(&copy).unwrap();
+    (t, reader)
+}
+
+/// The entry with the most voxels.
+fn largest(entries: &[EntryReader]) -> &EntryReader {
+    entries
+        .iter()
+        .max_by_key(|e| e.shape_zyx().iter().product::<usize>())
+        .unwrap()
+}
+
 #[test]
 fn a_chunk_that_differs_from_the_build_or_is_gone_is_refused_not_read() {
     // Plain chunk files and shards (both memory-mapped), compressed chunks and compressed
     // shards (decoded).
     for layout in ["plain", "sharded", "zstd", "sharded-zstd"] {
-        let t = tempfile::tempdir().unwrap();
-        let copy = t.path().join("cache");
-        copy_tree(cache(layout), &copy);
-        let reader = CacheReader::open(&copy).unwrap();
+        let (t, reader) = cache_copy(layout);
         let entries = open_entries(&reader);
-        let e = entries
-            .iter()
-            .max_by_key(|e| e.shape_zyx().iter().product::<usize>())
-            .unwrap();
+        let e = largest(&entries);
         let dir = e.dir().to_path_buf();
         assert!(read_all(e).is_ok());
         // A flipped byte in an image chunk.
@@ -700,15 +712,9 @@ fn a_chunk_that_differs_from_the_build_or_is_gone_is_refused_not_read() {
 #[test]
 fn an_image_chunk_changed_in_place_to_nan_fails_the_next_read() {
     for layout in ["plain", "sharded", "f16"] {
-        let t = tempfile::tempdir().unwrap();
-        let copy = t.path().join("cache");
-        copy_tree(cache(layout), &copy);
-        let reader = CacheReader::open(&copy).unwrap();
+        let (_t, reader) = cache_copy(layout);
         let entries = open_entries(&reader);
-        let e = entries
-            .iter()
-            .max_by_key(|e| e.shape_zyx().iter().product::<usize>())
-            .unwrap();
+        let e = largest(&entries);
         // The first chunk's box, mapped and its hash checked (a whole entry's chunks could
         // outnumber the maps kept, and a map made again is checked again).
         let first = |e: &EntryReader| {
