@@ -3,7 +3,7 @@
 # spatial transform, intensity transforms, mirroring; examples/bench_augment.rs) beside nnU-Net
 # v2's augmentation in batchgeneratorsv2 (scripts/bench_augment_nnunet.py: the same transforms
 # and probabilities, torch on one thread, the case held in memory), alternating, ROUNDS rounds,
-# medians printed (ours twice: with the reader's default resident limit, and with the case held
+# medians printed, and the median of each round's ratio (ours twice: with the reader's default resident limit, and with the case held
 # resident as the Python side holds it, RESIDENT_MIB). Modes: `default` (nnU-Net's
 # probabilities) and `all` (every transform on every patch).
 #
@@ -61,7 +61,20 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = sorted({(tuple(r["patch"]), r["mode"]) for r in rows})
 limits = sorted({r["mapped_mib"] for r in rows if r["tool"] == "voxcache"})
-head = " ".join(f"{f'ours@{m}MiB/s':>15} {'ratio':>6}" for m in limits)
+# Each round's ratio: our runs over the batchgeneratorsv2 run that follows them (the file holds
+# the rounds in order). On a host whose speed drifts, a slow spell lands on both sides of one
+# round, so the median of these moves less than the ratio of the medians.
+per_round = {}
+pending = []
+for r in rows:
+    if r["tool"] == "voxcache":
+        pending.append(r)
+        continue
+    for o in pending:
+        key = (tuple(o["patch"]), o["mode"], o["mapped_mib"])
+        per_round.setdefault(key, []).append(o["patches_per_s"] / r["patches_per_s"])
+    pending = []
+head = " ".join(f"{f'ours@{m}MiB/s':>15} {'ratio':>6} {'rounds':>6}" for m in limits)
 print(f"{'patch':>12} {'mode':>8} {'bgv2/s':>8} {head}")
 for patch, mode in keys:
     med = lambda keep: statistics.median(r["patches_per_s"] for r in rows
@@ -70,6 +83,8 @@ for patch, mode in keys:
     cols = []
     for m in limits:
         a = med(lambda r: r["tool"] == "voxcache" and r["mapped_mib"] == m)
-        cols.append(f"{a:>15.1f} {a / b:>5.1f}x")
+        rr = statistics.median(per_round.get((patch, mode, m), [float("nan")]))
+        cols.append(f"{a:>15.1f} {a / b:>5.1f}x {rr:>5.1f}x")
     print(f"{'x'.join(map(str, patch)):>12} {mode:>8} {b:>8.1f} {' '.join(cols)}")
+print("ratio: of the medians; rounds: the median of each round's ratio")
 EOF
