@@ -3,9 +3,9 @@
 # spatial transform, intensity transforms, mirroring; examples/bench_augment.rs) beside nnU-Net
 # v2's augmentation in batchgeneratorsv2 (scripts/bench_augment_nnunet.py: the same transforms
 # and probabilities, torch on one thread, the case held in memory), alternating, ROUNDS rounds,
-# medians printed, and the median of each round's ratio (ours twice: with the reader's default resident limit, and with the case held
-# resident as the Python side holds it, RESIDENT_MIB). Modes: `default` (nnU-Net's
-# probabilities) and `all` (every transform on every patch).
+# medians printed, and the median of each round's ratio (ours twice: with the reader's default
+# resident limit, and with the case held resident as the Python side holds it, RESIDENT_MIB).
+# Modes: `default` (nnU-Net's probabilities) and `all` (every transform on every patch).
 #
 #   bash scripts/bench_augment.sh
 #   PATCHES="32,96,96 16,128,128" ROUNDS=3 bash scripts/bench_augment.sh
