@@ -2,9 +2,14 @@
 //! the memory-mapped cache, spatial transform, intensity transforms, mirroring), for
 //! `scripts/bench_augment.sh`, which runs nnU-Net's augmentation beside it.
 //!
-//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|scale|intensity|none] [derived]
+//!   cargo run --release --example bench_augment -- CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|scale|intensity|none|crop|mix-intensity] [derived]
 //!
-//! `default` is nnU-Net's probabilities; `all` applies every transform to every patch.
+//! `default` is nnU-Net's probabilities; `all` applies every transform to every patch. The
+//! parts alone, as `scripts/bench_augment_nnunet.py --mode` times them on its side: `crop`
+//! (no spatial or intensity transform, mirroring as in `default`), `spatial` (rotation and
+//! scaling on every patch, mirroring as in `default`), `mix-intensity` (nnU-Net's intensity
+//! probabilities, no spatial transform; its `intensity`). For profiling: `scale` (scaling
+//! alone on every patch), `intensity` (every intensity transform on every patch), `none`.
 //! `derived` also reads the label-derived arrays through the same maps (the signed distance of
 //! each foreground class and the skeleton; a cache built with `--derived distance,skeleton`),
 //! as training with the boundary, surface or skeleton losses does.
@@ -24,7 +29,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(
         args.len() >= 3,
-        "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|scale|intensity|none]"
+        "usage: bench_augment CACHE_DIR Z,Y,X [BATCHES] [default|all|spatial|scale|intensity|none|crop|mix-intensity]"
     );
     // MAPPED_MIB: the reader's limit on mapped pages kept resident (the trainer's
     // `--mapped-mib`); unset, its default.
@@ -71,7 +76,19 @@ fn main() -> anyhow::Result<()> {
             intensity: IntensityConfig::default().every(),
             ..AugmentConfig::default()
         },
-        _ => AugmentConfig::default(),
+        "crop" => AugmentConfig {
+            spatial: SpatialConfig::none(),
+            intensity: IntensityConfig::none(),
+            ..AugmentConfig::default()
+        },
+        "mix-intensity" => AugmentConfig {
+            spatial: SpatialConfig::none(),
+            ..AugmentConfig::default()
+        },
+        "default" => AugmentConfig::default(),
+        other => anyhow::bail!(
+            "unknown mode {other:?}: default, all, spatial, scale, intensity, none, crop or mix-intensity"
+        ),
     };
     let dataset = reader
         .datasets()

@@ -6,9 +6,13 @@
 # medians printed, and the median of each round's ratio (ours twice: with the reader's default
 # resident limit, and with the case held resident as the Python side holds it, RESIDENT_MIB).
 # Modes: `default` (nnU-Net's probabilities) and `all` (every transform on every patch).
+# PARTS=1 times the parts alone instead, on both sides, to show where the ratio is made or
+# lost: `crop` (no spatial or intensity transform), `spatial` (rotation and scaling on every
+# patch), `intensity` (nnU-Net's intensity probabilities, no spatial transform).
 #
 #   bash scripts/bench_augment.sh
 #   PATCHES="32,96,96 16,128,128" ROUNDS=3 bash scripts/bench_augment.sh
+#   PARTS=1 ROUNDS=3 bash scripts/bench_augment.sh
 #
 # Data: the MiniVess outlier (prep synth --preset outlier) built at 4x4x4 um (636x636x76).
 # Environment: BENCH_DIR (bench-out/augment), BIN (target/release), BG_PYTHON (a python with
@@ -43,13 +47,18 @@ fi
 
 results="$B/results.jsonl"
 : >"$results"
+# Our mode for each of the Python side's (the same transforms and probabilities).
+ours() { case "$1" in intensity) echo mix-intensity ;; *) echo "$1" ;; esac; }
+if [ -n "${PARTS:-}" ]; then MODES="crop spatial intensity"; else MODES="default all"; fi
 for patch in $PATCHES; do
-    for mode in default all; do
+    for mode in $MODES; do
         for r in $(seq 1 "$ROUNDS"); do
             step "round $r, patch $patch, $mode: voxcache"
-            "$BIN/examples/bench_augment" "$B/cache" "$patch" "$N" "$mode" >>"$results"
+            "$BIN/examples/bench_augment" "$B/cache" "$patch" "$N" "$(ours "$mode")" |
+                sed "s/\"mode\":\"[a-z-]*\"/\"mode\":\"$mode\"/" >>"$results"
             step "round $r, patch $patch, $mode: voxcache, case resident"
-            MAPPED_MIB="$RESIDENT_MIB" "$BIN/examples/bench_augment" "$B/cache" "$patch" "$N" "$mode" >>"$results"
+            MAPPED_MIB="$RESIDENT_MIB" "$BIN/examples/bench_augment" "$B/cache" "$patch" "$N" "$(ours "$mode")" |
+                sed "s/\"mode\":\"[a-z-]*\"/\"mode\":\"$mode\"/" >>"$results"
             step "round $r, patch $patch, $mode: batchgeneratorsv2"
             "$PY" "$ROOT/scripts/bench_augment_nnunet.py" --cache "$B/cache" --patch "$patch" \
                 --patches "$N" --mode "$mode" >>"$results"
