@@ -890,15 +890,12 @@ impl EntryReader {
                                         let from = s + (a - x0) * es;
                                         first = first.min(from);
                                         last = from + (b - a) * es;
-                                        finite &= T::convert_row(
-                                            arr.dtype,
-                                            &bytes[from..from + (b - a) * es],
-                                            dst,
-                                        );
-                                        if mirror[2] {
-                                            // Reversed where it was just written (in L1).
-                                            dst.reverse();
-                                        }
+                                        let row = &bytes[from..from + (b - a) * es];
+                                        finite &= if mirror[2] {
+                                            T::convert_row_reversed(arr.dtype, row, dst)
+                                        } else {
+                                            T::convert_row(arr.dtype, row, dst)
+                                        };
                                     }
                                     s += sy;
                                     d = d.wrapping_add_signed(y_step);
