@@ -165,6 +165,46 @@ unsafe fn copy_finite_reversed_avx512(src: &[u8], dst: &mut [f32]) -> bool {
     bad == 0
 }
 
+/// Bytes widened to u16 (labels stored as uint8), in the widest build.
+fn widen(src: &[u8], dst: &mut [u16]) {
+    assert_eq!(src.len(), dst.len(), "a row of bytes widens to as many u16");
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= 32 && crate::simd::best() == crate::simd::Simd::Avx512 {
+        // SAFETY: the CPU has AVX-512 F and BW (`best` checked); the lengths match.
+        unsafe { widen_avx512(src, dst) };
+        return;
+    }
+    for (o, &v) in dst.iter_mut().zip(src) {
+        *o = v as u16;
+    }
+}
+
+/// [`widen`] 32 values a vector, the last 32 again (overlapping the vector before with the same
+/// values: with a masked store for the last part instead it measured slower than the
+/// compiler's SSE loop on AMD's Zen 4; this way 2-4% faster plain crops).
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; `src.len() == dst.len() >= 32`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
+unsafe fn widen_avx512(src: &[u8], dst: &mut [u16]) {
+    use std::arch::x86_64::*;
+    let (n, s, d) = (dst.len(), src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    // SAFETY: every load and store covers values i .. i + 32 <= n.
+    unsafe {
+        while i + 32 <= n {
+            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(s.add(i).cast()));
+            _mm512_storeu_si512(d.add(i).cast(), v);
+            i += 32;
+        }
+        if i < n {
+            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(s.add(n - 32).cast()));
+            _mm512_storeu_si512(d.add(n - 32).cast(), v);
+        }
+    }
+}
+
 /// Bytes widened to u16 and reversed (`dst[k]` from byte `n - 1 - k`: x-mirrored reads of
 /// labels stored as uint8), in the widest build.
 fn widen_reversed(src: &[u8], dst: &mut [u16]) {
@@ -325,12 +365,7 @@ impl Sample for u16 {
                     *o = u16::from_le_bytes([c[0], c[1]]);
                 }
             }
-            // (The compiler's loop: as fast as AVX-512's widening with a masked tail.)
-            _ => {
-                for (o, &v) in dst.iter_mut().zip(src) {
-                    *o = v as u16;
-                }
-            }
+            _ => widen(src, dst),
         }
         true
     }
@@ -450,7 +485,7 @@ mod tests {
     }
 
     #[test]
-    fn reversed_rows_equal_rows_reversed_and_tell_non_finite_values() {
+    fn label_rows_widen_and_reversed_rows_equal_rows_reversed() {
         for n in 0..=70usize {
             let vals: Vec<f32> = (0..n).map(|k| k as f32 * 1.25 - 9.0).collect();
             let mut bytes = vec![7u8];
@@ -484,6 +519,10 @@ mod tests {
             let labels: Vec<u8> = (0..n).map(|k| (k * 37 % 251) as u8).collect();
             let mut want = vec![0u16; n];
             u16::convert_row(StoredDtype::Uint8, &labels, &mut want);
+            assert!(
+                want.iter().zip(&labels).all(|(&w, &l)| w == l as u16),
+                "u16, {n}"
+            );
             want.reverse();
             let mut got = vec![9u16; n + 1];
             u16::convert_row_reversed(StoredDtype::Uint8, &labels, &mut got[..n]);
