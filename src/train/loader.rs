@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::train::augment::{augment_mirrored, draw_moves, AugmentConfig};
+use crate::train::augment::{augment_mirrored, draw_moves, AugmentConfig, Moves};
 use crate::train::rng::Rng;
 use crate::train::sampler::{PatchChoice, Sampler};
 use crate::train::skeleton_target::{skeleton_of, tube_around};
@@ -462,12 +462,16 @@ fn build_batch(
             let k = job.distance.len();
             let d = &mut distance[i * k * n..(i + 1) * k * n];
             let sk = cached_skeleton.then(|| &mut centreline[i * n..(i + 1) * n]);
+            // Maps other than plain crops and deformations take the mirrorings in their matrix,
+            // as the image did (the same coordinates bit for bit, and no pass after).
+            let in_matrix = !transform.is_identity() && transform.elastic.is_none();
+            let mirrored = in_matrix.then(|| transform.mirrored(moves.flips));
             reader
                 .read_derived(
                     entry.as_ref(),
                     c.start_zyx,
                     patch,
-                    &transform,
+                    mirrored.as_ref().unwrap_or(&transform),
                     &job.distance,
                     d,
                     sk,
@@ -478,9 +482,17 @@ fn build_batch(
                         format!("batch {step}, sample {i}: reading derived arrays: {err}"),
                     )
                 })?;
-            moves.apply(d, patch);
+            let after = if in_matrix {
+                Moves {
+                    flips: [false; 3],
+                    ..moves
+                }
+            } else {
+                moves
+            };
+            after.apply(d, patch);
             if cached_skeleton {
-                moves.apply(&mut centreline[i * n..(i + 1) * n], patch);
+                after.apply(&mut centreline[i * n..(i + 1) * n], patch);
             }
         }
         let lab = &*lab;

@@ -122,6 +122,56 @@ impl Columns {
     }
 }
 
+impl Columns {
+    /// The nearest voxel's value of `planes` (u16, a box's planes one after another from
+    /// `lo`, as the label's) for each patch voxel of `job`'s rows (the skeleton of
+    /// [`super::TransformedReader::read_derived`]): per patch column the box column of the
+    /// cell's corner nearer along y and x (fractions at 0.5 and up go up, as there), the same
+    /// in every plane; lanes outside the box read 0.
+    ///
+    /// # Safety
+    /// As for [`Columns::sample`].
+    #[inline(always)]
+    pub(super) unsafe fn nearest(&mut self, job: &Job, planes: &[u16], out: &mut [u16]) {
+        let [_, by, bx] = job.bs;
+        let p_len = by * bx;
+        let k = job.planes.len();
+        let lanes = job.lanes();
+        let n: usize = job.size.iter().product();
+        assert!(k > 0 && job.lo + k <= job.bs[0] && planes.len() >= job.bs[0] * p_len);
+        assert!(out.len() >= n && job.planes.iter().all(|&z| z < job.size[0]));
+        let plane = job.size[1] * job.size[2];
+        self.offsets.clear();
+        self.offsets.extend(job.planes.iter().map(|&z| z * plane));
+        let cols = first_n(&mut self.label, p_len * lanes);
+        let planes = &planes[job.lo * p_len..][..k * p_len];
+        columns(planes, p_len, k, lanes, job.spans, bx, cols);
+        let c = cols.as_ptr();
+        for (r, row) in job.rows.iter().enumerate() {
+            let (at, w) = row_at(job, r);
+            let [fy, fx] = &job.frac[r];
+            let cell: [usize; 8] = std::array::from_fn(|j| {
+                row.base[j] as usize + usize::from(fx[j] >= 0.5) + if fy[j] >= 0.5 { bx } else { 0 }
+            });
+            for kb in (0..lanes).step_by(8) {
+                let col: [__m128i; 8] = std::array::from_fn(|j| {
+                    if row.inside & (1 << j) != 0 {
+                        // SAFETY: an inside lane's cell and its +x, +y neighbours are
+                        // columns of the box (the caller's), each `lanes` long.
+                        _mm_loadu_si128(c.add(cell[j] * lanes + kb).cast())
+                    } else {
+                        _mm_setzero_si128()
+                    }
+                });
+                let t = transpose_u16(col);
+                put_block(&t, &self.offsets, kb, out, at, w, |p, v| {
+                    _mm_storeu_si128(p.cast(), v)
+                });
+            }
+        }
+    }
+}
+
 /// Where row `r` of the job's rows writes in a patch plane, and its length (the last row of
 /// 8 along x may be shorter).
 #[inline(always)]
