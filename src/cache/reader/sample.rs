@@ -27,9 +27,10 @@ pub trait Sample: Copy + Default + Send + Sync + 'static + private::Sealed {
     fn convert_row(dtype: StoredDtype, src: &[u8], dst: &mut [Self]) -> bool;
 
     /// [`Sample::convert_row`] written reversed (`dst[k]` from the row's element `n - 1 - k`:
-    /// x-mirrored reads). Reversing the row after writing it read back values still in the
-    /// store buffer (a masked store's cannot be forwarded on AMD's Zen 4: a mirrored crop took
-    /// a quarter longer); the common layouts are written reversed in one pass instead.
+    /// x-mirrored reads). Reversing the row after writing it read back the values just stored
+    /// (some by a masked store, which the store-to-load forwarding of AMD's Zen 4 likely cannot
+    /// serve): a fifth of a mirrored crop there; the common layouts are written reversed in
+    /// one pass instead.
     #[doc(hidden)]
     fn convert_row_reversed(dtype: StoredDtype, src: &[u8], dst: &mut [Self]) -> bool {
         let finite = Self::convert_row(dtype, src, dst);
