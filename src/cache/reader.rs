@@ -635,6 +635,36 @@ impl EntryReader {
         size_zyx: [usize; 3],
         out: &mut [f32],
     ) -> Result<()> {
+        self.read_distance_in(class, start_zyx, size_zyx, out, Whole)
+    }
+
+    /// [`EntryReader::read_distance`] of only the spans of [`EntryReader::read_image_spans`]
+    /// (an absent class reads 0).
+    pub fn read_distance_spans(
+        &self,
+        class: u16,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        spans: &[(u32, u32)],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.read_distance_in(
+            class,
+            start_zyx,
+            size_zyx,
+            out,
+            RowSpans::new(spans, size_zyx),
+        )
+    }
+
+    fn read_distance_in(
+        &self,
+        class: u16,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [f32],
+        spans: impl Spans,
+    ) -> Result<()> {
         if !self.inner.has_distance {
             return Err(Error::cache(
                 &self.inner.dir,
@@ -642,13 +672,16 @@ impl EntryReader {
             ));
         }
         match self.inner.distance_classes.iter().position(|&c| c == class) {
-            Some(k) => self.read_region(
-                &self.inner.distance[k],
-                start_zyx,
-                size_zyx,
-                out,
-                [false; 3],
-            ),
+            Some(k) => self
+                .read_region_in(
+                    &self.inner.distance[k],
+                    start_zyx,
+                    size_zyx,
+                    out,
+                    [false; 3],
+                    spans,
+                )
+                .map(|_| ()),
             None => {
                 out.fill(0.0);
                 Ok(())
@@ -663,13 +696,35 @@ impl EntryReader {
         size_zyx: [usize; 3],
         out: &mut [T],
     ) -> Result<()> {
+        self.read_skeleton_in(start_zyx, size_zyx, out, Whole)
+    }
+
+    /// [`EntryReader::read_skeleton`] of only the spans of [`EntryReader::read_image_spans`].
+    pub fn read_skeleton_spans<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        spans: &[(u32, u32)],
+        out: &mut [T],
+    ) -> Result<()> {
+        self.read_skeleton_in(start_zyx, size_zyx, out, RowSpans::new(spans, size_zyx))
+    }
+
+    fn read_skeleton_in<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+        spans: impl Spans,
+    ) -> Result<()> {
         let s = self.inner.skeleton.as_ref().ok_or_else(|| {
             Error::cache(
                 &self.inner.dir,
                 "entry has no skeleton: build the cache with --derived skeleton",
             )
         })?;
-        self.read_region(s, start_zyx, size_zyx, out, [false; 3])
+        self.read_region_in(s, start_zyx, size_zyx, out, [false; 3], spans)
+            .map(|_| ())
     }
 
     /// The chunk `c` of `arr`, from the shared caches or freshly mapped / decoded.

@@ -14,6 +14,10 @@ pub enum SpanOut<'a> {
     Label(&'a mut [u16]),
     /// The label as bytes (as [`PatchSource::read_label_u8`]).
     LabelBytes(&'a mut [u8]),
+    /// The signed distance map of a label value (as [`PatchSource::read_distance`]).
+    Distance(u16, &'a mut [f32]),
+    /// The label's skeleton (as [`PatchSource::read_skeleton`]).
+    Skeleton(&'a mut [u16]),
 }
 
 /// One case's arrays on one grid: an image, optionally a label, and a foreground index.
@@ -89,6 +93,8 @@ pub trait PatchSource: Send + Sync {
             SpanOut::Image(o) => self.read_image(start_zyx, size_zyx, o),
             SpanOut::Label(o) => self.read_label(start_zyx, size_zyx, o),
             SpanOut::LabelBytes(o) => self.read_label_u8(start_zyx, size_zyx, o),
+            SpanOut::Distance(c, o) => self.read_distance(c, start_zyx, size_zyx, o),
+            SpanOut::Skeleton(o) => self.read_skeleton(start_zyx, size_zyx, o),
         }
     }
 
@@ -238,6 +244,8 @@ impl PatchSource for EntryReader {
             SpanOut::Image(o) => self.read_image_spans(start_zyx, size_zyx, spans, o),
             SpanOut::Label(o) => self.read_label_spans(start_zyx, size_zyx, spans, o),
             SpanOut::LabelBytes(o) => self.read_label_spans(start_zyx, size_zyx, spans, o),
+            SpanOut::Distance(c, o) => self.read_distance_spans(c, start_zyx, size_zyx, spans, o),
+            SpanOut::Skeleton(o) => self.read_skeleton_spans(start_zyx, size_zyx, spans, o),
         }
     }
 

@@ -879,10 +879,13 @@ impl TransformedReader {
     #[inline(always)]
     unsafe fn derived_in_plane(
         &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
         job: &Sampling,
+        classes: &[u16],
         distance: &mut [f32],
         skeleton: Option<&mut [u16]>,
-    ) -> bool {
+    ) -> Result<bool> {
         let Sampling {
             t,
             local_centre,
@@ -892,8 +895,11 @@ impl TransformedReader {
         } = *job;
         let lo = self.plane_cells(t, local_centre, size, bs);
         if self.column_planes.len() < COLUMN_PLANES {
-            return false;
+            return Ok(false);
         }
+        // Only the box rows' x ranges that the cells read (`plane_cells` set them), as the
+        // image's.
+        self.read_derived_boxes(src, box_start, bs, classes, skeleton.is_some(), true)?;
         let mut skeleton = skeleton;
         self.zero_planes_outside(size, channels, distance, skeleton.as_deref_mut());
         let cj = columns::Job {
@@ -908,36 +914,89 @@ impl TransformedReader {
             channels,
         };
         // SAFETY: AVX2 is enabled here (the caller's); the rows' cells are of box plane 0,
-        // inside lanes at most one voxel before the plane's y and x ends, the boxes read whole.
+        // inside lanes at most one voxel before the plane's y and x ends, within the spans
+        // read.
         if channels > 0 {
             self.columns.sample(&cj, &self.image_box, distance, None);
         }
         if let Some(sk) = skeleton {
             self.columns.nearest(&cj, &self.skeleton_box, sk);
         }
-        true
+        Ok(true)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn derived_in_plane_avx2(
         &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
         job: &Sampling,
+        classes: &[u16],
         distance: &mut [f32],
         skeleton: Option<&mut [u16]>,
-    ) -> bool {
-        self.derived_in_plane(job, distance, skeleton)
+    ) -> Result<bool> {
+        self.derived_in_plane(src, box_start, job, classes, distance, skeleton)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
     unsafe fn derived_in_plane_avx512(
         &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
         job: &Sampling,
+        classes: &[u16],
         distance: &mut [f32],
         skeleton: Option<&mut [u16]>,
+    ) -> Result<bool> {
+        self.derived_in_plane(src, box_start, job, classes, distance, skeleton)
+    }
+
+    /// Whether `t` reads only its footprint of the box (rotations without deformation, as
+    /// in [`TransformedReader::read`]): then its rows' x ranges are in `spans`.
+    fn rotation_spans(
+        &mut self,
+        t: &Transform,
+        local_centre: [f64; 3],
+        size: [usize; 3],
+        bs: [usize; 3],
     ) -> bool {
-        self.derived_in_plane(job, distance, skeleton)
+        !t.axis_aligned()
+            && t.elastic.is_none()
+            && footprint_spans_3d(t, local_centre, size, bs, &mut self.spans)
+    }
+
+    /// The boxes of the distance maps of `classes` (one after the other in `image_box`) and
+    /// of the skeleton (`skeleton_box`, when `skeleton`): with `spans`, only the x ranges of
+    /// `spans` (see [`PatchSource::read_spans`]), else whole.
+    fn read_derived_boxes(
+        &mut self,
+        src: &dyn PatchSource,
+        box_start: [i64; 3],
+        bs: [usize; 3],
+        classes: &[u16],
+        skeleton: bool,
+        spans: bool,
+    ) -> Result<()> {
+        let bn: usize = bs.iter().product();
+        let boxes = first_n(&mut self.image_box, classes.len() * bn);
+        for (&c, b) in classes.iter().zip(boxes.chunks_exact_mut(bn)) {
+            if spans {
+                src.read_spans(box_start, bs, &self.spans, SpanOut::Distance(c, b))?;
+            } else {
+                src.read_distance(c, box_start, bs, b)?;
+            }
+        }
+        if skeleton {
+            let b = first_n(&mut self.skeleton_box, bn);
+            if spans {
+                src.read_spans(box_start, bs, &self.spans, SpanOut::Skeleton(b))?;
+            } else {
+                src.read_skeleton(box_start, bs, b)?;
+            }
+        }
+        Ok(())
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -1535,14 +1594,6 @@ impl TransformedReader {
             return Ok(());
         };
         let bn: usize = bs.iter().product();
-        self.image_box.resize(classes.len() * bn, 0.0);
-        for (k, &c) in classes.iter().enumerate() {
-            src.read_distance(c, box_start, bs, &mut self.image_box[k * bn..(k + 1) * bn])?;
-        }
-        if skeleton.is_some() {
-            self.skeleton_box.resize(bn, 0);
-            src.read_skeleton(box_start, bs, &mut self.skeleton_box)?;
-        }
         let mut skeleton = skeleton;
         let inv_scale = 1.0 / t.scale;
         let centre = centre_of(start_zyx, size);
@@ -1569,12 +1620,13 @@ impl TransformedReader {
                 {
                     // SAFETY: as below.
                     let done = unsafe {
+                        let sk = skeleton.as_deref_mut();
                         if simd == Simd::Avx512 {
-                            self.derived_in_plane_avx512(&job, distance, skeleton.as_deref_mut())
+                            self.derived_in_plane_avx512(src, box_start, &job, classes, distance, sk)
                         } else {
-                            self.derived_in_plane_avx2(&job, distance, skeleton.as_deref_mut())
+                            self.derived_in_plane_avx2(src, box_start, &job, classes, distance, sk)
                         }
-                    };
+                    }?;
                     if done {
                         for v in distance.iter_mut() {
                             *v = (*v as f64 * inv_scale) as f32;
@@ -1582,6 +1634,8 @@ impl TransformedReader {
                         return Ok(());
                     }
                 }
+                let spans = self.rotation_spans(t, local_centre, size, bs);
+                self.read_derived_boxes(src, box_start, bs, classes, skeleton.is_some(), spans)?;
                 // SAFETY: the CPU has the build's features (`simd` checked them) and the box is
                 // under 2^31 voxels.
                 unsafe {
@@ -1598,6 +1652,8 @@ impl TransformedReader {
                 return Ok(());
             }
         }
+        let spans = self.rotation_spans(t, local_centre, size, bs);
+        self.read_derived_boxes(src, box_start, bs, classes, skeleton.is_some(), spans)?;
         let (sy, sz) = (bs[2], bs[1] * bs[2]);
         self.row.resize(size[2], [0.0; 3]);
         for z in 0..size[0] {
@@ -2038,6 +2094,24 @@ mod tests {
             let bytes: Vec<u8> = self.v.label.iter().map(|&l| l as u8).collect();
             self.v.fill(&bytes, s, size, out);
             Ok(())
+        }
+        fn has_distance(&self) -> bool {
+            true
+        }
+        fn has_skeleton(&self) -> bool {
+            true
+        }
+        fn read_distance(
+            &self,
+            class: u16,
+            s: [i64; 3],
+            size: [usize; 3],
+            out: &mut [f32],
+        ) -> Result<()> {
+            self.v.read_distance(class, s, size, out)
+        }
+        fn read_skeleton(&self, s: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+            self.v.read_skeleton(s, size, out)
         }
     }
 
@@ -2757,6 +2831,24 @@ mod tests {
         fn read_label_u8(&self, s: [i64; 3], size: [usize; 3], out: &mut [u8]) -> Result<()> {
             self.0.read_label_u8(s, size, out)
         }
+        fn has_distance(&self) -> bool {
+            true
+        }
+        fn has_skeleton(&self) -> bool {
+            true
+        }
+        fn read_distance(
+            &self,
+            class: u16,
+            s: [i64; 3],
+            size: [usize; 3],
+            out: &mut [f32],
+        ) -> Result<()> {
+            self.0.read_distance(class, s, size, out)
+        }
+        fn read_skeleton(&self, s: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+            self.0.read_skeleton(s, size, out)
+        }
         fn read_spans(
             &self,
             s: [i64; 3],
@@ -2792,6 +2884,14 @@ mod tests {
                 }
                 SpanOut::LabelBytes(o) => {
                     self.read_label_u8(s, size, o)?;
+                    poison(o, 200, outside);
+                }
+                SpanOut::Distance(c, o) => {
+                    self.read_distance(c, s, size, o)?;
+                    poison(o, f32::NAN, outside);
+                }
+                SpanOut::Skeleton(o) => {
+                    self.read_skeleton(s, size, o)?;
                     poison(o, 200, outside);
                 }
             }
@@ -2834,6 +2934,58 @@ mod tests {
                     assert_eq!(bits(&a), bits(&b), "{build:?}, map {k} at {start:?}");
                     assert_eq!(la, lb, "{build:?}, map {k} at {start:?}");
                 }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn derived_arrays_read_only_their_footprint_in_every_build() -> Result<()> {
+        // Distance maps and skeleton through spans whose outside is poisoned (NaN, 200) equal
+        // those read from whole boxes: 3D rotations, in-plane rotations of many planes (the
+        // columns) and of few, across the volume's edges, in every build.
+        let mut rng = Rng::new(9);
+        let classes = [1u16, 2];
+        let in_plane = |angle: f64, scale: f64| {
+            let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
+            t.matrix[0] = [1.0, 0.0, 0.0];
+            t
+        };
+        for build in [Simd::Portable].into_iter().chain(vector_builds()) {
+            let poisoned = Poisoned(Stored {
+                v: Volume::new([30, 30, 28]),
+                two_channels: false,
+                byte_labels: false,
+            });
+            let plain = &poisoned.0;
+            let (mut spans, mut whole) = (
+                TransformedReader::with_build(build),
+                TransformedReader::with_build(build),
+            );
+            for k in 0..12 {
+                let (t, size) = match k % 3 {
+                    0 => {
+                        let angles = [0, 1, 2].map(|_| rng.range(-0.6, 0.6));
+                        (Transform::rotate_scale(angles, rng.range(0.7, 1.4)), [6, 12, 14])
+                    }
+                    1 => (in_plane(rng.range(-3.0, 3.0), rng.range(0.7, 1.4)), [16, 10, 21]),
+                    _ => (in_plane(rng.range(-3.0, 3.0), 1.0), [3, 12, 19]),
+                };
+                let t = if k % 4 == 3 {
+                    t.mirrored([true, false, true])
+                } else {
+                    t
+                };
+                let n: usize = size.iter().product();
+                let start = [0, 1, 2].map(|a| rng.range(-6.0, 20.0) as i64 - (a == 0) as i64 * 4);
+                let (mut a, mut b) = (vec![0.0; 2 * n], vec![0.0; 2 * n]);
+                let (mut sa, mut sb) = (vec![0u16; n], vec![0u16; n]);
+                spans.read_derived(&poisoned, start, size, &t, &classes, &mut a, Some(&mut sa))?;
+                whole.read_derived(plain, start, size, &t, &classes, &mut b, Some(&mut sb))?;
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{build:?}, map {k} at {start:?}");
+                assert_eq!(sa, sb, "{build:?}, map {k} at {start:?}");
+                assert!(sa.iter().all(|&v| v < 200), "{build:?}, map {k}");
             }
         }
         Ok(())
