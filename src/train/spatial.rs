@@ -1622,7 +1622,9 @@ impl TransformedReader {
                     let done = unsafe {
                         let sk = skeleton.as_deref_mut();
                         if simd == Simd::Avx512 {
-                            self.derived_in_plane_avx512(src, box_start, &job, classes, distance, sk)
+                            self.derived_in_plane_avx512(
+                                src, box_start, &job, classes, distance, sk,
+                            )
                         } else {
                             self.derived_in_plane_avx2(src, box_start, &job, classes, distance, sk)
                         }
@@ -2966,9 +2968,15 @@ mod tests {
                 let (t, size) = match k % 3 {
                     0 => {
                         let angles = [0, 1, 2].map(|_| rng.range(-0.6, 0.6));
-                        (Transform::rotate_scale(angles, rng.range(0.7, 1.4)), [6, 12, 14])
+                        (
+                            Transform::rotate_scale(angles, rng.range(0.7, 1.4)),
+                            [6, 12, 14],
+                        )
                     }
-                    1 => (in_plane(rng.range(-3.0, 3.0), rng.range(0.7, 1.4)), [16, 10, 21]),
+                    1 => (
+                        in_plane(rng.range(-3.0, 3.0), rng.range(0.7, 1.4)),
+                        [16, 10, 21],
+                    ),
                     _ => (in_plane(rng.range(-3.0, 3.0), 1.0), [3, 12, 19]),
                 };
                 let t = if k % 4 == 3 {
