@@ -897,8 +897,9 @@ impl TransformedReader {
         if self.column_planes.len() < COLUMN_PLANES {
             return Ok(false);
         }
-        // Only the box rows' x ranges that the cells read (`plane_cells` set them), as the
-        // image's.
+        // Only the box rows' x ranges that the cells read (`plane_cells` set them), of the
+        // planes the patch planes lie in, as the image's.
+        let (box_start, bs, lo) = self.column_box(box_start, bs, lo);
         self.read_derived_boxes(src, box_start, bs, classes, skeleton.is_some(), true)?;
         let mut skeleton = skeleton;
         self.zero_planes_outside(size, channels, distance, skeleton.as_deref_mut());
@@ -1112,6 +1113,26 @@ impl TransformedReader {
         lo
     }
 
+    /// The part of the box (start, sides) that holds the box planes of `column_planes` (from
+    /// `lo`, as [`TransformedReader::plane_cells`] gives it), and their first plane in it (0).
+    /// An in-plane map's cells lie in those planes; its upper z neighbours weigh 0 and are
+    /// not read by the columns.
+    #[cfg(target_arch = "x86_64")]
+    fn column_box(
+        &self,
+        box_start: [i64; 3],
+        bs: [usize; 3],
+        lo: usize,
+    ) -> ([i64; 3], [usize; 3], usize) {
+        let k = self.column_planes.len();
+        debug_assert!(lo + k <= bs[0]);
+        (
+            [box_start[0] + lo as i64, box_start[1], box_start[2]],
+            [k, bs[1], bs[2]],
+            0,
+        )
+    }
+
     /// Zeros in the patch planes outside the run of `column_planes` (every channel of
     /// `image`, and `label`).
     #[cfg(target_arch = "x86_64")]
@@ -1164,13 +1185,21 @@ impl TransformedReader {
         let lo = self.plane_cells(t, local_centre, size, bs);
         if self.column_planes.len() >= COLUMN_PLANES {
             self.zero_planes_outside(size, channels, image, label.as_deref_mut());
-            self.read_box_spans(src, box_start, bs, channels, label.is_some())?;
             // Scalings: the image by two passes over whole box rows ([`separable`]: the same
             // lerps, so the same bits), which stream where turning the box into columns and
             // the columns' lerps wait on the cache (scaled 16x128x128 patches +7%); the label
             // still through the columns, whose outcome tables weigh a mixed column once for
             // every plane.
             let separable_image = t.axis_aligned();
+            // Rotations read only the box planes their patch planes lie in (the columns'),
+            // not the plane below and the two above that the box holds for maps that mix
+            // planes: 16 of 19 for a 16-plane patch.
+            let (box_start, bs, lo) = if separable_image {
+                (box_start, bs, lo)
+            } else {
+                self.column_box(box_start, bs, lo)
+            };
+            self.read_box_spans(src, box_start, bs, channels, label.is_some())?;
             if separable_image {
                 self.separable
                     .prepare(t.axis_coordinates(local_centre, size), bs);
