@@ -8,12 +8,17 @@ use std::path::Path;
 
 use std::sync::atomic::AtomicBool;
 
-use common::fixtures::{build, build_report, bundled_cache, entry_dirs, prep, text};
+use common::fixtures::{
+    bits, build, build_report, bundled_cache, entry_dirs, open_entries, prep, text,
+};
+use common::Lcg;
 use voxcache::cache::reader::CacheReader;
+use voxcache::cache::PatchSource;
 use voxcache::distance::signed_distance;
 use voxcache::skeleton::skeletonize;
 use voxcache::train::config::TrainConfig;
 use voxcache::train::model::Norm;
+use voxcache::train::spatial::{Transform, TransformedReader};
 use voxcache::train::trainer::{run, RunOptions};
 
 fn s(p: &Path) -> &str {
@@ -258,4 +263,149 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// An entry whose arrays are read only in whole boxes (the default
+/// [`PatchSource::read_spans`]), derived arrays included.
+struct WholeBoxes<'a>(&'a voxcache::cache::reader::EntryReader);
+
+impl PatchSource for WholeBoxes<'_> {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn shape_zyx(&self) -> [usize; 3] {
+        self.0.shape_zyx()
+    }
+    fn channels(&self) -> usize {
+        PatchSource::channels(self.0)
+    }
+    fn has_label(&self) -> bool {
+        PatchSource::has_label(self.0)
+    }
+    fn classes(&self) -> Vec<u16> {
+        self.0.classes()
+    }
+    fn fg_coords(&self, class: u16) -> voxcache::error::Result<Vec<[u32; 3]>> {
+        self.0.fg_coords(class)
+    }
+    fn read_image(
+        &self,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [f32],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_image(self.0, s, n, out)
+    }
+    fn read_label(
+        &self,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [u16],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_label(self.0, s, n, out)
+    }
+    fn has_distance(&self) -> bool {
+        self.0.has_distance()
+    }
+    fn has_skeleton(&self) -> bool {
+        self.0.has_skeleton()
+    }
+    fn read_distance(
+        &self,
+        class: u16,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [f32],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_distance(self.0, class, s, n, out)
+    }
+    fn read_skeleton(
+        &self,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [u16],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_skeleton(self.0, s, n, out)
+    }
+}
+
+#[test]
+fn derived_arrays_of_rotated_patches_read_their_footprint_as_whole_boxes_give() {
+    // Through the real reader, plain and sharded-compressed, in small chunks: the distance
+    // maps and skeleton of rotated patches (3D, and in-plane through the columns) read over
+    // their footprint equal those read from whole boxes, bit for bit, across chunks and past
+    // the volume's edges.
+    let layouts: [(&str, &[&str]); 2] = [
+        (
+            "derived-small-chunks",
+            &["--derived", "distance,skeleton", "--chunk", "4,16,16"],
+        ),
+        (
+            "derived-sharded-zstd",
+            &[
+                "--derived",
+                "distance,skeleton",
+                "--chunk",
+                "4,16,16",
+                "--shard",
+                "8,32,32",
+                "--compression",
+                "zstd",
+            ],
+        ),
+    ];
+    let in_plane = |angle: f64, scale: f64| {
+        let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
+        t.matrix[0] = [1.0, 0.0, 0.0];
+        t
+    };
+    let maps = [
+        in_plane(0.7, 1.0),
+        in_plane(-2.2, 1.35),
+        in_plane(1.2, 0.8).mirrored([true, true, false]),
+        Transform::rotate_scale([0.4, -0.5, 0.3], 1.0),
+        Transform::rotate_scale([0.1, 0.5, -0.3], 0.7).mirrored([false, true, true]),
+    ];
+    let size = [9, 21, 30];
+    let n: usize = size.iter().product();
+    let mut rng = Lcg(11);
+    for (name, flags) in layouts {
+        let reader = CacheReader::open(bundled_cache(name, flags)).unwrap();
+        let es = open_entries(&reader);
+        let (mut spans, mut whole) = (TransformedReader::default(), TransformedReader::default());
+        for e in es.iter().take(3) {
+            assert!(e.has_distance() && e.has_skeleton(), "{name}");
+            let classes: Vec<u16> = e.classes().into_iter().filter(|&c| c != 0).collect();
+            let k = classes.len();
+            let s = e.shape_zyx().map(|v| v as i64);
+            for (m, t) in maps.iter().enumerate() {
+                for _ in 0..3 {
+                    let start = [0, 1, 2]
+                        .map(|a| rng.range(-(size[a] as i64) / 2, s[a] - size[a] as i64 / 2));
+                    let (mut a, mut b) = (vec![f32::NAN; k * n], vec![f32::NAN; k * n]);
+                    let (mut sa, mut sb) = (vec![7u16; n], vec![9u16; n]);
+                    spans
+                        .read_derived(e, start, size, t, &classes, &mut a, Some(&mut sa))
+                        .unwrap();
+                    whole
+                        .read_derived(
+                            &WholeBoxes(e),
+                            start,
+                            size,
+                            t,
+                            &classes,
+                            &mut b,
+                            Some(&mut sb),
+                        )
+                        .unwrap();
+                    assert_eq!(
+                        bits(a.iter().map(|&v| v as f64)),
+                        bits(b.iter().map(|&v| v as f64)),
+                        "{name}: map {m} at {start:?}"
+                    );
+                    assert_eq!(sa, sb, "{name}: map {m} at {start:?}");
+                }
+            }
+        }
+    }
 }
