@@ -9,11 +9,10 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use common::fixtures::{
-    bits, build, build_report, bundled_cache, entry_dirs, open_entries, prep, text,
+    bits, build, build_report, bundled_cache, entry_dirs, open_entries, prep, text, WholeBoxes,
 };
 use common::Lcg;
 use voxcache::cache::reader::CacheReader;
-use voxcache::cache::PatchSource;
 use voxcache::distance::signed_distance;
 use voxcache::skeleton::skeletonize;
 use voxcache::train::config::TrainConfig;
@@ -263,70 +262,6 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
-}
-
-/// An entry whose arrays are read only in whole boxes (the default
-/// [`PatchSource::read_spans`]), derived arrays included.
-struct WholeBoxes<'a>(&'a voxcache::cache::reader::EntryReader);
-
-impl PatchSource for WholeBoxes<'_> {
-    fn name(&self) -> String {
-        self.0.name()
-    }
-    fn shape_zyx(&self) -> [usize; 3] {
-        self.0.shape_zyx()
-    }
-    fn channels(&self) -> usize {
-        PatchSource::channels(self.0)
-    }
-    fn has_label(&self) -> bool {
-        PatchSource::has_label(self.0)
-    }
-    fn classes(&self) -> Vec<u16> {
-        self.0.classes()
-    }
-    fn fg_coords(&self, class: u16) -> voxcache::error::Result<Vec<[u32; 3]>> {
-        self.0.fg_coords(class)
-    }
-    fn read_image(
-        &self,
-        s: [i64; 3],
-        n: [usize; 3],
-        out: &mut [f32],
-    ) -> voxcache::error::Result<()> {
-        PatchSource::read_image(self.0, s, n, out)
-    }
-    fn read_label(
-        &self,
-        s: [i64; 3],
-        n: [usize; 3],
-        out: &mut [u16],
-    ) -> voxcache::error::Result<()> {
-        PatchSource::read_label(self.0, s, n, out)
-    }
-    fn has_distance(&self) -> bool {
-        self.0.has_distance()
-    }
-    fn has_skeleton(&self) -> bool {
-        self.0.has_skeleton()
-    }
-    fn read_distance(
-        &self,
-        class: u16,
-        s: [i64; 3],
-        n: [usize; 3],
-        out: &mut [f32],
-    ) -> voxcache::error::Result<()> {
-        PatchSource::read_distance(self.0, class, s, n, out)
-    }
-    fn read_skeleton(
-        &self,
-        s: [i64; 3],
-        n: [usize; 3],
-        out: &mut [u16],
-    ) -> voxcache::error::Result<()> {
-        PatchSource::read_skeleton(self.0, s, n, out)
-    }
 }
 
 #[test]

@@ -7,12 +7,13 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::fixtures::{bits, build, bundled_cache, copy_tree, files_under, open_entries};
+use common::fixtures::{
+    bits, build, bundled_cache, copy_tree, files_under, open_entries, WholeBoxes,
+};
 use common::probe::{assert_probe_sees_an_allocation, vm_rss_kib};
 use common::Lcg;
 use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
 use voxcache::cache::source::mirror;
-use voxcache::cache::PatchSource;
 use voxcache::train::spatial::{Transform, TransformedReader};
 
 const CHUNK: &str = "4,16,16";
@@ -777,57 +778,6 @@ fn an_entry_reached_by_a_link_or_filed_under_another_case_is_refused() {
     let reader = CacheReader::open(&copy).unwrap();
     let err = reader.open_entry(&ds, &a.case_id).unwrap_err().to_string();
     assert!(err.contains("swapped"), "{err}");
-}
-
-/// An entry read only in whole boxes (the default [`PatchSource::read_spans`]).
-struct WholeBoxes<'a>(&'a EntryReader);
-
-impl PatchSource for WholeBoxes<'_> {
-    fn name(&self) -> String {
-        self.0.name()
-    }
-    fn shape_zyx(&self) -> [usize; 3] {
-        self.0.shape_zyx()
-    }
-    fn channels(&self) -> usize {
-        PatchSource::channels(self.0)
-    }
-    fn has_label(&self) -> bool {
-        PatchSource::has_label(self.0)
-    }
-    fn classes(&self) -> Vec<u16> {
-        self.0.classes()
-    }
-    fn fg_coords(&self, class: u16) -> voxcache::error::Result<Vec<[u32; 3]>> {
-        self.0.fg_coords(class)
-    }
-    fn read_image(
-        &self,
-        s: [i64; 3],
-        size: [usize; 3],
-        out: &mut [f32],
-    ) -> voxcache::error::Result<()> {
-        PatchSource::read_image(self.0, s, size, out)
-    }
-    fn read_label(
-        &self,
-        s: [i64; 3],
-        size: [usize; 3],
-        out: &mut [u16],
-    ) -> voxcache::error::Result<()> {
-        PatchSource::read_label(self.0, s, size, out)
-    }
-    fn label_bytes(&self) -> bool {
-        self.0.label_bytes()
-    }
-    fn read_label_u8(
-        &self,
-        s: [i64; 3],
-        size: [usize; 3],
-        out: &mut [u8],
-    ) -> voxcache::error::Result<()> {
-        self.0.read_label_u8(s, size, out)
-    }
 }
 
 #[test]

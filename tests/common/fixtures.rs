@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, PoisonError};
 
 use voxcache::cache::reader::{CacheReader, EntryReader};
+use voxcache::cache::PatchSource;
 
 /// Run `prep` in `cwd` (the test's own when `None`), never under a failpoint left in the
 /// environment.
@@ -197,4 +198,68 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
+}
+
+/// An entry whose arrays are read only in whole boxes (the default
+/// [`PatchSource::read_spans`]), derived arrays included: the reference for span reads.
+pub struct WholeBoxes<'a>(pub &'a EntryReader);
+
+impl PatchSource for WholeBoxes<'_> {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn shape_zyx(&self) -> [usize; 3] {
+        self.0.shape_zyx()
+    }
+    fn channels(&self) -> usize {
+        PatchSource::channels(self.0)
+    }
+    fn has_label(&self) -> bool {
+        PatchSource::has_label(self.0)
+    }
+    fn classes(&self) -> Vec<u16> {
+        self.0.classes()
+    }
+    fn fg_coords(&self, class: u16) -> voxcache::error::Result<Vec<[u32; 3]>> {
+        self.0.fg_coords(class)
+    }
+    fn read_image(
+        &self,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [f32],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_image(self.0, s, n, out)
+    }
+    fn read_label(
+        &self,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [u16],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_label(self.0, s, n, out)
+    }
+    fn has_distance(&self) -> bool {
+        self.0.has_distance()
+    }
+    fn has_skeleton(&self) -> bool {
+        self.0.has_skeleton()
+    }
+    fn read_distance(
+        &self,
+        class: u16,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [f32],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_distance(self.0, class, s, n, out)
+    }
+    fn read_skeleton(
+        &self,
+        s: [i64; 3],
+        n: [usize; 3],
+        out: &mut [u16],
+    ) -> voxcache::error::Result<()> {
+        PatchSource::read_skeleton(self.0, s, n, out)
+    }
 }
