@@ -289,11 +289,7 @@ fn derived_arrays_of_rotated_patches_read_their_footprint_as_whole_boxes_give() 
             ],
         ),
     ];
-    let in_plane = |angle: f64, scale: f64| {
-        let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
-        t.matrix[0] = [1.0, 0.0, 0.0];
-        t
-    };
+    let in_plane = Transform::in_plane;
     let maps = [
         in_plane(0.7, 1.0),
         in_plane(-2.2, 1.35),

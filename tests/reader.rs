@@ -787,11 +787,7 @@ fn in_plane_patches_read_only_their_footprint_and_equal_whole_box_reads() {
     // bit, across chunks and past the volume's edges.
     let reader = CacheReader::open(cache("plain")).unwrap();
     let es = open_entries(&reader);
-    let in_plane = |angle: f64, scale: f64| {
-        let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
-        t.matrix[0] = [1.0, 0.0, 0.0];
-        t
-    };
+    let in_plane = Transform::in_plane;
     let maps = [
         in_plane(0.7, 1.0),
         in_plane(-2.2, 1.35),

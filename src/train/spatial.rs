@@ -374,6 +374,14 @@ impl Transform {
         }
     }
 
+    /// An in-plane map (what [`SpatialConfig::draw`] gives anisotropic patches): rotation by
+    /// `angle` radians about z and scaling of y and x by `scale`; z stays put.
+    pub fn in_plane(angle: f64, scale: f64) -> Self {
+        let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
+        t.matrix[0] = [1.0, 0.0, 0.0];
+        t
+    }
+
     /// Whether this map is the plain crop (then nothing needs interpolating).
     pub fn is_identity(&self) -> bool {
         self.matrix == IDENTITY && self.elastic.is_none()
@@ -2193,8 +2201,7 @@ mod tests {
         let fields = classes.map(|c| v.distance(c));
         let skeleton = v.skeleton();
         let mut reader = TransformedReader::default();
-        let mut in_plane = Transform::rotate_scale([0.9, 0.0, 0.0], 1.3);
-        in_plane.matrix[0] = [1.0, 0.0, 0.0];
+        let in_plane = Transform::in_plane(0.9, 1.3);
         for (k, t) in [
             Transform::rotate_scale([0.3, -0.2, 0.5], 1.0),
             Transform::rotate_scale([0.0, 0.0, 1.2], 0.7),
@@ -2259,11 +2266,7 @@ mod tests {
         // portable loop's.
         let v = Volume::new([30, 30, 28]);
         let classes = [1u16, 2];
-        let in_plane = |angle: f64, scale: f64| {
-            let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
-            t.matrix[0] = [1.0, 0.0, 0.0];
-            t
-        };
+        let in_plane = Transform::in_plane;
         let maps = [
             in_plane(0.9, 1.3),
             in_plane(-2.4, 0.75),
@@ -2432,8 +2435,7 @@ mod tests {
         for build in vector_builds().into_iter().chain([Simd::Portable]) {
             let mut reused = TransformedReader::with_build(build);
             for (k, scale) in [1.4, 0.7, 1.3, 0.8, 1.0, 1.4].into_iter().enumerate() {
-                let mut in_plane = Transform::rotate_scale([0.4 * k as f64, 0.0, 0.0], scale);
-                in_plane.matrix[0] = [1.0, 0.0, 0.0];
+                let in_plane = Transform::in_plane(0.4 * k as f64, scale);
                 let turned = Transform::rotate_scale([0.3, -0.2 * k as f64, 0.5], scale);
                 let scaled = Transform::rotate_scale([0.0; 3], scale);
                 for t in [in_plane, turned, scaled] {
@@ -2472,8 +2474,7 @@ mod tests {
         let n: usize = size.iter().product();
         let mut fast = TransformedReader::with_build(build);
         let mut portable = TransformedReader::with_build(Simd::Portable);
-        let mut in_plane = Transform::rotate_scale([0.9, 0.0, 0.0], 1.3);
-        in_plane.matrix[0] = [1.0, 0.0, 0.0];
+        let in_plane = Transform::in_plane(0.9, 1.3);
         assert!(in_plane.keeps_z_planes());
         // In-plane maps share one plane's cells across planes: planes outside the volume
         // (above, below) and rows reaching outside in y and x too.
@@ -2541,11 +2542,7 @@ mod tests {
         // planes inside, some patches with fewer than the columns' minimum) and beside; one
         // and two channels, byte and wide labels of three classes (cells of three values).
         // Bit for bit the portable loop's.
-        let in_plane = |angle: f64, scale: f64| {
-            let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
-            t.matrix[0] = [1.0, 0.0, 0.0];
-            t
-        };
+        let in_plane = Transform::in_plane;
         let maps = [
             in_plane(0.9, 1.3),
             in_plane(-2.4, 0.75),
@@ -2600,8 +2597,7 @@ mod tests {
         // own bytes: labels equal to the table's mixed mark (255, 65535) and above a byte
         // (300) must come out as the portable path gives them, through the general, in-plane
         // and separable loops.
-        let mut in_plane = Transform::rotate_scale([0.7, 0.0, 0.0], 1.2);
-        in_plane.matrix[0] = [1.0, 0.0, 0.0];
+        let in_plane = Transform::in_plane(0.7, 1.2);
         let maps = [
             Transform::rotate_scale([0.4, -0.3, 0.2], 1.2),
             in_plane,
@@ -2650,10 +2646,8 @@ mod tests {
         // separable passes) or done by the source (plain crops) or after (elastic fields):
         // bit for bit what mirroring the read patch gives, in every build, for every set of
         // axes, one and two channels, byte labels.
-        let mut in_plane = Transform::rotate_scale([0.9, 0.0, 0.0], 1.3);
-        in_plane.matrix[0] = [1.0, 0.0, 0.0];
-        let mut in_plane_scale = Transform::rotate_scale([0.0; 3], 0.8);
-        in_plane_scale.matrix[0] = [1.0, 0.0, 0.0];
+        let in_plane = Transform::in_plane(0.9, 1.3);
+        let in_plane_scale = Transform::in_plane(0.0, 0.8);
         let mut elastic = Transform::rotate_scale([0.3, 0.2, -0.4], 1.1);
         let size = [6, 12, 14];
         elastic.elastic = Some(ElasticField::random(size, 4, 1.5, false, &mut Rng::new(3)));
@@ -2703,8 +2697,7 @@ mod tests {
         // volume on every side) through the separable passes and through the general loop,
         // in every build: the same image and label bits, for one and two channels and for
         // byte labels.
-        let mut in_plane = Transform::rotate_scale([0.0; 3], 1.3);
-        in_plane.matrix[0] = [1.0, 0.0, 0.0];
+        let in_plane = Transform::in_plane(0.0, 1.3);
         let maps = [
             Transform::rotate_scale([0.0; 3], 1.4),
             Transform::rotate_scale([0.0; 3], 0.7),
@@ -2768,8 +2761,7 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            let mut flat = Transform::rotate_scale([angle, 0.0, 0.0], scale);
-            flat.matrix[0] = [1.0, 0.0, 0.0];
+            let flat = Transform::in_plane(angle, scale);
             let mut general = flat.clone();
             general.matrix[0][1] = 1e-300;
             assert!(flat.keeps_z_planes() && !general.keeps_z_planes());
@@ -2977,11 +2969,7 @@ mod tests {
         // columns) and of few, across the volume's edges, in every build.
         let mut rng = Rng::new(9);
         let classes = [1u16, 2];
-        let in_plane = |angle: f64, scale: f64| {
-            let mut t = Transform::rotate_scale([angle, 0.0, 0.0], scale);
-            t.matrix[0] = [1.0, 0.0, 0.0];
-            t
-        };
+        let in_plane = Transform::in_plane;
         for build in [Simd::Portable].into_iter().chain(vector_builds()) {
             let poisoned = Poisoned(Stored {
                 v: Volume::new([30, 30, 28]),
