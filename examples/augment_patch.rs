@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 
 use voxcache::cache::reader::CacheReader;
-use voxcache::train::rng::Rng;
 use voxcache::train::spatial::{SpatialConfig, Transform, TransformedReader};
+use voxcache::util::rng::Rng;
 
 /// Write values already turned into little-endian bytes, one after the other.
 fn write_le<const N: usize>(

@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use voxcache::train::intensity::{apply, IntensityConfig};
-use voxcache::train::rng::Rng;
 use voxcache::train::spatial::SpatialConfig;
+use voxcache::util::rng::Rng;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

@@ -11,8 +11,8 @@
 use std::time::Instant;
 
 use candle_core::{Device, Result, Tensor, Var};
-use voxcache::train::ops;
-use voxcache::train::rng::Rng;
+use voxcache::model::ops;
+use voxcache::util::rng::Rng;
 
 type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
 

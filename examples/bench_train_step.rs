@@ -9,15 +9,14 @@
 use std::time::Instant;
 
 use candle_core::Tensor;
+use voxcache::model::device::{gpu_memory, reset_gpu_peak};
 use voxcache::train::config::TrainConfig;
-use voxcache::train::device::{gpu_memory, reset_gpu_peak};
 use voxcache::train::loss::{dice_ce, one_hot};
 use voxcache::train::optim::{Optimizer, OptimizerKind};
-use voxcache::train::rng::Rng;
-use voxcache::train::trainer::build_model;
+use voxcache::util::rng::Rng;
 
 fn main() -> voxcache::Result<()> {
-    voxcache::train::device::default_cpu_threads();
+    voxcache::model::device::default_cpu_threads();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, d: &str| args.get(i).cloned().unwrap_or_else(|| d.to_string());
     let patch: Vec<usize> = arg(0, "32,64,64")
@@ -29,9 +28,9 @@ fn main() -> voxcache::Result<()> {
     let base: usize = arg(2, "16").parse().expect("base");
     let stages: usize = arg(3, "4").parse().expect("stages");
     let steps: usize = arg(4, "10").parse().expect("steps");
-    let dev = voxcache::train::device::select(&arg(5, "cpu"))?;
+    let dev = voxcache::model::device::select(&arg(5, "cpu"))?;
     let max_channels: usize = arg(6, "128").parse().expect("max_channels");
-    let precision: voxcache::train::model::Precision = arg(7, "f32").parse()?;
+    let precision: voxcache::model::config::Precision = arg(7, "f32").parse()?;
     let cfg = TrainConfig {
         patch,
         batch_size: batch,
@@ -41,7 +40,7 @@ fn main() -> voxcache::Result<()> {
         precision,
         ..TrainConfig::default()
     };
-    let model = build_model(&cfg, 1, 2, &dev)?;
+    let model = cfg.network().build(1, 2, &dev)?;
     let mut opt = Optimizer::new(
         model.params(),
         OptimizerKind::AdamW {
@@ -96,10 +95,10 @@ fn main() -> voxcache::Result<()> {
     println!(
         "{{\"impl\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}, \"peak_gpu_mib\": {:.0}}}",
         match precision {
-            voxcache::train::model::Precision::F32 => "voxcache".to_string(),
+            voxcache::model::config::Precision::F32 => "voxcache".to_string(),
             p => format!("voxcache {p}"),
         },
-        voxcache::train::device::describe(&dev),
+        voxcache::model::device::describe(&dev),
         rayon::current_num_threads(),
         patch,
         model.num_parameters(),
@@ -107,7 +106,7 @@ fn main() -> voxcache::Result<()> {
         median(&mut fwd_t),
         median(&mut bwd_t),
         times.len(),
-        voxcache::sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+        voxcache::util::sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
         gpu_memory(&dev).map_or(0.0, |m| m.peak_allocated as f64 / (1 << 20) as f64)
     );
     Ok(())

@@ -7,7 +7,7 @@
 //! (distance to the nearest inside voxel) and OUT_PREFIX.sdf.f32 (signed distance),
 //! little-endian.
 
-use voxcache::distance::{distance_to, signed_distance};
+use voxcache::prep::derived::edt::{distance_to, signed_distance};
 
 fn triple<T: std::str::FromStr>(s: &str) -> anyhow::Result<[T; 3]>
 where

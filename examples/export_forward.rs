@@ -16,8 +16,7 @@ use std::path::PathBuf;
 use candle_core::{Device, Tensor};
 use voxcache::train::config::TrainConfig;
 use voxcache::train::loss::{dice_ce, one_hot};
-use voxcache::train::rng::Rng;
-use voxcache::train::trainer::build_model;
+use voxcache::util::rng::Rng;
 use voxcache::Error;
 
 fn main() -> voxcache::Result<()> {
@@ -47,7 +46,7 @@ fn main() -> voxcache::Result<()> {
         ..TrainConfig::default()
     };
     let dev = Device::Cpu;
-    let model = build_model(&cfg, 1, classes, &dev)?;
+    let model = cfg.network().build(1, classes, &dev)?;
     let params = model.params();
 
     // Perturb biases and norm weights (initially 0 and 1) so their mapping is checked too.

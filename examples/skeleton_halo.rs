@@ -7,11 +7,11 @@
 //! Prints, per halo, the voxels that differ from the whole-volume skeleton over all cases and
 //! how many cases match exactly.
 
-use voxcache::cache::derived::{
+use voxcache::cache::reader::CacheReader;
+use voxcache::prep::derived::thinning::skeletonize;
+use voxcache::prep::derived::{
     block_bounds, chunked_skeleton_with, LabelVolume, BASE_HALO, MAX_HALO,
 };
-use voxcache::cache::reader::CacheReader;
-use voxcache::skeleton::skeletonize;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

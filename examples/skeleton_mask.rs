@@ -5,7 +5,7 @@
 //!
 //! One byte a voxel (non-zero = inside), (z, y, x) C order, in and out.
 
-use voxcache::skeleton::skeletonize;
+use voxcache::prep::derived::thinning::skeletonize;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

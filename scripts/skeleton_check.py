@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compare voxcache's skeletons (src/skeleton.rs) with scikit-image's 3D `skeletonize`.
+"""Compare voxcache's skeletons (src/prep/derived/thinning.rs) with scikit-image's 3D `skeletonize`.
 
 Masks: straight and oblique tubes, a branching tree of thin tubes (one to three voxels across,
 like `prep synth --preset thin`), a torus (a tunnel), a hollow ball (a cavity) and random

@@ -24,14 +24,8 @@
 //! - [`evaluate`]: segmentations against references: Dice, IoU, surface distances, volumes.
 //! - [`train`]: the `train` command: 3D ops, U-Net, patch loader, optimizer, checkpoints.
 
-// `missing_docs` is on for the whole library (Cargo.toml [lints]); the modules below marked
-// `allow` document their items at module level for now (README, "Code map": what is left).
-pub mod build;
 pub mod cache;
-pub mod centreline;
 pub mod config;
-pub mod dataset;
-pub mod distance;
 pub mod error;
 pub mod evaluate;
 pub mod format;
@@ -39,18 +33,14 @@ pub mod geometry;
 pub mod infer;
 #[allow(missing_docs)]
 pub mod inspect;
+pub mod model;
 #[allow(missing_docs)]
 pub mod nifti_io;
-pub mod normalize;
-pub mod plan;
-pub mod progress;
-pub mod resample;
-pub mod simd;
-pub mod skeleton;
+pub mod prep;
 #[allow(missing_docs)]
 pub mod synth;
-pub mod sysinfo;
 #[allow(missing_docs)]
 pub mod train;
+pub mod util;
 
 pub use error::{Error, Result};

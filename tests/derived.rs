@@ -13,10 +13,10 @@ use common::fixtures::{
 };
 use common::Lcg;
 use voxcache::cache::reader::CacheReader;
-use voxcache::distance::signed_distance;
-use voxcache::skeleton::skeletonize;
+use voxcache::model::config::Norm;
+use voxcache::prep::derived::edt::signed_distance;
+use voxcache::prep::derived::thinning::skeletonize;
 use voxcache::train::config::TrainConfig;
-use voxcache::train::model::Norm;
 use voxcache::train::spatial::{Transform, TransformedReader};
 use voxcache::train::trainer::{run, RunOptions};
 

@@ -239,15 +239,15 @@ fn blobs_across_read_blocks_equal_the_whole_volume_definitions() {
     assert!(close(m["cldice"].as_f64().unwrap(), cl), "{m} vs {cl}");
 }
 
-/// clDice on whole volumes: both masks thinned at once ([`voxcache::skeleton::skeletonize`]).
+/// clDice on whole volumes: both masks thinned at once ([`voxcache::prep::derived::thinning::skeletonize`]).
 fn reference_cldice(pred: &Path, truth: &Path, value: f32) -> f64 {
     let (p, t) = (read_volume(pred).unwrap(), read_volume(truth).unwrap());
     let [nx, ny, nz] = p.header.shape_xyz;
     let mask = |d: &[f32]| d.iter().map(|&v| v == value).collect::<Vec<bool>>();
     let (mp, mt) = (mask(&p.data), mask(&t.data));
     let (sp, st) = (
-        voxcache::skeleton::skeletonize(&mp, [nz, ny, nx]),
-        voxcache::skeleton::skeletonize(&mt, [nz, ny, nx]),
+        voxcache::prep::derived::thinning::skeletonize(&mp, [nz, ny, nx]),
+        voxcache::prep::derived::thinning::skeletonize(&mt, [nz, ny, nx]),
     );
     let share = |s: &[bool], m: &[bool]| {
         let all = s.iter().filter(|&&v| v).count() as f64;

@@ -15,12 +15,13 @@
 use std::sync::{Mutex, MutexGuard};
 
 use candle_core::{DType, Device, Tensor, Var};
-use voxcache::train::model::{Norm, Precision, UNet, UNetConfig, Upsampling};
-use voxcache::train::ops::cuda::conv::set_tf32;
-use voxcache::train::ops::{
+use voxcache::model::config::{Norm, Precision, UNetConfig, Upsampling};
+use voxcache::model::ops::cuda::conv::set_tf32;
+use voxcache::model::ops::{
     add_channel_bias, conv3d, conv_transpose3d, group_norm_leaky_relu, max_pool3d,
 };
-use voxcache::train::rng::Rng;
+use voxcache::model::unet::UNet;
+use voxcache::util::rng::Rng;
 
 /// The TF32 switch is process-wide: tests take this lock so they do not race on it.
 static GPU: Mutex<()> = Mutex::new(());

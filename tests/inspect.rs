@@ -126,11 +126,11 @@ fn median_rule_distribution_and_outliers_are_exact() {
     assert_eq!(x["p50"], 1.0);
     assert_eq!(
         x["p10"].as_f64().unwrap(),
-        voxcache::plan::percentile(&xs, 10.0)
+        voxcache::prep::plan::percentile(&xs, 10.0)
     );
     assert_eq!(
         x["p90"].as_f64().unwrap(),
-        voxcache::plan::percentile(&xs, 90.0)
+        voxcache::prep::plan::percentile(&xs, 90.0)
     );
     assert_eq!(sp["per_axis"]["z"]["p90"], 2.0);
 
@@ -186,7 +186,7 @@ fn anisotropy_rule_fires_for_thick_slices_and_the_forecast_matches_the_build() {
     let target = &r["dataset"]["spacing"]["target"];
     assert_eq!(target["rule"], "anisotropy rule");
     let zs: Vec<f64> = (0..9).map(|_| 5.0).chain([1.0]).collect();
-    let p10 = voxcache::plan::percentile(&zs, 10.0);
+    let p10 = voxcache::prep::plan::percentile(&zs, 10.0);
     assert!((p10 - 4.6).abs() < 1e-9);
     assert_eq!(xyz(&target["target_xyz"]), [0.7, 0.7, p10]);
     assert_eq!(xyz(&target["median_xyz"]), [0.7, 0.7, 5.0]);
@@ -804,7 +804,7 @@ fn a_lost_manifest_is_an_error_and_a_killed_manifest_write_is_swept() {
     );
     // What a builder killed while writing the manifest leaves: its temporary file in tmp/,
     // owned by a process that is gone (pid 0 is never a builder).
-    let me = voxcache::sysinfo::hostname();
+    let me = voxcache::util::sysinfo::hostname();
     let left = cache.join(format!("tmp/manifest.{me}.0.7"));
     std::fs::write(&left, b"{\"format_ver").unwrap();
     std::fs::remove_file(cache.join("manifest.json")).unwrap();

@@ -200,7 +200,7 @@ fn the_training_cases_come_back_and_a_rerun_writes_nothing() {
     assert!(again == probs, "banded probabilities differ");
     // What a killed predict leaves (a scratch folder, a half-written output, both of a dead
     // process on this host) is removed by the next one, and looks like no output meanwhile.
-    let host = voxcache::sysinfo::hostname();
+    let host = voxcache::util::sysinfo::hostname();
     let dead = 4_000_000; // above Linux's pid_max
     std::fs::create_dir_all(out.join(format!(".voxcache-predict.{host}.{dead}/cache"))).unwrap();
     std::fs::write(

@@ -13,7 +13,7 @@ use common::fixtures::{
 use common::probe::{assert_probe_sees_an_allocation, vm_rss_kib};
 use common::Lcg;
 use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
-use voxcache::cache::source::mirror;
+use voxcache::geometry::mirror;
 use voxcache::train::spatial::{Transform, TransformedReader};
 
 const CHUNK: &str = "4,16,16";

@@ -2,8 +2,9 @@
 
 mod common;
 
+use voxcache::geometry::{blocks, Block};
 use voxcache::geometry::{output_shape, source_coordinate};
-use voxcache::resample::{blocks, Block, LinearResampler, NearestResampler};
+use voxcache::prep::resample::{LinearResampler, NearestResampler};
 
 /// Independent per-voxel trilinear reference: same convention, same operation order
 /// (x, then y, then z), written the slow and obvious way.

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use common::fixtures::bundled_cache;
 use voxcache::cache::reader::CacheReader;
+use voxcache::model::config::Norm;
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::config::TrainConfig;
 use voxcache::train::loader::{Loader, LoaderConfig};
 use voxcache::train::loss::{dice_ce, one_hot};
-use voxcache::train::model::Norm;
 use voxcache::train::optim::{Optimizer, OptimizerKind};
 use voxcache::train::sampler::{Sampler, SamplerConfig};
-use voxcache::train::trainer::{build_model, run, RunOptions};
+use voxcache::train::trainer::{run, RunOptions};
 use voxcache::train::validate::SlidingWindow;
 
 /// A cache of the bundled data, built once for all tests (read-only to them).
@@ -94,7 +94,7 @@ fn a_tiny_unet_overfits_one_case() {
         ..tiny()
     };
     let dev = Device::Cpu;
-    let model = build_model(&cfg, 1, 2, &dev).unwrap();
+    let model = cfg.network().build(1, 2, &dev).unwrap();
     let mut opt = Optimizer::new(
         model.params(),
         OptimizerKind::AdamW {

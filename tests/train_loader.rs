@@ -478,7 +478,7 @@ fn loader_rss_probe() {
 #[ignore = "timing, run by hand"]
 fn throughput() {
     use voxcache::train::augment::augment;
-    use voxcache::train::rng::Rng;
+    use voxcache::util::rng::Rng;
     let size = [32, 128, 128];
     let n: usize = size.iter().product();
     let mut img: Vec<f32> = (0..n).map(|i| (i % 97) as f32).collect();

@@ -6,8 +6,8 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
-use voxcache::train::ops::{group_norm_leaky_relu, group_norm_leaky_relu_generic};
-use voxcache::train::rng::Rng;
+use voxcache::model::ops::{group_norm_leaky_relu, group_norm_leaky_relu_generic};
+use voxcache::util::rng::Rng;
 
 const EPS: f64 = 1e-5;
 const DIMS: [usize; 5] = [2, 8, 3, 5, 7];

@@ -2,11 +2,11 @@
 //! loss = sum(out * R) (so the upstream gradient is the random R) against hand-derived ones.
 
 use candle_core::{Device, Tensor, Var};
-use voxcache::train::ops::{
+use voxcache::model::ops::{
     avg_pool3d, conv3d, conv3d_generic, conv_transpose3d, conv_transpose3d_generic, max_pool3d,
     max_pool3d_generic, upsample_nearest3d,
 };
-use voxcache::train::rng::Rng;
+use voxcache::util::rng::Rng;
 
 type Dims = [usize; 5];
 

@@ -11,7 +11,7 @@ use voxcache::config::Exit;
 use voxcache::evaluate::pairs::parse_labels;
 use voxcache::evaluate::report::CaseOutcome;
 use voxcache::evaluate::{evaluate, EvaluateOptions};
-use voxcache::sysinfo::human_bytes;
+use voxcache::util::sysinfo::human_bytes;
 
 /// Compare segmentations with references: per case and class Dice, IoU, centreline Dice
 /// (clDice), 95th-percentile Hausdorff distance (HD95), average surface distance (ASD) and

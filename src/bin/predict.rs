@@ -10,7 +10,7 @@ use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
 use voxcache::infer::predict::{predict, PredictOptions, PredictOutcome};
-use voxcache::sysinfo::human_bytes;
+use voxcache::util::sysinfo::human_bytes;
 
 /// Segment NIfTI volumes with a trained model, in bounded memory, each written as CASE.nii.gz
 /// in its input's own geometry (dims, pixdim, qform, sform and codes).
@@ -67,7 +67,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    voxcache::train::device::default_cpu_threads();
+    voxcache::model::device::default_cpu_threads();
     let cli = Cli::parse();
     voxcache::config::exit::finish(real_main(cli))
 }

@@ -8,14 +8,14 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use voxcache::build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
 use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::settings::{dataset_source, resolve};
 use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};
 use voxcache::inspect::dataset_report::render_plan;
+use voxcache::prep::build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
 use voxcache::synth;
-use voxcache::sysinfo::human_bytes;
+use voxcache::util::sysinfo::human_bytes;
 
 #[derive(Parser)]
 #[command(

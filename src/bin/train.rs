@@ -11,9 +11,9 @@ use clap::Parser;
 use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::run_dir::run_dir;
 use voxcache::config::{train, Exit, TrainFlags};
-use voxcache::sysinfo::human_bytes;
 use voxcache::train::benchmark::{benchmark, WARMUP_STEPS};
 use voxcache::train::trainer::{per_class, run, RunOptions};
+use voxcache::util::sysinfo::human_bytes;
 
 /// Train a 3D U-Net (candle) on patches memory-mapped from a cache built by `prep build-cache`.
 ///
@@ -59,7 +59,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    voxcache::train::device::default_cpu_threads();
+    voxcache::model::device::default_cpu_threads();
     let cli = Cli::parse();
     voxcache::config::exit::finish(real_main(cli))
 }

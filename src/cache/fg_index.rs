@@ -6,20 +6,8 @@
 
 use std::collections::{BTreeMap, BinaryHeap};
 
-use serde::{Deserialize, Serialize};
-
-use crate::resample::Block;
-
-/// Counts and bounding box of one class, in output voxel coordinates (z, y, x), inclusive.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClassStats {
-    /// Voxels of this class in the output.
-    pub voxels: u64,
-    /// Smallest (z, y, x) of its voxels.
-    pub bbox_min_zyx: [usize; 3],
-    /// Largest (z, y, x) of its voxels.
-    pub bbox_max_zyx: [usize; 3],
-}
+pub use crate::format::entry::ClassStats;
+use crate::geometry::Block;
 
 #[derive(Clone, Debug, Default)]
 struct ClassAcc {
@@ -204,7 +192,7 @@ impl FgIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resample::blocks;
+    use crate::geometry::blocks;
 
     #[test]
     fn sample_does_not_depend_on_block_order() {

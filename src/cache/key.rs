@@ -32,11 +32,28 @@ pub fn content_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Settings;
+    use crate::format::{ChannelParams, Compression, DerivedArrays, ImageDtype, Normalization};
 
     #[test]
     fn key_is_stable_and_sensitive() {
-        let p = OutputParams::new(&Settings::default(), [1.0, 1.0, 2.0], None);
+        let p = OutputParams {
+            format_version: crate::format::FORMAT_VERSION,
+            grid_convention: "edge-aligned".into(),
+            target_spacing_xyz: [1.0, 1.0, 2.0],
+            image_interpolation: "linear".into(),
+            label_interpolation: "nearest".into(),
+            channels: vec![ChannelParams {
+                normalization: Normalization::ZscoreNonzero,
+                dataset_foreground: None,
+            }],
+            image_dtype: ImageDtype::Float32,
+            chunk_zyx: [32, 128, 128],
+            shard_zyx: None,
+            compression: Compression::None,
+            fg_samples: 10_000,
+            seed: 1234,
+            derived: DerivedArrays::default(),
+        };
         let a = blake3::hash(b"image");
         let b = blake3::hash(b"label");
         let k = content_key(&p, "case1", &[a], Some(&b));

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
-use crate::sysinfo::{hostname, pid_alive};
+use crate::util::sysinfo::{hostname, pid_alive};
 
 /// A cache folder.
 #[derive(Clone, Debug)]

@@ -7,7 +7,6 @@
 //!   tmp/                     entries being written (renamed into entries/ when complete)
 //! ```
 
-pub mod derived;
 pub mod fg_index;
 pub mod key;
 pub mod layout;

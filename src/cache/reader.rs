@@ -747,7 +747,7 @@ impl EntryReader {
     }
 
     /// The box `start .. start + size` of `arr` into `out`, 0 outside the volume, mirrored
-    /// along each axis of `mirror` (as [`crate::cache::source::mirror`] would after).
+    /// along each axis of `mirror` (as [`crate::geometry::mirror`] would after).
     fn read_region<T: Sample>(
         &self,
         arr: &ArrayReader,

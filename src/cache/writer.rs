@@ -1,72 +1,19 @@
-//! Writing one cache entry: a Zarr v3 group with `image`, `label` and `fg` arrays (and the
-//! label-derived arrays of [`super::derived`] when asked for), computed
-//! block by block (a block is one chunk, or one shard when sharded) in parallel. Each block is
-//! resampled from the in-memory input, hashed, encoded and written, then forgotten, so memory
-//! holds the input plus a few blocks per thread, whatever the output size.
+//! The low-level pieces of writing an entry's Zarr arrays: codecs, array metadata, padded edge
+//! blocks and the short hashes recorded per chunk. What an entry holds is written by
+//! [`crate::prep::build`].
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use rayon::prelude::*;
 use zarrs::array::codec::{
     BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ShardingCodecOptions,
     SubchunkWriteOrder, ZstdCodec,
 };
 use zarrs::array::{Array, ArrayBuilder, BytesToBytesCodecTraits, CodecSpecificOptions};
-use zarrs::group::GroupBuilder;
-use zarrs::storage::{StoreKey, WritableStorageTraits};
 
-use super::fg_index::{FgAccumulator, FgIndex};
 use super::store::EntryStore;
 use crate::error::{Error, Result};
-use crate::format::entry::{
-    FgIndexInfo, InputGeometry, LabelInfo, OutputGeometry, RowRange, Sources,
-};
-use crate::format::{
-    ChunkChecksums, ChunkLayout, Compression, Dtype, EntryAttrs, ImageDtype, OutputParams,
-    CHECKSUMS_FILE, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
-};
-use crate::normalize::{AppliedNormalization, IntensityStats};
-use crate::resample::{blocks, Block, LinearResampler, NearestResampler, VoxelRead};
-
-/// What to write for one case.
-pub struct EntryInput<'a> {
-    /// Case id, recorded in the entry.
-    pub case_id: &'a str,
-    /// Content key of the entry (its folder name once committed).
-    pub key: &'a str,
-    /// The normalized input image, one source per channel, each C order (z, y, x), read a
-    /// run at a time.
-    pub images: &'a [&'a dyn VoxelRead],
-    /// Label voxels, C order (z, y, x) on the image grid, as f32 holding whole numbers, and the
-    /// type they are cached as (u8 or u16); `None` for an unlabelled case.
-    pub label: Option<(&'a dyn VoxelRead, Dtype)>,
-    /// Input shape (z, y, x) in voxels.
-    pub in_shape_zyx: [usize; 3],
-    /// Output shape (z, y, x) in voxels.
-    pub out_shape_zyx: [usize; 3],
-    /// The parameters the entry is built with (dtype, layout, codec, sampling).
-    pub params: &'a OutputParams,
-    /// The facts known before writing, recorded in the entry's attributes.
-    pub source: Sources,
-    /// The input image's grid.
-    pub input: InputGeometry,
-    /// The cached grid.
-    pub output: OutputGeometry,
-    /// Statistics of each channel before normalization.
-    pub intensity: Vec<IntensityStats>,
-    /// The normalization already applied to each channel of `images`.
-    pub normalization: Vec<AppliedNormalization>,
-}
-
-/// What was written.
-pub struct EntryOutput {
-    /// Per-class counts, bounding boxes and sampled foreground coordinates.
-    pub fg: FgIndex,
-    /// Blocks of the output grid computed per array: chunks, or shards when sharded.
-    pub blocks: usize,
-}
+use crate::format::{ChunkLayout, Compression, Dtype, OutputParams};
 
 /// Turn off zarrs' own version block in metadata so that entries are byte-reproducible.
 pub fn configure_zarrs() {
@@ -98,13 +45,13 @@ fn compression_codecs(
 
 /// One array of an entry: its name, element type (the fill value is zero) and, for the image,
 /// its channel count (a leading axis, one channel per chunk).
-pub(super) struct ArraySpec {
-    pub(super) name: &'static str,
-    pub(super) dtype: Dtype,
-    pub(super) channels: Option<usize>,
+pub(crate) struct ArraySpec {
+    pub(crate) name: &'static str,
+    pub(crate) dtype: Dtype,
+    pub(crate) channels: Option<usize>,
 }
 
-pub(super) fn build_array(
+pub(crate) fn build_array(
     store: &Arc<EntryStore>,
     dir: &Path,
     params: &OutputParams,
@@ -149,7 +96,7 @@ pub(super) fn build_array(
 
 /// Copy a block computed at its own size into a full-chunk buffer (edge blocks are padded with
 /// the fill value, as Zarr stores them).
-pub(super) fn pad_block<T: Copy>(
+pub(crate) fn pad_block<T: Copy>(
     data: Vec<T>,
     size: [usize; 3],
     full: [usize; 3],
@@ -168,251 +115,24 @@ pub(super) fn pad_block<T: Copy>(
     out
 }
 
-pub(super) fn bytes_of<T: bytemuck_like::Pod>(v: &[T]) -> &[u8] {
+pub(crate) fn bytes_of<T: bytemuck_like::Pod>(v: &[T]) -> &[u8] {
     bytemuck_like::as_bytes(v)
 }
 
 /// Minimal plain-old-data view, to hash what Zarr stores without another dependency.
-pub(super) mod bytemuck_like {
-    pub(in crate::cache) trait Pod: Copy {}
+pub(crate) mod bytemuck_like {
+    pub(crate) trait Pod: Copy {}
     impl Pod for f32 {}
     impl Pod for f64 {}
     impl Pod for u8 {}
     impl Pod for u16 {}
     impl Pod for half::f16 {}
-    pub(in crate::cache) fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
+    pub(crate) fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
         // SAFETY: T is a plain numeric type without padding; the slice is valid for its length.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
     }
 }
 
-fn block_key(b: &Block, write_block: [usize; 3]) -> (Vec<u64>, String) {
-    let idx: Vec<u64> = (0..3)
-        .map(|a| (b.start[a] / write_block[a]) as u64)
-        .collect();
-    let name = format!("{}.{}.{}", idx[0], idx[1], idx[2]);
-    (idx, name)
-}
-
-/// Write the entry's arrays and metadata into `store` (a fresh temporary folder `dir`). Nothing
-/// is synced here: the caller makes it durable (`EntryStore::sync_all`) before the commit.
-pub fn write_entry(
-    store: &Arc<EntryStore>,
-    dir: &Path,
-    input: EntryInput,
-    on_voxels: &(dyn Fn(u64) + Sync),
-) -> Result<EntryOutput> {
-    let params = input.params;
-    let out_shape = input.out_shape_zyx;
-    let layout = params.layout_for(out_shape);
-    let array = |spec: ArraySpec| build_array(store, dir, params, &layout, out_shape, spec);
-    let channels = input.images.len();
-    if channels == 0 || channels != params.channels.len() {
-        return Err(Error::Config(format!(
-            "{}: {channels} image channels given for {} channel parameters",
-            input.case_id,
-            params.channels.len()
-        )));
-    }
-    let image_array = array(ArraySpec {
-        name: IMAGE_ARRAY,
-        dtype: params.image_dtype.dtype(),
-        channels: Some(channels),
-    })?;
-    let label_dtype = input.label.map(|l| l.1);
-    let label_array = match label_dtype {
-        None => None,
-        Some(dtype) => Some(array(ArraySpec {
-            name: LABEL_ARRAY,
-            dtype,
-            channels: None,
-        })?),
-    };
-
-    let write_block = layout.write_block_zyx();
-    let linear = LinearResampler::new(input.in_shape_zyx, out_shape);
-    let nearest = NearestResampler::new(input.in_shape_zyx, out_shape);
-    let fg = Mutex::new(FgAccumulator::new(
-        params.fg_samples,
-        params.seed,
-        out_shape,
-    ));
-    let image_sums = Mutex::new(BTreeMap::new());
-    let label_sums = Mutex::new(BTreeMap::new());
-    let all_blocks = blocks(out_shape, write_block);
-
-    all_blocks.par_iter().try_for_each(|b| -> Result<()> {
-        let (idx, name) = block_key(b, write_block);
-        for (c, image) in input.images.iter().enumerate() {
-            let cidx: Vec<u64> = std::iter::once(c as u64)
-                .chain(idx.iter().copied())
-                .collect();
-            let cname = format!("{c}.{name}");
-            let chunk_path = || {
-                dir.join(IMAGE_ARRAY)
-                    .join(format!("c/{}", cname.replace('.', "/")))
-            };
-            let mut img = vec![0.0f32; b.len()];
-            linear.fill_from(*image, *b, &mut img)?;
-            let img = pad_block(img, b.size, write_block, 0.0f32);
-            let hash = match params.image_dtype {
-                ImageDtype::Float32 => {
-                    let h = blake3::hash(bytes_of(&img));
-                    image_array
-                        .store_chunk(&cidx, img.as_slice())
-                        .map_err(|e| Error::zarr(chunk_path(), e))?;
-                    h
-                }
-                ImageDtype::Float16 => {
-                    let half: Vec<half::f16> =
-                        img.iter().map(|&v| half::f16::from_f32(v)).collect();
-                    let h = blake3::hash(bytes_of(&half));
-                    image_array
-                        .store_chunk(&cidx, half.as_slice())
-                        .map_err(|e| Error::zarr(chunk_path(), e))?;
-                    h
-                }
-            };
-            image_sums
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(cname, short_hex(&hash));
-        }
-
-        if let (Some(arr), Some(label)) = (&label_array, input.label) {
-            let mut local = fg.lock().unwrap_or_else(|p| p.into_inner()).child();
-            let mut labf = vec![0.0f32; b.len()];
-            nearest.fill_from(label.0, *b, &mut labf)?;
-            // Values were checked to be whole numbers that fit the label's type.
-            let hash = match label.1 {
-                Dtype::Uint8 => {
-                    let lab: Vec<u8> = labf.iter().map(|&v| v as u8).collect();
-                    local.observe(*b, &lab);
-                    let lab = pad_block(lab, b.size, write_block, 0u8);
-                    arr.store_chunk(&idx, lab.as_slice())
-                        .map_err(|e| Error::zarr(dir.join(LABEL_ARRAY), e))?;
-                    blake3::hash(&lab)
-                }
-                _ => {
-                    let lab: Vec<u16> = labf.iter().map(|&v| v as u16).collect();
-                    local.observe(*b, &lab);
-                    let lab = pad_block(lab, b.size, write_block, 0u16);
-                    arr.store_chunk(&idx, lab.as_slice())
-                        .map_err(|e| Error::zarr(dir.join(LABEL_ARRAY), e))?;
-                    blake3::hash(bytes_of(&lab))
-                }
-            };
-            label_sums
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name, short_hex(&hash));
-            fg.lock().unwrap_or_else(|p| p.into_inner()).merge(local);
-        }
-        on_voxels(b.len() as u64);
-        Ok(())
-    })?;
-
-    let fg = fg.into_inner().unwrap_or_else(|p| p.into_inner()).finish();
-    let (rows, ranges) = fg.rows();
-    let n_rows = rows.len() / 4;
-    if n_rows > 0 {
-        let store_fg = |e: crate::error::BoxError| Error::zarr(dir.join(FG_ARRAY), e);
-        let mut b = ArrayBuilder::new(
-            vec![n_rows as u64, 4],
-            vec![n_rows as u64, 4],
-            Dtype::Uint32.zarrs(),
-            Dtype::Uint32.zero_fill(),
-        );
-        b.dimension_names(Some(["sample", "class_z_y_x"]));
-        let arr = b
-            .build(store.clone(), &format!("/{FG_ARRAY}"))
-            .map_err(|e| store_fg(e.into()))?;
-        arr.store_metadata().map_err(|e| store_fg(e.into()))?;
-        arr.store_chunk(&[0, 0], rows.as_slice())
-            .map_err(|e| store_fg(e.into()))?;
-    }
-
-    // The label is complete: the arrays derived from it are read back from it.
-    let derived = match label_dtype {
-        Some(dtype) if params.derived.any() => Some(super::derived::write_derived(
-            super::derived::DerivedInput {
-                store,
-                dir,
-                params,
-                layout: &layout,
-                shape_zyx: out_shape,
-                spacing_zyx: {
-                    let s = input.output.spacing_xyz;
-                    [s[2], s[1], s[0]]
-                },
-                unit: &input.input.unit,
-                label_dtype: dtype,
-                classes: fg.classes.iter().map(|(&c, s)| (c, s.voxels)).collect(),
-            },
-        )?),
-        _ => None,
-    };
-    let (derived_info, distance_sums, skeleton_sums) = match derived {
-        Some(d) => (d.info, d.distance_sums, d.skeleton_sums),
-        None => Default::default(),
-    };
-    let checksums = ChunkChecksums {
-        image: image_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
-        label: label_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
-        distance: distance_sums,
-        skeleton: skeleton_sums,
-        ..ChunkChecksums::new(write_block)
-    };
-    let sums_key = StoreKey::new(CHECKSUMS_FILE).map_err(|e| Error::zarr(dir, e))?;
-    store
-        .set(&sums_key, checksums.to_json().into())
-        .map_err(|e| Error::zarr(dir.join(CHECKSUMS_FILE), e))?;
-
-    let attrs = EntryAttrs {
-        format_version: FORMAT_VERSION,
-        case_id: input.case_id.to_string(),
-        key: input.key.to_string(),
-        created_by: format!("voxcache {}", env!("CARGO_PKG_VERSION")),
-        source: input.source,
-        input: input.input,
-        output: input.output,
-        params: params.clone(),
-        layout,
-        intensity: input.intensity,
-        normalization: input.normalization,
-        label: label_dtype.map(|dtype| LabelInfo {
-            dtype,
-            classes: fg.classes.clone(),
-        }),
-        fg_index: FgIndexInfo {
-            array: (n_rows > 0).then(|| FG_ARRAY.to_string()),
-            columns: ["class", "z", "y", "x"].map(String::from),
-            rows_per_class: ranges
-                .iter()
-                .map(|(c, r)| {
-                    let range = RowRange {
-                        start: r[0] as u64,
-                        count: r[1] as u64,
-                    };
-                    (*c, range)
-                })
-                .collect(),
-        },
-        derived: derived_info,
-        chunk_checksums: CHECKSUMS_FILE.to_string(),
-    };
-    let group = GroupBuilder::new()
-        .attributes(attrs.to_group_attributes()?)
-        .build(store.clone(), "/")
-        .map_err(|e| Error::zarr(dir, e))?;
-    // The group's zarr.json is written last: an entry without it is never treated as complete.
-    group.store_metadata().map_err(|e| Error::zarr(dir, e))?;
-    Ok(EntryOutput {
-        fg,
-        blocks: all_blocks.len(),
-    })
-}
-
-pub(super) fn short_hex(h: &blake3::Hash) -> String {
+pub(crate) fn short_hex(h: &blake3::Hash) -> String {
     h.to_hex()[..32].to_string()
 }

@@ -10,11 +10,11 @@ use super::settings::{PrepFlags, Settings, SpacingChoice};
 use super::values::from_str;
 use crate::error::{Error, Result};
 use crate::format::ImageDtype;
-use crate::normalize::Normalization;
+use crate::prep::normalize::Normalization;
 use crate::train::config::TrainConfig;
 
 /// The pipeline used when none is named.
-pub const DEFAULT_PIPELINE: &str = "default";
+pub use crate::prep::settings::DEFAULT_PIPELINE;
 
 /// The bundled pipelines: `pipelines/NAME.toml` of the source tree at build time.
 pub const BUNDLED: [(&str, &str); 4] = [
@@ -151,7 +151,7 @@ impl Pipeline {
             ..Settings::default()
         };
         file.cache_layer()
-            .and_then(|layer| settings.apply(&layer))
+            .and_then(|layer| super::settings::apply(&mut settings, &layer))
             .and_then(|()| settings.validate())
             .map_err(|e| in_origin(&e))?;
         let train = file.train.clone().unwrap_or_default();

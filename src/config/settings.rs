@@ -5,19 +5,11 @@ use std::path::PathBuf;
 
 use super::pipeline::{Pipeline, DEFAULT_PIPELINE};
 use super::values::{parse_three, parse_zyx, Shard};
-use crate::dataset::DatasetSource;
 use crate::error::{Error, Result};
 use crate::format::{Compression, DerivedArrays, ImageDtype};
-use crate::normalize::Normalization;
-
-/// How the target spacing is chosen.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum SpacingChoice {
-    /// Per-axis median with nnU-Net's anisotropy rule.
-    Auto,
-    /// Explicit (x, y, z), in the files' units.
-    Explicit([f64; 3]),
-}
+use crate::prep::dataset::DatasetSource;
+use crate::prep::normalize::Normalization;
+pub use crate::prep::settings::{Settings, SpacingChoice};
 
 /// `auto`, `x,y,z`, or one number for all three axes.
 impl std::str::FromStr for SpacingChoice {
@@ -90,140 +82,47 @@ pub struct PrepFlags {
     pub input_ram_mib: Option<u64>,
 }
 
-/// Parameters after defaults, pipeline and flags are merged (spacing not yet resolved).
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Name of the pipeline the settings came from, recorded in the manifest.
-    pub pipeline: String,
-    /// How the target spacing is chosen.
-    pub spacing: SpacingChoice,
-    /// Intensity scheme applied to the image before resampling: to every channel whose
-    /// dataset.json name does not pick one (nnU-Net's "CT", "noNorm", "zscore").
-    pub normalization: Normalization,
-    /// `--normalization` was given on the command line: it applies to every channel,
-    /// whatever dataset.json's channel names say.
-    pub normalization_forced: bool,
-    /// Element type of the cached image.
-    pub image_dtype: ImageDtype,
-    /// Chunk shape (z, y, x) in voxels: an upper bound, fitted to each case
-    /// ([`crate::format::OutputParams::layout_for`]).
-    pub chunk_zyx: [usize; 3],
-    /// Shard shape (z, y, x) in voxels, whole multiples of the chunk; `None`: no sharding.
-    pub shard_zyx: Option<[usize; 3]>,
-    /// Chunk codec; `Compression::None` keeps chunks memory-mappable.
-    pub compression: Compression,
-    /// Foreground coordinates sampled per class for the patch sampler.
-    pub fg_samples: usize,
-    /// Seed of the foreground sample (same seed, same sample).
-    pub seed: u64,
-    /// Label-derived arrays built beside the label.
-    pub derived: DerivedArrays,
-    /// Largest forecast output of one case, in GiB; not part of the content key (it shapes
-    /// nothing that is written).
-    pub max_case_gib: f64,
-    /// Inputs with more voxel bytes than this many MiB are read from a scratch file instead of
-    /// memory; not part of the content key (the output is the same either way).
-    pub input_ram_mib: u64,
-}
-
-/// The defaults (see README, "Choosing the chunk layout", for the measurement behind them).
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            pipeline: DEFAULT_PIPELINE.into(),
-            spacing: SpacingChoice::Auto,
-            normalization: Normalization::ZscoreNonzero,
-            normalization_forced: false,
-            image_dtype: ImageDtype::Float32,
-            chunk_zyx: [32, 128, 128],
-            shard_zyx: None,
-            compression: Compression::None,
-            fg_samples: 10_000,
-            seed: 1234,
-            derived: DerivedArrays::default(),
-            max_case_gib: 1024.0,
-            input_ram_mib: 256,
-        }
+/// Overlay one layer of overrides (a pipeline file's, or the flags). A codec named without a
+/// level gets that codec's default level; a level alone applies to the current codec.
+pub fn apply(s: &mut Settings, l: &PrepFlags) -> Result<()> {
+    if let Some(v) = l.spacing {
+        s.spacing = v;
     }
-}
-
-impl Settings {
-    /// Overlay one layer of overrides (a pipeline file's, or the flags). A codec named without a
-    /// level gets that codec's default level; a level alone applies to the current codec.
-    pub fn apply(&mut self, l: &PrepFlags) -> Result<()> {
-        if let Some(v) = l.spacing {
-            self.spacing = v;
-        }
-        if let Some(v) = l.normalization {
-            self.normalization = v;
-        }
-        if let Some(v) = l.image_dtype {
-            self.image_dtype = v;
-        }
-        if let Some(v) = l.chunk {
-            self.chunk_zyx = v;
-        }
-        if let Some(Shard(v)) = l.shard {
-            self.shard_zyx = v;
-        }
-        match (&l.compression, l.compression_level) {
-            (Some(c), level) => self.compression = Compression::parse(c, level)?,
-            (None, Some(level)) => {
-                self.compression = Compression::parse(self.compression.name(), Some(level))?
-            }
-            (None, None) => {}
-        }
-        if let Some(v) = l.fg_samples {
-            self.fg_samples = v;
-        }
-        if let Some(v) = l.seed {
-            self.seed = v;
-        }
-        if let Some(v) = l.derived {
-            self.derived = v;
-        }
-        if let Some(v) = l.max_case_gib {
-            self.max_case_gib = v;
-        }
-        if let Some(v) = l.input_ram_mib {
-            self.input_ram_mib = v;
-        }
-        Ok(())
+    if let Some(v) = l.normalization {
+        s.normalization = v;
     }
-
-    /// Check the shapes: chunk sides 1..4096, shards whole multiples of the chunk and at most
-    /// 1 GiB (at 4 bytes a voxel).
-    pub fn validate(&self) -> Result<()> {
-        if !(self.max_case_gib.is_finite() && self.max_case_gib > 0.0) {
-            return Err(Error::Config(format!(
-                "max_case_gib {}: give a positive number of GiB",
-                self.max_case_gib
-            )));
-        }
-        if self.chunk_zyx.iter().any(|&c| c == 0 || c > 4096) {
-            return Err(Error::Config(format!(
-                "chunk shape {:?}: each side must be 1..4096",
-                self.chunk_zyx
-            )));
-        }
-        if let Some(s) = self.shard_zyx {
-            for a in 0..3 {
-                if s[a] == 0 || s[a] % self.chunk_zyx[a] != 0 {
-                    return Err(Error::Config(format!(
-                        "shard shape {s:?} must be a whole multiple of the chunk shape {:?}",
-                        self.chunk_zyx
-                    )));
-                }
-            }
-            let bytes: usize = s.iter().product::<usize>() * 4;
-            if bytes > 1 << 30 {
-                return Err(Error::Config(format!(
-                    "shard shape {s:?} is over 1 GiB per shard"
-                )));
-            }
-        }
-        Ok(())
+    if let Some(v) = l.image_dtype {
+        s.image_dtype = v;
     }
+    if let Some(v) = l.chunk {
+        s.chunk_zyx = v;
+    }
+    if let Some(Shard(v)) = l.shard {
+        s.shard_zyx = v;
+    }
+    match (&l.compression, l.compression_level) {
+        (Some(c), level) => s.compression = Compression::parse(c, level)?,
+        (None, Some(level)) => {
+            s.compression = Compression::parse(s.compression.name(), Some(level))?
+        }
+        (None, None) => {}
+    }
+    if let Some(v) = l.fg_samples {
+        s.fg_samples = v;
+    }
+    if let Some(v) = l.seed {
+        s.seed = v;
+    }
+    if let Some(v) = l.derived {
+        s.derived = v;
+    }
+    if let Some(v) = l.max_case_gib {
+        s.max_case_gib = v;
+    }
+    if let Some(v) = l.input_ram_mib {
+        s.input_ram_mib = v;
+    }
+    Ok(())
 }
 
 /// The settings of a build (or of inspect's forecast of one): the pipeline the flags name (the
@@ -231,7 +130,7 @@ impl Settings {
 pub fn resolve(flags: &PrepFlags) -> Result<Settings> {
     let pipeline = Pipeline::load(flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE))?;
     let mut s = pipeline.settings;
-    s.apply(flags)?;
+    apply(&mut s, flags)?;
     s.normalization_forced = flags.normalization.is_some();
     s.validate()?;
     Ok(s)
@@ -266,7 +165,6 @@ pub fn dataset_source(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::OutputParams;
 
     #[test]
     fn layout_splits_axes_evenly_under_the_bound() {
@@ -274,12 +172,12 @@ mod tests {
             chunk_zyx: [32, 128, 128],
             ..Settings::default()
         };
-        let p = OutputParams::new(&st, [1.0; 3], None);
+        let p = st.output_params([1.0; 3], None);
         let l = p.layout_for([41, 512, 100]);
         assert_eq!(l.chunk_zyx, [21, 128, 100]);
         assert_eq!(l.shard_zyx, None);
         st.shard_zyx = Some([64, 256, 256]);
-        let p = OutputParams::new(&st, [1.0; 3], None);
+        let p = st.output_params([1.0; 3], None);
         let l = p.layout_for([41, 2545, 100]);
         assert_eq!(l.chunk_zyx, [21, 128, 100]);
         assert_eq!(l.shard_zyx, Some([42, 256, 100]));
@@ -306,7 +204,7 @@ mod tests {
 
     #[test]
     fn every_parameter_changes_the_canonical_json() {
-        let base = OutputParams::new(&Settings::default(), [1.0, 1.0, 1.0], None);
+        let base = Settings::default().output_params([1.0, 1.0, 1.0], None);
         let mut variants = vec![];
         let mut p = base.clone();
         p.target_spacing_xyz[2] = 1.0000001;
@@ -369,8 +267,8 @@ mod tests {
         let d = Settings::default();
         assert_eq!(s.pipeline, "default");
         assert_eq!(
-            OutputParams::new(&s, [1.0; 3], None).canonical_json(),
-            OutputParams::new(&d, [1.0; 3], None).canonical_json()
+            s.output_params([1.0; 3], None).canonical_json(),
+            d.output_params([1.0; 3], None).canonical_json()
         );
     }
 }

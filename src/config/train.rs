@@ -4,8 +4,8 @@
 use super::pipeline::{Pipeline, DEFAULT_PIPELINE};
 use super::values::parse_zyx;
 use crate::error::{Error, Result};
+use crate::model::config::{Norm, Precision, Upsampling};
 use crate::train::config::{OptimizerName, TrainConfig};
-use crate::train::model::{Norm, Precision, Upsampling};
 
 /// Overrides of the training options, every one optional. Field names and value spellings are
 /// the `[train]` keys and values of a pipeline file.

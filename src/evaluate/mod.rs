@@ -5,11 +5,12 @@
 //! Stages: [`pairs`] matches each prediction with its reference and decides the classes;
 //! [`overlap`] reads both files once, a slice at a time, counting voxels and collecting edge
 //! voxels (and copying both into scratch files for clDice); [`surface`] measures the distances
-//! between edges; [`crate::centreline`] thins both scratch volumes block by block; [`report`]
+//! between edges; [`crate::evaluate::centreline`] thins both scratch volumes block by block; [`report`]
 //! holds the results and their table. Memory follows a slice, a few blocks and the surfaces,
 //! never the volume; clDice's scratch costs 4 bytes a voxel of disk in the temporary folder
 //! (`TMPDIR`) while a case is measured.
 
+pub mod centreline;
 pub mod overlap;
 pub mod pairs;
 pub mod report;
@@ -20,12 +21,12 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::centreline::scratch::ScratchLabels;
-use crate::centreline::{centreline_counts, ClassMask};
-use crate::dataset::scan::check_prediction;
 use crate::error::{Error, Result};
+use crate::evaluate::centreline::scratch::ScratchLabels;
+use crate::evaluate::centreline::{centreline_counts, ClassMask};
 use crate::format::dataset_json::LabelClass;
 use crate::nifti_io::read_header;
+use crate::prep::dataset::scan::check_prediction;
 use overlap::{measure_pair, ClassTable, PairScratch};
 use pairs::CasePair;
 use report::{CaseOutcome, CaseReport, ClassMetrics, EvaluationReport};
@@ -112,7 +113,7 @@ pub fn evaluate(opts: &EvaluateOptions) -> Result<EvaluationReport> {
         foreground_mean,
         without_prediction: found.without_prediction,
         wall_seconds: started.elapsed().as_secs_f64(),
-        peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
+        peak_rss_bytes: crate::util::sysinfo::peak_rss_bytes(),
     })
 }
 
@@ -223,7 +224,7 @@ fn align_classes(mut cases: Vec<CaseReport>) -> Vec<CaseReport> {
 }
 
 fn progress_bar(enabled: bool, cases: u64) -> indicatif::ProgressBar {
-    crate::progress::bar(
+    crate::util::progress::bar(
         enabled,
         cases,
         "evaluate [{bar:24}] {pos}/{len} cases eta {eta}",

@@ -13,8 +13,8 @@
 use std::path::Path;
 use std::sync::mpsc;
 
-use crate::centreline::scratch::ScratchLabels;
 use crate::error::{Error, Result};
+use crate::evaluate::centreline::scratch::ScratchLabels;
 use crate::format::dataset_json::LabelClass;
 use crate::nifti_io::stream_label_slices;
 

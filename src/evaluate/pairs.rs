@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use super::overlap::ClassTable;
 use super::EvaluateOptions;
-use crate::dataset::{nifti_files, strip_nifti_ext};
 use crate::error::{Error, Result};
 use crate::format::dataset_json::{DatasetDescription, LabelClass};
+use crate::prep::dataset::{nifti_files, strip_nifti_ext};
 
 /// A prediction and its reference (`None`: none was found, an error of that case).
 #[derive(Clone, Debug)]

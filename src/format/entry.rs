@@ -7,12 +7,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::dtype::Dtype;
+use super::normalization::{AppliedNormalization, IntensityStats};
 use super::params::{ChunkLayout, OutputParams};
 use super::{check_version, ome, positive3, FORMAT_VERSION};
-use crate::cache::fg_index::ClassStats;
 use crate::error::{Error, Result};
-use crate::geometry::Affine;
-use crate::normalize::{AppliedNormalization, IntensityStats};
 
 /// Name of the entry's array holding the image.
 pub const IMAGE_ARRAY: &str = "image";
@@ -57,7 +55,7 @@ pub struct InputGeometry {
     /// Spacing (x, y, z) in the files' units.
     pub spacing_xyz: [f64; 3],
     /// Voxel (i, j, k) to world, as the header gives it.
-    pub affine: Affine,
+    pub affine: [[f64; 4]; 4],
     /// "sform", "qform" or "pixdim".
     pub affine_source: String,
     /// Why the header's preferred transform was passed over for `affine_source`, if it was.
@@ -87,7 +85,7 @@ pub struct OutputGeometry {
     /// The spacing asked for (x, y, z).
     pub target_spacing_xyz: [f64; 3],
     /// Voxel (x, y, z) to world, like the input's.
-    pub affine: Affine,
+    pub affine: [[f64; 4]; 4],
     /// Axis codes of the affine, e.g. "RAS" (the same as the input's).
     pub orientation: String,
 }
@@ -98,15 +96,16 @@ impl OutputGeometry {
         shape_xyz: [usize; 3],
         spacing_xyz: [f64; 3],
         target_spacing_xyz: [f64; 3],
-        affine: Affine,
+        affine: [[f64; 4]; 4],
+        orientation: String,
     ) -> Self {
         OutputGeometry {
             axes: ["z", "y", "x"].map(String::from),
-            shape_zyx: crate::geometry::zyx(shape_xyz),
+            shape_zyx: zyx(shape_xyz),
             shape_xyz,
             spacing_xyz,
             target_spacing_xyz,
-            orientation: affine.axis_codes(),
+            orientation,
             affine,
         }
     }
@@ -278,7 +277,7 @@ impl EntryAttrs {
         if self.format_version != FORMAT_VERSION {
             return bad(format!("format_version {}", self.format_version));
         }
-        if self.output.shape_xyz != crate::geometry::zyx(self.output.shape_zyx) {
+        if self.output.shape_xyz != zyx(self.output.shape_zyx) {
             return bad(format!(
                 "output.shape_xyz {:?} is not output.shape_zyx {:?} reversed",
                 self.output.shape_xyz, self.output.shape_zyx
@@ -358,4 +357,20 @@ impl EntryAttrs {
         }
         Ok(())
     }
+}
+
+/// Counts and bounding box of one class, in output voxel coordinates (z, y, x), inclusive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassStats {
+    /// Voxels of this class in the output.
+    pub voxels: u64,
+    /// Smallest (z, y, x) of its voxels.
+    pub bbox_min_zyx: [usize; 3],
+    /// Largest (z, y, x) of its voxels.
+    pub bbox_max_zyx: [usize; 3],
+}
+
+/// A shape in the other axis order: (x, y, z) <-> (z, y, x).
+fn zyx(s: [usize; 3]) -> [usize; 3] {
+    [s[2], s[1], s[0]]
 }

@@ -21,6 +21,7 @@ pub mod dataset_json;
 pub mod dtype;
 pub mod entry;
 pub mod manifest;
+pub mod normalization;
 mod ome;
 pub mod params;
 pub mod probabilities;
@@ -35,6 +36,7 @@ pub use checksums::{ChunkChecksums, CHECKSUMS_FILE};
 pub use dtype::Dtype;
 pub use entry::{EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY};
 pub use manifest::{Manifest, ManifestCase, ManifestDataset};
+pub use normalization::{AppliedNormalization, ForegroundStats, IntensityStats, Normalization};
 pub use params::{
     ChannelParams, ChunkLayout, Compression, DerivedArrays, ImageDtype, OutputParams,
 };

@@ -4,10 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::dtype::Dtype;
-use super::FORMAT_VERSION;
-use crate::config::Settings;
+use super::normalization::{ForegroundStats, Normalization};
 use crate::error::{Error, Result};
-use crate::normalize::{ForegroundStats, Normalization};
 
 /// Element type of the cached image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,7 +154,7 @@ impl Compression {
 /// Every parameter that shapes an entry's bytes. Its canonical JSON goes into the content key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OutputParams {
-    /// [`FORMAT_VERSION`]: a new format gives every entry a new key.
+    /// [`super::FORMAT_VERSION`]: a new format gives every entry a new key.
     pub format_version: u32,
     /// Output grid convention: always "edge-aligned" (see [`crate::geometry`]).
     pub grid_convention: String,
@@ -196,39 +194,6 @@ pub struct ChannelParams {
 }
 
 impl OutputParams {
-    /// The parameters of a one-channel image: `settings` at the target spacing `target`
-    /// (x, y, z), with the dataset foreground statistics when the CT scheme needs them.
-    pub fn new(settings: &Settings, target: [f64; 3], fg: Option<ForegroundStats>) -> Self {
-        let channel = ChannelParams {
-            normalization: settings.normalization,
-            dataset_foreground: fg,
-        };
-        Self::with_channels(settings, target, vec![channel])
-    }
-
-    /// The parameters of an image of `channels.len()` channels.
-    pub fn with_channels(
-        settings: &Settings,
-        target: [f64; 3],
-        channels: Vec<ChannelParams>,
-    ) -> Self {
-        OutputParams {
-            format_version: FORMAT_VERSION,
-            grid_convention: "edge-aligned".into(),
-            target_spacing_xyz: target,
-            image_interpolation: "linear".into(),
-            label_interpolation: "nearest".into(),
-            channels,
-            image_dtype: settings.image_dtype,
-            chunk_zyx: settings.chunk_zyx,
-            shard_zyx: settings.shard_zyx,
-            compression: settings.compression,
-            fg_samples: settings.fg_samples,
-            seed: settings.seed,
-            derived: settings.derived,
-        }
-    }
-
     /// Canonical JSON: fixed field order, shortest round-trip float formatting.
     pub fn canonical_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()

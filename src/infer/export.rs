@@ -11,8 +11,9 @@ use rayon::prelude::*;
 use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbVolume;
 use crate::error::Result;
+use crate::geometry::Block;
 use crate::nifti_io::{LabelType, LabelWriter};
-use crate::resample::{Block, LinearResampler};
+use crate::prep::resample::LinearResampler;
 
 /// Voxels of the input grid computed per slab (whole z rows).
 const SLAB_VOXELS: usize = 1 << 21;

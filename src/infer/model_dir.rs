@@ -8,10 +8,9 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::format::run::{Preprocessing, RunRecord, RUN_FILE};
-use crate::train::checkpoint::{Checkpointer, MODEL_FILE};
-use crate::train::config::TrainConfig;
-use crate::train::model::UNet;
-use crate::train::trainer::build_model;
+use crate::model::checkpoint::{Checkpointer, MODEL_FILE};
+use crate::model::config::NetworkOptions;
+use crate::model::unet::UNet;
 
 /// Which checkpoint of a run folder.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,8 +40,10 @@ pub struct LoadedModel {
     pub record: RunRecord,
     /// How inputs must be made (always present here).
     pub preprocessing: Preprocessing,
-    /// The training options (patch size, network shape).
-    pub config: TrainConfig,
+    /// The network options of the run (patch size, network shape).
+    pub network: NetworkOptions,
+    /// The network learnt mirrored patches (then test-time mirroring makes sense).
+    pub trained_mirrored: bool,
     /// The network with the checkpoint's weights.
     pub model: UNet,
     /// The checkpoint folder the weights came from.
@@ -67,7 +68,7 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
             record_path.display()
         ))
     })?;
-    let config: TrainConfig = serde_json::from_value(record.config.clone()).map_err(|e| {
+    let network: NetworkOptions = serde_json::from_value(record.config.clone()).map_err(|e| {
         Error::Config(format!(
             "{}: the recorded training options do not read: {e}",
             record_path.display()
@@ -97,14 +98,15 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
             latest.dir
         }
     };
+    let mirrored = trained_mirrored(&record.config);
     let ck = Checkpointer::load(&ck_dir, device)?;
     let channels = record.channels.len().max(1);
     // Prediction uses the full-resolution head alone: deep-supervision heads stay unused.
-    let bare = TrainConfig {
+    let bare = NetworkOptions {
         deep_supervision: false,
-        ..config.clone()
+        ..network.clone()
     };
-    let model = build_model(&bare, channels, record.num_classes, device)?;
+    let model = bare.build(channels, record.num_classes, device)?;
     model.load(&ck.model).map_err(|e| {
         Error::Train(format!(
             "{}: the weights do not fit the recorded network: {e}",
@@ -118,9 +120,26 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
     Ok(LoadedModel {
         record,
         preprocessing,
-        config,
+        trained_mirrored: mirrored,
+        network,
         model,
         checkpoint: ck_dir,
         weights_hash: h.finalize().to_hex().to_string(),
     })
+}
+
+/// Whether the recorded training options mirrored patches (`augment` on and a mirroring
+/// probability above 0). A record that does not say is taken as not mirrored.
+fn trained_mirrored(config: &serde_json::Value) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Augmentation {
+        mirror_prob: f64,
+    }
+    #[derive(serde::Deserialize)]
+    struct Recorded {
+        augment: bool,
+        augmentation: Augmentation,
+    }
+    serde_json::from_value::<Recorded>(config.clone())
+        .is_ok_and(|r| r.augment && r.augmentation.mirror_prob > 0.0)
 }

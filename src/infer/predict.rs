@@ -2,7 +2,7 @@
 //! its input's own geometry.
 //!
 //! The stages, each the same code as elsewhere: the inputs are preprocessed by the build
-//! ([`crate::build::build_cache`] with the model's recorded parameters) into a scratch cache
+//! ([`crate::prep::build::build_cache`] with the model's recorded parameters) into a scratch cache
 //! removed at the end; the sliding window ([`super::sliding`]) makes each volume's class
 //! probabilities final a slab at a time into scratch files ([`super::probs`]); the export
 //! ([`super::export`]) resamples them back to the input's grid, takes the argmax and streams the
@@ -20,13 +20,13 @@ use super::model_dir::{load_model, LoadedModel, Which};
 use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbWriter;
 use super::sliding::Predictor;
-use crate::build::{build_cache, BuildOptions, CaseOutcome};
 use crate::cache::reader::CacheReader;
-use crate::dataset::{self, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
+use crate::prep::build::{build_cache, BuildOptions, CaseOutcome};
+use crate::prep::dataset::{self, CaseSource, DatasetSource};
 
 /// What the user asked for.
 #[derive(Clone, Debug)]
@@ -132,7 +132,7 @@ const TMP_INFIX: &str = ".tmp.";
 /// process is gone (a kill or a crash); returns what was removed. Others' are left alone: the
 /// folder may be shared between machines.
 fn sweep_stale(out: &Path) -> Vec<PathBuf> {
-    let me = crate::sysinfo::hostname();
+    let me = crate::util::sysinfo::hostname();
     let mut removed = Vec::new();
     let Ok(rd) = std::fs::read_dir(out) else {
         return removed;
@@ -148,7 +148,7 @@ fn sweep_stale(out: &Path) -> Vec<PathBuf> {
         let Ok(pid) = pid.parse::<u32>() else {
             continue;
         };
-        if host == me && pid != std::process::id() && !crate::sysinfo::pid_alive(pid) {
+        if host == me && pid != std::process::id() && !crate::util::sysinfo::pid_alive(pid) {
             let p = e.path();
             let gone = if p.is_dir() {
                 std::fs::remove_dir_all(&p)
@@ -176,7 +176,7 @@ fn unit_mm(unit: &str) -> Option<f64> {
 /// Run predict.
 pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let started = Instant::now();
-    let device = crate::train::device::select(&opts.device)?;
+    let device = crate::model::device::select(&opts.device)?;
     let m = load_model(&opts.model_dir, &opts.which, &device)?;
     let channels = m.record.channels.len().max(1);
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
@@ -243,7 +243,7 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     }
     let scratch = opts.out.join(format!(
         "{SCRATCH_PREFIX}{}.{}",
-        crate::sysinfo::hostname(),
+        crate::util::sysinfo::hostname(),
         std::process::id()
     ));
     let run = (|| -> Result<Totals> {
@@ -277,7 +277,7 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
         windows: totals.windows,
         window_seconds: totals.window_seconds,
         wall_seconds: started.elapsed().as_secs_f64(),
-        peak_rss_bytes: crate::sysinfo::peak_rss_bytes(),
+        peak_rss_bytes: crate::util::sysinfo::peak_rss_bytes(),
     })
 }
 
@@ -325,7 +325,7 @@ fn predict_group(
     results: &mut Vec<PredictCase>,
     totals: &mut Totals,
 ) -> Result<()> {
-    let settings = crate::config::Settings {
+    let settings = crate::prep::settings::Settings {
         input_ram_mib: 256,
         ..Default::default()
     };
@@ -353,7 +353,7 @@ fn predict_group(
     } else {
         m.record.classes.iter().map(|c| c.name.clone()).collect()
     };
-    let mirror_axes = if opts.mirror && m.config.augment && m.config.augmentation.mirrors() {
+    let mirror_axes = if opts.mirror && m.trained_mirrored {
         vec![0, 1, 2]
     } else {
         Vec::new()
@@ -361,7 +361,7 @@ fn predict_group(
     let mut predictor = Predictor {
         model: &m.model,
         device,
-        patch: m.config.patch,
+        patch: m.network.patch,
         overlap: opts.overlap,
         batch: opts.batch.max(1),
         mirror_axes,
@@ -435,7 +435,11 @@ fn predict_group(
             let probs = probs.finish()?;
             let (path, frame) = c.channel(0);
             let h = nifti_io::read_frame_header(path, frame)?;
-            let owner = format!("{}.{}", crate::sysinfo::hostname(), std::process::id());
+            let owner = format!(
+                "{}.{}",
+                crate::util::sysinfo::hostname(),
+                std::process::id()
+            );
             let tmp = opts.out.join(format!(".{}.nii.gz{TMP_INFIX}{owner}", c.id));
             let prob_tmp = opts
                 .out
@@ -514,7 +518,7 @@ fn predict_group(
 
 /// The windows bar (on a terminal, unless quiet): windows done of all, windows a second.
 fn window_bar(enabled: bool, windows: u64) -> ProgressBar {
-    crate::progress::bar(
+    crate::util::progress::bar(
         enabled,
         windows,
         "predict [{bar:24}] {pos}/{len} windows {rate} eta {eta} {msg}",

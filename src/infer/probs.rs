@@ -13,7 +13,7 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 use super::sliding::Tile;
 use crate::error::{Error, Result};
-use crate::resample::VoxelRead;
+use crate::geometry::VoxelRead;
 
 /// Mapped bytes read between two hand-backs of a map's pages.
 const RELEASE_EVERY: u64 = 64 << 20;

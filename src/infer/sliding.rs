@@ -11,10 +11,10 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::cache::source::mirror;
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::train::model::UNet;
+use crate::geometry::mirror;
+use crate::model::unet::UNet;
 
 /// Window start positions along one axis: first at 0, last at `dim - patch`, evenly spaced with
 /// at most `patch * (1 - overlap)` between them; a single 0 when the patch covers the axis.

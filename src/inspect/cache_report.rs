@@ -13,11 +13,11 @@ use super::entry_meta::{
 use super::table::{count, shape3, spacing3, wrap, Align, Table};
 use super::verify::{verify_entry, VerifySummary};
 use super::{rel_path, Problem};
-use crate::cache::fg_index::ClassStats;
 use crate::cache::CacheDir;
 use crate::error::Result;
+use crate::format::entry::ClassStats;
 use crate::format::{Dtype, ImageDtype};
-use crate::sysinfo::{hostname, human_bytes, pid_alive};
+use crate::util::sysinfo::{hostname, human_bytes, pid_alive};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct DatasetInfo {

@@ -4,8 +4,8 @@
 use super::dataset_report::DatasetReport;
 use super::table::{count, num, shape3, spacing3, value, wrap, Align, Table};
 use crate::format::ImageDtype;
-use crate::plan::{CasePlan, SpacingDecision, OUTLIER_FACTOR};
-use crate::sysinfo::human_bytes;
+use crate::prep::plan::{CasePlan, SpacingDecision, OUTLIER_FACTOR};
+use crate::util::sysinfo::human_bytes;
 
 fn dtype_name(d: ImageDtype) -> &'static str {
     match d {
@@ -73,7 +73,7 @@ pub fn render_forecast(
             human_bytes(p.out_bytes),
             human_bytes(p.whole_volume_f32_bytes),
             human_bytes(p.whole_volume_f64_bytes),
-            crate::plan::outlier_flag(p.outlier, p.size_factor),
+            crate::prep::plan::outlier_flag(p.outlier, p.size_factor),
         ]);
     }
     t.row(vec![

@@ -9,15 +9,15 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{file_message, rel_message, rel_path, InspectOptions, Problem};
-use crate::config::SpacingChoice;
-use crate::dataset::scan::{scan, ScannedCase};
-use crate::dataset::{discover, CaseSource, DatasetSource};
 use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
 use crate::format::ImageDtype;
 use crate::nifti_io::{self, HeaderInfo};
-use crate::plan::{decide_spacing, plan_scanned};
-use crate::plan::{percentile, SpacingDecision, OUTLIER_FACTOR};
+use crate::prep::dataset::scan::{scan, ScannedCase};
+use crate::prep::dataset::{discover, CaseSource, DatasetSource};
+use crate::prep::plan::{decide_spacing, plan_scanned};
+use crate::prep::plan::{percentile, SpacingDecision, OUTLIER_FACTOR};
+use crate::prep::settings::SpacingChoice;
 
 // The text rendering lives in `dataset_render`; its entry points keep their paths here.
 pub use super::dataset_render::{

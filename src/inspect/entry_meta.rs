@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::{rel_path, Problem};
-use crate::cache::fg_index::ClassStats;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
+use crate::format::entry::ClassStats;
 use crate::format::{Compression, Dtype, EntryAttrs};
 
 /// What an entry's group `zarr.json` says about it.

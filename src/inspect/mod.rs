@@ -98,8 +98,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::config::Settings;
 use crate::error::{Error, Result};
+use crate::prep::settings::Settings;
 
 pub use cache_report::CacheReport;
 pub use dataset_report::DatasetReport;
@@ -164,7 +164,7 @@ pub fn detect(path: &Path) -> Result<Kind> {
     let has_nifti = rd.flatten().any(|e| {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        !name.starts_with('.') && crate::dataset::strip_nifti_ext(&name).is_some()
+        !name.starts_with('.') && crate::prep::dataset::strip_nifti_ext(&name).is_some()
     });
     if has_nifti {
         return Ok(Kind::Dataset);

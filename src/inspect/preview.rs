@@ -21,10 +21,10 @@ use serde::Serialize;
 use super::entry_meta::find_entry;
 use super::{detect, Kind};
 use crate::cache::reader::EntryReader;
-use crate::dataset::{discover, DatasetSource};
 use crate::error::{Error, Result};
 use crate::nifti_io;
-use crate::plan::percentile;
+use crate::prep::dataset::{discover, DatasetSource};
+use crate::prep::plan::percentile;
 
 /// What was drawn.
 #[derive(Clone, Debug, Serialize)]

@@ -183,7 +183,7 @@ impl VoxelSource {
     }
 }
 
-impl crate::resample::VoxelRead for VoxelSource {
+impl crate::geometry::VoxelRead for VoxelSource {
     fn read(&self, start: usize, out: &mut [f32]) -> Result<()> {
         self.read_f32(start, out)
     }

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::train::intensity::{self, IntensityConfig};
-use crate::train::rng::Rng;
 use crate::train::spatial::SpatialConfig;
+use crate::util::rng::Rng;
 
 /// Every augmentation option: the `[train.augmentation]` table of a pipeline file (with its
 /// `spatial` and `intensity` sub-tables), nnU-Net v2's defaults where nothing is said.
@@ -176,7 +176,7 @@ impl Moves {
     }
 }
 
-pub use crate::cache::source::mirror as flip_axes;
+pub use crate::geometry::mirror as flip_axes;
 
 pub fn flip_axis<T>(data: &mut [T], size_zyx: [usize; 3], axis: usize) {
     if data.is_empty() {

@@ -1,5 +1,5 @@
 //! Training options: defaults, then the pipeline file's `[train]` table, then command-line flags
-//! (merged by [`crate::config::train::resolve`]).
+//! (merged by `config::train::resolve`).
 //!
 //! The merged [`TrainConfig`] is saved in the run folder; `--resume` refuses a config that
 //! differs from it in anything that shapes the weights, because "resume gives the same weights
@@ -8,18 +8,22 @@
 use serde::{Deserialize, Serialize};
 
 use super::augment::AugmentConfig;
-use super::model::{Norm, Precision, Upsampling};
 use crate::error::{Error, Result};
+use crate::model::config::{NetworkOptions, Norm, Precision, Upsampling};
 
 /// Which optimizer, with nnU-Net-like defaults for each: `adamw` or `sgd`, the same in a
 /// pipeline file and on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum OptimizerName {
+    /// AdamW (decoupled weight decay).
     Adamw,
+    /// SGD with Nesterov momentum (nnU-Net's).
     Sgd,
 }
 
 impl OptimizerName {
+    /// The spelling of pipeline files, flags and run records.
     pub fn name(self) -> &'static str {
         match self {
             OptimizerName::Adamw => "adamw",
@@ -38,17 +42,11 @@ impl std::str::FromStr for OptimizerName {
     }
 }
 
-impl Serialize for OptimizerName {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
+crate::model::config::serde_as_string!(OptimizerName);
 
-impl<'de> Deserialize<'de> for OptimizerName {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
+impl std::fmt::Display for OptimizerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -169,9 +167,11 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
+        // The network's defaults are the model's own.
+        let net = NetworkOptions::default();
         TrainConfig {
             dataset: None,
-            patch: [16, 48, 48],
+            patch: net.patch,
             batch_size: 2,
             steps: 300,
             accumulate: 1,
@@ -182,13 +182,13 @@ impl Default for TrainConfig {
             poly_exponent: 0.9,
             clip_grad_norm: 12.0,
             fg_fraction: 1.0 / 3.0,
-            base_channels: 8,
-            max_channels: 128,
-            stages: 4,
-            norm: Norm::Instance,
-            upsampling: Upsampling::Transpose,
-            precision: Precision::F32,
-            deep_supervision: true,
+            base_channels: net.base_channels,
+            max_channels: net.max_channels,
+            stages: net.stages,
+            norm: net.norm,
+            upsampling: net.upsampling,
+            precision: net.precision,
+            deep_supervision: net.deep_supervision,
             augment: true,
             augmentation: AugmentConfig::default(),
             loss: LossWeights::default(),
@@ -201,7 +201,7 @@ impl Default for TrainConfig {
             log_every: 10,
             workers: 2,
             queue_depth: 4,
-            seed: 1234,
+            seed: net.seed,
             case_weights: Default::default(),
         }
     }
@@ -212,6 +212,21 @@ pub const MAX_PATCH_AXIS: usize = 512;
 pub const MAX_PATCH_VOXELS: usize = 1 << 24;
 
 impl TrainConfig {
+    /// The options that shape the network (what prediction reads back from the run's record).
+    pub fn network(&self) -> NetworkOptions {
+        NetworkOptions {
+            patch: self.patch,
+            base_channels: self.base_channels,
+            max_channels: self.max_channels,
+            stages: self.stages,
+            norm: self.norm,
+            upsampling: self.upsampling,
+            precision: self.precision,
+            deep_supervision: self.deep_supervision,
+            seed: self.seed,
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         let p = self.patch;

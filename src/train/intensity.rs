@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 
 use crate::error::{Error, Result};
+use crate::util::rng::Rng;
 #[cfg(target_arch = "x86_64")]
-use crate::simd::Simd;
-use crate::train::rng::Rng;
+use crate::util::simd::Simd;
 
 thread_local! {
     /// Working memory of blur and low resolution, kept per thread (a loader worker's): a
@@ -170,7 +170,7 @@ pub fn apply(
     rng: &mut Rng,
 ) {
     #[cfg(target_arch = "x86_64")]
-    match crate::simd::best() {
+    match crate::util::simd::best() {
         // SAFETY: the CPU has these features (`simd::best` checked them).
         Simd::Avx512 => return unsafe { apply_avx512(image, size_zyx, in_plane, cfg, rng) },
         Simd::Avx2 => return unsafe { apply_avx2(image, size_zyx, in_plane, cfg, rng) },
@@ -575,7 +575,7 @@ fn pow_unit(x: f32, g: f32) -> f32 {
     if x <= 0.0 {
         return 0.0;
     }
-    crate::train::fastmath::exp2(g * crate::train::fastmath::log2(x))
+    crate::util::fastmath::exp2(g * crate::util::fastmath::log2(x))
 }
 
 /// The lanes [`LaneSums`] and [`Moments`] keep: 32 independent sums vectorize into two
@@ -1414,7 +1414,7 @@ mod tests {
     fn the_vector_builds_give_the_same_bits() {
         #[cfg(target_arch = "x86_64")]
         {
-            let simd = crate::simd::detected();
+            let simd = crate::util::simd::detected();
             let cfg = IntensityConfig::default().every();
             for seed in 0..12 {
                 // (An odd size too: the 16-lane loops' tails; long rows: the low-resolution
@@ -1451,7 +1451,7 @@ mod tests {
         // read by the AVX-512 permutes and by the portable index, the same bits (before the
         // mean and deviation are put back, which would hide the smallest); both signs and a
         // range of g; and through the whole transform.
-        if crate::simd::detected() < Simd::Avx512 {
+        if crate::util::simd::detected() < Simd::Avx512 {
             return;
         }
         let mut values: Vec<f32> = (0..150).map(|e| (-(e as f32) * 0.93).exp2()).collect();

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::train::augment::{augment_mirrored, draw_moves, AugmentConfig, Moves};
-use crate::train::rng::Rng;
 use crate::train::sampler::{PatchChoice, Sampler};
 use crate::train::skeleton_target::{skeleton_of, tube_around};
 use crate::train::spatial::TransformedReader;
+use crate::util::rng::Rng;
 
 /// Stream tag of augmentation draws (`Rng::derive(seed, &[AUGMENT_STREAM, step, sample])`).
 pub const AUGMENT_STREAM: u64 = 0x6175_676d_656e_0002;
@@ -354,7 +354,7 @@ fn case_name(e: &Arc<dyn PatchSource>) -> String {
 fn first_non_finite(v: &[f32]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::simd::Simd;
+        use crate::util::simd::Simd;
         #[target_feature(enable = "avx2")]
         unsafe fn avx2(v: &[f32]) -> Option<usize> {
             first_non_finite_body(v)
@@ -364,7 +364,7 @@ fn first_non_finite(v: &[f32]) -> Option<usize> {
             first_non_finite_body(v)
         }
         // SAFETY: `simd::best` checked that the CPU has these features.
-        match crate::simd::best() {
+        match crate::util::simd::best() {
             Simd::Avx512 => return unsafe { avx512(v) },
             Simd::Avx2 => return unsafe { avx2(v) },
             Simd::Portable => {}

@@ -289,7 +289,7 @@ pub fn predicted_distance_squared(logits: &Tensor, spacing_zyx: &[[f64; 3]]) -> 
             let (b, k) = (task / (c - 1), task % (c - 1) + 1);
             let a = &arg[b * v..(b + 1) * v];
             let inside: Vec<bool> = a.iter().map(|&x| x as usize == k).collect();
-            let d = crate::distance::signed_distance(&inside, spatial, spacing_zyx[b]);
+            let d = crate::prep::derived::edt::signed_distance(&inside, spatial, spacing_zyx[b]);
             dst.iter_mut().zip(&d).for_each(|(o, x)| *o = x * x);
         });
     Ok(out)
@@ -703,7 +703,7 @@ mod tests {
         let dev = Device::Cpu;
         let (n, c, s) = (2, 3, [5, 40, 41]);
         let vox: usize = s.iter().product();
-        let mut rng = super::super::rng::Rng::new(21);
+        let mut rng = crate::util::rng::Rng::new(21);
         let labels: Vec<u16> = (0..n * vox)
             .map(|_| (rng.uniform() * 3.0) as u16 % 3)
             .collect();

@@ -26,22 +26,16 @@
 
 pub mod augment;
 pub mod benchmark;
-pub mod checkpoint;
 pub mod classes;
 pub mod config;
 pub mod data;
 pub mod deep_supervision;
-pub mod device;
-pub mod fastmath;
 pub mod intensity;
 pub mod loader;
 pub mod loss;
 pub mod metrics;
-pub mod model;
-pub mod ops;
 pub mod optim;
 pub mod plot;
-pub mod rng;
 pub mod sampler;
 pub mod skeleton_target;
 pub mod spatial;

@@ -12,7 +12,7 @@
 
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::train::rng::Rng;
+use crate::util::rng::Rng;
 
 /// Stream tag of the sampler's draws (`Rng::derive(seed, &[SAMPLE_STREAM, step, i])`).
 pub const SAMPLE_STREAM: u64 = 0x7361_6d70_6c65_0001;

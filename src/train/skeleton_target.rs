@@ -5,7 +5,7 @@
 //! through the patch's spatial map and only the tube is made per patch; otherwise the skeleton
 //! of each augmented label patch is computed in the loader's threads, as their data loader does.
 
-use crate::skeleton::skeletonize;
+use crate::prep::derived::thinning::skeletonize;
 
 /// Per voxel the label value whose tubed skeleton covers it, 0 elsewhere: for every non-zero
 /// value, the skeleton of its voxels, dilated twice by the 6-neighbour cross, then cut back to

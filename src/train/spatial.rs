@@ -30,12 +30,13 @@
 //! rows of 8 voxels with `gather`); maps without rotation or deformation through three 1D
 //! passes (`separable`); in-plane maps of several planes through the box turned on its side,
 //! reading only their footprint (`columns`); labels' majorities in `label`. Vector builds are
-//! picked by [`crate::simd`].
+//! picked by [`crate::util::simd`].
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::source::{mirror, SpanOut};
+use crate::cache::source::SpanOut;
 use crate::cache::PatchSource;
+use crate::geometry::mirror;
 #[cfg(target_arch = "x86_64")]
 mod columns;
 #[cfg(target_arch = "x86_64")]
@@ -44,8 +45,8 @@ mod label;
 mod separable;
 
 use crate::error::{Error, Result};
-use crate::simd::{self, Simd};
-use crate::train::rng::Rng;
+use crate::util::rng::Rng;
+use crate::util::simd::{self, Simd};
 
 /// Patches whose largest side is more than this many times their z side are augmented in-plane
 /// only (nnU-Net's `ANISO_THRESHOLD`).
@@ -630,7 +631,7 @@ impl TransformedReader {
     }
 
     /// [`TransformedReader::read`] with the patch mirrored along each axis of `flips` (as
-    /// [`crate::cache::source::mirror`] after reading would, bit for bit): plain crops are
+    /// [`crate::geometry::mirror`] after reading would, bit for bit): plain crops are
     /// read mirrored, other maps mirrored in their matrix, at no cost either way.
     #[allow(clippy::too_many_arguments)]
     pub fn read_mirrored(

@@ -8,14 +8,14 @@
 //! `dL/dz_j = p_j (a_j - sum_k p_k a_k)` with `a_k = 2 (p_k - g_k) W_k / M` for the foreground
 //! classes and `a_0 = 0`. Sums run over fixed blocks of voxels in order, so results do not
 //! depend on the thread count. Within a block the softmax runs class by class over the
-//! block's voxels in f32 with a polynomial `exp` ([`crate::train::fastmath`]), loops the
+//! block's voxels in f32 with a polynomial `exp` ([`crate::util::fastmath`]), loops the
 //! compiler vectorizes (libm's f64 `exp` per voxel and class was most of this op's time).
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::fastmath;
-use super::ops::norm::contiguous_f32;
+use crate::model::ops::norm::contiguous_f32;
+use crate::util::fastmath;
 
 /// Voxels per block of the parallel passes (a fixed split: deterministic sums).
 const BLOCK: usize = 4096;

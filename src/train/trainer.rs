@@ -15,7 +15,6 @@ use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::augment::AugmentConfig;
-use super::checkpoint::{Checkpointer, StateExtra, TrainState};
 use super::config::{OptimizerName, TrainConfig};
 use super::data::{open_data, Data};
 use super::deep_supervision::downsample_labels;
@@ -25,16 +24,19 @@ use super::loss::{
     skeleton_recall, surface_weighted, LossParts,
 };
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
-use super::model::{Precision, UNet, UNetConfig};
 use super::optim::{poly_lr, Optimizer, OptimizerKind};
+use super::plot;
 use super::sampler::{Sampler, SamplerConfig};
 use super::validate::{SlidingWindow, ValidationResult};
-use super::{device, plot};
 use crate::cache::layout::write_atomic;
 use crate::cache::reader::EntryReader;
 use crate::error::{Error, Result};
 use crate::format::run::{RunRecord, Split, RUN_FILE};
-use crate::sysinfo;
+use crate::model::checkpoint::{Checkpointer, StateExtra, TrainState};
+use crate::model::config::UNetConfig;
+use crate::model::device;
+use crate::model::unet::UNet;
+use crate::util::sysinfo;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -95,36 +97,6 @@ fn optimizer_kind(cfg: &TrainConfig) -> OptimizerKind {
             weight_decay: cfg.weight_decay,
         },
     }
-}
-
-/// The network for a config and the image channels and classes found in the cache.
-pub fn build_model(
-    cfg: &TrainConfig,
-    in_channels: usize,
-    num_classes: usize,
-    dev: &Device,
-) -> Result<UNet> {
-    let strides = UNetConfig::plan_strides(cfg.patch, cfg.stages, 4);
-    let ucfg = UNetConfig {
-        in_channels,
-        num_classes,
-        base_channels: cfg.base_channels,
-        max_channels: cfg.max_channels,
-        strides,
-        norm: cfg.norm,
-        upsampling: cfg.upsampling,
-        deep_supervision: cfg.deep_supervision,
-    };
-    ucfg.check_patch(cfg.patch)?;
-    if cfg.precision != Precision::F32 && dev.is_cpu() {
-        return Err(Error::Config(format!(
-            "precision {} is for a GPU (--device cuda): the CPU kernels compute in f32",
-            cfg.precision
-        )));
-    }
-    let mut model = UNet::new(ucfg, cfg.seed, dev)?;
-    model.set_precision(cfg.precision);
-    Ok(model)
 }
 
 /// "key: was X, now Y" for each differing part of two run identities.
@@ -372,7 +344,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
     let dev = device::select(&opts.device)?;
     let data = open_data(&opts.cache_dir, cfg, opts.mapped_mib)?;
     let in_channels = data.channels.len();
-    let model = build_model(cfg, in_channels, data.num_classes, &dev)?;
+    let model = cfg.network().build(in_channels, data.num_classes, &dev)?;
     let split = Split {
         train: data.train.iter().map(|c| c.0.clone()).collect(),
         val: data.val.iter().map(|c| c.0.clone()).collect(),
@@ -810,9 +782,9 @@ fn say(bar: &ProgressBar, line: String) {
 
 /// Refuse a checkpoint whose state does not fit this run (a step past its end, more optimizer
 /// steps than steps) or whose tensors are not finite, naming the file.
-fn check_resumable(ck: &super::checkpoint::Checkpoint, cfg: &TrainConfig) -> Result<()> {
+fn check_resumable(ck: &crate::model::checkpoint::Checkpoint, cfg: &TrainConfig) -> Result<()> {
     let state = &ck.state;
-    let state_file = ck.dir.join(super::checkpoint::STATE_FILE);
+    let state_file = ck.dir.join(crate::model::checkpoint::STATE_FILE);
     if state.step > cfg.steps || state.optimizer_steps > state.step {
         return Err(Error::Train(format!(
             "{}: step {} with {} optimizer steps does not fit a run of {} steps: the state does not belong to this run",
@@ -823,8 +795,8 @@ fn check_resumable(ck: &super::checkpoint::Checkpoint, cfg: &TrainConfig) -> Res
         )));
     }
     for (file, tensors) in [
-        (super::checkpoint::MODEL_FILE, &ck.model),
-        (super::checkpoint::OPTIMIZER_FILE, &ck.optimizer),
+        (crate::model::checkpoint::MODEL_FILE, &ck.model),
+        (crate::model::checkpoint::OPTIMIZER_FILE, &ck.optimizer),
     ] {
         let mut names: Vec<&String> = tensors.keys().collect();
         names.sort();
@@ -854,7 +826,7 @@ fn remark_best_if_stale(ck: &Checkpointer, run_dir: &Path, best_step: u64) -> Re
     let current = TrainState::read(&best_state).ok().map(|s| s.step);
     let saved = run_dir
         .join("checkpoints")
-        .join(super::checkpoint::step_dir_name(best_step));
+        .join(crate::model::checkpoint::step_dir_name(best_step));
     if current != Some(best_step) && saved.join("state.json").is_file() {
         ck.mark_best(&saved)?;
     }

@@ -2,19 +2,19 @@
 //! Dice and centreline Dice per class. Each slab of final rows is compared with the label rows
 //! read from the cache and dropped, so a volume of any size validates in the memory of one slab;
 //! for clDice the predicted classes and the label go to scratch files meanwhile, whose skeletons
-//! are then thinned block by block ([`crate::centreline`]).
+//! are then thinned block by block ([`crate::evaluate::centreline`]).
 
 use std::path::Path;
 
 use candle_core::Device;
 
 use super::classes::{ClassMap, IGNORE};
-use super::model::UNet;
 use crate::cache::PatchSource;
-use crate::centreline::scratch::ScratchLabels;
-use crate::centreline::{centreline_counts, CentrelineCounts, ClassMask};
 use crate::error::{Error, Result};
+use crate::evaluate::centreline::scratch::ScratchLabels;
+use crate::evaluate::centreline::{centreline_counts, CentrelineCounts, ClassMask};
 use crate::infer::sliding::{argmax, Predictor};
+use crate::model::unet::UNet;
 
 /// Dice of one validation pass.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -19,13 +19,13 @@ pub(crate) mod seeds;
 use std::path::{Path, PathBuf};
 
 use voxcache::config::SpacingChoice;
-use voxcache::dataset::scan::{check_pair, ScannedCase};
-use voxcache::dataset::CaseSource;
 use voxcache::format::ImageDtype;
 use voxcache::geometry::voxels;
 use voxcache::inspect::dataset_report::render_plan;
 use voxcache::nifti_io::{self, HeaderInfo};
-use voxcache::plan::{decide_spacing, plan_scanned, MAX_OUTPUT_SIDE};
+use voxcache::prep::dataset::scan::{check_pair, ScannedCase};
+use voxcache::prep::dataset::CaseSource;
+use voxcache::prep::plan::{decide_spacing, plan_scanned, MAX_OUTPUT_SIDE};
 
 /// The file name every input is read under; every refusal must name it.
 pub(crate) const INPUT_NAME: &str = "fuzz_input.nii";

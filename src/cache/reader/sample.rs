@@ -55,7 +55,7 @@ fn all_finite(v: &[f32]) -> bool {
 }
 
 /// Copy stored little-endian f32 `src` into `dst` (as many), telling whether all are finite: in
-/// the widest vector build the CPU runs ([`crate::simd::best`]).
+/// the widest vector build the CPU runs ([`crate::util::simd::best`]).
 fn copy_finite(src: &[u8], dst: &mut [f32]) -> bool {
     assert_eq!(
         src.len(),
@@ -64,9 +64,9 @@ fn copy_finite(src: &[u8], dst: &mut [f32]) -> bool {
     );
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::simd::Simd;
+        use crate::util::simd::Simd;
         // SAFETY: `simd::best` checked that the CPU has these features; the lengths match.
-        match crate::simd::best() {
+        match crate::util::simd::best() {
             Simd::Avx512 => return unsafe { copy_finite_avx512(src, dst) },
             Simd::Avx2 => return unsafe { copy_finite_avx2(src, dst) },
             Simd::Portable => {}
@@ -170,7 +170,7 @@ unsafe fn copy_finite_reversed_avx512(src: &[u8], dst: &mut [f32]) -> bool {
 fn widen(src: &[u8], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "a row of bytes widens to as many u16");
     #[cfg(target_arch = "x86_64")]
-    if dst.len() >= 32 && crate::simd::best() == crate::simd::Simd::Avx512 {
+    if dst.len() >= 32 && crate::util::simd::best() == crate::util::simd::Simd::Avx512 {
         // SAFETY: the CPU has AVX-512 F and BW (`best` checked); the lengths match.
         unsafe { widen_avx512(src, dst) };
         return;
@@ -211,7 +211,7 @@ unsafe fn widen_avx512(src: &[u8], dst: &mut [u16]) {
 fn widen_reversed(src: &[u8], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "a row of bytes widens to as many u16");
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::best() == crate::simd::Simd::Avx512 {
+    if crate::util::simd::best() == crate::util::simd::Simd::Avx512 {
         // SAFETY: the CPU has AVX-512 F and BW (`best` checked); the lengths match.
         unsafe { widen_reversed_avx512(src, dst) };
         return;
@@ -336,7 +336,9 @@ impl Sample for f32 {
 
     fn convert_row_reversed(dtype: StoredDtype, src: &[u8], dst: &mut [f32]) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if dtype == StoredDtype::Float32 && crate::simd::best() == crate::simd::Simd::Avx512 {
+        if dtype == StoredDtype::Float32
+            && crate::util::simd::best() == crate::util::simd::Simd::Avx512
+        {
             assert_eq!(
                 src.len(),
                 4 * dst.len(),
@@ -436,7 +438,7 @@ mod tests {
         let mut builds: Vec<(&str, Copy)> = vec![("portable", copy_finite_portable)];
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::simd::{detected, Simd};
+            use crate::util::simd::{detected, Simd};
             // SAFETY (both): the CPU has the build's features, checked here.
             if detected() >= Simd::Avx2 {
                 builds.push(("avx2", |s, d| unsafe { copy_finite_avx2(s, d) }));

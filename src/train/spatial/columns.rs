@@ -855,7 +855,7 @@ mod tests {
         if !std::is_x86_feature_detected!("avx2") {
             return;
         }
-        let mut rng = crate::train::rng::Rng::new(9);
+        let mut rng = crate::util::rng::Rng::new(9);
         for _ in 0..5_000 {
             let frac: [[f64; 8]; 2] = std::array::from_fn(|_| {
                 std::array::from_fn(|_| match rng.below(4) {

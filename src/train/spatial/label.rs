@@ -558,7 +558,7 @@ fn majority_by_list(values: &[u16], wz: [f64; 2], wy: [f64; 2], wx: [f64; 2]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::rng::Rng;
+    use crate::util::rng::Rng;
 
     #[cfg(target_arch = "x86_64")]
     #[test]

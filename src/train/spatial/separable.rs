@@ -384,7 +384,7 @@ fn zero_outside(plane: &mut [f32], inside_y: &[bool], inside_x: &[bool]) {
 /// compiler vectorizes: 8 or 16 lanes instead of 4).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sample_in(
-    simd: crate::simd::Simd,
+    simd: crate::util::simd::Simd,
     sep: &mut Separable,
     flat: bool,
     image_box: &[f32],
@@ -396,7 +396,7 @@ pub(super) fn sample_in(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::simd::Simd;
+        use crate::util::simd::Simd;
         #[target_feature(enable = "avx2")]
         #[allow(clippy::too_many_arguments)]
         unsafe fn avx2(

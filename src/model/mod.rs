@@ -1,0 +1,14 @@
+//! The network, shared by training and inference: the U-Net, its 3D ops (CPU and CUDA), the
+//! device choice, and checkpoints (weights on disk, a network rebuilt from a run's record).
+//!
+//! - [`ops`]: 3D convolution, transposed convolution, pooling and upsampling with gradients.
+//! - [`config`]: the network's shape and options, and building it from them.
+//! - [`unet`]: the U-Net (depth, width, norm, up-sampling mode, deep-supervision heads).
+//! - [`device`]: CPU or CUDA, the one place that knows.
+//! - [`checkpoint`]: atomic checkpoints (safetensors + JSON state), keep last K and best.
+
+pub mod checkpoint;
+pub mod config;
+pub mod device;
+pub mod ops;
+pub mod unet;

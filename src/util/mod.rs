@@ -1,0 +1,13 @@
+//! Small helpers every layer may use; they import nothing of the crate but [`crate::error`].
+//!
+//! - [`rng`]: the seeded, checkpointable random generator every draw comes from.
+//! - [`simd`]: which vector build (AVX-512, AVX2, portable) the hot loops take.
+//! - [`fastmath`]: polynomial `exp`, `log2` and `sin/cos` where the last bit does not matter.
+//! - [`sysinfo`]: peak memory and host facts for reports.
+//! - [`progress`]: the progress bars of the long commands.
+
+pub mod fastmath;
+pub mod progress;
+pub mod rng;
+pub mod simd;
+pub mod sysinfo;
