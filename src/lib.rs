@@ -31,13 +31,10 @@ pub mod evaluate;
 pub mod format;
 pub mod geometry;
 pub mod infer;
-#[allow(missing_docs)]
 pub mod inspect;
 pub mod model;
-#[allow(missing_docs)]
 pub mod nifti_io;
 pub mod prep;
-#[allow(missing_docs)]
 pub mod synth;
 #[allow(missing_docs)]
 pub mod train;

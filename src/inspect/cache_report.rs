@@ -19,22 +19,34 @@ use crate::format::entry::ClassStats;
 use crate::format::{Dtype, ImageDtype};
 use crate::util::sysinfo::{hostname, human_bytes, pid_alive};
 
+/// One dataset of the cache's manifest.
 #[derive(Clone, Debug, Serialize)]
 pub struct DatasetInfo {
+    /// Dataset name in the manifest.
     pub name: String,
+    /// Pipeline it was built with.
     pub pipeline: String,
+    /// Key of its output parameters.
     pub params_key: String,
+    /// Target spacing (x, y, z).
     pub target_spacing_xyz: [f64; 3],
+    /// The rule that chose the spacing: "explicit", "median" or "anisotropy rule".
     pub spacing_rule: String,
+    /// Why the rule chose it.
     pub spacing_reason: String,
     /// Image channel names, in channel order.
     pub channels: Vec<String>,
     /// Each channel's intensity scheme ("zscore-nonzero", "ct"...), in channel order.
     pub normalization: Vec<String>,
+    /// Element type of the cached images.
     pub image_dtype: ImageDtype,
+    /// Configured chunk shape (z, y, x).
     pub chunk_zyx: [usize; 3],
+    /// Configured shard shape (z, y, x), if sharded.
     pub shard_zyx: Option<[usize; 3]>,
+    /// Chunk codec.
     pub compression: String,
+    /// Cases in the dataset.
     pub cases: usize,
     /// Cases whose entry is not in entries/.
     pub missing_entries: Vec<String>,
@@ -44,56 +56,91 @@ pub struct DatasetInfo {
     pub ignore_label: Option<u16>,
 }
 
+/// One entry of entries/.
 #[derive(Clone, Debug, Serialize)]
 pub struct EntryInfo {
+    /// Content key.
     pub key: String,
+    /// Folder relative to the cache root.
     pub path: String,
+    /// The case it holds.
     pub case_id: String,
+    /// Datasets of the manifest that name it.
     pub datasets: Vec<String>,
+    /// No dataset names it (a rebuild with other parameters left it).
     pub orphan: bool,
+    /// Array shape (z, y, x).
     pub shape_zyx: [usize; 3],
+    /// True output spacing (x, y, z).
     pub spacing_xyz: [f64; 3],
+    /// Spatial unit.
     pub unit: String,
+    /// Element type of the image.
     pub image_dtype: Dtype,
+    /// Element type of the label, if any.
     pub label_dtype: Option<Dtype>,
+    /// Chunk shape (z, y, x).
     pub chunk_zyx: [usize; 3],
+    /// Shard shape (z, y, x), if sharded.
     pub shard_zyx: Option<[usize; 3]>,
+    /// Chunk codec.
     pub codec: String,
+    /// Bytes the entry takes on disk.
     pub bytes_on_disk: u64,
     /// Bytes of the image, label and fg arrays once decoded.
     pub decoded_bytes: u64,
     /// decoded_bytes / bytes_on_disk.
     pub compression_ratio: f64,
+    /// Per-class voxel counts and bounding boxes.
     pub label_classes: BTreeMap<u16, ClassStats>,
 }
 
+/// One unfinished build in tmp/.
 #[derive(Clone, Debug, Serialize)]
 pub struct TmpInfo {
+    /// Folder name under tmp/.
     pub name: String,
+    /// Path relative to the cache root.
     pub path: String,
+    /// Bytes it holds.
     pub bytes: u64,
+    /// Host of the builder that made it (from its name).
     pub host: Option<String>,
+    /// Process id of that builder.
     pub pid: Option<u32>,
     /// Whether the builder that owns it still runs (known only on its own host).
     pub owner_alive: Option<bool>,
 }
 
+/// Sums over the cache.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CacheTotals {
+    /// Entries in entries/.
     pub entries: usize,
+    /// Entries no dataset names.
     pub orphans: usize,
+    /// Bytes of all entries on disk.
     pub bytes_on_disk: u64,
+    /// Bytes of their arrays once decoded.
     pub decoded_bytes: u64,
+    /// Bytes left in tmp/.
     pub tmp_bytes: u64,
 }
 
+/// What `prep inspect CACHE` found.
 #[derive(Clone, Debug, Serialize)]
 pub struct CacheReport {
+    /// format_version of manifest.json, if it has one.
     pub manifest_format_version: Option<u32>,
+    /// Datasets of the manifest.
     pub datasets: Vec<DatasetInfo>,
+    /// Every entry.
     pub entries: Vec<EntryInfo>,
+    /// Unfinished builds in tmp/.
     pub tmp: Vec<TmpInfo>,
+    /// Sums over the entries.
     pub totals: CacheTotals,
+    /// The result of `--verify`, when asked.
     pub verify: Option<VerifySummary>,
 }
 

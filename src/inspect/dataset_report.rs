@@ -15,7 +15,7 @@ use crate::format::ImageDtype;
 use crate::nifti_io::{self, HeaderInfo};
 use crate::prep::dataset::scan::{scan, ScannedCase};
 use crate::prep::dataset::{discover, CaseSource, DatasetSource};
-use crate::prep::plan::{decide_spacing, plan_scanned};
+use crate::prep::plan::{decide_spacing, plan_scanned, CasePlan};
 use crate::prep::plan::{percentile, SpacingDecision, OUTLIER_FACTOR};
 use crate::prep::settings::SpacingChoice;
 
@@ -27,13 +27,21 @@ pub use super::dataset_render::{
 /// What a case's image header says.
 #[derive(Clone, Debug, Serialize)]
 pub struct HeaderFacts {
+    /// Voxels along (x, y, z).
     pub shape_xyz: [usize; 3],
+    /// Spacing (x, y, z) in the file's units.
     pub spacing_xyz: [f64; 3],
+    /// Spatial unit.
     pub unit: &'static str,
+    /// Stored datatype name.
     pub datatype: &'static str,
+    /// Axis codes of the affine, e.g. "RAS".
     pub orientation: String,
+    /// qform_code as stored.
     pub qform_code: i16,
+    /// sform_code as stored.
     pub sform_code: i16,
+    /// Which transform the affine came from: "sform", "qform" or "pixdim".
     pub affine_source: &'static str,
 }
 
@@ -55,77 +63,91 @@ impl HeaderFacts {
 /// Intensity statistics over the finite voxels of an image.
 #[derive(Clone, Debug, Serialize)]
 pub struct IntensityFacts {
+    /// Smallest finite voxel value.
     pub min: Option<f64>,
+    /// Largest finite voxel value.
     pub max: Option<f64>,
+    /// Mean of the finite voxels.
     pub mean: Option<f64>,
     /// NaN or infinite voxels.
     pub non_finite: u64,
 }
 
-/// One case's output grid and cost at the target spacing.
-#[derive(Clone, Debug, Serialize)]
-pub struct CaseForecast {
-    pub out_shape_xyz: [usize; 3],
-    pub out_spacing_xyz: [f64; 3],
-    pub out_voxels: u64,
-    /// Cached image (at the pipeline's dtype) plus label.
-    pub out_bytes: u64,
-    pub whole_volume_f32_bytes: u64,
-    pub whole_volume_f64_bytes: u64,
-    /// Output voxels over the dataset's median.
-    pub size_factor: f64,
-    pub outlier: bool,
-}
-
 /// An image channel after the first: its file and intensities.
 #[derive(Clone, Debug, Serialize)]
 pub struct ChannelFacts {
+    /// The channel's file.
     pub image: String,
+    /// Its intensities, when voxels were read.
     pub intensity: Option<IntensityFacts>,
 }
 
+/// Everything found about one case.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseInfo {
+    /// Case id, from the file names.
     pub id: String,
     /// The first channel's file (the only one of a one-channel image).
     pub image: String,
     /// Channels 1.. (`CASE_0001`...), each with its own intensities.
     pub other_channels: Vec<ChannelFacts>,
+    /// The label file, if the case has one.
     pub label: Option<String>,
+    /// The image header's facts (absent when it could not be read).
     pub header: Option<HeaderFacts>,
+    /// The label's stored datatype.
     pub label_datatype: Option<&'static str>,
+    /// Intensities of the first channel, when voxels were read.
     pub intensity: Option<IntensityFacts>,
+    /// Voxels per label value, when voxels were read.
     pub label_values: Option<BTreeMap<String, u64>>,
-    pub forecast: Option<CaseForecast>,
+    /// The case's output grid and cost at the target spacing: the planner's own plan.
+    pub forecast: Option<CasePlan>,
 }
 
+/// How many cases share one spacing.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpacingCount {
+    /// Spacing (x, y, z).
     pub spacing_xyz: [f64; 3],
+    /// Cases with exactly this spacing.
     pub count: usize,
 }
 
+/// Percentiles of one axis's spacing over the cases.
 #[derive(Clone, Debug, Serialize)]
 pub struct AxisStats {
+    /// Smallest.
     pub min: f64,
+    /// 10th percentile.
     pub p10: f64,
+    /// Median.
     pub p50: f64,
+    /// 90th percentile.
     pub p90: f64,
+    /// Largest.
     pub max: f64,
 }
 
+/// Spacing percentiles per axis.
 #[derive(Clone, Debug, Serialize)]
 pub struct PerAxis {
+    /// Spacing along x.
     pub x: AxisStats,
+    /// Spacing along y.
     pub y: AxisStats,
+    /// Spacing along z.
     pub z: AxisStats,
 }
 
+/// The dataset's spacings and the target chosen from them.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpacingReport {
     /// Distinct spacings, most common first (ties: smallest spacing first).
     pub distinct: Vec<SpacingCount>,
+    /// Percentiles of the spacing along each axis.
     pub per_axis: PerAxis,
+    /// The spatial units the headers use.
     pub units: Vec<&'static str>,
     /// What `--spacing auto` chooses.
     pub auto: Option<SpacingDecision>,
@@ -133,27 +155,45 @@ pub struct SpacingReport {
     pub target: SpacingDecision,
 }
 
+/// Sums of the forecast over the cases.
 #[derive(Clone, Debug, Serialize)]
 pub struct ForecastTotals {
+    /// Target spacing (x, y, z).
     pub target_xyz: [f64; 3],
+    /// Element type of the cached image.
     pub image_dtype: ImageDtype,
+    /// Cases planned.
     pub cases: usize,
+    /// Bytes of the cached images and labels.
     pub out_bytes: u64,
+    /// Sum over the cases of what a whole-volume resampler holds for each image, in float32.
     pub whole_volume_f32_bytes: u64,
+    /// The same in float64.
     pub whole_volume_f64_bytes: u64,
+    /// Cases whose output is an outlier.
     pub outliers: Vec<String>,
+    /// Output size over the median from which a case is an outlier.
     pub outlier_factor: f64,
 }
 
+/// The dataset fingerprint and forecast of `prep inspect DATA`.
 #[derive(Clone, Debug, Serialize)]
 pub struct DatasetReport {
+    /// Pipeline of the forecast's settings.
     pub pipeline: String,
+    /// Element type of the cached image.
     pub image_dtype: ImageDtype,
+    /// Whether voxels were read (else headers alone).
     pub voxels_read: bool,
+    /// Cases found.
     pub n_cases: usize,
+    /// Cases with a label.
     pub n_labelled: usize,
+    /// Each case's facts.
     pub cases: Vec<CaseInfo>,
+    /// The spacings found and the target chosen.
     pub spacing: Option<SpacingReport>,
+    /// The forecast's totals.
     pub forecast: Option<ForecastTotals>,
     /// The folder's dataset.json (nnU-Net v2 or MSD), when it has one.
     pub dataset_json: Option<DatasetDescription>,
@@ -554,16 +594,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
                 totals.outliers.push(p.id.clone());
             }
             if let Some(info) = infos.iter_mut().find(|i| i.id == p.id) {
-                info.forecast = Some(CaseForecast {
-                    out_shape_xyz: p.out_shape_xyz,
-                    out_spacing_xyz: p.out_spacing_xyz,
-                    out_voxels: p.out_voxels,
-                    out_bytes: p.out_bytes,
-                    whole_volume_f32_bytes: p.whole_volume_f32_bytes,
-                    whole_volume_f64_bytes: p.whole_volume_f64_bytes,
-                    size_factor: p.size_factor,
-                    outlier: p.outlier,
-                });
+                info.forecast = Some(p.clone());
             }
         }
         totals

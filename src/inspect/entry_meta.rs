@@ -13,25 +13,37 @@ use crate::format::{Compression, Dtype, EntryAttrs};
 /// What an entry's group `zarr.json` says about it.
 #[derive(Clone, Debug)]
 pub struct EntryMeta {
+    /// The entry's folder.
     pub dir: PathBuf,
     /// Relative to the cache root: entries/ab/abcd...
     pub rel: String,
+    /// Its content key (the folder's name).
     pub key: String,
+    /// The case it holds.
     pub case_id: String,
+    /// Array shape (z, y, x) in voxels.
     pub shape_zyx: [usize; 3],
     /// Image channels: the image array is (c, z, y, x).
     pub channels: usize,
+    /// True output spacing (x, y, z).
     pub spacing_xyz: [f64; 3],
+    /// Spatial unit of the spacing.
     pub unit: String,
+    /// Element type of the image.
     pub image_dtype: Dtype,
+    /// Element type of the label, if the entry has one.
     pub label_dtype: Option<Dtype>,
     /// Channels of the signed distance array, if the entry has one (may be 0: no class).
     pub distance_channels: Option<usize>,
     /// Whether the entry has a skeleton array (of the label's type).
     pub skeleton: bool,
+    /// Chunk shape (z, y, x).
     pub chunk_zyx: [usize; 3],
+    /// Shard shape (z, y, x), if sharded.
     pub shard_zyx: Option<[usize; 3]>,
+    /// Chunk codec ("none", "zstd", "blosc").
     pub codec: String,
+    /// Per-class voxel counts and bounding boxes.
     pub classes: BTreeMap<u16, ClassStats>,
     /// Rows of the `fg` array (0 when there is none).
     pub fg_rows: u64,

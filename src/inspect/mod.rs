@@ -108,6 +108,7 @@ pub use preview::{write_preview, PreviewInfo};
 /// What the user asked for.
 #[derive(Clone, Debug)]
 pub struct InspectOptions {
+    /// The dataset or cache folder to inspect.
     pub path: PathBuf,
     /// Pipeline and spacing for the forecast (datasets only): what `build-cache` would use with
     /// the same flags (`config::settings::resolve`).
@@ -121,6 +122,7 @@ pub struct InspectOptions {
 }
 
 impl InspectOptions {
+    /// Inspect `path` with the default settings, reading voxels, without verifying.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         InspectOptions {
             path: path.into(),
@@ -136,7 +138,9 @@ impl InspectOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
+    /// A folder of NIfTI images (and labels).
     Dataset,
+    /// A voxcache cache folder.
     Cache,
 }
 
@@ -178,24 +182,33 @@ pub fn detect(path: &Path) -> Result<Kind> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
+    /// Something is wrong: the command exits with an error status.
     Error,
+    /// Worth a look; nothing fails.
     Warning,
 }
 
 /// One thing wrong, named by the file it is about.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Problem {
+    /// Error or warning.
     pub severity: Severity,
+    /// A short machine-readable name of the problem, e.g. "too-large".
     pub kind: &'static str,
+    /// The case it is about, if one.
     pub case: Option<String>,
     /// Relative to the inspected PATH.
     pub path: Option<String>,
+    /// The array it is about (with `block`), if one.
     pub array: Option<String>,
+    /// The block (chunk or shard) key, if one.
     pub block: Option<String>,
+    /// What is wrong, for a person.
     pub message: String,
 }
 
 impl Problem {
+    /// An error of `kind`.
     pub fn error(kind: &'static str, message: impl Into<String>) -> Self {
         Problem {
             severity: Severity::Error,
@@ -208,6 +221,7 @@ impl Problem {
         }
     }
 
+    /// A warning of `kind`.
     pub fn warning(kind: &'static str, message: impl Into<String>) -> Self {
         Problem {
             severity: Severity::Warning,
@@ -215,16 +229,19 @@ impl Problem {
         }
     }
 
+    /// The same, about `case`.
     pub fn case(mut self, case: impl Into<String>) -> Self {
         self.case = Some(case.into());
         self
     }
 
+    /// The same, about the file `path` (relative to the inspected folder).
     pub fn path(mut self, path: impl Into<String>) -> Self {
         self.path = Some(path.into());
         self
     }
 
+    /// The same, about block `block` of array `array`.
     pub fn block(mut self, array: &str, block: impl Into<String>) -> Self {
         self.array = Some(array.to_string());
         self.block = Some(block.into());
@@ -235,13 +252,21 @@ impl Problem {
 /// Everything `prep inspect` found.
 #[derive(Clone, Debug, Serialize)]
 pub struct InspectReport {
+    /// Dataset or cache.
     pub kind: Kind,
+    /// The voxcache version that wrote the report.
     pub voxcache_version: &'static str,
+    /// The inspected folder.
     pub path: String,
+    /// The dataset fingerprint and forecast (datasets).
     pub dataset: Option<DatasetReport>,
+    /// The cache's contents (caches).
     pub cache: Option<CacheReport>,
+    /// Everything found wrong.
     pub problems: Vec<Problem>,
+    /// Problems of severity error.
     pub errors: usize,
+    /// Problems of severity warning.
     pub warnings: usize,
 }
 

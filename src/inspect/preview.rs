@@ -29,10 +29,13 @@ use crate::prep::plan::percentile;
 /// What was drawn.
 #[derive(Clone, Debug, Serialize)]
 pub struct PreviewInfo {
+    /// The case drawn.
     pub case: String,
     /// "nifti" or "cache".
     pub source: &'static str,
+    /// Width of the PNG in pixels.
     pub width: u32,
+    /// Height of the PNG in pixels.
     pub height: u32,
     /// Slice indices shown: axial z, coronal y, sagittal x.
     pub slices_zyx: [usize; 3],

@@ -3,7 +3,9 @@
 /// Column alignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Align {
+    /// Text starts at the column's left edge.
     Left,
+    /// Text ends at the column's right edge (numbers).
     Right,
 }
 
@@ -34,6 +36,7 @@ fn cut(s: &str, w: usize) -> String {
 }
 
 impl Table {
+    /// An empty table with these column headers and alignments.
     pub fn new(columns: &[(&str, Align)]) -> Self {
         Table {
             header: columns.iter().map(|(h, _)| h.to_string()).collect(),
@@ -48,6 +51,7 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// Whether the table has no rows.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }

@@ -18,12 +18,17 @@ use crate::format::{ArrayLayout, ChunkChecksums, Dtype, CHECKSUMS_FILE, FG_ARRAY
 /// Counts over the blocks checked.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct VerifySummary {
+    /// Entries checked.
     pub entries: usize,
+    /// Blocks (chunks or shards) checked.
     pub blocks_checked: u64,
+    /// Blocks whose hash matched the recorded one.
     pub blocks_ok: u64,
     /// Absent files whose recorded content is all fill value (legitimately not written).
     pub blocks_absent: u64,
+    /// Blocks whose bytes do not match their recorded hash.
     pub corrupt: u64,
+    /// Recorded blocks with no file (and content that is not all fill value).
     pub missing: u64,
     /// Unreadable metadata or checksums, unrecorded blocks and other inconsistencies.
     pub other: u64,

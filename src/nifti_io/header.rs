@@ -19,6 +19,7 @@ pub(super) const NIFTI1_HEADER_BYTES: usize = 348;
 /// The validated facts of a NIfTI-1 or NIfTI-2 header.
 #[derive(Clone, Debug, Serialize)]
 pub struct HeaderInfo {
+    /// The file the header was read from.
     pub path: PathBuf,
     /// Voxel counts along NIfTI axes (i, j, k) = (x, y, z).
     pub shape_xyz: [usize; 3],
@@ -31,13 +32,19 @@ pub struct HeaderInfo {
     /// Why the header's preferred transform was passed over for `affine_source`, if it was
     /// (an unusable sform with a usable qform): shown as a warning and kept in the entry.
     pub affine_warning: Option<String>,
+    /// qform_code as stored (0: no qform).
     pub qform_code: i16,
+    /// sform_code as stored (0: no sform).
     pub sform_code: i16,
     /// Datatype name, e.g. "int16".
     pub datatype: &'static str,
+    /// Bytes of one stored voxel.
     pub bytes_per_voxel: usize,
+    /// Byte offset of the voxel data in the (inflated) file.
     pub vox_offset: usize,
+    /// The header and voxels are big-endian.
     pub big_endian: bool,
+    /// The file is gzip-compressed.
     pub gzip: bool,
     /// Spatial unit from xyzt_units ("mm", "um", "m" or "unknown").
     pub unit: &'static str,
@@ -50,6 +57,7 @@ pub struct HeaderInfo {
 }
 
 impl HeaderInfo {
+    /// Voxels of one volume.
     pub fn voxel_count(&self) -> u64 {
         crate::geometry::voxels(self.shape_xyz)
     }

@@ -91,11 +91,14 @@ impl LabelCheck {
 /// A label volume converted to the smallest unsigned type that holds its values.
 #[derive(Clone, Debug)]
 pub enum LabelData {
+    /// Values up to 255.
     U8(Vec<u8>),
+    /// Values up to 65535.
     U16(Vec<u16>),
 }
 
 impl LabelData {
+    /// Voxels.
     pub fn len(&self) -> usize {
         match self {
             LabelData::U8(v) => v.len(),
@@ -103,6 +106,7 @@ impl LabelData {
         }
     }
 
+    /// Whether there are no voxels.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -10,10 +10,13 @@ use crate::error::{Error, Result};
 /// A volume read into memory as f32, in C order with axes (z, y, x) (x fastest, as on disk).
 #[derive(Debug)]
 pub struct Volume {
+    /// The file's validated header.
     pub header: HeaderInfo,
+    /// Voxel values with scl_slope/scl_inter applied.
     pub data: Vec<f32>,
     /// blake3 of the file's bytes as stored (compressed or not).
     pub file_hash: blake3::Hash,
+    /// Bytes of the file as stored.
     pub file_bytes: u64,
 }
 

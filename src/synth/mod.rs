@@ -53,9 +53,13 @@ pub enum SynthLayout {
 /// kind of vessels it has.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthCaseSpec {
+    /// Case id (the file stem).
     pub id: String,
+    /// Grid shape (x, y, z) in voxels.
     pub shape_xyz: [usize; 3],
+    /// Voxel spacing (x, y, z) in micrometers.
     pub spacing_xyz: [f64; 3],
+    /// What kind of vessels it has.
     pub vessels: VesselStyle,
 }
 
