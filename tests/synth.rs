@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nifti::{IntoNdArray, NiftiObject, ReaderOptions};
+use voxcache::nifti_io::{write_nifti_i16, write_nifti_u8};
 use voxcache::synth::{
-    generate_case, preset_cases, write_dataset, write_nifti_i16, write_nifti_u8, SynthCaseSpec,
-    SynthPreset, VesselStyle,
+    generate_case, preset_cases, write_dataset, SynthCaseSpec, SynthPreset, VesselStyle,
 };
 
 fn spec(id: &str, shape_xyz: [usize; 3], spacing_xyz: [f64; 3]) -> SynthCaseSpec {

@@ -127,7 +127,7 @@ mod tests {
         let volumes = w.finish().unwrap();
         // The input whose header the output takes: any NIfTI of the input's shape.
         let src = dir.path().join("in.nii.gz");
-        crate::synth::write_nifti_u8(
+        crate::nifti_io::write_nifti_u8(
             &src,
             [input[2], input[1], input[0]],
             [1.0, 1.0, 1.0],

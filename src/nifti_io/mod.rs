@@ -22,6 +22,7 @@ mod nifti2;
 mod source;
 mod stream;
 mod voxels;
+mod writer;
 
 pub use file::open_input;
 pub use header::{
@@ -34,3 +35,4 @@ pub(crate) use source::{reserve, scratch_file};
 pub use source::{SourceOptions, VoxelSource};
 pub use stream::{stream_frame, stream_voxels, Streamed, BLOCK_VOXELS};
 pub use voxels::{read_volume, stream_f32, stream_f32_frame, Volume};
+pub use writer::{write_nifti_i16, write_nifti_u8};

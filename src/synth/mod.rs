@@ -26,13 +26,11 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
-mod nifti_write;
 mod render;
 mod rng;
 mod vessels;
 mod write;
 
-pub use nifti_write::{write_nifti_i16, write_nifti_u8};
 pub use render::{generate_case, second_channel};
 pub use vessels::VesselStyle;
 pub use write::{write_dataset, write_dataset_as};

@@ -5,11 +5,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::nifti_write::{write_nifti_i16, write_nifti_u8};
 use super::render::{generate_case, second_channel, IGNORE_VALUE};
 use super::{SynthCaseSpec, SynthLayout};
 use crate::error::{Error, Result};
 use crate::format::dataset_json::{DatasetJson, SynthCaseRecord};
+use crate::nifti_io::{write_nifti_i16, write_nifti_u8};
 
 /// At most this many cases are held in memory at once by [`write_dataset`].
 const MAX_CASES_IN_FLIGHT: usize = 4;

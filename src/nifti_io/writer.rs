@@ -1,5 +1,6 @@
-//! Write one volume (int16 image or uint8 label) as NIfTI-1 with the given spacing in
-//! micrometers.
+//! Writing a whole volume (int16 image or uint8 label) as NIfTI-1 on an axis-aligned grid of
+//! the given spacing in micrometers: the synthetic datasets and test fixtures. A segmentation in
+//! an input's own geometry is streamed by [`super::LabelWriter`] instead.
 
 use std::path::Path;
 
