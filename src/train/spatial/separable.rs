@@ -22,7 +22,7 @@ pub(super) struct Axis {
 
 impl Axis {
     /// The table of coordinates `coords` on an axis of `side` box voxels (the rule of
-    /// [`super::cell`], axis by axis; indices of coordinates outside are 0).
+    /// [`super::sample::cell`], axis by axis; indices of coordinates outside are 0).
     fn fill(&mut self, coords: impl Iterator<Item = f64>, side: usize) {
         self.inside.clear();
         self.lower.clear();
@@ -55,7 +55,7 @@ impl Axis {
     }
 }
 
-/// Working memory of [`sample`], kept by the reader between patches.
+/// Working memory of [`Separable::sample`], kept by the reader between patches.
 #[derive(Default)]
 pub(super) struct Separable {
     axes: [Axis; 3],
