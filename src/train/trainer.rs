@@ -11,18 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::augment::AugmentConfig;
 use super::config::{OptimizerName, TrainConfig};
 use super::data::{open_data, Data};
-use super::deep_supervision::downsample_labels;
 use super::loader::{Loader, LoaderConfig};
-use super::loss::{
-    boundary, cldice, dice_ce_masked, ignore_mask, one_hot, predicted_distance_squared,
-    skeleton_recall, surface_weighted, LossParts,
-};
+use super::loss::LossObjective;
 use super::metrics::{MetricsLog, Record, TrainRecord, ValRecord};
 use super::optim::{poly_lr, Optimizer, OptimizerKind};
 use super::plot;
@@ -33,7 +29,6 @@ use crate::cache::reader::EntryReader;
 use crate::error::{Error, Result};
 use crate::format::run::{RunRecord, Split, RUN_FILE};
 use crate::model::checkpoint::{Checkpointer, StateExtra, TrainState};
-use crate::model::config::UNetConfig;
 use crate::model::device;
 use crate::model::unet::UNet;
 use crate::util::sysinfo;
@@ -214,49 +209,6 @@ fn add_grads(
     Ok(())
 }
 
-/// Dice + CE of every supervised output against its target, weighted by level (nnU-Net's
-/// 1/2^level, normalized); without deep supervision, of the full-resolution output alone.
-fn supervised_loss(
-    cfg: &UNetConfig,
-    outputs: &[Tensor],
-    label: &[u16],
-    n: usize,
-    patch: [usize; 3],
-    classes: usize,
-    dev: &Device,
-) -> Result<LossParts> {
-    let mut sum: Option<LossParts> = None;
-    for ((logits, level), w) in outputs
-        .iter()
-        .zip(cfg.supervised_levels())
-        .zip(cfg.level_weights())
-    {
-        let pooled;
-        let (lab, size) = if level == 0 {
-            (label, patch)
-        } else {
-            pooled = downsample_labels(label, n, patch, cfg.level_stride(level));
-            (&pooled.0[..], pooled.1)
-        };
-        let target = one_hot(lab, n, classes, size, dev)?;
-        let mask = ignore_mask(lab, n, size, dev)?;
-        let p = dice_ce_masked(logits, &target, mask.as_ref())?;
-        sum = Some(match sum {
-            None => LossParts {
-                total: (p.total * w)?,
-                ce: p.ce * w,
-                dice_loss: p.dice_loss * w,
-            },
-            Some(s) => LossParts {
-                total: (s.total + (p.total * w)?)?,
-                ce: s.ce + p.ce * w,
-                dice_loss: s.dice_loss + p.dice_loss * w,
-            },
-        });
-    }
-    sum.ok_or_else(|| Error::Train("the network has no output".into()))
-}
-
 /// Running sums between two log lines.
 #[derive(Default)]
 struct Window {
@@ -272,68 +224,6 @@ struct Window {
     patches: u64,
     wait: Duration,
     started: Option<Instant>,
-}
-
-/// The loss terms beside Dice + CE and Skeleton Recall that are switched on, unweighted.
-struct ExtraTerms {
-    cldice: Option<Tensor>,
-    boundary: Option<Tensor>,
-    surface: Option<Tensor>,
-}
-
-fn scalar(t: &Option<Tensor>) -> Result<f64> {
-    Ok(match t {
-        Some(t) => t.to_scalar::<f32>()? as f64,
-        None => 0.0,
-    })
-}
-
-/// clDice, boundary and surface terms at full resolution (`label` already mapped to classes).
-#[allow(clippy::too_many_arguments)]
-fn extra_terms(
-    w: &super::config::LossWeights,
-    logits: &Tensor,
-    label: &[u16],
-    mut centreline: Vec<u16>,
-    distance: Vec<f32>,
-    spacing: &[[f64; 3]],
-    classes: &super::classes::ClassMap,
-    (n, c, patch): (usize, usize, [usize; 3]),
-    dev: &Device,
-) -> Result<ExtraTerms> {
-    let mut out = ExtraTerms {
-        cldice: None,
-        boundary: None,
-        surface: None,
-    };
-    if w.cldice <= 0.0 && !w.needs_distance() {
-        return Ok(out);
-    }
-    let target = one_hot(label, n, c, patch, dev)?;
-    if w.cldice > 0.0 {
-        classes.map(&mut centreline)?;
-        let skel = one_hot(&centreline, n, c, patch, dev)?;
-        out.cldice = Some(cldice(logits, &target, &skel)?);
-    }
-    if w.needs_distance() {
-        let shape = (n, c - 1, patch[0], patch[1], patch[2]);
-        if w.surface > 0.0 {
-            // The weight d_g^2 + d_p^2 made here, beside the prediction's distances, rather
-            // than as two more full-size tensor operations.
-            let mut weight = predicted_distance_squared(logits, spacing)?;
-            weight
-                .iter_mut()
-                .zip(&distance)
-                .for_each(|(p, g)| *p += g * g);
-            let weight = Tensor::from_vec(weight, shape, dev)?;
-            out.surface = Some(surface_weighted(logits, &target, &weight)?);
-        }
-        if w.boundary > 0.0 {
-            let d = Tensor::from_vec(distance, shape, dev)?;
-            out.boundary = Some(boundary(logits, &d)?);
-        }
-    }
-    Ok(out)
 }
 
 /// Train (or resume) a run. `stop` is polled after every step (Ctrl-C): a checkpoint is written
@@ -363,6 +253,7 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
 
     let params = model.params();
     let mut optimizer = Optimizer::new(params.clone(), optimizer_kind(cfg))?;
+    let objective = LossObjective::new(&cfg.loss, model.config(), &data.classes, cfg.patch, &dev);
     // Every checkpoint carries the run's record: a checkpoint folder copied alone predicts.
     let checkpointer =
         Checkpointer::new(&opts.run_dir, cfg.keep_last)?.with_record(identity.to_json());
@@ -513,86 +404,29 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
         }
         let mut grads: Option<Vec<Tensor>> = None;
         for _ in 0..accumulate {
-            let (batch, waited) = loader.next()?;
+            let (mut batch, waited) = loader.next()?;
             window.wait += waited;
             let n = batch.batch_size;
             let x = Tensor::from_vec(
-                batch.image,
+                std::mem::take(&mut batch.image),
                 (n, in_channels, patch[0], patch[1], patch[2]),
                 &dev,
             )?;
-            let mut label = batch.label;
-            data.classes.map(&mut label)?;
             let outputs = model.forward_all(&x)?;
-            let mut parts = supervised_loss(
-                model.config(),
-                &outputs,
-                &label,
-                n,
-                patch,
-                data.num_classes,
-                &dev,
-            )?;
-            let mut srec = 0.0;
-            let w = cfg.loss.skeleton_recall;
-            if w > 0.0 {
-                let mut skeleton = batch.skeleton;
-                data.classes.map(&mut skeleton)?;
-                let target = one_hot(&skeleton, n, data.num_classes, patch, &dev)?;
-                if let Some(t) = skeleton_recall(&outputs[0], &target)? {
-                    srec = t.to_scalar::<f32>()? as f64;
-                    parts.total = (parts.total + (t * w)?)?;
-                }
-            }
-            let terms = extra_terms(
-                &cfg.loss,
-                &outputs[0],
-                &label,
-                batch.centreline,
-                batch.distance,
-                &batch.spacing,
-                &data.classes,
-                (n, data.num_classes, patch),
-                &dev,
-            )?;
-            for (term, weight) in [
-                (&terms.cldice, cfg.loss.cldice),
-                (&terms.boundary, cfg.loss.boundary),
-                (&terms.surface, cfg.loss.surface),
-            ] {
-                if let Some(t) = term {
-                    parts.total = (parts.total + (t * weight)?)?;
-                }
-            }
-            let (cl, bd, sf) = (
-                scalar(&terms.cldice)?,
-                scalar(&terms.boundary)?,
-                scalar(&terms.surface)?,
-            );
-            if !(parts.ce.is_finite()
-                && parts.dice_loss.is_finite()
-                && srec.is_finite()
-                && cl.is_finite()
-                && bd.is_finite()
-                && sf.is_finite())
-            {
-                return Err(Error::Train(format!(
-                    "step {step}: the loss is not finite (ce {}, dice {}, skeleton recall {srec}, cldice {cl}, boundary {bd}, surface {sf}); start a new run (--out) with a lower --lr",
-                    parts.ce, parts.dice_loss
-                )));
-            }
+            let loss = objective.evaluate(&outputs, batch)?;
+            loss.ensure_finite(step)?;
+            let [extra, main] = loss.weighted();
             let a = accumulate as f64;
-            window.cldice += cl / a;
-            window.boundary += bd / a;
-            window.surface += sf / a;
-            let extra = cfg.loss.cldice * cl + cfg.loss.boundary * bd + cfg.loss.surface * sf;
+            window.cldice += loss.cldice / a;
+            window.boundary += loss.boundary / a;
+            window.surface += loss.surface / a;
             window.loss += extra / a;
-            let g = parts.total.backward()?;
+            let g = loss.total.backward()?;
             add_grads(&mut grads, &params, &g, 1.0 / accumulate as f64)?;
-            window.srec += srec / accumulate as f64;
-            window.loss += (parts.ce + parts.dice_loss + w * srec) / accumulate as f64;
-            window.ce += parts.ce / accumulate as f64;
-            window.dice += parts.dice_loss / accumulate as f64;
+            window.srec += loss.skeleton_recall / a;
+            window.loss += main / a;
+            window.ce += loss.ce / a;
+            window.dice += loss.dice / a;
             window.patches += n as u64;
         }
         let lr = poly_lr(cfg.lr, step, cfg.steps, cfg.poly_exponent);
