@@ -3,7 +3,8 @@
 //! Module map (one job each):
 //! - [`ops`]: 3D convolution, transposed convolution, pooling and upsampling with gradients.
 //! - [`model`]: the U-Net (depth, width, norm, up-sampling mode).
-//! - [`loss`]: Dice + cross-entropy.
+//! - [`loss`]: the training objective: Dice + cross-entropy at each supervised output, and the
+//!   Skeleton Recall, clDice, boundary and surface terms their weights add.
 //! - [`deep_supervision`]: the label patch pooled down to each supervised resolution.
 //! - [`skeleton_target`]: the tubed skeleton of a label patch (Skeleton Recall's target).
 //! - [`optim`]: AdamW and SGD with Nesterov momentum, poly learning rate, state for checkpoints.

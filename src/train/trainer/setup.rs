@@ -1,0 +1,291 @@
+//! A training session and its setup: the cases opened from the cache, the run folder's
+//! identity, the model and optimizer (loaded from the latest checkpoint on `--resume`), the
+//! loss objective, the metrics log, the loader's workers and the progress bar.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{Device, Var};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::checkpoint::{check_resumable, remark_best_if_stale};
+use super::run_dir::prepare_run_dir;
+use super::{say, RunOptions};
+use crate::cache::reader::EntryReader;
+use crate::error::{Error, Result};
+use crate::format::run::{RunRecord, Split};
+use crate::model::checkpoint::Checkpointer;
+use crate::model::device;
+use crate::model::unet::UNet;
+use crate::train::augment::AugmentConfig;
+use crate::train::config::{OptimizerName, TrainConfig};
+use crate::train::data::{open_data, Data};
+use crate::train::loader::{Loader, LoaderConfig};
+use crate::train::loss::LossObjective;
+use crate::train::metrics::MetricsLog;
+use crate::train::optim::{Optimizer, OptimizerKind};
+use crate::train::sampler::{Sampler, SamplerConfig};
+
+/// Everything a run holds between its steps.
+pub(super) struct Session<'a> {
+    pub(super) opts: &'a RunOptions,
+    pub(super) cfg: &'a TrainConfig,
+    pub(super) dev: Device,
+    pub(super) data: Data,
+    pub(super) model: UNet,
+    pub(super) params: Vec<(String, Var)>,
+    pub(super) optimizer: Optimizer,
+    pub(super) checkpointer: Checkpointer,
+    pub(super) objective: LossObjective,
+    pub(super) loader: Loader,
+    pub(super) bar: ProgressBar,
+    pub(super) log: MetricsLog,
+    pub(super) metrics_path: PathBuf,
+    /// The step the session starts at (0, or the resumed checkpoint's).
+    pub(super) start_step: u64,
+    /// The best validation Dice so far and its step.
+    pub(super) best: Option<(f64, u64)>,
+    /// When setup ended: the clock of the metrics' `elapsed_s` and the summary.
+    pub(super) started: Instant,
+}
+
+impl<'a> Session<'a> {
+    /// Open the data, build the model and optimizer, record (or check) the run folder's
+    /// identity, resume from its latest checkpoint when asked, open the metrics log and start
+    /// the loader at the first step to take.
+    pub(super) fn open(opts: &'a RunOptions) -> Result<Self> {
+        let cfg = &opts.config;
+        cfg.validate()?;
+        let dev = device::select(&opts.device)?;
+        let data = open_data(&opts.cache_dir, cfg, opts.mapped_mib)?;
+        let model = cfg
+            .network()
+            .build(data.channels.len(), data.num_classes, &dev)?;
+        let identity = identity(&data, cfg);
+        prepare_run_dir(opts, &identity)?;
+
+        let params = model.params();
+        let mut optimizer = Optimizer::new(params.clone(), optimizer_kind(cfg))?;
+        let objective =
+            LossObjective::new(&cfg.loss, model.config(), &data.classes, cfg.patch, &dev);
+        // Every checkpoint carries the run's record: a checkpoint folder copied alone predicts.
+        let checkpointer =
+            Checkpointer::new(&opts.run_dir, cfg.keep_last)?.with_record(identity.to_json());
+        let mut notices = Vec::new();
+        let (start_step, best) = if opts.resume {
+            resume(
+                opts,
+                &dev,
+                &model,
+                &mut optimizer,
+                &checkpointer,
+                &mut notices,
+            )?
+        } else {
+            (0, None)
+        };
+        if data.val.is_empty() {
+            notices.push("no validation cases (val_fraction 0 or a single labelled case): no validation Dice and no best checkpoint".into());
+        }
+        notices.push(network_notice(&data, &model));
+        let metrics_path = opts.run_dir.join("metrics.jsonl");
+        // A fresh run also truncates: a folder without checkpoints may hold an abandoned log.
+        let log = MetricsLog::open(&metrics_path, Some(start_step))?;
+        let loader = start_loader(cfg, &data, start_step)?;
+
+        let bar = progress_bar(opts, start_step);
+        for n in notices {
+            say(&bar, n);
+        }
+        if !data.unlabelled.is_empty() {
+            say(
+                &bar,
+                format!(
+                    "{} case(s) without a label skipped: {}",
+                    data.unlabelled.len(),
+                    data.unlabelled.join(", ")
+                ),
+            );
+        }
+        if start_step > 0 {
+            say(&bar, format!("resumed from step {start_step}"));
+        }
+        Ok(Session {
+            opts,
+            cfg,
+            dev,
+            data,
+            model,
+            params,
+            optimizer,
+            checkpointer,
+            objective,
+            loader,
+            bar,
+            log,
+            metrics_path,
+            start_step,
+            best,
+            started: Instant::now(),
+        })
+    }
+}
+
+/// What the run folder records of the run: data, classes, channels, preprocessing, the options
+/// that shape the weights, and the split.
+fn identity(data: &Data, cfg: &TrainConfig) -> RunRecord {
+    let split = Split {
+        train: data.train.iter().map(|c| c.0.clone()).collect(),
+        val: data.val.iter().map(|c| c.0.clone()).collect(),
+    };
+    RunRecord {
+        dataset: data.dataset.clone(),
+        num_classes: data.num_classes,
+        classes: data.classes.classes().to_vec(),
+        ignore_label: data.classes.ignore(),
+        channels: data.channels.clone(),
+        preprocessing: Some(data.preprocessing.clone()),
+        config: cfg.weight_shaping(),
+        split,
+    }
+}
+
+fn optimizer_kind(cfg: &TrainConfig) -> OptimizerKind {
+    match cfg.optimizer {
+        OptimizerName::Adamw => OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: cfg.weight_decay,
+        },
+        OptimizerName::Sgd => OptimizerKind::Sgd {
+            momentum: cfg.momentum,
+            nesterov: true,
+            weight_decay: cfg.weight_decay,
+        },
+    }
+}
+
+/// Load the latest complete checkpoint of the run folder into `model` and `optimizer` (after
+/// checking it fits this run), and return its step and best validation; step 0 with a notice
+/// when there is none.
+fn resume(
+    opts: &RunOptions,
+    dev: &Device,
+    model: &UNet,
+    optimizer: &mut Optimizer,
+    checkpointer: &Checkpointer,
+    notices: &mut Vec<String>,
+) -> Result<(u64, Option<(f64, u64)>)> {
+    let Some(ck) = checkpointer.latest(dev)? else {
+        notices.push(format!(
+            "--resume: no complete checkpoint in {}, starting at step 0",
+            opts.run_dir.display()
+        ));
+        return Ok((0, None));
+    };
+    for s in &ck.skipped {
+        notices.push(format!("warning: checkpoint skipped: {s}"));
+    }
+    check_resumable(&ck, &opts.config)?;
+    let at = |e: Error| Error::Train(format!("{}: {e}", ck.dir.display()));
+    model.load(&ck.model).map_err(at)?;
+    optimizer
+        .load_state(&ck.optimizer, ck.state.optimizer_steps)
+        .map_err(at)?;
+    let best = ck.state.best_metric.zip(ck.state.best_step);
+    if let Some((_, b)) = best {
+        remark_best_if_stale(checkpointer, &opts.run_dir, b)?;
+    }
+    Ok((ck.state.step, best))
+}
+
+/// "U-Net: 1 image channel (CT), 5 stages, ...": the network and the classes it learns.
+fn network_notice(data: &Data, model: &UNet) -> String {
+    let in_channels = data.channels.len();
+    let names: Vec<String> = data
+        .classes
+        .classes()
+        .iter()
+        .map(|c| format!("{} ({})", c.name, c.value))
+        .collect();
+    format!(
+        "U-Net: {} image channel{} ({}), {} stages, strides {:?}, {} parameters, {} classes: {}{}",
+        in_channels,
+        if in_channels == 1 { "" } else { "s" },
+        data.channels.join(", "),
+        model.config().strides.len() + 1,
+        model.config().strides,
+        model.num_parameters(),
+        data.num_classes,
+        names.join(", "),
+        data.classes
+            .ignore()
+            .map(|i| format!("; label {i} ignored"))
+            .unwrap_or_default()
+    )
+}
+
+/// The loader's workers over the training cases, positioned at `start_step`'s first batch.
+fn start_loader(cfg: &TrainConfig, data: &Data, start_step: u64) -> Result<Loader> {
+    let accumulate = cfg.accumulate as u64;
+    let train_entries: Vec<EntryReader> = data.train.iter().map(|c| c.1.clone()).collect();
+    let weights: Vec<f64> = data
+        .train
+        .iter()
+        .map(|(id, _)| cfg.case_weights.get(id).copied().unwrap_or(1.0))
+        .collect();
+    let sampler = Sampler::new(
+        &train_entries,
+        weights,
+        SamplerConfig {
+            patch_zyx: cfg.patch,
+            batch_size: cfg.batch_size,
+            fg_fraction: cfg.fg_fraction,
+            seed: cfg.seed,
+            skip_class: data.classes.ignore(),
+        },
+    )?;
+    let augment = if cfg.augment {
+        cfg.augmentation.clone()
+    } else {
+        AugmentConfig::none()
+    };
+    Loader::start(
+        train_entries,
+        sampler,
+        LoaderConfig {
+            workers: cfg.workers,
+            queue_depth: cfg.queue_depth,
+            augment,
+            skeleton: cfg.loss.skeleton_recall > 0.0,
+            centreline: cfg.loss.cldice > 0.0,
+            distance: if cfg.loss.needs_distance() {
+                data.classes.classes()[1..]
+                    .iter()
+                    .map(|c| c.value)
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        },
+        start_step * accumulate,
+    )
+}
+
+/// The steps' progress bar, hidden without `progress`.
+fn progress_bar(opts: &RunOptions, start_step: u64) -> ProgressBar {
+    if !opts.progress {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(opts.config.steps);
+    b.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} steps {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    b.set_position(start_step);
+    b
+}
