@@ -18,7 +18,7 @@ pub(crate) use self::recorded::Recorded;
 use super::sample::StoredDtype;
 use crate::cache::store::ReadStore;
 use crate::error::{Error, Result};
-use crate::format::{ArrayLayout, Encoding};
+use crate::format::{ArrayLayout, Encoding, ZARR_JSON};
 
 /// An inner chunk that a shard does not hold (all fill value).
 const EMPTY: u64 = u64::MAX;
@@ -125,7 +125,7 @@ impl ArrayReader {
         channels: Option<usize>,
         mmap: bool,
     ) -> Result<Vec<ArrayReader>> {
-        let meta_path = entry.join(name).join("zarr.json");
+        let meta_path = entry.join(name).join(ZARR_JSON);
         let first = Self::open(
             entry,
             name,
@@ -174,7 +174,7 @@ impl ArrayReader {
         channel: Option<usize>,
     ) -> Result<ArrayReader> {
         let dir = entry.join(name);
-        let meta_path = dir.join("zarr.json");
+        let meta_path = dir.join(ZARR_JSON);
         let layout = ArrayLayout::read(&dir).map_err(|e| match e {
             Error::Cache { message, .. } if !meta_path.exists() => Error::cache(
                 &meta_path,

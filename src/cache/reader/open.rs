@@ -10,7 +10,7 @@ use super::array::{ArrayReader, Recorded};
 use super::{ChunkCache, EntryInner, EntryReader, FgRange, ReaderOptions, StoredDtype};
 use crate::error::{Error, Result};
 use crate::format::{
-    ChunkChecksums, EntryAttrs, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY,
+    ChunkChecksums, EntryAttrs, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY, ZARR_JSON,
 };
 
 /// Each entry opened gets its own serial: it keys the entry's chunks in the shared caches.
@@ -25,16 +25,16 @@ impl EntryReader {
     /// Open one entry folder, sharing `cache` with other entries.
     pub fn open_with(entry_dir: impl AsRef<Path>, cache: &ChunkCache) -> Result<EntryReader> {
         let dir = entry_dir.as_ref().to_path_buf();
-        let meta_path = dir.join("zarr.json");
+        let meta_path = dir.join(ZARR_JSON);
         let bytes = match std::fs::read(&meta_path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::cache(
                     &dir,
                     if dir.is_dir() {
-                        "not a cache entry: no zarr.json (an unfinished build, or not voxcache's)"
+                        format!("not a cache entry: no {ZARR_JSON} (an unfinished build, or not voxcache's)")
                     } else {
-                        "cache entry not found"
+                        "cache entry not found".to_string()
                     },
                 ));
             }
