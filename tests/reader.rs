@@ -12,7 +12,9 @@ use common::fixtures::{
 };
 use common::probe::{assert_probe_sees_an_allocation, vm_rss_kib};
 use common::Lcg;
-use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions, StoredDtype};
+use voxcache::cache::reader::{
+    ArrayKind, CacheReader, EntryReader, ReaderOptions, Region, StoredDtype, NO_MIRROR,
+};
 use voxcache::geometry::mirror;
 use voxcache::train::spatial::{Transform, TransformedReader};
 
@@ -85,9 +87,10 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
         })
         .collect();
     let (mut span_i, mut span_l) = (vec![-7.5f32; n], vec![777u16; n]);
-    e.read_image_spans(start, size, &spans, &mut span_i)
+    let region = Region::new(start, size).with_spans(&spans);
+    e.read(ArrayKind::Image, region, NO_MIRROR, &mut span_i)
         .unwrap();
-    e.read_label_spans(start, size, &spans, &mut span_l)
+    e.read(ArrayKind::Label, region, NO_MIRROR, &mut span_l)
         .unwrap();
     for (i, (&got_i, &got_l)) in span_i.iter().zip(&span_l).enumerate() {
         let (y, x) = ((i / size[2]) % size[1], (i % size[2]) as u32);
@@ -113,9 +116,10 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
         })
         .collect();
     let (mut span_i, mut span_l) = (vec![-7.5f32; n], vec![777u16; n]);
-    e.read_image_spans(start, size, &plane_spans, &mut span_i)
+    let region = Region::new(start, size).with_spans(&plane_spans);
+    e.read(ArrayKind::Image, region, NO_MIRROR, &mut span_i)
         .unwrap();
-    e.read_label_spans(start, size, &plane_spans, &mut span_l)
+    e.read(ArrayKind::Label, region, NO_MIRROR, &mut span_l)
         .unwrap();
     for (i, (&got_i, &got_l)) in span_i.iter().zip(&span_l).enumerate() {
         let (a, b) = plane_spans[i / size[2]];
@@ -135,8 +139,9 @@ fn check_box(e: &EntryReader, start: [i64; 3], size: [usize; 3]) {
     // Spans of neither count are refused.
     let mut extra = plane_spans.clone();
     extra.push((0, 1));
+    let region = Region::new(start, size).with_spans(&extra);
     assert!(e
-        .read_image_spans(start, size, &extra, &mut vec![0f32; n])
+        .read(ArrayKind::Image, region, NO_MIRROR, &mut vec![0f32; n])
         .is_err());
     // Mirrored on read: the same voxels as reading, then mirroring.
     for m in 1..8u8 {

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
+use crate::format::{ENTRIES_DIR, MANIFEST_FILE, TMP_DIR, ZARR_JSON};
 use crate::util::sysinfo::{hostname, pid_alive};
 
 /// A cache folder.
@@ -32,17 +33,17 @@ impl CacheDir {
 
     /// `ROOT/manifest.json`.
     pub fn manifest_path(&self) -> PathBuf {
-        self.root.join("manifest.json")
+        self.root.join(MANIFEST_FILE)
     }
 
     /// `ROOT/entries`: committed entries.
     pub fn entries_dir(&self) -> PathBuf {
-        self.root.join("entries")
+        self.root.join(ENTRIES_DIR)
     }
 
     /// `ROOT/tmp`: entries being written.
     pub fn tmp_dir(&self) -> PathBuf {
-        self.root.join("tmp")
+        self.root.join(TMP_DIR)
     }
 
     /// entries/ab/abcdef...
@@ -57,12 +58,12 @@ impl CacheDir {
 
     /// The entry path relative to the root, as the manifest records it.
     pub fn entry_rel(key: &str) -> String {
-        format!("entries/{}/{}", &key[..2], key)
+        format!("{ENTRIES_DIR}/{}/{}", &key[..2], key)
     }
 
     /// Whether the entry of `key` is complete (its group `zarr.json` is written last).
     pub fn has_entry(&self, key: &str) -> bool {
-        self.entry_path(key).join("zarr.json").is_file()
+        self.entry_path(key).join(ZARR_JSON).is_file()
     }
 
     /// Create the folders and prove we can write there, before any work is done.
@@ -150,7 +151,7 @@ impl CacheDir {
                 }
                 Ok(Commit::Placed)
             }
-            Err(_) if dest.join("zarr.json").is_file() => {
+            Err(_) if dest.join(ZARR_JSON).is_file() => {
                 std::fs::remove_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
                 Ok(Commit::AlreadyThere)
             }

@@ -8,6 +8,7 @@ use std::fs::OpenOptions;
 use super::layout::CacheDir;
 use crate::error::{Error, Result};
 pub use crate::format::manifest::params_key;
+use crate::format::MANIFEST_LOCK;
 pub use crate::format::{Manifest, ManifestCase, ManifestDataset};
 
 /// The manifest of a cache, or an empty one when no build has finished there yet.
@@ -17,7 +18,7 @@ pub fn load_or_empty(cache: &CacheDir) -> Result<Manifest> {
 
 /// Merge one build's result for `name` into the manifest on disk, under the lock.
 pub fn record(cache: &CacheDir, name: &str, dataset: ManifestDataset) -> Result<Manifest> {
-    let lock_path = cache.root.join("manifest.lock");
+    let lock_path = cache.root.join(MANIFEST_LOCK);
     let lock = OpenOptions::new()
         .create(true)
         .truncate(false)

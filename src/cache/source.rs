@@ -3,7 +3,7 @@
 //! ([`EntryReader`]) is the fast implementation; another store (an object store, a
 //! preprocessed volume in memory for predict) implements the same few methods.
 
-use super::reader::EntryReader;
+use super::reader::{ArrayKind, EntryReader, Region, NO_MIRROR};
 use crate::error::Result;
 use crate::geometry::mirror;
 
@@ -182,6 +182,17 @@ pub trait PatchSource: Send + Sync {
     }
 }
 
+/// Each read of the [`PatchSource`] implementation below: `region` of the array `out` names.
+fn read_entry(e: &EntryReader, region: Region, out: SpanOut) -> Result<()> {
+    match out {
+        SpanOut::Image(o) => e.read(ArrayKind::Image, region, NO_MIRROR, o),
+        SpanOut::Label(o) => e.read(ArrayKind::Label, region, NO_MIRROR, o),
+        SpanOut::LabelBytes(o) => e.read(ArrayKind::Label, region, NO_MIRROR, o),
+        SpanOut::Distance(c, o) => e.read(ArrayKind::Distance(c), region, NO_MIRROR, o),
+        SpanOut::Skeleton(o) => e.read(ArrayKind::Skeleton, region, NO_MIRROR, o),
+    }
+}
+
 impl PatchSource for EntryReader {
     fn name(&self) -> String {
         self.case_id()
@@ -213,41 +224,30 @@ impl PatchSource for EntryReader {
         EntryReader::fg_coords(self, class)
     }
 
-    fn read_image(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [f32]) -> Result<()> {
-        EntryReader::read_image(self, start_zyx, size_zyx, out)
+    fn read_image(&self, start: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
+        read_entry(self, Region::new(start, size), SpanOut::Image(out))
     }
 
-    fn read_label(&self, start_zyx: [i64; 3], size_zyx: [usize; 3], out: &mut [u16]) -> Result<()> {
-        EntryReader::read_label(self, start_zyx, size_zyx, out)
+    fn read_label(&self, start: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+        read_entry(self, Region::new(start, size), SpanOut::Label(out))
     }
 
     fn label_bytes(&self) -> bool {
         self.label_dtype() == Some(crate::cache::reader::StoredDtype::Uint8)
     }
 
-    fn read_label_u8(
-        &self,
-        start_zyx: [i64; 3],
-        size_zyx: [usize; 3],
-        out: &mut [u8],
-    ) -> Result<()> {
-        EntryReader::read_label(self, start_zyx, size_zyx, out)
+    fn read_label_u8(&self, start: [i64; 3], size: [usize; 3], out: &mut [u8]) -> Result<()> {
+        read_entry(self, Region::new(start, size), SpanOut::LabelBytes(out))
     }
 
     fn read_spans(
         &self,
-        start_zyx: [i64; 3],
-        size_zyx: [usize; 3],
+        start: [i64; 3],
+        size: [usize; 3],
         spans: &[(u32, u32)],
         out: SpanOut,
     ) -> Result<()> {
-        match out {
-            SpanOut::Image(o) => self.read_image_spans(start_zyx, size_zyx, spans, o),
-            SpanOut::Label(o) => self.read_label_spans(start_zyx, size_zyx, spans, o),
-            SpanOut::LabelBytes(o) => self.read_label_spans(start_zyx, size_zyx, spans, o),
-            SpanOut::Distance(c, o) => self.read_distance_spans(c, start_zyx, size_zyx, spans, o),
-            SpanOut::Skeleton(o) => self.read_skeleton_spans(start_zyx, size_zyx, spans, o),
-        }
+        read_entry(self, Region::new(start, size).with_spans(spans), out)
     }
 
     fn read_patch_mirrored(
@@ -276,19 +276,18 @@ impl PatchSource for EntryReader {
     fn read_distance(
         &self,
         class: u16,
-        start_zyx: [i64; 3],
-        size_zyx: [usize; 3],
+        start: [i64; 3],
+        size: [usize; 3],
         out: &mut [f32],
     ) -> Result<()> {
-        EntryReader::read_distance(self, class, start_zyx, size_zyx, out)
+        read_entry(
+            self,
+            Region::new(start, size),
+            SpanOut::Distance(class, out),
+        )
     }
 
-    fn read_skeleton(
-        &self,
-        start_zyx: [i64; 3],
-        size_zyx: [usize; 3],
-        out: &mut [u16],
-    ) -> Result<()> {
-        EntryReader::read_skeleton(self, start_zyx, size_zyx, out)
+    fn read_skeleton(&self, start: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+        read_entry(self, Region::new(start, size), SpanOut::Skeleton(out))
     }
 }

@@ -14,6 +14,9 @@ use super::dims3;
 use super::dtype::Dtype;
 use crate::error::{Error, Result};
 
+/// The metadata file of every Zarr v3 node (an entry's group, each of its arrays).
+pub const ZARR_JSON: &str = "zarr.json";
+
 /// How chunk bytes sit in the files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encoding {
@@ -206,7 +209,7 @@ impl ArrayLayout {
 
     /// Read and parse `dir/zarr.json`; `what` names the array in the error when it is missing.
     pub fn read(dir: &Path) -> Result<ArrayLayout> {
-        let path = dir.join("zarr.json");
+        let path = dir.join(ZARR_JSON);
         let bytes = std::fs::read(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::cache(&path, "the array's metadata is missing")

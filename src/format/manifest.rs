@@ -9,6 +9,15 @@ use super::params::OutputParams;
 use super::{check_version, positive3, FORMAT_VERSION};
 use crate::error::{Error, Result};
 
+/// The manifest's file name in the cache folder.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The lock file builds take while they merge their cases into the manifest.
+pub const MANIFEST_LOCK: &str = "manifest.lock";
+/// The cache's folder of committed entries (`entries/ab/KEY`).
+pub const ENTRIES_DIR: &str = "entries";
+/// The cache's folder of entries being written (renamed into [`ENTRIES_DIR`] when complete).
+pub const TMP_DIR: &str = "tmp";
+
 /// One case of a dataset.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ManifestCase {
@@ -74,7 +83,7 @@ pub fn params_key(params: &OutputParams) -> String {
 pub fn entry_path_is_safe(rel: &str) -> bool {
     let p = Path::new(rel);
     p.components().all(|c| matches!(c, Component::Normal(_)))
-        && p.components().next() == Some(Component::Normal("entries".as_ref()))
+        && p.components().next() == Some(Component::Normal(ENTRIES_DIR.as_ref()))
 }
 
 impl Manifest {

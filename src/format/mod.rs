@@ -31,11 +31,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Deserializer};
 
-pub use array::{ArrayLayout, Encoding};
+pub use array::{ArrayLayout, Encoding, ZARR_JSON};
 pub use checksums::{ChunkChecksums, CHECKSUMS_FILE};
 pub use dtype::Dtype;
 pub use entry::{EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY};
-pub use manifest::{Manifest, ManifestCase, ManifestDataset};
+pub use manifest::{
+    Manifest, ManifestCase, ManifestDataset, ENTRIES_DIR, MANIFEST_FILE, MANIFEST_LOCK, TMP_DIR,
+};
 pub use normalization::{AppliedNormalization, ForegroundStats, IntensityStats, Normalization};
 pub use params::{
     ChannelParams, ChunkLayout, Compression, DerivedArrays, ImageDtype, OutputParams,

@@ -16,7 +16,9 @@ use super::{rel_path, Problem};
 use crate::cache::CacheDir;
 use crate::error::Result;
 use crate::format::entry::ClassStats;
-use crate::format::{Dtype, ImageDtype};
+use crate::format::{
+    Dtype, ImageDtype, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, MANIFEST_FILE, TMP_DIR, ZARR_JSON,
+};
 use crate::util::sysinfo::{hostname, human_bytes, pid_alive};
 
 /// One dataset of the cache's manifest.
@@ -158,7 +160,7 @@ fn tmp_owner(name: &str) -> (Option<String>, Option<u32>) {
 }
 
 fn tmp_leftovers(root: &Path, problems: &mut Vec<Problem>) -> Vec<TmpInfo> {
-    let Ok(rd) = std::fs::read_dir(root.join("tmp")) else {
+    let Ok(rd) = std::fs::read_dir(root.join(TMP_DIR)) else {
         return Vec::new();
     };
     let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
@@ -243,17 +245,17 @@ fn check_no_links(root: &Path, m: &EntryMeta) -> Vec<Problem> {
 
 /// Check that the arrays' own zarr.json files parse (cheap; `--verify` opens them for real).
 fn check_array_metadata(root: &Path, m: &EntryMeta) -> Vec<Problem> {
-    let mut arrays = vec!["image"];
+    let mut arrays = vec![IMAGE_ARRAY];
     if m.label_dtype.is_some() {
-        arrays.push("label");
+        arrays.push(LABEL_ARRAY);
     }
     if m.fg_rows > 0 {
-        arrays.push("fg");
+        arrays.push(FG_ARRAY);
     }
     arrays
         .into_iter()
         .filter_map(|a| {
-            super::entry_meta::check_array_json(root, &m.dir.join(a).join("zarr.json"))
+            super::entry_meta::check_array_json(root, &m.dir.join(a).join(ZARR_JSON))
                 .err()
                 .map(|p| (*p).case(&m.case_id))
         })
@@ -272,7 +274,7 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
                     "manifest",
                     super::file_message(root, &cache.manifest_path(), &e.to_string()),
                 )
-                .path("manifest.json"),
+                .path(MANIFEST_FILE),
             );
             None
         }
@@ -285,9 +287,9 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
         problems.push(
             Problem::error(
                 "manifest",
-                "no manifest.json, yet entries are here: no build finished writing it, or it was deleted; nothing says which entries make up a dataset (build-cache again writes it)",
+                format!("no {MANIFEST_FILE}, yet entries are here: no build finished writing it, or it was deleted; nothing says which entries make up a dataset (build-cache again writes it)"),
             )
-            .path("manifest.json"),
+            .path(MANIFEST_FILE),
         );
     }
     let parsed: Vec<Found<EntryMeta>> = dirs.par_iter().map(|d| read_entry(root, d)).collect();
@@ -316,10 +318,10 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
                         ),
                     )
                     .case(case)
-                    .path("manifest.json"),
+                    .path(MANIFEST_FILE),
                 );
             }
-            let there = entry_dir(root, &c.key).is_some_and(|p| p.join("zarr.json").is_file());
+            let there = entry_dir(root, &c.key).is_some_and(|p| p.join(ZARR_JSON).is_file());
             if !there {
                 missing.push(case.clone());
                 problems.push(
@@ -386,7 +388,7 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
                     ),
                 )
                 .case(&m.case_id)
-                .path(format!("{}/zarr.json", m.rel)),
+                .path(format!("{}/{ZARR_JSON}", m.rel)),
             );
         }
         problems.extend(check_array_metadata(root, &m));
@@ -420,7 +422,7 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
                         ),
                     )
                     .case(case)
-                    .path("manifest.json"),
+                    .path(MANIFEST_FILE),
                 );
             }
         }
@@ -525,7 +527,7 @@ pub fn render(r: &CacheReport, path: &str) -> String {
     const W: usize = 100;
     let t = &r.totals;
     let mut out = format!(
-        "cache {path}\n{}, {} ({} orphaned), {} in tmp/; {} on disk, {} decoded\n",
+        "cache {path}\n{}, {} ({} orphaned), {} in {TMP_DIR}/; {} on disk, {} decoded\n",
         count(r.datasets.len(), "dataset", "datasets"),
         count(t.entries, "entry", "entries"),
         t.orphans,
@@ -534,7 +536,9 @@ pub fn render(r: &CacheReport, path: &str) -> String {
         human_bytes(t.decoded_bytes)
     );
     if r.manifest_format_version.is_none() {
-        out.push_str("no readable manifest.json: no dataset is recorded\n");
+        out.push_str(&format!(
+            "no readable {MANIFEST_FILE}: no dataset is recorded\n"
+        ));
     }
 
     if !r.datasets.is_empty() {

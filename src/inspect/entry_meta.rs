@@ -8,7 +8,7 @@ use super::{rel_path, Problem};
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
 use crate::format::entry::ClassStats;
-use crate::format::{Compression, Dtype, EntryAttrs};
+use crate::format::{Compression, Dtype, EntryAttrs, ENTRIES_DIR, ZARR_JSON};
 
 /// What an entry's group `zarr.json` says about it.
 #[derive(Clone, Debug)]
@@ -76,12 +76,12 @@ pub fn codec_name(c: &Compression) -> String {
 /// Parse the entry in `dir` (entries/ab/KEY under `root`).
 pub fn read_entry(root: &Path, dir: &Path) -> Found<EntryMeta> {
     let rel = rel_path(root, dir);
-    let zj = dir.join("zarr.json");
+    let zj = dir.join(ZARR_JSON);
     if !zj.is_file() {
         return Err(Box::new(
             Problem::error(
                 "incomplete-entry",
-                "no zarr.json: not a complete entry (builds write it last)",
+                format!("no {ZARR_JSON}: not a complete entry (builds write it last)"),
             )
             .path(rel),
         ));
@@ -132,7 +132,7 @@ pub fn short_key(key: &str) -> String {
 pub fn entry_dirs(root: &Path) -> (Vec<PathBuf>, Vec<Problem>) {
     let mut dirs = Vec::new();
     let mut problems = Vec::new();
-    let entries = root.join("entries");
+    let entries = root.join(ENTRIES_DIR);
     let Ok(rd) = std::fs::read_dir(&entries) else {
         return (dirs, problems);
     };
@@ -161,8 +161,11 @@ pub fn entry_dirs(root: &Path) -> (Vec<PathBuf>, Vec<Problem>) {
                 .unwrap_or_default();
             if !d.is_dir() || !name.starts_with(&prefix) {
                 problems.push(
-                    Problem::warning("stray-file", format!("not an entry of entries/{prefix}/"))
-                        .path(rel_path(root, &d)),
+                    Problem::warning(
+                        "stray-file",
+                        format!("not an entry of {ENTRIES_DIR}/{prefix}/"),
+                    )
+                    .path(rel_path(root, &d)),
                 );
                 continue;
             }

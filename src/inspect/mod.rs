@@ -158,7 +158,9 @@ pub fn detect(path: &Path) -> Result<Kind> {
     if !path.is_dir() {
         return Err(not_it("a file, not a folder"));
     }
-    if path.join("manifest.json").is_file() || path.join("entries").is_dir() {
+    if path.join(crate::format::MANIFEST_FILE).is_file()
+        || path.join(crate::format::ENTRIES_DIR).is_dir()
+    {
         return Ok(Kind::Cache);
     }
     if path.join("imagesTr").is_dir() {
@@ -173,9 +175,11 @@ pub fn detect(path: &Path) -> Result<Kind> {
     if has_nifti {
         return Ok(Kind::Dataset);
     }
-    Err(not_it(
-        "expected imagesTr/ or .nii(.gz) files for a dataset, manifest.json or entries/ for a cache",
-    ))
+    Err(not_it(&format!(
+        "expected imagesTr/ or .nii(.gz) files for a dataset, {} or {}/ for a cache",
+        crate::format::MANIFEST_FILE,
+        crate::format::ENTRIES_DIR
+    )))
 }
 
 /// How bad a problem is.

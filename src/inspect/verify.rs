@@ -13,7 +13,7 @@ use super::entry_meta::EntryMeta;
 use super::{rel_path, Problem};
 use crate::cache::reader::EntryReader;
 use crate::cache::store::{open_readable, ReadStore};
-use crate::format::{ArrayLayout, ChunkChecksums, Dtype, CHECKSUMS_FILE, FG_ARRAY};
+use crate::format::{ArrayLayout, ChunkChecksums, Dtype, CHECKSUMS_FILE, FG_ARRAY, ZARR_JSON};
 
 /// Counts over the blocks checked.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -228,7 +228,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         arrays.push((crate::format::DISTANCE_ARRAY, Dtype::Float32, Some(c)));
     }
     for (name, dtype, channels) in arrays {
-        let meta_path = m.dir.join(name).join("zarr.json");
+        let meta_path = m.dir.join(name).join(ZARR_JSON);
         let meta_rel = rel_path(root, &meta_path);
         let layout = std::fs::read(&meta_path)
             .map_err(|e| format!("cannot read: {e}"))

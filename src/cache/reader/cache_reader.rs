@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{ChunkCache, EntryReader, ReaderOptions};
 use crate::cache::layout::CacheDir;
 use crate::error::{Error, Result};
-use crate::format::{Manifest, ManifestDataset};
+use crate::format::{Manifest, ManifestDataset, ENTRIES_DIR, MANIFEST_FILE};
 
 /// One case of a dataset in the manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,10 +55,12 @@ impl CacheReader {
         let Some(manifest) = Manifest::read(&path)? else {
             return Err(Error::cache(
                 &root,
-                if root.join("entries").is_dir() {
-                    "no manifest.json: no build has finished in this cache yet"
+                if root.join(ENTRIES_DIR).is_dir() {
+                    format!("no {MANIFEST_FILE}: no build has finished in this cache yet")
                 } else {
-                    "not a voxcache cache: no manifest.json (build one with prep build-cache)"
+                    format!(
+                        "not a voxcache cache: no {MANIFEST_FILE} (build one with prep build-cache)"
+                    )
                 },
             ));
         };
@@ -93,7 +95,7 @@ impl CacheReader {
     pub fn dataset(&self, name: &str) -> Result<&ManifestDataset> {
         self.manifest.datasets.get(name).ok_or_else(|| {
             Error::cache(
-                self.root.join("manifest.json"),
+                self.root.join(MANIFEST_FILE),
                 format!(
                     "no dataset {name:?} in this cache (it has: {})",
                     self.datasets().join(", ")
@@ -146,7 +148,7 @@ impl CacheReader {
             .find(|c| c.case_id == case_id)
             .ok_or_else(|| {
                 Error::cache(
-                    self.root.join("manifest.json"),
+                    self.root.join(MANIFEST_FILE),
                     format!("no case {case_id:?} in dataset {dataset:?}"),
                 )
             })?;
