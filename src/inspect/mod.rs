@@ -86,6 +86,7 @@
 //! `prep inspect` exits 0 when no problem is an error, 1 when one is, 2 when PATH cannot be
 //! inspected at all.
 
+mod cache_render;
 pub mod cache_report;
 mod dataset_render;
 pub mod dataset_report;
