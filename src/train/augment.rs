@@ -24,7 +24,9 @@ pub struct AugmentConfig {
     /// Rotate by k * 90 degrees in the (y, x) plane, k uniform in 0..4, when the patch is
     /// square in-plane; by 0 or 180 degrees otherwise. Off in nnU-Net's defaults.
     pub rot90: bool,
+    /// Rotation, scaling and elastic deformation.
     pub spatial: SpatialConfig,
+    /// Noise, blur, brightness, contrast, low resolution and gamma.
     pub intensity: IntensityConfig,
 }
 
@@ -51,6 +53,7 @@ impl AugmentConfig {
         }
     }
 
+    /// Check every probability and range.
     pub fn validate(&self) -> Result<()> {
         if !(0.0..=1.0).contains(&self.mirror_prob) {
             return Err(Error::Config(format!(
@@ -178,6 +181,7 @@ impl Moves {
 
 pub use crate::geometry::mirror as flip_axes;
 
+/// Mirror `data` (a (z, y, x) block of `size_zyx`) along one axis.
 pub fn flip_axis<T>(data: &mut [T], size_zyx: [usize; 3], axis: usize) {
     if data.is_empty() {
         return;

@@ -20,9 +20,11 @@ pub const WARMUP_STEPS: u64 = 3;
 pub struct BenchmarkReport {
     /// Steps measured (after the warm-up).
     pub steps: u64,
+    /// Warm-up steps before the measured ones.
     pub warmup: u64,
     /// Median seconds per optimizer step, and the slowest measured step.
     pub step_s: f64,
+    /// The slowest measured step, in seconds.
     pub max_step_s: f64,
     /// Patches per second over the measured steps.
     pub patches_per_s: f64,
@@ -30,6 +32,7 @@ pub struct BenchmarkReport {
     pub data_wait_frac: f64,
     /// Peak resident memory of the process and, on a GPU, the peak our tensors held (MiB).
     pub peak_rss_mb: f64,
+    /// Peak GPU memory our tensors held, in MiB (on a GPU).
     pub gpu_peak_mb: Option<f64>,
     /// Seconds of the first (warm-up) step.
     pub first_step_s: f64,

@@ -78,6 +78,7 @@ impl Default for LossWeights {
 }
 
 impl LossWeights {
+    /// Check that every weight is in 0..=100.
     pub fn validate(&self) -> Result<()> {
         for (name, w) in [
             ("skeleton_recall", self.skeleton_recall),
@@ -108,17 +109,21 @@ pub struct TrainConfig {
     pub dataset: Option<String>,
     /// Patch size (z, y, x) in voxels of the cached (resampled) volumes.
     pub patch: [usize; 3],
+    /// Patches a batch.
     pub batch_size: usize,
     /// Optimizer steps of the run.
     pub steps: u64,
     /// Batches whose gradients are summed into one optimizer step.
     pub accumulate: usize,
+    /// `adamw` or `sgd`.
     pub optimizer: OptimizerName,
     /// Initial learning rate (poly schedule down to 0 at `steps`).
     pub lr: f64,
+    /// Weight decay (decoupled for AdamW, added to the gradient for SGD).
     pub weight_decay: f64,
     /// SGD momentum (Nesterov).
     pub momentum: f64,
+    /// Exponent of the poly learning-rate schedule.
     pub poly_exponent: f64,
     /// Global gradient-norm clip (nnU-Net: 12); 0 disables.
     pub clip_grad_norm: f64,
@@ -126,9 +131,13 @@ pub struct TrainConfig {
     pub fg_fraction: f64,
     /// Network: channels of the first stage, cap, number of resolution stages.
     pub base_channels: usize,
+    /// Cap on the channels of any stage.
     pub max_channels: usize,
+    /// Resolution stages of the U-Net.
     pub stages: usize,
+    /// Normalization after each convolution.
     pub norm: Norm,
+    /// How the decoder goes up a resolution.
     pub upsampling: Upsampling,
     /// `f32`, or `bf16` on a GPU (mixed precision; see [`Precision`]).
     pub precision: Precision,
@@ -158,7 +167,9 @@ pub struct TrainConfig {
     pub log_every: u64,
     /// Loader threads and batches prepared ahead.
     pub workers: usize,
+    /// Batches built ahead of the step.
     pub queue_depth: usize,
+    /// Seed of the weights, the split, the patches and the augmentation.
     pub seed: u64,
     /// Sampling weight of named training cases (default 1 each: every case is equally likely,
     /// whatever its size, as nnU-Net). 0 leaves a case out of training.
@@ -209,6 +220,7 @@ impl Default for TrainConfig {
 
 /// Largest patch axis and volume we accept: beyond that a batch alone would not fit in memory.
 pub const MAX_PATCH_AXIS: usize = 512;
+/// Largest patch volume times batch size, in voxels.
 pub const MAX_PATCH_VOXELS: usize = 1 << 24;
 
 impl TrainConfig {
@@ -227,6 +239,7 @@ impl TrainConfig {
         }
     }
 
+    /// Check every option's range and that they fit together.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         let p = self.patch;

@@ -31,12 +31,14 @@ pub const AUGMENT_STREAM: u64 = 0x6175_676d_656e_0002;
 /// writes it mirrored (`Rng::derive(seed, &[MOVES_STREAM, step, sample])`).
 pub const MOVES_STREAM: u64 = 0x6d6f_7665_7300_0003;
 
+/// How the loader builds batches.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoaderConfig {
     /// Threads reading and augmenting patches (at least 1).
     pub workers: usize,
     /// Batches that may be built ahead of the consumer (at least 1).
     pub queue_depth: usize,
+    /// What the augmentation does.
     pub augment: AugmentConfig,
     /// Also compute each patch's tubed skeleton (the Skeleton Recall loss's target).
     pub skeleton: bool,
@@ -63,10 +65,15 @@ impl Default for LoaderConfig {
 /// One training batch. `image` is (B, C, D, H, W) and `label` (B, D, H, W), C order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
+    /// The step the batch is for.
     pub step: u64,
+    /// Patches in the batch.
     pub batch_size: usize,
+    /// Patch size (z, y, x).
     pub patch_zyx: [usize; 3],
+    /// Image voxels (B, C, D, H, W).
     pub image: Vec<f32>,
+    /// Training classes (B, D, H, W).
     pub label: Vec<u16>,
     /// Per voxel the label value whose tubed skeleton covers it (see
     /// [`skeleton_target`](crate::train::skeleton_target)), laid out as `label`; empty unless
@@ -123,6 +130,7 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Worker threads filling a bounded queue with the batches of consecutive steps, in order.
 pub struct Loader {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,

@@ -17,24 +17,34 @@ use crate::error::{Error, Result};
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(default)]
 pub struct TrainRecord {
+    /// Optimizer step.
     pub step: u64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Total loss.
     pub loss: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Its Dice part.
     pub dice_loss: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Its cross-entropy part.
     pub ce_loss: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Learning rate of the step.
     pub lr: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Gradient norm before clipping.
     pub grad_norm: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Patches per second since the last line.
     pub patches_per_s: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Share of the time spent waiting for batches.
     pub data_wait_frac: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Peak resident memory of the process, MiB.
     pub peak_rss_mb: f64,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Seconds since the run started.
     pub elapsed_s: f64,
     /// The Skeleton Recall term (unweighted), when it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,6 +62,7 @@ pub struct TrainRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_allocated_mb: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Peak GPU memory our tensors held, MiB (on a GPU).
     pub gpu_peak_mb: Option<f64>,
 }
 
@@ -59,12 +70,16 @@ pub struct TrainRecord {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(default)]
 pub struct ValRecord {
+    /// Optimizer step.
     pub step: u64,
     #[serde(deserialize_with = "vec_f64_or_nan")]
+    /// Dice of each foreground class.
     pub dice_per_class: Vec<f64>,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Their mean.
     pub mean_dice: f64,
     #[serde(deserialize_with = "cases_or_nan")]
+    /// Mean Dice of each validation case.
     pub dice_per_case: Vec<(String, f64)>,
     /// Centreline Dice per foreground class (absent when not measured).
     #[serde(
@@ -76,6 +91,7 @@ pub struct ValRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mean_cldice: Option<f64>,
     #[serde(deserialize_with = "f64_or_nan")]
+    /// Seconds the validation took.
     pub seconds: f64,
 }
 
@@ -83,11 +99,14 @@ pub struct ValRecord {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Record {
+    /// A training line.
     Train(TrainRecord),
+    /// A validation line.
     Val(ValRecord),
 }
 
 impl Record {
+    /// The step the line is about.
     pub fn step(&self) -> u64 {
         match self {
             Record::Train(r) => r.step,
@@ -152,6 +171,7 @@ impl MetricsLog {
         })
     }
 
+    /// The log file.
     pub fn path(&self) -> &Path {
         &self.path
     }

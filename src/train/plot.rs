@@ -9,7 +9,9 @@ use std::path::Path;
 use super::metrics::{write_atomically, Record};
 use crate::error::{Error, Result};
 
+/// Width of the curves image in pixels.
 pub const WIDTH: usize = 900;
+/// Height of the curves image in pixels.
 pub const HEIGHT: usize = 420;
 
 type Rgb = [u8; 3];

@@ -21,12 +21,16 @@ pub const SAMPLE_STREAM: u64 = 0x7361_6d70_6c65_0001;
 /// library.
 pub use crate::train::config::{MAX_PATCH_AXIS as MAX_PATCH_SIDE, MAX_PATCH_VOXELS};
 
+/// Which patches a batch holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
+    /// Patch size (z, y, x).
     pub patch_zyx: [usize; 3],
+    /// Patches a batch.
     pub batch_size: usize,
     /// Share of each batch centred on foreground (nnU-Net: 1/3).
     pub fg_fraction: f64,
+    /// Seed: batch `s` is a pure function of (seed, s).
     pub seed: u64,
     /// A label value never sampled as foreground (the ignore label).
     pub skip_class: Option<u16>,
@@ -49,6 +53,7 @@ impl SamplerConfig {
         ((self.batch_size as f64 * self.fg_fraction).round() as usize).min(self.batch_size)
     }
 
+    /// Check the patch size, batch size and foreground share.
     pub fn validate(&self) -> Result<()> {
         let p = self.patch_zyx;
         if p.contains(&0) || p.iter().any(|&s| s > MAX_PATCH_SIDE) {
@@ -78,7 +83,9 @@ impl SamplerConfig {
 /// The box may stick out of the volume; that part reads as zero.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PatchChoice {
+    /// Index of the case.
     pub case: usize,
+    /// First voxel (z, y, x) of the box; may be negative.
     pub start_zyx: [i64; 3],
     /// This sample was meant to be centred on foreground. Also true when its case has no
     /// foreground at all, in which case the box is a random one like the others.
@@ -94,6 +101,7 @@ struct CaseFacts {
     fg_by_class: Vec<Vec<[u32; 3]>>,
 }
 
+/// Draws each batch's cases and boxes.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     cases: Vec<CaseFacts>,
@@ -140,10 +148,12 @@ impl Sampler {
         })
     }
 
+    /// Its configuration.
     pub fn config(&self) -> &SamplerConfig {
         &self.cfg
     }
 
+    /// Training cases it draws from.
     pub fn num_cases(&self) -> usize {
         self.cases.len()
     }

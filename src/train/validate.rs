@@ -70,9 +70,13 @@ impl Counts {
 
 /// Sliding-window predictor settings.
 pub struct SlidingWindow<'a> {
+    /// The network.
     pub model: &'a UNet,
+    /// Where it runs.
     pub device: &'a Device,
+    /// Window size (z, y, x).
     pub patch: [usize; 3],
+    /// Overlap of neighbouring windows (fraction of the window).
     pub overlap: f64,
     /// Windows per forward pass.
     pub batch: usize,

@@ -14,8 +14,11 @@ use crate::train::classes::IGNORE;
 
 /// The two terms and their sum, as scalars (the sum still has its graph for `backward`).
 pub struct LossParts {
+    /// Dice + cross-entropy, to backpropagate.
     pub total: Tensor,
+    /// The cross-entropy part.
     pub ce: f64,
+    /// The Dice part (1 - soft Dice).
     pub dice_loss: f64,
 }
 

@@ -16,15 +16,22 @@ use crate::error::{Error, Result};
 pub enum OptimizerKind {
     /// Adam with decoupled weight decay (Loshchilov & Hutter; PyTorch's `AdamW`).
     AdamW {
+        /// Decay of the first moment.
         beta1: f64,
+        /// Decay of the second moment.
         beta2: f64,
+        /// Added to the second moment's root.
         eps: f64,
+        /// Decoupled weight decay.
         weight_decay: f64,
     },
     /// SGD with PyTorch's momentum semantics (no dampening); weight decay is added to the gradient.
     Sgd {
+        /// Momentum factor.
         momentum: f64,
+        /// Nesterov momentum.
         nesterov: bool,
+        /// L2 penalty added to the gradient.
         weight_decay: f64,
     },
 }
@@ -50,6 +57,7 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
+    /// An optimizer over `params` (name, variable), in the order given.
     pub fn new(params: Vec<(String, Var)>, kind: OptimizerKind) -> Result<Self> {
         check_hyper(&kind)?;
         let mut seen = std::collections::HashSet::new();
@@ -84,14 +92,17 @@ impl Optimizer {
         })
     }
 
+    /// The parameters, in order.
     pub fn params(&self) -> &[(String, Var)] {
         &self.params
     }
 
+    /// Which optimizer, with its hyperparameters.
     pub fn kind(&self) -> &OptimizerKind {
         &self.kind
     }
 
+    /// Updates applied so far.
     pub fn steps_taken(&self) -> u64 {
         self.steps_taken
     }

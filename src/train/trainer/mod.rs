@@ -35,11 +35,17 @@ use step::Tally;
 /// What one `train` invocation is asked to do.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// The cache to train from.
     pub cache_dir: PathBuf,
+    /// The run folder.
     pub run_dir: PathBuf,
+    /// Continue the newest run from its last complete checkpoint.
     pub resume: bool,
+    /// `cpu`, `cuda` or `cuda:N`.
     pub device: String,
+    /// Show progress bars.
     pub progress: bool,
+    /// Every training option.
     pub config: TrainConfig,
     /// Testing aid: return right after this step, writing nothing more (as if killed).
     pub halt_after: Option<u64>,
@@ -54,24 +60,39 @@ pub struct RunOptions {
 /// What a run did.
 #[derive(Clone, Debug)]
 pub struct RunSummary {
+    /// The run folder.
     pub run_dir: PathBuf,
+    /// Dataset trained on.
     pub dataset: String,
+    /// Step the run started from (0, or the resumed checkpoint's).
     pub start_step: u64,
+    /// Steps done in this process.
     pub steps_done: u64,
     /// Mean loss of the first and last logged windows.
     pub first_loss: Option<f64>,
+    /// Mean loss of the last logged window.
     pub last_loss: Option<f64>,
+    /// The last validation.
     pub last_validation: Option<ValidationResult>,
     /// Names of the foreground classes, in the order of `dice_per_class`.
     pub class_names: Vec<String>,
+    /// Best mean validation Dice.
     pub best_dice: Option<f64>,
+    /// Stopped by Ctrl-C.
     pub interrupted: bool,
+    /// Wall seconds.
     pub seconds: f64,
+    /// Share of the time spent waiting for batches.
     pub data_wait_frac: f64,
+    /// Patches per second.
     pub patches_per_s: f64,
+    /// Trainable scalars of the network.
     pub num_parameters: usize,
+    /// Training cases.
     pub train_cases: usize,
+    /// Validation cases.
     pub val_cases: usize,
+    /// Peak resident memory of the process, bytes.
     pub peak_rss: Option<u64>,
 }
 
