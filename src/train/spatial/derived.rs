@@ -78,13 +78,7 @@ impl TransformedReader {
                     // SAFETY: as below.
                     let done = unsafe {
                         let sk = skeleton.as_deref_mut();
-                        if simd == Simd::Avx512 {
-                            self.derived_in_plane_avx512(
-                                src, box_start, &job, classes, distance, sk,
-                            )
-                        } else {
-                            self.derived_in_plane_avx2(src, box_start, &job, classes, distance, sk)
-                        }
+                        self.derived_in_plane_avx2(src, box_start, &job, classes, distance, sk)
                     }?;
                     if done {
                         for v in distance.iter_mut() {
@@ -95,15 +89,8 @@ impl TransformedReader {
                 }
                 let spans = self.rotation_spans(t, local_centre, size, bs);
                 self.read_derived_boxes(src, box_start, bs, classes, skeleton.is_some(), spans)?;
-                // SAFETY: the CPU has the build's features (`simd` checked them) and the box is
-                // under 2^31 voxels.
-                unsafe {
-                    if simd == Simd::Avx512 {
-                        self.derived_avx512(flat, &job, distance, skeleton);
-                    } else {
-                        self.derived_avx2(flat, &job, distance, skeleton);
-                    }
-                }
+                // SAFETY: the CPU has AVX2 (`simd` checked it) and the box is under 2^31 voxels.
+                unsafe { self.derived_avx2(flat, &job, distance, skeleton) };
                 // The same product and rounding as the loop below, after the interpolation.
                 for v in distance.iter_mut() {
                     *v = (*v as f64 * inv_scale) as f32;
@@ -157,8 +144,8 @@ impl TransformedReader {
     /// same values as its scalar loop (in-plane maps read 4 neighbours instead of 8, whose
     /// upper plane weighs exactly 0). The caller checks the CPU and the box's size.
     #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn derived_vectors<const W512: bool>(
+    #[target_feature(enable = "avx2")]
+    unsafe fn derived_avx2(
         &mut self,
         flat: bool,
         job: &Sampling,
@@ -166,16 +153,16 @@ impl TransformedReader {
         skeleton: Option<&mut [u16]>,
     ) {
         if flat {
-            self.sample_rows::<true, true, W512>(job, distance, skeleton);
+            self.sample_rows::<true, true>(job, distance, skeleton);
         } else {
-            self.sample_rows::<false, true, W512>(job, distance, skeleton);
+            self.sample_rows::<false, true>(job, distance, skeleton);
         }
     }
 
     /// [`TransformedReader::read_derived`] of an in-plane map without deformation through the
     /// box's columns ([`columns`]): the distance maps (the channels of `job`, their boxes in
     /// `image_box`) as the image is read there, the skeleton (`skeleton_box`) by the nearest
-    /// voxel, the same values as [`TransformedReader::derived_vectors`] (before the scale's
+    /// voxel, the same values as [`TransformedReader::derived_avx2`] (before the scale's
     /// division). `false` (nothing written) when fewer than [`COLUMN_PLANES`] patch planes lie
     /// in the box.
     ///
@@ -215,7 +202,6 @@ impl TransformedReader {
             lo,
             planes: &self.column_planes,
             spans: &self.spans,
-            w512: self.simd() == Simd::Avx512,
             size,
             bs,
             channels,
@@ -235,20 +221,6 @@ impl TransformedReader {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn derived_in_plane_avx2(
-        &mut self,
-        src: &dyn PatchSource,
-        box_start: [i64; 3],
-        job: &Sampling,
-        classes: &[u16],
-        distance: &mut [f32],
-        skeleton: Option<&mut [u16]>,
-    ) -> Result<bool> {
-        self.derived_in_plane(src, box_start, job, classes, distance, skeleton)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-    unsafe fn derived_in_plane_avx512(
         &mut self,
         src: &dyn PatchSource,
         box_start: [i64; 3],
@@ -304,29 +276,5 @@ impl TransformedReader {
             }
         }
         Ok(())
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn derived_avx2(
-        &mut self,
-        flat: bool,
-        job: &Sampling,
-        distance: &mut [f32],
-        skeleton: Option<&mut [u16]>,
-    ) {
-        self.derived_vectors::<false>(flat, job, distance, skeleton);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-    unsafe fn derived_avx512(
-        &mut self,
-        flat: bool,
-        job: &Sampling,
-        distance: &mut [f32],
-        skeleton: Option<&mut [u16]>,
-    ) {
-        self.derived_vectors::<true>(flat, job, distance, skeleton);
     }
 }

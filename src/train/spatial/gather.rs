@@ -25,12 +25,12 @@ pub(super) struct Cells8 {
 /// (0 outside).
 ///
 /// # Safety
-/// The CPU must have AVX2 (inlined into callers compiled for AVX2 or AVX-512); `bs` must
+/// The CPU must have AVX2 (inlined into callers compiled for it); `bs` must
 /// multiply to `bn < 2^31`, `image_box` must hold `channels * bn` voxels and `image` at least
 /// `(channels - 1) * n + at + 8`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(super) unsafe fn row8<const FLAT_Z: bool, const W512: bool>(
+pub(super) unsafe fn row8<const FLAT_Z: bool>(
     coords: &[[f64; 8]; 3],
     bs: [usize; 3],
     image_box: &[f32],
@@ -40,11 +40,7 @@ pub(super) unsafe fn row8<const FLAT_Z: bool, const W512: bool>(
     n: usize,
     at: usize,
 ) -> Cells8 {
-    let cells = if W512 {
-        cells8_avx512(coords, bs)
-    } else {
-        cells8(coords, bs)
-    };
+    let cells = cells8(coords, bs);
     lerp8::<FLAT_Z>(&cells, bs, image_box, bn, channels, image, n, at);
     cells
 }
@@ -96,48 +92,6 @@ pub(super) unsafe fn cells8(coords: &[[f64; 8]; 3], bs: [usize; 3]) -> Cells8 {
     _mm256_storeu_si256(cells.as_mut_ptr().cast(), base);
     Cells8 {
         inside: inside as u32,
-        base: cells,
-        frac,
-    }
-}
-
-/// [`cells8`] with AVX-512: the 8 lanes of each axis in one vector of f64 and the inside
-/// test in a mask register (half the instructions of two AVX2 halves). The same operations
-/// lane by lane, so the same cells.
-///
-/// # Safety
-/// The CPU must have AVX-512 F, VL and DQ; `bs` must multiply to under 2^31.
-#[inline(always)]
-pub(super) unsafe fn cells8_avx512(coords: &[[f64; 8]; 3], bs: [usize; 3]) -> Cells8 {
-    let zero = _mm512_setzero_pd();
-    let mut inside: __mmask8 = 0xff;
-    let mut trunc = [_mm256_setzero_si256(); 3];
-    let mut frac = [[0f64; 8]; 3];
-    for a in 0..3 {
-        let c = _mm512_loadu_pd(coords[a].as_ptr());
-        let lim = _mm512_set1_pd((bs[a] - 1) as f64);
-        // Ordered compares: NaN is outside, as in the scalar `cell`.
-        inside &=
-            _mm512_cmp_pd_mask::<_CMP_GE_OQ>(c, zero) & _mm512_cmp_pd_mask::<_CMP_LT_OQ>(c, lim);
-        let t = _mm512_cvttpd_epi32(c);
-        _mm512_storeu_pd(
-            frac[a].as_mut_ptr(),
-            _mm512_sub_pd(c, _mm512_cvtepi32_pd(t)),
-        );
-        trunc[a] = t;
-    }
-    let [iz, iy, ix] = trunc;
-    let plane_rows = _mm256_add_epi32(_mm256_mullo_epi32(iz, _mm256_set1_epi32(bs[1] as i32)), iy);
-    let base = _mm256_add_epi32(
-        _mm256_mullo_epi32(plane_rows, _mm256_set1_epi32(bs[2] as i32)),
-        ix,
-    );
-    // Lanes outside read voxel 0 (always in the box) and are zeroed after.
-    let base = _mm256_maskz_mov_epi32(inside, base);
-    let mut cells = [0i32; 8];
-    _mm256_storeu_si256(cells.as_mut_ptr().cast(), base);
-    Cells8 {
-        inside: u32::from(inside),
         base: cells,
         frac,
     }

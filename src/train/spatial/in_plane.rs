@@ -4,7 +4,6 @@
 
 use crate::cache::PatchSource;
 use crate::error::Result;
-use crate::util::simd::Simd;
 
 use super::footprint::footprint_spans;
 use super::reader::{Sampling, TransformedReader};
@@ -32,19 +31,6 @@ impl TransformedReader {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn in_plane_avx2(
-        &mut self,
-        src: &dyn PatchSource,
-        box_start: [i64; 3],
-        job: &Sampling,
-        image: &mut [f32],
-        label: Option<&mut [u16]>,
-    ) -> Result<()> {
-        self.in_plane(src, box_start, job, image, label)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-    pub(super) unsafe fn in_plane_avx512(
         &mut self,
         src: &dyn PatchSource,
         box_start: [i64; 3],
@@ -219,7 +205,6 @@ impl TransformedReader {
                 lo,
                 planes: &self.column_planes,
                 spans: &self.spans,
-                w512: self.simd() == Simd::Avx512,
                 size,
                 bs,
                 channels: if separable_image { 0 } else { channels },

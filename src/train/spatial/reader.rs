@@ -160,13 +160,7 @@ impl TransformedReader {
             && bn < i32::MAX as usize
         {
             // SAFETY: the CPU has AVX2 (`simd` checked it); the box is under 2^31 voxels.
-            return unsafe {
-                if self.simd() == Simd::Avx512 {
-                    self.in_plane_avx512(src, box_start, &job, image, label)
-                } else {
-                    self.in_plane_avx2(src, box_start, &job, image, label)
-                }
-            };
+            return unsafe { self.in_plane_avx2(src, box_start, &job, image, label) };
         }
         #[cfg(test)]
         let separable = t.axis_aligned() && !self.general_only;
@@ -204,15 +198,9 @@ impl TransformedReader {
         #[cfg(target_arch = "x86_64")]
         match self.simd() {
             Simd::Portable => {}
-            // SAFETY: the CPU has these features (`simd` checked them).
-            simd => {
-                unsafe {
-                    if simd == Simd::Avx512 {
-                        self.sample_avx512(flat, &job, image, label);
-                    } else {
-                        self.sample_avx2(flat, &job, image, label);
-                    }
-                }
+            // SAFETY: the CPU has AVX2 (`simd` checked it).
+            Simd::Avx512 | Simd::Avx2 => {
+                unsafe { self.sample_avx2(flat, &job, image, label) };
                 return Ok(());
             }
         }

@@ -13,27 +13,8 @@ pub(super) const TILE: [usize; 3] = [8, 8, 8];
 const _: () = assert!(TILE[2] == 8);
 
 impl TransformedReader {
-    /// [`TransformedReader::sample`] in vectors (the caller compiles it for AVX2 or AVX-512,
-    /// without FMA: the same operations, so the same values).
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn sample_vectors<const W512: bool>(
-        &mut self,
-        flat: bool,
-        job: &Sampling,
-        image: &mut [f32],
-        label: Option<&mut [u16]>,
-    ) {
-        // Cells are computed in i32 lanes: boxes past that take the portable path's loop.
-        let vectors = job.bs.iter().product::<usize>() < i32::MAX as usize;
-        match (vectors, flat) {
-            (true, true) => self.sample_rows::<true, false, W512>(job, image, label),
-            (true, false) => self.sample_rows::<false, false, W512>(job, image, label),
-            (false, true) => self.sample::<true>(job, image, label),
-            (false, false) => self.sample::<false>(job, image, label),
-        }
-    }
-
+    /// [`TransformedReader::sample`] in vectors, compiled for AVX2 (without FMA: the same
+    /// operations, so the same values).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn sample_avx2(
@@ -43,31 +24,24 @@ impl TransformedReader {
         image: &mut [f32],
         label: Option<&mut [u16]>,
     ) {
-        self.sample_vectors::<false>(flat, job, image, label);
-    }
-
-    /// AVX-512's 32 vector registers and 8 f64 lanes (the coordinates) make the same loop
-    /// about 8% faster for 3D rotations.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-    pub(super) unsafe fn sample_avx512(
-        &mut self,
-        flat: bool,
-        job: &Sampling,
-        image: &mut [f32],
-        label: Option<&mut [u16]>,
-    ) {
-        self.sample_vectors::<true>(flat, job, image, label);
+        // Cells are computed in i32 lanes: boxes past that take the portable path's loop.
+        let vectors = job.bs.iter().product::<usize>() < i32::MAX as usize;
+        match (vectors, flat) {
+            (true, true) => self.sample_rows::<true, false>(job, image, label),
+            (true, false) => self.sample_rows::<false, false>(job, image, label),
+            (false, true) => self.sample::<true>(job, image, label),
+            (false, false) => self.sample::<false>(job, image, label),
+        }
     }
 
     /// [`TransformedReader::sample`] in vectors: the same tiles, each row of 8 voxels
     /// interpolated 8 lanes wide ([`gather::row8`]; a shorter row through a buffer); the
     /// label's majority per voxel as there, or with `NEAREST` the skeleton box's nearest voxel
     /// ([`TransformedReader::read_derived`]). The same values as the portable path. Inlined
-    /// into its callers, each compiled for AVX2 or AVX-512.
+    /// into its callers, compiled for AVX2.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    pub(super) unsafe fn sample_rows<const FLAT_Z: bool, const NEAREST: bool, const W512: bool>(
+    pub(super) unsafe fn sample_rows<const FLAT_Z: bool, const NEAREST: bool>(
         &mut self,
         job: &Sampling,
         image: &mut [f32],
@@ -119,7 +93,7 @@ impl TransformedReader {
                             };
                             // SAFETY: AVX2 is enabled here; the box is under 2^31 voxels
                             // (checked by the caller) and the buffers are the job's.
-                            let cells = gather::row8::<FLAT_Z, W512>(
+                            let cells = gather::row8::<FLAT_Z>(
                                 &coords,
                                 bs,
                                 &self.image_box,

@@ -66,8 +66,6 @@ pub(super) struct Separable {
     /// The label's rows of 8 (vector builds): per block of 8 patch columns, their lower x
     /// neighbours in the box (0 outside) and the bits of those inside.
     x_blocks: Vec<([i32; 8], u32)>,
-    /// The x pass's blocks of 16 (AVX-512 builds).
-    x16: XBlocks,
     /// A patch row's mixed lanes, per block of 8 (vector builds).
     #[cfg(target_arch = "x86_64")]
     mixed: Vec<u32>,
@@ -78,81 +76,6 @@ pub(super) struct Separable {
 fn x_row(row: &[f32], dst: &mut [f32], lower: &[usize], frac: &[f32]) {
     for ((d, &i), &f) in dst.iter_mut().zip(lower).zip(frac) {
         *d = lerp(row[i], row[i + 1], f);
-    }
-}
-
-/// The x pass in blocks of 16 patch columns whose neighbours lie within 32 floats of a box
-/// row (any scale up to about 1.9): the window in two vectors, both neighbours of every lane
-/// picked from it by a permute, the same lerps (instead of 32 loads one by one, the pass's
-/// cost). Other blocks and the last columns go through [`x_row`].
-#[derive(Default)]
-struct XBlocks {
-    /// Per full block: the window's first box column, each lane's lower neighbour's offset
-    /// from it, and whether every upper neighbour falls in the window.
-    base: Vec<usize>,
-    offset: Vec<[i32; 16]>,
-    fits: Vec<bool>,
-}
-
-impl XBlocks {
-    fn fill(&mut self, lower: &[usize]) {
-        self.base.clear();
-        self.offset.clear();
-        self.fits.clear();
-        for block in lower.chunks_exact(16) {
-            let lo = block.iter().copied().min().unwrap_or(0);
-            let hi = block.iter().copied().max().unwrap_or(0);
-            self.base.push(lo);
-            self.offset
-                .push(std::array::from_fn(|k| (block[k] - lo).min(30) as i32));
-            self.fits.push(hi - lo < 31);
-        }
-    }
-
-    /// [`x_row`] by blocks of 16 (`lower` and `frac` those [`XBlocks::fill`] saw).
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F.
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn row(&self, row: &[f32], dst: &mut [f32], lower: &[usize], frac: &[f32]) {
-        use std::arch::x86_64::*;
-        let full = self.base.len() * 16;
-        for (k, ((&base, offset), &fits)) in self
-            .base
-            .iter()
-            .zip(&self.offset)
-            .zip(&self.fits)
-            .enumerate()
-        {
-            let x0 = 16 * k;
-            if !fits {
-                x_row(row, &mut dst[x0..x0 + 16], &lower[x0..], &frac[x0..]);
-                continue;
-            }
-            // Every neighbour is `row[base + offset (+ 1)]`, inside the row: the loads are
-            // masked to the row's end (nothing past it is touched).
-            let left = row.len() - base;
-            let mask = |from: usize| -> __mmask16 {
-                match left.saturating_sub(from) {
-                    0 => 0,
-                    n if n >= 16 => 0xffff,
-                    n => ((1u32 << n) - 1) as __mmask16,
-                }
-            };
-            let p = row.as_ptr().wrapping_add(base);
-            let lo = _mm512_maskz_loadu_ps(mask(0), p);
-            let hi = _mm512_maskz_loadu_ps(mask(16), p.wrapping_add(16));
-            let ia = _mm512_loadu_si512(offset.as_ptr().cast());
-            let ib = _mm512_add_epi32(ia, _mm512_set1_epi32(1));
-            let a = _mm512_permutex2var_ps(lo, ia, hi);
-            let b = _mm512_permutex2var_ps(lo, ib, hi);
-            let f = _mm512_loadu_ps(frac[x0..x0 + 16].as_ptr());
-            // a + (b - a) * f: `lerp`'s operations in its order (no fused multiply-add).
-            let v = _mm512_add_ps(a, _mm512_mul_ps(_mm512_sub_ps(b, a), f));
-            _mm512_storeu_ps(dst[x0..x0 + 16].as_mut_ptr(), v);
-        }
-        x_row(row, &mut dst[full..], &lower[full..], &frac[full..]);
     }
 }
 
@@ -176,10 +99,9 @@ impl Separable {
     /// coordinates are whole planes (in-plane maps), only the lower plane is read, as in the
     /// general loop.
     #[allow(clippy::too_many_arguments)]
-    /// `VECTORS`: compiled for AVX2 or AVX-512 (the label's rows of 8 gather); `W512`: for
-    /// AVX-512 (the x pass in blocks of 16 by permutes).
+    /// `VECTORS`: compiled for AVX2 (the label's rows of 8 gather).
     #[inline(always)]
-    pub(super) fn sample<const FLAT_Z: bool, const VECTORS: bool, const W512: bool>(
+    pub(super) fn sample<const FLAT_Z: bool, const VECTORS: bool>(
         &mut self,
         image_box: &[f32],
         bs: [usize; 3],
@@ -207,9 +129,6 @@ impl Separable {
         if !FLAT_Z {
             self.along_xy.resize((z_hi - z_lo) * plane, 0.0);
         }
-        if W512 {
-            self.x16.fill(&ax.lower);
-        }
         for ch in 0..channels {
             let b = &image_box[ch * bn..(ch + 1) * bn];
             let out = &mut image[ch * n..(ch + 1) * n];
@@ -222,7 +141,7 @@ impl Separable {
                         continue;
                     }
                     let rows = &b[(az.lower[z] * bs[1] + y_lo) * bs[2]..];
-                    along_x_rows::<W512>(&self.x16, ax, &mut self.along_x, rows, bs[2]);
+                    along_x_rows(ax, &mut self.along_x, rows, bs[2]);
                     along_y(ay, &self.along_x, dst, y_lo, nx);
                     zero_outside(dst, &ay.inside, &ax.inside);
                 }
@@ -230,7 +149,7 @@ impl Separable {
             }
             for zs in z_lo..z_hi {
                 let rows = &b[(zs * bs[1] + y_lo) * bs[2]..];
-                along_x_rows::<W512>(&self.x16, ax, &mut self.along_x, rows, bs[2]);
+                along_x_rows(ax, &mut self.along_x, rows, bs[2]);
                 let xy = &mut self.along_xy[(zs - z_lo) * plane..][..plane];
                 along_y(ay, &self.along_x, xy, y_lo, nx);
             }
@@ -328,26 +247,12 @@ impl Separable {
 }
 
 /// The x pass of one box plane: each of its rows in reach (`rows`: from the first of them,
-/// `row_len` apart) at the patch's x coordinates (`ax`, its blocks of 16 `x16` when `W512`),
-/// into `along_x`.
+/// `row_len` apart) at the patch's x coordinates (`ax`), into `along_x`.
 #[inline(always)]
-fn along_x_rows<const W512: bool>(
-    x16: &XBlocks,
-    ax: &Axis,
-    along_x: &mut [f32],
-    rows: &[f32],
-    row_len: usize,
-) {
-    let _ = x16; // (read by the AVX-512 build only)
+fn along_x_rows(ax: &Axis, along_x: &mut [f32], rows: &[f32], row_len: usize) {
     let nx = ax.lower.len();
     for (r, dst) in along_x.chunks_exact_mut(nx).enumerate() {
         let row = &rows[r * row_len..][..row_len];
-        #[cfg(target_arch = "x86_64")]
-        if W512 {
-            // SAFETY: `W512` builds have AVX-512 F; the blocks are this axis's.
-            unsafe { x16.row(row, dst, &ax.lower, &ax.frac32) };
-            continue;
-        }
         x_row(row, dst, &ax.lower, &ax.frac32);
     }
 }
@@ -381,7 +286,7 @@ fn zero_outside(plane: &mut [f32], inside_y: &[bool], inside_x: &[bool]) {
 }
 
 /// [`Separable::sample`] in the widest build `simd` allows (the passes are plain loops the
-/// compiler vectorizes: 8 or 16 lanes instead of 4).
+/// compiler vectorizes: 8 lanes instead of 4).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sample_in(
     simd: crate::util::simd::Simd,
@@ -409,41 +314,24 @@ pub(super) fn sample_in(
             image: &mut [f32],
             labels: Option<(&mut LabelBox, &mut [u16])>,
         ) {
-            sep.sample_either::<true, false>(flat, image_box, bs, channels, size, image, labels);
-        }
-        #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn avx512(
-            sep: &mut Separable,
-            flat: bool,
-            image_box: &[f32],
-            bs: [usize; 3],
-            channels: usize,
-            size: [usize; 3],
-            image: &mut [f32],
-            labels: Option<(&mut LabelBox, &mut [u16])>,
-        ) {
-            sep.sample_either::<true, true>(flat, image_box, bs, channels, size, image, labels);
+            sep.sample_either::<true>(flat, image_box, bs, channels, size, image, labels);
         }
         // SAFETY: the caller's `simd` is one the CPU runs.
         match simd {
-            Simd::Avx512 => {
-                return unsafe { avx512(sep, flat, image_box, bs, channels, size, image, labels) }
-            }
-            Simd::Avx2 => {
+            Simd::Avx512 | Simd::Avx2 => {
                 return unsafe { avx2(sep, flat, image_box, bs, channels, size, image, labels) }
             }
             Simd::Portable => {}
         }
     }
     let _ = simd;
-    sep.sample_either::<false, false>(flat, image_box, bs, channels, size, image, labels);
+    sep.sample_either::<false>(flat, image_box, bs, channels, size, image, labels);
 }
 
 impl Separable {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn sample_either<const VECTORS: bool, const W512: bool>(
+    fn sample_either<const VECTORS: bool>(
         &mut self,
         flat: bool,
         image_box: &[f32],
@@ -454,9 +342,9 @@ impl Separable {
         labels: Option<(&mut LabelBox, &mut [u16])>,
     ) {
         if flat {
-            self.sample::<true, VECTORS, W512>(image_box, bs, channels, size, image, labels);
+            self.sample::<true, VECTORS>(image_box, bs, channels, size, image, labels);
         } else {
-            self.sample::<false, VECTORS, W512>(image_box, bs, channels, size, image, labels);
+            self.sample::<false, VECTORS>(image_box, bs, channels, size, image, labels);
         }
     }
 }

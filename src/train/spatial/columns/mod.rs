@@ -48,9 +48,6 @@ pub(super) struct Job<'a> {
     /// The x range of each box row that the rows' cells read (the rest of the box may hold
     /// anything).
     pub spans: &'a [(u32, u32)],
-    /// Whether the CPU has AVX-512 (F, VL, DQ) and the reader takes it: the image's lerps
-    /// then run 16 planes a vector where the columns hold a multiple of 16.
-    pub w512: bool,
     pub size: [usize; 3],
     pub bs: [usize; 3],
     pub channels: usize,
@@ -103,11 +100,7 @@ impl Columns {
             let planes = &image_box[ch * bn + job.lo * p_len..][..k * p_len];
             columns(planes, p_len, k, lanes, job.spans, bx, cols);
             let out = &mut image[ch * n..][..n];
-            if job.w512 && lanes.is_multiple_of(16) {
-                lerp_rows_avx512(job, &self.offsets, cols, out);
-            } else {
-                lerp_rows(job, &self.offsets, cols, out);
-            }
+            lerp_rows(job, &self.offsets, cols, out);
         }
         if let Some((planes, out)) = label {
             assert!(out.len() >= n);
@@ -244,58 +237,6 @@ unsafe fn lerp_rows(job: &Job, offsets: &[usize], cols: &[f32], out: &mut [f32])
             }
             let t = transpose_f32(col);
             put_block(&t, offsets, kb, out, at, w, |p, v| _mm256_storeu_ps(p, v));
-        }
-    }
-}
-
-/// [`lerp_rows`] 16 planes a vector (the same operations lane by lane), each block turned
-/// back as two of 8.
-///
-/// # Safety
-/// As for [`lerp_rows`], and the CPU must have AVX-512 F, VL and DQ; the columns hold a
-/// multiple of 16 planes.
-#[inline(never)]
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512dq")]
-unsafe fn lerp_rows_avx512(job: &Job, offsets: &[usize], cols: &[f32], out: &mut [f32]) {
-    let lanes = job.lanes();
-    debug_assert!(lanes.is_multiple_of(16));
-    let sy = job.bs[2] * lanes;
-    let c = cols.as_ptr();
-    let lerp16 =
-        |a: __m512, b: __m512, t: __m512| _mm512_add_ps(a, _mm512_mul_ps(_mm512_sub_ps(b, a), t));
-    for (r, row) in job.rows.iter().enumerate() {
-        let (at, w) = row_at(job, r);
-        let mut fy = [0f32; 8];
-        let mut fx = [0f32; 8];
-        _mm256_storeu_ps(fy.as_mut_ptr(), row.fy);
-        _mm256_storeu_ps(fx.as_mut_ptr(), row.fx);
-        for kb in (0..lanes).step_by(16) {
-            let mut col = [_mm512_setzero_ps(); 8];
-            for (j, v) in col.iter_mut().enumerate() {
-                // SAFETY: as in `lerp_rows`.
-                let p = c.add(row.base[j] as usize * lanes + kb);
-                let (tx, ty) = (_mm512_set1_ps(fx[j]), _mm512_set1_ps(fy[j]));
-                let top = lerp16(_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(lanes)), tx);
-                let bottom = lerp16(
-                    _mm512_loadu_ps(p.add(sy)),
-                    _mm512_loadu_ps(p.add(sy + lanes)),
-                    tx,
-                );
-                *v = _mm512_maskz_mov_ps(
-                    if row.inside & (1 << j) != 0 {
-                        0xffff
-                    } else {
-                        0
-                    },
-                    lerp16(top, bottom, ty),
-                );
-            }
-            let low = transpose_f32(col.map(|v| _mm512_castps512_ps256(v)));
-            put_block(&low, offsets, kb, out, at, w, |p, v| _mm256_storeu_ps(p, v));
-            let high = transpose_f32(col.map(|v| _mm512_extractf32x8_ps::<1>(v)));
-            put_block(&high, offsets, kb + 8, out, at, w, |p, v| {
-                _mm256_storeu_ps(p, v)
-            });
         }
     }
 }

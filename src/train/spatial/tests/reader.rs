@@ -237,7 +237,7 @@ fn in_plane_columns_give_the_portable_bits() -> Result<()> {
         byte_labels: bytes,
     });
     let mut portable = TransformedReader::with_build(Simd::Portable);
-    // (16 planes: AVX-512's lerps of 16 planes a vector.)
+    // (16 planes: two whole blocks of 8.)
     for (build, size) in vector_builds()
         .into_iter()
         .flat_map(|b| [(b, [19, 12, 37]), (b, [16, 10, 21])])
@@ -392,7 +392,7 @@ fn maps_without_rotation_separate_into_the_same_bits() -> Result<()> {
         assert!(t.axis_aligned() && !t.is_identity());
     }
     assert!(!Transform::rotate_scale([0.1, 0.0, 0.0], 1.2).axis_aligned());
-    // Rows of 37: two blocks of 16 (the AVX-512 x pass) and a tail.
+    // Rows of 37: blocks of 8 and a short tail.
     let size = [6, 12, 37];
     let n: usize = size.iter().product();
     let sources = stored_three_ways();
