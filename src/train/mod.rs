@@ -1,29 +1,27 @@
 //! The `train` command: a 3D U-Net in candle fed by memory-mapped patches from the cache.
 //!
-//! Module map (one job each):
-//! - [`ops`]: 3D convolution, transposed convolution, pooling and upsampling with gradients.
-//! - [`model`]: the U-Net (depth, width, norm, up-sampling mode).
-//! - [`loss`]: the training objective: Dice + cross-entropy at each supervised output, and the
-//!   Skeleton Recall, clDice, boundary and surface terms their weights add.
-//! - [`deep_supervision`]: the label patch pooled down to each supervised resolution.
-//! - [`skeleton_target`]: the tubed skeleton of a label patch (Skeleton Recall's target).
-//! - [`optim`]: AdamW and SGD with Nesterov momentum, poly learning rate, state for checkpoints.
-//! - [`rng`]: the seeded, checkpointable random generator every draw comes from.
+//! Module map (one job each); the network, its ops, devices and checkpoints are in
+//! [`crate::model`], the sliding window in [`crate::infer`], the metrics in [`crate::evaluate`]:
+//! - [`config`]: training options from the pipeline file and the command line.
+//! - [`data`]: the run's cases opened from the cache (dataset, classes, case weights, split).
+//! - [`classes`]: file label values to training classes, the ignore label.
+//! - [`split`]: the deterministic train/validation split by case id.
 //! - [`sampler`]: which case and which box each patch of a batch comes from.
 //! - [`spatial`]: rotation, scaling, elastic deformation: one coordinate map, one interpolation.
 //! - [`intensity`]: nnU-Net's intensity transforms (noise, blur, brightness, contrast, low
 //!   resolution, gamma).
-//! - [`simd`]: which vector build (AVX-512, AVX2, portable) the augmentation loops take.
 //! - [`augment`]: the augmentation options; intensity, then mirroring, of a read patch.
 //! - [`loader`]: worker threads filling a bounded, ordered queue of batches.
+//! - [`deep_supervision`]: the label patch pooled down to each supervised resolution.
+//! - [`skeleton_target`]: the tubed skeleton of a label patch (Skeleton Recall's target).
+//! - [`loss`]: the training objective: Dice + cross-entropy at each supervised output, and the
+//!   Skeleton Recall, clDice, boundary and surface terms their weights add.
+//! - [`surface_fused`]: the surface loss's fused softmax-and-distance op.
+//! - [`optim`]: AdamW and SGD with Nesterov momentum, poly learning rate, state for checkpoints.
 //! - [`validate`]: sliding-window inference over cached volumes, Dice per class.
-//! - [`checkpoint`]: atomic checkpoints (safetensors + JSON state), keep last K and best.
 //! - [`metrics`]: the JSONL metrics log; [`plot`]: its PNG curves.
-//! - [`device`]: CPU or CUDA, the one place that knows.
-//! - [`config`]: training options from the pipeline file and the command line.
-//! - [`data`]: the run's cases opened from the cache (dataset, classes, case weights, split).
-//! - [`split`]: the deterministic train/validation split by case id.
-//! - [`trainer`]: the loop that ties them together.
+//! - [`trainer`]: the session (setup, step, validation, checkpoints) and the loop.
+//! - [`benchmark`]: `train --benchmark`: step time, data wait and memory of a configuration.
 
 pub mod augment;
 pub mod benchmark;
