@@ -27,10 +27,8 @@ pub trait Sample: Copy + Default + Send + Sync + 'static + private::Sealed {
     fn convert_row(dtype: StoredDtype, src: &[u8], dst: &mut [Self]) -> bool;
 
     /// [`Sample::convert_row`] written reversed (`dst[k]` from the row's element `n - 1 - k`:
-    /// x-mirrored reads). Reversing the row after writing it read back the values just stored
-    /// (some by a masked store, which the store-to-load forwarding of AMD's Zen 4 likely cannot
-    /// serve): a fifth of a mirrored crop there; the common layouts are written reversed in
-    /// one pass instead.
+    /// x-mirrored reads): by default the row converted, then reversed in place; uint8 labels
+    /// read into u16 are widened reversed in one pass.
     #[doc(hidden)]
     fn convert_row_reversed(dtype: StoredDtype, src: &[u8], dst: &mut [Self]) -> bool {
         let finite = Self::convert_row(dtype, src, dst);
@@ -67,8 +65,7 @@ fn copy_finite(src: &[u8], dst: &mut [f32]) -> bool {
         use crate::util::simd::Simd;
         // SAFETY: `simd::best` checked that the CPU has these features; the lengths match.
         match crate::util::simd::best() {
-            Simd::Avx512 => return unsafe { copy_finite_avx512(src, dst) },
-            Simd::Avx2 => return unsafe { copy_finite_avx2(src, dst) },
+            Simd::Avx512 | Simd::Avx2 => return unsafe { copy_finite_avx2(src, dst) },
             Simd::Portable => {}
         }
     }
@@ -90,166 +87,20 @@ fn copy_finite_portable(src: &[u8], dst: &mut [f32]) -> bool {
 #[cfg(target_arch = "x86_64")]
 const EXPONENT: i32 = 0x7f80_0000;
 
-/// [`copy_finite`] 16 lanes at a time, the last part by masked loads and stores (which do not
-/// touch the lanes masked off).
-///
-/// # Safety
-/// The CPU has AVX-512 F; `src.len() == 4 * dst.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-unsafe fn copy_finite_avx512(src: &[u8], dst: &mut [f32]) -> bool {
-    use std::arch::x86_64::*;
-    let (n, s, d) = (dst.len(), src.as_ptr(), dst.as_mut_ptr().cast::<u8>());
-    let exp = _mm512_set1_epi32(EXPONENT);
-    let mut bad: __mmask16 = 0;
-    let mut i = 0;
-    // SAFETY: each load and store covers lanes i..i + 16 <= n, or the masked ones below n.
-    unsafe {
-        while i + 16 <= n {
-            let v = _mm512_loadu_si512(s.add(4 * i).cast());
-            // (A store the compiler cannot see: it turned a plain one into a call to memcpy
-            // and a second pass over the row for the check.)
-            std::arch::asm!(
-                "vmovdqu32 zmmword ptr [{d}], {v}",
-                d = in(reg) d.add(4 * i),
-                v = in(zmm_reg) v,
-                options(nostack, preserves_flags)
-            );
-            bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, exp), exp);
-            i += 16;
-        }
-        if i < n {
-            let m: __mmask16 = (1u16 << (n - i)) - 1;
-            let v = _mm512_maskz_loadu_epi32(m, s.add(4 * i).cast());
-            _mm512_mask_storeu_epi32(d.add(4 * i).cast(), m, v);
-            bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, exp), exp);
-        }
-    }
-    bad == 0
-}
-
-/// [`copy_finite`] written reversed ([`Sample::convert_row_reversed`]): each 16 values from the
-/// row's end reversed by one permute; the last part (the row's first values) by a masked load,
-/// a permute and a masked store.
-///
-/// # Safety
-/// The CPU has AVX-512 F; `src.len() == 4 * dst.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-unsafe fn copy_finite_reversed_avx512(src: &[u8], dst: &mut [f32]) -> bool {
-    use std::arch::x86_64::*;
-    let (n, s, d) = (dst.len(), src.as_ptr(), dst.as_mut_ptr());
-    let exp = _mm512_set1_epi32(EXPONENT);
-    let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let rev = _mm512_sub_epi32(_mm512_set1_epi32(15), iota);
-    let mut bad: __mmask16 = 0;
-    let mut i = 0;
-    // SAFETY: each load covers the row's values n - i - 16 .. n - i (all >= 0), each store
-    // dst's i .. i + 16 <= n; the masked ones the first n - i values and the last n - i lanes.
-    unsafe {
-        while i + 16 <= n {
-            let v = _mm512_loadu_si512(s.add(4 * (n - i - 16)).cast());
-            _mm512_storeu_si512(d.add(i).cast(), _mm512_permutexvar_epi32(rev, v));
-            bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, exp), exp);
-            i += 16;
-        }
-        if i < n {
-            let r = n - i;
-            let m: __mmask16 = (1u16 << r) - 1;
-            let v = _mm512_maskz_loadu_epi32(m, s.cast());
-            // Lane k of the store takes value r - 1 - k.
-            let idx = _mm512_sub_epi32(_mm512_set1_epi32(r as i32 - 1), iota);
-            _mm512_mask_storeu_epi32(d.add(i).cast(), m, _mm512_permutexvar_epi32(idx, v));
-            bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, exp), exp);
-        }
-    }
-    bad == 0
-}
-
-/// Bytes widened to u16 (labels stored as uint8), in the widest build.
+/// Bytes widened to u16 (labels stored as uint8): a loop the compiler vectorizes.
 fn widen(src: &[u8], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "a row of bytes widens to as many u16");
-    #[cfg(target_arch = "x86_64")]
-    if dst.len() >= 32 && crate::util::simd::best() == crate::util::simd::Simd::Avx512 {
-        // SAFETY: the CPU has AVX-512 F and BW (`best` checked); the lengths match.
-        unsafe { widen_avx512(src, dst) };
-        return;
-    }
     for (o, &v) in dst.iter_mut().zip(src) {
         *o = v as u16;
     }
 }
 
-/// [`widen`] 32 values a vector, the last 32 again (overlapping the vector before with the same
-/// values: with a masked store for the last part instead it measured slower than the
-/// compiler's SSE loop on AMD's Zen 4; this way 2-4% faster plain crops).
-///
-/// # Safety
-/// The CPU has AVX-512 F and BW; `src.len() == dst.len() >= 32`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-unsafe fn widen_avx512(src: &[u8], dst: &mut [u16]) {
-    use std::arch::x86_64::*;
-    let (n, s, d) = (dst.len(), src.as_ptr(), dst.as_mut_ptr());
-    let mut i = 0;
-    // SAFETY: every load and store covers values i .. i + 32 <= n.
-    unsafe {
-        while i + 32 <= n {
-            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(s.add(i).cast()));
-            _mm512_storeu_si512(d.add(i).cast(), v);
-            i += 32;
-        }
-        if i < n {
-            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(s.add(n - 32).cast()));
-            _mm512_storeu_si512(d.add(n - 32).cast(), v);
-        }
-    }
-}
-
 /// Bytes widened to u16 and reversed (`dst[k]` from byte `n - 1 - k`: x-mirrored reads of
-/// labels stored as uint8), in the widest build.
+/// labels stored as uint8).
 fn widen_reversed(src: &[u8], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "a row of bytes widens to as many u16");
-    #[cfg(target_arch = "x86_64")]
-    if crate::util::simd::best() == crate::util::simd::Simd::Avx512 {
-        // SAFETY: the CPU has AVX-512 F and BW (`best` checked); the lengths match.
-        unsafe { widen_reversed_avx512(src, dst) };
-        return;
-    }
     for (o, &v) in dst.iter_mut().zip(src.iter().rev()) {
         *o = v as u16;
-    }
-}
-
-/// [`widen_reversed`] 32 values a vector, the last part under a mask.
-///
-/// # Safety
-/// The CPU has AVX-512 F and BW; `src.len() == dst.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-unsafe fn widen_reversed_avx512(src: &[u8], dst: &mut [u16]) {
-    use std::arch::x86_64::*;
-    let (n, s, d) = (dst.len(), src.as_ptr(), dst.as_mut_ptr());
-    let iota = _mm512_set_epi16(
-        31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9,
-        8, 7, 6, 5, 4, 3, 2, 1, 0,
-    );
-    let rev = _mm512_sub_epi16(_mm512_set1_epi16(31), iota);
-    let mut i = 0;
-    // SAFETY: as in `copy_finite_reversed_avx512`, 32 values a vector.
-    unsafe {
-        while i + 32 <= n {
-            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(s.add(n - i - 32).cast()));
-            _mm512_storeu_si512(d.add(i).cast(), _mm512_permutexvar_epi16(rev, v));
-            i += 32;
-        }
-        if i < n {
-            let r = n - i;
-            let m: __mmask32 = ((1u64 << r) - 1) as __mmask32;
-            let v = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, s.cast()));
-            let idx = _mm512_sub_epi16(_mm512_set1_epi16(r as i16 - 1), iota);
-            _mm512_mask_storeu_epi16(d.add(i).cast(), m, _mm512_permutexvar_epi16(idx, v));
-        }
     }
 }
 
@@ -269,13 +120,7 @@ unsafe fn copy_finite_avx2(src: &[u8], dst: &mut [f32]) -> bool {
     unsafe {
         while i + 8 <= n {
             let v = _mm256_loadu_si256(s.add(4 * i).cast());
-            // (As in `copy_finite_avx512`.)
-            std::arch::asm!(
-                "vmovdqu ymmword ptr [{d}], {v}",
-                d = in(reg) d.add(4 * i),
-                v = in(ymm_reg) v,
-                options(nostack, preserves_flags)
-            );
+            _mm256_storeu_si256(d.add(4 * i).cast(), v);
             bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), exp));
             i += 8;
         }
@@ -332,24 +177,6 @@ impl Sample for f32 {
             }
         }
         true
-    }
-
-    fn convert_row_reversed(dtype: StoredDtype, src: &[u8], dst: &mut [f32]) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if dtype == StoredDtype::Float32
-            && crate::util::simd::best() == crate::util::simd::Simd::Avx512
-        {
-            assert_eq!(
-                src.len(),
-                4 * dst.len(),
-                "a row of f32 needs 4 bytes a value"
-            );
-            // SAFETY: the CPU has these features (`best` checked); the lengths match.
-            return unsafe { copy_finite_reversed_avx512(src, dst) };
-        }
-        let finite = Self::convert_row(dtype, src, dst);
-        dst.reverse();
-        finite
     }
 }
 
@@ -439,12 +266,9 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             use crate::util::simd::{detected, Simd};
-            // SAFETY (both): the CPU has the build's features, checked here.
+            // SAFETY: the CPU has the build's features, checked here.
             if detected() >= Simd::Avx2 {
                 builds.push(("avx2", |s, d| unsafe { copy_finite_avx2(s, d) }));
-            }
-            if detected() >= Simd::Avx512 {
-                builds.push(("avx512", |s, d| unsafe { copy_finite_avx512(s, d) }));
             }
         }
         let finite = [
