@@ -7,12 +7,6 @@ use super::scratch::{put_scratch, take_scratch};
 /// mirrored (scipy's `gaussian_filter` defaults).
 #[inline(always)]
 pub fn gaussian_blur(c: &mut [f32], size: [usize; 3], sigma: [f64; 3]) {
-    gaussian_blur_in::<false>(c, size, sigma);
-}
-
-/// [`gaussian_blur`]; `W512`: the CPU has AVX-512 and the caller is compiled for it.
-#[inline(always)]
-pub(super) fn gaussian_blur_in<const W512: bool>(c: &mut [f32], size: [usize; 3], sigma: [f64; 3]) {
     let n: usize = size.iter().product();
     let active = |axis: usize| sigma[axis] > 0.0 && size[axis] >= 2;
     // The volume (the z and y passes write there and back) and one padded line (x pass).
@@ -24,15 +18,15 @@ pub(super) fn gaussian_blur_in<const W512: bool>(c: &mut [f32], size: [usize; 3]
     for axis in (0..2).filter(|&a| active(a)) {
         let kernel = gaussian_kernel(sigma[axis]);
         if in_tmp {
-            blur_planes::<W512>(tmp, c, size, axis, &kernel);
+            blur_planes(tmp, c, size, axis, &kernel);
         } else {
-            blur_planes::<W512>(c, tmp, size, axis, &kernel);
+            blur_planes(c, tmp, size, axis, &kernel);
         }
         in_tmp = !in_tmp;
     }
     if active(2) {
         let from = in_tmp.then_some(&*tmp);
-        blur_lines::<W512>(from, c, line, size[2], &gaussian_kernel(sigma[2]));
+        blur_lines(from, c, line, size[2], &gaussian_kernel(sigma[2]));
     } else if in_tmp {
         c.copy_from_slice(tmp);
     }
@@ -42,13 +36,7 @@ pub(super) fn gaussian_blur_in<const W512: bool>(c: &mut [f32], size: [usize; 3]
 /// The z (`axis` 0) or y (1) pass of [`gaussian_blur`] from `src` into `dst`: whole rows
 /// (planes) at a time, contiguous and vectorizable.
 #[inline(always)]
-fn blur_planes<const W512: bool>(
-    src: &[f32],
-    dst: &mut [f32],
-    size: [usize; 3],
-    axis: usize,
-    kernel: &[f32],
-) {
+fn blur_planes(src: &[f32], dst: &mut [f32], size: [usize; 3], axis: usize, kernel: &[f32]) {
     let len = size[axis];
     let stride: usize = size[axis + 1..].iter().product();
     let r = kernel.len() / 2;
@@ -66,11 +54,11 @@ fn blur_planes<const W512: bool>(
     {
         if !inner.is_empty() {
             let out = &mut block[inner.start * stride..inner.end * stride];
-            taps_into::<W512>(out, kernel, |k| &src[k * stride..]);
+            taps_into(out, kernel, |k| &src[k * stride..]);
         }
         for i in (0..len).filter(|i| !inner.contains(i)) {
             let out = &mut block[i * stride..][..stride];
-            taps_into::<W512>(out, kernel, |k| &src[source[i + k] * stride..]);
+            taps_into(out, kernel, |k| &src[source[i + k] * stride..]);
         }
     }
 }
@@ -79,13 +67,7 @@ fn blur_planes<const W512: bool>(
 /// line. The line's own values copied whole, only the 2r mirrored ends one by one (a copy
 /// through an index table, voxel by voxel, was most of this pass).
 #[inline(always)]
-fn blur_lines<const W512: bool>(
-    src: Option<&[f32]>,
-    dst: &mut [f32],
-    pad: &mut [f32],
-    len: usize,
-    kernel: &[f32],
-) {
+fn blur_lines(src: Option<&[f32]>, dst: &mut [f32], pad: &mut [f32], len: usize, kernel: &[f32]) {
     let r = kernel.len() / 2;
     let source: Vec<usize> = (0..len + 2 * r)
         .map(|p| reflect(p as i64 - r as i64, len))
@@ -99,7 +81,7 @@ fn blur_lines<const W512: bool>(
         for p in (0..r).chain(r + len..len + 2 * r) {
             pad[p] = pad[r + source[p]];
         }
-        taps_into::<W512>(line, kernel, |k| &pad[k..]);
+        taps_into(line, kernel, |k| &pad[k..]);
     }
 }
 
@@ -113,15 +95,9 @@ const MAX_TAPS: usize = 65;
 /// alike summed first: r + 1 multiplies where there were 2r + 1). Blocks of 64 outputs are
 /// summed in registers over every tap before one store (adding each tap to the whole output
 /// instead stored and reloaded the output once per tap); each tap's row is looked up once per
-/// call, not once per block. With AVX-512 (`W512`), blocks of 128 first: eight of its 32
-/// registers per block, half the per-tap row lookups (blur 0.214 -> 0.196 ms on 16x128x128;
-/// AVX2's 16 registers would spill).
+/// call, not once per block.
 #[inline(always)]
-fn taps_into<'a, const W512: bool>(
-    out: &mut [f32],
-    kernel: &[f32],
-    row: impl Fn(usize) -> &'a [f32],
-) {
+fn taps_into<'a>(out: &mut [f32], kernel: &[f32], row: impl Fn(usize) -> &'a [f32]) {
     const BLOCK: usize = 64;
     let len = out.len();
     if kernel.len() > MAX_TAPS {
@@ -147,15 +123,9 @@ fn taps_into<'a, const W512: bool>(
     // SAFETY: the first `kernel.len()` entries were written just above, and
     // `MaybeUninit<T>` has the layout of `T`.
     let rows: &[&[f32]] = unsafe { std::slice::from_raw_parts(rows.as_ptr().cast(), kernel.len()) };
-    // Blocks of 128 (AVX-512), of 64, then one of 32 (rows of 96 are common), then the rest.
-    let wide = if W512 {
-        len / (2 * BLOCK) * (2 * BLOCK)
-    } else {
-        0
-    };
-    sum_blocks::<{ 2 * BLOCK }>(&mut out[..wide], 0, kernel, rows);
-    let full = wide + (len - wide) / BLOCK * BLOCK;
-    sum_blocks::<BLOCK>(&mut out[wide..full], wide, kernel, rows);
+    // Blocks of 64, then one of 32 (rows of 96 are common), then the rest.
+    let full = len / BLOCK * BLOCK;
+    sum_blocks::<BLOCK>(&mut out[..full], 0, kernel, rows);
     let half = full + (len - full) / (BLOCK / 2) * (BLOCK / 2);
     sum_blocks::<{ BLOCK / 2 }>(&mut out[full..half], full, kernel, rows);
     let r = kernel.len() / 2;

@@ -2,19 +2,11 @@
 //! and a polynomial fitted per gamma ([`PowFit`]), or series past its range ([`pow_unit`]).
 
 use super::moments::{LaneSums, Moments};
-#[cfg(target_arch = "x86_64")]
-use super::moments::{FLUSH, LANES};
 
 /// Gamma on the values rescaled to 0..1, then the original mean and standard deviation put
 /// back; `invert` applies it to the negated values (brightening the dark end instead).
 #[inline(always)]
 pub fn gamma(c: &mut [f32], g: f64, invert: bool) {
-    gamma_in::<false>(c, g, invert);
-}
-
-/// [`gamma`]; `W512`: the CPU has AVX-512 (F, DQ) and the caller is compiled for it.
-#[inline(always)]
-pub(super) fn gamma_in<const W512: bool>(c: &mut [f32], g: f64, invert: bool) {
     if c.is_empty() {
         return;
     }
@@ -39,9 +31,6 @@ pub(super) fn gamma_in<const W512: bool>(c: &mut [f32], g: f64, invert: bool) {
         }
     };
     let sums = match PowFit::new(g as f64) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has AVX-512 (the caller's `W512`).
-        Some(fit) if W512 => unsafe { fit.map_avx512(c, sign, lo, inv_range, range) },
         Some(fit) => {
             c.iter_mut()
                 .for_each(|v| *v = sign * (fit.at(unit(*v)) * range + lo));
@@ -140,143 +129,6 @@ impl PowFit {
         } else {
             0.0
         }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl PowFit {
-    /// `v = sign * (at(unit(v)) * range + lo)` over `c` as [`gamma`] maps it, 16 lanes at a
-    /// time, returning the [`LaneSums`] of the result (summed as the values are stored: the
-    /// separate pass over the patch was a sixth of gamma's time). The same operations in the
-    /// same order, so the same bits; the table read by one two-register permute when every
-    /// positive lane's exponent is within its first 32 entries (values above 2^-32 of the
-    /// range: all but the rarest vectors), else by four permutes and two blends (a gather
-    /// was an eighth of the intensity transforms' time).
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F and DQ.
-    #[inline(never)]
-    #[target_feature(enable = "avx512f,avx512dq")]
-    pub(super) unsafe fn map_avx512(
-        &self,
-        c: &mut [f32],
-        sign: f32,
-        lo: f32,
-        inv_range: f32,
-        range: f32,
-    ) -> LaneSums {
-        use std::arch::x86_64::*;
-        let scalar = |v: f32| {
-            let x = (sign * v - lo) * inv_range;
-            sign * (self.at(if x > 0.0 { x } else { 0.0 }) * range + lo)
-        };
-        // The sums about the centre `LaneSums::of` would take of the results.
-        let mut sums = LaneSums::about(LaneSums::centre(c.len(), |i| scalar(c[i])));
-        let t: [__m512; 8] =
-            std::array::from_fn(|i| _mm512_loadu_ps(self.scale[16 * i..].as_ptr()));
-        let k = self.coef.map(|v| _mm512_set1_ps(v));
-        let (sign_v, lo_v, inv_v, range_v) = (
-            _mm512_set1_ps(sign),
-            _mm512_set1_ps(lo),
-            _mm512_set1_ps(inv_range),
-            _mm512_set1_ps(range),
-        );
-        let zero = _mm512_setzero_ps();
-        let (add, mul) = (_mm512_add_ps, _mm512_mul_ps);
-        let map = |v: __m512| {
-            let x = mul(_mm512_sub_ps(mul(sign_v, v), lo_v), inv_v);
-            let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, zero);
-            // A lane that is not positive gives 0 at the end whatever it reads here.
-            let bits = _mm512_castps_si512(x);
-            let idx = _mm512_sub_epi32(_mm512_set1_epi32(127), _mm512_srli_epi32::<23>(bits));
-            let m = _mm512_or_si512(
-                _mm512_and_si512(bits, _mm512_set1_epi32(0x007f_ffff)),
-                _mm512_set1_epi32(0x3f80_0000),
-            );
-            let s = _mm512_sub_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(1.5));
-            let s2 = mul(s, s);
-            let s4 = mul(s2, s2);
-            let p = add(
-                add(add(k[0], mul(k[1], s)), mul(s2, add(k[2], mul(k[3], s)))),
-                mul(s4, add(add(k[4], mul(k[5], s)), mul(s2, k[6]))),
-            );
-            // scale[idx]. Positive lanes have idx in 0..=127; past 31 is rare.
-            let far = _mm512_mask_cmpgt_epu32_mask(positive, idx, _mm512_set1_epi32(31));
-            let scale = if far == 0 {
-                _mm512_permutex2var_ps(t[0], idx, t[1])
-            } else {
-                // Each permute picks from 32 entries by idx's low 5 bits; bits 5 and 6 pick
-                // among the four (idx clamped as `at` clamps it).
-                let idx = _mm512_max_epi32(
-                    _mm512_min_epi32(idx, _mm512_set1_epi32(127)),
-                    _mm512_setzero_si512(),
-                );
-                let r0 = _mm512_permutex2var_ps(t[0], idx, t[1]);
-                let r1 = _mm512_permutex2var_ps(t[2], idx, t[3]);
-                let r2 = _mm512_permutex2var_ps(t[4], idx, t[5]);
-                let r3 = _mm512_permutex2var_ps(t[6], idx, t[7]);
-                let b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
-                let b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
-                _mm512_mask_blend_ps(
-                    b6,
-                    _mm512_mask_blend_ps(b5, r0, r1),
-                    _mm512_mask_blend_ps(b5, r2, r3),
-                )
-            };
-            let r = _mm512_maskz_mul_ps(positive, p, scale);
-            mul(sign_v, add(mul(r, range_v), lo_v))
-        };
-        // LaneSums' grouping: f32 sums of lanes 0..16 and 16..32 over each group of blocks,
-        // added into four vectors of its f64 sums (lanes 8i .. 8i + 8); the same additions.
-        let kv = _mm512_set1_ps(sums.k);
-        let mut acc_s = [_mm512_setzero_pd(); 4];
-        let mut acc_q = [_mm512_setzero_pd(); 4];
-        let mut group = |g: &mut [f32]| {
-            let (mut ps, mut pq) = ([_mm512_setzero_ps(); 2], [_mm512_setzero_ps(); 2]);
-            for b in g.chunks_exact_mut(LANES) {
-                for h in 0..2 {
-                    let out = map(_mm512_loadu_ps(b[16 * h..].as_ptr()));
-                    _mm512_storeu_ps(b[16 * h..].as_mut_ptr(), out);
-                    let d = _mm512_sub_ps(out, kv);
-                    ps[h] = add(ps[h], d);
-                    pq[h] = add(pq[h], mul(d, d));
-                }
-            }
-            for h in 0..2 {
-                for (j, (s, q)) in [
-                    (_mm512_castps512_ps256(ps[h]), _mm512_castps512_ps256(pq[h])),
-                    (
-                        _mm512_extractf32x8_ps::<1>(ps[h]),
-                        _mm512_extractf32x8_ps::<1>(pq[h]),
-                    ),
-                ]
-                .into_iter()
-                .enumerate()
-                {
-                    let a = 2 * h + j;
-                    acc_s[a] = _mm512_add_pd(acc_s[a], _mm512_cvtps_pd(s));
-                    acc_q[a] = _mm512_add_pd(acc_q[a], _mm512_cvtps_pd(q));
-                }
-            }
-        };
-        let mut groups = c.chunks_exact_mut(LANES * FLUSH);
-        for g in &mut groups {
-            group(g);
-        }
-        let rest = groups.into_remainder();
-        let whole = rest.len() / LANES * LANES;
-        if whole > 0 {
-            group(&mut rest[..whole]);
-        }
-        for a in 0..4 {
-            _mm512_storeu_pd(sums.s[8 * a..].as_mut_ptr(), acc_s[a]);
-            _mm512_storeu_pd(sums.q[8 * a..].as_mut_ptr(), acc_q[a]);
-        }
-        for v in &mut rest[whole..] {
-            *v = scalar(*v);
-            sums.add_one(*v);
-        }
-        sums
     }
 }
 

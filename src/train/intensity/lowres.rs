@@ -2,95 +2,10 @@
 
 use super::scratch::{put_scratch, take_scratch};
 
-/// The x pass of [`low_resolution`] 16 outputs at a time: their two taps lie within 32
-/// voxels of the row from the block's first (for zooms from about 1/2: neighbouring outputs
-/// read the same or the next small-grid voxel), so two loads and two permutes fetch them
-/// where 32 scalar loads did (the gathers were most of this transform). The same lerps, so
-/// the same bits; blocks whose taps spread wider, and the row's last few outputs, one by one.
-#[cfg(target_arch = "x86_64")]
-struct XBlocks {
-    /// Per block of 16 outputs; `None` for blocks read voxel by voxel.
-    blocks: Vec<Option<XBlock>>,
-}
-
-/// A block of [`XBlocks`]: the first voxel it reads, its taps' offsets from it, the fractions.
-#[cfg(target_arch = "x86_64")]
-type XBlock = (usize, [i32; 16], [i32; 16], [f32; 16]);
-
-#[cfg(target_arch = "x86_64")]
-impl XBlocks {
-    fn new(tx: &[(usize, usize, f32)]) -> Self {
-        let blocks = tx
-            .chunks_exact(16)
-            .map(|b| {
-                let w0 = b.iter().map(|t| t.0.min(t.1)).min()?;
-                let far = b.iter().map(|t| t.0.max(t.1)).max()?;
-                (far - w0 < 32 && w0 + 32 <= tx.len()).then(|| {
-                    (
-                        w0,
-                        std::array::from_fn(|k| (b[k].0 - w0) as i32),
-                        std::array::from_fn(|k| (b[k].1 - w0) as i32),
-                        std::array::from_fn(|k| b[k].2),
-                    )
-                })
-            })
-            .collect();
-        XBlocks { blocks }
-    }
-
-    /// `out[j] = lerp(row[tx[j].0], row[tx[j].1], tx[j].2)` for every j.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn lerp_row(&self, row: &[f32], out: &mut [f32], tx: &[(usize, usize, f32)]) {
-        use std::arch::x86_64::*;
-        let lerp = |a: f32, b: f32, f: f32| a + (b - a) * f;
-        for (k, b) in self.blocks.iter().enumerate() {
-            let o = &mut out[16 * k..16 * k + 16];
-            match b {
-                Some((w0, i0, i1, f)) => {
-                    let win = &row[*w0..*w0 + 32];
-                    let (lo, hi) = (
-                        _mm512_loadu_ps(win.as_ptr()),
-                        _mm512_loadu_ps(win.as_ptr().add(16)),
-                    );
-                    let a = _mm512_permutex2var_ps(lo, _mm512_loadu_si512(i0.as_ptr().cast()), hi);
-                    let b = _mm512_permutex2var_ps(lo, _mm512_loadu_si512(i1.as_ptr().cast()), hi);
-                    let f = _mm512_loadu_ps(f.as_ptr());
-                    let v = _mm512_add_ps(a, _mm512_mul_ps(_mm512_sub_ps(b, a), f));
-                    _mm512_storeu_ps(o.as_mut_ptr(), v);
-                }
-                None => {
-                    for (o, &(i0, i1, f)) in o.iter_mut().zip(&tx[16 * k..]) {
-                        *o = lerp(row[i0], row[i1], f);
-                    }
-                }
-            }
-        }
-        let done = self.blocks.len() * 16;
-        for (o, &(i0, i1, f)) in out[done..].iter_mut().zip(&tx[done..]) {
-            *o = lerp(row[i0], row[i1], f);
-        }
-    }
-}
-
 /// Down to `round(n * zoom)` voxels per axis by nearest neighbour, then back up linearly
 /// (half-voxel-centred, edges clamped), as nnU-Net's `SimulateLowResolutionTransform`.
 #[inline(always)]
 pub fn low_resolution(c: &mut [f32], size: [usize; 3], zoom: f64, in_plane: bool) {
-    low_resolution_in::<false>(c, size, zoom, in_plane);
-}
-
-/// [`low_resolution`]; `W512`: the CPU has AVX-512 F and the caller is compiled for it (the x
-/// pass by permutes, [`XBlocks`]).
-#[inline(always)]
-pub(super) fn low_resolution_in<const W512: bool>(
-    c: &mut [f32],
-    size: [usize; 3],
-    zoom: f64,
-    in_plane: bool,
-) {
     let small: [usize; 3] = std::array::from_fn(|a| {
         if in_plane && a == 0 {
             size[0]
@@ -140,18 +55,10 @@ pub(super) fn low_resolution_in<const W512: bool>(
         // Back up one axis at a time, x then y then z: the same lerps in the same order as
         // the trilinear formula (so the same values), each pass over whole rows or planes.
         let mut rows = up_x.chunks_exact_mut(size[2]);
-        #[cfg(target_arch = "x86_64")]
-        let blocks = W512.then(|| XBlocks::new(&tx));
         for &sz in &near[0] {
             for &sy in &near[1] {
                 let row = &c[(sz * size[1] + sy) * size[2]..][..size[2]];
                 let out = rows.next().expect("a row per small-grid row");
-                #[cfg(target_arch = "x86_64")]
-                if let Some(b) = &blocks {
-                    // SAFETY: the caller's `W512`: the CPU has AVX-512 F.
-                    unsafe { b.lerp_row(row, out, &tx) };
-                    continue;
-                }
                 for (o, &(i0, i1, f)) in out.iter_mut().zip(&tx) {
                     *o = lerp(row[i0], row[i1], f);
                 }

@@ -1,17 +1,16 @@
 //! One-pass sums of a channel's values in fixed lanes (mean, deviation, minimum and maximum),
 //! the same bits in every vector build: what contrast and gamma measure before they map.
 
-/// The lanes [`LaneSums`] and [`Moments`] keep: 32 independent sums vectorize into two
-/// AVX-512 accumulators (four AVX2 ones), not one whose additions' latency would bound the
-/// loop. The same count in every build, so the same sums bit for bit.
-pub(super) const LANES: usize = 32;
+/// The lanes [`LaneSums`] and [`Moments`] keep: 32 independent sums vectorize into four
+/// AVX2 accumulators, not one whose additions' latency would bound the loop. The same count in every build, so the same sums bit for bit.
+const LANES: usize = 32;
 
 /// Blocks of [`LANES`] values that [`LaneSums`] sums in f32 before adding those partial sums
 /// into its f64 ones: summing every value in f64 (two conversions and twice the vectors) was
 /// half of gamma's time. Eight terms of an f32 sum are within about 5e-7 of theirs, and the
 /// values are taken about a centre near their mean, so the mean and deviation keep six digits
 /// or more.
-pub(super) const FLUSH: usize = 8;
+const FLUSH: usize = 8;
 
 /// Sums of `v - k` and `(v - k)^2` in [`LANES`] lanes, about a centre `k` near the data's
 /// mean ([`LaneSums::centre`]: the variance as `E[d^2] - E[d]^2` loses the digits that
@@ -19,9 +18,9 @@ pub(super) const FLUSH: usize = 8;
 /// f32 over groups of up to [`FLUSH`] blocks, then in f64 ([`LaneSums::add_group`]); values
 /// past the last whole block in f64.
 pub(super) struct LaneSums {
-    pub(super) k: f32,
-    pub(super) s: [f64; LANES],
-    pub(super) q: [f64; LANES],
+    k: f32,
+    s: [f64; LANES],
+    q: [f64; LANES],
     tail: (f64, f64),
 }
 
@@ -36,14 +35,14 @@ impl LaneSums {
     /// first value, a corner of the patch, could be one: its distance from the mean was
     /// squared into the error).
     #[inline(always)]
-    pub(super) fn centre(n: usize, at: impl Fn(usize) -> f32) -> f32 {
+    fn centre(n: usize, at: impl Fn(usize) -> f32) -> f32 {
         let m = n.min(LANES);
         let sum: f64 = (0..m).map(|i| at(i * n / m.max(1)) as f64).sum();
         (sum / m.max(1) as f64) as f32
     }
 
     #[inline(always)]
-    pub(super) fn about(k: f32) -> Self {
+    fn about(k: f32) -> Self {
         LaneSums {
             k,
             s: [0.0; LANES],
@@ -104,7 +103,7 @@ impl LaneSums {
     }
 
     #[inline(always)]
-    pub(super) fn add_one(&mut self, v: f32) {
+    fn add_one(&mut self, v: f32) {
         let d = v as f64 - self.k as f64;
         self.tail.0 += d;
         self.tail.1 += d * d;
