@@ -391,7 +391,10 @@ fn entries_record_geometry_stats_and_a_consistent_foreground_index() {
             let m = out["shape_xyz"][ax].as_f64().unwrap();
             assert!((out["spacing_xyz"][ax].as_f64().unwrap() - s * n / m).abs() < 1e-9);
         }
-        assert!(e.join("voxcache_chunks.json").is_file());
+        // The checksums are in the attributes: the entry holds nothing but Zarr nodes.
+        let sums = &a["chunk_checksums"];
+        assert!(!sums["image"].as_object().unwrap().is_empty(), "{sums}");
+        assert!(!e.join("voxcache_chunks.json").exists());
     }
 }
 

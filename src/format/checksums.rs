@@ -1,16 +1,19 @@
-//! `voxcache_chunks.json`: one blake3 per written block (chunk, or shard when sharded) of the
-//! image, label and label-derived arrays, over the block's decoded little-endian bytes, edge blocks padded with
-//! the fill value. `prep inspect --verify` re-hashes against it.
+//! The chunk checksums: one blake3 per written block (chunk, or shard when sharded) of the
+//! image, label and label-derived arrays, over the block's decoded little-endian bytes, edge
+//! blocks padded with the fill value. They live in the entry's group attributes
+//! ([`CHECKSUMS_AT`]), so the entry folder holds nothing but Zarr nodes (a file of our own
+//! there made zarr-python warn that it is not part of the hierarchy). The reader checks each
+//! block against them on first use; `prep inspect --verify` re-hashes every block.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::positive3;
-use crate::error::{Error, Result};
 
-/// The checksums file's name inside an entry.
-pub const CHECKSUMS_FILE: &str = "voxcache_chunks.json";
+/// Where an entry records its checksums, for messages: the `chunk_checksums` field of
+/// voxcache's record in the group's attributes.
+pub const CHECKSUMS_AT: &str = "zarr.json attributes.voxcache.chunk_checksums";
 
 /// What the algorithm field says (for readers of the file).
 const ALGORITHM: &str =
@@ -69,18 +72,5 @@ impl ChunkChecksums {
             super::entry::SKELETON_ARRAY => Some(&self.skeleton),
             _ => None,
         }
-    }
-
-    /// Pretty JSON, as written into the entry.
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(self).unwrap_or_default()
-    }
-
-    /// Parse the file's bytes (`path` names it in errors).
-    pub fn from_json(path: &std::path::Path, bytes: &[u8]) -> Result<ChunkChecksums> {
-        serde_json::from_slice(bytes).map_err(|e| {
-            let what = if e.is_eof() { "truncated" } else { "malformed" };
-            Error::cache(path, format!("{what} checksums file ({e})"))
-        })
     }
 }

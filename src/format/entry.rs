@@ -1,11 +1,13 @@
 //! An entry's group attributes (`entries/ab/KEY/zarr.json` -> `attributes.voxcache`): what was
-//! built from which files, with which parameters, on which grid, and where its parts are.
+//! built from which files, with which parameters, on which grid, where its parts are, and the
+//! checksum of every written block.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::checksums::ChunkChecksums;
 use super::dtype::Dtype;
 use super::normalization::{AppliedNormalization, IntensityStats};
 use super::params::{ChunkLayout, OutputParams};
@@ -221,8 +223,8 @@ pub struct EntryAttrs {
     /// The label-derived arrays built for this entry.
     #[serde(default)]
     pub derived: DerivedInfo,
-    /// The checksums file (`voxcache_chunks.json`).
-    pub chunk_checksums: String,
+    /// The checksum of every written block ([`ChunkChecksums`]).
+    pub chunk_checksums: ChunkChecksums,
 }
 
 /// The attributes key voxcache's record lives under in the group's `zarr.json`.
@@ -373,4 +375,28 @@ pub struct ClassStats {
 /// A shape in the other axis order: (x, y, z) <-> (z, y, x).
 fn zyx(s: [usize; 3]) -> [usize; 3] {
     [s[2], s[1], s[0]]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A format-4 entry (its checksums in a `voxcache_chunks.json` file, the field naming it) is
+    /// refused with the one sentence that says to rebuild, before its fields are looked at.
+    #[test]
+    fn an_entry_of_the_checksums_file_era_is_refused_with_rebuild() {
+        let group = serde_json::json!({
+            "zarr_format": 3,
+            "node_type": "group",
+            "attributes": {ATTRS_KEY: {"format_version": 4, "chunk_checksums": "voxcache_chunks.json"}},
+        });
+        let path = std::path::Path::new("entries/ab/abcd/zarr.json");
+        let err = EntryAttrs::from_group_json(path, group.to_string().as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("format version 4") && err.contains("rebuild the cache"),
+            "{err}"
+        );
+    }
 }

@@ -6,7 +6,7 @@
 //! - [`entry`]: an entry's group attributes ([`EntryAttrs`]).
 //! - [`manifest`]: `manifest.json` ([`Manifest`]).
 //! - [`dataset_json`]: the `dataset.json` that `prep synth` writes ([`dataset_json::DatasetJson`]).
-//! - [`checksums`]: `voxcache_chunks.json` ([`ChunkChecksums`]).
+//! - [`checksums`]: the chunk checksums in an entry's attributes ([`ChunkChecksums`]).
 //! - [`params`]: the parameters that shape an entry's bytes ([`OutputParams`]).
 //! - [`array`](mod@array): an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
 //! - [`dtype`]: the one table of stored element types ([`Dtype`]).
@@ -32,7 +32,7 @@ use std::path::Path;
 use serde::{Deserialize, Deserializer};
 
 pub use array::{ArrayLayout, Encoding, ZARR_JSON};
-pub use checksums::{ChunkChecksums, CHECKSUMS_FILE};
+pub use checksums::{ChunkChecksums, CHECKSUMS_AT};
 pub use dtype::Dtype;
 pub use entry::{EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY};
 pub use manifest::{
@@ -47,8 +47,9 @@ pub use params::{
 /// 1: the first release. 2: typed schema (sources record sizes, label classes keyed by value).
 /// 3: image channels: the image array is (c, z, y, x), one channel per chunk; sources,
 /// statistics and normalization per channel. 4: label-derived arrays (`distance`, `skeleton`)
-/// and the parameters that ask for them.
-pub const FORMAT_VERSION: u32 = 4;
+/// and the parameters that ask for them. 5: the chunk checksums in the group's attributes
+/// (`chunk_checksums`), no longer a `voxcache_chunks.json` file inside the Zarr group.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Refuse anything but this version, with one sentence that says what to do.
 fn check_version(path: &Path, what: &str, v: Option<&serde_json::Value>) -> crate::Result<()> {

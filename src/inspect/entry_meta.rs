@@ -47,8 +47,6 @@ pub struct EntryMeta {
     pub classes: BTreeMap<u16, ClassStats>,
     /// Rows of the `fg` array (0 when there is none).
     pub fg_rows: u64,
-    /// Name of the checksums file.
-    pub checksums: String,
 }
 
 /// A result whose error is a problem to report (boxed: problems are large).
@@ -113,7 +111,6 @@ pub fn read_entry(root: &Path, dir: &Path) -> Found<EntryMeta> {
         codec: codec_name(&a.params.compression),
         fg_rows: a.fg_index.total_rows(),
         classes: a.label.map(|l| l.classes).unwrap_or_default(),
-        checksums: a.chunk_checksums,
     })
 }
 

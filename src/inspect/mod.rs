@@ -75,7 +75,7 @@
 //! `mismatch` (image and label on different grids), `non-finite` (NaN/inf image voxels),
 //! `bad-label` (label values that are not whole numbers 0..65535), `no-cases`, `too-large` (a
 //! forecast output over the size limits), `manifest` (unreadable or missing manifest.json),
-//! `metadata` (an entry's zarr.json or checksums file missing,
+//! `metadata` (an entry's zarr.json or its checksums missing,
 //! truncated, unparsable or inconsistent), `incomplete-entry` (no zarr.json), `missing-entry` (the
 //! manifest names an entry that is not there), `corrupt-chunk` (does not decode, or hashes
 //! differently from the build), `missing-chunk` (absent, but its block was not all fill value),

@@ -1,5 +1,5 @@
 //! `--verify`: decode every write block of an entry (a chunk, or a shard when sharded) and compare
-//! its blake3 with the one recorded in `voxcache_chunks.json` at build time. A block whose file is
+//! its blake3 with the one recorded in the entry's attributes at build time. A block whose file is
 //! absent is fine only when its recorded hash is that of an all-fill-value (zero) block: Zarr
 //! does not write such blocks.
 
@@ -13,7 +13,9 @@ use super::entry_meta::EntryMeta;
 use super::{rel_path, Problem};
 use crate::cache::reader::EntryReader;
 use crate::cache::store::{open_readable, ReadStore};
-use crate::format::{ArrayLayout, ChunkChecksums, Dtype, CHECKSUMS_FILE, FG_ARRAY, ZARR_JSON};
+use crate::format::{
+    ArrayLayout, ChunkChecksums, Dtype, EntryAttrs, CHECKSUMS_AT, FG_ARRAY, ZARR_JSON,
+};
 
 /// Counts over the blocks checked.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -119,7 +121,7 @@ impl ArrayCheck<'_> {
         let Some(want) = self.recorded.get(&name) else {
             return Outcome::Other(problem(
                 "unrecorded-chunk",
-                format!("no checksum recorded for this block in {CHECKSUMS_FILE}"),
+                format!("no checksum recorded for this block in {CHECKSUMS_AT}"),
             ));
         };
         if !path.is_file() {
@@ -176,12 +178,15 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         problems: Vec::new(),
         case: &m.case_id,
     };
-    let sums_path = m.dir.join(&m.checksums);
+    // The checksums are in the group's attributes, read again here rather than kept in every
+    // entry's `EntryMeta` (a report holds all entries' at once).
+    let sums_path = m.dir.join(ZARR_JSON);
     let sums_rel = rel_path(root, &sums_path);
     let sums = std::fs::read(&sums_path)
         .map_err(|e| format!("cannot read: {e}"))
         .and_then(|b| {
-            ChunkChecksums::from_json(&sums_path, &b)
+            EntryAttrs::from_group_json(&sums_path, &b)
+                .map(|a| a.chunk_checksums)
                 .map_err(|e| super::file_message(root, &sums_path, &e.to_string()))
         });
     let sums = match sums {
@@ -312,7 +317,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                 acc.other(
                     Problem::error(
                         "metadata",
-                        format!("{CHECKSUMS_FILE} records {name} block {k}, outside the array"),
+                        format!("{CHECKSUMS_AT} records {name} block {k}, outside the array"),
                     )
                     .path(sums_rel.clone()),
                 );

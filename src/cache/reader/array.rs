@@ -98,7 +98,7 @@ pub(crate) struct ArrayReader {
     pub(crate) block_grid: [usize; 3],
     layout: ArrayLayout,
     pub(crate) source: Source,
-    /// What the build recorded per write block (`voxcache_chunks.json`), to refuse a missing
+    /// What the build recorded per write block (the entry's checksums), to refuse a missing
     /// or altered chunk instead of reading zeros or wrong values.
     recorded: Recorded,
     /// Decoded (compressed) shards already checked against `recorded`.

@@ -10,7 +10,7 @@ use super::array::{ArrayReader, Recorded};
 use super::{ChunkCache, EntryInner, EntryReader, FgRange, ReaderOptions, StoredDtype};
 use crate::error::{Error, Result};
 use crate::format::{
-    ChunkChecksums, EntryAttrs, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY, ZARR_JSON,
+    EntryAttrs, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY, ZARR_JSON,
 };
 
 /// Each entry opened gets its own serial: it keys the entry's chunks in the shared caches.
@@ -45,15 +45,13 @@ impl EntryReader {
         let shape = attrs.output.shape_zyx;
         let mmap = cache.options().mmap;
         // What the build recorded per block: a chunk that differs or is missing is refused.
-        let sums_path = dir.join(&attrs.chunk_checksums);
-        let sums_bytes = std::fs::read(&sums_path).map_err(|e| Error::io(&sums_path, e))?;
-        let sums = ChunkChecksums::from_json(&sums_path, &sums_bytes)?;
+        let sums = &attrs.chunk_checksums;
         // Ids: the label 0, image channels 1.., then derived arrays (they key the shared chunk
         // caches).
         let mut image =
             ArrayReader::open_channels(&dir, IMAGE_ARRAY, 1, shape, Some(attrs.channels()), mmap)?;
         for ch in &mut image {
-            let r = Recorded::new(&sums, IMAGE_ARRAY, ch.channel, ch.block_bytes());
+            let r = Recorded::new(sums, IMAGE_ARRAY, ch.channel, ch.block_bytes());
             ch.set_recorded(r);
         }
         if !matches!(image[0].dtype, StoredDtype::Float32 | StoredDtype::Float16) {
@@ -67,7 +65,7 @@ impl EntryReader {
             Some(info) => {
                 let mut l =
                     ArrayReader::open_channels(&dir, LABEL_ARRAY, 0, shape, None, mmap)?.remove(0);
-                l.set_recorded(Recorded::new(&sums, LABEL_ARRAY, None, l.block_bytes()));
+                l.set_recorded(Recorded::new(sums, LABEL_ARRAY, None, l.block_bytes()));
                 if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16)
                     || l.dtype != info.dtype
                 {
@@ -94,7 +92,7 @@ impl EntryReader {
                 )?;
                 next_id += d.classes.len() as u16;
                 for ch in &mut v {
-                    let r = Recorded::new(&sums, DISTANCE_ARRAY, ch.channel, ch.block_bytes());
+                    let r = Recorded::new(sums, DISTANCE_ARRAY, ch.channel, ch.block_bytes());
                     ch.set_recorded(r);
                     if ch.dtype != StoredDtype::Float32 {
                         return Err(bad(format!(
@@ -112,7 +110,7 @@ impl EntryReader {
                 let mut s =
                     ArrayReader::open_channels(&dir, SKELETON_ARRAY, next_id, shape, None, mmap)?
                         .remove(0);
-                s.set_recorded(Recorded::new(&sums, SKELETON_ARRAY, None, s.block_bytes()));
+                s.set_recorded(Recorded::new(sums, SKELETON_ARRAY, None, s.block_bytes()));
                 if s.dtype != l.dtype {
                     return Err(bad(format!(
                         "skeleton data type {} differs from the label's {}",

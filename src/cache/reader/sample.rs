@@ -47,13 +47,14 @@ fn bytes_mut<T: Sample>(dst: &mut [T]) -> &mut [u8] {
 }
 
 /// Whether no value of `v` is a NaN or an infinity (a loop the compiler vectorizes: no early
-/// exit).
+/// exit; inlined, so that it is vectorized for the caller's target features).
+#[inline(always)]
 fn all_finite(v: &[f32]) -> bool {
     v.iter().fold(true, |ok, x| ok & x.is_finite())
 }
 
-/// Copy stored little-endian f32 `src` into `dst` (as many), telling whether all are finite: in
-/// the widest vector build the CPU runs ([`crate::util::simd::best`]).
+/// Copy stored little-endian f32 `src` into `dst` (as many), telling whether all are finite:
+/// one plain-Rust kernel, compiled for AVX2 where the CPU has it ([`crate::util::simd::best`]).
 fn copy_finite(src: &[u8], dst: &mut [f32]) -> bool {
     assert_eq!(
         src.len(),
@@ -72,7 +73,24 @@ fn copy_finite(src: &[u8], dst: &mut [f32]) -> bool {
     copy_finite_portable(src, dst)
 }
 
+/// [`copy_finite`] for the target's baseline.
 fn copy_finite_portable(src: &[u8], dst: &mut [f32]) -> bool {
+    copy_finite_kernel(src, dst)
+}
+
+/// [`copy_finite`] compiled with AVX2 (8 lanes for the check).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn copy_finite_avx2(src: &[u8], dst: &mut [f32]) -> bool {
+    copy_finite_kernel(src, dst)
+}
+
+/// The copy, then the check over what was copied.
+#[inline(always)]
+fn copy_finite_kernel(src: &[u8], dst: &mut [f32]) -> bool {
     if cfg!(target_endian = "little") {
         bytes_mut(dst).copy_from_slice(src);
     } else {
@@ -82,10 +100,6 @@ fn copy_finite_portable(src: &[u8], dst: &mut [f32]) -> bool {
     }
     all_finite(dst)
 }
-
-/// The exponent bits of an f32: all set for a NaN or an infinity, and only then.
-#[cfg(target_arch = "x86_64")]
-const EXPONENT: i32 = 0x7f80_0000;
 
 /// Bytes widened to u16 (labels stored as uint8): a loop the compiler vectorizes.
 fn widen(src: &[u8], dst: &mut [u16]) {
@@ -102,32 +116,6 @@ fn widen_reversed(src: &[u8], dst: &mut [u16]) {
     for (o, &v) in dst.iter_mut().zip(src.iter().rev()) {
         *o = v as u16;
     }
-}
-
-/// [`copy_finite`] 8 lanes at a time, the last part value by value.
-///
-/// # Safety
-/// The CPU has AVX2; `src.len() == 4 * dst.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn copy_finite_avx2(src: &[u8], dst: &mut [f32]) -> bool {
-    use std::arch::x86_64::*;
-    let (n, s, d) = (dst.len(), src.as_ptr(), dst.as_mut_ptr().cast::<u8>());
-    let exp = _mm256_set1_epi32(EXPONENT);
-    let mut bad = _mm256_setzero_si256();
-    let mut i = 0;
-    // SAFETY: each load and store covers lanes i..i + 8 <= n.
-    unsafe {
-        while i + 8 <= n {
-            let v = _mm256_loadu_si256(s.add(4 * i).cast());
-            _mm256_storeu_si256(d.add(4 * i).cast(), v);
-            bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), exp));
-            i += 8;
-        }
-    }
-    // (The tail copied whatever the vectors found.)
-    let tail = copy_finite_portable(&src[4 * i..], &mut dst[i..]);
-    _mm256_testz_si256(bad, bad) == 1 && tail
 }
 
 fn f16_row(src: &[u8], dst: &mut [f32]) {

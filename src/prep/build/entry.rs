@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 use zarrs::array::ArrayBuilder;
 use zarrs::group::GroupBuilder;
-use zarrs::storage::{StoreKey, WritableStorageTraits};
 
 use crate::cache::fg_index::FgAccumulator;
 use crate::cache::store::EntryStore;
@@ -22,7 +21,7 @@ use crate::format::entry::{
 };
 use crate::format::{
     AppliedNormalization, ChunkChecksums, Dtype, EntryAttrs, ImageDtype, IntensityStats,
-    OutputParams, CHECKSUMS_FILE, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
+    OutputParams, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
 };
 use crate::geometry::{blocks, Block, VoxelRead};
 use crate::prep::derived;
@@ -235,10 +234,6 @@ pub(super) fn write_entry(
         skeleton: skeleton_sums,
         ..ChunkChecksums::new(write_block)
     };
-    let sums_key = StoreKey::new(CHECKSUMS_FILE).map_err(|e| Error::zarr(dir, e))?;
-    store
-        .set(&sums_key, checksums.to_json().into())
-        .map_err(|e| Error::zarr(dir.join(CHECKSUMS_FILE), e))?;
 
     let attrs = EntryAttrs {
         format_version: FORMAT_VERSION,
@@ -271,7 +266,7 @@ pub(super) fn write_entry(
                 .collect(),
         },
         derived: derived_info,
-        chunk_checksums: CHECKSUMS_FILE.to_string(),
+        chunk_checksums: checksums,
     };
     let group = GroupBuilder::new()
         .attributes(attrs.to_group_attributes()?)

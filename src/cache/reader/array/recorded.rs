@@ -1,4 +1,4 @@
-//! What the build recorded per write block (`voxcache_chunks.json`), and the checks of each
+//! What the build recorded per write block (the entry's checksums), and the checks of each
 //! block against it when first mapped or decoded: a missing or altered chunk is refused
 //! instead of read as zeros or wrong values.
 
