@@ -16,7 +16,7 @@ BATCHES="${BATCHES:-8}"
 (cd "$ROOT" && cargo build --release --quiet --bin prep --example bench_augment)
 mkdir -p "$B"
 [ -d "$B/data/imagesTr" ] || "$BIN/prep" synth --preset outlier --out "$B/data" >/dev/null
-[ -f "$B/cache/manifest.json" ] || "$BIN/prep" build-cache "$B/data" --cache-dir "$B/cache" \
+[ -f "$B/cache/manifest.json" ] || "$BIN/prep" build-cache "$B/data" --cache-dir "$B/cache" >&2 \
     --spacing 4,4,4 --derived distance,skeleton --quiet
 for build in avx512 avx2 portable; do
     for patch in 32,96,96 16,128,128 40,72,56; do

@@ -181,7 +181,7 @@ struct InspectArgs {
     /// Print the report as one JSON document (shape documented in voxcache::inspect).
     #[arg(long)]
     json: bool,
-    /// Cache: re-hash every chunk against voxcache_chunks.json; exit 1 on any corrupt or missing.
+    /// Cache: re-hash every chunk against the checksums in its entry's attributes; exit 1 on any corrupt or missing.
     #[arg(long)]
     verify: bool,
     /// Dataset: read headers only (no intensity or label statistics).
