@@ -8,30 +8,37 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IntensityConfig {
-    /// Gaussian noise: probability, and the range its variance is drawn from.
+    /// Gaussian noise: probability a patch gets it.
     pub noise_prob: f64,
+    /// Gaussian noise: the range its variance is drawn from (one draw the channels share).
     pub noise_variance: [f64; 2],
-    /// Gaussian blur: probability, per-channel probability, sigma range in voxels (one draw
-    /// per axis).
+    /// Gaussian blur: probability a patch gets it.
     pub blur_prob: f64,
+    /// Gaussian blur: probability each channel of such a patch gets it.
     pub blur_channel_prob: f64,
+    /// Gaussian blur: sigma range in voxels (one draw per axis).
     pub blur_sigma: [f64; 2],
-    /// Multiplicative brightness: probability and factor range (either side of 1).
+    /// Multiplicative brightness: probability.
     pub brightness_prob: f64,
+    /// Multiplicative brightness: factor range (either side of 1).
     pub brightness_range: [f64; 2],
-    /// Contrast around the mean, clipped to the patch's range: probability, factor range
-    /// (either side of 1).
+    /// Contrast around the mean, clipped to the patch's range: probability.
     pub contrast_prob: f64,
+    /// Contrast: factor range (either side of 1).
     pub contrast_range: [f64; 2],
-    /// Low resolution: probability, per-channel probability, zoom range (down by nearest, back
-    /// up linearly; z untouched for in-plane patches).
+    /// Low resolution (down by nearest, back up linearly; z untouched for in-plane patches):
+    /// probability a patch gets it.
     pub lowres_prob: f64,
+    /// Low resolution: probability each channel of such a patch gets it.
     pub lowres_channel_prob: f64,
+    /// Low resolution: zoom range.
     pub lowres_zoom: [f64; 2],
-    /// Gamma with the mean and standard deviation kept: probability of the inverted variant
-    /// (applied to the negated image), of the plain one, and the gamma range (either side of 1).
+    /// Gamma with the mean and standard deviation kept, applied to the negated image:
+    /// probability.
     pub inverted_gamma_prob: f64,
+    /// Gamma with the mean and standard deviation kept: probability.
     pub gamma_prob: f64,
+    /// Gamma range of both variants (either side of 1).
     pub gamma_range: [f64; 2],
 }
 

@@ -14,11 +14,11 @@ use crate::train::classes::IGNORE;
 
 /// The two terms and their sum, as scalars (the sum still has its graph for `backward`).
 pub struct LossParts {
-    /// Dice + cross-entropy, to backpropagate.
+    /// Cross-entropy plus Dice loss, with its graph.
     pub total: Tensor,
-    /// The cross-entropy part.
+    /// Cross-entropy over the labelled voxels.
     pub ce: f64,
-    /// The Dice part (1 - soft Dice).
+    /// One minus the mean foreground soft Dice.
     pub dice_loss: f64,
 }
 

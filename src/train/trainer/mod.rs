@@ -35,17 +35,17 @@ use step::Tally;
 /// What one `train` invocation is asked to do.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    /// The cache to train from.
+    /// The cache folder `prep build-cache` wrote.
     pub cache_dir: PathBuf,
-    /// The run folder.
+    /// The run folder: checkpoints, metrics, curves, the run's identity.
     pub run_dir: PathBuf,
-    /// Continue the newest run from its last complete checkpoint.
+    /// Continue from the run folder's latest checkpoint.
     pub resume: bool,
     /// `cpu`, `cuda` or `cuda:N`.
     pub device: String,
-    /// Show progress bars.
+    /// Show a progress bar (else notices go to stderr).
     pub progress: bool,
-    /// Every training option.
+    /// The training options.
     pub config: TrainConfig,
     /// Testing aid: return right after this step, writing nothing more (as if killed).
     pub halt_after: Option<u64>,
@@ -62,37 +62,37 @@ pub struct RunOptions {
 pub struct RunSummary {
     /// The run folder.
     pub run_dir: PathBuf,
-    /// Dataset trained on.
+    /// The dataset trained on.
     pub dataset: String,
-    /// Step the run started from (0, or the resumed checkpoint's).
+    /// The step the run started at (0, or the resumed checkpoint's).
     pub start_step: u64,
-    /// Steps done in this process.
+    /// The steps done when it returned.
     pub steps_done: u64,
-    /// Mean loss of the first and last logged windows.
+    /// Mean loss of the first logged window.
     pub first_loss: Option<f64>,
     /// Mean loss of the last logged window.
     pub last_loss: Option<f64>,
-    /// The last validation.
+    /// The last validation's result.
     pub last_validation: Option<ValidationResult>,
     /// Names of the foreground classes, in the order of `dice_per_class`.
     pub class_names: Vec<String>,
-    /// Best mean validation Dice.
+    /// The best mean validation Dice.
     pub best_dice: Option<f64>,
-    /// Stopped by Ctrl-C.
+    /// Stopped by Ctrl-C (a checkpoint written).
     pub interrupted: bool,
-    /// Wall seconds.
+    /// Seconds from the end of setup.
     pub seconds: f64,
-    /// Share of the time spent waiting for batches.
+    /// Share of those seconds spent waiting for batches (logged windows).
     pub data_wait_frac: f64,
-    /// Patches per second.
+    /// Patches trained on a second (logged windows).
     pub patches_per_s: f64,
-    /// Trainable scalars of the network.
+    /// The model's parameters.
     pub num_parameters: usize,
     /// Training cases.
     pub train_cases: usize,
     /// Validation cases.
     pub val_cases: usize,
-    /// Peak resident memory of the process, bytes.
+    /// The process's peak resident memory, in bytes.
     pub peak_rss: Option<u64>,
 }
 
