@@ -1,43 +1,47 @@
 //! voxcache: turn folders of NIfTI image/label pairs into a chunked, content-addressed Zarr v3
-//! cache without ever holding a resampled volume in memory, and train from it.
+//! cache without ever holding a resampled volume in memory, train a 3D U-Net from it, and
+//! segment new volumes under the same promise.
 //!
-//! Module map (one job each):
-//! - [`nifti_io`]: read and validate NIfTI-1 headers and volumes (into f32, any datatype).
-//! - [`geometry`]: affines, spacing, the output grid convention.
-//! - [`dataset`]: find image/label pairs, name cases, scan and check their headers.
-//! - [`plan`]: target spacing, output shapes, memory cost, outliers, dataset statistics.
-//! - [`distance`]: exact Euclidean distance transforms with spacing (label-derived arrays).
-//! - [`skeleton`]: topology-preserving thinning of masks to their centre lines.
-//! - [`centreline`]: centreline Dice (clDice) of a segmentation against a reference, block by block.
-//! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
-//! - [`normalize`]: intensity normalization schemes.
-//! - [`config`]: defaults, bundled pipelines and flags merged into the settings of every command;
-//!   run folders; exit statuses.
-//! - [`format`](mod@format): the on-disk schema (entry attributes, manifest, checksums, array metadata).
-//! - [`cache`]: content keys, entry writer, manifest merging, reader.
-//! - [`build`]: the `build-cache` job: an orchestrator over the stages above.
-//! - [`inspect`]: `prep inspect`: dataset fingerprint and cost forecast, cache report and verify.
-//! - [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
-//! - [`sysinfo`]: peak memory and host facts for reports.
-//! - [`progress`]: the progress bars of the long commands.
-//! - [`infer`]: inference on cached volumes (sliding window), shared by validation and predict.
-//! - [`evaluate`]: segmentations against references: Dice, IoU, surface distances, volumes.
-//! - [`train`]: the `train` command: 3D ops, U-Net, patch loader, optimizer, checkpoints.
+//! Modules in layers, bottom to top; a module imports only modules of lower layers
+//! (`tests/layers.rs` checks it, README "Code map" explains it):
+//! 1. [`error`], [`util`]: typed errors; the seeded generator, vector dispatch, fast math,
+//!    memory figures, progress bars.
+//! 2. [`format`](mod@format): the on-disk schema (entry attributes, manifest, run records,
+//!    dataset.json), the only code that names the files.
+//! 3. [`geometry`]: affines, the output-grid convention, blocks, `VoxelRead`, mirroring.
+//! 4. [`nifti_io`]: read, stream and write NIfTI.
+//! 5. [`cache`]: store, content keys, array writing pieces, reader, manifest, fg index.
+//! 6. [`prep`]: dataset discovery, settings, planning, normalization, resampling, derived
+//!    arrays, the build job.
+//! 7. [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
+//! 8. [`model`]: the U-Net, its ops (CPU and CUDA), devices, checkpoints.
+//! 9. [`infer`]: sliding windows, probabilities, export, `predict`.
+//! 10. [`evaluate`]: Dice, surface distances, clDice, reports.
+//! 11. [`train`]: sampler, loader, augmentation, losses, optimizer, the training session.
+//! 12. [`inspect`]: `prep inspect`: dataset forecast, cache report, verify, previews.
+//! 13. [`config`]: pipelines and flags merged into the settings of every command; run folders;
+//!     exit statuses.
 
-pub mod cache;
-pub mod config;
 pub mod error;
-pub mod evaluate;
+pub mod util;
+
 pub mod format;
 pub mod geometry;
-pub mod infer;
-pub mod inspect;
-pub mod model;
+
+pub mod cache;
 pub mod nifti_io;
+
 pub mod prep;
 pub mod synth;
-#[allow(missing_docs)]
+
+pub mod model;
+
+pub mod evaluate;
+pub mod infer;
 pub mod train;
-pub mod util;
+
+pub mod inspect;
+
+pub mod config;
 
 pub use error::{Error, Result};

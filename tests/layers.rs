@@ -159,7 +159,6 @@ fn imports_only_go_down_the_layers() {
 }
 
 #[test]
-#[ignore = "true once issue 38's splits land; run with --ignored to see what is left"]
 fn no_source_file_is_over_the_limit() {
     let long: Vec<String> = src_files()
         .into_iter()
@@ -176,7 +175,6 @@ fn no_source_file_is_over_the_limit() {
 }
 
 #[test]
-#[ignore = "true once issue 38's splits land; run with --ignored to see what is left"]
 fn missing_docs_is_allowed_nowhere() {
     let allowed: Vec<String> = src_files()
         .into_iter()
@@ -195,7 +193,6 @@ fn missing_docs_is_allowed_nowhere() {
 }
 
 #[test]
-#[ignore = "true once issue 38's splits land; run with --ignored to see what is left"]
 fn on_disk_names_are_spelled_only_in_format() {
     let spelled: Vec<String> = src_files()
         .into_iter()

@@ -367,13 +367,8 @@ fn first_non_finite(v: &[f32]) -> Option<usize> {
         unsafe fn avx2(v: &[f32]) -> Option<usize> {
             first_non_finite_body(v)
         }
-        #[target_feature(enable = "avx2,avx512f,avx512vl,avx512bw,avx512dq")]
-        unsafe fn avx512(v: &[f32]) -> Option<usize> {
-            first_non_finite_body(v)
-        }
         // SAFETY: `simd::best` checked that the CPU has these features.
         match crate::util::simd::best() {
-            Simd::Avx512 => return unsafe { avx512(v) },
             Simd::Avx2 => return unsafe { avx2(v) },
             Simd::Portable => {}
         }

@@ -1,12 +1,13 @@
 //! Which vector build the hot loops (the cache reader's image rows, the augmentation) take on
-//! this CPU: AVX-512 (F, VL, BW, DQ), AVX2, or the portable code. Each build runs the same
-//! operations in the same order (nothing fuses a multiply and an add: Rust never contracts
-//! them, even where AVX-512 implies FMA, and no FMA intrinsic is used), so all three give the
-//! same values bit for bit (tested in each module); only the number of lanes per instruction
-//! differs, and with it the speed.
+//! this CPU: AVX2, or the portable code. Both run the same operations in the same order
+//! (nothing fuses a multiply and an add: Rust never contracts them, and no FMA intrinsic is
+//! used), so they give the same values bit for bit (`scripts/batch_hashes.sh` hashes the
+//! training batches of each); only the number of lanes per instruction differs, and with it
+//! the speed. AVX-512 CPUs take the AVX2 build: the AVX-512 copies of these loops gained 2-7%
+//! on micro-benchmarks, under the 10% end to end that a hand-written path must earn.
 //!
-//! `VOXCACHE_SIMD=avx2` or `=portable` caps the choice (to compare builds side by side in a
-//! benchmark on one machine); it can only lower it.
+//! `VOXCACHE_SIMD=portable` forces the portable build (to compare builds side by side in a
+//! benchmark on one machine).
 
 use std::sync::OnceLock;
 
@@ -17,8 +18,6 @@ pub enum Simd {
     Portable,
     /// 8 lanes of f32.
     Avx2,
-    /// 16 lanes of f32, with masked loads and stores.
-    Avx512,
 }
 
 /// The widest build this CPU runs, capped by `VOXCACHE_SIMD` (read once per process).
@@ -27,8 +26,7 @@ pub fn best() -> Simd {
     *BEST.get_or_init(|| {
         let cap = match std::env::var("VOXCACHE_SIMD").as_deref() {
             Ok("portable") => Simd::Portable,
-            Ok("avx2") => Simd::Avx2,
-            _ => Simd::Avx512,
+            _ => Simd::Avx2,
         };
         detected().min(cap)
     })
@@ -38,11 +36,7 @@ pub fn best() -> Simd {
 pub fn detected() -> Simd {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512vl") && has!("avx512bw") && has!("avx512dq") {
-            return Simd::Avx512;
-        }
-        if has!("avx2") {
+        if std::arch::is_x86_feature_detected!("avx2") {
             return Simd::Avx2;
         }
     }

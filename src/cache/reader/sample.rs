@@ -66,7 +66,7 @@ fn copy_finite(src: &[u8], dst: &mut [f32]) -> bool {
         use crate::util::simd::Simd;
         // SAFETY: `simd::best` checked that the CPU has these features; the lengths match.
         match crate::util::simd::best() {
-            Simd::Avx512 | Simd::Avx2 => return unsafe { copy_finite_avx2(src, dst) },
+            Simd::Avx2 => return unsafe { copy_finite_avx2(src, dst) },
             Simd::Portable => {}
         }
     }

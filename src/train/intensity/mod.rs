@@ -48,9 +48,7 @@ pub fn apply(
         // AVX-512 CPUs take the AVX2 build: a build of their own stays only for an
         // end-to-end gain of 10% or more, and its gains were a micro-benchmark's.
         // SAFETY: the CPU has AVX2 (`simd::best` checked it; every AVX-512 CPU has it too).
-        Simd::Avx512 | Simd::Avx2 => {
-            return unsafe { apply_avx2(image, size_zyx, in_plane, cfg, rng) }
-        }
+        Simd::Avx2 => return unsafe { apply_avx2(image, size_zyx, in_plane, cfg, rng) },
         Simd::Portable => {}
     }
     apply_body(image, size_zyx, in_plane, cfg, rng);

@@ -199,7 +199,7 @@ impl TransformedReader {
         match self.simd() {
             Simd::Portable => {}
             // SAFETY: the CPU has AVX2 (`simd` checked it).
-            Simd::Avx512 | Simd::Avx2 => {
+            Simd::Avx2 => {
                 unsafe { self.sample_avx2(flat, &job, image, label) };
                 return Ok(());
             }

@@ -318,7 +318,7 @@ pub(super) fn sample_in(
         }
         // SAFETY: the caller's `simd` is one the CPU runs.
         match simd {
-            Simd::Avx512 | Simd::Avx2 => {
+            Simd::Avx2 => {
                 return unsafe { avx2(sep, flat, image_box, bs, channels, size, image, labels) }
             }
             Simd::Portable => {}
