@@ -115,22 +115,10 @@ pub(crate) fn pad_block<T: Copy>(
     out
 }
 
-pub(crate) fn bytes_of<T: bytemuck_like::Pod>(v: &[T]) -> &[u8] {
-    bytemuck_like::as_bytes(v)
-}
-
-/// Minimal plain-old-data view, to hash what Zarr stores without another dependency.
-pub(crate) mod bytemuck_like {
-    pub(crate) trait Pod: Copy {}
-    impl Pod for f32 {}
-    impl Pod for f64 {}
-    impl Pod for u8 {}
-    impl Pod for u16 {}
-    impl Pod for half::f16 {}
-    pub(crate) fn as_bytes<T: Pod>(v: &[T]) -> &[u8] {
-        // SAFETY: T is a plain numeric type without padding; the slice is valid for its length.
-        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-    }
+/// The bytes of a slice of plain numbers, as Zarr stores them uncompressed (what each block's
+/// hash is of).
+pub(crate) fn bytes_of<T: bytemuck::Pod>(v: &[T]) -> &[u8] {
+    bytemuck::cast_slice(v)
 }
 
 pub(crate) fn short_hex(h: &blake3::Hash) -> String {

@@ -14,7 +14,7 @@ mod private {
 
 /// An element type patches can be read into: `f32` (any stored type), `u16` (uint8 and uint16
 /// labels) or `u8` (uint8 labels). Only exact conversions are offered.
-pub trait Sample: Copy + Default + Send + Sync + 'static + private::Sealed {
+pub trait Sample: bytemuck::Pod + Default + Send + Sync + 'static + private::Sealed {
     /// Whether every value of `dtype` converts to `Self` exactly.
     fn accepts(dtype: StoredDtype) -> bool;
 
@@ -39,11 +39,7 @@ pub trait Sample: Copy + Default + Send + Sync + 'static + private::Sealed {
 
 /// The bytes of a slice of plain numbers, to be overwritten.
 fn bytes_mut<T: Sample>(dst: &mut [T]) -> &mut [u8] {
-    // SAFETY: T is f32, u16 or u8 (the trait is sealed): no padding, and every byte pattern is
-    // a valid value; the view covers exactly the slice's memory and borrows it mutably.
-    unsafe {
-        std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst))
-    }
+    bytemuck::cast_slice_mut(dst)
 }
 
 /// Whether no value of `v` is a NaN or an infinity (a loop the compiler vectorizes: no early
