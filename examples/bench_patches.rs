@@ -1,56 +1,57 @@
-//! Patch-loading benchmark: random training patches read four ways, side by side, on one core.
+//! Patch-reading benchmark: random training patches (image and label) read from one or more
+//! caches of the same cases (one per chunk layout), side by side on one core, alternating
+//! caches within each round, beside two ceilings.
 //!
-//!   cargo run --release --example bench_patches -- CACHE_DIR [--data NIFTI_DIR] [--patch Z,Y,X]
-//!       [--patches N] [--nifti-patches M] [--rounds R]
+//!   cargo run --release --example bench_patches -- CACHE [CACHE...] [--patch Z,Y,X]
+//!       [--patches N] [--rounds R] [--cold] [--no-label]
 //!
-//! - `mmap`: `EntryReader::read_image` on the memory-mapped chunks (the trainer's path);
-//!   `mmap+label` also reads the u16 label of the same box.
-//! - `zarrs-chunks`: the same reader decoding through zarrs (`retrieve_chunk`) into its
-//!   decoded-chunk cache, as for compressed caches.
-//! - `zarrs-subset`: one `Array::retrieve_array_subset` per patch, no reader (a plain zarrs
-//!   loader).
-//! - `nifti`: what a loader without a cache does per patch: read the .nii.gz
-//!   (`nifti_io::read_volume`) and crop (needs `--data`, the folder the cache was built from).
-//! - `memcpy`: the same number of bytes copied from random places of a 256 MiB buffer.
+//! - each cache: `EntryReader::read_patch` of image (f32) and label (u16) boxes, whatever the
+//!   layout (memory-mapped raw chunks, or compressed shards decoded inner chunk by inner chunk
+//!   into the reader's decoded-chunk cache, or zarrs for anything else);
+//! - `crop-ram`: the same boxes' rows copied out of volumes held in memory (f32 image, u8
+//!   label widened to u16): what a loader holding every case in RAM does, the ceiling of any
+//!   reader of the same bytes;
+//! - `memcpy`: the patch's bytes copied in one piece from random places of a 256 MiB buffer.
 //!
-//! Each round reads the same random boxes (fully inside the volume where it is large enough)
-//! on every path; the figures are medians over rounds. Files are in the page cache (one
-//! untimed warm-up pass per path). Prints a table and one JSON line.
+//! Every path reads the same boxes (cases and starts drawn from one seed per round, fully
+//! inside the volume where it is large enough). Warm (default): an untimed first round brings
+//! the files into the page cache. `--cold`: before each cache's round its reader is dropped and
+//! every file of the cache is evicted from the page cache (`posix_fadvise(DONTNEED)`, no root
+//! needed), so the round reads from disk as a first epoch does. Prints a table and one JSON
+//! line with the medians over rounds.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use serde_json::{json, Value};
-use voxcache::cache::reader::{CacheReader, EntryReader, ReaderOptions};
-use zarrs::array::{Array, ArraySubset};
-use zarrs::filesystem::FilesystemStore;
+use serde_json::json;
+use voxcache::cache::reader::{CacheReader, EntryReader};
 
 #[derive(Parser)]
 struct Args {
-    /// Cache folder (prep build-cache --cache-dir).
-    cache: PathBuf,
-    /// The dataset folder the cache was built from, for the NIfTI path.
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// Dataset name in the manifest (default: the first).
+    /// Cache folders (prep build-cache --cache-dir), built from the same cases.
+    #[arg(required = true)]
+    caches: Vec<PathBuf>,
+    /// Dataset name in the manifests (default: the first).
     #[arg(long)]
     dataset: Option<String>,
     /// Patch shape z,y,x.
     #[arg(long, default_value = "32,64,64")]
     patch: String,
-    /// Patches per round on the cache and memcpy paths.
+    /// Patches per round and path.
     #[arg(long, default_value_t = 2000)]
     patches: usize,
-    /// Patches per round on the NIfTI path (each one reads a whole volume).
-    #[arg(long, default_value_t = 8)]
-    nifti_patches: usize,
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Only these paths (comma-separated), e.g. mmap,memcpy.
+    /// Evict each cache's files from the page cache before its round.
     #[arg(long)]
-    paths: Option<String>,
+    cold: bool,
+    /// Read the image only.
+    #[arg(long)]
+    no_label: bool,
+    /// Only the caches: no crop-ram and memcpy rows (for profiling).
+    #[arg(long)]
+    no_ceilings: bool,
 }
 
 struct Lcg(u64);
@@ -64,69 +65,60 @@ impl Lcg {
     }
 }
 
-/// A random box start: fully inside where the axis is long enough, else centred-ish padding.
+/// A start for a patch inside the volume where the volume is large enough.
 fn random_start(rng: &mut Lcg, shape: [usize; 3], patch: [usize; 3]) -> [i64; 3] {
-    [0, 1, 2].map(|a| {
-        if shape[a] >= patch[a] {
-            rng.below(shape[a] - patch[a] + 1) as i64
-        } else {
-            -(rng.below(patch[a] - shape[a] + 1) as i64)
-        }
-    })
+    [0, 1, 2].map(|a| rng.below(shape[a].saturating_sub(patch[a]) + 1) as i64)
 }
 
-/// Copy the box out of a C-order (z, y, x) volume, zeros outside.
-fn crop(vol: &[f32], shape: [usize; 3], start: [i64; 3], patch: [usize; 3], out: &mut [f32]) {
-    out.fill(0.0);
-    let lo = [0, 1, 2].map(|a| start[a].clamp(0, shape[a] as i64) as usize);
-    let hi = [0, 1, 2].map(|a| (start[a] + patch[a] as i64).clamp(0, shape[a] as i64) as usize);
-    if (0..3).any(|a| lo[a] >= hi[a]) {
-        return;
-    }
-    let w = hi[2] - lo[2];
-    for z in lo[0]..hi[0] {
-        for y in lo[1]..hi[1] {
-            let s = (z * shape[1] + y) * shape[2] + lo[2];
-            let dz = (z as i64 - start[0]) as usize;
-            let dy = (y as i64 - start[1]) as usize;
-            let d = (dz * patch[1] + dy) * patch[2] + (lo[2] as i64 - start[2]) as usize;
-            out[d..d + w].copy_from_slice(&vol[s..s + w]);
-        }
-    }
-}
-
-struct Case {
-    mapped: EntryReader,
-    decoded: EntryReader,
-    array: Array<FilesystemStore>,
-    shape: [usize; 3],
-    nifti: Option<PathBuf>,
-}
-
-fn source_image(entry: &Path, data: &Path) -> anyhow::Result<PathBuf> {
-    let meta: Value = serde_json::from_slice(&std::fs::read(entry.join("zarr.json"))?)?;
-    let file = meta
-        .pointer("/attributes/voxcache/source/image/file")
-        .and_then(Value::as_str)
-        .ok_or_else(|| anyhow::anyhow!("{}: no source image recorded", entry.display()))?;
-    for p in [data.join("imagesTr").join(file), data.join(file)] {
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    anyhow::bail!("{file} not found under {}", data.display())
-}
-
-/// Median of per-round rates.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Every regular file under `dir` (bytes, paths).
+fn files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let t = e.file_type()?;
+        if t.is_dir() {
+            total += files(&e.path(), out)?;
+        } else if t.is_file() {
+            total += e.metadata()?.len();
+            out.push(e.path());
+        }
+    }
+    Ok(total)
+}
+
+/// Drop the files' pages from the page cache (they must not be mapped by this process).
+fn evict(paths: &[PathBuf]) {
+    for p in paths {
+        if let Ok(f) = std::fs::File::open(p) {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: a plain advisory call on an open descriptor.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+    }
+}
+
+struct Cache {
+    dir: PathBuf,
+    dataset: String,
+    files: Vec<PathBuf>,
+    bytes: u64,
+    layout: String,
+}
+
+impl Cache {
+    fn open(&self) -> anyhow::Result<Vec<EntryReader>> {
+        let reader = CacheReader::open(&self.dir)?;
+        let mut cases = reader.cases(&self.dataset)?;
+        cases.sort_by(|a, b| a.case_id.cmp(&b.case_id));
+        cases
+            .iter()
+            .map(|c| Ok(reader.open_entry(&self.dataset, &c.case_id)?))
+            .collect()
     }
 }
 
@@ -140,197 +132,220 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(patch.len() == 3, "--patch takes z,y,x");
     let patch = [patch[0], patch[1], patch[2]];
     let n_el: usize = patch.iter().product();
-    let bytes = n_el * 4;
+    let label = !args.no_label;
+    let out_bytes = n_el * if label { 6 } else { 4 };
 
-    let mapped = CacheReader::open(&args.cache)?;
-    let decoded = CacheReader::open_with(
-        &args.cache,
-        ReaderOptions {
-            mmap: false,
-            ..ReaderOptions::default()
-        },
-    )?;
-    let dataset = match &args.dataset {
-        Some(d) => d.clone(),
-        None => mapped
-            .datasets()
-            .first()
-            .map(|s| s.to_string())
-            .ok_or_else(|| anyhow::anyhow!("{}: no datasets", args.cache.display()))?,
-    };
-    let mut cases = Vec::new();
-    for c in mapped.cases(&dataset)? {
-        let store = Arc::new(FilesystemStore::new(&c.entry_dir)?);
-        cases.push(Case {
-            mapped: mapped.open_entry(&dataset, &c.case_id)?,
-            decoded: decoded.open_entry(&dataset, &c.case_id)?,
-            array: Array::open(store, "/image")?,
-            shape: c.shape_zyx,
-            nifti: match &args.data {
-                Some(d) => Some(source_image(&c.entry_dir, d)?),
-                None => None,
-            },
-        });
+    let mut caches = Vec::new();
+    for dir in &args.caches {
+        let reader = CacheReader::open(dir)?;
+        let dataset = match &args.dataset {
+            Some(d) => d.clone(),
+            None => reader
+                .datasets()
+                .first()
+                .map(|s| s.to_string())
+                .ok_or_else(|| anyhow::anyhow!("{}: no datasets", dir.display()))?,
+        };
+        let mut paths = Vec::new();
+        let bytes = files(&dir.join("entries"), &mut paths)?;
+        let mut c = Cache {
+            dir: dir.clone(),
+            dataset,
+            files: paths,
+            bytes,
+            layout: String::new(),
+        };
+        let e = c.open()?;
+        anyhow::ensure!(!e.is_empty(), "{}: no cases", dir.display());
+        let ch = e[0].chunk_zyx();
+        c.layout = format!(
+            "{} {}x{}x{}{}",
+            e[0].image_dtype().name(),
+            ch[0],
+            ch[1],
+            ch[2],
+            if e[0].is_mapped() { " mapped" } else { "" }
+        );
+        caches.push(c);
     }
-    anyhow::ensure!(!cases.is_empty(), "dataset {dataset} has no cases");
-    anyhow::ensure!(
-        cases[0].mapped.is_mapped(),
-        "the cache is compressed: the mmap path needs --compression none"
-    );
-    let voxels: usize = cases
-        .iter()
-        .map(|c| c.shape.iter().product::<usize>())
-        .sum();
+    // The cases and their shapes, from the first cache; the others must hold the same.
+    let first = caches[0].open()?;
+    let shapes: Vec<[usize; 3]> = first.iter().map(|e| e.shape_zyx()).collect();
+    for c in &caches[1..] {
+        let got: Vec<[usize; 3]> = c.open()?.iter().map(|e| e.shape_zyx()).collect();
+        anyhow::ensure!(
+            got == shapes,
+            "{} holds other cases than {}",
+            c.dir.display(),
+            caches[0].dir.display()
+        );
+    }
+    drop(first);
 
+    // In-memory volumes for crop-ram: as large as the biggest case, capped at 256 MiB of f32.
+    let ram_shape = {
+        let big = *shapes
+            .iter()
+            .max_by_key(|s| s.iter().product::<usize>())
+            .unwrap();
+        let mut s = [
+            big[0].max(patch[0]),
+            big[1].max(patch[1]),
+            big[2].max(patch[2]),
+        ];
+        while s.iter().product::<usize>() > (64 << 20) && s[0] > patch[0] {
+            s[0] -= 1;
+        }
+        s
+    };
+    let ram_image = vec![1.0f32; ram_shape.iter().product()];
+    let ram_label = vec![1u8; ram_shape.iter().product()];
+    let src = vec![1u8; 256 << 20];
     let mut out = vec![0.0f32; n_el];
     let mut lab = vec![0u16; n_el];
-    let src = vec![1.0f32; (256 << 20) / 4];
-    let paths = [
-        "mmap",
-        "mmap+label",
-        "zarrs-chunks",
-        "zarrs-subset",
-        "nifti",
-        "memcpy",
-    ];
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    let mut flat = vec![0u8; out_bytes];
 
-    // Round 0 is the untimed warm-up.
-    for round in 0..=args.rounds {
-        for (p, path) in paths.iter().enumerate() {
-            if let Some(only) = &args.paths {
-                if !only.split(',').any(|o| o.trim() == *path) {
-                    continue;
-                }
+    let mut names: Vec<String> = caches
+        .iter()
+        .map(|c| c.dir.display().to_string())
+        .chain(["crop-ram".to_string(), "memcpy".to_string()])
+        .collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    // Warm: one reader per cache for the whole run, as a training run keeps its own (the
+    // first check of each chunk against its recorded hash happens in the untimed round).
+    let mut open: Vec<Vec<EntryReader>> = if args.cold {
+        Vec::new()
+    } else {
+        caches
+            .iter()
+            .map(|c| c.open())
+            .collect::<anyhow::Result<_>>()?
+    };
+    // Round 0 warms the page cache and the code (untimed) unless rounds are cold.
+    let first_round = if args.cold { 1 } else { 0 };
+    for round in first_round..=args.rounds {
+        for (p, _) in names.iter().enumerate() {
+            if args.no_ceilings && p >= caches.len() {
+                continue;
             }
             let mut rng = Lcg(1000 + round as u64);
-            let count = if *path == "nifti" {
-                if args.data.is_none() {
-                    continue;
+            let entries = match caches.get(p) {
+                Some(c) if args.cold => {
+                    evict(&c.files);
+                    c.open()?
                 }
-                if round == 0 {
-                    1
-                } else {
-                    args.nifti_patches
-                }
-            } else {
-                args.patches
+                Some(_) => std::mem::take(&mut open[p]),
+                None => Vec::new(),
             };
             let t = Instant::now();
-            for _ in 0..count {
-                let c = &cases[rng.below(cases.len())];
-                match *path {
-                    "mmap" => {
-                        let s = random_start(&mut rng, c.shape, patch);
-                        c.mapped.read_image(s, patch, &mut out)?;
-                    }
-                    "mmap+label" => {
-                        let s = random_start(&mut rng, c.shape, patch);
-                        c.mapped.read_patch(s, patch, &mut out, Some(&mut lab))?;
-                    }
-                    "zarrs-chunks" => {
-                        let s = random_start(&mut rng, c.shape, patch);
-                        c.decoded.read_image(s, patch, &mut out)?;
-                    }
-                    "zarrs-subset" => {
-                        let s = random_start(&mut rng, c.shape, patch);
-                        let lo = [0, 1, 2].map(|a| s[a].max(0) as u64);
-                        let hi = [0, 1, 2]
-                            .map(|a| (s[a] + patch[a] as i64).min(c.shape[a] as i64) as u64);
-                        let mut ranges = vec![lo[0]..hi[0], lo[1]..hi[1], lo[2]..hi[2]];
-                        // Images are stored channel first (c, z, y, x): the first channel.
-                        if c.array.shape().len() == 4 {
-                            ranges.insert(0, 0..1);
-                        }
-                        let subset = ArraySubset::new_with_ranges(&ranges);
-                        let got: Vec<f32> = c.array.retrieve_array_subset(&subset)?;
-                        let shape = [0, 1, 2].map(|a| (hi[a] - lo[a]) as usize);
-                        let rel = [0, 1, 2].map(|a| s[a] - lo[a] as i64);
-                        crop(&got, shape, rel, patch, &mut out);
-                    }
-                    "nifti" => {
-                        let file = c.nifti.as_ref().expect("nifti path");
-                        let vol = voxcache::nifti_io::read_volume(file)?;
-                        let [x, y, z] = vol.header.shape_xyz;
-                        let shape = [z, y, x];
-                        let s = random_start(&mut rng, shape, patch);
-                        crop(&vol.data, shape, s, patch, &mut out);
-                    }
-                    _ => {
-                        let at = rng.below(src.len() - n_el);
-                        out.copy_from_slice(&src[at..at + n_el]);
-                    }
+            for _ in 0..args.patches {
+                let k = rng.below(shapes.len());
+                let s = random_start(&mut rng, shapes[k], patch);
+                if let Some(e) = entries.get(k) {
+                    e.read_patch(s, patch, &mut out, label.then_some(&mut lab[..]))?;
+                } else if p == caches.len() {
+                    crop(
+                        &ram_image, &ram_label, ram_shape, s, patch, &mut out, &mut lab,
+                    );
+                } else {
+                    let at = rng.below(src.len() - out_bytes);
+                    flat.copy_from_slice(&src[at..at + out_bytes]);
+                    std::hint::black_box(&flat);
                 }
-                std::hint::black_box(&out);
+                std::hint::black_box((&out, &lab));
             }
             let dt = t.elapsed().as_secs_f64();
+            if !args.cold && p < caches.len() {
+                open[p] = entries;
+            }
             if round > 0 {
-                rates[p].push(count as f64 / dt);
+                rates[p].push(args.patches as f64 / dt);
             }
         }
     }
 
     println!(
-        "cache {}  dataset {dataset}  {} cases, {:.1} M voxels  patch {}x{}x{} (z,y,x) f32 = {} KiB  {} patches x {} rounds (nifti: {})",
-        args.cache.display(),
-        cases.len(),
-        voxels as f64 / 1e6,
+        "{} cases; patch {}x{}x{} (z,y,x) {} = {} KiB out; {} patches x {} rounds, {}",
+        shapes.len(),
         patch[0],
         patch[1],
         patch[2],
-        bytes / 1024,
+        if label {
+            "f32 image + u16 label"
+        } else {
+            "f32 image"
+        },
+        out_bytes / 1024,
         args.patches,
         args.rounds,
-        args.nifti_patches
-    );
-    println!("{:<14} {:>12} {:>10}", "path", "patches/s", "MB/s");
-    let mut figures = serde_json::Map::new();
-    for (p, path) in paths.iter().enumerate() {
-        if rates[p].is_empty() {
-            continue;
-        }
-        let pps = median(rates[p].clone());
-        let per_patch = if *path == "mmap+label" {
-            n_el * 6
+        if args.cold {
+            "cold (files evicted before each round)"
         } else {
-            bytes
-        };
-        let mbs = pps * per_patch as f64 / 1e6;
-        println!("{path:<14} {pps:>12.1} {mbs:>10.1}");
-        figures.insert(
-            path.to_string(),
-            json!({"patches_per_s": (pps * 10.0).round() / 10.0, "mb_per_s": (mbs * 10.0).round() / 10.0, "rounds": rates[p].iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>()}),
-        );
-    }
-    let rate = |name: &str| {
-        figures
-            .get(name)
-            .and_then(|v| v["patches_per_s"].as_f64())
-            .unwrap_or(f64::NAN)
-    };
-    let mmap_over_nifti = rate("mmap") / rate("nifti");
-    let memcpy_over_mmap = rate("memcpy") / rate("mmap");
-    println!(
-        "mmap / nifti = {mmap_over_nifti:.0}x (target >= 20x); memcpy / mmap = {memcpy_over_mmap:.2}x (target <= 3x); mmap / zarrs-chunks = {:.1}x; mmap / zarrs-subset = {:.1}x",
-        rate("mmap") / rate("zarrs-chunks"),
-        rate("mmap") / rate("zarrs-subset"),
+            "warm page cache"
+        }
     );
-    let line = json!({
-        "bench": "patches",
-        "cache": args.cache.display().to_string(),
-        "dataset": dataset,
-        "cases": cases.len(),
-        "voxels": voxels,
-        "patch_zyx": patch,
-        "patch_bytes": bytes,
-        "patches_per_round": args.patches,
-        "nifti_patches_per_round": args.nifti_patches,
-        "rounds": args.rounds,
-        "paths": figures,
-        "mmap_over_nifti": (mmap_over_nifti * 100.0).round() / 100.0,
-        "memcpy_over_mmap": (memcpy_over_mmap * 1000.0).round() / 1000.0,
-        "decoded_cache_bytes": ReaderOptions::default().decoded_cache_bytes,
-    });
-    println!("{line}");
+    println!(
+        "{:<40} {:>22} {:>10} {:>10} {:>9} {:>10}",
+        "path", "layout", "patches/s", "MB/s", "x memcpy", "disk MB"
+    );
+    let memcpy = median(rates[names.len() - 1].clone());
+    if args.no_ceilings {
+        names.truncate(caches.len());
+    }
+    let mut rows = Vec::new();
+    for (p, name) in names.iter().enumerate() {
+        let pps = median(rates[p].clone());
+        let mbs = pps * out_bytes as f64 / 1e6;
+        let (layout, disk) = caches
+            .get(p)
+            .map_or((String::new(), 0), |c| (c.layout.clone(), c.bytes));
+        println!(
+            "{name:<40} {layout:>22} {pps:>10.1} {mbs:>10.1} {:>8.2}x {:>10}",
+            memcpy / pps,
+            if disk > 0 {
+                format!("{:.0}", disk as f64 / 1e6)
+            } else {
+                String::new()
+            }
+        );
+        rows.push(json!({
+            "path": name, "layout": layout, "bytes_on_disk": disk,
+            "patches_per_s": (pps * 10.0).round() / 10.0,
+            "rounds": rates[p].iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>(),
+        }));
+    }
+    println!(
+        "{}",
+        json!({
+            "bench": "patches", "cases": shapes.len(), "patch_zyx": patch, "label": label,
+            "cold": args.cold, "patches_per_round": args.patches, "rounds": args.rounds,
+            "paths": rows,
+        })
+    );
     Ok(())
+}
+
+/// The box `start .. start + patch` of the in-memory volumes (wrapped into them), row by row.
+fn crop(
+    image: &[f32],
+    label: &[u8],
+    shape: [usize; 3],
+    start: [i64; 3],
+    patch: [usize; 3],
+    out: &mut [f32],
+    lab: &mut [u16],
+) {
+    let at = |a: usize| (start[a] as usize) % (shape[a] - patch[a] + 1);
+    let (z0, y0, x0) = (at(0), at(1), at(2));
+    let mut d = 0;
+    for z in z0..z0 + patch[0] {
+        for y in y0..y0 + patch[1] {
+            let s = (z * shape[1] + y) * shape[2] + x0;
+            out[d..d + patch[2]].copy_from_slice(&image[s..s + patch[2]]);
+            for (o, &v) in lab[d..d + patch[2]].iter_mut().zip(&label[s..s + patch[2]]) {
+                *o = v as u16;
+            }
+            d += patch[2];
+        }
+    }
 }

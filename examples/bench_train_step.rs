@@ -38,6 +38,9 @@ fn main() -> voxcache::Result<()> {
         stages,
         max_channels,
         precision,
+        // scripts/torch_unet_step.py's network has no deep-supervision heads, and this loss
+        // reads only the full-resolution output: heads would get no gradient.
+        deep_supervision: false,
         ..TrainConfig::default()
     };
     let model = cfg.network().build(1, 2, &dev)?;

@@ -1,34 +1,34 @@
 #!/usr/bin/env bash
-# Benchmark: patch loading for training. Random 64x64x32 (x,y,z) float32 patches read from a
-# cache built from a quarter of the MiniVess-like set (--part 0/4, spacing 0.99,0.99,5.0,
-# uncompressed), four ways side by side in one run (examples/bench_patches.rs): the
-# memory-mapped reader, the same reader decoding through zarrs, a plain zarrs
-# retrieve_array_subset per patch, and reading the .nii.gz + cropping (a loader without a
-# cache), beside a memcpy of the same bytes. Reports median patches/s and MB/s over rounds.
+# Benchmark: training patches (32x64x64 image + label, one core) read from our cache in each
+# chunk layout, beside nnU-Net v2's own loader (nnUNetDataLoader on its blosc2 files of the same
+# cases, scripts/bench_loader_nnunet.py), alternating in one run: each round runs ours (every
+# layout, examples/bench_patches.rs) and then nnU-Net's. Warm rounds (page cache holds the
+# files) and cold rounds (every file evicted from the page cache first). Prints the table of
+# docs/benchmarks.md: patches/s, the ratio to nnU-Net's loader, bytes on disk.
 #
-#   bash scripts/bench_patches.sh                  # MiniVess-like quarter (18 volumes)
+#   bash scripts/bench_patches.sh                  # MiniVess-like quarter (18 cases) at 0.99,0.99,2
 #   BENCH_SMALL=1 bash scripts/bench_patches.sh    # smoke test: small preset, seconds
 #
-# Environment: PATCHES (per round, default 2000), NIFTI_PATCHES (default 8), ROUNDS (default 5),
-# PATCH (z,y,x, default 32,64,64), CACHE_FLAGS (extra build-cache flags), KEEP_CACHE=1 (keep the
-# ~0.9 GB cache in $BENCH_DIR/patches afterwards), and those of
-# scripts/bench_common.sh (BENCH_DIR, PREP, PREP_ARGS). Appends one JSON line to
-# $BENCH_DIR/results.jsonl.
+# Environment: ROUNDS (default 5), PATCHES (ours per round, default 2000; cold 500), PATCH
+# (z,y,x, default 32,64,64), LAYOUTS (default "raw packed"), NNUNET_PYTHON (a python with
+# nnunetv2 from PyPI, several GB with torch; default $BENCH_DIR/nnenv/bin/python, made when
+# NNUNET=1; without it nnU-Net's column is left out), and those of scripts/bench_common.sh
+# (BENCH_DIR, PREP). Appends JSON lines to $BENCH_DIR/results.jsonl.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh"
 
-PATCHES="${PATCHES:-2000}"
-NIFTI_PATCHES="${NIFTI_PATCHES:-8}"
 ROUNDS="${ROUNDS:-5}"
 PATCH="${PATCH:-32,64,64}"
-CACHE_FLAGS="${CACHE_FLAGS:-}"
+LAYOUTS="${LAYOUTS:-raw packed}"
 if [[ "$BENCH_SMALL" == 1 ]]; then
-    PRESET="small"; PART="0/1"; SPACING="auto"
+    PRESET="small"; PART="0/1"; SPACING="auto"; PATCHES="${PATCHES:-200}"; COLD_PATCHES=50
+    ROUNDS="${ROUNDS_SMALL:-1}"
 else
-    PRESET="minivess"; PART="0/4"; SPACING="0.99,0.99,5.0"
+    PRESET="minivess"; PART="0/4"; SPACING="0.99,0.99,2.0"; PATCHES="${PATCHES:-2000}"
+    COLD_PATCHES="${COLD_PATCHES:-500}"
 fi
 
-step "bench patches: preset $PRESET part $PART, patch $PATCH (z,y,x), nproc $(nproc), BENCH_DIR=$BENCH_DIR"
+step "bench patches: preset $PRESET part $PART at $SPACING, patch $PATCH, layouts: $LAYOUTS, $ROUNDS rounds"
 mkdir -p "$BENCH_DIR"
 ensure_prep
 step "cargo build --release --example bench_patches"
@@ -38,20 +38,79 @@ BENCH="${CARGO_TARGET_DIR:-$REPO/target}/release/examples/bench_patches"
 DATA="$BENCH_DIR/data/$PRESET"
 synth_once "$PRESET" "$DATA"
 
-CACHE="$BENCH_DIR/patches/cache"
-step "building the cache ($CACHE)"
-rm -rf "$CACHE"
-mkdir -p "$(dirname "$CACHE")"
-# shellcheck disable=SC2086
-"$PREP" build-cache "$DATA" --cache-dir "$CACHE" --spacing "$SPACING" --part "$PART" \
-    --compression none -q $CACHE_FLAGS $PREP_ARGS >/dev/null
-info "$(du -sh "$CACHE/entries" | cut -f1) in $(find "$CACHE/entries" -type f | wc -l) files"
+caches=()
+for layout in $LAYOUTS; do
+    cache="$BENCH_DIR/patches/$PRESET-$layout"
+    step "cache, layout $layout: $cache"
+    "$PREP" build-cache "$DATA" --cache-dir "$cache" --spacing "$SPACING" --part "$PART" \
+        --layout "$layout" -q | tail -n 2 | sed 's/^/    /'
+    caches+=("$cache")
+done
 
-step "reading patches"
-OUT="$("$BENCH" "$CACHE" --data "$DATA" --patch "$PATCH" --patches "$PATCHES" \
-    --nifti-patches "$NIFTI_PATCHES" --rounds "$ROUNDS")"
-echo "$OUT" | sed '$d'
-JSON="$(echo "$OUT" | tail -n 1)"
-echo "{\"bench\": \"patches\", \"preset\": \"$PRESET\", \"part\": \"$PART\", \"spacing\": \"$SPACING\", \"cache_flags\": \"$CACHE_FLAGS\", \"nproc\": $(nproc), \"time\": \"$(date -u +%FT%TZ)\", \"result\": $JSON}" \
-    | tee -a "$BENCH_DIR/results.jsonl"
-[[ "${KEEP_CACHE:-0}" == 1 ]] || rm -rf "$CACHE"
+NN="${NNUNET_PYTHON:-$BENCH_DIR/nnenv/bin/python}"
+if ! "$NN" -c "import nnunetv2, zarr" >/dev/null 2>&1; then
+    if [[ "${NNUNET:-0}" == 1 ]]; then
+        step "creating $BENCH_DIR/nnenv with nnunetv2 and zarr (PyPI; several GB with torch)"
+        python3 -m venv "$BENCH_DIR/nnenv"
+        "$BENCH_DIR/nnenv/bin/pip" install -q nnunetv2 zarr
+        NN="$BENCH_DIR/nnenv/bin/python"
+    else
+        info "no nnunetv2 python ($NN): nnU-Net's loader is left out (NNUNET=1 installs it)"
+        NN=""
+    fi
+fi
+NNDIR="$BENCH_DIR/patches/$PRESET-nnunet"
+if [[ -n "$NN" ]]; then
+    step "nnU-Net's preprocessed files of the same cases: $NNDIR"
+    "$NN" "$REPO/scripts/bench_loader_nnunet.py" --cache "${caches[0]}" --out "$NNDIR" \
+        --patch "$PATCH" --convert-only
+fi
+
+RUN="$BENCH_DIR/patches/run.jsonl"
+: >"$RUN"
+for r in $(seq 1 "$ROUNDS"); do
+    for mode in warm cold; do
+        if [[ $mode == cold ]]; then n=$COLD_PATCHES; flag=--cold; else n=$PATCHES; flag=; fi
+        step "round $r, $mode: ours ($n patches per layout)"
+        # shellcheck disable=SC2086
+        "$BENCH" "${caches[@]}" --patch "$PATCH" --patches "$n" --rounds 1 $flag | tail -n 1 \
+            | sed "s/^/{\"round\": $r, \"mode\": \"$mode\", \"ours\": /; s/\$/}/" >>"$RUN"
+        if [[ -n "$NN" ]]; then
+            step "round $r, $mode: nnU-Net's loader"
+            # shellcheck disable=SC2086
+            "$NN" "$REPO/scripts/bench_loader_nnunet.py" --out "$NNDIR" --no-convert \
+                --patch "$PATCH" --rounds 1 --batches $((n / 2)) $flag | tail -n 1 \
+                | sed "s/^/{\"round\": $r, \"mode\": \"$mode\", \"nnunet\": /; s/\$/}/" >>"$RUN"
+        fi
+    done
+done
+
+step "table (medians over $ROUNDS rounds; ratios: of the medians)"
+python3 - "$RUN" "$BENCH_DIR/results.jsonl" "$PRESET" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+out = []
+for mode in ("warm", "cold"):
+    nn = [r["nnunet"] for r in rows if r["mode"] == mode and "nnunet" in r]
+    nn_rate = statistics.median(x["median_patches_per_s"] for x in nn) if nn else None
+    print(f"\n{mode}:")
+    print(f"{'reader':<44} {'patches/s':>10} {'vs nnU-Net':>11} {'disk MB':>9}")
+    paths = {}
+    for r in rows:
+        if r["mode"] == mode and "ours" in r:
+            for p in r["ours"]["paths"]:
+                paths.setdefault(p["path"], []).append(p)
+    for name, ps in paths.items():
+        rate = statistics.median(p["patches_per_s"] for p in ps)
+        label = name.rsplit("/", 1)[-1] + (f" ({ps[0]['layout']})" if ps[0]["layout"] else "")
+        disk = ps[0]["bytes_on_disk"]
+        vs = f"{rate / nn_rate:.1f}x" if nn_rate else "-"
+        print(f"{label:<44} {rate:>10.0f} {vs:>11} {disk / 1e6 if disk else float('nan'):>9.0f}")
+        out.append({"mode": mode, "reader": label, "patches_per_s": rate, "bytes_on_disk": disk})
+    if nn_rate:
+        disk = nn[0]["bytes_on_disk"]
+        print(f"{'nnU-Net loader (nnunetv2 ' + nn[0]['nnunetv2'] + ', blosc2)':<44} {nn_rate:>10.0f} {'1.0x':>11} {disk / 1e6:>9.0f}")
+        out.append({"mode": mode, "reader": "nnunet", "patches_per_s": nn_rate, "bytes_on_disk": disk})
+with open(sys.argv[2], "a") as f:
+    f.write(json.dumps({"bench": "patches", "preset": sys.argv[3], "rows": out}) + "\n")
+EOF

@@ -41,7 +41,7 @@ def network(run_dir):
     steps = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))
     chosen = "best" if os.path.isdir(os.path.join(ckpt, "best")) else steps[-1]
     load_weights(net, read_safetensors(os.path.join(ckpt, chosen, "model.safetensors")),
-                 len(strides) + 1)
+                 len(strides) + 1, inference=True)
     return run, net.eval()
 
 

@@ -19,6 +19,7 @@ Needs torch and numpy only (safetensors is read by hand).
 import argparse
 import json
 import os
+import re
 import struct
 import sys
 
@@ -76,7 +77,11 @@ def name_map(depth):
     return m
 
 
-def load_weights(net, ours, depth):
+def load_weights(net, ours, depth, inference=False):
+    """Load our exported weights into torch_unet_step.UNet. `inference`: leave out the
+    deep-supervision heads (ds1, ds2...), which only training uses and the PyTorch network lacks."""
+    if inference:
+        ours = {k: v for k, v in ours.items() if not re.match(r"ds\d+\.", k)}
     mapping = name_map(depth)
     sd = net.state_dict()
     errors = []

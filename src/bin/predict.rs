@@ -58,6 +58,11 @@ struct Cli {
     /// run twice).
     #[arg(long, default_value_t = 256)]
     window_memory_mib: usize,
+    /// Strict memory mode, as train's --mapped-mib: MiB of scratch-cache pages the maps may
+    /// bring into the resident set before handing them back (default: no limit; they are page
+    /// cache). For containers that bill page cache (docs/usage.md, "Memory").
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    mapped_mib: Option<u64>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -85,6 +90,7 @@ fn real_main(cli: Cli) -> Result<Exit> {
         jobs: cli.jobs,
         save_probabilities: cli.save_probabilities,
         window_memory: cli.window_memory_mib << 20,
+        mapped_mib: cli.mapped_mib,
         quiet: cli.quiet,
     };
     let report = predict(&opts)?;
@@ -98,17 +104,24 @@ fn real_main(cli: Cli) -> Result<Exit> {
             }
         }
         println!(
-            "{} predicted, {} already there, {} failed; {:.1} Mvoxel/s; {:.1} windows/s; {:.1} s; peak RSS {}",
+            "{} predicted, {} already there, {} failed; {:.1} Mvoxel/s; {:.1} windows/s; {:.1} s; peak memory {}",
             report.predicted,
             report.existing,
             report.failed,
             report.voxels as f64 / report.wall_seconds.max(1e-9) / 1e6,
             report.windows as f64 / report.window_seconds.max(1e-9),
             report.wall_seconds,
-            report
-                .peak_rss_bytes
-                .map(human_bytes)
-                .unwrap_or_else(|| "?".into())
+            match (report.peak_anon_bytes, report.peak_file_bytes) {
+                (Some(anon), Some(file)) => format!(
+                    "{} anonymous, {} file-backed",
+                    human_bytes(anon),
+                    human_bytes(file)
+                ),
+                _ => report
+                    .peak_rss_bytes
+                    .map(|b| format!("RSS {}", human_bytes(b)))
+                    .unwrap_or_else(|| "?".into()),
+            }
         );
     }
     Ok(Exit::unless_failed(report.failed > 0))

@@ -118,6 +118,7 @@ fn print_summary(r: &BuildReport) {
         rate,
         r.peak_rss_bytes.map(human_bytes).unwrap_or_else(|| "n/a".into())
     );
+    println!("layout {}", r.layout);
 }
 
 fn run_build(args: BuildArgs) -> Result<Exit> {

@@ -44,10 +44,11 @@ struct Cli {
     /// No progress bar (logs still go to metrics.jsonl).
     #[arg(long)]
     no_progress: bool,
-    /// MiB of cache pages the memory maps may bring into the resident set before the least
-    /// recently used maps hand theirs back (default 128): larger reads fewer pages again when
-    /// patches keep returning to the same volumes, for a larger resident set of clean file
-    /// pages.
+    /// Strict memory mode: MiB of cache pages the memory maps may bring into the resident set
+    /// before the least recently used maps hand theirs back. Default: no limit; mapped pages
+    /// are clean page cache the kernel reclaims under pressure. Use it where page cache is
+    /// billed to the job (a container whose scheduler evicts on the working set, such as
+    /// Kubernetes): see docs/usage.md, "Memory".
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
     mapped_mib: Option<u64>,
     /// Time STEPS training steps (default 20, after 3 warm-up steps) of this configuration on
@@ -94,7 +95,12 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
     let gpu = r.gpu_peak_mb.map_or(String::new(), |g| {
         format!(", GPU {:.0} MiB (peak our tensors held)", g)
     });
-    println!("peak memory     RSS {:.0} MiB{gpu}", r.peak_rss_mb);
+    match (r.peak_anon_mb, r.peak_file_mb) {
+        (Some(a), Some(f)) => println!(
+            "peak memory     {a:.0} MiB anonymous, {f:.0} MiB file-backed (mapped cache pages: page cache){gpu}"
+        ),
+        _ => println!("peak memory     RSS {:.0} MiB{gpu}", r.peak_rss_mb),
+    }
     let total = r.forecast_s(c.steps);
     let total = match total {
         t if t < 120.0 => format!("{t:.0} s"),
@@ -116,6 +122,19 @@ fn real_main(cli: Cli) -> Result<Exit> {
             .context("setting the thread count")?;
     }
     let config = train::resolve(&cli.options)?;
+    if let (None, Some(limit)) = (
+        cli.mapped_mib,
+        voxcache::util::sysinfo::cgroup_memory_limit(),
+    ) {
+        // Page cache counts toward a cgroup's limit; the kernel reclaims it first, but some
+        // schedulers evict on it before that.
+        eprintln!(
+            "note: a cgroup memory limit of {} applies; the cache's mapped pages count toward it \
+             as page cache. If your platform evicts on the working set (Kubernetes), pass \
+             --mapped-mib (docs/usage.md, \"Memory\").",
+            human_bytes(limit)
+        );
+    }
     let run_dir = run_dir(
         cli.out.as_deref(),
         config.dataset.as_deref(),
@@ -191,8 +210,13 @@ fn real_main(cli: Cli) -> Result<Exit> {
             );
         }
     }
-    if let Some(p) = s.peak_rss {
-        println!("peak memory {}", human_bytes(p));
+    match (s.peak_memory, s.peak_rss) {
+        (Some(m), _) => println!(
+            "peak memory {} (mapped cache pages: page cache)",
+            m.describe()
+        ),
+        (None, Some(p)) => println!("peak memory {}", human_bytes(p)),
+        (None, None) => {}
     }
     println!(
         "run folder {}: checkpoints/, metrics.jsonl, curves.png",

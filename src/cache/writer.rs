@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use zarrs::array::codec::{
-    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ShardingCodecOptions,
-    SubchunkWriteOrder, ZstdCodec,
+    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, Crc32cCodec,
+    ShardingCodecOptions, SubchunkWriteOrder, ZstdCodec,
 };
 use zarrs::array::{Array, ArrayBuilder, BytesToBytesCodecTraits, CodecSpecificOptions};
 
@@ -20,27 +20,32 @@ pub fn configure_zarrs() {
     zarrs::config::global_config_mut().set_include_zarrs_metadata(false);
 }
 
+/// The codecs after `bytes`: the compressor, then a CRC-32C of the compressed bytes, so each
+/// chunk (each inner chunk of a shard) is checked when read without decoding anything else.
 fn compression_codecs(
     c: Compression,
     typesize: usize,
 ) -> Result<Vec<Arc<dyn BytesToBytesCodecTraits>>> {
-    Ok(match c {
-        Compression::None => vec![],
-        Compression::Zstd { level } => vec![Arc::new(ZstdCodec::new(level, false))],
-        Compression::Blosc { level } => {
-            let clevel = BloscCompressionLevel::try_from(level)
-                .map_err(|e| Error::Config(format!("blosc level {level}: {e}")))?;
-            let codec = BloscCodec::new(
-                BloscCompressor::Zstd,
-                clevel,
-                None,
-                BloscShuffleMode::Shuffle,
-                Some(typesize),
-            )
-            .map_err(|e| Error::Config(format!("blosc: {e}")))?;
-            vec![Arc::new(codec)]
-        }
-    })
+    let blosc = |compressor, level: u8| -> Result<Arc<dyn BytesToBytesCodecTraits>> {
+        let clevel = BloscCompressionLevel::try_from(level)
+            .map_err(|e| Error::Config(format!("blosc level {level}: {e}")))?;
+        let codec = BloscCodec::new(
+            compressor,
+            clevel,
+            None,
+            BloscShuffleMode::Shuffle,
+            Some(typesize),
+        )
+        .map_err(|e| Error::Config(format!("blosc: {e}")))?;
+        Ok(Arc::new(codec))
+    };
+    let compressor: Arc<dyn BytesToBytesCodecTraits> = match c {
+        Compression::None => return Ok(vec![]),
+        Compression::Zstd { level } => Arc::new(ZstdCodec::new(level, false)),
+        Compression::Blosc { level } => blosc(BloscCompressor::Zstd, level)?,
+        Compression::BloscLz4 { level } => blosc(BloscCompressor::LZ4, level)?,
+    };
+    Ok(vec![compressor, Arc::new(Crc32cCodec::new())])
 }
 
 /// One array of an entry: its name, element type (the fill value is zero) and, for the image,

@@ -37,6 +37,9 @@ pub struct PipelineFile {
     /// zscore-nonzero, zscore, ct or none.
     #[serde(default, deserialize_with = "from_str")]
     pub normalization: Option<Normalization>,
+    /// auto, raw or packed (the four keys below override parts of it).
+    #[serde(default, deserialize_with = "from_str")]
+    pub layout: Option<super::settings::Layout>,
     /// float32 or float16.
     #[serde(default, deserialize_with = "from_str")]
     pub image_dtype: Option<ImageDtype>,
@@ -44,7 +47,7 @@ pub struct PipelineFile {
     pub chunk: Option<[usize; 3]>,
     /// Shard shape (z, y, x); each shard holds whole chunks. Absent: no sharding.
     pub shard: Option<[usize; 3]>,
-    /// none (memory-mappable), zstd or blosc.
+    /// none (memory-mappable), zstd, blosc or blosc-lz4.
     pub compression: Option<String>,
     /// Level of the codec (zstd: default 3; blosc: 0..9, default 5).
     pub compression_level: Option<i32>,
@@ -74,6 +77,7 @@ impl PipelineFile {
             pipeline: None,
             spacing: self.spacing,
             normalization: self.normalization,
+            layout: self.layout,
             image_dtype: self.image_dtype,
             chunk: self.chunk,
             shard: self.shard.map(|s| super::values::Shard(Some(s))),

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::format::{Compression, DerivedArrays, ImageDtype};
 use crate::prep::dataset::DatasetSource;
 use crate::prep::normalize::Normalization;
-pub use crate::prep::settings::{Settings, SpacingChoice};
+pub use crate::prep::settings::{Layout, Settings, SpacingChoice};
 
 /// `auto`, `x,y,z`, or one number for all three axes.
 impl std::str::FromStr for SpacingChoice {
@@ -46,6 +46,11 @@ pub struct PrepFlags {
     /// zscore-nonzero (default), zscore, ct or none.
     #[arg(long)]
     pub normalization: Option<Normalization>,
+    /// Chunk layout: auto (default: raw, or packed when the uncompressed cache would pass
+    /// 8 GiB), raw (float32, uncompressed, memory-mapped) or packed (float16, Blosc-LZ4 inner
+    /// chunks of 16x32x32 in shards). The four flags below override parts of it.
+    #[arg(long, value_name = "auto|raw|packed")]
+    pub layout: Option<Layout>,
     /// float32 (default) or float16.
     #[arg(long)]
     pub image_dtype: Option<ImageDtype>,
@@ -55,7 +60,7 @@ pub struct PrepFlags {
     /// Shard shape z,y,x (whole multiples of the chunk), or none.
     #[arg(long, value_name = "z,y,x|none")]
     pub shard: Option<Shard>,
-    /// none (memory-mappable), zstd or blosc.
+    /// none (memory-mappable), zstd, blosc (zstd inside) or blosc-lz4.
     #[arg(long)]
     pub compression: Option<String>,
     /// Level of the codec (zstd: default 3; blosc: 0..9, default 5).
@@ -90,6 +95,18 @@ pub fn apply(s: &mut Settings, l: &PrepFlags) -> Result<()> {
     }
     if let Some(v) = l.normalization {
         s.normalization = v;
+    }
+    if let Some(v) = l.layout {
+        v.apply_to(s);
+    }
+    // A field of the layout set on its own: the layout is the one written, not decided.
+    let own = l.image_dtype.is_some()
+        || l.chunk.is_some()
+        || l.shard.is_some()
+        || l.compression.is_some()
+        || l.compression_level.is_some();
+    if own && s.layout == Layout::Auto {
+        s.layout = Layout::Raw;
     }
     if let Some(v) = l.image_dtype {
         s.image_dtype = v;
@@ -227,6 +244,38 @@ mod tests {
     }
 
     #[test]
+    fn the_layout_is_auto_until_something_sets_it() {
+        let s = resolve(&PrepFlags::default()).unwrap();
+        assert_eq!(s.layout, Layout::Auto);
+        assert_eq!(s.compression, Compression::None);
+        // A field of the layout on its own: the layout is the one written (raw's, changed).
+        let s = resolve(&PrepFlags {
+            image_dtype: Some(ImageDtype::Float16),
+            ..PrepFlags::default()
+        })
+        .unwrap();
+        assert_eq!(s.layout, Layout::Raw);
+        // --layout over a pipeline's, then a flag over a part of it.
+        let s = resolve(&PrepFlags {
+            pipeline: Some("compact".into()),
+            layout: Some(Layout::Raw),
+            ..PrepFlags::default()
+        })
+        .unwrap();
+        assert_eq!((s.layout, s.shard_zyx), (Layout::Raw, None));
+        let s = resolve(&PrepFlags {
+            layout: Some(Layout::Packed),
+            compression: Some("zstd".into()),
+            ..PrepFlags::default()
+        })
+        .unwrap();
+        assert_eq!(s.layout, Layout::Packed);
+        assert_eq!(s.image_dtype, ImageDtype::Float16);
+        assert_eq!(s.compression, Compression::Zstd { level: 3 });
+        assert!("packd".parse::<Layout>().is_err());
+    }
+
+    #[test]
     fn flags_override_the_pipeline_and_are_checked_with_it() {
         let s = resolve(&PrepFlags {
             pipeline: Some("compact".into()),
@@ -238,7 +287,7 @@ mod tests {
         assert_eq!(s.image_dtype, ImageDtype::Float16);
         assert_eq!(s.chunk_zyx, [16, 64, 64]);
         assert_eq!(s.shard_zyx, Some([64, 256, 256]));
-        assert_eq!(s.compression, Compression::Zstd { level: 3 });
+        assert_eq!(s.compression, Compression::BloscLz4 { level: 5 });
 
         // A level alone keeps the pipeline's codec; --shard none turns sharding off.
         let s = resolve(&PrepFlags {
@@ -248,7 +297,7 @@ mod tests {
             ..PrepFlags::default()
         })
         .unwrap();
-        assert_eq!(s.compression, Compression::Zstd { level: 9 });
+        assert_eq!(s.compression, Compression::BloscLz4 { level: 9 });
         assert_eq!(s.shard_zyx, None);
 
         // The compact pipeline's shard is not a multiple of this chunk.

@@ -22,15 +22,18 @@ pub const ZARR_JSON: &str = "zarr.json";
 pub enum Encoding {
     /// Each chunk file holds the chunk's little-endian elements, nothing else.
     Raw,
-    /// Shard files of raw inner chunks, with a little-endian `bytes` index (optionally followed
-    /// by its CRC-32C) at the start or the end.
-    ShardedRaw {
+    /// Shard files with a little-endian `bytes` index (optionally followed by its CRC-32C) at
+    /// the start or the end, of raw inner chunks or of inner chunks encoded on their own.
+    Sharded {
         /// The index follows the inner chunks (else it precedes them).
         index_at_end: bool,
         /// The index is followed by its CRC-32C (4 bytes).
         index_crc32c: bool,
+        /// Inner chunks are their little-endian elements, nothing else (else compressed:
+        /// each decoded on its own by the inner codecs).
+        inner_raw: bool,
     },
-    /// Anything else (compressed, big-endian...): only zarrs can decode it.
+    /// Anything else (compressed chunks unsharded, big-endian...): only zarrs can decode it.
     Encoded,
 }
 
@@ -178,12 +181,13 @@ impl ArrayLayout {
                     _ => None,
                 };
                 let at_end = cfg.index_location == ShardingIndexLocation::End;
-                let encoding = match (inner_raw, crc) {
-                    (true, Some(index_crc32c)) => Encoding::ShardedRaw {
+                let encoding = match crc {
+                    Some(index_crc32c) => Encoding::Sharded {
                         index_at_end: at_end,
                         index_crc32c,
+                        inner_raw,
                     },
-                    _ => Encoding::Encoded,
+                    None => Encoding::Encoded,
                 };
                 (inner, encoding)
             }
@@ -220,7 +224,8 @@ impl ArrayLayout {
         ArrayLayout::from_json(&path, &bytes)
     }
 
-    /// Whether chunk files can be memory-mapped and copied from directly.
+    /// Whether files can be memory-mapped and chunks found in them without zarrs: plain raw
+    /// chunk files, or shards (whose inner chunks are copied from, or decoded on their own).
     pub fn mappable(&self) -> bool {
         self.encoding != Encoding::Encoded && self.zero_fill && self.default_keys
     }

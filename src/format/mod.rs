@@ -48,8 +48,10 @@ pub use params::{
 /// 3: image channels: the image array is (c, z, y, x), one channel per chunk; sources,
 /// statistics and normalization per channel. 4: label-derived arrays (`distance`, `skeleton`)
 /// and the parameters that ask for them. 5: the chunk checksums in the group's attributes
-/// (`chunk_checksums`), no longer a `voxcache_chunks.json` file inside the Zarr group.
-pub const FORMAT_VERSION: u32 = 5;
+/// (`chunk_checksums`), no longer a `voxcache_chunks.json` file inside the Zarr group. 6:
+/// compressed chunks (each inner chunk of a shard) end with a CRC-32C of their stored bytes
+/// (Zarr's `crc32c` codec), checked whenever one is decoded.
+pub const FORMAT_VERSION: u32 = 6;
 
 /// Refuse anything but this version, with one sentence that says what to do.
 fn check_version(path: &Path, what: &str, v: Option<&serde_json::Value>) -> crate::Result<()> {

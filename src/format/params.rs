@@ -115,6 +115,12 @@ pub enum Compression {
         /// Blosc level, 0..9 (default 5).
         level: u8,
     },
+    /// Blosc with LZ4 inside and byte shuffle: decodes several times faster than zstd.
+    #[serde(rename = "blosc-lz4")]
+    BloscLz4 {
+        /// Blosc level, 0..9 (default 5).
+        level: u8,
+    },
 }
 
 impl Compression {
@@ -126,16 +132,19 @@ impl Compression {
             "zstd" => Compression::Zstd {
                 level: level.unwrap_or(3),
             },
-            "blosc" => {
+            "blosc" | "blosc-lz4" => {
                 let l = level.unwrap_or(5);
                 if !(0..=9).contains(&l) {
                     return Err(Error::Config(format!("blosc level {l}: must be 0..9")));
                 }
-                Compression::Blosc { level: l as u8 }
+                match name {
+                    "blosc" => Compression::Blosc { level: l as u8 },
+                    _ => Compression::BloscLz4 { level: l as u8 },
+                }
             }
             _ => {
                 return Err(Error::Config(format!(
-                    "compression {name:?}: choose none, zstd or blosc"
+                    "compression {name:?}: choose none, zstd, blosc or blosc-lz4"
                 )))
             }
         })
@@ -147,6 +156,7 @@ impl Compression {
             Compression::None => "none",
             Compression::Zstd { .. } => "zstd",
             Compression::Blosc { .. } => "blosc",
+            Compression::BloscLz4 { .. } => "blosc-lz4",
         }
     }
 }

@@ -54,6 +54,9 @@ pub struct PredictOptions {
     /// About how many bytes the sliding window's slab may hold (the plane is cut into bands
     /// along y beyond it).
     pub window_memory: usize,
+    /// Strict memory mode: MiB of scratch-cache pages the reader's maps may bring in before
+    /// they are handed back (`ReaderOptions::mapped_resident_bytes`); `None`: the kernel's.
+    pub mapped_mib: Option<u64>,
     /// Print only errors.
     pub quiet: bool,
 }
@@ -112,8 +115,12 @@ pub struct PredictReport {
     pub window_seconds: f64,
     /// Wall time.
     pub wall_seconds: f64,
-    /// Peak resident memory of the process.
+    /// Peak resident memory of the process (VmHWM).
     pub peak_rss_bytes: Option<u64>,
+    /// Peak anonymous memory (RssAnon, sampled): what the OOM killer weighs.
+    pub peak_anon_bytes: Option<u64>,
+    /// Peak file-backed resident memory (RssFile, sampled): mapped pages, reclaimable.
+    pub peak_file_bytes: Option<u64>,
 }
 
 /// The record kept beside an output: what it was made from.
@@ -176,6 +183,7 @@ fn unit_mm(unit: &str) -> Option<f64> {
 /// Run predict.
 pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let started = Instant::now();
+    let peak = crate::util::sysinfo::PeakMemory::start();
     let device = crate::model::device::select(&opts.device)?;
     let m = load_model(&opts.model_dir, &opts.which, &device)?;
     let channels = m.record.channels.len().max(1);
@@ -278,6 +286,8 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
         window_seconds: totals.window_seconds,
         wall_seconds: started.elapsed().as_secs_f64(),
         peak_rss_bytes: crate::util::sysinfo::peak_rss_bytes(),
+        peak_anon_bytes: peak.peak().map(|m| m.anon),
+        peak_file_bytes: peak.peak().map(|m| m.file),
     })
 }
 
@@ -285,6 +295,11 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
 /// differ and both are known (with a warning naming both); as recorded otherwise.
 fn params_for_unit(m: &LoadedModel, unit: &str, quiet: bool) -> OutputParams {
     let mut p = m.preprocessing.params.clone();
+    // The scratch cache is read once, window by window: uncompressed chunks whatever the
+    // training cache's layout (the image's element type stays: it is what the model saw).
+    p.compression = crate::format::Compression::None;
+    p.shard_zyx = None;
+    p.chunk_zyx = [32, 128, 128];
     let model = m.preprocessing.unit.as_str();
     if unit != model {
         if let (Some(a), Some(b)) = (unit_mm(model), unit_mm(unit)) {
@@ -342,7 +357,13 @@ fn predict_group(
         quiet: true,
         fixed_params: Some(params),
     })?;
-    let reader = CacheReader::open(&cache)?;
+    let reader = CacheReader::open_with(
+        &cache,
+        crate::cache::reader::ReaderOptions {
+            mapped_resident_bytes: opts.mapped_mib.map(|m| m.saturating_mul(1 << 20)),
+            ..Default::default()
+        },
+    )?;
     let values: Vec<u16> = if m.record.classes.is_empty() {
         (0..m.record.num_classes as u16).collect()
     } else {

@@ -5,6 +5,7 @@ use super::dataset_report::DatasetReport;
 use super::table::{count, num, shape3, spacing3, value, wrap, Align, Table};
 use crate::format::ImageDtype;
 use crate::prep::plan::{CasePlan, SpacingDecision, OUTLIER_FACTOR};
+use crate::prep::settings::AUTO_PACKED_ABOVE_BYTES;
 use crate::util::sysinfo::human_bytes;
 
 fn dtype_name(d: ImageDtype) -> &'static str {
@@ -50,6 +51,7 @@ pub fn render_forecast(
         ("flag", Align::Left),
     ]);
     let (mut cases, mut cached, mut f32_bytes, mut f64_bytes) = (0usize, 0u64, 0u64, 0u64);
+    let mut voxels = 0u64;
     let mut outliers = Vec::new();
     for row in rows {
         let p = match row {
@@ -61,6 +63,7 @@ pub fn render_forecast(
         };
         cases += 1;
         cached = cached.saturating_add(p.out_bytes);
+        voxels = voxels.saturating_add(p.out_voxels);
         f32_bytes = f32_bytes.saturating_add(p.whole_volume_f32_bytes);
         f64_bytes = f64_bytes.saturating_add(p.whole_volume_f64_bytes);
         if p.outlier {
@@ -91,6 +94,7 @@ pub fn render_forecast(
         if labelled { " + label" } else { "" },
         t.render(W)
     );
+    out.push_str(&layouts_line(cached, voxels, image_dtype));
     out.push_str(&format!(
         "outliers (>= {}x the median output size): {}\n",
         num(OUTLIER_FACTOR),
@@ -101,6 +105,26 @@ pub fn render_forecast(
         }
     ));
     out
+}
+
+/// The cache's bytes in each layout, and which one `layout = auto` builds: raw exactly,
+/// packed as its float16 bytes before compression (what Blosc-LZ4 takes off depends on the
+/// data: a third on the synthetic MiniVess-like set).
+fn layouts_line(cached: u64, voxels: u64, image_dtype: ImageDtype) -> String {
+    let label = cached.saturating_sub(voxels.saturating_mul(image_dtype.dtype().size() as u64));
+    let raw = voxels.saturating_mul(4).saturating_add(label);
+    let packed = voxels.saturating_mul(2).saturating_add(label);
+    let auto = if raw > AUTO_PACKED_ABOVE_BYTES {
+        "packed"
+    } else {
+        "raw"
+    };
+    format!(
+        "layouts: raw {} (float32, uncompressed); packed at most {} (float16 before Blosc-LZ4, which took off a further third on the MiniVess-like set); auto builds {auto} (raw up to {})\n",
+        human_bytes(raw),
+        human_bytes(packed),
+        human_bytes(AUTO_PACKED_ABOVE_BYTES)
+    )
 }
 
 /// What `prep build-cache --dry-run` prints: the target spacing with the rule that chose it,

@@ -68,6 +68,7 @@ pub fn codec_name(c: &Compression) -> String {
         Compression::None => "none".into(),
         Compression::Zstd { level } => format!("zstd-{level}"),
         Compression::Blosc { level } => format!("blosc-{level}"),
+        Compression::BloscLz4 { level } => format!("blosc-lz4-{level}"),
     }
 }
 

@@ -19,6 +19,72 @@ pub enum SpacingChoice {
     Explicit([f64; 3]),
 }
 
+/// A named chunk layout: the image's element type, chunk, shard and codec set together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `raw` below [`AUTO_PACKED_ABOVE_BYTES`] of forecast uncompressed output, else `packed`
+    /// (decided over the whole dataset, so every `--part` of a build decides alike).
+    Auto,
+    /// float32 images, uncompressed 32x128x128 chunks: memory-mapped, the fastest patches
+    /// while the cache fits in the page cache.
+    Raw,
+    /// float16 images, 16x32x32 inner chunks compressed with Blosc (LZ4, byte shuffle) in
+    /// 64x256x256 shards: about 40% of `raw`'s bytes, each inner chunk decoded on its own;
+    /// faster than `raw` once reads come from disk.
+    Packed,
+}
+
+/// Above this forecast of uncompressed output (image and label, float32), `Layout::Auto`
+/// builds `packed`: a cache this large stops fitting the page cache of the smaller training
+/// machines (a quarter of 32 GiB), and from disk `packed` reads faster than `raw` (see
+/// docs/usage.md, "Choosing the chunk layout").
+pub const AUTO_PACKED_ABOVE_BYTES: u64 = 8 << 30;
+
+impl std::str::FromStr for Layout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "auto" => Ok(Layout::Auto),
+            "raw" => Ok(Layout::Raw),
+            "packed" => Ok(Layout::Packed),
+            _ => Err(Error::Config(format!(
+                "layout {s:?}: choose auto, raw or packed"
+            ))),
+        }
+    }
+}
+
+impl Layout {
+    /// Set the layout's element type, chunk, shard and codec (`Auto` sets `raw`'s until the
+    /// build decides).
+    pub fn apply_to(self, s: &mut Settings) {
+        s.layout = self;
+        match self {
+            Layout::Auto | Layout::Raw => {
+                s.image_dtype = ImageDtype::Float32;
+                s.chunk_zyx = [32, 128, 128];
+                s.shard_zyx = None;
+                s.compression = Compression::None;
+            }
+            Layout::Packed => {
+                s.image_dtype = ImageDtype::Float16;
+                s.chunk_zyx = [16, 32, 32];
+                s.shard_zyx = Some([64, 256, 256]);
+                s.compression = Compression::BloscLz4 { level: 5 };
+            }
+        }
+    }
+
+    /// "raw", "packed", "auto".
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Auto => "auto",
+            Layout::Raw => "raw",
+            Layout::Packed => "packed",
+        }
+    }
+}
+
 /// Parameters after defaults, pipeline and flags are merged (spacing not yet resolved).
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -32,6 +98,9 @@ pub struct Settings {
     /// `--normalization` was given on the command line: it applies to every channel,
     /// whatever dataset.json's channel names say.
     pub normalization_forced: bool,
+    /// The named layout the four fields below came from; `Auto` until a build decides, and
+    /// no longer `Auto` once a pipeline or flag sets one of them.
+    pub layout: Layout,
     /// Element type of the cached image.
     pub image_dtype: ImageDtype,
     /// Chunk shape (z, y, x) in voxels: an upper bound, fitted to each case
@@ -63,6 +132,7 @@ impl Default for Settings {
             spacing: SpacingChoice::Auto,
             normalization: Normalization::ZscoreNonzero,
             normalization_forced: false,
+            layout: Layout::Auto,
             image_dtype: ImageDtype::Float32,
             chunk_zyx: [32, 128, 128],
             shard_zyx: None,

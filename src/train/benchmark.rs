@@ -30,8 +30,12 @@ pub struct BenchmarkReport {
     pub patches_per_s: f64,
     /// Share of the measured time spent waiting for the loader.
     pub data_wait_frac: f64,
-    /// Peak resident memory of the process and, on a GPU, the peak our tensors held (MiB).
+    /// Peak resident memory of the process (VmHWM, MiB).
     pub peak_rss_mb: f64,
+    /// Peak anonymous memory (RssAnon, MiB): what the OOM killer weighs.
+    pub peak_anon_mb: Option<f64>,
+    /// Peak file-backed resident memory (RssFile, MiB): mapped cache pages, reclaimable.
+    pub peak_file_mb: Option<f64>,
     /// Peak GPU memory our tensors held, in MiB (on a GPU).
     pub gpu_peak_mb: Option<f64>,
     /// Seconds of the first (warm-up) step.
@@ -89,6 +93,14 @@ pub fn summarize(records: &[TrainRecord], warmup: u64) -> Result<BenchmarkReport
         patches_per_s: patches / total,
         data_wait_frac: wait / total,
         peak_rss_mb: by_step.iter().map(|r| r.peak_rss_mb).fold(0.0, f64::max),
+        peak_anon_mb: by_step
+            .iter()
+            .filter_map(|r| r.peak_anon_mb)
+            .reduce(f64::max),
+        peak_file_mb: by_step
+            .iter()
+            .filter_map(|r| r.peak_file_mb)
+            .reduce(f64::max),
         gpu_peak_mb,
         first_step_s: durations[0],
     })

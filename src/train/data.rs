@@ -25,16 +25,16 @@ pub(super) struct Data {
     pub(super) unlabelled: Vec<String>,
 }
 
-/// `mapped_mib`: the reader's limit on mapped pages brought in (`None`: its default).
+/// `mapped_mib`: the reader's strict-mode budget of mapped pages (`None`: the kernel's).
 pub(super) fn open_data(
     cache_dir: &Path,
     cfg: &TrainConfig,
     mapped_mib: Option<u64>,
 ) -> Result<Data> {
-    let mut options = ReaderOptions::default();
-    if let Some(mib) = mapped_mib {
-        options.mapped_resident_bytes = mib.saturating_mul(1 << 20);
-    }
+    let options = ReaderOptions {
+        mapped_resident_bytes: mapped_mib.map(|mib| mib.saturating_mul(1 << 20)),
+        ..ReaderOptions::default()
+    };
     let reader = CacheReader::open_with(cache_dir, options)?;
     let names = reader.datasets();
     let dataset = match (&cfg.dataset, names.as_slice()) {

@@ -41,8 +41,16 @@ pub struct TrainRecord {
     /// Share of the time spent waiting for batches.
     pub data_wait_frac: f64,
     #[serde(deserialize_with = "f64_or_nan")]
-    /// Peak resident memory of the process, MiB.
+    /// Peak resident memory of the process (VmHWM: anonymous and file-backed), MiB.
     pub peak_rss_mb: f64,
+    /// Peak anonymous memory of the process since the run started (RssAnon, sampled), MiB:
+    /// the memory our promises are about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_anon_mb: Option<f64>,
+    /// Peak file-backed resident memory (RssFile, sampled): mapped cache pages, which the
+    /// kernel reclaims under pressure, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_file_mb: Option<f64>,
     #[serde(deserialize_with = "f64_or_nan")]
     /// Seconds since the run started.
     pub elapsed_s: f64,
@@ -249,6 +257,8 @@ mod tests {
             patches_per_s: 12.0,
             data_wait_frac: 0.1,
             peak_rss_mb: 900.0,
+            peak_anon_mb: Some(300.0),
+            peak_file_mb: Some(600.0),
             elapsed_s: step as f64,
             skeleton_recall_loss: None,
             cldice_loss: None,

@@ -3,7 +3,7 @@
 //! - [`rng`]: the seeded, checkpointable random generator every draw comes from.
 //! - [`simd`]: which vector build (AVX-512, AVX2, portable) the hot loops take.
 //! - [`fastmath`]: polynomial `exp`, `log2` and `sin/cos` where the last bit does not matter.
-//! - [`sysinfo`]: peak memory and host facts for reports.
+//! - [`sysinfo`]: memory (anonymous and file-backed, peaks) and host facts for reports.
 //! - [`progress`]: the progress bars of the long commands.
 
 pub mod fastmath;

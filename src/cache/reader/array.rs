@@ -4,6 +4,7 @@
 //! recorded ([`recorded`]).
 
 mod mapped;
+mod packed;
 mod recorded;
 
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use zarrs::array::{
 };
 
 pub(crate) use self::mapped::MappedBlock;
+pub(crate) use self::packed::InnerCodecs;
 pub(crate) use self::recorded::Recorded;
 use super::sample::StoredDtype;
 use crate::cache::store::ReadStore;
@@ -46,7 +48,7 @@ impl Held {
                 let start = match &block.inner {
                     None => 0,
                     Some(offsets) => {
-                        let o = offsets[ravel(*inner, arr.per_block)];
+                        let [o, _] = offsets[ravel(*inner, arr.per_block)];
                         if o == EMPTY {
                             return None;
                         }
@@ -70,6 +72,13 @@ pub(crate) struct IndexFormat {
 pub(crate) enum Source {
     /// Uncompressed little-endian chunks: plain chunk files, or shards of them.
     Mapped { index: Option<IndexFormat> },
+    /// Shards of compressed inner chunks: the shard file is mapped and its index read from
+    /// the mapping; each inner chunk a read touches is decoded on its own (its CRC-32C
+    /// checked) into the decoded-chunk cache. No system call, and nothing else decoded.
+    Packed {
+        index: IndexFormat,
+        inner: Box<InnerCodecs>,
+    },
     /// Anything else (compressed, or mapping turned off): decoded chunk by chunk by zarrs.
     Zarrs {
         array: Box<Array<ReadStore>>,
@@ -203,15 +212,29 @@ impl ArrayReader {
 
         let source = match layout.encoding {
             Encoding::Raw if mmap && layout.mappable() => Source::Mapped { index: None },
-            Encoding::ShardedRaw {
+            Encoding::Sharded {
                 index_at_end,
                 index_crc32c,
-            } if mmap && layout.mappable() => Source::Mapped {
-                index: Some(IndexFormat {
+                inner_raw,
+            } if mmap && layout.mappable() => {
+                let index = IndexFormat {
                     at_end: index_at_end,
                     crc32c: index_crc32c,
-                }),
-            },
+                };
+                if inner_raw {
+                    Source::Mapped { index: Some(index) }
+                } else {
+                    let array = Array::open(
+                        super::super::store::open_readable(entry)?,
+                        &format!("/{name}"),
+                    )
+                    .map_err(|e| Error::zarr(&dir, e))?;
+                    Source::Packed {
+                        index,
+                        inner: Box::new(InnerCodecs::of(&array, &meta_path)?),
+                    }
+                }
+            }
             _ => {
                 let array = Array::open(
                     super::super::store::open_readable(entry)?,

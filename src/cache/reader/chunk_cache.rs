@@ -18,12 +18,15 @@ pub struct ReaderOptions {
     pub max_maps: usize,
     /// Bytes of decoded (compressed) chunks kept, over all entries sharing the cache.
     pub decoded_cache_bytes: usize,
-    /// Bytes of file pages that reads may bring into the maps (counted in the kernel's 64 KiB
-    /// fault-around windows, each once) before every map's pages are handed back: what the
-    /// maps may add to the resident set, whatever the cache's size. Larger: fewer page faults
-    /// when the patches keep coming back to the same volumes, a larger resident set of clean
-    /// file pages.
-    pub mapped_resident_bytes: u64,
+    /// `None` (the default): the maps' pages are the kernel's to manage. They are clean page
+    /// cache, not anonymous memory: reclaimed under pressure, read again when next touched,
+    /// never what the OOM killer weighs. `Some(bytes)`, the strict mode for machines that
+    /// bill page cache (see docs/usage.md, "Memory"): once reads have brought that many bytes
+    /// into the maps (counted in the kernel's 64 KiB fault-around windows, each once), the
+    /// least recently used maps hand their pages back, so the resident set stays flat
+    /// whatever the cache's size, at the cost of faulting pages in again (a patch read from a
+    /// cache larger than the budget spends about half its time in the kernel).
+    pub mapped_resident_bytes: Option<u64>,
 }
 
 impl Default for ReaderOptions {
@@ -32,7 +35,7 @@ impl Default for ReaderOptions {
             mmap: true,
             max_maps: 4096,
             decoded_cache_bytes: 256 << 20,
-            mapped_resident_bytes: 128 << 20,
+            mapped_resident_bytes: None,
         }
     }
 }
@@ -44,7 +47,8 @@ struct Shared {
     options: ReaderOptions,
     /// `None`: the file does not exist (all fill value); remembered so it is not looked up again.
     maps: Mutex<Lru<Key, Option<Arc<MappedBlock>>>>,
-    decoded: Mutex<Lru<Key, Arc<Decoded>>>,
+    /// `None`: an inner chunk its shard does not hold (all fill value).
+    decoded: Mutex<Lru<Key, Option<Arc<Decoded>>>>,
     /// Bytes the maps' pages may have grown by since the maps were last counted.
     growth_since_count: AtomicU64,
 }
@@ -114,8 +118,13 @@ impl ChunkCache {
         Ok(slot)
     }
 
+    /// Whether reads count the pages they bring into the maps (strict mode).
+    pub(super) fn counts_mapped_pages(&self) -> bool {
+        self.shared.options.mapped_resident_bytes.is_some()
+    }
+
     /// Count `bytes` that reads may have added to the maps' resident pages
-    /// ([`super::array::MappedBlock::touch`]). Every eighth of
+    /// ([`super::array::MappedBlock::touch`]), in strict mode. Every eighth of
     /// [`ReaderOptions::mapped_resident_bytes`] of growth, the maps' resident bytes are summed;
     /// past the limit, the least recently used maps hand their pages back (clean file pages,
     /// read again from the page cache when next touched) until seven eighths of it remain, so
@@ -124,11 +133,13 @@ impl ChunkCache {
     /// was smaller on average for the same peak: a case just above the limit refaulted more,
     /// -3% patches per second.)
     pub(super) fn note_mapped_growth(&self, bytes: u64) {
+        let Some(limit) = self.shared.options.mapped_resident_bytes else {
+            return;
+        };
         if bytes == 0 {
             return;
         }
         let since = &self.shared.growth_since_count;
-        let limit = self.shared.options.mapped_resident_bytes;
         if since.fetch_add(bytes, Ordering::Relaxed) + bytes < limit / 8 {
             return;
         }
@@ -162,13 +173,24 @@ impl ChunkCache {
         key: Key,
         decode: impl FnOnce() -> Result<Arc<Decoded>>,
     ) -> Result<Arc<Decoded>> {
-        if let Some(d) = lock(&self.shared.decoded).get(&key) {
+        if let Some(Some(d)) = self.decoded_hit(key) {
             return Ok(d);
         }
         let d = decode()?;
-        let cost = d.bytes.len().max(1);
-        lock(&self.shared.decoded).insert(key, d.clone(), cost);
+        self.insert_decoded(key, Some(d.clone()));
         Ok(d)
+    }
+
+    /// The decoded chunk under `key` if the cache holds it (`Some(None)`: known to be all
+    /// fill value).
+    pub(super) fn decoded_hit(&self, key: Key) -> Option<Option<Arc<Decoded>>> {
+        lock(&self.shared.decoded).get(&key)
+    }
+
+    /// Keep a decoded chunk (or the fact that it is all fill value) under `key`.
+    pub(super) fn insert_decoded(&self, key: Key, d: Option<Arc<Decoded>>) {
+        let cost = d.as_ref().map_or(1, |d| d.bytes.len().max(1));
+        lock(&self.shared.decoded).insert(key, d, cost);
     }
 
     /// Forget everything an entry put here (when its last reader is dropped).

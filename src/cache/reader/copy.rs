@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::array::{ravel, ArrayReader, Held};
+use super::array::{ravel, ArrayReader, Held, Source};
 use super::sample::Sample;
 use super::spans::Spans;
 use super::EntryReader;
@@ -41,19 +41,39 @@ impl EntryReader {
     /// The chunk `c` of `arr`, from the shared caches or freshly mapped / decoded.
     fn chunk(&self, arr: &ArrayReader, c: [usize; 3]) -> Result<Held> {
         let cache = &self.inner.cache;
-        if arr.is_mapped() {
-            let (b, inner) = arr.block_of(c);
-            let key = (self.inner.serial, arr.id, ravel(b, arr.block_grid));
-            let slot = cache.mapped(key, || Ok(arr.map_block(b)?.map(Arc::new)))?;
-            Ok(match slot {
-                None => Held::Fill,
-                Some(m) => Held::Mapped(m, inner),
-            })
-        } else {
-            let grid = [0, 1, 2].map(|a| arr.shape[a].div_ceil(arr.chunk[a]));
-            let key = (self.inner.serial, arr.id, ravel(c, grid));
-            let d = cache.decoded(key, || Ok(Arc::new(arr.decode_chunk(c)?)))?;
-            Ok(Held::Decoded(d))
+        let strict = cache.counts_mapped_pages();
+        let grid = [0, 1, 2].map(|a| arr.shape[a].div_ceil(arr.chunk[a]));
+        let chunk_key = (self.inner.serial, arr.id, ravel(c, grid));
+        match &arr.source {
+            Source::Mapped { .. } => {
+                let (b, inner) = arr.block_of(c);
+                let key = (self.inner.serial, arr.id, ravel(b, arr.block_grid));
+                let slot = cache.mapped(key, || Ok(arr.map_block(b, strict)?.map(Arc::new)))?;
+                Ok(match slot {
+                    None => Held::Fill,
+                    Some(m) => Held::Mapped(m, inner),
+                })
+            }
+            Source::Packed { .. } => {
+                // The decoded cache first: a hit needs no map at all.
+                if let Some(d) = cache.decoded_hit(chunk_key) {
+                    return Ok(d.map_or(Held::Fill, Held::Decoded));
+                }
+                let (b, inner) = arr.block_of(c);
+                let key = (self.inner.serial, arr.id, ravel(b, arr.block_grid));
+                let Some(shard) =
+                    cache.mapped(key, || Ok(arr.map_block(b, strict)?.map(Arc::new)))?
+                else {
+                    return Ok(Held::Fill);
+                };
+                let d = arr.decode_inner(&shard, b, inner)?.map(Arc::new);
+                cache.insert_decoded(chunk_key, d.clone());
+                Ok(d.map_or(Held::Fill, Held::Decoded))
+            }
+            Source::Zarrs { .. } => {
+                let d = cache.decoded(chunk_key, || Ok(Arc::new(arr.decode_chunk(c)?)))?;
+                Ok(Held::Decoded(d))
+            }
         }
     }
 
@@ -146,6 +166,8 @@ impl EntryReader {
         let es = arr.dtype.size();
         let c = arr.chunk;
         let mut grown = 0;
+        // Pages brought into the maps are counted only in strict mode (a budget is set).
+        let count_pages = self.inner.cache.counts_mapped_pages();
         let mut finite = true;
         for cz in lo[0] / c[0]..=(hi[0] - 1) / c[0] {
             let (z0, z1) = (lo[0].max(cz * c[0]), hi[0].min((cz + 1) * c[0]));
@@ -253,7 +275,9 @@ impl EntryReader {
                                     s += sy;
                                     d = d.wrapping_add_signed(y_step);
                                 }
-                                if let (Held::Mapped(block, _), true) = (&held, first < last) {
+                                if let (Held::Mapped(block, _), true) =
+                                    (&held, count_pages && first < last)
+                                {
                                     grown += block.touch(&bytes[first..last]);
                                 }
                             }

@@ -22,7 +22,7 @@ use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
 use crate::cache::writer::configure_zarrs;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
-use crate::format::{ChannelParams, OutputParams};
+use crate::format::{ChannelParams, Compression, ImageDtype, OutputParams};
 use crate::geometry::zyx;
 use crate::nifti_io::SourceOptions;
 use crate::prep::dataset::scan::{scan, ScannedCase};
@@ -31,8 +31,8 @@ use crate::prep::normalize::{self, Normalization};
 use crate::prep::plan::{
     dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision,
 };
-use crate::prep::settings::Settings;
-use crate::util::sysinfo::peak_rss_bytes;
+use crate::prep::settings::{Layout, Settings, AUTO_PACKED_ABOVE_BYTES};
+use crate::util::sysinfo::{human_bytes, peak_rss_bytes};
 
 /// What the user asked for.
 #[derive(Clone, Debug)]
@@ -100,6 +100,8 @@ pub struct CaseReport {
 pub struct BuildReport {
     /// Dataset name in the manifest.
     pub dataset: String,
+    /// The chunk layout built, in words ("packed: float16, blosc-lz4, ...").
+    pub layout: String,
     /// The cache folder built into.
     pub cache_dir: PathBuf,
     /// The target spacing and why (always set by [`build_cache`]).
@@ -203,9 +205,36 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         },
         None => decide_spacing(opts.settings.spacing, &ok)?,
     };
+    // `layout = auto`: decided on the whole dataset's forecast (every --part alike).
+    let decided;
+    let (opts, layout) = match opts.settings.layout {
+        Layout::Auto if opts.fixed_params.is_none() => {
+            // Cases too large to build fail on their own later: they do not decide the layout.
+            let raw = plan_scanned(&ok, decision.target_xyz, ImageDtype::Float32)
+                .iter()
+                .filter(|p| p.size_problem(opts.settings.max_case_gib).is_none())
+                .fold(0u64, |t, p| t.saturating_add(p.out_bytes));
+            let mut o = opts.clone();
+            let (pick, side) = if raw > AUTO_PACKED_ABOVE_BYTES {
+                (Layout::Packed, "over")
+            } else {
+                (Layout::Raw, "under")
+            };
+            pick.apply_to(&mut o.settings);
+            decided = o;
+            let why = format!(
+                "auto: {} uncompressed, {side} {}",
+                human_bytes(raw),
+                human_bytes(AUTO_PACKED_ABOVE_BYTES)
+            );
+            (&decided, describe_layout(&decided.settings, Some(why)))
+        }
+        _ => (opts, describe_layout(&opts.settings, None)),
+    };
     let plans = plan_scanned(&ok, decision.target_xyz, opts.settings.image_dtype);
 
     let mut report = BuildReport {
+        layout,
         dataset: name.clone(),
         cache_dir: opts.cache_dir.clone(),
         decision: Some(decision.clone()),
@@ -392,6 +421,27 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     }
     report.finish(reports, started);
     Ok(report)
+}
+
+/// "raw: float32, uncompressed 32x128x128 chunks (why)".
+fn describe_layout(s: &Settings, why: Option<String>) -> String {
+    let [z, y, x] = s.chunk_zyx;
+    let codec = match s.compression {
+        Compression::None => "uncompressed".to_string(),
+        c => c.name().to_string(),
+    };
+    let shard = s
+        .shard_zyx
+        .map_or(String::new(), |[a, b, c]| format!(" in {a}x{b}x{c} shards"));
+    let name = match s.layout {
+        Layout::Auto => "raw",
+        l => l.name(),
+    };
+    let why = why.map_or(String::new(), |w| format!(" ({w})"));
+    format!(
+        "{name}: {}, {codec} {z}x{y}x{x} chunks{shard}{why}",
+        s.image_dtype.dtype().name()
+    )
 }
 
 /// The parameters of a build from its settings: each channel's scheme (dataset.json's names

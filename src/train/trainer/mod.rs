@@ -51,9 +51,9 @@ pub struct RunOptions {
     pub halt_after: Option<u64>,
     /// Timing only (`train --benchmark`): no validation, checkpoints or plots.
     pub benchmark: bool,
-    /// MiB of cache pages the memory maps may bring in before the least recently used maps
-    /// hand theirs back (`ReaderOptions::mapped_resident_bytes`); `None`: the reader's
-    /// default, 128.
+    /// Strict mode: MiB of cache pages the memory maps may bring in before the least
+    /// recently used maps hand theirs back (`ReaderOptions::mapped_resident_bytes`); `None`
+    /// (the default): the pages are the kernel's to manage.
     pub mapped_mib: Option<u64>,
 }
 
@@ -92,8 +92,10 @@ pub struct RunSummary {
     pub train_cases: usize,
     /// Validation cases.
     pub val_cases: usize,
-    /// The process's peak resident memory, in bytes.
+    /// The process's peak resident memory (VmHWM), in bytes.
     pub peak_rss: Option<u64>,
+    /// Peak anonymous and file-backed memory over the run (sampled).
+    pub peak_memory: Option<sysinfo::MemoryUse>,
 }
 
 /// Train (or resume) a run. `stop` is polled after every step (Ctrl-C): a checkpoint is written
@@ -193,6 +195,7 @@ impl Session<'_> {
             train_cases: data.train.len(),
             val_cases: data.val.len(),
             peak_rss: sysinfo::peak_rss_bytes(),
+            peak_memory: self.peak_memory.peak(),
         }
     }
 }

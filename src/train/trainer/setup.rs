@@ -25,6 +25,7 @@ use crate::train::loss::LossObjective;
 use crate::train::metrics::MetricsLog;
 use crate::train::optim::{Optimizer, OptimizerKind};
 use crate::train::sampler::{Sampler, SamplerConfig};
+use crate::util::sysinfo;
 
 /// Everything a run holds between its steps.
 pub(super) struct Session<'a> {
@@ -47,6 +48,8 @@ pub(super) struct Session<'a> {
     pub(super) best: Option<(f64, u64)>,
     /// When setup ended: the clock of the metrics' `elapsed_s` and the summary.
     pub(super) started: Instant,
+    /// Samples the process's anonymous and file-backed memory from the session's start.
+    pub(super) peak_memory: sysinfo::PeakMemory,
 }
 
 impl<'a> Session<'a> {
@@ -127,6 +130,7 @@ impl<'a> Session<'a> {
             start_step,
             best,
             started: Instant::now(),
+            peak_memory: sysinfo::PeakMemory::start(),
         })
     }
 }

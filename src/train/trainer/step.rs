@@ -141,6 +141,7 @@ impl Session<'_> {
             .max(1e-9);
         let k = window.steps.max(1) as f64;
         let gpu = device::gpu_memory(&self.dev);
+        let peak = self.peak_memory.peak();
         let rec = TrainRecord {
             step,
             loss: window.loss / k,
@@ -150,7 +151,9 @@ impl Session<'_> {
             grad_norm: window.grad_norm / k,
             patches_per_s: window.patches as f64 / secs,
             data_wait_frac: window.wait.as_secs_f64() / secs,
-            peak_rss_mb: sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+            peak_rss_mb: sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / MIB,
+            peak_anon_mb: peak.map(|m| m.anon as f64 / MIB),
+            peak_file_mb: peak.map(|m| m.file as f64 / MIB),
             elapsed_s: self.started.elapsed().as_secs_f64(),
             skeleton_recall_loss: (cfg.loss.skeleton_recall > 0.0).then(|| window.srec / k),
             cldice_loss: (cfg.loss.cldice > 0.0).then(|| window.cldice / k),

@@ -18,9 +18,9 @@ const RESIDENT_WINDOW_SHIFT: u32 = 16;
 /// One chunk file, or one shard file with its validated index, mapped read-only.
 pub(crate) struct MappedBlock {
     pub(super) map: Mmap,
-    /// Byte offset of each inner chunk (C order) of a shard, [`EMPTY`] for an absent one;
-    /// `None` for a plain chunk file (the chunk starts at 0).
-    pub(super) inner: Option<Box<[u64]>>,
+    /// Byte offset and length of each inner chunk (C order) of a shard, [`EMPTY`] for an
+    /// absent one; `None` for a plain chunk file (the chunk starts at 0).
+    pub(super) inner: Option<Box<[[u64; 2]]>>,
     /// One bit per fault-around window the mapping overlaps (counted from the window holding
     /// its first byte): touched by a read since the pages were last handed back.
     touched: Box<[AtomicU64]>,
@@ -29,7 +29,7 @@ pub(crate) struct MappedBlock {
 }
 
 impl MappedBlock {
-    fn new(map: Mmap, inner: Option<Box<[u64]>>) -> Self {
+    fn new(map: Mmap, inner: Option<Box<[[u64; 2]]>>) -> Self {
         let windows = Self::window_of(&map, map.len().saturating_sub(1)) + 1;
         let touched = (0..windows.div_ceil(64))
             .map(|_| AtomicU64::new(0))
@@ -118,10 +118,16 @@ impl MappedBlock {
 
 impl ArrayReader {
     /// Map block `b` and validate its size (and shard index); `None` if the file does not
-    /// exist (every element is the fill value).
-    pub(crate) fn map_block(&self, b: [usize; 3]) -> Result<Option<MappedBlock>> {
-        let Source::Mapped { index } = &self.source else {
-            return Err(Error::cache(&self.dir, "array is not memory-mapped"));
+    /// exist (every element is the fill value). An uncompressed block is checked against its
+    /// recorded hash, which reads all of it: `strict` (the reader's strict memory mode) hands
+    /// those pages back after. Compressed inner chunks are checked when decoded.
+    pub(crate) fn map_block(&self, b: [usize; 3], strict: bool) -> Result<Option<MappedBlock>> {
+        let (index, packed): (Option<super::IndexFormat>, bool) = match &self.source {
+            Source::Mapped { index } => (*index, false),
+            Source::Packed { index, .. } => (Some(*index), true),
+            Source::Zarrs { .. } => {
+                return Err(Error::cache(&self.dir, "array is not memory-mapped"))
+            }
         };
         let path = self.block_path(b);
         if !self.block_present(b, &path)? {
@@ -199,10 +205,16 @@ impl ArrayReader {
                     };
                     let (off, nbytes) = (word(0), word(8));
                     if off == EMPTY && nbytes == EMPTY {
-                        offsets.push(EMPTY);
+                        offsets.push([EMPTY, EMPTY]);
                         continue;
                     }
-                    if nbytes != self.chunk_bytes as u64 {
+                    if packed && nbytes == 0 {
+                        return Err(Error::cache(
+                            &path,
+                            format!("shard index: inner chunk {i} is 0 bytes"),
+                        ));
+                    }
+                    if !packed && nbytes != self.chunk_bytes as u64 {
                         return Err(Error::cache(
                             &path,
                             format!(
@@ -223,7 +235,7 @@ impl ArrayReader {
                             ),
                         ));
                     }
-                    offsets.push(off);
+                    offsets.push([off, nbytes]);
                 }
                 Some(offsets.into_boxed_slice())
             }
@@ -231,14 +243,16 @@ impl ArrayReader {
         // Checked once, when mapped: a plain chunk file is its block's decoded bytes; a shard
         // is hashed as the block its inner chunks assemble.
         match &inner {
+            _ if packed => {}
             None => self.check_hash(b, &map, &path)?,
             Some(offsets) => self.check_shard(b, &map, offsets, &path)?,
         }
-        // Hashing touched every page of the file; hand them back so the process keeps only the
-        // rows patches read. Without this, each mapped file would stay whole in the resident set.
         let block = MappedBlock::new(map, inner);
-        // Nothing counted yet: hashing read the pages, but not through `touch`.
-        block.release();
+        if strict && !packed {
+            // Hashing touched every page of the file: hand them back so that the resident set
+            // holds only the rows patches read. Nothing counted yet (not read through `touch`).
+            block.release();
+        }
         Ok(Some(block))
     }
 }

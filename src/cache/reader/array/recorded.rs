@@ -92,7 +92,7 @@ impl ArrayReader {
         &self,
         b: [usize; 3],
         map: &[u8],
-        offsets: &[u64],
+        offsets: &[[u64; 2]],
         path: &Path,
     ) -> Result<()> {
         let [pz, py, px] = self.per_block;
@@ -105,7 +105,7 @@ impl ArrayReader {
                 for iy in 0..py {
                     for y in 0..cy {
                         for ix in 0..px {
-                            let o = offsets[ravel([iz, iy, ix], self.per_block)];
+                            let [o, _] = offsets[ravel([iz, iy, ix], self.per_block)];
                             if o == EMPTY {
                                 h.update(&zeros);
                             } else {
