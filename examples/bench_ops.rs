@@ -1,11 +1,13 @@
 //! 3D op benchmark: median forward + backward time of the CPU fast paths against the generic
 //! (built-in candle ops) fallbacks on the trainer's level-1 shapes.
 //!
-//!   cargo run --release --example bench_ops [-- fast|generic] [-- norm] [-- --runs N]
+//!   cargo run --release --example bench_ops [-- fast|generic] [-- norm] [-- --runs N] [-- --small]
 //!
 //! Each case times `out = op(x, w); out.sum_all().backward()` with x and w as variables, after
 //! one untimed warm-up; `fast` or `generic` runs one side only (for peak-RSS measurements);
 //! `norm` runs only the fused instance norm + LeakyReLU cases (x, weight and bias variables).
+//! `--small` divides every input's spatial size by 4 (same channels and kernels): seconds in
+//! all, for scripts/bench_smoke.sh, not for timing.
 //! Run with `CANDLE_NUM_THREADS=1`: candle's own elementwise pool spins badly on few cores.
 
 use std::time::Instant;
@@ -19,7 +21,7 @@ type Op = fn(&Tensor, &Tensor) -> Result<Tensor>;
 /// One benchmark line: input and weight shapes, fast path and fallback.
 struct Case {
     name: &'static str,
-    x: Vec<usize>,
+    x: [usize; 5],
     w: Vec<usize>,
     fast: Op,
     generic: Op,
@@ -79,9 +81,18 @@ fn time_norm(op: NormOp, x: &Var, w: &Var, b: &Var, runs: usize) -> Result<f64> 
     Ok(ms[ms.len() / 2])
 }
 
+/// `dims` (batch, channels, z, y, x) with the spatial sizes divided by 4 under `--small`.
+fn shrink<const N: usize>(mut dims: [usize; N], small: bool) -> [usize; N] {
+    if small {
+        dims[2..].iter_mut().for_each(|d| *d = (*d / 4).max(1));
+    }
+    dims
+}
+
 /// Fused norm + activation against candle's GroupNorm + leaky_relu composition.
-fn norm_cases(rng: &mut Rng, only: Option<&str>, runs: usize) -> Result<()> {
+fn norm_cases(rng: &mut Rng, only: Option<&str>, runs: usize, small: bool) -> Result<()> {
     for dims in [[2, 16, 16, 48, 48], [2, 32, 32, 64, 64]] {
+        let dims = shrink(dims, small);
         let x = random_var(rng, &dims)?;
         let w = random_var(rng, &dims[1..2])?;
         let b = random_var(rng, &dims[1..2])?;
@@ -173,47 +184,51 @@ fn main() -> Result<()> {
         .position(|a| a == "--runs")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(5);
+    let small = args.iter().any(|a| a == "--small");
     let mut rng = Rng::new(7);
     println!(
         "threads: {}, runs: {runs}, CANDLE_NUM_THREADS={}",
         rayon::current_num_threads(),
         std::env::var("CANDLE_NUM_THREADS").unwrap_or_else(|_| "unset".into())
     );
+    if small {
+        println!("--small: every spatial size below divided by 4");
+    }
     if args.iter().any(|a| a == "norm") {
-        return norm_cases(&mut rng, only.as_deref(), runs);
+        return norm_cases(&mut rng, only.as_deref(), runs, small);
     }
     let cases = [
         Case {
             name: "conv3d 2x32x32x64x64 3^3 32->32",
-            x: vec![2, 32, 32, 64, 64],
+            x: [2, 32, 32, 64, 64],
             w: vec![32, 32, 3, 3, 3],
             fast: |x, w| ops::conv3d(x, w, [1; 3], [1; 3]),
             generic: |x, w| ops::conv3d_generic(x, w, [1; 3], [1; 3]),
         },
         Case {
             name: "conv3d 1x8x32x64x64 3^3 8->8",
-            x: vec![1, 8, 32, 64, 64],
+            x: [1, 8, 32, 64, 64],
             w: vec![8, 8, 3, 3, 3],
             fast: |x, w| ops::conv3d(x, w, [1; 3], [1; 3]),
             generic: |x, w| ops::conv3d_generic(x, w, [1; 3], [1; 3]),
         },
         Case {
             name: "conv3d 2x32x32x64x64 3^3 s2 32->64",
-            x: vec![2, 32, 32, 64, 64],
+            x: [2, 32, 32, 64, 64],
             w: vec![64, 32, 3, 3, 3],
             fast: |x, w| ops::conv3d(x, w, [1; 3], [2; 3]),
             generic: |x, w| ops::conv3d_generic(x, w, [1; 3], [2; 3]),
         },
         Case {
             name: "conv_transpose3d 2x64x16x32x32 s2 64->32",
-            x: vec![2, 64, 16, 32, 32],
+            x: [2, 64, 16, 32, 32],
             w: vec![64, 32, 2, 2, 2],
             fast: |x, w| ops::conv_transpose3d(x, w, [2; 3]),
             generic: |x, w| ops::conv_transpose3d_generic(x, w, [2; 3]),
         },
         Case {
             name: "max_pool3d 2x32x32x64x64 k2",
-            x: vec![2, 32, 32, 64, 64],
+            x: [2, 32, 32, 64, 64],
             w: vec![1],
             fast: |x, _| ops::max_pool3d(x, [2; 3]),
             generic: |x, _| ops::max_pool3d_generic(x, [2; 3]),
@@ -227,7 +242,7 @@ fn main() -> Result<()> {
         generic,
     } in cases
     {
-        let x = random_var(&mut rng, &x)?;
+        let x = random_var(&mut rng, &shrink(x, small))?;
         let w = random_var(&mut rng, &w)?;
         let f = match only.as_deref() {
             Some("generic") => f64::NAN,
@@ -242,11 +257,11 @@ fn main() -> Result<()> {
             g / f
         );
     }
-    norm_cases(&mut rng, only.as_deref(), runs)?;
+    norm_cases(&mut rng, only.as_deref(), runs, small)?;
     if only.as_deref() != Some("generic") {
         passes(
             &mut rng,
-            [2, 32, 32, 64, 64],
+            shrink([2, 32, 32, 64, 64], small),
             [32, 32, 3, 3, 3],
             [1; 3],
             [1; 3],
@@ -254,7 +269,7 @@ fn main() -> Result<()> {
         )?;
         passes(
             &mut rng,
-            [2, 32, 32, 64, 64],
+            shrink([2, 32, 32, 64, 64], small),
             [64, 32, 3, 3, 3],
             [1; 3],
             [2; 3],

@@ -314,12 +314,21 @@ fn main() -> anyhow::Result<()> {
             "rounds": rates[p].iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>(),
         }));
     }
+    // The in-RAM volumes of crop-ram and the memcpy source are anonymous memory of their own.
+    let ceilings = (ram_image.len() * 4 + ram_label.len() + src.len()) as u64;
+    let mem = voxcache::util::sysinfo::MemoryUse::now().unwrap_or_default();
+    println!(
+        "now: {} (of the anonymous, {} MiB are the ceilings' buffers)",
+        mem.describe(),
+        ceilings >> 20
+    );
     println!(
         "{}",
         json!({
             "bench": "patches", "cases": shapes.len(), "patch_zyx": patch, "label": label,
             "cold": args.cold, "patches_per_round": args.patches, "rounds": args.rounds,
-            "paths": rows,
+            "paths": rows, "rss_anon": mem.anon, "rss_file": mem.file,
+            "ceiling_buffers": ceilings,
         })
     );
     Ok(())

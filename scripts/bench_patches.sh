@@ -12,7 +12,8 @@
 # Environment: ROUNDS (default 5), PATCHES (ours per round, default 2000; cold 500), PATCH
 # (z,y,x, default 32,64,64), LAYOUTS (default "raw packed"), NNUNET_PYTHON (a python with
 # nnunetv2 from PyPI, several GB with torch; default $BENCH_DIR/nnenv/bin/python, made when
-# NNUNET=1; without it nnU-Net's column is left out), and those of scripts/bench_common.sh
+# NNUNET=1; without it nnU-Net's column is left out), BIN (folder holding
+# examples/bench_patches; default: a release build), and those of scripts/bench_common.sh
 # (BENCH_DIR, PREP). Appends JSON lines to $BENCH_DIR/results.jsonl.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh"
@@ -31,9 +32,13 @@ fi
 step "bench patches: preset $PRESET part $PART at $SPACING, patch $PATCH, layouts: $LAYOUTS, $ROUNDS rounds"
 mkdir -p "$BENCH_DIR"
 ensure_prep
-step "cargo build --release --example bench_patches"
-(cd "$REPO" && cargo build --release --quiet --example bench_patches) || die "cargo build failed"
-BENCH="${CARGO_TARGET_DIR:-$REPO/target}/release/examples/bench_patches"
+if [[ -n "${BIN:-}" ]]; then
+    BENCH="$BIN/examples/bench_patches"
+else
+    step "cargo build --release --example bench_patches"
+    (cd "$REPO" && cargo build --release --quiet --example bench_patches) || die "cargo build failed"
+    BENCH="${CARGO_TARGET_DIR:-$REPO/target}/release/examples/bench_patches"
+fi
 
 DATA="$BENCH_DIR/data/$PRESET"
 synth_once "$PRESET" "$DATA"

@@ -18,10 +18,18 @@
 # (8), STAGES (4), STEPS (training steps for the weights; 20), ROUNDS (1), BENCH_DIR
 # (bench-out/predict), BIN (folder of prep/train/predict/evaluate; target/release, built if
 # missing), TORCH_PYTHON (a python with torch and monai; default: $BENCH_DIR/torchenv, made from
-# PyPI: several GB with torch's CUDA libraries).
+# PyPI: several GB with torch's CUDA libraries), PEERS=0 (ours alone: no PyTorch, no MONAI,
+# nothing installed), BENCH_SMALL=1 (smoke test: the bundled small preset's first case at its
+# own spacing, weights of 2 steps).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 B="${BENCH_DIR:-$ROOT/bench-out/predict}"
+PEERS="${PEERS:-1}"
+if [ "${BENCH_SMALL:-0}" = 1 ]; then
+    PRESET=small SPACING="${SPACING:-auto}" STEPS="${STEPS:-2}"
+else
+    PRESET=outlier
+fi
 SPACING="${SPACING:-4,4,5}"
 PATCH="${PATCH:-16,64,64}"
 BASE="${BASE:-8}"
@@ -38,16 +46,21 @@ if [ ! -x "$BIN/predict" ] || [ ! -x "$BIN/evaluate" ]; then
     step "building release binaries"
     (cd "$ROOT" && cargo build --release --bins)
 fi
-PY="${TORCH_PYTHON:-$B/torchenv/bin/python}"
-if ! "$PY" -c "import torch, monai, nibabel" >/dev/null 2>&1; then
-    step "creating $B/torchenv with torch and monai (PyPI)"
-    python3 -m venv "$B/torchenv"
-    "$B/torchenv/bin/pip" install -q torch numpy monai nibabel
-    PY="$B/torchenv/bin/python"
+if [ "$PEERS" = 0 ]; then
+    echo "skipped: the MONAI pipeline needs PyTorch (PEERS=0)"
+    PY=python3  # reads our JSON report: the standard library is enough
+else
+    PY="${TORCH_PYTHON:-$B/torchenv/bin/python}"
+    if ! "$PY" -c "import torch, monai, nibabel" >/dev/null 2>&1; then
+        step "creating $B/torchenv with torch and monai (PyPI)"
+        python3 -m venv "$B/torchenv"
+        "$B/torchenv/bin/pip" install -q torch numpy monai nibabel
+        PY="$B/torchenv/bin/python"
+    fi
 fi
 
-step "data: prep synth --preset outlier"
-[ -d "$B/data/imagesTr" ] || "$BIN/prep" synth --preset outlier --out "$B/data" >/dev/null
+step "data: prep synth --preset $PRESET"
+[ -d "$B/data/imagesTr" ] || "$BIN/prep" synth --preset "$PRESET" --out "$B/data" >/dev/null
 IMAGE="$(ls "$B"/data/imagesTr/*.nii.gz | head -n 1)"
 step "weights: a model at $SPACING um (patch $PATCH, base $BASE, $STAGES stages, $STEPS steps)"
 if [ ! -f "$B/run/run.json" ]; then
@@ -57,9 +70,12 @@ if [ ! -f "$B/run/run.json" ]; then
 fi
 
 threads="$(nproc)"
-step "PyTorch forward pass alone: batch 2, $threads threads"
-torch_fwd="$("$PY" "$ROOT/scripts/monai_predict.py" --model "$B/run" --forward-only 20 --threads "$threads")"
-echo "$torch_fwd"
+torch_fwd=""
+if [ "$PEERS" != 0 ]; then
+    step "PyTorch forward pass alone: batch 2, $threads threads"
+    torch_fwd="$("$PY" "$ROOT/scripts/monai_predict.py" --model "$B/run" --forward-only 20 --threads "$threads")"
+    echo "$torch_fwd"
+fi
 
 peak() { awk -F': ' '/Maximum resident/ {printf "%.0f", $2 / 1024}' "$1"; }
 wall() { awk -F': ' '/Elapsed \(wall/ {n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; printf "%.1f", s}' "$1"; }
@@ -71,6 +87,7 @@ for r in $(seq 1 "$ROUNDS"); do
         >"$B/ours.json" 2>"$B/ours.time" || die "predict failed: $(tail -n 5 "$B/ours.time")"
     wps="$("$PY" -c "import json; r = json.load(open('$B/ours.json')); print(f\"{r['windows'] / r['window_seconds']:.2f}\")")"
     printf '%s\tvoxcache\t%s\t%s\t%s\n' "$r" "$(wall "$B/ours.time")" "$(peak "$B/ours.time")" "$wps" >>"$B/results.tsv"
+    [ "$PEERS" = 0 ] && continue
     step "round $r: MONAI pipeline (PyTorch)"
     rm -rf "$B/pred-monai"
     /usr/bin/time -v "$PY" "$ROOT/scripts/monai_predict.py" --model "$B/run" --input "$IMAGE" \
@@ -81,6 +98,7 @@ done
 
 step "results ($B/results.tsv)"
 column -t -s $'\t' "$B/results.tsv"
+[ "$PEERS" = 0 ] && exit 0
 echo "$torch_fwd"
 grep "resampled image" "$B/monai.log" || true
 step "agreement of the two segmentations (evaluate, ours as the reference)"

@@ -15,28 +15,39 @@
 #   STEPS=30 ROUNDS=3 bash scripts/bench_surface.sh
 #
 # Environment: BENCH_DIR (bench-out/surface), BIN (target/release), STEPS (20), ROUNDS (1),
-# TORCH_PYTHON (a python with torch and scipy; default: $BENCH_DIR/torchenv from PyPI).
+# TORCH_PYTHON (a python with torch and scipy; default: $BENCH_DIR/torchenv from PyPI), PEERS=0
+# (ours alone: no PyTorch, nothing installed), BENCH_SMALL=1 (smoke test: the bundled small
+# preset, patch 16,32,32, 4 steps: the fewest the step-time median takes).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 B="${BENCH_DIR:-$ROOT/bench-out/surface}"
 BIN="${BIN:-$ROOT/target/release}"
+PEERS="${PEERS:-1}"
+if [ "${BENCH_SMALL:-0}" = 1 ]; then
+    PRESET=small PATCH=16,32,32 STEPS="${STEPS:-4}"
+else
+    PRESET=outlier PATCH=72,136,136
+fi
 STEPS="${STEPS:-20}"
 ROUNDS="${ROUNDS:-1}"
-PATCH=72,136,136
 step() { echo "== $*" >&2; }
 mkdir -p "$B"
 if [ ! -x "$BIN/train" ] || [ ! -x "$BIN/prep" ]; then
     step "building release binaries"
     (cd "$ROOT" && cargo build --release --bin prep --bin train)
 fi
-PY="${TORCH_PYTHON:-$B/torchenv/bin/python}"
-if ! "$PY" -c "import torch, scipy" >/dev/null 2>&1; then
-    step "creating $B/torchenv with torch and scipy (PyPI)"
-    python3 -m venv "$B/torchenv"
-    "$B/torchenv/bin/pip" install -q torch scipy numpy
-    PY="$B/torchenv/bin/python"
+if [ "$PEERS" = 0 ]; then
+    echo "skipped: torch_surface_step.py needs PyTorch (PEERS=0)"
+else
+    PY="${TORCH_PYTHON:-$B/torchenv/bin/python}"
+    if ! "$PY" -c "import torch, scipy" >/dev/null 2>&1; then
+        step "creating $B/torchenv with torch and scipy (PyPI)"
+        python3 -m venv "$B/torchenv"
+        "$B/torchenv/bin/pip" install -q torch scipy numpy
+        PY="$B/torchenv/bin/python"
+    fi
 fi
-[ -d "$B/data/imagesTr" ] || "$BIN/prep" synth --preset outlier --out "$B/data" >/dev/null
+[ -d "$B/data/imagesTr" ] || "$BIN/prep" synth --preset "$PRESET" --out "$B/data" >/dev/null
 step "cache at 4 um with the distance map"
 "$BIN/prep" build-cache "$B/data" --cache-dir "$B/cache" --spacing 4,4,4 --derived distance --quiet
 
@@ -80,6 +91,7 @@ PY
 for r in $(seq "$ROUNDS"); do
     step "round $r: voxcache dice+ce"; ours dice_ce
     step "round $r: voxcache +surface"; ours surface --loss surface=1
+    [ "$PEERS" = 0 ] && continue
     step "round $r: pytorch dice+ce"; theirs torch_dice_ce
     step "round $r: pytorch +surface (scipy EDT)"; theirs torch_surface --surface
 done
