@@ -161,10 +161,13 @@ fn main() -> anyhow::Result<()> {
         loader.recycle(b);
     }
     let secs = t.elapsed().as_secs_f64();
+    let mem = voxcache::util::sysinfo::MemoryUse::now().unwrap_or_default();
     println!(
         "{}",
         serde_json::json!({
             "tool": "voxcache",
+            "rss_anon_mib": mem.anon >> 20,
+            "rss_file_mib": mem.file >> 20,
             "mode": mode,
             "derived": derived,
             "mapped_mib": mapped_mib,

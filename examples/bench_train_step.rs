@@ -60,6 +60,7 @@ fn main() -> voxcache::Result<()> {
     let x = Tensor::from_vec(image, (batch, 1, patch[0], patch[1], patch[2]), &dev)?;
     let t = one_hot(&label, batch, 2, patch, &dev)?;
     let params = model.params();
+    let peak = voxcache::util::sysinfo::PeakMemory::start();
     let mut times = Vec::new();
     let (mut fwd_t, mut bwd_t) = (Vec::new(), Vec::new());
     for i in 0..steps + 2 {
@@ -96,7 +97,7 @@ fn main() -> voxcache::Result<()> {
         v[v.len() / 2]
     };
     println!(
-        "{{\"impl\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}, \"peak_gpu_mib\": {:.0}}}",
+        "{{\"impl\": \"{}\", \"device\": \"{}\", \"threads\": {}, \"patch_zyx\": {:?}, \"batch\": {batch}, \"params\": {}, \"median_step_s\": {:.4}, \"median_forward_s\": {:.4}, \"median_backward_s\": {:.4}, \"steps\": {}, \"peak_rss_mib\": {:.0}, \"peak_anon_mib\": {:.0}, \"peak_gpu_mib\": {:.0}}}",
         match precision {
             voxcache::model::config::Precision::F32 => "voxcache".to_string(),
             p => format!("voxcache {p}"),
@@ -110,6 +111,7 @@ fn main() -> voxcache::Result<()> {
         median(&mut bwd_t),
         times.len(),
         voxcache::util::sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+        peak.peak().map_or(0.0, |m| m.anon as f64 / (1 << 20) as f64),
         gpu_memory(&dev).map_or(0.0, |m| m.peak_allocated as f64 / (1 << 20) as f64)
     );
     Ok(())

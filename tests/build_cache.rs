@@ -223,8 +223,10 @@ fn the_dry_run_prints_the_forecast_inspect_prints() {
         dry.ends_with(forecast),
         "dry run:\n{dry}\ninspect:\n{forecast}"
     );
+    // The layout the build would write (the compact pipeline's), then the plan.
     assert!(
-        dry.starts_with("target spacing (x,y,z): 0.7x0.9x1.3"),
+        dry.starts_with("layout packed: float16, blosc-lz4")
+            && dry.contains("\ntarget spacing (x,y,z): 0.7x0.9x1.3"),
         "{dry}"
     );
 }
@@ -802,4 +804,33 @@ fn inspect_json(data: &Path) -> (String, serde_json::Value) {
         String::from_utf8_lossy(&o.stderr)
     );
     (text, serde_json::from_slice(&o.stdout).unwrap_or_default())
+}
+
+#[test]
+fn float16_refuses_values_beyond_its_range_and_names_the_case() {
+    // 16-bit microscopy kept as it is (normalization none): 70000 does not fit a float16.
+    let t = tempfile::tempdir().unwrap();
+    let data = dataset(t.path());
+    let vals = vec![70000.0f32; 400];
+    Nii::new([10, 10, 4], [1.0; 3], &vals, false).write(&data.join("imagesTr/bright_0000.nii.gz"));
+    Nii::new([10, 10, 4], [1.0; 3], &vec![0u8; 400], false)
+        .write(&data.join("labelsTr/bright.nii.gz"));
+    let flags = ["--normalization", "none", "--layout", "packed"];
+    let (o, r) = build_report(&data, &t.path().join("packed"), &flags);
+    assert!(!o.status.success());
+    let failed = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "bright")
+        .unwrap();
+    let error = failed["outcome"]["error"].to_string();
+    assert!(
+        error.contains("bright") && error.contains("float16"),
+        "{failed}"
+    );
+    // The other cases built; float32 takes the case.
+    assert!(r["built"].as_u64().unwrap() > 0);
+    let (o, _) = build_report(&data, &t.path().join("raw"), &["--normalization", "none"]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }

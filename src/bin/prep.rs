@@ -123,7 +123,6 @@ fn print_summary(r: &BuildReport) {
 
 fn run_build(args: BuildArgs) -> Result<Exit> {
     let settings = resolve(&args.settings)?;
-    let image_dtype = settings.image_dtype;
     let opts = BuildOptions {
         source: dataset_source(args.data, args.images, args.labels)?,
         cache_dir: args.cache_dir,
@@ -140,8 +139,9 @@ fn run_build(args: BuildArgs) -> Result<Exit> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else if args.dry_run {
+        println!("layout {}", report.layout);
         if let Some(d) = &report.decision {
-            print!("{}", render_plan(d, &report.plans, image_dtype));
+            print!("{}", render_plan(d, &report.plans, report.image_dtype));
         }
     } else {
         print_summary(&report);

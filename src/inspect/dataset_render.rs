@@ -120,7 +120,7 @@ fn layouts_line(cached: u64, voxels: u64, image_dtype: ImageDtype) -> String {
         "raw"
     };
     format!(
-        "layouts: raw {} (float32, uncompressed); packed at most {} (float16 before Blosc-LZ4, which took off a further third on the MiniVess-like set); auto builds {auto} (raw up to {})\n",
+        "layouts: raw {} (float32, uncompressed), packed at most {} (float16, before\n  compression); auto builds {auto} (packed above {} raw)\n",
         human_bytes(raw),
         human_bytes(packed),
         human_bytes(AUTO_PACKED_ABOVE_BYTES)

@@ -135,6 +135,14 @@ pub(super) fn write_entry(
                     h
                 }
                 ImageDtype::Float16 => {
+                    // Past float16's range a value would be stored as an infinity (and the
+                    // reader refuses those as damage): refuse the case here, saying why.
+                    if let Some(v) = img.iter().find(|v| v.abs() > half::f16::MAX.to_f32()) {
+                        return Err(Error::Dataset(format!(
+                            "case {}: image value {v} is beyond float16's range (65504): build it with --image-dtype float32 (or --layout raw), or normalize the intensities",
+                            input.case_id
+                        )));
+                    }
                     let half: Vec<half::f16> =
                         img.iter().map(|&v| half::f16::from_f32(v)).collect();
                     let h = blake3::hash(bytes_of(&half));

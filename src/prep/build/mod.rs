@@ -102,6 +102,8 @@ pub struct BuildReport {
     pub dataset: String,
     /// The chunk layout built, in words ("packed: float16, blosc-lz4, ...").
     pub layout: String,
+    /// The cached image's element type (the layout's: `auto` decides it).
+    pub image_dtype: ImageDtype,
     /// The cache folder built into.
     pub cache_dir: PathBuf,
     /// The target spacing and why (always set by [`build_cache`]).
@@ -221,6 +223,10 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 (Layout::Raw, "under")
             };
             pick.apply_to(&mut o.settings);
+            if o.settings.normalization == Normalization::None {
+                // Intensities kept as they are may pass float16's range (16-bit microscopy).
+                o.settings.image_dtype = ImageDtype::Float32;
+            }
             decided = o;
             let why = format!(
                 "auto: {} uncompressed, {side} {}",
@@ -235,6 +241,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
 
     let mut report = BuildReport {
         layout,
+        image_dtype: opts.settings.image_dtype,
         dataset: name.clone(),
         cache_dir: opts.cache_dir.clone(),
         decision: Some(decision.clone()),
