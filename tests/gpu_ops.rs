@@ -325,6 +325,10 @@ fn unet_loss_and_gradients_match_cpu() {
         norm: Norm::Instance,
         upsampling: Upsampling::Transpose,
         deep_supervision: true,
+        kernels: vec![],
+        features: vec![],
+        blocks: vec![],
+        decoder_blocks: vec![],
     };
     let cpu = UNet::new(config.clone(), 7, &Device::Cpu).unwrap();
     let gpu_net = UNet::new(config, 7, &dev).unwrap();
@@ -366,6 +370,10 @@ fn unet_bf16_step_stays_close_to_f32() {
         norm: Norm::Instance,
         upsampling: Upsampling::Transpose,
         deep_supervision: false,
+        kernels: vec![],
+        features: vec![],
+        blocks: vec![],
+        decoder_blocks: vec![],
     };
     let mut net = UNet::new(config, 12, &dev).unwrap();
     let x = random(&mut Rng::new(13), &[2, 1, 16, 64, 64], 1.0, 0.0)

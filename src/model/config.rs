@@ -200,6 +200,21 @@ pub struct UNetConfig {
     /// Heads at the lower decoder resolutions (see [`UNetConfig::supervised_levels`]).
     #[serde(default)]
     pub deep_supervision: bool,
+    /// Kernel (z, y, x) of each stage's convolutions, stage 0 first; a decoder stage uses its
+    /// level's (nnU-Net's 1x3x3 for an axis much coarser than the others). Empty: 3x3x3.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<[usize; 3]>,
+    /// Channels of each stage, stage 0 first. Empty: `base_channels` doubling up to
+    /// `max_channels`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<usize>,
+    /// Convolution blocks of each encoder stage, stage 0 first. Empty: 2 each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<usize>,
+    /// Convolution blocks of each decoder stage, by the level it ends at (0 = full
+    /// resolution; depth - 1 entries). Empty: 2 each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decoder_blocks: Vec<usize>,
 }
 
 /// Parameter names of the deep-supervision heads start with this.
@@ -270,7 +285,25 @@ impl UNetConfig {
 
     /// Channels of stage `stage` (0 = full resolution).
     pub fn channels(&self, stage: usize) -> usize {
-        (self.base_channels << stage.min(16)).min(self.max_channels)
+        match self.features.get(stage) {
+            Some(&f) => f,
+            None => (self.base_channels << stage.min(16)).min(self.max_channels),
+        }
+    }
+
+    /// Kernel (z, y, x) of stage `stage`'s convolutions.
+    pub fn kernel(&self, stage: usize) -> [usize; 3] {
+        self.kernels.get(stage).copied().unwrap_or([3; 3])
+    }
+
+    /// Convolution blocks of encoder stage `stage`.
+    pub fn encoder_blocks(&self, stage: usize) -> usize {
+        self.blocks.get(stage).copied().unwrap_or(2)
+    }
+
+    /// Convolution blocks of the decoder stage ending at `level`.
+    pub fn decoder_blocks(&self, level: usize) -> usize {
+        self.decoder_blocks.get(level).copied().unwrap_or(2)
     }
 
     /// The patch sizes this network accepts are multiples of the total stride.
@@ -304,6 +337,49 @@ impl UNetConfig {
         }
         if self.strides.iter().flatten().any(|&s| s == 0 || s > 4) {
             return bad(format!("strides must be 1..=4, got {:?}", self.strides));
+        }
+        let depth = self.strides.len() + 1;
+        let lists = [
+            ("kernels", self.kernels.len(), depth),
+            ("features", self.features.len(), depth),
+            ("blocks", self.blocks.len(), depth),
+            ("decoder_blocks", self.decoder_blocks.len(), depth - 1),
+        ];
+        for (name, got, want) in lists {
+            if got != 0 && got != want {
+                return bad(format!(
+                    "{name} has {got} entries for a network of {depth} stages: give {want} (one per {}stage)",
+                    if name == "decoder_blocks" { "decoder " } else { "" }
+                ));
+            }
+        }
+        if self
+            .kernels
+            .iter()
+            .flatten()
+            .any(|&k| k == 0 || k > 7 || k % 2 == 0)
+        {
+            return bad(format!(
+                "kernel sides must be odd, 1..=7 (the padding keeps the shape), got {:?}",
+                self.kernels
+            ));
+        }
+        if self.features.iter().any(|&f| f == 0 || f > 4096) {
+            return bad(format!(
+                "features must be 1..=4096, got {:?}",
+                self.features
+            ));
+        }
+        if self
+            .blocks
+            .iter()
+            .chain(&self.decoder_blocks)
+            .any(|&b| b == 0 || b > 64)
+        {
+            return bad(format!(
+                "blocks per stage must be 1..=64, got {:?} and decoder {:?}",
+                self.blocks, self.decoder_blocks
+            ));
         }
         Ok(())
     }
@@ -342,6 +418,22 @@ pub struct NetworkOptions {
     pub precision: Precision,
     /// Deep-supervision heads.
     pub deep_supervision: bool,
+    /// Strides (z, y, x) of stages 1.. (`stages - 1` entries). Empty: planned from `patch`
+    /// (halve each axis while it stays at least 4 voxels).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub strides: Vec<[usize; 3]>,
+    /// Kernel (z, y, x) of each stage. Empty: 3x3x3.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<[usize; 3]>,
+    /// Channels of each stage. Empty: `base_channels` doubling up to `max_channels`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<usize>,
+    /// Convolution blocks of each encoder stage. Empty: 2 each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<usize>,
+    /// Convolution blocks of each decoder stage, full resolution first. Empty: 2 each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decoder_blocks: Vec<usize>,
     /// Seed of the initial weights.
     pub seed: u64,
 }
@@ -357,6 +449,11 @@ impl Default for NetworkOptions {
             upsampling: Upsampling::Transpose,
             precision: Precision::F32,
             deep_supervision: true,
+            strides: vec![],
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
             seed: 1234,
         }
     }
@@ -366,7 +463,17 @@ impl NetworkOptions {
     /// The network for `in_channels` input channels and `num_classes` outputs on `dev`, with
     /// its seeded initial weights.
     pub fn build(&self, in_channels: usize, num_classes: usize, dev: &Device) -> Result<UNet> {
-        let strides = UNetConfig::plan_strides(self.patch, self.stages, 4);
+        let strides = if self.strides.is_empty() {
+            UNetConfig::plan_strides(self.patch, self.stages, 4)
+        } else if self.strides.len() + 1 != self.stages {
+            return Err(Error::Config(format!(
+                "strides lists {} stages after the first, but stages = {}: give stages - 1 strides",
+                self.strides.len(),
+                self.stages
+            )));
+        } else {
+            self.strides.clone()
+        };
         let ucfg = UNetConfig {
             in_channels,
             num_classes,
@@ -376,6 +483,10 @@ impl NetworkOptions {
             norm: self.norm,
             upsampling: self.upsampling,
             deep_supervision: self.deep_supervision,
+            kernels: self.kernels.clone(),
+            features: self.features.clone(),
+            blocks: self.blocks.clone(),
+            decoder_blocks: self.decoder_blocks.clone(),
         };
         ucfg.check_patch(self.patch)?;
         if self.precision != Precision::F32 && dev.is_cpu() {
@@ -387,5 +498,63 @@ impl NetworkOptions {
         let mut model = UNet::new(ucfg, self.seed, dev)?;
         model.set_precision(self.precision);
         Ok(model)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_stage_lists_build_that_network_and_old_records_still_read() {
+        let planned = NetworkOptions {
+            patch: [8, 32, 32],
+            stages: 3,
+            strides: vec![[1, 2, 2], [2, 2, 2]],
+            kernels: vec![[1, 3, 3], [3, 3, 3], [3, 3, 3]],
+            features: vec![4, 6, 8],
+            blocks: vec![1, 2, 2],
+            decoder_blocks: vec![1, 1],
+            ..NetworkOptions::default()
+        };
+        let net = planned.build(1, 2, &Device::Cpu).unwrap();
+        let c = net.config();
+        assert_eq!(c.strides, planned.strides);
+        assert_eq!(
+            (c.kernel(0), c.channels(1), c.encoder_blocks(0)),
+            ([1, 3, 3], 6, 1)
+        );
+        // Stages that do not match the strides, a patch the strides do not divide: named.
+        let e = NetworkOptions {
+            stages: 4,
+            ..planned.clone()
+        }
+        .build(1, 2, &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("strides") && e.contains("stages = 4"), "{e}");
+        let e = NetworkOptions {
+            patch: [5, 32, 32],
+            ..planned.clone()
+        }
+        .build(1, 2, &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("multiple"), "{e}");
+        // A record written before these keys existed reads as the default network, and the
+        // default options write none of them (so existing runs keep their weight shaping).
+        let old: NetworkOptions =
+            serde_json::from_str(r#"{"patch": [16, 48, 48], "stages": 4}"#).unwrap();
+        assert!(old.strides.is_empty() && old.kernels.is_empty() && old.blocks.is_empty());
+        let json = serde_json::to_string(&NetworkOptions::default()).unwrap();
+        assert!(
+            !json.contains("kernels") && !json.contains("strides"),
+            "{json}"
+        );
+        let back: NetworkOptions =
+            serde_json::from_str(&serde_json::to_string(&planned).unwrap()).unwrap();
+        assert_eq!(back, planned);
     }
 }

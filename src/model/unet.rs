@@ -1,9 +1,11 @@
 //! The 3D U-Net: nnU-Net's plain convolutional U-Net, with optional deep supervision.
 //!
-//! Each encoder stage is two (conv 3x3x3 -> norm -> LeakyReLU 0.01) blocks, the first of which
-//! downsamples with its stride (no pooling layers, as nnU-Net). Each decoder stage upsamples
-//! (transposed conv with kernel = stride, or nearest + 1x1x1 conv), concatenates the skip
-//! connection and applies two blocks; a 1x1x1 conv gives the class logits.
+//! Each encoder stage is a few (two by default) conv -> norm -> LeakyReLU 0.01 blocks, the
+//! first of which downsamples with its stride (no pooling layers, as nnU-Net); kernels are
+//! 3x3x3 unless the configuration gives a stage another (1x3x3 where an axis is coarse). Each
+//! decoder stage upsamples (transposed conv with kernel = stride, or nearest + 1x1x1 conv),
+//! concatenates the skip connection and applies its blocks with its level's kernel; a 1x1x1
+//! conv gives the class logits.
 //!
 //! Deep supervision (nnU-Net's): further 1x1x1 heads give logits at the decoder's lower
 //! resolutions, every one but the lowest (nnU-Net computes that one and weights it 0); they
@@ -115,15 +117,17 @@ struct Block {
 }
 
 impl Block {
+    #[allow(clippy::too_many_arguments)] // one block's whole shape, named at each call
     fn new(
         ps: &mut ParamStore,
         name: &str,
         cin: usize,
         cout: usize,
+        kernel: [usize; 3],
         stride: [usize; 3],
         norm: Norm,
     ) -> Result<Self> {
-        let conv = Conv::new(ps, &format!("{name}.conv"), cin, cout, [3, 3, 3], stride)?;
+        let conv = Conv::new(ps, &format!("{name}.conv"), cin, cout, kernel, stride)?;
         let groups = match norm {
             Norm::Instance => cout,
             Norm::Group(g) => largest_divisor_at_most(cout, g),
@@ -196,9 +200,10 @@ impl Up {
 /// The U-Net with its parameters.
 pub struct UNet {
     config: UNetConfig,
-    encoder: Vec<[Block; 2]>,
-    /// Decoder stages from the deepest up: (upsampling, two blocks).
-    decoder: Vec<(Up, [Block; 2])>,
+    /// Encoder stages, full resolution first: their blocks.
+    encoder: Vec<Vec<Block>>,
+    /// Decoder stages from the deepest up: (upsampling, blocks).
+    decoder: Vec<(Up, Vec<Block>)>,
     head: Conv,
     /// Deep-supervision heads of levels 1.. (index 0 is level 1).
     ds_heads: Vec<Conv>,
@@ -225,25 +230,18 @@ impl UNet {
             } else {
                 config.strides[s - 1]
             };
-            let name = format!("enc{s}");
-            encoder.push([
-                Block::new(
-                    &mut ps,
-                    &format!("{name}.0"),
-                    cin,
-                    cout,
-                    stride,
-                    config.norm,
-                )?,
-                Block::new(
-                    &mut ps,
-                    &format!("{name}.1"),
-                    cout,
-                    cout,
-                    [1; 3],
-                    config.norm,
-                )?,
-            ]);
+            let (k, norm) = (config.kernel(s), config.norm);
+            let blocks = (0..config.encoder_blocks(s))
+                .map(|b| {
+                    let (i, st) = if b == 0 {
+                        (cin, stride)
+                    } else {
+                        (cout, [1; 3])
+                    };
+                    Block::new(&mut ps, &format!("enc{s}.{b}"), i, cout, k, st, norm)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            encoder.push(blocks);
         }
         let mut decoder = Vec::with_capacity(depth - 1);
         for s in (0..depth - 1).rev() {
@@ -270,27 +268,14 @@ impl UNet {
                     scale: stride,
                 },
             };
-            decoder.push((
-                up,
-                [
-                    Block::new(
-                        &mut ps,
-                        &format!("{name}.0"),
-                        2 * cout,
-                        cout,
-                        [1; 3],
-                        config.norm,
-                    )?,
-                    Block::new(
-                        &mut ps,
-                        &format!("{name}.1"),
-                        cout,
-                        cout,
-                        [1; 3],
-                        config.norm,
-                    )?,
-                ],
-            ));
+            let (k, norm) = (config.kernel(s), config.norm);
+            let blocks = (0..config.decoder_blocks(s))
+                .map(|b| {
+                    let i = if b == 0 { 2 * cout } else { cout };
+                    Block::new(&mut ps, &format!("{name}.{b}"), i, cout, k, [1; 3], norm)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            decoder.push((up, blocks));
         }
         let head = Conv::new(
             &mut ps,
@@ -399,18 +384,22 @@ impl UNet {
     fn run(&self, x: &Tensor, all_levels: bool) -> Result<Vec<Tensor>> {
         let mut skips = Vec::with_capacity(self.encoder.len());
         let mut h = cast(x, self.precision.dtype())?;
-        for [a, b] in &self.encoder {
-            h = b.forward(&a.forward(&h)?)?;
+        for blocks in &self.encoder {
+            for b in blocks {
+                h = b.forward(&h)?;
+            }
             skips.push(h.clone());
         }
         skips.pop();
         let mut lower = Vec::new();
-        for (up, [a, b]) in &self.decoder {
+        for (up, blocks) in &self.decoder {
             let skip = skips
                 .pop()
                 .ok_or_else(|| Error::Train("U-Net: decoder deeper than encoder".into()))?;
-            let u = up.forward(&h)?;
-            h = b.forward(&a.forward(&Tensor::cat(&[&u, &skip], 1)?)?)?;
+            h = Tensor::cat(&[&up.forward(&h)?, &skip], 1)?;
+            for b in blocks {
+                h = b.forward(&h)?;
+            }
             // The level this decoder stage ends at is the number of skips left.
             let level = skips.len();
             if all_levels && level >= 1 && level <= self.ds_heads.len() {
@@ -479,6 +468,10 @@ mod tests {
             norm: Norm::Instance,
             upsampling: Upsampling::Transpose,
             deep_supervision: true,
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
         };
         let dev = Device::Cpu;
         let mut net = UNet::new(cfg, 3, &dev)?;
@@ -534,6 +527,10 @@ mod tests {
             norm: Norm::Instance,
             upsampling: Upsampling::Transpose,
             deep_supervision: true,
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
         };
         assert_eq!(cfg.supervised_levels(), vec![0, 1]);
         let w = cfg.level_weights();
@@ -566,6 +563,10 @@ mod tests {
         let bare = UNet::new(
             UNetConfig {
                 deep_supervision: false,
+                kernels: vec![],
+                features: vec![],
+                blocks: vec![],
+                decoder_blocks: vec![],
                 ..cfg
             },
             9,
@@ -603,6 +604,10 @@ mod tests {
                 norm: Norm::Group(2),
                 upsampling: up,
                 deep_supervision: false,
+                kernels: vec![],
+                features: vec![],
+                blocks: vec![],
+                decoder_blocks: vec![],
             };
             let net = UNet::new(cfg, 1, &Device::Cpu)?;
             let x = Tensor::ones((2, 1, 8, 16, 16), DType::F32, &Device::Cpu)?;
@@ -614,6 +619,110 @@ mod tests {
                 a.flatten_all()?.to_vec1::<f32>()?,
                 b.flatten_all()?.to_vec1::<f32>()?
             );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn per_stage_kernels_features_and_blocks_shape_the_network() -> Result<()> {
+        let base = UNetConfig {
+            in_channels: 1,
+            num_classes: 2,
+            base_channels: 4,
+            max_channels: 8,
+            strides: vec![[1, 2, 2], [2, 2, 2]],
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: false,
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
+        };
+        // The defaults spelled out are the same network, parameter for parameter.
+        let spelled = UNetConfig {
+            kernels: vec![[3, 3, 3]; 3],
+            features: vec![4, 8, 8],
+            blocks: vec![2; 3],
+            decoder_blocks: vec![2; 2],
+            ..base.clone()
+        };
+        let (a, b) = (
+            UNet::new(base.clone(), 5, &Device::Cpu)?,
+            UNet::new(spelled, 5, &Device::Cpu)?,
+        );
+        let names = |n: &UNet| {
+            n.params()
+                .into_iter()
+                .map(|(k, v)| (k, v.dims().to_vec()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&a), names(&b));
+        // nnU-Net's anisotropic plan: 1x3x3 kernels at full resolution, 3 / 1 / 2 blocks.
+        let cfg = UNetConfig {
+            kernels: vec![[1, 3, 3], [3, 3, 3], [3, 3, 3]],
+            features: vec![3, 5, 7],
+            blocks: vec![3, 1, 2],
+            decoder_blocks: vec![1, 2],
+            ..base.clone()
+        };
+        let net = UNet::new(cfg.clone(), 5, &Device::Cpu)?;
+        // Counted by hand: conv weights + biases, norm weights + biases, ups, head.
+        let conv = |ci: usize, co: usize, k: [usize; 3]| {
+            co * ci * k.iter().product::<usize>() + co + 2 * co
+        };
+        let want = conv(1, 3, [1, 3, 3])
+            + 2 * conv(3, 3, [1, 3, 3])
+            + conv(3, 5, [3; 3])
+            + conv(5, 7, [3; 3])
+            + conv(7, 7, [3; 3])
+            + (7 * 5 * 8 + 5)
+            + conv(10, 5, [3; 3])
+            + conv(5, 5, [3; 3])
+            + (5 * 3 * 4 + 3)
+            + conv(6, 3, [1, 3, 3])
+            + (3 * 2 + 2);
+        assert_eq!(net.num_parameters(), want);
+        assert!(net.params().iter().any(|(n, _)| n == "enc0.2.conv.weight"));
+        assert!(!net.params().iter().any(|(n, _)| n == "dec0.1.conv.weight"));
+        let x = Tensor::ones((1, 1, 4, 8, 8), DType::F32, &Device::Cpu)?;
+        assert_eq!(net.forward(&x)?.dims(), &[1, 2, 4, 8, 8]);
+        // Lists that do not fit the depth, even kernels: refused naming the key.
+        for (bad, key) in [
+            (
+                UNetConfig {
+                    kernels: vec![[3; 3]; 2],
+                    ..base.clone()
+                },
+                "kernels",
+            ),
+            (
+                UNetConfig {
+                    features: vec![4; 4],
+                    ..base.clone()
+                },
+                "features",
+            ),
+            (
+                UNetConfig {
+                    decoder_blocks: vec![1; 3],
+                    ..base.clone()
+                },
+                "decoder_blocks",
+            ),
+            (
+                UNetConfig {
+                    kernels: vec![[2, 3, 3]; 3],
+                    ..base.clone()
+                },
+                "odd",
+            ),
+        ] {
+            let e = UNet::new(bad, 1, &Device::Cpu)
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(e.contains(key), "{e}");
         }
         Ok(())
     }

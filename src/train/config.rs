@@ -144,6 +144,22 @@ pub struct TrainConfig {
     /// Extra 1x1x1 heads at the decoder's lower resolutions, trained against downsampled
     /// targets (nnU-Net's deep supervision).
     pub deep_supervision: bool,
+    /// Strides (z, y, x) of stages 1.. (`stages - 1` entries). Empty: planned from `patch`
+    /// (halve each axis while it stays at least 4 voxels).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub strides: Vec<[usize; 3]>,
+    /// Kernel (z, y, x) of each stage. Empty: 3x3x3.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<[usize; 3]>,
+    /// Channels of each stage. Empty: `base_channels` doubling up to `max_channels`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<usize>,
+    /// Convolution blocks of each encoder stage. Empty: 2 each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<usize>,
+    /// Convolution blocks of each decoder stage, full resolution first. Empty: 2 each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decoder_blocks: Vec<usize>,
     /// Augmentation on or off (`--no-augment`); what it does is `augmentation`.
     pub augment: bool,
     /// The `[train.augmentation]` table (nnU-Net v2's defaults).
@@ -200,6 +216,11 @@ impl Default for TrainConfig {
             upsampling: net.upsampling,
             precision: net.precision,
             deep_supervision: net.deep_supervision,
+            strides: net.strides,
+            kernels: net.kernels,
+            features: net.features,
+            blocks: net.blocks,
+            decoder_blocks: net.decoder_blocks,
             augment: true,
             augmentation: AugmentConfig::default(),
             loss: LossWeights::default(),
@@ -235,6 +256,11 @@ impl TrainConfig {
             upsampling: self.upsampling,
             precision: self.precision,
             deep_supervision: self.deep_supervision,
+            strides: self.strides.clone(),
+            kernels: self.kernels.clone(),
+            features: self.features.clone(),
+            blocks: self.blocks.clone(),
+            decoder_blocks: self.decoder_blocks.clone(),
             seed: self.seed,
         }
     }
