@@ -15,11 +15,13 @@
 //!    arrays, the build job.
 //! 7. [`synth`]: the synthetic vessel dataset generator (bundled data, benchmarks).
 //! 8. [`model`]: the U-Net, its ops (CPU and CUDA), devices, checkpoints.
-//! 9. [`infer`]: sliding windows, probabilities, export, `predict`.
-//! 10. [`evaluate`]: Dice, surface distances, clDice, reports.
-//! 11. [`train`]: sampler, loader, augmentation, losses, optimizer, the training session.
-//! 12. [`inspect`]: `prep inspect`: dataset forecast, cache report, verify, previews.
-//! 13. [`config`]: pipelines and flags merged into the settings of every command; run folders;
+//! 9. [`planner`]: patch, batch and network per configuration from a dataset's fingerprint
+//!    (nnU-Net's experiment planner).
+//! 10. [`infer`]: sliding windows, probabilities, export, `predict`.
+//! 11. [`evaluate`]: Dice, surface distances, clDice, reports.
+//! 12. [`train`]: sampler, loader, augmentation, losses, optimizer, the training session.
+//! 13. [`inspect`]: `prep inspect`: dataset forecast, cache report, verify, previews.
+//! 14. [`config`]: pipelines and flags merged into the settings of every command; run folders;
 //!     exit statuses.
 
 pub mod error;
@@ -35,6 +37,7 @@ pub mod prep;
 pub mod synth;
 
 pub mod model;
+pub mod planner;
 
 pub mod evaluate;
 pub mod infer;

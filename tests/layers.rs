@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top: a module may name only modules before it.
 const LAYERS: &[&str] = &[
-    "error", "util", "format", "geometry", "nifti_io", "cache", "prep", "synth", "model", "infer",
-    "evaluate", "train", "inspect", "config",
+    "error", "util", "format", "geometry", "nifti_io", "cache", "prep", "synth", "model",
+    "planner", "infer", "evaluate", "train", "inspect", "config",
 ];
 
 const MAX_LINES: usize = 700;

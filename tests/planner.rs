@@ -1,0 +1,164 @@
+//! The planner against nnU-Net's own: the fingerprints nnU-Net 2.8.1 extracted from the bundled
+//! vessels and the 70-case MiniVess-like set, planned with its default planner and the ResEnc
+//! M / L / XL presets (tests/nnunet_plans/, made as docs/nnunet-planner.md says), must give the
+//! same configurations: spacing to the bit, median shape, patch, batch size, strides, kernels,
+//! features and blocks, and the same configurations present.
+
+use std::path::Path;
+
+use serde_json::Value;
+use voxcache::planner::{plan_experiment, ConfigurationPlan, Fingerprint, Preset};
+
+fn read(name: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/nnunet_plans")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+fn fingerprint(dataset: &str) -> Fingerprint {
+    let fp = read(&format!("{dataset}__dataset_fingerprint.json"));
+    let dj = read(&format!("{dataset}__dataset.json"));
+    let three = |v: &Value| -> [f64; 3] { std::array::from_fn(|a| v[a].as_f64().unwrap()) };
+    Fingerprint {
+        spacings: fp["spacings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(three)
+            .collect(),
+        shapes: fp["shapes_after_crop"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| three(v).map(|x| x as usize))
+            .collect(),
+        num_classes: dj["labels"].as_object().unwrap().len(),
+        num_training: dj["numTraining"].as_u64().unwrap() as usize,
+    }
+}
+
+fn ints(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn lists(v: &Value) -> Vec<Vec<usize>> {
+    v.as_array().unwrap().iter().map(ints).collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn same(what: &str, ours: &ConfigurationPlan, theirs: &Value) {
+    let arch = &theirs["architecture"]["arch_kwargs"];
+    let blocks = arch
+        .get("n_conv_per_stage")
+        .or_else(|| arch.get("n_blocks_per_stage"))
+        .unwrap();
+    assert_eq!(ours.spacing, floats(&theirs["spacing"]), "{what}: spacing");
+    assert_eq!(
+        ours.median_shape,
+        floats(&theirs["median_image_size_in_voxels"]),
+        "{what}: median shape"
+    );
+    assert_eq!(ours.patch, ints(&theirs["patch_size"]), "{what}: patch");
+    assert_eq!(
+        ours.batch_size,
+        theirs["batch_size"].as_u64().unwrap() as usize,
+        "{what}: batch"
+    );
+    assert_eq!(ours.strides, lists(&arch["strides"]), "{what}: strides");
+    assert_eq!(
+        ours.kernels,
+        lists(&arch["kernel_sizes"]),
+        "{what}: kernels"
+    );
+    assert_eq!(
+        ours.features,
+        ints(&arch["features_per_stage"]),
+        "{what}: features"
+    );
+    assert_eq!(ours.blocks, ints(blocks), "{what}: blocks");
+    assert_eq!(
+        ours.decoder_blocks,
+        ints(&arch["n_conv_per_stage_decoder"]),
+        "{what}: decoder blocks"
+    );
+}
+
+#[test]
+fn plans_equal_nnunets_for_every_preset_on_both_datasets() {
+    let presets = [
+        (Preset::Default, "nnUNetPlans"),
+        (Preset::ResEncM, "nnUNetResEncUNetMPlans"),
+        (Preset::ResEncL, "nnUNetResEncUNetLPlans"),
+        (Preset::ResEncXL, "nnUNetResEncUNetXLPlans"),
+    ];
+    for dataset in ["Dataset501_Vessels", "Dataset502_MiniVess"] {
+        let fp = fingerprint(dataset);
+        for (preset, file) in presets {
+            let theirs = read(&format!("{dataset}__{file}.json"));
+            let ours = plan_experiment(&fp, preset).unwrap();
+            let what = format!("{dataset} {}", preset.name());
+            assert_eq!(
+                ours.transpose.to_vec(),
+                ints(&theirs["transpose_forward"]),
+                "{what}: axis order"
+            );
+            let configs = theirs["configurations"].as_object().unwrap();
+            let mut names: Vec<&str> = configs
+                .keys()
+                .map(String::as_str)
+                .filter(|k| *k != "3d_cascade_fullres")
+                .collect();
+            names.sort();
+            let mut have: Vec<&str> = ours.configurations().iter().map(|(n, _)| *n).collect();
+            have.sort();
+            assert_eq!(have, names, "{what}: configurations");
+            for (name, plan) in ours.configurations() {
+                same(&format!("{what} {name}"), plan, &configs[name]);
+            }
+        }
+    }
+}
+
+#[test]
+fn single_slices_get_a_2d_plan_only_and_bad_fingerprints_are_refused() {
+    // Ten 1 x 256 x 256 cases: no 3D configuration.
+    let fp = Fingerprint {
+        spacings: vec![[5.0, 0.5, 0.5]; 10],
+        shapes: vec![[1, 256, 256]; 10],
+        num_classes: 3,
+        num_training: 10,
+    };
+    let plans = plan_experiment(&fp, Preset::Default).unwrap();
+    assert!(plans.fullres.is_none() && plans.lowres.is_none());
+    assert_eq!(plans.two_d.patch, vec![256, 256]);
+    assert!(plans.two_d.batch_size >= 2);
+    for bad in [
+        Fingerprint {
+            spacings: vec![],
+            shapes: vec![],
+            ..fp.clone()
+        },
+        Fingerprint {
+            spacings: vec![[0.0, 1.0, 1.0]; 10],
+            ..fp.clone()
+        },
+        Fingerprint {
+            shapes: vec![[1, 256, 0]; 10],
+            ..fp.clone()
+        },
+    ] {
+        assert!(plan_experiment(&bad, Preset::Default).is_err());
+    }
+}
