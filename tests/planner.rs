@@ -162,3 +162,82 @@ fn single_slices_get_a_2d_plan_only_and_bad_fingerprints_are_refused() {
         assert!(plan_experiment(&bad, Preset::Default).is_err());
     }
 }
+
+/// `prep plan` on the bundled data writes a pipeline whose configurations build the network
+/// nnU-Net plans (Dataset501's 3d_fullres: 20x64x64, batch 2), picked by `configuration` or by
+/// name; a hand-edited plan that no longer holds together is refused naming the key.
+#[test]
+fn prep_plan_writes_a_pipeline_that_build_cache_and_train_take() {
+    use voxcache::config::{Pipeline, SpacingChoice};
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("plan.toml");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_prep"))
+        .args([
+            "plan",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let spec = out.to_str().unwrap();
+    let p = Pipeline::load(spec).unwrap();
+    assert_eq!(p.train.patch, [20, 64, 64]);
+    assert_eq!(p.train.batch_size, 2);
+    assert_eq!(p.train.stages, 5);
+    assert_eq!(p.train.kernels[0], [1, 3, 3]);
+    assert_eq!(p.train.features, vec![32, 64, 128, 256, 320]);
+    assert_eq!(
+        p.settings.spacing,
+        SpacingChoice::Explicit([0.99, 0.99, 2.9])
+    );
+    let net = p
+        .train
+        .network()
+        .build(1, 2, &candle_core::Device::Cpu)
+        .unwrap();
+    assert_eq!(
+        net.config().strides,
+        vec![[1, 2, 2], [2, 2, 2], [2, 2, 2], [1, 2, 2]]
+    );
+    let two_d = Pipeline::load_configured(spec, Some("2d")).unwrap();
+    assert_eq!(two_d.train.patch, [1, 64, 64]);
+    assert!(two_d.train.kernels.iter().all(|k| k[0] == 1));
+    two_d
+        .train
+        .network()
+        .build(1, 2, &candle_core::Device::Cpu)
+        .unwrap();
+
+    let text = std::fs::read_to_string(&out).unwrap();
+    let edited = |from: &str, to: &str| {
+        assert!(text.contains(from), "{from}");
+        let f = t.path().join("edited.toml");
+        std::fs::write(&f, text.replacen(from, to, 1)).unwrap();
+        Pipeline::load(f.to_str().unwrap())
+            .expect_err("refused")
+            .to_string()
+    };
+    let e = edited("patch = [20, 64, 64]", "patch = [20, 64, 60]");
+    assert!(e.contains("3d_fullres") && e.contains("patch"), "{e}");
+    let e = edited(
+        "configuration = \"3d_fullres\"",
+        "configuration = \"3d_lowres\"",
+    );
+    assert!(
+        e.contains("3d_lowres") && e.contains("2d, 3d_fullres"),
+        "{e}"
+    );
+    let e = edited(
+        "kernels = [[1, 3, 3], [3, 3, 3], [3, 3, 3], [3, 3, 3], [3, 3, 3]]",
+        "kernels = [[1, 3, 3], [3, 3, 3]]",
+    );
+    assert!(e.contains("kernels") && e.contains("5 stages"), "{e}");
+    let e = edited(
+        "encoder = \"plain\"\nsize_estimate = 2",
+        "encoder = \"residual\"\nsize_estimate = 2",
+    );
+    assert!(e.contains("residual"), "{e}");
+}

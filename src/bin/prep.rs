@@ -40,6 +40,64 @@ enum Command {
     /// orphans, leftovers; --verify re-hashes every chunk). Never writes into the cache.
     #[command(after_help = EXIT_STATUS_HELP)]
     Inspect(Box<InspectArgs>),
+    /// Plan the training of a dataset as nnU-Net's experiment planner does (spacing, patch,
+    /// batch size and network per configuration) and write it as a pipeline file.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Dataset folder (imagesTr/ + labelsTr/). Default: the bundled data/vessels.
+    data: Option<PathBuf>,
+    /// default (nnU-Net's plain U-Net, about 8 GB), resenc-m, resenc-l, resenc-xl (its
+    /// residual-encoder presets for about 8, 24 and 40 GB).
+    #[arg(long, default_value = "default")]
+    preset: voxcache::planner::Preset,
+    /// Write the plan as a pipeline file (pass it to build-cache and train with --pipeline).
+    #[arg(long, value_name = "FILE.toml")]
+    out: Option<PathBuf>,
+}
+
+fn run_plan(args: PlanArgs) -> Result<Exit> {
+    let source = dataset_source(args.data, None, None)?;
+    let name = match &source {
+        voxcache::prep::dataset::DatasetSource::Folder(d) => d
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "dataset".into()),
+        _ => "dataset".into(),
+    };
+    let fp = voxcache::planner::fingerprint_dataset(&source)?;
+    for n in &fp.notes {
+        eprintln!("note: {n}");
+    }
+    let plans = voxcache::planner::plan_experiment(&fp.fingerprint, args.preset)?;
+    let tables = voxcache::config::configurations::plan_tables(&plans, fp.mm_per_unit);
+    println!(
+        "{name}: {} labelled cases, preset {}",
+        fp.fingerprint.num_training,
+        args.preset.name()
+    );
+    print!(
+        "{}",
+        voxcache::config::configurations::describe(&tables, &fp.unit)
+    );
+    if let Some(out) = args.out {
+        let text = voxcache::config::configurations::plans_to_toml(
+            &plans,
+            &name,
+            &fp.unit,
+            fp.mm_per_unit,
+        )?;
+        std::fs::write(&out, text)
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+        println!(
+            "wrote {}: prep build-cache --pipeline {0} ..., then train --pipeline {0} ...",
+            out.display()
+        );
+    }
+    Ok(Exit::Success)
 }
 
 #[derive(Args)]
@@ -244,6 +302,7 @@ fn main() -> ExitCode {
         Command::BuildCache(a) => run_build(*a),
         Command::Synth(a) => run_synth(a),
         Command::Inspect(a) => run_inspect(*a),
+        Command::Plan(a) => run_plan(a),
     };
     voxcache::config::exit::finish(result)
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::configurations::ConfigurationTable;
 use super::settings::{PrepFlags, Settings, SpacingChoice};
 use super::values::from_str;
 use crate::error::{Error, Result};
@@ -63,6 +64,11 @@ pub struct PipelineFile {
     pub input_ram_mib: Option<u64>,
     /// Options of `train`; they do not shape the cache, so they are not part of its content key.
     pub train: Option<TrainConfig>,
+    /// The planned configuration used (a key of `configurations`): its spacing is the
+    /// cache's, its patch, batch and network `[train]`'s (`--configuration` picks another).
+    pub configuration: Option<String>,
+    /// Planned configurations (`prep plan` writes them), by name.
+    pub configurations: Option<std::collections::BTreeMap<String, ConfigurationTable>>,
 }
 
 impl PipelineFile {
@@ -75,6 +81,7 @@ impl PipelineFile {
         };
         Ok(PrepFlags {
             pipeline: None,
+            configuration: None,
             spacing: self.spacing,
             normalization: self.normalization,
             layout: self.layout,
@@ -117,6 +124,45 @@ impl Pipeline {
     /// file. Any fault in the file (TOML syntax, an unknown key, a bad value) is an error that
     /// names it: a pipeline is never silently skipped.
     pub fn load(spec: &str) -> Result<Pipeline> {
+        Pipeline::load_configured(spec, None)
+    }
+
+    /// [`Pipeline::load`], with `configuration` (when given) picked instead of the file's.
+    pub fn load_configured(spec: &str, configuration: Option<&str>) -> Result<Pipeline> {
+        let mut p = Pipeline::load_file(spec)?;
+        if let Some(name) = configuration.or(p.file.configuration.as_deref()) {
+            let name = name.to_string();
+            let in_origin = |e: &dyn std::fmt::Display| Error::Config(format!("{}: {e}", p.origin));
+            let table = p
+                .file
+                .configurations
+                .as_ref()
+                .and_then(|c| c.get(&name))
+                .ok_or_else(|| {
+                    let have: Vec<String> = p
+                        .file
+                        .configurations
+                        .iter()
+                        .flat_map(|c| c.keys().cloned())
+                        .collect();
+                    in_origin(&format!(
+                        "configuration {name:?} is not one of its [configurations] ({})",
+                        if have.is_empty() {
+                            "none".to_string()
+                        } else {
+                            have.join(", ")
+                        }
+                    ))
+                })?
+                .clone();
+            table
+                .apply(&name, &mut p.settings, &mut p.train)
+                .map_err(|e| in_origin(&e))?;
+        }
+        Ok(p)
+    }
+
+    fn load_file(spec: &str) -> Result<Pipeline> {
         if is_path(spec) {
             let path = Path::new(spec);
             let origin = format!("pipeline file {}", path.display());

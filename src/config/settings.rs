@@ -39,6 +39,10 @@ pub struct PrepFlags {
     /// below override it [default: default].
     #[arg(long, value_name = "NAME|FILE.toml")]
     pub pipeline: Option<String>,
+    /// The pipeline's planned configuration to use (`prep plan` writes them; default: the
+    /// file's `configuration`): its spacing becomes the cache's.
+    #[arg(long, value_name = "NAME")]
+    pub configuration: Option<String>,
     /// Target spacing: auto (per-axis median + anisotropy rule), x,y,z in the files' units, or
     /// one number for all three axes.
     #[arg(long, value_name = "auto|x,y,z")]
@@ -145,7 +149,10 @@ pub fn apply(s: &mut Settings, l: &PrepFlags) -> Result<()> {
 /// The settings of a build (or of inspect's forecast of one): the pipeline the flags name (the
 /// default one otherwise), then the flags, checked together.
 pub fn resolve(flags: &PrepFlags) -> Result<Settings> {
-    let pipeline = Pipeline::load(flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE))?;
+    let pipeline = Pipeline::load_configured(
+        flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE),
+        flags.configuration.as_deref(),
+    )?;
     let mut s = pipeline.settings;
     apply(&mut s, flags)?;
     s.normalization_forced = flags.normalization.is_some();

@@ -15,6 +15,10 @@ pub struct TrainFlags {
     /// table gives the defaults; the flags below override it [default: default].
     #[arg(long, value_name = "NAME|FILE.toml")]
     pub pipeline: Option<String>,
+    /// The pipeline's planned configuration to train (`prep plan` writes them; default: the
+    /// file's `configuration`): its patch, batch size and network.
+    #[arg(long, value_name = "NAME")]
+    pub configuration: Option<String>,
     /// Dataset in the cache (needed when it holds several).
     #[arg(long)]
     pub dataset: Option<String>,
@@ -180,7 +184,10 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 /// The configuration of a run: the pipeline the flags name (the default one otherwise), its
 /// `[train]` table, then the flags, checked together.
 pub fn resolve(flags: &TrainFlags) -> Result<TrainConfig> {
-    let pipeline = Pipeline::load(flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE))?;
+    let pipeline = Pipeline::load_configured(
+        flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE),
+        flags.configuration.as_deref(),
+    )?;
     let mut c = pipeline.train;
     flags.apply(&mut c)?;
     c.validate()?;

@@ -170,16 +170,6 @@ fn sweep_stale(out: &Path) -> Vec<PathBuf> {
     removed
 }
 
-/// Millimetres in one of a header's units; `None` for "unknown".
-fn unit_mm(unit: &str) -> Option<f64> {
-    match unit {
-        "mm" => Some(1.0),
-        "um" => Some(1e-3),
-        "m" => Some(1e3),
-        _ => None,
-    }
-}
-
 /// Run predict.
 pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let started = Instant::now();
@@ -302,7 +292,10 @@ fn params_for_unit(m: &LoadedModel, unit: &str, quiet: bool) -> OutputParams {
     p.chunk_zyx = [32, 128, 128];
     let model = m.preprocessing.unit.as_str();
     if unit != model {
-        if let (Some(a), Some(b)) = (unit_mm(model), unit_mm(unit)) {
+        if let (Some(a), Some(b)) = (
+            crate::nifti_io::unit_in_mm(model),
+            crate::nifti_io::unit_in_mm(unit),
+        ) {
             let f = a / b;
             p.target_spacing_xyz = p.target_spacing_xyz.map(|s| s * f);
             if !quiet {

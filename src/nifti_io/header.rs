@@ -510,3 +510,13 @@ fn header_affine(h: &NiftiHeader, spacing: [f64; 3]) -> std::result::Result<Head
     }
     Ok((Affine::diagonal(spacing), "pixdim", None))
 }
+
+/// Millimetres in one of a header's spatial units ("mm", "um", "m"); `None` for "unknown".
+pub fn unit_in_mm(unit: &str) -> Option<f64> {
+    match unit {
+        "mm" => Some(1.0),
+        "um" => Some(1e-3),
+        "m" => Some(1e3),
+        _ => None,
+    }
+}

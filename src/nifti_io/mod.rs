@@ -27,7 +27,7 @@ mod writer;
 pub use file::open_input;
 pub use header::{
     f32_to_f64_decimal, parse_header_bytes, read_frame_header, read_header, read_header_frames,
-    HeaderInfo,
+    unit_in_mm, HeaderInfo,
 };
 pub use label_writer::{LabelType, LabelWriter};
 pub use labels::{label_from_f32, stream_label_slices, LabelCheck, LabelData};

@@ -38,6 +38,8 @@ pub struct Plans {
     /// The planner's axis order: `transpose[i]` is the (z, y, x) axis at place i (the
     /// coarsest spacing first).
     pub transpose: [usize; 3],
+    /// The full-resolution target spacing (z, y, x), mm: `2d` keeps its coarse axis.
+    pub target_spacing: [f64; 3],
     /// `3d_fullres` (absent for a dataset of single slices).
     pub fullres: Option<ConfigurationPlan>,
     /// `3d_lowres`, when nnU-Net's rule creates one.
@@ -170,6 +172,7 @@ pub fn plan_experiment(fp: &Fingerprint, preset: Preset) -> Result<Plans> {
     Ok(Plans {
         preset,
         transpose,
+        target_spacing: target,
         fullres,
         lowres,
         two_d,

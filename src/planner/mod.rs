@@ -8,11 +8,14 @@
 //! - [`topology`]: pooling and kernels from the spacing, the patch padded to the strides.
 //! - [`configuration`]: one configuration's patch and batch; presets; the size estimate.
 //! - [`experiment`]: the target spacing, axis order and every configuration of a dataset.
+//! - [`fingerprint`]: a dataset's spacings and shapes from its headers.
 
 pub mod configuration;
 pub mod experiment;
+pub mod fingerprint;
 pub mod numeric;
 pub mod topology;
 
 pub use configuration::{ConfigurationPlan, EncoderKind, Preset};
 pub use experiment::{plan_experiment, Fingerprint, Plans};
+pub use fingerprint::{fingerprint_dataset, DatasetFingerprint};

@@ -1,0 +1,245 @@
+//! Planned configurations in a pipeline file: `[configurations.NAME]` tables (what
+//! `prep plan` writes, one per configuration nnU-Net's planner makes) and the one that
+//! `configuration = "NAME"` (or `--configuration NAME`) picks, applied over the cache's spacing
+//! and the `[train]` table.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::planner::{ConfigurationPlan, EncoderKind, Plans};
+use crate::prep::settings::{Settings, SpacingChoice};
+use crate::train::config::TrainConfig;
+
+/// One planned configuration as a pipeline file spells it. Axes: spacing (x, y, z) in the
+/// files' units as the cache's `spacing` key; patch, strides and kernels (z, y, x) as `[train]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigurationTable {
+    /// Target spacing (x, y, z) of the cache, in the files' units.
+    pub spacing: [f64; 3],
+    /// Patch (z, y, x).
+    pub patch: [usize; 3],
+    /// Patches a batch.
+    pub batch_size: usize,
+    /// Stride (z, y, x) of every stage, stage 0's all ones.
+    pub strides: Vec<[usize; 3]>,
+    /// Kernel (z, y, x) of every stage.
+    pub kernels: Vec<[usize; 3]>,
+    /// Channels of every stage.
+    pub features: Vec<usize>,
+    /// Blocks of every encoder stage.
+    pub blocks: Vec<usize>,
+    /// Blocks of every decoder stage, full resolution first.
+    pub decoder_blocks: Vec<usize>,
+    /// `plain` (nnU-Net's PlainConvUNet) or `residual` (its ResidualEncoderUNet).
+    pub encoder: String,
+    /// nnU-Net's size estimate of the network at this patch (conv outputs at batch 1): what the
+    /// plan was fitted to.
+    #[serde(default)]
+    pub size_estimate: u64,
+}
+
+impl ConfigurationTable {
+    /// A plan, its axes put back in (z, y, x) order (`transpose`: the planner's order), its
+    /// spacing in the files' unit (`mm_per_unit` millimetres a unit); an axis a 2D plan does
+    /// not cover keeps `target` (z, y, x, mm), the full-resolution spacing.
+    pub fn from_plan(
+        c: &ConfigurationPlan,
+        transpose: [usize; 3],
+        target: [f64; 3],
+        mm_per_unit: f64,
+    ) -> Self {
+        // A 2D plan covers the last two of the planner's axes; its first is one voxel deep.
+        let offset = 3 - c.spacing.len();
+        let zyx = |v: &[usize], fill: usize| -> [usize; 3] {
+            let mut out = [fill; 3];
+            for (i, &x) in v.iter().enumerate() {
+                out[transpose[i + offset]] = x;
+            }
+            out
+        };
+        let mut spacing_zyx = target;
+        for (i, &s) in c.spacing.iter().enumerate() {
+            spacing_zyx[transpose[i + offset]] = s;
+        }
+        // Back in the files' unit, without the last bits of the unit's conversion.
+        let unit = |mm: f64| {
+            let v = mm / mm_per_unit;
+            let scale = 10f64.powi(9 - v.abs().log10().floor() as i32);
+            (v * scale).round() / scale
+        };
+        ConfigurationTable {
+            spacing: [
+                unit(spacing_zyx[2]),
+                unit(spacing_zyx[1]),
+                unit(spacing_zyx[0]),
+            ],
+            patch: zyx(&c.patch, 1),
+            batch_size: c.batch_size,
+            strides: c.strides.iter().map(|s| zyx(s, 1)).collect(),
+            kernels: c.kernels.iter().map(|k| zyx(k, 1)).collect(),
+            features: c.features.clone(),
+            blocks: c.blocks.clone(),
+            decoder_blocks: c.decoder_blocks.clone(),
+            encoder: match c.encoder {
+                EncoderKind::Plain => "plain".into(),
+                EncoderKind::Residual => "residual".into(),
+            },
+            size_estimate: c.estimate,
+        }
+    }
+
+    /// Set the cache's spacing and the network and batch of `[train]` to this configuration.
+    pub fn apply(
+        &self,
+        name: &str,
+        settings: &mut Settings,
+        train: &mut TrainConfig,
+    ) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("[configurations.{name}]: {m}")));
+        match self.encoder.as_str() {
+            "plain" => {}
+            "residual" => return bad(
+                "encoder \"residual\" (nnU-Net's residual-encoder presets) cannot be trained yet: \
+                     plan with --preset default"
+                    .into(),
+            ),
+            e => return bad(format!("encoder {e:?}: plain or residual")),
+        }
+        if self.spacing.iter().any(|s| !s.is_finite() || *s <= 0.0) {
+            return bad(format!(
+                "spacing {:?}: three positive numbers (x, y, z)",
+                self.spacing
+            ));
+        }
+        let first = self.strides.first().copied();
+        if first != Some([1, 1, 1]) {
+            return bad(format!(
+                "strides must list every stage, the first [1, 1, 1], got {:?}",
+                self.strides
+            ));
+        }
+        let stages = self.strides.len();
+        for (key, got, want) in [
+            ("kernels", self.kernels.len(), stages),
+            ("features", self.features.len(), stages),
+            ("blocks", self.blocks.len(), stages),
+            ("decoder_blocks", self.decoder_blocks.len(), stages - 1),
+        ] {
+            if got != want {
+                return bad(format!(
+                    "{key} has {got} entries for {stages} stages (strides): give {want}"
+                ));
+            }
+        }
+        settings.spacing = SpacingChoice::Explicit(self.spacing);
+        train.patch = self.patch;
+        train.batch_size = self.batch_size;
+        train.stages = stages;
+        train.strides = self.strides[1..].to_vec();
+        train.kernels = self.kernels.clone();
+        train.features = self.features.clone();
+        train.max_channels = train
+            .max_channels
+            .max(self.features.iter().copied().max().unwrap_or(0));
+        train.base_channels = self.features[0];
+        train.blocks = self.blocks.clone();
+        train.decoder_blocks = self.decoder_blocks.clone();
+        train.validate().or_else(|e| bad(e.to_string()))?;
+        // The network itself checks the patch against the strides when built; check here so
+        // that a hand-edited plan is refused before any work.
+        let total: [usize; 3] =
+            std::array::from_fn(|a| self.strides.iter().map(|s| s[a]).product::<usize>());
+        if (0..3).any(|a| !self.patch[a].is_multiple_of(total[a])) {
+            return bad(format!(
+                "patch {:?} (z, y, x) is not a multiple of the strides' product {total:?}",
+                self.patch
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A pipeline file holding every configuration of `plans` (`configuration` picks the first
+/// 3D one, else 2d), with the cache keys and a comment that says where it came from.
+pub fn plans_to_toml(plans: &Plans, dataset: &str, unit: &str, mm_per_unit: f64) -> Result<String> {
+    let tables = plan_tables(plans, mm_per_unit);
+    let pick = if plans.fullres.is_some() {
+        "3d_fullres"
+    } else {
+        "2d"
+    };
+    #[derive(Serialize)]
+    struct File<'a> {
+        description: String,
+        normalization: &'a str,
+        configuration: &'a str,
+        configurations: BTreeMap<String, ConfigurationTable>,
+    }
+    let names: Vec<&str> = plans.configurations().iter().map(|(n, _)| *n).collect();
+    let file = File {
+        description: format!(
+            "planned by prep plan for {dataset} (preset {}): {}",
+            plans.preset.name(),
+            names.join(", ")
+        ),
+        normalization: "zscore-nonzero",
+        configuration: pick,
+        configurations: tables,
+    };
+    let body = toml::to_string(&file).map_err(|e| Error::Config(format!("plan: {e}")))?;
+    Ok(format!(
+        "# nnU-Net's experiment planner on {dataset} (docs/usage.md, \"prep plan\"). Spacings are\n\
+         # (x, y, z) in {unit}; patch, strides and kernels (z, y, x). `configuration` is the one\n\
+         # build-cache and train use (--configuration NAME picks another); every key may be edited.\n\
+         # A [train] table may be added for the other training options.\n{body}"
+    ))
+}
+
+/// Every configuration of `plans` as the tables a pipeline file holds, by name.
+pub fn plan_tables(plans: &Plans, mm_per_unit: f64) -> BTreeMap<String, ConfigurationTable> {
+    plans
+        .configurations()
+        .into_iter()
+        .map(|(n, c)| {
+            (
+                n.to_string(),
+                ConfigurationTable::from_plan(
+                    c,
+                    plans.transpose,
+                    plans.target_spacing,
+                    mm_per_unit,
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The plan in a few lines per configuration, for the terminal.
+pub fn describe(tables: &BTreeMap<String, ConfigurationTable>, unit: &str) -> String {
+    let zyx = |v: [usize; 3]| format!("{}x{}x{}", v[0], v[1], v[2]);
+    let mut out = String::new();
+    for (name, t) in tables {
+        let [x, y, z] = t.spacing;
+        out.push_str(&format!(
+            "{name}: spacing {x:.4}x{y:.4}x{z:.4} {unit} (x,y,z), patch {} (z,y,x), batch {}, {} stages, {} encoder\n",
+            zyx(t.patch),
+            t.batch_size,
+            t.strides.len(),
+            t.encoder
+        ));
+        let list = |v: &[[usize; 3]]| v.iter().map(|s| zyx(*s)).collect::<Vec<_>>().join(" ");
+        out.push_str(&format!("  strides  {}\n", list(&t.strides)));
+        out.push_str(&format!("  kernels  {}\n", list(&t.kernels)));
+        out.push_str(&format!(
+            "  features {:?}, blocks {:?}, decoder blocks {:?}; nnU-Net's size estimate {:.1} M\n",
+            t.features,
+            t.blocks,
+            t.decoder_blocks,
+            t.size_estimate as f64 / 1e6
+        ));
+    }
+    out
+}
