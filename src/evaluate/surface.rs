@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use crate::util::stats::percentile_sorted as percentile;
+
 /// Distances between the surfaces of a prediction and its reference for one class.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SurfaceDistances {
@@ -77,17 +79,6 @@ pub fn directed(from: &[[u32; 3]], to: &[[u32; 3]], spacing_xyz: [f64; 3]) -> Ve
         .collect();
     d.par_sort_unstable_by(f64::total_cmp);
     d
-}
-
-/// The `q`th percentile of sorted values, interpolated linearly between order statistics.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let pos = q / 100.0 * (sorted.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
 /// Points at or below this many are searched one by one.
@@ -210,13 +201,6 @@ mod tests {
             let b = points(seed + 100, m, 40);
             assert_eq!(directed(&a, &b, spacing), brute(&a, &b, spacing));
         }
-    }
-
-    #[test]
-    fn percentile_interpolates_like_numpy() {
-        // numpy.percentile([1, 2, 3, 4], 95) = 3.85
-        assert!((percentile(&[1.0, 2.0, 3.0, 4.0], 95.0) - 3.85).abs() < 1e-12);
-        assert_eq!(percentile(&[7.0], 95.0), 7.0);
     }
 
     #[test]

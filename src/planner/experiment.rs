@@ -65,7 +65,7 @@ impl Plans {
 /// The full-resolution target spacing (z, y, x).
 fn target_spacing(fp: &Fingerprint) -> [f64; 3] {
     // nnU-Net takes percentile 50 here, not the median (they can differ in the last bit).
-    let p50 = |vals: Vec<f64>| percentile(&vals, 50.0).unwrap_or(1.0);
+    let p50 = |vals: Vec<f64>| percentile(&vals, 50.0);
     let mut target = [0.0; 3];
     let mut size = [0.0; 3];
     for a in 0..3 {
@@ -81,7 +81,7 @@ fn target_spacing(fp: &Fingerprint) -> [f64; 3] {
         .fold(f64::INFINITY, f64::min);
     if target[worst] > ANISOTROPY * other_sp && size[worst] * ANISOTROPY < other_sz {
         let col: Vec<f64> = fp.spacings.iter().map(|s| s[worst]).collect();
-        let mut t = percentile(&col, 10.0).unwrap_or(target[worst]);
+        let mut t = percentile(&col, 10.0);
         if t < other_sp {
             t = other_sp.max(t) + 1e-5;
         }
@@ -127,7 +127,7 @@ pub fn plan_experiment(fp: &Fingerprint, preset: Preset) -> Result<Plans> {
         .map(|(sp, sh)| std::array::from_fn(|a| round_half_even(sp[a] / target[a] * sh[a] as f64)))
         .collect();
     let med: Vec<f64> = (0..3)
-        .map(|a| median(&new_shapes.iter().map(|s| s[a]).collect::<Vec<_>>()).unwrap_or(1.0))
+        .map(|a| median(&new_shapes.iter().map(|s| s[a]).collect::<Vec<_>>()))
         .collect();
     let med_t: Vec<f64> = transpose.iter().map(|&a| med[a]).collect();
     let sp_t: Vec<f64> = transpose.iter().map(|&a| target[a]).collect();

@@ -28,21 +28,12 @@ pub struct SpacingDecision {
     pub reason: String,
 }
 
-/// Median with numpy's convention (mean of the two middle values for even counts).
+pub use crate::util::stats::percentile;
+
+/// The per-axis "median" of the spacing rules: numpy's `percentile(v, 50)`, as nnU-Net takes it
+/// (not `numpy.median`, which can differ in the last bit).
 pub fn median(values: &[f64]) -> f64 {
     percentile(values, 50.0)
-}
-
-/// Percentile with linear interpolation between closest ranks (numpy's default).
-pub fn percentile(values: &[f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let pos = (v.len() - 1) as f64 * q / 100.0;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
 /// Per-axis median spacing, with nnU-Net's anisotropy rule: when the coarsest axis's median

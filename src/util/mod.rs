@@ -3,6 +3,7 @@
 //! - [`rng`]: the seeded, checkpointable random generator every draw comes from.
 //! - [`simd`]: which vector build (AVX-512, AVX2, portable) the hot loops take.
 //! - [`fastmath`]: polynomial `exp`, `log2` and `sin/cos` where the last bit does not matter.
+//! - [`stats`]: numpy's percentile and median, to the last bit.
 //! - [`sysinfo`]: memory (anonymous and file-backed, peaks) and host facts for reports.
 //! - [`progress`]: the progress bars of the long commands.
 
@@ -10,4 +11,5 @@ pub mod fastmath;
 pub mod progress;
 pub mod rng;
 pub mod simd;
+pub mod stats;
 pub mod sysinfo;
