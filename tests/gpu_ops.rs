@@ -15,7 +15,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use candle_core::{DType, Device, Tensor, Var};
-use voxcache::model::config::{Norm, Precision, UNetConfig, Upsampling};
+use voxcache::model::config::{Encoder, Norm, Precision, UNetConfig, Upsampling};
 use voxcache::model::ops::cuda::conv::set_tf32;
 use voxcache::model::ops::{
     add_channel_bias, conv3d, conv_transpose3d, group_norm_leaky_relu, max_pool3d,
@@ -329,6 +329,7 @@ fn unet_loss_and_gradients_match_cpu() {
         features: vec![],
         blocks: vec![],
         decoder_blocks: vec![],
+        encoder: Encoder::Plain,
     };
     let cpu = UNet::new(config.clone(), 7, &Device::Cpu).unwrap();
     let gpu_net = UNet::new(config, 7, &dev).unwrap();
@@ -374,6 +375,7 @@ fn unet_bf16_step_stays_close_to_f32() {
         features: vec![],
         blocks: vec![],
         decoder_blocks: vec![],
+        encoder: Encoder::Plain,
     };
     let mut net = UNet::new(config, 12, &dev).unwrap();
     let x = random(&mut Rng::new(13), &[2, 1, 16, 64, 64], 1.0, 0.0)

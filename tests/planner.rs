@@ -237,7 +237,70 @@ fn prep_plan_writes_a_pipeline_that_build_cache_and_train_take() {
     assert!(e.contains("kernels") && e.contains("5 stages"), "{e}");
     let e = edited(
         "encoder = \"plain\"\nsize_estimate = 2",
-        "encoder = \"residual\"\nsize_estimate = 2",
+        "encoder = \"dense\"\nsize_estimate = 2",
     );
-    assert!(e.contains("residual"), "{e}");
+    assert!(
+        e.contains("dense") && e.contains("plain or residual"),
+        "{e}"
+    );
+    // The residual encoder of the ResEnc presets is built from the same table.
+    let f = t.path().join("residual.toml");
+    let residual = text.replacen(
+        "encoder = \"plain\"\nsize_estimate = 2",
+        "encoder = \"residual\"\nsize_estimate = 2",
+        1,
+    );
+    std::fs::write(&f, residual).unwrap();
+    let p = Pipeline::load(f.to_str().unwrap()).unwrap();
+    let net = p
+        .train
+        .network()
+        .build(1, 2, &candle_core::Device::Cpu)
+        .unwrap();
+    assert_eq!(net.config().encoder.name(), "residual");
+    assert!(net.params().iter().any(|(n, _)| n == "stem.conv.weight"));
+}
+
+/// Spacings 0.8 x 0.8 x 2.4 have a ratio of exactly 3 in decimal but 2.99999996 in the
+/// headers' single precision, which is what nnU-Net compares: it calls the set anisotropic
+/// and takes the 10th-percentile z spacing 1.2 (its plans for this probe, made with nnunetv2
+/// 2.8.1: 3d_fullres spacing z 1.2, patch 32x96x96, every kernel 3x3x3).
+#[test]
+fn an_exact_ratio_of_three_is_anisotropic_as_in_nnunet() {
+    use voxcache::config::{Pipeline, SpacingChoice};
+    use voxcache::nifti_io::{write_nifti_i16, write_nifti_u8};
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("edge");
+    for d in ["imagesTr", "labelsTr"] {
+        std::fs::create_dir_all(data.join(d)).unwrap();
+    }
+    for i in 0..10 {
+        let (z, nz) = if i < 6 { (2.4, 16) } else { (1.2, 32) };
+        let shape = [96, 96, nz];
+        let n = 96 * 96 * nz;
+        let image: Vec<i16> = (0..n).map(|k| (k % 200) as i16 + 1).collect();
+        let label: Vec<u8> = (0..n)
+            .map(|k| u8::from((40..50).contains(&(k % 96))))
+            .collect();
+        let sp = [0.8, 0.8, z];
+        let img = data.join(format!("imagesTr/edge_{i:03}_0000.nii.gz"));
+        write_nifti_i16(&img, shape, sp, &image).unwrap();
+        let lab = data.join(format!("labelsTr/edge_{i:03}.nii.gz"));
+        write_nifti_u8(&lab, shape, sp, &label).unwrap();
+    }
+    let out = t.path().join("plan.toml");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_prep"))
+        .args([
+            "plan",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = Pipeline::load(out.to_str().unwrap()).unwrap();
+    assert_eq!(p.settings.spacing, SpacingChoice::Explicit([0.8, 0.8, 1.2]));
+    assert_eq!(p.train.patch, [32, 96, 96]);
+    assert!(p.train.kernels.iter().all(|k| *k == [3, 3, 3]));
 }

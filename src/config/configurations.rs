@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::planner::{ConfigurationPlan, EncoderKind, Plans};
+use crate::model::config::Encoder;
+use crate::nifti_io::f32_to_f64_decimal;
+use crate::planner::{ConfigurationPlan, Plans};
 use crate::prep::settings::{Settings, SpacingChoice};
 use crate::train::config::TrainConfig;
 
@@ -34,7 +36,7 @@ pub struct ConfigurationTable {
     /// Blocks of every decoder stage, full resolution first.
     pub decoder_blocks: Vec<usize>,
     /// `plain` (nnU-Net's PlainConvUNet) or `residual` (its ResidualEncoderUNet).
-    pub encoder: String,
+    pub encoder: Encoder,
     /// nnU-Net's size estimate of the network at this patch (conv outputs at batch 1): what the
     /// plan was fitted to.
     #[serde(default)]
@@ -64,12 +66,10 @@ impl ConfigurationTable {
         for (i, &s) in c.spacing.iter().enumerate() {
             spacing_zyx[transpose[i + offset]] = s;
         }
-        // Back in the files' unit, without the last bits of the unit's conversion.
-        let unit = |mm: f64| {
-            let v = mm / mm_per_unit;
-            let scale = 10f64.powi(9 - v.abs().log10().floor() as i32);
-            (v * scale).round() / scale
-        };
+        // Back in the files' unit, as the shortest decimal of its single-precision value:
+        // the planner computes with header values widened exactly (0.9900000095), a person
+        // reads and the cache is built at the 0.99 they typed.
+        let unit = |mm: f64| f32_to_f64_decimal((mm / mm_per_unit) as f32);
         ConfigurationTable {
             spacing: [
                 unit(spacing_zyx[2]),
@@ -83,10 +83,7 @@ impl ConfigurationTable {
             features: c.features.clone(),
             blocks: c.blocks.clone(),
             decoder_blocks: c.decoder_blocks.clone(),
-            encoder: match c.encoder {
-                EncoderKind::Plain => "plain".into(),
-                EncoderKind::Residual => "residual".into(),
-            },
+            encoder: c.encoder,
             size_estimate: c.estimate,
         }
     }
@@ -99,15 +96,6 @@ impl ConfigurationTable {
         train: &mut TrainConfig,
     ) -> Result<()> {
         let bad = |m: String| Err(Error::Config(format!("[configurations.{name}]: {m}")));
-        match self.encoder.as_str() {
-            "plain" => {}
-            "residual" => return bad(
-                "encoder \"residual\" (nnU-Net's residual-encoder presets) cannot be trained yet: \
-                     plan with --preset default"
-                    .into(),
-            ),
-            e => return bad(format!("encoder {e:?}: plain or residual")),
-        }
         if self.spacing.iter().any(|s| !s.is_finite() || *s <= 0.0) {
             return bad(format!(
                 "spacing {:?}: three positive numbers (x, y, z)",
@@ -147,6 +135,7 @@ impl ConfigurationTable {
         train.base_channels = self.features[0];
         train.blocks = self.blocks.clone();
         train.decoder_blocks = self.decoder_blocks.clone();
+        train.encoder = self.encoder;
         train.validate().or_else(|e| bad(e.to_string()))?;
         // The network itself checks the patch against the strides when built; check here so
         // that a hand-edited plan is refused before any work.

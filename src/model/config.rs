@@ -27,7 +27,7 @@ macro_rules! serde_as_string {
 }
 pub(crate) use serde_as_string;
 
-serde_as_string!(Upsampling, Precision);
+serde_as_string!(Upsampling, Precision, Encoder);
 
 /// How a norm may be written: the string, or the table `{ group = G }` of earlier versions,
 /// which gets an error giving the string to write instead.
@@ -127,6 +127,49 @@ impl std::str::FromStr for Upsampling {
     }
 }
 
+/// How the encoder's stages are built: `plain` or `residual`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Encoder {
+    /// nnU-Net's PlainConvUNet: conv-norm-LeakyReLU blocks, the first of a stage strided.
+    #[default]
+    Plain,
+    /// nnU-Net's ResidualEncoderUNet (its ResEnc presets): a stem block, then residual
+    /// blocks (two convolutions and a skip); the decoder stays plain.
+    Residual,
+}
+
+impl Encoder {
+    /// The spelling of pipeline files, flags and run records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoder::Plain => "plain",
+            Encoder::Residual => "residual",
+        }
+    }
+
+    /// Whether it is the default (records leave it out, so older runs read the same).
+    pub fn is_plain(&self) -> bool {
+        *self == Encoder::Plain
+    }
+}
+
+impl std::str::FromStr for Encoder {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [Encoder::Plain, Encoder::Residual]
+            .into_iter()
+            .find(|e| e.name() == s.trim())
+            .ok_or_else(|| Error::Config(format!("encoder {s:?}: give plain or residual")))
+    }
+}
+
+impl std::fmt::Display for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Arithmetic of the forward and backward passes: `f32`, or `bf16` (activations and
 /// convolutions in bfloat16 with f32 accumulation; master weights, optimizer moments, norm
 /// statistics and the loss stay f32, and checkpoints are f32 either way).
@@ -215,6 +258,9 @@ pub struct UNetConfig {
     /// resolution; depth - 1 entries). Empty: 2 each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decoder_blocks: Vec<usize>,
+    /// Plain or residual encoder stages.
+    #[serde(default, skip_serializing_if = "Encoder::is_plain")]
+    pub encoder: Encoder,
 }
 
 /// Parameter names of the deep-supervision heads start with this.
@@ -434,6 +480,9 @@ pub struct NetworkOptions {
     /// Convolution blocks of each decoder stage, full resolution first. Empty: 2 each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decoder_blocks: Vec<usize>,
+    /// Plain or residual encoder stages.
+    #[serde(skip_serializing_if = "Encoder::is_plain")]
+    pub encoder: Encoder,
     /// Seed of the initial weights.
     pub seed: u64,
 }
@@ -454,6 +503,7 @@ impl Default for NetworkOptions {
             features: vec![],
             blocks: vec![],
             decoder_blocks: vec![],
+            encoder: Encoder::Plain,
             seed: 1234,
         }
     }
@@ -487,6 +537,7 @@ impl NetworkOptions {
             features: self.features.clone(),
             blocks: self.blocks.clone(),
             decoder_blocks: self.decoder_blocks.clone(),
+            encoder: self.encoder,
         };
         ucfg.check_patch(self.patch)?;
         if self.precision != Precision::F32 && dev.is_cpu() {

@@ -62,6 +62,14 @@ impl HeaderInfo {
         crate::geometry::voxels(self.shape_xyz)
     }
 
+    /// pixdim[1..=3] widened exactly from single precision (0.99 reads 0.9900000095367432):
+    /// what ITK, hence SimpleITK and nnU-Net, compute with. `spacing_xyz` is the decimal a
+    /// person typed; planning uses these so that a ratio of exactly 3 (0.8 and 2.4) falls on
+    /// the same side of nnU-Net's anisotropy threshold as in nnU-Net.
+    pub fn spacing_exact_xyz(&self) -> [f64; 3] {
+        std::array::from_fn(|a| f64::from(self.raw.pixdim[a + 1]).abs())
+    }
+
     /// Bytes of voxel data of one volume (all the file's for a 3-D image).
     pub fn data_bytes(&self) -> u64 {
         self.voxel_count() * self.bytes_per_voxel as u64

@@ -6,15 +6,7 @@
 
 use super::numeric::{argmax_last, round_half_even};
 use super::topology::{pool_and_conv, Topology};
-
-/// How the encoder's stages are built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EncoderKind {
-    /// nnU-Net's PlainConvUNet: conv-norm-activation blocks.
-    Plain,
-    /// nnU-Net's ResidualEncoderUNet: a stem, then residual blocks.
-    Residual,
-}
+use crate::model::config::Encoder;
 
 /// A planner preset: nnU-Net's default planner or one of its residual-encoder presets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +23,7 @@ pub enum Preset {
 
 /// The fixed numbers of a preset (docs/nnunet-planner.md, section 6).
 pub(crate) struct PresetValues {
-    pub(crate) encoder: EncoderKind,
+    pub(crate) encoder: Encoder,
     /// The network-size reference for 3D and 2D plans (a count of conv outputs, not bytes).
     pub(crate) reference_3d: f64,
     pub(crate) reference_2d: f64,
@@ -46,7 +38,7 @@ impl Preset {
     /// The preset's numbers.
     pub(crate) fn values(self) -> PresetValues {
         let resenc = |reference_3d: f64, reference_2d: f64| PresetValues {
-            encoder: EncoderKind::Residual,
+            encoder: Encoder::Residual,
             reference_3d,
             reference_2d,
             max_dataset_covered: 1.0,
@@ -54,7 +46,7 @@ impl Preset {
         };
         match self {
             Preset::Default => PresetValues {
-                encoder: EncoderKind::Plain,
+                encoder: Encoder::Plain,
                 reference_3d: 560e6,
                 reference_2d: 85e6,
                 max_dataset_covered: 0.05,
@@ -79,16 +71,16 @@ impl Preset {
     /// Encoder blocks of stage `s`: 2 (plain); 1, 3, 4, 6, 6... (residual).
     pub fn encoder_blocks(self, s: usize) -> usize {
         match self.values().encoder {
-            EncoderKind::Plain => 2,
-            EncoderKind::Residual => [1, 3, 4].get(s).copied().unwrap_or(6),
+            Encoder::Plain => 2,
+            Encoder::Residual => [1, 3, 4].get(s).copied().unwrap_or(6),
         }
     }
 
     /// Decoder blocks of every decoder stage: 2 (plain), 1 (residual).
     pub fn decoder_blocks(self) -> usize {
         match self.values().encoder {
-            EncoderKind::Plain => 2,
-            EncoderKind::Residual => 1,
+            Encoder::Plain => 2,
+            Encoder::Residual => 1,
         }
     }
 }
@@ -135,7 +127,7 @@ pub struct ConfigurationPlan {
     /// Blocks of each decoder stage.
     pub decoder_blocks: Vec<usize>,
     /// How the encoder is built.
-    pub encoder: EncoderKind,
+    pub encoder: Encoder,
     /// nnU-Net's network-size estimate of the plan (conv outputs at batch 1).
     pub estimate: u64,
 }
@@ -160,12 +152,12 @@ pub(crate) fn size_estimate(
     let vol = |v: &[usize]| v.iter().map(|&x| x as u64).product::<u64>();
     let mut out = 0u64;
     match preset.values().encoder {
-        EncoderKind::Plain => {
+        Encoder::Plain => {
             for s in 0..n {
                 out += preset.encoder_blocks(s) as u64 * features[s] as u64 * vol(&sizes[s]);
             }
         }
-        EncoderKind::Residual => {
+        Encoder::Residual => {
             // The stem: one conv at full resolution.
             out += features[0] as u64 * vol(patch);
             let (mut cin, mut prev) = (features[0], patch.to_vec());

@@ -53,7 +53,8 @@ pub fn fingerprint_dataset(source: &DatasetSource) -> Result<DatasetFingerprint>
             1.0
         });
         unit.get_or_insert_with(|| (h.unit.to_string(), mm));
-        let [x, y, z] = h.spacing_xyz;
+        // The stored single-precision values, as nnU-Net reads them (see spacing_exact_xyz).
+        let [x, y, z] = h.spacing_exact_xyz();
         spacings.push([z * mm, y * mm, x * mm]);
         let [nx, ny, nz] = h.shape_xyz;
         shapes.push([nz, ny, nx]);
@@ -68,7 +69,19 @@ pub fn fingerprint_dataset(source: &DatasetSource) -> Result<DatasetFingerprint>
             2
         }
     };
-    let num_training = spacings.len();
+    // nnU-Net sizes the batch cap by dataset.json's numTraining, not by the cases it read.
+    let num_training = match found.description.as_ref().and_then(|d| d.num_training) {
+        Some(n) if n > 0 => {
+            if n != spacings.len() {
+                notes.push(format!(
+                    "dataset.json says numTraining {n}, {} labelled cases were read: planned with {n}, as nnU-Net",
+                    spacings.len()
+                ));
+            }
+            n
+        }
+        _ => spacings.len(),
+    };
     Ok(DatasetFingerprint {
         fingerprint: Fingerprint {
             spacings,

@@ -16,6 +16,6 @@ pub mod fingerprint;
 pub mod numeric;
 pub mod topology;
 
-pub use configuration::{ConfigurationPlan, EncoderKind, Preset};
+pub use configuration::{ConfigurationPlan, Preset};
 pub use experiment::{plan_experiment, Fingerprint, Plans};
 pub use fingerprint::{fingerprint_dataset, DatasetFingerprint};

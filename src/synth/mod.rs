@@ -81,16 +81,26 @@ pub enum SynthPreset {
     /// branching vessels one to three voxels across ([`VesselStyle::Thin`]): where Dice barely
     /// moves when a vessel breaks, and topology-aware losses and metrics matter.
     Thin,
+    /// 12 cases on a CT-like grid (spacings in um like every preset, shapes and ratios of an
+    /// abdominal CT set): 512x512 in-plane at 0.62..0.98, 30..90 thick slices of 2.5 or 5.0,
+    /// so that planners see strong, mixed anisotropy (nnU-Net's 1x3x3 kernels and
+    /// 10th-percentile z spacing).
+    CtLike,
+    /// 12 cases on a brain-MRI-like grid: 1.0 isotropic (two at 0.94x0.94x1.2), 160..192 x
+    /// 192..224 x 140..176 voxels: the isotropic case of every planner.
+    MriLike,
 }
 
 impl SynthPreset {
     /// Every preset, in the order they are listed to users.
-    pub const ALL: [SynthPreset; 5] = [
+    pub const ALL: [SynthPreset; 7] = [
         SynthPreset::Small,
         SynthPreset::Minivess,
         SynthPreset::Outlier,
         SynthPreset::Multichannel,
         SynthPreset::Thin,
+        SynthPreset::CtLike,
+        SynthPreset::MriLike,
     ];
 
     /// The name used on the command line.
@@ -101,6 +111,8 @@ impl SynthPreset {
             SynthPreset::Outlier => "outlier",
             SynthPreset::Multichannel => "multichannel",
             SynthPreset::Thin => "thin",
+            SynthPreset::CtLike => "ct-like",
+            SynthPreset::MriLike => "mri-like",
         }
     }
 
@@ -223,6 +235,27 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
                 specs.push(([nx, ny, nz], [1.0, 1.0, 1.0]));
             }
         }
+        SynthPreset::CtLike => {
+            for i in 0..12 {
+                let inplane = (62 + 4 * rng.range_usize(0, 9)) as f64 / 100.0;
+                let z = if i % 3 == 0 { 2.5 } else { 5.0 };
+                let nz = rng.range_usize(30, 90);
+                specs.push(([512, 512, nz], [inplane, inplane, z]));
+            }
+        }
+        SynthPreset::MriLike => {
+            for i in 0..12 {
+                let sp = if i % 6 == 5 {
+                    [0.94, 0.94, 1.2]
+                } else {
+                    [1.0, 1.0, 1.0]
+                };
+                let nx = rng.range_usize(160, 192);
+                let ny = rng.range_usize(192, 224);
+                let nz = rng.range_usize(140, 176);
+                specs.push(([nx, ny, nz], sp));
+            }
+        }
     }
     let vessels = match preset {
         SynthPreset::Thin => VesselStyle::Thin,
@@ -272,5 +305,25 @@ mod tests {
         assert!(minivess
             .iter()
             .any(|c| c.shape_xyz == [512, 512, 61] && c.spacing_xyz == [4.97, 4.97, 5.0]));
+    }
+
+    #[test]
+    fn ct_like_is_anisotropic_and_mri_like_isotropic() {
+        let ct = preset_cases("ct-like".parse().unwrap(), 3);
+        assert_eq!(ct.len(), 12);
+        for c in &ct {
+            let [x, y, z] = c.spacing_xyz;
+            assert!(
+                x == y && (0.62..=0.98).contains(&x) && z / x >= 2.5,
+                "{c:?}"
+            );
+            assert!(c.shape_xyz[0] == 512 && (30..=90).contains(&c.shape_xyz[2]));
+        }
+        let mri = preset_cases(SynthPreset::MriLike, 3);
+        assert_eq!(mri.len(), 12);
+        assert!(mri
+            .iter()
+            .all(|c| c.spacing_xyz[2] / c.spacing_xyz[0] < 1.3));
+        assert_eq!(SynthPreset::MriLike.to_string(), "mri-like");
     }
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::augment::AugmentConfig;
 use crate::error::{Error, Result};
-use crate::model::config::{NetworkOptions, Norm, Precision, Upsampling};
+use crate::model::config::{Encoder, NetworkOptions, Norm, Precision, Upsampling};
 
 /// Which optimizer, with nnU-Net-like defaults for each: `adamw` or `sgd`, the same in a
 /// pipeline file and on the command line.
@@ -160,6 +160,9 @@ pub struct TrainConfig {
     /// Convolution blocks of each decoder stage, full resolution first. Empty: 2 each.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decoder_blocks: Vec<usize>,
+    /// `plain` (nnU-Net's PlainConvUNet) or `residual` (its ResidualEncoderUNet).
+    #[serde(skip_serializing_if = "Encoder::is_plain")]
+    pub encoder: Encoder,
     /// Augmentation on or off (`--no-augment`); what it does is `augmentation`.
     pub augment: bool,
     /// The `[train.augmentation]` table (nnU-Net v2's defaults).
@@ -221,6 +224,7 @@ impl Default for TrainConfig {
             features: net.features,
             blocks: net.blocks,
             decoder_blocks: net.decoder_blocks,
+            encoder: net.encoder,
             augment: true,
             augmentation: AugmentConfig::default(),
             loss: LossWeights::default(),
@@ -261,6 +265,7 @@ impl TrainConfig {
             features: self.features.clone(),
             blocks: self.blocks.clone(),
             decoder_blocks: self.decoder_blocks.clone(),
+            encoder: self.encoder,
             seed: self.seed,
         }
     }

@@ -16,192 +16,21 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::config::{Norm, Precision, UNetConfig, Upsampling, DS_PREFIX};
-use super::ops;
+use super::config::{Encoder, Precision, UNetConfig, Upsampling, DS_PREFIX};
 use crate::error::{Error, Result};
 use crate::util::rng::Rng;
 
-/// `t` in `dt`: parameters are kept in f32 and cast on use, so their gradients come back f32.
-fn cast(t: &Tensor, dt: DType) -> Result<Tensor> {
-    Ok(t.to_dtype(dt)?)
-}
+mod layers;
 
-/// Named trainable parameters, created with seeded initial values.
-pub struct ParamStore {
-    params: Vec<(String, Var)>,
-    rng: Rng,
-    dev: Device,
-}
-
-impl ParamStore {
-    fn new(rng: Rng, dev: &Device) -> Self {
-        ParamStore {
-            params: Vec::new(),
-            rng,
-            dev: dev.clone(),
-        }
-    }
-
-    fn add(&mut self, name: String, values: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
-        let var = Var::from_tensor(&Tensor::from_vec(values, shape, &self.dev)?)?;
-        let t = var.as_tensor().clone();
-        self.params.push((name, var));
-        Ok(t)
-    }
-
-    /// He-normal weights for LeakyReLU(0.01) (nnU-Net's init), fan-in = product of the other dims.
-    fn kaiming(&mut self, name: String, shape: &[usize], fan_in: usize) -> Result<Tensor> {
-        let gain = (2.0 / (1.0 + 0.01f64 * 0.01)).sqrt();
-        let std = gain / (fan_in.max(1) as f64).sqrt();
-        let n: usize = shape.iter().product();
-        let values = (0..n).map(|_| (self.rng.normal() * std) as f32).collect();
-        self.add(name, values, shape)
-    }
-
-    fn constant(&mut self, name: String, n: usize, value: f32) -> Result<Tensor> {
-        self.add(name, vec![value; n], &[n])
-    }
-
-    /// Parameters sorted by name (the order optimizers and checkpoints use).
-    pub fn sorted(&self) -> Vec<(String, Var)> {
-        let mut p = self.params.clone();
-        p.sort_by(|a, b| a.0.cmp(&b.0));
-        p
-    }
-}
-
-struct Conv {
-    weight: Tensor,
-    bias: Tensor,
-    padding: [usize; 3],
-    stride: [usize; 3],
-}
-
-impl Conv {
-    fn new(
-        ps: &mut ParamStore,
-        name: &str,
-        cin: usize,
-        cout: usize,
-        k: [usize; 3],
-        stride: [usize; 3],
-    ) -> Result<Self> {
-        let fan_in = cin * k.iter().product::<usize>();
-        let weight = ps.kaiming(
-            format!("{name}.weight"),
-            &[cout, cin, k[0], k[1], k[2]],
-            fan_in,
-        )?;
-        let bias = ps.constant(format!("{name}.bias"), cout, 0.0)?;
-        Ok(Conv {
-            weight,
-            bias,
-            padding: k.map(|k| k / 2),
-            stride,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dt = x.dtype();
-        let y = ops::conv3d(x, &cast(&self.weight, dt)?, self.padding, self.stride)?;
-        Ok(ops::add_channel_bias(&y, &cast(&self.bias, dt)?)?)
-    }
-}
-
-/// conv -> norm -> LeakyReLU (the last two fused in [`ops::group_norm_leaky_relu`]).
-struct Block {
-    conv: Conv,
-    norm_weight: Tensor,
-    norm_bias: Tensor,
-    groups: usize,
-}
-
-impl Block {
-    #[allow(clippy::too_many_arguments)] // one block's whole shape, named at each call
-    fn new(
-        ps: &mut ParamStore,
-        name: &str,
-        cin: usize,
-        cout: usize,
-        kernel: [usize; 3],
-        stride: [usize; 3],
-        norm: Norm,
-    ) -> Result<Self> {
-        let conv = Conv::new(ps, &format!("{name}.conv"), cin, cout, kernel, stride)?;
-        let groups = match norm {
-            Norm::Instance => cout,
-            Norm::Group(g) => largest_divisor_at_most(cout, g),
-        };
-        let norm_weight = ps.constant(format!("{name}.norm.weight"), cout, 1.0)?;
-        let norm_bias = ps.constant(format!("{name}.norm.bias"), cout, 0.0)?;
-        Ok(Block {
-            conv,
-            norm_weight,
-            norm_bias,
-            groups,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.conv.forward(x)?;
-        let dt = y.dtype();
-        Ok(ops::group_norm_leaky_relu(
-            &y,
-            &cast(&self.norm_weight, dt)?,
-            &cast(&self.norm_bias, dt)?,
-            self.groups,
-            1e-5,
-            0.01,
-        )?)
-    }
-}
-
-fn is_ds_param(name: &str) -> bool {
-    name.strip_prefix(DS_PREFIX)
-        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-}
-
-fn largest_divisor_at_most(n: usize, g: usize) -> usize {
-    (1..=g.min(n))
-        .rev()
-        .find(|d| n.is_multiple_of(*d))
-        .unwrap_or(1)
-}
-
-enum Up {
-    Transpose {
-        weight: Tensor,
-        bias: Tensor,
-        stride: [usize; 3],
-    },
-    Nearest {
-        conv: Conv,
-        scale: [usize; 3],
-    },
-}
-
-impl Up {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Up::Transpose {
-                weight,
-                bias,
-                stride,
-            } => {
-                let dt = x.dtype();
-                let y = ops::conv_transpose3d(x, &cast(weight, dt)?, *stride)?;
-                Ok(ops::add_channel_bias(&y, &cast(bias, dt)?)?)
-            }
-            Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?),
-        }
-    }
-}
+use layers::{cast, is_ds_param, Block, Conv, Layer, ParamStore, ResBlock, Up};
 
 /// The U-Net with its parameters.
 pub struct UNet {
     config: UNetConfig,
+    /// The residual encoder's stem (one conv-norm-act block before stage 0).
+    stem: Option<Block>,
     /// Encoder stages, full resolution first: their blocks.
-    encoder: Vec<Vec<Block>>,
+    encoder: Vec<Vec<Layer>>,
     /// Decoder stages from the deepest up: (upsampling, blocks).
     decoder: Vec<(Up, Vec<Block>)>,
     head: Conv,
@@ -217,12 +46,31 @@ impl UNet {
         config.validate()?;
         let mut ps = ParamStore::new(Rng::derive(seed, &[0x004d_4f44_454c]), dev);
         let depth = config.strides.len() + 1;
+        let residual = config.encoder == Encoder::Residual;
+        // nnU-Net's residual encoder starts with a stem that brings the input to stage 0's
+        // channels; stage 0's first block then keeps them.
+        let stem = if residual {
+            let c0 = config.channels(0);
+            let k = config.kernel(0);
+            let norm = config.norm;
+            Some(Block::new(
+                &mut ps,
+                "stem",
+                config.in_channels,
+                c0,
+                k,
+                [1; 3],
+                norm,
+            )?)
+        } else {
+            None
+        };
         let mut encoder = Vec::with_capacity(depth);
         for s in 0..depth {
-            let cin = if s == 0 {
-                config.in_channels
-            } else {
-                config.channels(s - 1)
+            let cin = match (s, residual) {
+                (0, false) => config.in_channels,
+                (0, true) => config.channels(0),
+                _ => config.channels(s - 1),
             };
             let cout = config.channels(s);
             let stride = if s == 0 {
@@ -238,7 +86,14 @@ impl UNet {
                     } else {
                         (cout, [1; 3])
                     };
-                    Block::new(&mut ps, &format!("enc{s}.{b}"), i, cout, k, st, norm)
+                    let name = format!("enc{s}.{b}");
+                    Ok(if residual {
+                        Layer::Residual(Box::new(ResBlock::new(
+                            &mut ps, &name, i, cout, k, st, norm,
+                        )?))
+                    } else {
+                        Layer::Plain(Block::new(&mut ps, &name, i, cout, k, st, norm)?)
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?;
             encoder.push(blocks);
@@ -302,6 +157,7 @@ impl UNet {
             .collect::<Result<Vec<_>>>()?;
         Ok(UNet {
             config,
+            stem,
             encoder,
             decoder,
             head,
@@ -384,6 +240,9 @@ impl UNet {
     fn run(&self, x: &Tensor, all_levels: bool) -> Result<Vec<Tensor>> {
         let mut skips = Vec::with_capacity(self.encoder.len());
         let mut h = cast(x, self.precision.dtype())?;
+        if let Some(stem) = &self.stem {
+            h = stem.forward(&h)?;
+        }
         for blocks in &self.encoder {
             for b in blocks {
                 h = b.forward(&h)?;

@@ -1,6 +1,7 @@
 //! The U-Net's shapes, parameters, precision and deep supervision.
 
 use super::*;
+use crate::model::config::{Encoder, Norm};
 
 #[test]
 fn norm_and_upsampling_have_one_spelling() {
@@ -57,6 +58,7 @@ fn bf16_passes_keep_f32_outputs_and_gradients() -> Result<()> {
         features: vec![],
         blocks: vec![],
         decoder_blocks: vec![],
+        encoder: Encoder::Plain,
     };
     let dev = Device::Cpu;
     let mut net = UNet::new(cfg, 3, &dev)?;
@@ -116,6 +118,7 @@ fn deep_supervision_adds_heads_at_the_lower_levels() -> Result<()> {
         features: vec![],
         blocks: vec![],
         decoder_blocks: vec![],
+        encoder: Encoder::Plain,
     };
     assert_eq!(cfg.supervised_levels(), vec![0, 1]);
     let w = cfg.level_weights();
@@ -193,6 +196,7 @@ fn forward_keeps_the_spatial_shape() -> Result<()> {
             features: vec![],
             blocks: vec![],
             decoder_blocks: vec![],
+            encoder: Encoder::Plain,
         };
         let net = UNet::new(cfg, 1, &Device::Cpu)?;
         let x = Tensor::ones((2, 1, 8, 16, 16), DType::F32, &Device::Cpu)?;
@@ -223,6 +227,7 @@ fn per_stage_kernels_features_and_blocks_shape_the_network() -> Result<()> {
         features: vec![],
         blocks: vec![],
         decoder_blocks: vec![],
+        encoder: Encoder::Plain,
     };
     // The defaults spelled out are the same network, parameter for parameter.
     let spelled = UNetConfig {

@@ -1,0 +1,318 @@
+//! The U-Net's layers: seeded parameters, convolution, the conv-norm-activation block,
+//! nnU-Net's residual block, and the decoder's upsampling.
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use super::super::config::{Norm, DS_PREFIX};
+use super::super::ops;
+use crate::error::Result;
+use crate::util::rng::Rng;
+
+/// `t` in `dt`: parameters are kept in f32 and cast on use, so their gradients come back f32.
+pub(super) fn cast(t: &Tensor, dt: DType) -> Result<Tensor> {
+    Ok(t.to_dtype(dt)?)
+}
+
+/// Named trainable parameters, created with seeded initial values.
+pub(super) struct ParamStore {
+    pub(super) params: Vec<(String, Var)>,
+    rng: Rng,
+    dev: Device,
+}
+
+impl ParamStore {
+    pub(super) fn new(rng: Rng, dev: &Device) -> Self {
+        ParamStore {
+            params: Vec::new(),
+            rng,
+            dev: dev.clone(),
+        }
+    }
+
+    fn add(&mut self, name: String, values: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+        let var = Var::from_tensor(&Tensor::from_vec(values, shape, &self.dev)?)?;
+        let t = var.as_tensor().clone();
+        self.params.push((name, var));
+        Ok(t)
+    }
+
+    /// He-normal weights for LeakyReLU(0.01) (nnU-Net's init), fan-in = product of the other dims.
+    pub(super) fn kaiming(
+        &mut self,
+        name: String,
+        shape: &[usize],
+        fan_in: usize,
+    ) -> Result<Tensor> {
+        let gain = (2.0 / (1.0 + 0.01f64 * 0.01)).sqrt();
+        let std = gain / (fan_in.max(1) as f64).sqrt();
+        let n: usize = shape.iter().product();
+        let values = (0..n).map(|_| (self.rng.normal() * std) as f32).collect();
+        self.add(name, values, shape)
+    }
+
+    pub(super) fn constant(&mut self, name: String, n: usize, value: f32) -> Result<Tensor> {
+        self.add(name, vec![value; n], &[n])
+    }
+
+    /// Parameters sorted by name (the order optimizers and checkpoints use).
+    pub(super) fn sorted(&self) -> Vec<(String, Var)> {
+        let mut p = self.params.clone();
+        p.sort_by(|a, b| a.0.cmp(&b.0));
+        p
+    }
+}
+
+pub(super) struct Conv {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    padding: [usize; 3],
+    stride: [usize; 3],
+}
+
+impl Conv {
+    pub(super) fn new(
+        ps: &mut ParamStore,
+        name: &str,
+        cin: usize,
+        cout: usize,
+        k: [usize; 3],
+        stride: [usize; 3],
+    ) -> Result<Self> {
+        let fan_in = cin * k.iter().product::<usize>();
+        let weight = ps.kaiming(
+            format!("{name}.weight"),
+            &[cout, cin, k[0], k[1], k[2]],
+            fan_in,
+        )?;
+        let bias = Some(ps.constant(format!("{name}.bias"), cout, 0.0)?);
+        Ok(Conv {
+            weight,
+            bias,
+            padding: k.map(|k| k / 2),
+            stride,
+        })
+    }
+
+    /// Without a bias (the residual block's projection: its norm would cancel one).
+    fn without_bias(
+        ps: &mut ParamStore,
+        name: &str,
+        cin: usize,
+        cout: usize,
+        k: [usize; 3],
+    ) -> Result<Self> {
+        let weight = ps.kaiming(
+            format!("{name}.weight"),
+            &[cout, cin, k[0], k[1], k[2]],
+            cin * k.iter().product::<usize>(),
+        )?;
+        Ok(Conv {
+            weight,
+            bias: None,
+            padding: k.map(|k| k / 2),
+            stride: [1; 3],
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dt = x.dtype();
+        let y = ops::conv3d(x, &cast(&self.weight, dt)?, self.padding, self.stride)?;
+        match &self.bias {
+            Some(b) => Ok(ops::add_channel_bias(&y, &cast(b, dt)?)?),
+            None => Ok(y),
+        }
+    }
+}
+
+/// LeakyReLU's slope (nnU-Net's); a slope of 1 is no activation.
+const SLOPE: f64 = 0.01;
+
+/// conv -> norm -> LeakyReLU (the last two fused in [`ops::group_norm_leaky_relu`]), or
+/// conv -> norm alone (slope 1) where a residual sum comes before the activation.
+pub(super) struct Block {
+    conv: Conv,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    groups: usize,
+    slope: f64,
+}
+
+impl Block {
+    #[allow(clippy::too_many_arguments)] // one block's whole shape, named at each call
+    pub(super) fn new(
+        ps: &mut ParamStore,
+        name: &str,
+        cin: usize,
+        cout: usize,
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        norm: Norm,
+    ) -> Result<Self> {
+        let conv = Conv::new(ps, &format!("{name}.conv"), cin, cout, kernel, stride)?;
+        Self::around(ps, name, conv, cout, norm, 1.0, SLOPE)
+    }
+
+    /// `conv` followed by its norm (weights initially `gamma`) and activation (`slope`).
+    fn around(
+        ps: &mut ParamStore,
+        name: &str,
+        conv: Conv,
+        cout: usize,
+        norm: Norm,
+        gamma: f32,
+        slope: f64,
+    ) -> Result<Self> {
+        let groups = match norm {
+            Norm::Instance => cout,
+            Norm::Group(g) => largest_divisor_at_most(cout, g),
+        };
+        let norm_weight = ps.constant(format!("{name}.norm.weight"), cout, gamma)?;
+        let norm_bias = ps.constant(format!("{name}.norm.bias"), cout, 0.0)?;
+        Ok(Block {
+            conv,
+            norm_weight,
+            norm_bias,
+            groups,
+            slope,
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.conv.forward(x)?;
+        let dt = y.dtype();
+        Ok(ops::group_norm_leaky_relu(
+            &y,
+            &cast(&self.norm_weight, dt)?,
+            &cast(&self.norm_bias, dt)?,
+            self.groups,
+            1e-5,
+            self.slope,
+        )?)
+    }
+}
+
+/// nnU-Net's residual block (dynamic-network-architectures' BasicBlockD): conv-norm-act,
+/// conv-norm, plus the input (average-pooled by the stride and projected by a bias-free 1x1x1
+/// conv + norm where the stride or channels change), then the activation. The second norm
+/// starts at weight 0, as nnU-Net initializes it, so each block starts as its skip path.
+pub(super) struct ResBlock {
+    conv1: Block,
+    conv2: Block,
+    pool: Option<[usize; 3]>,
+    projection: Option<Block>,
+}
+
+impl ResBlock {
+    #[allow(clippy::too_many_arguments)] // one block's whole shape, named at each call
+    pub(super) fn new(
+        ps: &mut ParamStore,
+        name: &str,
+        cin: usize,
+        cout: usize,
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        norm: Norm,
+    ) -> Result<Self> {
+        let conv1 = Block::new(
+            ps,
+            &format!("{name}.conv1"),
+            cin,
+            cout,
+            kernel,
+            stride,
+            norm,
+        )?;
+        let c2 = Conv::new(
+            ps,
+            &format!("{name}.conv2.conv"),
+            cout,
+            cout,
+            kernel,
+            [1; 3],
+        )?;
+        let conv2 = Block::around(ps, &format!("{name}.conv2"), c2, cout, norm, 0.0, 1.0)?;
+        let pool = (stride != [1; 3]).then_some(stride);
+        let projection = if cin != cout {
+            let skip = format!("{name}.skip");
+            let conv = Conv::without_bias(ps, &format!("{skip}.conv"), cin, cout, [1; 3])?;
+            Some(Block::around(ps, &skip, conv, cout, norm, 1.0, 1.0)?)
+        } else {
+            None
+        };
+        Ok(ResBlock {
+            conv1,
+            conv2,
+            pool,
+            projection,
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut skip = match self.pool {
+            Some(k) => ops::avg_pool3d(x, k)?,
+            None => x.clone(),
+        };
+        if let Some(p) = &self.projection {
+            skip = p.forward(&skip)?;
+        }
+        let sum = (self.conv2.forward(&self.conv1.forward(x)?)? + skip)?;
+        // LeakyReLU as max(x, slope x): three tensors kept for the backward pass.
+        Ok(sum.maximum(&(&sum * SLOPE)?)?)
+    }
+}
+
+/// One encoder layer: a plain block or a residual one.
+pub(super) enum Layer {
+    Plain(Block),
+    Residual(Box<ResBlock>),
+}
+
+impl Layer {
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Layer::Plain(b) => b.forward(x),
+            Layer::Residual(b) => b.forward(x),
+        }
+    }
+}
+
+pub(super) fn is_ds_param(name: &str) -> bool {
+    name.strip_prefix(DS_PREFIX)
+        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+}
+
+fn largest_divisor_at_most(n: usize, g: usize) -> usize {
+    (1..=g.min(n))
+        .rev()
+        .find(|d| n.is_multiple_of(*d))
+        .unwrap_or(1)
+}
+
+pub(super) enum Up {
+    Transpose {
+        weight: Tensor,
+        bias: Tensor,
+        stride: [usize; 3],
+    },
+    Nearest {
+        conv: Conv,
+        scale: [usize; 3],
+    },
+}
+
+impl Up {
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Up::Transpose {
+                weight,
+                bias,
+                stride,
+            } => {
+                let dt = x.dtype();
+                let y = ops::conv_transpose3d(x, &cast(weight, dt)?, *stride)?;
+                Ok(ops::add_channel_bias(&y, &cast(bias, dt)?)?)
+            }
+            Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?),
+        }
+    }
+}
