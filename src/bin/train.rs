@@ -101,6 +101,14 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
         ),
         _ => println!("peak memory     RSS {:.0} MiB{gpu}", r.peak_rss_mb),
     }
+    // The step's own memory: on the CPU the anonymous growth since the network was built.
+    let measured = match (r.gpu_peak_mb, r.peak_anon_mb, r.base_anon_mb) {
+        (Some(g), _, _) => format!("GPU peak {g:.0} MiB"),
+        (None, Some(p), Some(b)) => format!("{:.0} MiB anonymous growth", p - b),
+        _ => "not measured".into(),
+    };
+    println!("step memory     forecast {}", r.forecast.describe());
+    println!("                measured {measured}");
     let total = r.forecast_s(c.steps);
     let total = match total {
         t if t < 120.0 => format!("{t:.0} s"),

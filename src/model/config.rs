@@ -510,9 +510,8 @@ impl Default for NetworkOptions {
 }
 
 impl NetworkOptions {
-    /// The network for `in_channels` input channels and `num_classes` outputs on `dev`, with
-    /// its seeded initial weights.
-    pub fn build(&self, in_channels: usize, num_classes: usize, dev: &Device) -> Result<UNet> {
+    /// The network's shape for `in_channels` inputs and `num_classes` outputs, its patch checked.
+    pub fn unet_config(&self, in_channels: usize, num_classes: usize) -> Result<UNetConfig> {
         let strides = if self.strides.is_empty() {
             UNetConfig::plan_strides(self.patch, self.stages, 4)
         } else if self.strides.len() + 1 != self.stages {
@@ -540,6 +539,13 @@ impl NetworkOptions {
             encoder: self.encoder,
         };
         ucfg.check_patch(self.patch)?;
+        Ok(ucfg)
+    }
+
+    /// The network for `in_channels` input channels and `num_classes` outputs on `dev`, with
+    /// its seeded initial weights.
+    pub fn build(&self, in_channels: usize, num_classes: usize, dev: &Device) -> Result<UNet> {
+        let ucfg = self.unet_config(in_channels, num_classes)?;
         if self.precision != Precision::F32 && dev.is_cpu() {
             return Err(Error::Config(format!(
                 "precision {} is for a GPU (--device cuda): the CPU kernels compute in f32",

@@ -6,9 +6,11 @@
 //! - [`unet`]: the U-Net (depth, width, norm, up-sampling mode, deep-supervision heads).
 //! - [`device`]: CPU or CUDA, the one place that knows.
 //! - [`checkpoint`]: atomic checkpoints (safetensors + JSON state), keep last K and best.
+//! - [`memory`]: the bytes of a training step, counted from the network's layers.
 
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod memory;
 pub mod ops;
 pub mod unet;

@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicBool;
 use super::metrics::{MetricsLog, Record, TrainRecord};
 use super::trainer::{run, RunOptions};
 use crate::error::{Error, Result};
+use crate::model::memory::StepMemory;
 
 /// Steps left out of the figures at the start of a benchmark.
 pub const WARMUP_STEPS: u64 = 3;
@@ -34,12 +35,16 @@ pub struct BenchmarkReport {
     pub peak_rss_mb: f64,
     /// Peak anonymous memory (RssAnon, MiB): what the OOM killer weighs.
     pub peak_anon_mb: Option<f64>,
+    /// Anonymous memory before the network was built (MiB): the peak less this is the step's.
+    pub base_anon_mb: Option<f64>,
     /// Peak file-backed resident memory (RssFile, MiB): mapped cache pages, reclaimable.
     pub peak_file_mb: Option<f64>,
     /// Peak GPU memory our tensors held, in MiB (on a GPU).
     pub gpu_peak_mb: Option<f64>,
     /// Seconds of the first (warm-up) step.
     pub first_step_s: f64,
+    /// The step's memory counted from the network's layers.
+    pub forecast: StepMemory,
 }
 
 impl BenchmarkReport {
@@ -97,12 +102,14 @@ pub fn summarize(records: &[TrainRecord], warmup: u64) -> Result<BenchmarkReport
             .iter()
             .filter_map(|r| r.peak_anon_mb)
             .reduce(f64::max),
+        base_anon_mb: by_step.iter().find_map(|r| r.base_anon_mb),
         peak_file_mb: by_step
             .iter()
             .filter_map(|r| r.peak_file_mb)
             .reduce(f64::max),
         gpu_peak_mb,
         first_step_s: durations[0],
+        forecast: StepMemory::default(),
     })
 }
 
@@ -120,7 +127,7 @@ pub fn benchmark(base: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ben
     opts.benchmark = true;
     opts.config.steps = steps + WARMUP_STEPS;
     opts.config.log_every = 1;
-    let result = run(&opts, stop).and_then(|_| {
+    let result = run(&opts, stop).and_then(|summary| {
         let records = MetricsLog::read_all(&scratch.join("metrics.jsonl"))?;
         let train: Vec<TrainRecord> = records
             .into_iter()
@@ -129,7 +136,9 @@ pub fn benchmark(base: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ben
                 Record::Val(_) => None,
             })
             .collect();
-        summarize(&train, WARMUP_STEPS)
+        let mut report = summarize(&train, WARMUP_STEPS)?;
+        report.forecast = summary.forecast;
+        Ok(report)
     });
     let _ = std::fs::remove_dir_all(&scratch);
     result

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::augment::AugmentConfig;
 use crate::error::{Error, Result};
 use crate::model::config::{Encoder, NetworkOptions, Norm, Precision, Upsampling};
+use crate::model::memory::StepShape;
 
 /// Which optimizer, with nnU-Net-like defaults for each: `adamw` or `sgd`, the same in a
 /// pipeline file and on the command line.
@@ -267,6 +268,23 @@ impl TrainConfig {
             decoder_blocks: self.decoder_blocks.clone(),
             encoder: self.encoder,
             seed: self.seed,
+        }
+    }
+
+    /// What shapes a training step's memory besides the network (see [`crate::model::memory`]).
+    pub fn step_shape(&self) -> StepShape {
+        StepShape {
+            patch: self.patch,
+            batch: self.batch_size,
+            precision: self.precision,
+            moments: match self.optimizer {
+                OptimizerName::Adamw => 2,
+                OptimizerName::Sgd if self.momentum > 0.0 => 1,
+                OptimizerName::Sgd => 0,
+            },
+            // The queue, one batch in the making per worker, and the one being trained on.
+            data_batches: self.queue_depth + self.workers + 1,
+            workers: rayon::current_num_threads(),
         }
     }
 

@@ -47,6 +47,10 @@ pub struct TrainRecord {
     /// the memory our promises are about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_anon_mb: Option<f64>,
+    /// Anonymous memory just before the network was built, MiB: the peak less this is what
+    /// the training step (weights, optimizer, activations, loader) took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_anon_mb: Option<f64>,
     /// Peak file-backed resident memory (RssFile, sampled): mapped cache pages, which the
     /// kernel reclaims under pressure, MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -258,6 +262,7 @@ mod tests {
             data_wait_frac: 0.1,
             peak_rss_mb: 900.0,
             peak_anon_mb: Some(300.0),
+            base_anon_mb: Some(20.0),
             peak_file_mb: Some(600.0),
             elapsed_s: step as f64,
             skeleton_recall_loss: None,

@@ -303,11 +303,11 @@ impl CustomOp2 for Conv3dForward {
         let dy = dy.contiguous()?;
         // The network's input image needs no gradient: skip that whole-volume product.
         let dx = match x.track_op() {
-            true => Some(dy.apply_op2(w, Conv3dGradInput(self.0))?),
+            true => Some(dy.apply_op2_no_bwd(w, &Conv3dGradInput(self.0))?),
             false => None,
         };
         let dw = match w.track_op() {
-            true => Some(x.apply_op2(&dy, Conv3dGradWeight(self.0))?),
+            true => Some(x.apply_op2_no_bwd(&dy, &Conv3dGradWeight(self.0))?),
             false => None,
         };
         Ok((dx, dw))
@@ -364,8 +364,8 @@ impl CustomOp2 for Conv3dGradInput {
         up: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let up = up.contiguous()?;
-        let d_dy = up.apply_op2(w, Conv3dForward(self.0))?;
-        let d_w = up.apply_op2(dy, Conv3dGradWeight(self.0))?;
+        let d_dy = up.apply_op2_no_bwd(w, &Conv3dForward(self.0))?;
+        let d_w = up.apply_op2_no_bwd(dy, &Conv3dGradWeight(self.0))?;
         Ok((Some(d_dy), Some(d_w)))
     }
 }

@@ -13,8 +13,10 @@
 //! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops;
 //! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling;
 //! - [`norm`]: group/instance norm fused with LeakyReLU; [`bias`]: per-channel bias add;
+//! - [`activation`]: the residual block's sum and LeakyReLU in one op;
 //! - [`launch_plan`]: launch sizes of the CUDA kernels (plain arithmetic, tested on the CPU).
 
+pub mod activation;
 pub mod bias;
 pub mod blocks;
 pub mod columns;
@@ -30,6 +32,7 @@ pub mod pool3d;
 
 use candle_core::{bail, DType, Result, Tensor};
 
+pub use activation::add_leaky_relu;
 pub use bias::add_channel_bias;
 pub use generic::{conv3d_generic, conv_transpose3d_generic};
 pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic};

@@ -121,7 +121,10 @@ impl CustomOp1 for MaxPool3d {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2(&dy.contiguous()?, MaxPool3dGrad(self.0))?))
+        Ok(Some(x.apply_op2_no_bwd(
+            &dy.contiguous()?,
+            &MaxPool3dGrad(self.0),
+        )?))
     }
 }
 

@@ -255,9 +255,8 @@ impl ResBlock {
         if let Some(p) = &self.projection {
             skip = p.forward(&skip)?;
         }
-        let sum = (self.conv2.forward(&self.conv1.forward(x)?)? + skip)?;
-        // LeakyReLU as max(x, slope x): three tensors kept for the backward pass.
-        Ok(sum.maximum(&(&sum * SLOPE)?)?)
+        let main = self.conv2.forward(&self.conv1.forward(x)?)?;
+        Ok(ops::add_leaky_relu(&main, &skip, SLOPE)?)
     }
 }
 

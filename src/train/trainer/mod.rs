@@ -96,6 +96,8 @@ pub struct RunSummary {
     pub peak_rss: Option<u64>,
     /// Peak anonymous and file-backed memory over the run (sampled).
     pub peak_memory: Option<sysinfo::MemoryUse>,
+    /// The training step's memory counted from the network's layers.
+    pub forecast: crate::model::memory::StepMemory,
 }
 
 /// Train (or resume) a run. `stop` is polled after every step (Ctrl-C): a checkpoint is written
@@ -196,6 +198,7 @@ impl Session<'_> {
             val_cases: data.val.len(),
             peak_rss: sysinfo::peak_rss_bytes(),
             peak_memory: self.peak_memory.peak(),
+            forecast: self.forecast,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::format::run::{RunRecord, Split};
 use crate::model::checkpoint::Checkpointer;
 use crate::model::device;
+use crate::model::memory;
 use crate::model::unet::UNet;
 use crate::train::augment::AugmentConfig;
 use crate::train::config::{OptimizerName, TrainConfig};
@@ -50,6 +51,10 @@ pub(super) struct Session<'a> {
     pub(super) started: Instant,
     /// Samples the process's anonymous and file-backed memory from the session's start.
     pub(super) peak_memory: sysinfo::PeakMemory,
+    /// Memory before the network was built (the base of the step's growth).
+    pub(super) base_memory: Option<sysinfo::MemoryUse>,
+    /// The step's memory as counted from the network's layers.
+    pub(super) forecast: memory::StepMemory,
 }
 
 impl<'a> Session<'a> {
@@ -61,6 +66,7 @@ impl<'a> Session<'a> {
         cfg.validate()?;
         let dev = device::select(&opts.device)?;
         let data = open_data(&opts.cache_dir, cfg, opts.mapped_mib)?;
+        let base_memory = sysinfo::MemoryUse::now();
         let model = cfg
             .network()
             .build(data.channels.len(), data.num_classes, &dev)?;
@@ -91,6 +97,7 @@ impl<'a> Session<'a> {
             notices.push("no validation cases (val_fraction 0 or a single labelled case): no validation Dice and no best checkpoint".into());
         }
         notices.push(network_notice(&data, &model));
+        let forecast = memory::training_step(model.config(), &cfg.step_shape());
         let metrics_path = opts.run_dir.join("metrics.jsonl");
         // A fresh run also truncates: a folder without checkpoints may hold an abandoned log.
         let log = MetricsLog::open(&metrics_path, Some(start_step))?;
@@ -131,6 +138,8 @@ impl<'a> Session<'a> {
             best,
             started: Instant::now(),
             peak_memory: sysinfo::PeakMemory::start(),
+            base_memory,
+            forecast,
         })
     }
 }

@@ -153,6 +153,7 @@ impl Session<'_> {
             data_wait_frac: window.wait.as_secs_f64() / secs,
             peak_rss_mb: sysinfo::peak_rss_bytes().unwrap_or(0) as f64 / MIB,
             peak_anon_mb: peak.map(|m| m.anon as f64 / MIB),
+            base_anon_mb: self.base_memory.map(|m| m.anon as f64 / MIB),
             peak_file_mb: peak.map(|m| m.file as f64 / MIB),
             elapsed_s: self.started.elapsed().as_secs_f64(),
             skeleton_recall_loss: (cfg.loss.skeleton_recall > 0.0).then(|| window.srec / k),

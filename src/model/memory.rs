@@ -1,0 +1,318 @@
+//! The memory of one training step of our network, counted from its layers: what `prep plan`
+//! sizes a plan with and `train --benchmark` prints beside the measured peak.
+//!
+//! candle keeps every tensor a forward pass makes until the backward pass is done (each op
+//! holds its inputs), so the peak is the weights, their gradients and optimizer moments, every
+//! activation of the forward pass, and what the backward pass holds at once on top. The counts
+//! per layer below are the tensors our ops create (conv, bias, fused norm-activation, ...), at
+//! the batch's size, in the precision's bytes; the loss's per output voxel and the backward
+//! pass's are measured constants (see `tests/memory_forecast.rs`).
+
+use super::config::{Encoder, Precision, UNetConfig};
+
+/// Tensors kept per class and output voxel by the Dice + cross-entropy loss of one output
+/// (one-hot target, log-softmax's intermediates, probabilities, their products and the
+/// contiguous copies the Dice sums make).
+const LOSS_TENSORS: usize = 10;
+/// Largest activations alive at once in the backward pass beyond the forward's own, in units
+/// of the largest layer output (an output's gradient, its input's, and the sums that
+/// accumulate a gradient with two consumers).
+const BACKWARD_TENSORS: usize = 7;
+/// Column workspace of one convolution worker (the ops' 256 Ki floats).
+const WORKSPACE_BYTES: u64 = 1 << 20;
+
+/// Bytes of one training step, by what holds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepMemory {
+    /// Master weights (f32), and their bf16 copies under bf16.
+    pub weights: u64,
+    /// Their gradients (f32).
+    pub gradients: u64,
+    /// Optimizer moments (f32; AdamW 2, SGD 1 per weight).
+    pub optimizer: u64,
+    /// Every tensor of the forward pass, kept for the backward one.
+    pub activations: u64,
+    /// The loss's tensors over the supervised outputs (f32).
+    pub loss: u64,
+    /// What the backward pass holds on top at its peak.
+    pub backward: u64,
+    /// The convolutions' per-worker scratch.
+    pub workspace: u64,
+    /// Batches the loader holds (queued and in preparation).
+    pub data: u64,
+}
+
+impl StepMemory {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.loss
+            + self.backward
+            + self.workspace
+            + self.data
+    }
+
+    /// "412 MiB (weights 5, gradients 5, ...)".
+    pub fn describe(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "{:.0} MiB (weights {:.0}, gradients {:.0}, optimizer {:.0}, activations {:.0}, loss {:.0}, backward {:.0}, workspace {:.0}, batches {:.0})",
+            mib(self.total()),
+            mib(self.weights),
+            mib(self.gradients),
+            mib(self.optimizer),
+            mib(self.activations),
+            mib(self.loss),
+            mib(self.backward),
+            mib(self.workspace),
+            mib(self.data),
+        )
+    }
+}
+
+/// What shapes a step's memory besides the network.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepShape {
+    /// Patch (z, y, x).
+    pub patch: [usize; 3],
+    /// Patches a batch.
+    pub batch: usize,
+    /// Arithmetic of the passes.
+    pub precision: Precision,
+    /// Optimizer moments per weight (AdamW 2, SGD with momentum 1).
+    pub moments: usize,
+    /// Batches the loader holds at once (its queue and the ones being built).
+    pub data_batches: usize,
+    /// Convolution workers (threads).
+    pub workers: usize,
+}
+
+/// The forecast of one training step of `config` (see the module's notes).
+pub fn training_step(config: &UNetConfig, shape: &StepShape) -> StepMemory {
+    let depth = config.strides.len() + 1;
+    let voxels = |level: usize| -> u64 {
+        let t = config.level_stride(level);
+        (0..3)
+            .map(|a| (shape.patch[a] / t[a].max(1)) as u64)
+            .product()
+    };
+    let n = shape.batch as u64;
+    // Activation elements (per sample), and the largest single one.
+    let mut elems = 0u64;
+    let mut largest = 0u64;
+    let mut keep = |count: u64, channels: usize, level: usize| {
+        let e = channels as u64 * voxels(level);
+        elems += count * e;
+        largest = largest.max(e);
+    };
+    keep(1, config.in_channels, 0);
+    let residual = config.encoder == Encoder::Residual;
+    if residual {
+        keep(3, config.channels(0), 0); // the stem: conv, bias, norm-activation
+    }
+    for s in 0..depth {
+        let cout = config.channels(s);
+        for b in 0..config.encoder_blocks(s) {
+            if !residual {
+                keep(3, cout, s);
+                continue;
+            }
+            // Two blocks and the activation of their sum with the skip path.
+            keep(6 + 1, cout, s);
+            let cin = match (s, b) {
+                (0, _) | (_, 1..) => cout,
+                _ => config.channels(s - 1),
+            };
+            if b == 0 && s > 0 && config.strides[s - 1] != [1; 3] {
+                keep(1, cin, s); // the average-pooled input
+            }
+            if cin != cout {
+                keep(2, cout, s); // projection conv and norm
+            }
+        }
+    }
+    for level in (0..depth - 1).rev() {
+        let c = config.channels(level);
+        // Upsampling (conv, bias), the concatenation (2c), then the blocks.
+        keep(2 + 2 + 3 * config.decoder_blocks(level) as u64, c, level);
+    }
+    let levels = config.supervised_levels();
+    let outputs: u64 = levels
+        .iter()
+        .map(|&l| config.num_classes as u64 * voxels(l))
+        .sum();
+    // Heads: conv and bias per supervised output.
+    elems += 2 * outputs;
+    let bytes = match shape.precision {
+        Precision::F32 => 4,
+        Precision::Bf16 => 2,
+    };
+    let params = parameter_count(config);
+    let weights = 4 * params
+        + match shape.precision {
+            Precision::F32 => 0,
+            Precision::Bf16 => 2 * params,
+        };
+    let data_elems = (config.in_channels as u64 + 1) * voxels(0);
+    StepMemory {
+        weights,
+        gradients: 4 * params,
+        optimizer: 4 * params * shape.moments as u64,
+        activations: bytes * n * elems,
+        loss: 4 * n * LOSS_TENSORS as u64 * outputs,
+        backward: bytes * n * BACKWARD_TENSORS as u64 * largest,
+        workspace: WORKSPACE_BYTES * shape.workers.max(1) as u64,
+        data: 4 * n * data_elems * shape.data_batches as u64,
+    }
+}
+
+/// Trainable scalars of `config`'s network, counted as [`super::unet::UNet`] creates them.
+pub fn parameter_count(config: &UNetConfig) -> u64 {
+    let depth = config.strides.len() + 1;
+    let conv = |cin: usize, cout: usize, k: [usize; 3]| -> u64 {
+        (cout * cin * k.iter().product::<usize>() + cout) as u64
+    };
+    // conv (+ bias) and the norm's weight and bias
+    let block = |cin: usize, cout: usize, k: [usize; 3]| conv(cin, cout, k) + 2 * cout as u64;
+    let residual = config.encoder == Encoder::Residual;
+    let mut p = 0;
+    if residual {
+        p += block(config.in_channels, config.channels(0), config.kernel(0));
+    }
+    for s in 0..depth {
+        let (cout, k) = (config.channels(s), config.kernel(s));
+        for b in 0..config.encoder_blocks(s) {
+            let cin = match (s, b, residual) {
+                (0, 0, false) => config.in_channels,
+                (0, _, _) | (_, 1.., _) => cout,
+                _ => config.channels(s - 1),
+            };
+            p += block(cin, cout, k);
+            if residual {
+                p += block(cout, cout, k);
+                if cin != cout {
+                    // bias-free 1x1x1 projection and its norm
+                    p += (cin * cout + 2 * cout) as u64;
+                }
+            }
+        }
+    }
+    for level in 0..depth - 1 {
+        let (c, deep, k) = (
+            config.channels(level),
+            config.channels(level + 1),
+            config.kernel(level),
+        );
+        let s = config.strides[level];
+        p += match config.upsampling {
+            super::config::Upsampling::Transpose => {
+                (deep * c * s.iter().product::<usize>() + c) as u64
+            }
+            super::config::Upsampling::Nearest => conv(deep, c, [1; 3]),
+        };
+        for b in 0..config.decoder_blocks(level) {
+            p += block(if b == 0 { 2 * c } else { c }, c, k);
+        }
+    }
+    for &l in &config.supervised_levels() {
+        p += conv(config.channels(l), config.num_classes, [1; 3]);
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::{Norm, Upsampling};
+    use crate::model::unet::UNet;
+    use candle_core::Device;
+
+    /// The count the forecast uses is the network's own, for every kind of network.
+    #[test]
+    fn parameter_count_is_the_built_networks() {
+        let base = UNetConfig {
+            in_channels: 2,
+            num_classes: 3,
+            base_channels: 4,
+            max_channels: 12,
+            strides: vec![[1, 2, 2], [2, 2, 2], [2, 2, 2]],
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: true,
+            kernels: vec![[1, 3, 3], [3, 3, 3], [3, 3, 3], [3, 3, 3]],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
+            encoder: Encoder::Plain,
+        };
+        let variants = [
+            base.clone(),
+            UNetConfig {
+                upsampling: Upsampling::Nearest,
+                deep_supervision: false,
+                ..base.clone()
+            },
+            UNetConfig {
+                encoder: Encoder::Residual,
+                features: vec![4, 8, 12, 12],
+                blocks: vec![1, 3, 4, 2],
+                decoder_blocks: vec![1, 1, 1],
+                ..base.clone()
+            },
+            UNetConfig {
+                encoder: Encoder::Residual,
+                in_channels: 1,
+                blocks: vec![2, 1, 1, 1],
+                ..base
+            },
+        ];
+        for c in variants {
+            let net = UNet::new(c.clone(), 0, &Device::Cpu).unwrap();
+            assert_eq!(parameter_count(&c), net.num_parameters() as u64, "{c:?}");
+        }
+    }
+
+    /// bf16 halves the activations and adds bf16 copies of the weights; f32 master weights,
+    /// gradients and moments stay.
+    #[test]
+    fn bf16_halves_the_activations() {
+        let c = UNetConfig {
+            in_channels: 1,
+            num_classes: 2,
+            base_channels: 8,
+            max_channels: 32,
+            strides: vec![[2, 2, 2], [2, 2, 2]],
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: true,
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
+            encoder: Encoder::Plain,
+        };
+        let shape = StepShape {
+            patch: [16, 32, 32],
+            batch: 2,
+            precision: Precision::F32,
+            moments: 2,
+            data_batches: 3,
+            workers: 2,
+        };
+        let f = training_step(&c, &shape);
+        let b = training_step(
+            &c,
+            &StepShape {
+                precision: Precision::Bf16,
+                ..shape
+            },
+        );
+        assert_eq!(b.activations * 2, f.activations);
+        assert_eq!(b.weights, f.weights * 3 / 2);
+        assert_eq!((b.gradients, b.optimizer), (f.gradients, f.optimizer));
+        assert_eq!(f.optimizer, 2 * f.gradients);
+    }
+}
