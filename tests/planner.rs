@@ -304,3 +304,45 @@ fn an_exact_ratio_of_three_is_anisotropic_as_in_nnunet() {
     assert_eq!(p.train.patch, [32, 96, 96]);
     assert!(p.train.kernels.iter().all(|k| *k == [3, 3, 3]));
 }
+
+/// `--gpu-memory-gb`: nnU-Net's reference scaled to the memory, then every configuration
+/// shrunk until our forecast of its bf16 step (+ 1 GiB for the CUDA context) fits; a memory
+/// no plan fits is refused with the figure the smallest needs.
+#[test]
+fn a_gpu_memory_target_shrinks_the_plan_to_our_forecast() {
+    use voxcache::config::configurations::plan_dataset;
+    use voxcache::planner::{fingerprint_dataset, Preset};
+    use voxcache::prep::dataset::DatasetSource;
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+    let fp = fingerprint_dataset(&DatasetSource::Folder(data)).unwrap();
+    let free = plan_dataset(&fp, Preset::Default, None).unwrap();
+    assert!(free.notes.is_empty());
+    let full = &free.tables["3d_fullres"];
+    assert_eq!(full.patch, [20, 64, 64]);
+    assert!(full.memory_bf16_mib > 0 && full.memory_f32_mib > full.memory_bf16_mib);
+    let tight = plan_dataset(&fp, Preset::Default, Some(1.1)).unwrap();
+    for (name, t) in &tight.tables {
+        assert!(
+            t.memory_bf16_mib + 1024 <= 1127,
+            "{name}: {} MiB",
+            t.memory_bf16_mib
+        );
+    }
+    let small = &tight.tables["3d_fullres"];
+    assert!(small.patch.iter().product::<usize>() < full.patch.iter().product::<usize>());
+    assert!(
+        tight.notes.iter().any(|n| n.starts_with("3d_fullres")),
+        "{:?}",
+        tight.notes
+    );
+    let e = plan_dataset(&fp, Preset::Default, Some(0.5))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("needs") && e.contains("GiB"), "{e}");
+    let e = plan_dataset(&fp, Preset::Default, Some(-3.0))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("--gpu-memory-gb"), "{e}");
+}

@@ -57,6 +57,10 @@ struct PlanArgs {
     /// Write the plan as a pipeline file (pass it to build-cache and train with --pipeline).
     #[arg(long, value_name = "FILE.toml")]
     out: Option<PathBuf>,
+    /// Plan for a GPU of this much memory: nnU-Net's reference scaled to it, then each
+    /// configuration shrunk until our forecast of its bf16 training step fits.
+    #[arg(long, value_name = "GB")]
+    gpu_memory_gb: Option<f64>,
 }
 
 fn run_plan(args: PlanArgs) -> Result<Exit> {
@@ -72,8 +76,11 @@ fn run_plan(args: PlanArgs) -> Result<Exit> {
     for n in &fp.notes {
         eprintln!("note: {n}");
     }
-    let plans = voxcache::planner::plan_experiment(&fp.fingerprint, args.preset)?;
-    let tables = voxcache::config::configurations::plan_tables(&plans, fp.mm_per_unit);
+    let planned =
+        voxcache::config::configurations::plan_dataset(&fp, args.preset, args.gpu_memory_gb)?;
+    for n in &planned.notes {
+        eprintln!("note: {n}");
+    }
     println!(
         "{name}: {} labelled cases, preset {}",
         fp.fingerprint.num_training,
@@ -81,15 +88,10 @@ fn run_plan(args: PlanArgs) -> Result<Exit> {
     );
     print!(
         "{}",
-        voxcache::config::configurations::describe(&tables, &fp.unit)
+        voxcache::config::configurations::describe(&planned.tables, &fp.unit)
     );
     if let Some(out) = args.out {
-        let text = voxcache::config::configurations::plans_to_toml(
-            &plans,
-            &name,
-            &fp.unit,
-            fp.mm_per_unit,
-        )?;
+        let text = voxcache::config::configurations::plans_to_toml(&planned, &name, &fp.unit)?;
         std::fs::write(&out, text)
             .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
         println!(

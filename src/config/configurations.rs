@@ -9,8 +9,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::config::Encoder;
+use crate::model::config::Precision;
 use crate::nifti_io::f32_to_f64_decimal;
-use crate::planner::{ConfigurationPlan, Plans};
+use crate::planner::memory::{fit_to_memory, step_memory};
+use crate::planner::{
+    plan_experiment, plan_experiment_scaled, ConfigurationPlan, DatasetFingerprint, Plans, Preset,
+};
 use crate::prep::settings::{Settings, SpacingChoice};
 use crate::train::config::TrainConfig;
 
@@ -41,6 +45,13 @@ pub struct ConfigurationTable {
     /// plan was fitted to.
     #[serde(default)]
     pub size_estimate: u64,
+    /// Our forecast of one training step's memory at this plan in bf16 (a GPU; the CUDA
+    /// context not included), MiB: what `--gpu-memory-gb` checks. Information only.
+    #[serde(default)]
+    pub memory_bf16_mib: u64,
+    /// The same in f32 (the CPU), MiB.
+    #[serde(default)]
+    pub memory_f32_mib: u64,
 }
 
 impl ConfigurationTable {
@@ -85,6 +96,8 @@ impl ConfigurationTable {
             decoder_blocks: c.decoder_blocks.clone(),
             encoder: c.encoder,
             size_estimate: c.estimate,
+            memory_bf16_mib: 0,
+            memory_f32_mib: 0,
         }
     }
 
@@ -153,8 +166,8 @@ impl ConfigurationTable {
 
 /// A pipeline file holding every configuration of `plans` (`configuration` picks the first
 /// 3D one, else 2d), with the cache keys and a comment that says where it came from.
-pub fn plans_to_toml(plans: &Plans, dataset: &str, unit: &str, mm_per_unit: f64) -> Result<String> {
-    let tables = plan_tables(plans, mm_per_unit);
+pub fn plans_to_toml(planned: &PlannedDataset, dataset: &str, unit: &str) -> Result<String> {
+    let (plans, tables) = (&planned.plans, planned.tables.clone());
     let pick = if plans.fullres.is_some() {
         "3d_fullres"
     } else {
@@ -187,23 +200,61 @@ pub fn plans_to_toml(plans: &Plans, dataset: &str, unit: &str, mm_per_unit: f64)
     ))
 }
 
-/// Every configuration of `plans` as the tables a pipeline file holds, by name.
-pub fn plan_tables(plans: &Plans, mm_per_unit: f64) -> BTreeMap<String, ConfigurationTable> {
-    plans
+/// A dataset's plans as `prep plan` shows and writes them.
+pub struct PlannedDataset {
+    /// The planner's output.
+    pub plans: Plans,
+    /// Each configuration as a pipeline file spells it, with our memory forecast.
+    pub tables: BTreeMap<String, ConfigurationTable>,
+    /// What fitting the plans to a GPU changed.
+    pub notes: Vec<String>,
+}
+
+/// Plan a dataset with nnU-Net's planner; with `gpu_memory_gb`, its reference scaled to that
+/// memory (nnU-Net's `-gpu_memory_target`) and then each configuration shrunk until our own
+/// forecast of its bf16 training step fits (planner::memory::fit_to_memory).
+pub fn plan_dataset(
+    fp: &DatasetFingerprint,
+    preset: Preset,
+    gpu_memory_gb: Option<f64>,
+) -> Result<PlannedDataset> {
+    let (channels, classes) = (fp.channels, fp.fingerprint.num_classes);
+    let (plans, notes) = match gpu_memory_gb {
+        None => (plan_experiment(&fp.fingerprint, preset)?, vec![]),
+        Some(g) => {
+            if !(g.is_finite() && g > 0.0 && g <= 4096.0) {
+                return Err(Error::Config(format!(
+                    "--gpu-memory-gb {g}: give the GPU's memory in GB, a number above 0"
+                )));
+            }
+            let mut plans =
+                plan_experiment_scaled(&fp.fingerprint, preset, g / preset.memory_gb())?;
+            let bytes = (g * (1u64 << 30) as f64) as u64;
+            let notes = fit_to_memory(&mut plans, bytes, channels, classes)?;
+            (plans, notes)
+        }
+    };
+    let mib = |b: u64| b.div_ceil(1 << 20);
+    let tables = plans
         .configurations()
         .into_iter()
         .map(|(n, c)| {
-            (
-                n.to_string(),
-                ConfigurationTable::from_plan(
-                    c,
-                    plans.transpose,
-                    plans.target_spacing,
-                    mm_per_unit,
-                ),
-            )
+            let mut t = ConfigurationTable::from_plan(
+                c,
+                plans.transpose,
+                plans.target_spacing,
+                fp.mm_per_unit,
+            );
+            t.memory_bf16_mib = mib(step_memory(c, channels, classes, Precision::Bf16).total());
+            t.memory_f32_mib = mib(step_memory(c, channels, classes, Precision::F32).total());
+            (n.to_string(), t)
         })
-        .collect()
+        .collect();
+    Ok(PlannedDataset {
+        plans,
+        tables,
+        notes,
+    })
 }
 
 /// The plan in a few lines per configuration, for the terminal.
@@ -229,6 +280,13 @@ pub fn describe(tables: &BTreeMap<String, ConfigurationTable>, unit: &str) -> St
             t.decoder_blocks,
             t.size_estimate as f64 / 1e6
         ));
+        if t.memory_bf16_mib > 0 {
+            out.push_str(&format!(
+                "  training step {:.1} GiB in bf16 on a GPU (+ about 1 GiB CUDA context), {:.1} GiB in f32 on the CPU\n",
+                t.memory_bf16_mib as f64 / 1024.0,
+                t.memory_f32_mib as f64 / 1024.0
+            ));
+        }
     }
     out
 }

@@ -76,6 +76,16 @@ impl Preset {
         }
     }
 
+    /// The GPU memory (GB) nnU-Net sized the preset's reference for; `--gpu-memory-gb G`
+    /// scales the reference by G / this, as nnU-Net's `-gpu_memory_target`.
+    pub fn memory_gb(self) -> f64 {
+        match self {
+            Preset::Default | Preset::ResEncM => 8.0,
+            Preset::ResEncL => 24.0,
+            Preset::ResEncXL => 40.0,
+        }
+    }
+
     /// Decoder blocks of every decoder stage: 2 (plain), 1 (residual).
     pub fn decoder_blocks(self) -> usize {
         match self.values().encoder {
@@ -190,6 +200,60 @@ pub(crate) struct Budget {
     pub(crate) num_classes: usize,
     /// Voxels of the dataset at this configuration's spacing (median shape x cases).
     pub(crate) dataset_voxels: f64,
+    /// The preset's reference is multiplied by this (a GPU memory other than the preset's).
+    pub(crate) reference_scale: f64,
+}
+
+/// Channels of each of `stages` stages: 32 doubling up to 320 (3D) or 512 (2D).
+pub(crate) fn stage_features(dim: usize, stages: usize) -> Vec<usize> {
+    let max_features = if dim == 2 { 512 } else { 320 };
+    (0..stages)
+        .map(|i| (BASE_FEATURES << i.min(20)).min(max_features))
+        .collect()
+}
+
+/// nnU-Net's shrink step: the axis largest relative to the median shape loses the divisor the
+/// smaller patch would have. None when that axis cannot shrink.
+pub(crate) fn shrink(topo: &Topology, spacing: &[f64], median_shape: &[f64]) -> Option<Topology> {
+    let ratios: Vec<f64> = topo
+        .patch
+        .iter()
+        .zip(median_shape)
+        .map(|(&p, &m)| p as f64 / m)
+        .collect();
+    let ax = argmax_last(&ratios);
+    let mut patch: Vec<f64> = topo.patch.iter().map(|&p| p as f64).collect();
+    // The step is the divisor the smaller patch would have.
+    let mut smaller = patch.clone();
+    smaller[ax] -= topo.divisor[ax] as f64;
+    let div = pool_and_conv(spacing, &smaller).divisor;
+    patch[ax] -= div[ax] as f64;
+    if patch[ax] < 1.0 {
+        return None;
+    }
+    Some(pool_and_conv(spacing, &patch))
+}
+
+/// `plan` with another topology (a smaller patch): stages, features, blocks and estimate
+/// follow it.
+pub(crate) fn with_topology(
+    plan: &ConfigurationPlan,
+    topo: Topology,
+    preset: Preset,
+    num_classes: usize,
+) -> ConfigurationPlan {
+    let stages = topo.strides.len();
+    let features = stage_features(plan.spacing.len(), stages);
+    ConfigurationPlan {
+        estimate: size_estimate(preset, &topo.patch, &topo.strides, &features, num_classes),
+        features,
+        blocks: (0..stages).map(|s| preset.encoder_blocks(s)).collect(),
+        decoder_blocks: vec![preset.decoder_blocks(); stages - 1],
+        patch: topo.patch,
+        strides: topo.strides,
+        kernels: topo.kernels,
+        ..plan.clone()
+    }
 }
 
 /// Plan one configuration (2 or 3 axes).
@@ -201,12 +265,7 @@ pub(crate) fn plan_configuration(
     let dim = spacing.len();
     let preset = budget.preset;
     let v = preset.values();
-    let max_features = if dim == 2 { 512 } else { 320 };
-    let features = |stages: usize| -> Vec<usize> {
-        (0..stages)
-            .map(|i| (BASE_FEATURES << i.min(20)).min(max_features))
-            .collect()
-    };
+    let features = |stages: usize| stage_features(dim, stages);
     let inv: Vec<f64> = spacing.iter().map(|s| 1.0 / s).collect();
     let prod_inv = inv.iter().product::<f64>();
     let scale = if dim == 3 {
@@ -230,11 +289,12 @@ pub(crate) fn plan_configuration(
         )
     };
     let mut est = estimate(&topo);
-    let reference = if dim == 2 {
-        v.reference_2d
-    } else {
-        v.reference_3d
-    };
+    let reference = budget.reference_scale
+        * if dim == 2 {
+            v.reference_2d
+        } else {
+            v.reference_3d
+        };
     let ref_batch = if dim == 2 { 12.0 } else { 2.0 };
     let too_big = |e: u64| {
         if v.default_loop {
@@ -244,23 +304,11 @@ pub(crate) fn plan_configuration(
         }
     };
     while too_big(est) {
-        let ratios: Vec<f64> = topo
-            .patch
-            .iter()
-            .zip(median_shape)
-            .map(|(&p, &m)| p as f64 / m)
-            .collect();
-        let ax = argmax_last(&ratios);
-        let mut patch: Vec<f64> = topo.patch.iter().map(|&p| p as f64).collect();
-        // The step is the divisor the smaller patch would have.
-        let mut smaller = patch.clone();
-        smaller[ax] -= topo.divisor[ax] as f64;
-        let div = pool_and_conv(spacing, &smaller).divisor;
-        patch[ax] -= div[ax] as f64;
-        if patch[ax] < 1.0 {
-            break; // nothing smaller fits: keep the last plan (nnU-Net would loop forever)
-        }
-        topo = pool_and_conv(spacing, &patch);
+        // Nothing smaller fits: keep the last plan (nnU-Net would loop forever).
+        let Some(t) = shrink(&topo, spacing, median_shape) else {
+            break;
+        };
+        topo = t;
         est = estimate(&topo);
     }
     let patch_voxels = topo.patch.iter().map(|&p| p as f64).product::<f64>();

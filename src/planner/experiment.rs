@@ -92,6 +92,16 @@ fn target_spacing(fp: &Fingerprint) -> [f64; 3] {
 
 /// Plan every configuration of `fp` with `preset`.
 pub fn plan_experiment(fp: &Fingerprint, preset: Preset) -> Result<Plans> {
+    plan_experiment_scaled(fp, preset, 1.0)
+}
+
+/// [`plan_experiment`] with the preset's reference multiplied by `reference_scale` (nnU-Net's
+/// `-gpu_memory_target G`: G / [`Preset::memory_gb`]).
+pub fn plan_experiment_scaled(
+    fp: &Fingerprint,
+    preset: Preset,
+    reference_scale: f64,
+) -> Result<Plans> {
     if fp.spacings.is_empty() || fp.spacings.len() != fp.shapes.len() {
         return Err(Error::Dataset(format!(
             "planning needs the spacing and shape of every case ({} spacings, {} shapes)",
@@ -137,6 +147,7 @@ pub fn plan_experiment(fp: &Fingerprint, preset: Preset) -> Result<Plans> {
         preset,
         num_classes: fp.num_classes,
         dataset_voxels: voxels,
+        reference_scale,
     };
 
     let (mut fullres, mut lowres) = (None, None);

@@ -18,6 +18,8 @@ pub struct DatasetFingerprint {
     pub unit: String,
     /// Millimetres in one `unit`.
     pub mm_per_unit: f64,
+    /// Image channels of a case (files per case, or a multi-volume file's volumes).
+    pub channels: usize,
     /// What was assumed or left out, one line each.
     pub notes: Vec<String>,
 }
@@ -91,6 +93,12 @@ pub fn fingerprint_dataset(source: &DatasetSource) -> Result<DatasetFingerprint>
         },
         unit: if unit == "unknown" { "mm".into() } else { unit },
         mm_per_unit,
+        channels: found
+            .description
+            .as_ref()
+            .map(|d| d.channels.len())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| labelled[0].images.len().max(1)),
         notes,
     })
 }

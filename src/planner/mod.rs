@@ -9,13 +9,15 @@
 //! - [`configuration`]: one configuration's patch and batch; presets; the size estimate.
 //! - [`experiment`]: the target spacing, axis order and every configuration of a dataset.
 //! - [`fingerprint`]: a dataset's spacings and shapes from its headers.
+//! - [`memory`]: a plan's training memory by our own network, and fitting a plan to a GPU.
 
 pub mod configuration;
 pub mod experiment;
 pub mod fingerprint;
+pub mod memory;
 pub mod numeric;
 pub mod topology;
 
 pub use configuration::{ConfigurationPlan, Preset};
-pub use experiment::{plan_experiment, Fingerprint, Plans};
+pub use experiment::{plan_experiment, plan_experiment_scaled, Fingerprint, Plans};
 pub use fingerprint::{fingerprint_dataset, DatasetFingerprint};
