@@ -4,6 +4,8 @@
 //! same configurations: spacing to the bit, median shape, patch, batch size, strides, kernels,
 //! features and blocks, and the same configurations present.
 
+mod common;
+
 use std::path::Path;
 
 use serde_json::Value;
@@ -345,4 +347,52 @@ fn a_gpu_memory_target_shrinks_the_plan_to_our_forecast() {
         .unwrap()
         .to_string();
     assert!(e.contains("--gpu-memory-gb"), "{e}");
+}
+
+/// `train` with no patch anywhere plans one from the cache: on the bundled data the cache's
+/// cases give nnU-Net's Dataset501 plan (3d_fullres 20x64x64, batch 2, 5 stages, 32..320),
+/// recorded in the configuration; the bundled pipelines keep their own small patch.
+#[test]
+fn train_without_a_patch_plans_from_the_cache() {
+    use voxcache::config::autoplan::plan_from_cache;
+    use voxcache::config::train::{resolve_planned, TrainFlags};
+    let t = tempfile::tempdir().unwrap();
+    let bare = t.path().join("bare.toml");
+    std::fs::write(&bare, "[train]\nsteps = 10\n").unwrap();
+    let flags = |pipeline: Option<&str>, configuration: Option<&str>, patch| TrainFlags {
+        pipeline: pipeline.map(str::to_string),
+        configuration: configuration.map(str::to_string),
+        patch,
+        ..TrainFlags::default()
+    };
+    let bare = bare.to_str().unwrap();
+    assert!(!resolve_planned(&flags(None, None, None)).unwrap().1);
+    assert!(resolve_planned(&flags(Some(bare), None, None)).unwrap().1);
+    assert!(
+        !resolve_planned(&flags(Some(bare), None, Some([8, 32, 32])))
+            .unwrap()
+            .1
+    );
+    assert!(resolve_planned(&flags(None, Some("auto"), None)).unwrap().1);
+
+    let (mut cfg, _) = resolve_planned(&flags(Some(bare), None, None)).unwrap();
+    let cache = common::fixtures::bundled_cache("default", &[]);
+    let text = plan_from_cache(&mut cfg, cache, "cpu", None).unwrap();
+    assert!(text.contains("3d_fullres"), "{text}");
+    assert_eq!(
+        (cfg.patch, cfg.batch_size, cfg.stages),
+        ([20, 64, 64], 2, 5)
+    );
+    assert_eq!(cfg.features, vec![32, 64, 128, 256, 320]);
+    assert_eq!(cfg.steps, 10, "the pipeline's other keys stay");
+    assert!(cfg.planned.as_deref().unwrap().contains("10 cases"));
+    let net = cfg
+        .network()
+        .build(1, 2, &candle_core::Device::Cpu)
+        .unwrap();
+    assert_eq!(
+        net.num_parameters(),
+        16_137_416 - 514,
+        "dna's count less its unused head"
+    );
 }

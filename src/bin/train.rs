@@ -129,7 +129,17 @@ fn real_main(cli: Cli) -> Result<Exit> {
             .build_global()
             .context("setting the thread count")?;
     }
-    let config = train::resolve(&cli.options)?;
+    let (mut config, plan) = train::resolve_planned(&cli.options)?;
+    // Planned again on --resume: the plan depends only on the cache and the machine's memory.
+    if plan {
+        let text = voxcache::config::autoplan::plan_from_cache(
+            &mut config,
+            &cli.cache_dir,
+            &cli.device,
+            cli.mapped_mib,
+        )?;
+        eprint!("{text}");
+    }
     if let (None, Some(limit)) = (
         cli.mapped_mib,
         voxcache::util::sysinfo::cgroup_memory_limit(),

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::config::Encoder;
 use crate::model::config::Precision;
 use crate::nifti_io::f32_to_f64_decimal;
-use crate::planner::memory::{fit_to_memory, step_memory};
+use crate::planner::memory::{fit_to_memory, step_memory, GPU_OVERHEAD};
 use crate::planner::{
     plan_experiment, plan_experiment_scaled, ConfigurationPlan, DatasetFingerprint, Plans, Preset,
 };
@@ -230,7 +230,14 @@ pub fn plan_dataset(
             let mut plans =
                 plan_experiment_scaled(&fp.fingerprint, preset, g / preset.memory_gb())?;
             let bytes = (g * (1u64 << 30) as f64) as u64;
-            let notes = fit_to_memory(&mut plans, bytes, channels, classes)?;
+            let notes = fit_to_memory(
+                &mut plans,
+                bytes,
+                (channels, classes),
+                Precision::Bf16,
+                GPU_OVERHEAD,
+            )
+            .map_err(|e| Error::Config(format!("--gpu-memory-gb {g}: {e}")))?;
             (plans, notes)
         }
     };

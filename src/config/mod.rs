@@ -14,12 +14,14 @@
 //! Modules (one job each):
 //! - [`pipeline`]: the bundled pipelines (compiled in) and pipeline files, loaded and checked.
 //! - [`configurations`]: planned configurations in a pipeline file (`prep plan` writes them).
+//! - [`autoplan`]: `train` with no patch given plans it, and the network, from the cache.
 //! - [`settings`]: the cache parameters ([`Settings`]) and their flags ([`PrepFlags`]).
 //! - [`train`]: the training flags ([`TrainFlags`]) over the pipeline's `[train]` table.
 //! - [`values`]: the text parsers both layers use (three numbers, shard, part).
 //! - [`run_dir`]: where a training run's folder goes.
 //! - [`exit`]: the exit statuses of both binaries.
 
+pub mod autoplan;
 pub mod configurations;
 pub mod exit;
 pub mod pipeline;

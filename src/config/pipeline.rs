@@ -112,6 +112,9 @@ pub struct Pipeline {
     pub settings: Settings,
     /// The training defaults with this file's `[train]` table applied (validated).
     pub train: TrainConfig,
+    /// Whether the file gives a patch (in `[train]` or a configuration): when nothing does,
+    /// `train` plans the patch and network from the cache.
+    pub patch_given: bool,
 }
 
 /// True when `spec` names a file rather than a bundled pipeline.
@@ -158,6 +161,7 @@ impl Pipeline {
             table
                 .apply(&name, &mut p.settings, &mut p.train)
                 .map_err(|e| in_origin(&e))?;
+            p.patch_given = true;
         }
         Ok(p)
     }
@@ -208,12 +212,18 @@ impl Pipeline {
         train
             .validate()
             .map_err(|e| in_origin(&format!("[train]: {e}")))?;
+        let raw: toml::Table = toml::from_str(text).map_err(|e| in_origin(&e))?;
+        let patch_given = raw
+            .get("train")
+            .and_then(|t| t.as_table())
+            .is_some_and(|t| t.contains_key("patch"));
         Ok(Pipeline {
             name,
             origin,
             file,
             settings,
             train,
+            patch_given,
         })
     }
 }

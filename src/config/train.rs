@@ -16,7 +16,8 @@ pub struct TrainFlags {
     #[arg(long, value_name = "NAME|FILE.toml")]
     pub pipeline: Option<String>,
     /// The pipeline's planned configuration to train (`prep plan` writes them; default: the
-    /// file's `configuration`): its patch, batch size and network.
+    /// file's `configuration`): its patch, batch size and network. `auto`: plan them from the
+    /// cache for this device (also what a pipeline file without a patch gets).
     #[arg(long, value_name = "NAME")]
     pub configuration: Option<String>,
     /// Dataset in the cache (needed when it holds several).
@@ -184,15 +185,27 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 /// The configuration of a run: the pipeline the flags name (the default one otherwise), its
 /// `[train]` table, then the flags, checked together.
 pub fn resolve(flags: &TrainFlags) -> Result<TrainConfig> {
+    Ok(resolve_planned(flags)?.0)
+}
+
+/// [`resolve`], and whether the patch and network are to be planned from the cache
+/// ([`super::autoplan`]): `--configuration auto`, or a pipeline file and flags that give no
+/// patch.
+pub fn resolve_planned(flags: &TrainFlags) -> Result<(TrainConfig, bool)> {
+    let auto = flags.configuration.as_deref() == Some(AUTO);
     let pipeline = Pipeline::load_configured(
         flags.pipeline.as_deref().unwrap_or(DEFAULT_PIPELINE),
-        flags.configuration.as_deref(),
+        flags.configuration.as_deref().filter(|_| !auto),
     )?;
+    let plan = auto || (!pipeline.patch_given && flags.patch.is_none());
     let mut c = pipeline.train;
     flags.apply(&mut c)?;
     c.validate()?;
-    Ok(c)
+    Ok((c, plan))
 }
+
+/// `--configuration auto`: plan from the cache whatever the pipeline says.
+pub const AUTO: &str = "auto";
 
 #[cfg(test)]
 mod tests {

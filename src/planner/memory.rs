@@ -58,14 +58,15 @@ pub fn step_memory(
     training_step(&network_of(c, in_channels, num_classes), &shape)
 }
 
-/// Make every configuration's bf16 training step (plus [`GPU_OVERHEAD`]) fit `gpu_bytes`:
-/// first fewer patches a batch (down to 2), then nnU-Net's shrink step on the patch. Returns
-/// what changed; an error naming the memory the smallest plan needs when none fits.
+/// Make every configuration's training step in `precision` (plus `overhead`) fit `budget`
+/// bytes: first fewer patches a batch (down to 2), then nnU-Net's shrink step on the patch.
+/// Returns what changed; an error naming the memory the smallest plan needs when none fits.
 pub fn fit_to_memory(
     plans: &mut Plans,
-    gpu_bytes: u64,
-    in_channels: usize,
-    num_classes: usize,
+    budget: u64,
+    (in_channels, num_classes): (usize, usize),
+    precision: Precision,
+    overhead: u64,
 ) -> Result<Vec<String>> {
     let preset = plans.preset;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -79,10 +80,10 @@ pub fn fit_to_memory(
     }
     for (name, c) in configs {
         let need = |c: &ConfigurationPlan| {
-            step_memory(c, in_channels, num_classes, Precision::Bf16).total() + GPU_OVERHEAD
+            step_memory(c, in_channels, num_classes, precision).total() + overhead
         };
         let before = (c.patch.clone(), c.batch_size, need(c));
-        while need(c) > gpu_bytes {
+        while need(c) > budget {
             if c.batch_size > 2 {
                 c.batch_size -= 1;
                 continue;
@@ -95,11 +96,11 @@ pub fn fit_to_memory(
                 Some(t) => *c = with_topology(c, t, preset, num_classes),
                 None => {
                     return Err(Error::Config(format!(
-                        "--gpu-memory-gb {:.1}: the smallest {name} plan (patch {:?}, batch 2) needs {:.1} GiB in bf16 with {:.1} GiB for the CUDA context",
-                        gib(gpu_bytes),
+                        "a memory of {:.1} GiB: the smallest {name} plan (patch {:?}, batch 2) needs {:.1} GiB in {precision} (with {:.1} GiB for the device's own use)",
+                        gib(budget),
                         c.patch,
                         gib(need(c)),
-                        gib(GPU_OVERHEAD)
+                        gib(overhead)
                     )))
                 }
             }
@@ -113,7 +114,7 @@ pub fn fit_to_memory(
                 c.patch,
                 c.batch_size,
                 gib(need(c)),
-                gib(gpu_bytes)
+                gib(budget)
             ));
         }
     }

@@ -164,6 +164,10 @@ pub struct TrainConfig {
     /// `plain` (nnU-Net's PlainConvUNet) or `residual` (its ResidualEncoderUNet).
     #[serde(skip_serializing_if = "Encoder::is_plain")]
     pub encoder: Encoder,
+    /// How patch, batch and network were planned when no pipeline gave them (`train` on a
+    /// cache alone): recorded in the run, not read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned: Option<String>,
     /// Augmentation on or off (`--no-augment`); what it does is `augmentation`.
     pub augment: bool,
     /// The `[train.augmentation]` table (nnU-Net v2's defaults).
@@ -226,6 +230,7 @@ impl Default for TrainConfig {
             blocks: net.blocks,
             decoder_blocks: net.decoder_blocks,
             encoder: net.encoder,
+            planned: None,
             augment: true,
             augmentation: AugmentConfig::default(),
             loss: LossWeights::default(),

@@ -10,23 +10,23 @@ use crate::cache::reader::{CacheReader, EntryReader, ReaderOptions};
 use crate::error::{Error, Result};
 
 /// Everything opened from the cache for a run.
-pub(super) struct Data {
-    pub(super) dataset: String,
-    pub(super) train: Vec<(String, EntryReader)>,
-    pub(super) val: Vec<(String, EntryReader)>,
-    pub(super) num_classes: usize,
+pub(crate) struct Data {
+    pub(crate) dataset: String,
+    pub(crate) train: Vec<(String, EntryReader)>,
+    pub(crate) val: Vec<(String, EntryReader)>,
+    pub(crate) num_classes: usize,
     /// Image channel names, in the order the network takes them.
-    pub(super) channels: Vec<String>,
+    pub(crate) channels: Vec<String>,
     /// How the cache made the model's inputs (for predict).
-    pub(super) preprocessing: crate::format::run::Preprocessing,
+    pub(crate) preprocessing: crate::format::run::Preprocessing,
     /// Label-file values to output classes (names, ignore label).
-    pub(super) classes: ClassMap,
+    pub(crate) classes: ClassMap,
     /// Cases skipped for having no label.
-    pub(super) unlabelled: Vec<String>,
+    pub(crate) unlabelled: Vec<String>,
 }
 
 /// `mapped_mib`: the reader's strict-mode budget of mapped pages (`None`: the kernel's).
-pub(super) fn open_data(
+pub(crate) fn open_data(
     cache_dir: &Path,
     cfg: &TrainConfig,
     mapped_mib: Option<u64>,

@@ -188,6 +188,14 @@ impl Drop for PeakMemory {
     }
 }
 
+/// The machine's memory (MemTotal), bytes.
+pub fn total_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// The memory limit of this process's control group, in bytes (cgroup v2 `memory.max`, or v1
 /// `memory.limit_in_bytes`); `None` when there is none or it cannot be read. Such a limit
 /// counts page cache: the kernel reclaims clean pages before it kills, but some schedulers
