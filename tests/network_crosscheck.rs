@@ -46,21 +46,16 @@ fn residual_encoder_unet_matches_dna() {
     outputs.truncate(ours.len());
     for (level, (a, b)) in ours.iter().zip(&outputs).enumerate() {
         assert_eq!(a.dims(), b.dims(), "level {level}");
-        let largest = b
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let diff = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let largest_abs = |t: &Tensor| {
+            t.abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        let largest = largest_abs(b);
+        let diff = largest_abs(&(a - b).unwrap());
         assert!(
             diff <= 1e-4 * largest,
             "level {level}: largest difference {diff}, largest logit {largest}"

@@ -11,6 +11,20 @@ use std::path::Path;
 use serde_json::Value;
 use voxcache::planner::{plan_experiment, ConfigurationPlan, Fingerprint, Preset};
 
+/// `prep plan DATA --out OUT`, which must succeed.
+fn prep_plan(data: &Path, out: &Path) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_prep"))
+        .args([
+            "plan",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn read(name: &str) -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/nnunet_plans")
@@ -174,16 +188,7 @@ fn prep_plan_writes_a_pipeline_that_build_cache_and_train_take() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("plan.toml");
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_prep"))
-        .args([
-            "plan",
-            data.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    prep_plan(&data, &out);
     let spec = out.to_str().unwrap();
     let p = Pipeline::load(spec).unwrap();
     assert_eq!(p.train.patch, [20, 64, 64]);
@@ -291,16 +296,7 @@ fn an_exact_ratio_of_three_is_anisotropic_as_in_nnunet() {
         write_nifti_u8(&lab, shape, sp, &label).unwrap();
     }
     let out = t.path().join("plan.toml");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_prep"))
-        .args([
-            "plan",
-            data.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    prep_plan(&data, &out);
     let p = Pipeline::load(out.to_str().unwrap()).unwrap();
     assert_eq!(p.settings.spacing, SpacingChoice::Explicit([0.8, 0.8, 1.2]));
     assert_eq!(p.train.patch, [32, 96, 96]);

@@ -313,6 +313,53 @@ fn validation_reports_dice_and_keeps_the_best() {
     );
 }
 
+/// `fold = K` trains on nnU-Net's fold K of the cache's cases (the same cases as nnU-Net's
+/// fold K: scripts/splits_check.py) and records it; a splits_final.json is used as it is, and
+/// one that names a case the cache lacks is refused naming it.
+#[test]
+fn a_fold_trains_on_nnunets_split_or_the_given_file() {
+    use voxcache::format::run::RunRecord;
+    use voxcache::train::folds::{kfold_splits, FoldChoice};
+    let ids: Vec<String> = (0..10).map(|i| format!("vessels_{i:03}")).collect();
+    let folds = kfold_splits(&ids, 5, 12345).unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig {
+        steps: 1,
+        fold: Some(FoldChoice::Index(3)),
+        ..tiny()
+    };
+    let s = run(&options(t.path(), cfg.clone()), &AtomicBool::new(false)).unwrap();
+    assert_eq!((s.train_cases, s.val_cases), (8, 2));
+    let record: RunRecord =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("run.json")).unwrap()).unwrap();
+    assert_eq!(record.split, folds[3]);
+    // A file of the user's: its own fold 0, then one naming a case that is not there.
+    let file = t.path().join("splits_final.json");
+    let mine = serde_json::json!([{"train": &ids[2..], "val": &ids[..2]}]);
+    std::fs::write(&file, mine.to_string()).unwrap();
+    let own = TrainConfig {
+        fold: Some(FoldChoice::Index(0)),
+        splits: Some(file.clone()),
+        ..cfg.clone()
+    };
+    let r2 = t.path().join("own");
+    let s = run(&options(&r2, own.clone()), &AtomicBool::new(false)).unwrap();
+    assert_eq!((s.train_cases, s.val_cases), (8, 2));
+    let bad = serde_json::json!([{"train": &ids[1..], "val": ["vessels_000", "ghost"]}]);
+    std::fs::write(&file, bad.to_string()).unwrap();
+    let e = run(
+        &options(&t.path().join("bad"), own),
+        &AtomicBool::new(false),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("ghost") && e.contains("splits_final.json"),
+        "{e}"
+    );
+}
+
 fn train_cmd(run_dir: &Path, extra: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_train"));
     c.arg("--cache-dir")

@@ -6,6 +6,8 @@ use super::values::parse_zyx;
 use crate::error::{Error, Result};
 use crate::model::config::{Norm, Precision, Upsampling};
 use crate::train::config::{OptimizerName, TrainConfig};
+use crate::train::folds::FoldChoice;
+use std::path::PathBuf;
 
 /// Overrides of the training options, every one optional. Field names and value spellings are
 /// the `[train]` keys and values of a pipeline file.
@@ -77,6 +79,14 @@ pub struct TrainFlags {
     /// Share of cases held out for validation (0 = none).
     #[arg(long)]
     pub val_fraction: Option<f64>,
+    /// Cross-validation fold: 0..4 (nnU-Net's five folds, the same cases as nnU-Net's), or
+    /// all (every case trains, none validates).
+    #[arg(long, value_name = "K|all")]
+    pub fold: Option<FoldChoice>,
+    /// nnU-Net's splits_final.json to take the fold from (default: the cache folder's
+    /// splits_final.json if there is one, else nnU-Net's folds of the cache's cases).
+    #[arg(long, value_name = "FILE")]
+    pub splits: Option<PathBuf>,
     /// Validate every N optimizer steps (and at the end; 0 = only at the end).
     #[arg(long)]
     pub val_every: Option<u64>,
@@ -123,6 +133,12 @@ impl TrainFlags {
         );
         if self.dataset.is_some() {
             c.dataset = self.dataset.clone();
+        }
+        if self.fold.is_some() {
+            c.fold = self.fold;
+        }
+        if self.splits.is_some() {
+            c.splits = self.splits.clone();
         }
         if self.no_augment {
             c.augment = false;

@@ -11,6 +11,7 @@ use super::augment::AugmentConfig;
 use crate::error::{Error, Result};
 use crate::model::config::{Encoder, NetworkOptions, Norm, Precision, Upsampling};
 use crate::model::memory::StepShape;
+use crate::train::folds::FoldChoice;
 
 /// Which optimizer, with nnU-Net-like defaults for each: `adamw` or `sgd`, the same in a
 /// pipeline file and on the command line.
@@ -174,8 +175,16 @@ pub struct TrainConfig {
     pub augmentation: AugmentConfig,
     /// The `[train.loss]` table: weights of the terms beside Dice + CE.
     pub loss: LossWeights,
-    /// Fraction of cases held out for validation (at least one when there are two or more).
+    /// Fraction of cases held out for validation (at least one when there are two or more),
+    /// when no `fold` is given.
     pub val_fraction: f64,
+    /// Cross-validation fold: 0..4 of nnU-Net's five folds (or of `splits`), or `all`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fold: Option<FoldChoice>,
+    /// nnU-Net's `splits_final.json` to take the fold from (default: the cache folder's, if it
+    /// has one, else nnU-Net's folds made anew).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub splits: Option<std::path::PathBuf>,
     /// Validate every N optimizer steps (and at the end); 0 = only at the end.
     pub val_every: u64,
     /// Sliding-window overlap (fraction of the patch) during validation.
@@ -235,6 +244,8 @@ impl Default for TrainConfig {
             augmentation: AugmentConfig::default(),
             loss: LossWeights::default(),
             val_fraction: 0.2,
+            fold: None,
+            splits: None,
             val_every: 100,
             val_overlap: 0.5,
             val_cldice: true,

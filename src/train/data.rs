@@ -5,7 +5,8 @@ use std::path::Path;
 
 use super::classes::ClassMap;
 use super::config::TrainConfig;
-use super::split::split_cases;
+use super::folds::{fold_split, read_splits, SPLITS_FILE};
+use super::split::{split_cases, Split};
 use crate::cache::reader::{CacheReader, EntryReader, ReaderOptions};
 use crate::error::{Error, Result};
 
@@ -23,6 +24,24 @@ pub(crate) struct Data {
     pub(crate) classes: ClassMap,
     /// Cases skipped for having no label.
     pub(crate) unlabelled: Vec<String>,
+}
+
+/// The run's cases: a cross-validation fold when `fold` is given (from `splits`, else the
+/// cache folder's splits_final.json, else nnU-Net's folds), else the seeded fraction split.
+fn choose_split(cache_dir: &Path, cfg: &TrainConfig, ids: &[String]) -> Result<Split> {
+    let Some(fold) = cfg.fold else {
+        return Ok(split_cases(ids, cfg.val_fraction, cfg.seed));
+    };
+    let beside = cache_dir.join(SPLITS_FILE);
+    let file = match &cfg.splits {
+        Some(p) => Some(p.clone()),
+        None => beside.is_file().then_some(beside),
+    };
+    let splits = match &file {
+        Some(p) => Some((p.as_path(), read_splits(p)?)),
+        None => None,
+    };
+    fold_split(ids, fold, splits)
 }
 
 /// `mapped_mib`: the reader's strict-mode budget of mapped pages (`None`: the kernel's).
@@ -115,15 +134,10 @@ pub(crate) fn open_data(
             format!("dataset {dataset:?}: none of its {} cases has a label; training needs labelled cases", cases.len()),
         ));
     }
+    let ids: Vec<String> = labelled.iter().map(|c| c.0.clone()).collect();
+    let split = choose_split(cache_dir, cfg, &ids)?;
     for (id, w) in &cfg.case_weights {
-        if split_cases(
-            &labelled.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
-            cfg.val_fraction,
-            cfg.seed,
-        )
-        .val
-        .contains(id)
-        {
+        if split.val.contains(id) {
             return Err(Error::Config(format!(
                 "case_weights: {id:?} is a validation case (weights apply to training cases)"
             )));
@@ -139,8 +153,6 @@ pub(crate) fn open_data(
             )));
         }
     }
-    let ids: Vec<String> = labelled.iter().map(|c| c.0.clone()).collect();
-    let split = split_cases(&ids, cfg.val_fraction, cfg.seed);
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (id, e) in labelled {
         if split.val.contains(&id) {

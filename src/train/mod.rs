@@ -6,6 +6,7 @@
 //! - [`data`]: the run's cases opened from the cache (dataset, classes, case weights, split).
 //! - [`classes`]: file label values to training classes, the ignore label.
 //! - [`split`]: the deterministic train/validation split by case id.
+//! - [`folds`]: nnU-Net's five cross-validation folds, or its splits_final.json.
 //! - [`sampler`]: which case and which box each patch of a batch comes from.
 //! - [`spatial`]: rotation, scaling, elastic deformation: one coordinate map, one interpolation.
 //! - [`intensity`]: nnU-Net's intensity transforms (noise, blur, brightness, contrast, low
@@ -29,6 +30,7 @@ pub mod classes;
 pub mod config;
 pub mod data;
 pub mod deep_supervision;
+pub mod folds;
 pub mod intensity;
 pub mod loader;
 pub mod loss;

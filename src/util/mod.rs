@@ -4,10 +4,12 @@
 //! - [`simd`]: which vector build (AVX-512, AVX2, portable) the hot loops take.
 //! - [`fastmath`]: polynomial `exp`, `log2` and `sin/cos` where the last bit does not matter.
 //! - [`stats`]: numpy's percentile and median, to the last bit.
+//! - [`numpy_random`]: numpy's legacy RandomState (MT19937, shuffle) for nnU-Net's folds.
 //! - [`sysinfo`]: memory (anonymous and file-backed, peaks) and host facts for reports.
 //! - [`progress`]: the progress bars of the long commands.
 
 pub mod fastmath;
+pub mod numpy_random;
 pub mod progress;
 pub mod rng;
 pub mod simd;
