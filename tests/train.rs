@@ -360,6 +360,52 @@ fn a_fold_trains_on_nnunets_split_or_the_given_file() {
     );
 }
 
+/// nnU-Net's residual encoder (`encoder = "residual"`, as the ResEnc plans set it) trains,
+/// resumes to the same weights and predicts from its run folder.
+#[test]
+fn a_residual_encoder_trains_resumes_and_predicts() {
+    use voxcache::model::config::Encoder;
+    let residual = TrainConfig {
+        encoder: Encoder::Residual,
+        features: vec![4, 8, 16],
+        blocks: vec![1, 2, 2],
+        decoder_blocks: vec![1, 1],
+        ..tiny()
+    };
+    let t = tempfile::tempdir().unwrap();
+    let stop = AtomicBool::new(false);
+    let full = t.path().join("full");
+    run(&options(&full, residual.clone()), &stop).unwrap();
+    let halted = t.path().join("halted");
+    let mut o = options(&halted, residual);
+    o.halt_after = Some(6);
+    run(&o, &stop).unwrap();
+    (o.halt_after, o.resume) = (None, true);
+    run(&o, &stop).unwrap();
+    assert_eq!(final_weights(&full), final_weights(&halted));
+    let weights = final_weights(&full);
+    assert!(
+        weights.contains_key("stem.conv.weight") && weights.contains_key("enc1.0.skip.conv.weight")
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(full.join("run.json")).unwrap()).unwrap();
+    assert_eq!(record["config"]["encoder"], "residual");
+
+    let out = t.path().join("pred");
+    let image =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels/imagesTr/vessels_000_0000.nii.gz");
+    let o = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .arg("--model")
+        .arg(&full)
+        .arg(&image)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.join("vessels_000.nii.gz").is_file());
+}
+
 fn train_cmd(run_dir: &Path, extra: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_train"));
     c.arg("--cache-dir")
