@@ -929,3 +929,24 @@ fn verify_catches_manifest_and_entry_tampering() {
     let e = verify_errors(&cache);
     assert!(e.contains("holds label 0"), "{e}");
 }
+
+/// `prep inspect DATA | head`: a closed pipe ends the process quietly, with no panic.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prep"))
+        .args(["inspect", data.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reading end closes before the report (which takes the headers' scan) is printed.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        !out.status.success(),
+        "the process ended by the closed pipe"
+    );
+}

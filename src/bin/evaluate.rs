@@ -62,6 +62,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    voxcache::config::exit::quiet_on_closed_pipe();
     let cli = Cli::parse();
     voxcache::config::exit::finish(real_main(cli))
 }

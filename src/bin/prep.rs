@@ -299,6 +299,7 @@ fn run_inspect(args: InspectArgs) -> Result<Exit> {
 }
 
 fn main() -> ExitCode {
+    voxcache::config::exit::quiet_on_closed_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::BuildCache(a) => run_build(*a),

@@ -60,6 +60,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    voxcache::config::exit::quiet_on_closed_pipe();
     voxcache::model::device::default_cpu_threads();
     let cli = Cli::parse();
     voxcache::config::exit::finish(real_main(cli))

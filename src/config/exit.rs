@@ -4,6 +4,17 @@
 
 use std::process::ExitCode;
 
+/// A closed standard output (`prep inspect DATA | head`) ends the process quietly, as Unix
+/// tools do, instead of a panic in the next print: the default action of SIGPIPE, which the
+/// Rust runtime ignores. Called first thing by every binary.
+pub fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// How a command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
