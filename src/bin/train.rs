@@ -154,13 +154,6 @@ fn real_main(cli: Cli) -> Result<Exit> {
             human_bytes(limit)
         );
     }
-    let run_dir = run_dir(
-        cli.out.as_deref(),
-        config.dataset.as_deref(),
-        &cli.cache_dir,
-        cli.resume,
-    )?;
-
     let stop = Arc::new(AtomicBool::new(false));
     let presses = Arc::new(AtomicUsize::new(0));
     {
@@ -178,72 +171,84 @@ fn real_main(cli: Cli) -> Result<Exit> {
         .context("installing the Ctrl-C handler")?;
     }
 
-    let opts = RunOptions {
-        cache_dir: cli.cache_dir.clone(),
-        run_dir,
-        resume: cli.resume,
-        device: cli.device.clone(),
-        progress: !cli.no_progress,
-        config,
-        halt_after: None,
-        benchmark: false,
-        mapped_mib: cli.mapped_mib,
-    };
-    if let Some(steps) = cli.benchmark {
-        return benchmark_main(&opts, steps.max(1), &stop);
-    }
-    eprintln!(
-        "train: cache {}, run folder {}, device {}",
-        opts.cache_dir.display(),
-        opts.run_dir.display(),
-        opts.device
-    );
-    let s = run(&opts, &stop)?;
-    println!(
-        "dataset {}: {} train / {} validation cases, U-Net with {} parameters",
-        s.dataset, s.train_cases, s.val_cases, s.num_parameters
-    );
-    println!(
-        "steps {}..{} in {:.1} s: {:.1} patches/s, waiting for data {:.1}% of the time",
-        s.start_step,
-        s.steps_done,
-        s.seconds,
-        s.patches_per_s,
-        100.0 * s.data_wait_frac
-    );
-    if let (Some(a), Some(b)) = (s.first_loss, s.last_loss) {
-        println!("loss {a:.4} (first log window) -> {b:.4} (last)");
-    }
-    if let Some(v) = &s.last_validation {
-        println!(
-            "validation Dice {:.4} ({}); best {:.4}",
-            v.mean_dice,
-            per_class(&s.class_names, &v.dice_per_class),
-            s.best_dice.unwrap_or(f64::NAN)
+    // One run per fold (`--fold 0,1,2,3,4`): each run's memory is released before the next.
+    let folds = train::folds(&cli.options, &config);
+    let several = folds.len() > 1;
+    for fold in folds {
+        config.fold = fold;
+        let run_dir = run_dir(
+            cli.out.as_deref(),
+            config.dataset.as_deref(),
+            &cli.cache_dir,
+            cli.resume,
+            fold.map(|f| (f, several)),
+        )?;
+        let opts = RunOptions {
+            cache_dir: cli.cache_dir.clone(),
+            run_dir,
+            resume: cli.resume,
+            device: cli.device.clone(),
+            progress: !cli.no_progress,
+            config: config.clone(),
+            halt_after: None,
+            benchmark: false,
+            mapped_mib: cli.mapped_mib,
+        };
+        if let Some(steps) = cli.benchmark {
+            return benchmark_main(&opts, steps.max(1), &stop);
+        }
+        eprintln!(
+            "train: cache {}, run folder {}, device {}",
+            opts.cache_dir.display(),
+            opts.run_dir.display(),
+            opts.device
         );
-        if !v.cldice_per_class.is_empty() {
+        let s = run(&opts, &stop)?;
+        println!(
+            "dataset {}: {} train / {} validation cases, U-Net with {} parameters",
+            s.dataset, s.train_cases, s.val_cases, s.num_parameters
+        );
+        println!(
+            "steps {}..{} in {:.1} s: {:.1} patches/s, waiting for data {:.1}% of the time",
+            s.start_step,
+            s.steps_done,
+            s.seconds,
+            s.patches_per_s,
+            100.0 * s.data_wait_frac
+        );
+        if let (Some(a), Some(b)) = (s.first_loss, s.last_loss) {
+            println!("loss {a:.4} (first log window) -> {b:.4} (last)");
+        }
+        if let Some(v) = &s.last_validation {
             println!(
-                "validation clDice {:.4} ({})",
-                v.mean_cldice,
-                per_class(&s.class_names, &v.cldice_per_class)
+                "validation Dice {:.4} ({}); best {:.4}",
+                v.mean_dice,
+                per_class(&s.class_names, &v.dice_per_class),
+                s.best_dice.unwrap_or(f64::NAN)
             );
+            if !v.cldice_per_class.is_empty() {
+                println!(
+                    "validation clDice {:.4} ({})",
+                    v.mean_cldice,
+                    per_class(&s.class_names, &v.cldice_per_class)
+                );
+            }
+        }
+        match (s.peak_memory, s.peak_rss) {
+            (Some(m), _) => println!(
+                "peak memory {} (mapped cache pages: page cache)",
+                m.describe()
+            ),
+            (None, Some(p)) => println!("peak memory {}", human_bytes(p)),
+            (None, None) => {}
+        }
+        println!(
+            "run folder {}: checkpoints/, metrics.jsonl, curves.png",
+            s.run_dir.display()
+        );
+        if s.interrupted {
+            return Ok(Exit::Interrupted);
         }
     }
-    match (s.peak_memory, s.peak_rss) {
-        (Some(m), _) => println!(
-            "peak memory {} (mapped cache pages: page cache)",
-            m.describe()
-        ),
-        (None, Some(p)) => println!("peak memory {}", human_bytes(p)),
-        (None, None) => {}
-    }
-    println!(
-        "run folder {}: checkpoints/, metrics.jsonl, curves.png",
-        s.run_dir.display()
-    );
-    Ok(if s.interrupted {
-        Exit::Interrupted
-    } else {
-        Exit::Success
-    })
+    Ok(Exit::Success)
 }

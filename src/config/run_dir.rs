@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::reader::CacheReader;
 use crate::error::Result;
+use crate::train::folds::FoldChoice;
 
 /// Run folders go under this folder, relative to the working folder.
 pub const RUNS_ROOT: &str = "runs";
@@ -31,15 +32,21 @@ pub fn numbered_run_dir(root: &Path, name: &str, resume: bool) -> PathBuf {
 }
 
 /// The run folder: `out` when given, else `runs/DATASET` numbered as above, DATASET being the
-/// configured dataset or else the cache's first (the one a single-dataset cache holds).
+/// configured dataset or else the cache's first (the one a single-dataset cache holds). A
+/// cross-validation fold K runs in `runs/DATASET_foldK` (`OUT/fold_K` when `out` is given
+/// for several folds, as nnU-Net names them).
 pub fn run_dir(
     out: Option<&Path>,
     dataset: Option<&str>,
     cache_dir: &Path,
     resume: bool,
+    fold: Option<(FoldChoice, bool)>,
 ) -> Result<PathBuf> {
     if let Some(p) = out {
-        return Ok(p.to_path_buf());
+        return Ok(match fold {
+            Some((f, true)) => p.join(format!("fold_{f}")),
+            _ => p.to_path_buf(),
+        });
     }
     let name = match dataset {
         Some(d) => d.to_string(),
@@ -48,6 +55,10 @@ pub fn run_dir(
             .first()
             .map(|s| s.to_string())
             .unwrap_or_else(|| "run".into()),
+    };
+    let name = match fold {
+        Some((f, _)) => format!("{name}_fold{f}"),
+        None => name,
     };
     Ok(numbered_run_dir(Path::new(RUNS_ROOT), &name, resume))
 }
@@ -78,14 +89,27 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let missing = t.path().join("no-cache");
         let out = t.path().join("mine");
-        assert_eq!(run_dir(Some(&out), None, &missing, false).unwrap(), out);
-        let d = run_dir(None, Some("liver"), &missing, false).unwrap();
+        assert_eq!(
+            run_dir(Some(&out), None, &missing, false, None).unwrap(),
+            out
+        );
+        let d = run_dir(None, Some("liver"), &missing, false, None).unwrap();
         assert_eq!(d.parent(), Some(Path::new(RUNS_ROOT)));
         assert!(d
             .file_name()
             .unwrap()
             .to_string_lossy()
             .starts_with("liver"));
-        assert!(run_dir(None, None, &missing, false).is_err());
+        assert!(run_dir(None, None, &missing, false, None).is_err());
+        let one = Some((FoldChoice::Index(2), false));
+        assert_eq!(
+            run_dir(Some(&out), None, &missing, false, one).unwrap(),
+            out
+        );
+        let several = Some((FoldChoice::Index(2), true));
+        let d = run_dir(Some(&out), None, &missing, false, several).unwrap();
+        assert_eq!(d, out.join("fold_2"));
+        let d = run_dir(None, Some("liver"), &missing, false, one).unwrap();
+        assert!(d.ends_with("liver_fold2"), "{d:?}");
     }
 }

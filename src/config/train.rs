@@ -6,7 +6,7 @@ use super::values::parse_zyx;
 use crate::error::{Error, Result};
 use crate::model::config::{Norm, Precision, Upsampling};
 use crate::train::config::{OptimizerName, TrainConfig};
-use crate::train::folds::FoldChoice;
+use crate::train::folds::{FoldChoice, FoldList};
 use std::path::PathBuf;
 
 /// Overrides of the training options, every one optional. Field names and value spellings are
@@ -80,9 +80,9 @@ pub struct TrainFlags {
     #[arg(long)]
     pub val_fraction: Option<f64>,
     /// Cross-validation fold: 0..4 (nnU-Net's five folds, the same cases as nnU-Net's), or
-    /// all (every case trains, none validates).
-    #[arg(long, value_name = "K|all")]
-    pub fold: Option<FoldChoice>,
+    /// all (every case trains, none validates); several (0,1,2,3,4) train one after the other.
+    #[arg(long, value_name = "K|all[,K...]")]
+    pub fold: Option<FoldList>,
     /// nnU-Net's splits_final.json to take the fold from (default: the cache folder's
     /// splits_final.json if there is one, else nnU-Net's folds of the cache's cases).
     #[arg(long, value_name = "FILE")]
@@ -134,8 +134,8 @@ impl TrainFlags {
         if self.dataset.is_some() {
             c.dataset = self.dataset.clone();
         }
-        if self.fold.is_some() {
-            c.fold = self.fold;
+        if let Some(FoldList(folds)) = &self.fold {
+            c.fold = folds.first().copied();
         }
         if self.splits.is_some() {
             c.splits = self.splits.clone();
@@ -218,6 +218,15 @@ pub fn resolve_planned(flags: &TrainFlags) -> Result<(TrainConfig, bool)> {
     flags.apply(&mut c)?;
     c.validate()?;
     Ok((c, plan))
+}
+
+/// The folds to train, one run each: `--fold`'s list, else the configuration's one fold, else
+/// none (one run on the fraction split).
+pub fn folds(flags: &TrainFlags, config: &TrainConfig) -> Vec<Option<FoldChoice>> {
+    match &flags.fold {
+        Some(FoldList(list)) => list.iter().map(|f| Some(*f)).collect(),
+        None => vec![config.fold],
+    }
 }
 
 /// `--configuration auto`: plan from the cache whatever the pipeline says.

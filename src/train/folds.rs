@@ -51,6 +51,24 @@ impl std::fmt::Display for FoldChoice {
     }
 }
 
+/// `--fold 0,1,2,3,4`: folds trained one after the other by one process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoldList(pub Vec<FoldChoice>);
+
+impl std::str::FromStr for FoldList {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let mut folds: Vec<FoldChoice> = Vec::new();
+        for part in s.split(',') {
+            let f: FoldChoice = part.parse()?;
+            if !folds.contains(&f) {
+                folds.push(f);
+            }
+        }
+        Ok(FoldList(folds))
+    }
+}
+
 /// A pipeline writes `fold = 0` or `fold = "all"`.
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -278,6 +296,12 @@ mod tests {
         let everything = fold_split(&all, FoldChoice::All, None).unwrap();
         assert_eq!((everything.train.len(), everything.val.len()), (8, 0));
         assert_eq!("all".parse::<FoldChoice>().unwrap(), FoldChoice::All);
+        let list: FoldList = "0,1,1,all".parse().unwrap();
+        assert_eq!(
+            list.0,
+            vec![FoldChoice::Index(0), FoldChoice::Index(1), FoldChoice::All]
+        );
+        assert!("0,,1".parse::<FoldList>().is_err());
         assert!("five".parse::<FoldChoice>().is_err());
     }
 }
