@@ -72,6 +72,7 @@ step skeleton_halo "$EX/skeleton_halo" "$tmp/derived"
 step skeleton_mask "$EX/skeleton_mask" "$tmp/mask.u8" 8,12,16 "$tmp/skeleton.u8"
 step plan_fingerprint "$EX/plan_fingerprint" tests/nnunet_plans/Dataset501_Vessels__dataset_fingerprint.json \
     tests/nnunet_plans/Dataset501_Vessels__dataset.json resenc-m
+step components sh -c "head -c 512 /dev/zero > $tmp/cc.u8 && $EX/components $tmp/cc.u8 8,8,8 full $tmp/cc.u32"
 step cv_splits sh -c "printf 'a\nb\nc\nd\ne\nf\n' | $EX/cv_splits"
 
 echo "== benchmark scripts (BENCH_SMALL=1 or the fewest steps, PEERS=0: no PyTorch)"

@@ -1,4 +1,4 @@
-//! Affines, spacing and the output-grid convention.
+//! Affines, spacing and the output-grid convention; connected components ([`components`]).
 //!
 //! Convention (see docs/usage.md, "Coordinate convention"): for an axis with `n` input voxels of
 //! spacing `s` and a target spacing `t`, the output has `m = max(1, round(n * s / t))` voxels and
@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 mod blocks;
+pub mod components;
 mod mirror;
 
 pub use blocks::{blocks, Block, VoxelRead};
