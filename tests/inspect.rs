@@ -950,3 +950,28 @@ fn a_closed_stdout_ends_quietly() {
         "the process ended by the closed pipe"
     );
 }
+
+/// A dataset.json that is a folder or a FIFO is an error naming it, not silently ignored.
+#[test]
+fn a_dataset_json_that_is_not_a_file_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vessels");
+    for sub in ["imagesTr", "labelsTr"] {
+        std::fs::create_dir_all(t.path().join(sub)).unwrap();
+        for e in std::fs::read_dir(src.join(sub)).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), t.path().join(sub).join(e.file_name())).unwrap();
+        }
+    }
+    std::fs::create_dir(t.path().join("dataset.json")).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_prep"))
+        .args(["inspect", t.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("dataset.json") && err.contains("a folder"),
+        "{err}"
+    );
+}

@@ -468,3 +468,20 @@ fn a_killed_predict_leaves_nothing_that_looks_complete_and_resumes() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// An input folder without NIfTI images is an error, not a success with nothing predicted.
+#[test]
+fn an_empty_input_folder_is_an_error() {
+    let t = tempfile::tempdir().unwrap();
+    let empty = t.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::write(empty.join("notes.txt"), "not an image").unwrap();
+    let out = t.path().join("out");
+    let o = predict(&[empty.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("nothing to predict") && err.contains("empty"),
+        "{err}"
+    );
+}

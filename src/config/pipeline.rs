@@ -170,8 +170,10 @@ impl Pipeline {
         if is_path(spec) {
             let path = Path::new(spec);
             let origin = format!("pipeline file {}", path.display());
-            let text = std::fs::read_to_string(path)
+            let bytes = crate::util::files::read_capped(path, 16 << 20)
                 .map_err(|e| Error::Config(format!("{origin}: {e}")))?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| Error::Config(format!("{origin}: not UTF-8 text")))?;
             let name = path
                 .file_stem()
                 .and_then(|s| s.to_str())

@@ -138,7 +138,7 @@ fn description(opts: &EvaluateOptions) -> Result<Option<DatasetDescription>> {
         .flat_map(|d| [Some(d), d.parent()])
         .flatten()
         .map(|d| d.join("dataset.json"))
-        .find(|p| p.is_file());
+        .find(|p| p.symlink_metadata().is_ok());
     found.map(|p| DatasetDescription::read(&p)).transpose()
 }
 

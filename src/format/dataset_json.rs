@@ -109,9 +109,10 @@ impl DatasetDescription {
     /// Read and check `path`; the error names the file and the field.
     pub fn read(path: &std::path::Path) -> crate::error::Result<Self> {
         let bad = |m: String| crate::error::Error::Dataset(format!("{}: {m}", path.display()));
-        let text = std::fs::read_to_string(path).map_err(|e| crate::error::Error::io(path, e))?;
+        let bytes = crate::util::files::read_capped(path, 256 << 20)
+            .map_err(|e| crate::error::Error::io(path, e))?;
         let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not valid JSON ({e})")))?;
         Self::from_value(&v).map_err(bad)
     }
 

@@ -112,7 +112,8 @@ impl Manifest {
 
     /// Read `path`; `Ok(None)` when there is no such file.
     pub fn read(path: &Path) -> Result<Option<Manifest>> {
-        match std::fs::read(path) {
+        // A manifest of 100,000 cases is about 60 MiB.
+        match crate::util::files::read_capped(path, 1 << 30) {
             Ok(b) => Manifest::from_json(path, &b).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(path, e)),

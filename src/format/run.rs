@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::util::files::read_capped;
 
 /// The run folder's identity file.
 pub const RUN_FILE: &str = "run.json";
@@ -110,10 +111,13 @@ fn pretty<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec_pretty(v).unwrap_or_default()
 }
 
+/// The largest run or training-state record read (case lists of tens of thousands of cases).
+const MAX_RECORD_BYTES: u64 = 64 << 20;
+
 impl RunRecord {
     /// Read `path`; `Ok(None)` when there is no such file.
     pub fn read(path: &Path) -> Result<Option<RunRecord>> {
-        match std::fs::read(path) {
+        match read_capped(path, MAX_RECORD_BYTES) {
             Ok(b) => parse(path, &b, "run record").map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(path, e)),
@@ -129,7 +133,7 @@ impl RunRecord {
 impl TrainState {
     /// Read and parse `path`.
     pub fn read(path: &Path) -> Result<TrainState> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = read_capped(path, MAX_RECORD_BYTES).map_err(|e| Error::io(path, e))?;
         parse(path, &bytes, "training state")
     }
 

@@ -211,6 +211,18 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     for p in found.problems {
         results.push(fail(&p.id, &p.error));
     }
+    // Nothing to predict is an error, not a success with 0 cases.
+    if found.cases.is_empty() && results.is_empty() {
+        let named: Vec<String> = opts
+            .inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        return Err(Error::Dataset(format!(
+            "no NIfTI image (.nii, .nii.gz) in {}: nothing to predict",
+            named.join(", ")
+        )));
+    }
     // Group by spatial unit: an input in other units than the model's gets the target spacing
     // converted to its units (and a warning naming both).
     let mut groups: std::collections::BTreeMap<String, Vec<CaseSource>> = Default::default();

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::split::Split;
 use crate::error::{Error, Result};
+use crate::util::files::read_capped;
 use crate::util::numpy_random::LegacyRandomState;
 
 /// nnU-Net's number of folds and the seed of its shuffle.
@@ -138,18 +139,8 @@ pub fn kfold_splits(ids: &[String], n_splits: usize, seed: u32) -> Result<Vec<Sp
 /// Read a `splits_final.json`.
 pub fn read_splits(path: &Path) -> Result<Vec<Split>> {
     let what = |m: String| Error::Config(format!("{}: {m}", path.display()));
-    let meta = std::fs::metadata(path).map_err(|e| what(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(what("not a regular file".into()));
-    }
-    if meta.len() > MAX_SPLITS_BYTES {
-        return Err(what(format!(
-            "{} bytes: too large for a splits file",
-            meta.len()
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| what(e.to_string()))?;
-    let splits: Vec<Split> = serde_json::from_str(&text).map_err(|e| {
+    let bytes = read_capped(path, MAX_SPLITS_BYTES).map_err(|e| what(e.to_string()))?;
+    let splits: Vec<Split> = serde_json::from_slice(&bytes).map_err(|e| {
         what(format!(
             "not nnU-Net's splits (a list of {{\"train\": [...], \"val\": [...]}}): {e}"
         ))

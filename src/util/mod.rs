@@ -5,10 +5,12 @@
 //! - [`fastmath`]: polynomial `exp`, `log2` and `sin/cos` where the last bit does not matter.
 //! - [`stats`]: numpy's percentile and median, to the last bit.
 //! - [`numpy_random`]: numpy's legacy RandomState (MT19937, shuffle) for nnU-Net's folds.
+//! - [`files`]: metadata files read as regular files of bounded size.
 //! - [`sysinfo`]: memory (anonymous and file-backed, peaks) and host facts for reports.
 //! - [`progress`]: the progress bars of the long commands.
 
 pub mod fastmath;
+pub mod files;
 pub mod numpy_random;
 pub mod progress;
 pub mod rng;

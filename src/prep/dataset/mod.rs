@@ -359,7 +359,9 @@ fn discover_folder(dir: &Path) -> Result<Discovered> {
     }
     let mut problems = Vec::new();
     let json = dir.join("dataset.json");
-    let description = if json.is_file() {
+    // Anything named dataset.json (a folder, a FIFO, a dangling or looping link) is read, so
+    // that one that cannot be read as one is an error naming it, never silently ignored.
+    let description = if json.symlink_metadata().is_ok() {
         Some(DatasetDescription::read(&json)?)
     } else {
         None
