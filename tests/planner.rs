@@ -363,6 +363,7 @@ fn train_without_a_patch_plans_from_the_cache() {
     };
     let bare = bare.to_str().unwrap();
     assert!(!resolve_planned(&flags(None, None, None)).unwrap().1);
+    assert!(!resolve_planned(&flags(Some("ct"), None, None)).unwrap().1);
     assert!(resolve_planned(&flags(Some(bare), None, None)).unwrap().1);
     assert!(
         !resolve_planned(&flags(Some(bare), None, Some([8, 32, 32])))

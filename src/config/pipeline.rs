@@ -112,8 +112,8 @@ pub struct Pipeline {
     pub settings: Settings,
     /// The training defaults with this file's `[train]` table applied (validated).
     pub train: TrainConfig,
-    /// Whether the file gives a patch (in `[train]` or a configuration): when nothing does,
-    /// `train` plans the patch and network from the cache.
+    /// Whether the pipeline gives a patch (a bundled pipeline, a `[train]` patch or a
+    /// configuration): when nothing does, `train` plans the patch and network from the cache.
     pub patch_given: bool,
 }
 
@@ -183,7 +183,12 @@ impl Pipeline {
         }
         match BUNDLED.iter().find(|(n, _)| *n == spec) {
             Some((name, text)) => {
-                Pipeline::parse(name.to_string(), format!("bundled pipeline {name}"), text)
+                let mut p =
+                    Pipeline::parse(name.to_string(), format!("bundled pipeline {name}"), text)?;
+                // A bundled pipeline without a [train] table trains with the default one's
+                // small network; only a file of the user's that gives no patch is planned.
+                p.patch_given = true;
+                Ok(p)
             }
             None => Err(Error::Config(format!(
                 "pipeline {spec:?}: no bundled pipeline has that name (bundled: {}); \
