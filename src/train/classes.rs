@@ -79,7 +79,15 @@ impl ClassMap {
                 },
             );
         }
-        // A binary network at least: background and one foreground class.
+        // A dataset.json that declares nothing to learn is a mistake, not a binary task whose
+        // "class 1" would be its ignore label or a value it never names.
+        if classes.len() < 2 && described.is_some() {
+            return Err(Error::Config(format!(
+                "{where_}: dataset.json declares no class to learn, only background{}: add the foreground labels",
+                ignore.map(|i| format!(" and the ignore label {i}")).unwrap_or_default()
+            )));
+        }
+        // Labels without a dataset.json: a binary network at least.
         if classes.len() < 2 {
             classes.push(ClassInfo {
                 value: 1,
@@ -204,5 +212,21 @@ mod tests {
     fn only_background_still_makes_a_binary_network() {
         let m = ClassMap::new(&[0].into(), None, "d").unwrap();
         assert_eq!(m.len(), 2);
+    }
+
+    /// dataset.json with background and the ignore label only: nothing to learn, named.
+    #[test]
+    fn a_dataset_json_without_a_class_to_learn_is_refused() {
+        let d = DatasetDescription::from_value(&serde_json::json!({
+            "labels": {"background": 0, "ignore": 1}
+        }))
+        .unwrap();
+        let e = ClassMap::new(&[0, 1].into(), Some(&d), "dataset \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no class to learn") && e.contains("ignore label 1"),
+            "{e}"
+        );
     }
 }
