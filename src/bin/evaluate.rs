@@ -8,6 +8,8 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::Exit;
+use voxcache::evaluate::best::{find_best, BestOptions};
+use voxcache::evaluate::crossval::{cross_validate, CrossValOptions};
 use voxcache::evaluate::pairs::parse_labels;
 use voxcache::evaluate::report::CaseOutcome;
 use voxcache::evaluate::{evaluate, EvaluateOptions};
@@ -32,10 +34,31 @@ use voxcache::util::sysinfo::human_bytes;
 #[command(name = "evaluate", version, after_help = EXIT_STATUS_HELP)]
 struct Cli {
     /// A segmentation (.nii, .nii.gz) or a folder of them (CASE.nii.gz, as predict writes).
-    predictions: PathBuf,
+    #[arg(required_unless_present_any = ["cv", "best"])]
+    predictions: Option<PathBuf>,
     /// The reference segmentation, or a folder of them matched by case id (a dataset folder:
     /// its labelsTs/ or labelsTr/).
-    reference: PathBuf,
+    #[arg(required_unless_present_any = ["cv", "best"])]
+    reference: Option<PathBuf>,
+    /// Cross-validation: score the fold runs' validation predictions together (fold run
+    /// folders, or a folder holding them, as `train --fold 0,1,2,3,4 --out DIR` makes), decide
+    /// nnU-Net's postprocessing on them and write the decision beside each fold's model.
+    #[arg(long, value_name = "RUN", num_args = 1.., conflicts_with_all = ["predictions", "reference", "labels", "dataset_json"])]
+    cv: Option<Vec<PathBuf>>,
+    /// Best configuration: one folder of fold runs per configuration (as `train --fold
+    /// 0,1,2,3,4 --out DIR` makes); each is cross-validated, each pair ensembled from the folds'
+    /// kept validation probabilities, all ranked by mean foreground Dice; prints the winner's
+    /// postprocessing and its predict command.
+    #[arg(long, value_name = "CONFIG", num_args = 1.., conflicts_with_all = ["predictions", "reference", "labels", "dataset_json", "cv"])]
+    best: Option<Vec<PathBuf>>,
+    /// With --cv: the folder for its summary.json, postprocessing.json and postprocessed
+    /// predictions [default: crossval/ beside the folds]. With --best: the folder for the
+    /// ensembles and best.json [default: best/ beside the first configuration].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// With --cv: score only; decide no postprocessing.
+    #[arg(long, requires = "cv")]
+    no_postprocessing: bool,
     /// dataset.json naming the classes, regions and ignore label (default: one found in the
     /// reference folder or the folder above it; without one, every non-zero value is a class).
     #[arg(long)]
@@ -74,9 +97,23 @@ fn real_main(cli: Cli) -> Result<Exit> {
         .map(parse_labels)
         .transpose()
         .map_err(|e| anyhow::anyhow!("--labels: {e}"))?;
+    if let Some(runs) = cli.cv.clone() {
+        return cv_main(&cli, runs);
+    }
+    if let Some(configs) = cli.best.clone() {
+        return best_main(&cli, configs);
+    }
+    anyhow::ensure!(
+        cli.out.is_none() && !cli.no_postprocessing,
+        "--out and --no-postprocessing go with --cv or --best"
+    );
+    let (Some(predictions), Some(reference)) = (cli.predictions.clone(), cli.reference.clone())
+    else {
+        anyhow::bail!("give the predictions and the references (or --cv RUN...)");
+    };
     let report = evaluate(&EvaluateOptions {
-        predictions: cli.predictions,
-        reference: cli.reference,
+        predictions,
+        reference,
         dataset_json: cli.dataset_json,
         labels,
         cldice: !cli.no_cldice,
@@ -117,4 +154,120 @@ fn real_main(cli: Cli) -> Result<Exit> {
         );
     }
     Ok(Exit::unless_failed(report.failed > 0))
+}
+
+/// `evaluate --cv`: one score for the folds, and the postprocessing decided on them.
+fn cv_main(cli: &Cli, runs: Vec<PathBuf>) -> Result<Exit> {
+    let cv = cross_validate(&CrossValOptions {
+        runs,
+        out: cli.out.clone(),
+        postprocessing: !cli.no_postprocessing,
+        cldice: !cli.no_cldice,
+        jobs: cli.jobs,
+        progress: !cli.quiet,
+    })?;
+    let json = serde_json::to_string_pretty(&cv.report)?;
+    if let Some(path) = &cli.summary {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if cli.json {
+        println!("{json}");
+        return Ok(Exit::unless_failed(cv.report.failed > 0));
+    }
+    print!("{}", cv.report.table());
+    println!(
+        "cross-validation of {} folds: {} cases, mean foreground Dice {:.4}; {}",
+        cv.folds.len(),
+        cv.report.evaluated,
+        cv.report.foreground_mean.dice,
+        cv.out.display()
+    );
+    if !cli.no_postprocessing {
+        let pp = &cv.postprocessing;
+        let what = match (pp.foreground, pp.classes.is_empty()) {
+            (false, true) => {
+                "none (keeping only the largest component did not raise the Dice)".to_string()
+            }
+            (fg, _) => {
+                let mut parts = Vec::new();
+                if fg {
+                    parts.push("largest foreground component".to_string());
+                }
+                parts.extend(
+                    pp.classes
+                        .iter()
+                        .map(|v| format!("largest component of label {v}")),
+                );
+                parts.join(", then ")
+            }
+        };
+        println!(
+            "postprocessing: {what}; Dice {:.4} -> {:.4}; written beside each fold's model",
+            pp.dice_before.unwrap_or(f64::NAN),
+            pp.dice_after.unwrap_or(f64::NAN)
+        );
+    }
+    Ok(Exit::unless_failed(cv.report.failed > 0))
+}
+
+/// `evaluate --best`: rank configurations and their ensembles by cross-validation.
+fn best_main(cli: &Cli, configurations: Vec<PathBuf>) -> Result<Exit> {
+    let out = cli.out.clone().unwrap_or_else(|| {
+        configurations[0]
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("best")
+    });
+    let r = find_best(&BestOptions {
+        configurations,
+        out: out.clone(),
+        cldice: !cli.no_cldice,
+        jobs: cli.jobs,
+        progress: !cli.quiet,
+    })?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(Exit::Success);
+    }
+    println!(
+        "{:<4} {:<40} {:>8} {:>8} {:>6}",
+        "rank", "configuration", "Dice", "clDice", "cases"
+    );
+    for (k, c) in r.ranking.iter().enumerate() {
+        println!(
+            "{:<4} {:<40} {:>8.4} {:>8.4} {:>6}",
+            k + 1,
+            c.name,
+            c.dice,
+            c.cldice,
+            c.cases
+        );
+    }
+    for s in &r.skipped {
+        println!("not ensembled: {s}");
+    }
+    let pp = &r.postprocessing;
+    let mut kept = Vec::new();
+    if pp.foreground {
+        kept.push("largest foreground component".to_string());
+    }
+    kept.extend(
+        pp.classes
+            .iter()
+            .map(|v| format!("largest component of label {v}")),
+    );
+    println!(
+        "best: {}; postprocessing: {}; Dice after it {:.4}",
+        r.ranking[0].name,
+        if kept.is_empty() {
+            "none".to_string()
+        } else {
+            kept.join(", then ")
+        },
+        r.dice_postprocessed
+    );
+    println!("predict with: {}", r.predict_command);
+    println!("written: {}", out.join("best.json").display());
+    Ok(Exit::Success)
 }

@@ -9,7 +9,7 @@ use clap::Parser;
 use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
-use voxcache::infer::predict::{predict, PredictOptions, PredictOutcome};
+use voxcache::infer::predict::{predict, PostprocessingChoice, PredictOptions, PredictOutcome};
 use voxcache::util::sysinfo::human_bytes;
 
 /// Segment NIfTI volumes with a trained model, in bounded memory, each written as CASE.nii.gz
@@ -21,9 +21,18 @@ use voxcache::util::sysinfo::human_bytes;
 #[derive(Parser, Debug)]
 #[command(name = "predict", version, after_help = EXIT_STATUS_HELP)]
 struct Cli {
-    /// Run folder made by `train` (or one of its checkpoint folders, copied anywhere).
+    /// Run folder made by `train` (or one of its checkpoint folders, copied anywhere). Give it
+    /// several times for an ensemble (nnU-Net's five folds: --model fold_0 ... --model fold_4):
+    /// the members' class probabilities are averaged, in one accumulator on disk.
+    #[arg(long, required = true)]
+    model: Vec<PathBuf>,
+    /// Postprocessing decision file to apply (default: the postprocessing.json that `evaluate
+    /// --cv` wrote beside the models, if they carry one).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_postprocessing")]
+    postprocessing: Option<PathBuf>,
+    /// Apply no postprocessing, even one recorded beside the models.
     #[arg(long)]
-    model: PathBuf,
+    no_postprocessing: bool,
     /// best (the best validation Dice, else the latest), latest, or a checkpoint folder.
     #[arg(long, default_value = "best")]
     checkpoint: String,
@@ -80,9 +89,15 @@ fn main() -> ExitCode {
 
 fn real_main(cli: Cli) -> Result<Exit> {
     let opts = PredictOptions {
-        model_dir: cli.model,
+        models: cli.model,
+        postprocessing: match (cli.postprocessing, cli.no_postprocessing) {
+            (Some(f), _) => PostprocessingChoice::File(f),
+            (None, true) => PostprocessingChoice::Off,
+            (None, false) => PostprocessingChoice::Recorded,
+        },
         which: cli.checkpoint.parse::<Which>()?,
         inputs: cli.inputs,
+        cases: Vec::new(),
         out: cli.out,
         device: cli.device,
         overlap: cli.overlap,

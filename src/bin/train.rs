@@ -12,6 +12,7 @@ use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::run_dir::run_dir;
 use voxcache::config::{train, Exit, TrainFlags};
 use voxcache::train::benchmark::{benchmark, WARMUP_STEPS};
+use voxcache::train::fold_validation::{validate_fold, FoldValidationOptions};
 use voxcache::train::trainer::{per_class, run, RunOptions};
 use voxcache::util::sysinfo::human_bytes;
 
@@ -57,6 +58,22 @@ struct Cli {
     #[arg(long, value_name = "STEPS", num_args = 0..=1, default_missing_value = "20",
           conflicts_with = "resume")]
     benchmark: Option<u64>,
+    /// With --fold: where the dataset's files are, when not where the cache recorded them at
+    /// build time (a fold ends by predicting its held-out cases from their own files).
+    #[arg(long, value_name = "DIR")]
+    validation_data: Option<PathBuf>,
+    /// With --fold: test-time mirroring in the fold's final validation (nnU-Net's default;
+    /// eight forward passes a window).
+    #[arg(long)]
+    validation_mirror: bool,
+    /// With --fold: skip the fold's final validation in the held-out cases' own geometry
+    /// (validation/, summary.json); --validate-only runs it later.
+    #[arg(long)]
+    no_fold_validation: bool,
+    /// With --fold: train nothing; run the final validation of the fold runs already there
+    /// (as nnU-Net's --val).
+    #[arg(long, requires = "fold", conflicts_with_all = ["no_fold_validation", "benchmark"])]
+    validate_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -180,9 +197,13 @@ fn real_main(cli: Cli) -> Result<Exit> {
             cli.out.as_deref(),
             config.dataset.as_deref(),
             &cli.cache_dir,
-            cli.resume,
+            cli.resume || cli.validate_only,
             fold.map(|f| (f, several)),
         )?;
+        if cli.validate_only {
+            fold_validation(&cli, &run_dir)?;
+            continue;
+        }
         let opts = RunOptions {
             cache_dir: cli.cache_dir.clone(),
             run_dir,
@@ -249,6 +270,37 @@ fn real_main(cli: Cli) -> Result<Exit> {
         if s.interrupted {
             return Ok(Exit::Interrupted);
         }
+        if fold.is_some() && !cli.no_fold_validation && s.val_cases > 0 {
+            fold_validation(&cli, &s.run_dir)?;
+        }
     }
     Ok(Exit::Success)
+}
+
+/// A fold's final validation: its held-out cases predicted in their own geometry and scored.
+fn fold_validation(cli: &Cli, run_dir: &std::path::Path) -> Result<()> {
+    let v = validate_fold(&FoldValidationOptions {
+        run_dir: run_dir.to_path_buf(),
+        cache_dir: cli.cache_dir.clone(),
+        data: cli.validation_data.clone(),
+        device: cli.device.clone(),
+        mirror: cli.validation_mirror,
+        cldice: true,
+        jobs: cli.threads.unwrap_or(2).max(1),
+        quiet: cli.no_progress,
+    })?;
+    for (id, why) in &v.failed {
+        eprintln!("error: fold validation, case {id}: {why}");
+    }
+    let m = &v.report.foreground_mean;
+    println!(
+        "fold validation ({} cases in their own geometry): Dice {:.4}, clDice {:.4}, HD95 {:.2} {}; {}",
+        v.report.evaluated,
+        m.dice,
+        m.cldice,
+        m.hd95,
+        v.report.unit,
+        v.summary.display()
+    );
+    Ok(())
 }

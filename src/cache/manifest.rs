@@ -32,6 +32,9 @@ pub fn record(cache: &CacheDir, name: &str, dataset: ManifestDataset) -> Result<
             existing.cases.extend(dataset.cases);
             existing.pipeline = dataset.pipeline;
             existing.dataset_json = dataset.dataset_json;
+            if dataset.origin.is_some() {
+                existing.origin = dataset.origin;
+            }
         }
         _ => {
             m.datasets.insert(name.to_string(), dataset);

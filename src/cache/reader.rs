@@ -58,6 +58,8 @@ struct EntryInner {
     serial: u64,
     dir: PathBuf,
     case_id: Option<String>,
+    /// The input files the entry was built from (names, sizes, hashes).
+    sources: crate::format::entry::Sources,
     key: String,
     /// The input's spatial unit ("mm", "um"...), which the output spacing is in.
     unit: String,
@@ -106,6 +108,11 @@ impl std::fmt::Debug for EntryReader {
 }
 
 impl EntryReader {
+    /// The input files the entry was built from (names, sizes, hashes).
+    pub fn sources(&self) -> &crate::format::entry::Sources {
+        &self.inner.sources
+    }
+
     /// The entry folder.
     pub fn dir(&self) -> &Path {
         &self.inner.dir

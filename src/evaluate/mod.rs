@@ -10,7 +10,9 @@
 //! never the volume; clDice's scratch costs 4 bytes a voxel of disk in the temporary folder
 //! (`TMPDIR`) while a case is measured.
 
+pub mod best;
 pub mod centreline;
+pub mod crossval;
 pub mod overlap;
 pub mod pairs;
 pub mod report;
@@ -27,7 +29,8 @@ use crate::evaluate::centreline::{centreline_counts, ClassMask};
 use crate::format::dataset_json::LabelClass;
 use crate::nifti_io::read_header;
 use crate::prep::dataset::scan::check_prediction;
-use overlap::{measure_pair, ClassTable, PairScratch};
+pub use overlap::ClassTable;
+use overlap::{measure_pair, PairScratch};
 use pairs::CasePair;
 use report::{CaseOutcome, CaseReport, ClassMetrics, EvaluationReport};
 use surface::surface_distances;
@@ -55,20 +58,32 @@ pub struct EvaluateOptions {
 /// Measure every prediction against its reference. Errors of the job (no predictions, an
 /// unreadable folder or dataset.json) are returned; a case's problem fails that case alone.
 pub fn evaluate(opts: &EvaluateOptions) -> Result<EvaluationReport> {
-    let started = Instant::now();
     let found = pairs::pair_cases(&opts.predictions, &opts.reference)?;
     let table = pairs::class_table(opts)?;
-    let bar = progress_bar(opts.progress, found.pairs.len() as u64);
+    evaluate_pairs(found, &table, opts.cldice, opts.jobs, opts.progress)
+}
+
+/// Measure pairs already matched, with the classes of `table`: [`evaluate`]'s work, for
+/// callers that know the pairs (fold validation, cross-validation).
+pub fn evaluate_pairs(
+    found: pairs::Pairs,
+    table: &ClassTable,
+    cldice: bool,
+    jobs: usize,
+    progress: bool,
+) -> Result<EvaluationReport> {
+    let started = Instant::now();
+    let bar = progress_bar(progress, found.pairs.len() as u64);
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.jobs.max(1))
+        .num_threads(jobs.max(1))
         .build()
-        .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", opts.jobs)))?;
+        .map_err(|e| Error::Config(format!("cannot start {jobs} threads: {e}")))?;
     let cases: Vec<CaseReport> = pool.install(|| {
         found
             .pairs
             .par_iter()
             .map(|pair| {
-                let outcome = match evaluate_case(pair, &table, opts.cldice) {
+                let outcome = match evaluate_case(pair, table, cldice) {
                     Ok((unit, classes)) => CaseOutcome::Evaluated { unit, classes },
                     Err(e) => CaseOutcome::Failed {
                         error: e.to_string(),

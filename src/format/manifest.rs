@@ -53,6 +53,25 @@ pub struct ManifestDataset {
     /// what train and predict need to name and map classes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset_json: Option<super::dataset_json::DatasetDescription>,
+    /// Where the dataset's files were at its latest build: fold validation reads its cases'
+    /// images and labels (in their own geometry) from there. Absent in caches built before it
+    /// was recorded, and for predict's scratch caches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<DatasetOrigin>,
+}
+
+/// Where a dataset's input files were found: a folder, or glob patterns.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DatasetOrigin {
+    /// The dataset folder (absolute) for a folder dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<std::path::PathBuf>,
+    /// The image glob (absolute) for a glob dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<String>,
+    /// The label glob (absolute) for a glob dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<String>,
 }
 
 /// `manifest.json`: every dataset built into the cache.

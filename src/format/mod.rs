@@ -11,12 +11,14 @@
 //! - [`array`](mod@array): an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
 //! - [`dtype`]: the one table of stored element types ([`Dtype`]).
 //! - [`run`]: a training run folder's `run.json` and checkpoints' `state.json`.
+//! - [`crossval`]: a fold's validation folder, cross-validation summaries, postprocessing.
 //! - [`probabilities`]: the class probabilities `predict --save-probabilities` writes.
 //!
 //! A cache written by another format version is refused with one sentence that says what to do.
 
 pub mod array;
 pub mod checksums;
+pub mod crossval;
 pub mod dataset_json;
 pub mod dtype;
 pub mod entry;

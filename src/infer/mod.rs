@@ -3,6 +3,7 @@
 
 pub mod export;
 pub mod model_dir;
+pub mod postprocess;
 pub mod predict;
 pub mod prob_zarr;
 pub mod probs;

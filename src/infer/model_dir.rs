@@ -143,3 +143,48 @@ fn trained_mirrored(config: &serde_json::Value) -> bool {
     serde_json::from_value::<Recorded>(config.clone())
         .is_ok_and(|r| r.augment && r.augmentation.mirror_prob > 0.0)
 }
+
+/// The members of an ensemble: each opened as [`load_model`] does, all checked, before any
+/// work, to output the same classes from the same channels and preprocessing (a member that
+/// differs is named beside the first).
+pub fn load_models(dirs: &[PathBuf], which: &Which, device: &Device) -> Result<Vec<LoadedModel>> {
+    let mut models: Vec<LoadedModel> = Vec::with_capacity(dirs.len());
+    for dir in dirs {
+        let m = load_model(dir, which, device)?;
+        if let Some(first) = models.first() {
+            let (a, b) = (&first.record, &m.record);
+            let values = |r: &RunRecord| r.classes.iter().map(|c| c.value).collect::<Vec<_>>();
+            let differs = if a.num_classes != b.num_classes || values(a) != values(b) {
+                Some(format!(
+                    "classes ({} vs {} outputs, label values {:?} vs {:?})",
+                    a.num_classes,
+                    b.num_classes,
+                    values(a),
+                    values(b)
+                ))
+            } else if a.channels != b.channels {
+                Some(format!("channels ({:?} vs {:?})", a.channels, b.channels))
+            } else if first.preprocessing != m.preprocessing {
+                Some(
+                    "preprocessing (target spacing, normalization or its statistics): members \
+                     of one ensemble must read the same preprocessed volume"
+                        .to_string(),
+                )
+            } else {
+                None
+            };
+            if let Some(what) = differs {
+                return Err(Error::Config(format!(
+                    "{} and {}: the ensemble's models differ in {what}",
+                    dirs[0].display(),
+                    dir.display()
+                )));
+            }
+        }
+        models.push(m);
+    }
+    if models.is_empty() {
+        return Err(Error::Config("no model given".into()));
+    }
+    Ok(models)
+}

@@ -16,12 +16,14 @@ use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
 use super::export::{slab_rows, write_segmentation, Export};
-use super::model_dir::{load_model, LoadedModel, Which};
+use super::model_dir::{load_models, LoadedModel, Which};
+use super::postprocess;
 use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbWriter;
 use super::sliding::Predictor;
 use crate::cache::reader::CacheReader;
 use crate::error::{Error, Result};
+use crate::format::crossval::{Postprocessing, POSTPROCESSING_FILE};
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
@@ -31,12 +33,18 @@ use crate::prep::dataset::{self, CaseSource, DatasetSource};
 /// What the user asked for.
 #[derive(Clone, Debug)]
 pub struct PredictOptions {
-    /// A run folder made by `train` (or a checkpoint folder copied from one).
-    pub model_dir: PathBuf,
+    /// Run folders made by `train` (or checkpoint folders copied from them): one model, or
+    /// the members of an ensemble whose class probabilities are averaged (nnU-Net's five folds).
+    pub models: Vec<PathBuf>,
+    /// Which postprocessing the segmentations get.
+    pub postprocessing: PostprocessingChoice,
     /// Which checkpoint.
     pub which: Which,
     /// NIfTI files, or folders of them (an nnU-Net `imagesTs/`, `CASE_0000` naming).
     pub inputs: Vec<PathBuf>,
+    /// Cases already found (fold validation: the held-out cases' own files), predicted beside
+    /// `inputs` under their own ids.
+    pub cases: Vec<CaseSource>,
     /// Where the segmentations go (`CASE.nii.gz`).
     pub out: PathBuf,
     /// `cpu`, `cuda`, `cuda:N`.
@@ -59,6 +67,18 @@ pub struct PredictOptions {
     pub mapped_mib: Option<u64>,
     /// Print only errors.
     pub quiet: bool,
+}
+
+/// Where a predict's postprocessing comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PostprocessingChoice {
+    /// The decision `evaluate --cv` wrote beside the models (`postprocessing.json`), if any:
+    /// all members must carry the same one.
+    Recorded,
+    /// None.
+    Off,
+    /// This decision file.
+    File(PathBuf),
 }
 
 /// How one case ended.
@@ -96,8 +116,10 @@ pub struct PredictCase {
 /// What a predict run did.
 #[derive(Clone, Debug, Serialize)]
 pub struct PredictReport {
-    /// The checkpoint used.
-    pub checkpoint: PathBuf,
+    /// The checkpoints used (one per ensemble member).
+    pub checkpoints: Vec<PathBuf>,
+    /// The postprocessing applied, if any.
+    pub postprocessing: Option<Postprocessing>,
     /// Per case, sorted by id.
     pub cases: Vec<PredictCase>,
     /// Cases written, skipped as existing, failed.
@@ -175,7 +197,9 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let started = Instant::now();
     let peak = crate::util::sysinfo::PeakMemory::start();
     let device = crate::model::device::select(&opts.device)?;
-    let m = load_model(&opts.model_dir, &opts.which, &device)?;
+    let models = load_models(&opts.models, &opts.which, &device)?;
+    let m = &models[0];
+    let postprocessing = postprocessing_of(opts, &models)?;
     let channels = m.record.channels.len().max(1);
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
     let probe = opts
@@ -207,7 +231,8 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
             results.push(fail(&input.display().to_string(), &e));
         }
     }
-    let found = dataset::cases_from_files(files, channels);
+    let mut found = dataset::cases_from_files(files, channels);
+    found.cases.extend(opts.cases.iter().cloned());
     for p in found.problems {
         results.push(fail(&p.id, &p.error));
     }
@@ -259,10 +284,11 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let run = (|| -> Result<Totals> {
         let mut totals = Totals::default();
         for (unit, cases) in groups {
-            let params = params_for_unit(&m, &unit, opts.quiet);
+            let params = params_for_unit(m, &unit, opts.quiet);
             predict_group(
                 opts,
-                &m,
+                &models,
+                postprocessing.as_ref(),
                 &device,
                 params,
                 cases,
@@ -278,7 +304,8 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     results.sort_by(|a, b| a.id.cmp(&b.id));
     let count = |f: fn(&PredictOutcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
     Ok(PredictReport {
-        checkpoint: m.checkpoint.clone(),
+        checkpoints: models.iter().map(|m| m.checkpoint.clone()).collect(),
+        postprocessing,
         predicted: count(|o| matches!(o, PredictOutcome::Predicted { .. })),
         existing: count(|o| matches!(o, PredictOutcome::Existing { .. })),
         failed: count(|o| matches!(o, PredictOutcome::Failed { .. })),
@@ -291,6 +318,65 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
         peak_anon_bytes: peak.peak().map(|m| m.anon),
         peak_file_bytes: peak.peak().map(|m| m.file),
     })
+}
+
+/// The postprocessing asked for: none, a file, or the decision recorded beside the models (the
+/// same for every member, or an error naming two that differ). Checked against the models'
+/// classes before any work.
+fn postprocessing_of(
+    opts: &PredictOptions,
+    models: &[LoadedModel],
+) -> Result<Option<Postprocessing>> {
+    let chosen = match &opts.postprocessing {
+        PostprocessingChoice::Off => None,
+        PostprocessingChoice::File(p) => Some((
+            p.clone(),
+            Postprocessing::read(p)?
+                .ok_or_else(|| Error::io(p, std::io::Error::from(std::io::ErrorKind::NotFound)))?,
+        )),
+        PostprocessingChoice::Recorded => {
+            let mut first: Option<(PathBuf, Option<Postprocessing>)> = None;
+            for dir in &opts.models {
+                let path = dir.join(POSTPROCESSING_FILE);
+                let pp = Postprocessing::read(&path)?;
+                let key = |p: &Option<Postprocessing>| {
+                    p.as_ref()
+                        .map(|p| (p.foreground, p.classes.clone(), p.connectivity.clone()))
+                };
+                match &first {
+                    None => first = Some((path, pp)),
+                    Some((p0, pp0)) if key(pp0) != key(&pp) => {
+                        return Err(Error::Config(format!(
+                            "{} and {}: the ensemble's members carry different postprocessing \
+                             decisions (run `evaluate --cv` over the same folds, or pass \
+                             --postprocessing FILE or --no-postprocessing)",
+                            p0.display(),
+                            path.display()
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
+            first.and_then(|(p, pp)| pp.map(|pp| (p, pp)))
+        }
+    };
+    let Some((path, pp)) = chosen else {
+        return Ok(None);
+    };
+    let values: Vec<u16> = models[0].record.classes.iter().map(|c| c.value).collect();
+    for v in &pp.classes {
+        let known = match values.is_empty() {
+            true => (1..models[0].record.num_classes as u16).any(|c| c == *v),
+            false => values.get(1..).unwrap_or(&[]).contains(v),
+        };
+        if !known {
+            return Err(Error::Config(format!(
+                "{}: label {v} is not a foreground class of the model",
+                path.display()
+            )));
+        }
+    }
+    Ok(Some(pp))
 }
 
 /// The model's parameters for inputs in `unit`: its target spacing converted when the units
@@ -337,7 +423,8 @@ struct Totals {
 #[allow(clippy::too_many_arguments)] // the job's parts, passed down once
 fn predict_group(
     opts: &PredictOptions,
-    m: &LoadedModel,
+    models: &[LoadedModel],
+    postprocessing: Option<&Postprocessing>,
     device: &candle_core::Device,
     params: OutputParams,
     cases: Vec<CaseSource>,
@@ -369,6 +456,7 @@ fn predict_group(
             ..Default::default()
         },
     )?;
+    let m = &models[0];
     let values: Vec<u16> = if m.record.classes.is_empty() {
         (0..m.record.num_classes as u16).collect()
     } else {
@@ -379,27 +467,34 @@ fn predict_group(
     } else {
         m.record.classes.iter().map(|c| c.name.clone()).collect()
     };
-    let mirror_axes = if opts.mirror && m.trained_mirrored {
-        vec![0, 1, 2]
-    } else {
-        Vec::new()
-    };
-    let mut predictor = Predictor {
-        model: &m.model,
-        device,
-        patch: m.network.patch,
-        overlap: opts.overlap,
-        batch: opts.batch.max(1),
-        mirror_axes,
-        on_windows: None,
-    };
+    let mut predictors: Vec<Predictor> = models
+        .iter()
+        .map(|m| Predictor {
+            model: &m.model,
+            device,
+            patch: m.network.patch,
+            overlap: opts.overlap,
+            batch: opts.batch.max(1),
+            mirror_axes: if opts.mirror && m.trained_mirrored {
+                vec![0, 1, 2]
+            } else {
+                Vec::new()
+            },
+            on_windows: None,
+        })
+        .collect();
     // One bar over every window of the group's cases.
     let windows: usize = report
         .cases
         .iter()
         .filter(|r| !matches!(r.outcome, CaseOutcome::Failed { .. }))
         .filter_map(|r| reader.open_entry("predict", &r.id).ok())
-        .map(|e| predictor.window_count(e.shape_zyx(), opts.window_memory))
+        .map(|e| {
+            predictors
+                .iter()
+                .map(|p| p.window_count(e.shape_zyx(), opts.window_memory))
+                .sum::<usize>()
+        })
         .sum();
     let bar = window_bar(!opts.quiet, windows as u64);
     // Windows run, as the sliding window reports them (band borders run twice).
@@ -408,7 +503,9 @@ fn predict_group(
         bar.inc(n as u64);
         ran.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     };
-    predictor.on_windows = Some(&tick);
+    for p in &mut predictors {
+        p.on_windows = Some(&tick);
+    }
     for r in report.cases {
         let Some(c) = cases.iter().find(|c| c.id == r.id) else {
             continue;
@@ -425,13 +522,25 @@ fn predict_group(
         let output = opts.out.join(format!("{}.nii.gz", c.id));
         let record = OutputRecord {
             key: format!(
-                "{}-{}-{}-{}",
+                "{}-{}-{}-{}-{}",
                 r.key.clone().unwrap_or_default(),
-                m.weights_hash,
+                models
+                    .iter()
+                    .map(|m| m.weights_hash.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+"),
                 opts.overlap,
-                !predictor.mirror_axes.is_empty()
+                predictors.iter().any(|p| !p.mirror_axes.is_empty()),
+                postprocessing.map_or("none".into(), |p| {
+                    serde_json::to_string(&(p.foreground, &p.classes, &p.connectivity))
+                        .unwrap_or_default()
+                })
             ),
-            checkpoint: m.checkpoint.display().to_string(),
+            checkpoint: models
+                .iter()
+                .map(|m| m.checkpoint.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
         };
         let record_path = opts.out.join(format!(".{}.voxcache.json", c.id));
         let same = std::fs::read(&record_path)
@@ -451,11 +560,17 @@ fn predict_group(
         let one = (|| -> Result<u64> {
             let entry = reader.open_entry("predict", &c.id)?;
             let shape = entry.shape_zyx();
-            let mut probs = ProbWriter::new(m.record.num_classes, shape, scratch)?;
+            let mut probs =
+                ProbWriter::ensemble(m.record.num_classes, shape, scratch, predictors.len())?;
             let sliding = Instant::now();
-            predictor.predict_tiled(&entry, opts.window_memory, &mut |t, p| {
-                probs.write_tile(t, p)
-            })?;
+            for (k, predictor) in predictors.iter().enumerate() {
+                if k > 0 {
+                    probs.next_member()?;
+                }
+                predictor.predict_tiled(&entry, opts.window_memory, &mut |t, p| {
+                    probs.write_tile(t, p)
+                })?;
+            }
             totals.window_seconds += sliding.elapsed().as_secs_f64();
 
             let probs = probs.finish()?;
@@ -493,6 +608,10 @@ fn predict_group(
                     },
                     &tmp,
                 )?;
+                if let Some(pp) = postprocessing.filter(|p| !p.is_none()) {
+                    let regions = postprocess::regions(pp, values.get(1..).unwrap_or(&[]));
+                    postprocess::apply_file(&tmp, &tmp, &regions, postprocess::connectivity(pp))?;
+                }
                 // Probabilities first: a segmentation in place means both are complete.
                 if let Some(p) = prob_out {
                     p.finish(&prob_path)?;
@@ -537,7 +656,7 @@ fn predict_group(
     }
     bar.finish_and_clear();
     // Each --mirror flip is a window too.
-    let passes = 1u64 << predictor.mirror_axes.len();
+    let passes = 1u64 << predictors[0].mirror_axes.len();
     totals.windows += ran.load(std::sync::atomic::Ordering::Relaxed) * passes;
     Ok(())
 }

@@ -3,6 +3,10 @@
 //! as the sliding window makes them final, then read back through a memory map for export. The files are unlinked as soon
 //! as created (nothing is left by a kill) and the map's pages are handed back as they are read,
 //! so memory stays flat whatever the volume size.
+//!
+//! An ensemble of models writes its members one after the other into the same files, each
+//! adding its share (1/members) to what is there: one accumulator on disk whatever the number
+//! of models. Its files hold float32 while they add up, so the mean is not rounded per member.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -23,11 +27,26 @@ pub struct ProbWriter {
     shape: [usize; 3],
     files: Vec<(File, PathBuf)>,
     written: usize,
+    /// Models averaged (1: a single model).
+    members: usize,
+    /// The member being written (0-based).
+    member: usize,
 }
 
 impl ProbWriter {
     /// Scratch files for `classes` classes of a volume of `shape` (z, y, x), in `dir`.
     pub fn new(classes: usize, shape: [usize; 3], dir: &Path) -> Result<ProbWriter> {
+        Self::ensemble(classes, shape, dir, 1)
+    }
+
+    /// [`ProbWriter::new`] for the mean of `members` models, written one after the other
+    /// ([`ProbWriter::next_member`] between them).
+    pub fn ensemble(
+        classes: usize,
+        shape: [usize; 3],
+        dir: &Path,
+        members: usize,
+    ) -> Result<ProbWriter> {
         let mut files = Vec::with_capacity(classes);
         for _ in 0..classes {
             files.push(crate::nifti_io::scratch_file(dir)?);
@@ -36,34 +55,83 @@ impl ProbWriter {
             shape,
             files,
             written: 0,
+            members: members.max(1),
+            member: 0,
         })
+    }
+
+    /// Bytes a stored value.
+    fn elem(&self) -> usize {
+        if self.members > 1 {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// The current member wrote every voxel: the next one starts.
+    pub fn next_member(&mut self) -> Result<()> {
+        let n: usize = self.shape.iter().product();
+        if self.written != n * (self.member + 1) || self.member + 1 >= self.members {
+            return Err(Error::Config(format!(
+                "ensemble member {} of {} ended after {} of {n} voxels",
+                self.member + 1,
+                self.members,
+                self.written - n * self.member
+            )));
+        }
+        self.member += 1;
+        Ok(())
     }
 
     /// Append voxels in C order, `classes` values a voxel (the sliding window's rows).
     pub fn append(&mut self, probs: &[f32]) -> Result<()> {
         let classes = self.files.len().max(1);
         let n = probs.len() / classes;
-        if self.written + n > self.shape.iter().product::<usize>() {
+        if self.written + n > self.shape.iter().product::<usize>() * (self.member + 1) {
             return Err(Error::Config(format!(
                 "probabilities past the end of a volume of {:?}",
                 self.shape
             )));
         }
-        self.write_run(self.written, probs)?;
+        let at = self.written - self.member * self.shape.iter().product::<usize>();
+        self.write_run(at, probs)?;
         self.written += n;
         Ok(())
     }
 
-    /// Write a run of voxels starting at voxel `at`, `classes` values a voxel.
+    /// Write a run of voxels starting at voxel `at`, `classes` values a voxel (an ensemble's
+    /// member adds its share to what the members before it wrote).
     fn write_run(&self, at: usize, probs: &[f32]) -> Result<()> {
         let classes = self.files.len().max(1);
-        let mut buf = Vec::with_capacity(2 * probs.len() / classes);
+        let n = probs.len() / classes;
+        let elem = self.elem();
+        let mut buf = Vec::with_capacity(elem * n);
+        let mut old = vec![0u8; if self.member > 0 { elem * n } else { 0 }];
+        let share = 1.0 / self.members as f32;
         for (c, (file, path)) in self.files.iter().enumerate() {
             buf.clear();
-            for v in probs.iter().skip(c).step_by(classes) {
-                buf.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            let values = probs.iter().skip(c).step_by(classes);
+            if elem == 2 {
+                for v in values {
+                    buf.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                }
+            } else {
+                if self.member > 0 {
+                    file.read_exact_at(&mut old, (elem * at) as u64)
+                        .map_err(|e| Error::io(path.as_path(), e))?;
+                }
+                for (i, v) in values.enumerate() {
+                    let before = match self.member {
+                        0 => 0.0,
+                        _ => {
+                            f32::from_le_bytes(old[4 * i..4 * i + 4].try_into().unwrap_or_default())
+                        }
+                    };
+                    buf.extend_from_slice(&(before + v * share).to_le_bytes());
+                }
             }
-            file.write_all_at(&buf, 2 * at as u64)
+            file.write_all_at(&buf, (elem * at) as u64)
                 .map_err(|e| Error::io(path.as_path(), e))?;
         }
         Ok(())
@@ -95,18 +163,19 @@ impl ProbWriter {
     /// Every voxel written: the volumes, mapped for reading.
     pub fn finish(self) -> Result<Vec<ProbVolume>> {
         let n: usize = self.shape.iter().product();
-        if self.written != n {
+        if self.written != n * self.members {
             return Err(Error::Config(format!(
-                "probabilities of {} voxels written for a volume of {n}",
-                self.written
+                "probabilities of {} voxels written for {} model(s) of a volume of {n}",
+                self.written, self.members
             )));
         }
+        let elem = self.elem();
         let mut out = Vec::with_capacity(self.files.len());
         for (file, path) in self.files {
             // SAFETY: the scratch file is ours alone (created new, unlinked) and nothing writes
             // to it once mapped.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path.as_path(), e))?;
-            if map.len() != 2 * n {
+            if map.len() != elem * n {
                 return Err(Error::io(
                     path.as_path(),
                     std::io::Error::other("scratch file of the wrong size"),
@@ -114,6 +183,7 @@ impl ProbWriter {
             }
             out.push(ProbVolume {
                 map,
+                elem,
                 touched: AtomicU64::new(0),
             });
         }
@@ -124,17 +194,23 @@ impl ProbWriter {
 /// One class's probabilities, read as f32 a run at a time.
 pub struct ProbVolume {
     map: Mmap,
+    /// Bytes a value: 2 (float16), 4 (an ensemble's float32).
+    elem: usize,
     touched: AtomicU64,
 }
 
 impl VoxelRead for ProbVolume {
     fn read(&self, start: usize, out: &mut [f32]) -> Result<()> {
+        let e = self.elem;
         let bytes = self
             .map
-            .get(2 * start..2 * (start + out.len()))
+            .get(e * start..e * (start + out.len()))
             .ok_or_else(|| Error::Config(format!("probabilities {start}.. out of range")))?;
-        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(e)) {
+            *o = match e {
+                2 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            };
         }
         let n = (bytes.len() as u64).max(4096);
         if self.touched.fetch_add(n, Ordering::Relaxed) + n > RELEASE_EVERY {
@@ -163,6 +239,29 @@ mod tests {
         v[0].read(1, &mut out[..2]).unwrap();
         assert_eq!(&out[..2], &[1.0, 0.5]);
         assert!(v[0].read(3, &mut out[..2]).is_err());
+    }
+
+    /// Two members' tiles average into the same files.
+    #[test]
+    fn an_ensemble_is_the_mean_of_its_members() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ProbWriter::ensemble(2, [1, 1, 2], dir.path(), 2).unwrap();
+        let t = Tile {
+            z0: 0,
+            rows: 1,
+            y0: 0,
+            height: 1,
+        };
+        w.write_tile(t, &[0.25, 0.75, 1.0, 0.0]).unwrap();
+        w.next_member().unwrap();
+        w.append(&[0.75, 0.25, 0.5, 0.5]).unwrap();
+        assert!(w.next_member().is_err(), "no third member");
+        let v = w.finish().unwrap();
+        let mut out = [0f32; 2];
+        v[0].read(0, &mut out).unwrap();
+        assert_eq!(out, [0.5, 0.75]);
+        v[1].read(0, &mut out).unwrap();
+        assert_eq!(out, [0.5, 0.25]);
     }
 
     /// Bands of rows written out of order land where whole slices appended would.

@@ -7,6 +7,7 @@
 //! - [`classes`]: file label values to training classes, the ignore label.
 //! - [`split`]: the deterministic train/validation split by case id.
 //! - [`folds`]: nnU-Net's five cross-validation folds, or its splits_final.json.
+//! - [`fold_validation`]: a fold's held-out cases predicted in their own geometry and scored.
 //! - [`sampler`]: which case and which box each patch of a batch comes from.
 //! - [`spatial`]: rotation, scaling, elastic deformation: one coordinate map, one interpolation.
 //! - [`intensity`]: nnU-Net's intensity transforms (noise, blur, brightness, contrast, low
@@ -30,6 +31,7 @@ pub mod classes;
 pub mod config;
 pub mod data;
 pub mod deep_supervision;
+pub mod fold_validation;
 pub mod folds;
 pub mod intensity;
 pub mod loader;

@@ -141,6 +141,7 @@ impl EntryReader {
             inner: Arc::new(EntryInner {
                 serial: NEXT_ENTRY.fetch_add(1, Ordering::Relaxed),
                 case_id: Some(attrs.case_id.clone()),
+                sources: attrs.source.clone(),
                 unit: attrs.input.unit.clone(),
                 spacing: {
                     let s = attrs.output.spacing_xyz;

@@ -423,6 +423,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 channels: channel_names,
                 cases: manifest_cases,
                 dataset_json: description,
+                origin: crate::prep::dataset::origin::origin_of(&opts.source),
             },
         )?;
     }

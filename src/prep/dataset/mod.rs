@@ -4,6 +4,7 @@
 //! (`imagesTr/CASE_0000.nii.gz` or `imagesTr/CASE.nii.gz`, `labelsTr/CASE.nii.gz`), or explicit
 //! `--images` / `--labels` globs whose single `*` names the case.
 
+pub mod origin;
 pub mod scan;
 
 use std::collections::BTreeMap;

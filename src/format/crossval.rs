@@ -1,0 +1,114 @@
+//! Cross-validation's files: a fold's `validation/` folder (its held-out cases predicted in their
+//! own geometry, their class probabilities, and `summary.json`), and the postprocessing decided
+//! from the folds (`postprocessing.json`, beside each fold's model).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::util::files::read_capped;
+
+/// A fold run's folder of validation predictions.
+pub const VALIDATION_DIR: &str = "validation";
+/// The evaluation report of a validation or cross-validation folder.
+pub const SUMMARY_FILE: &str = "summary.json";
+/// The postprocessing decision, in a cross-validation folder and beside each fold's model.
+pub const POSTPROCESSING_FILE: &str = "postprocessing.json";
+/// The cross-validation folder `evaluate --cv` writes (beside the fold runs by default).
+pub const CROSSVAL_DIR: &str = "crossval";
+
+/// The largest summary or decision read (a summary of tens of thousands of cases).
+const MAX_BYTES: u64 = 256 << 20;
+
+/// One case of a summary: what cross-validation needs to find its files again.
+#[derive(Clone, Debug, Deserialize)]
+pub struct SummaryCase {
+    /// Case id.
+    pub id: String,
+    /// The prediction file.
+    pub prediction: PathBuf,
+    /// The reference (label) file it was scored against.
+    pub reference: Option<PathBuf>,
+    /// "evaluated" or "failed".
+    pub status: String,
+}
+
+/// The part of a `summary.json` (an evaluation report) that cross-validation reads back.
+#[derive(Clone, Debug, Deserialize)]
+pub struct SummaryCases {
+    /// Per case.
+    pub cases: Vec<SummaryCase>,
+}
+
+impl SummaryCases {
+    /// Read `path`.
+    pub fn read(path: &Path) -> Result<SummaryCases> {
+        let bytes = read_capped(path, MAX_BYTES).map_err(|e| Error::io(path, e))?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Config(format!(
+                "{}: not an evaluation summary: {e}",
+                path.display()
+            ))
+        })
+    }
+}
+
+/// Which largest-component filters a model's predictions get (nnU-Net's rule, decided from
+/// cross-validation: each kept only where it raised the mean Dice).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Postprocessing {
+    /// Keep only the largest connected component of the foreground (every class together);
+    /// voxels outside it become background.
+    pub foreground: bool,
+    /// Then, per label value listed, keep only that class's largest component.
+    pub classes: Vec<u16>,
+    /// Neighbourhood of a component: "full" (26 neighbours, as nnU-Net) or "faces" (6).
+    pub connectivity: String,
+    /// Mean foreground Dice of the cross-validation before the filters.
+    pub dice_before: Option<f64>,
+    /// After them.
+    pub dice_after: Option<f64>,
+    /// The cross-validation folder it was decided in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_in: Option<PathBuf>,
+}
+
+impl Postprocessing {
+    /// No filter at all.
+    pub fn is_none(&self) -> bool {
+        !self.foreground && self.classes.is_empty()
+    }
+
+    /// Read `path`; `Ok(None)` when there is no such file.
+    pub fn read(path: &Path) -> Result<Option<Postprocessing>> {
+        let bytes = match read_capped(path, MAX_BYTES) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let p: Postprocessing = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Config(format!(
+                "{}: not a postprocessing decision: {e}",
+                path.display()
+            ))
+        })?;
+        if !matches!(p.connectivity.as_str(), "full" | "faces") {
+            return Err(Error::Config(format!(
+                "{}: connectivity {:?} (expected \"full\" or \"faces\")",
+                path.display(),
+                p.connectivity
+            )));
+        }
+        Ok(Some(p))
+    }
+
+    /// Write `path` (whole, then renamed into place).
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| Error::io(path, e))
+    }
+}
