@@ -44,8 +44,10 @@ pub struct LoadedModel {
     pub network: NetworkOptions,
     /// The network learnt mirrored patches (then test-time mirroring makes sense).
     pub trained_mirrored: bool,
-    /// The network with the checkpoint's weights.
-    pub model: UNet,
+    /// The network with the checkpoint's weights; `None` for an ensemble's later members, whose
+    /// weights are loaded again case by case ([`LoadedModel::reload`]) so that memory holds
+    /// one member's weights at a time.
+    pub model: Option<UNet>,
     /// The checkpoint folder the weights came from.
     pub checkpoint: PathBuf,
     /// blake3 of the weights file (part of each prediction's key).
@@ -99,7 +101,30 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
         }
     };
     let mirrored = trained_mirrored(&record.config);
-    let ck = Checkpointer::load(&ck_dir, device)?;
+    let model = with_weights(&record, &network, &ck_dir, device)?;
+    let weights = ck_dir.join(MODEL_FILE);
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(&weights).map_err(|e| Error::io(&weights, e))?)
+        .map_err(|e| Error::io(&weights, e))?;
+    Ok(LoadedModel {
+        record,
+        preprocessing,
+        trained_mirrored: mirrored,
+        network,
+        model: Some(model),
+        checkpoint: ck_dir,
+        weights_hash: h.finalize().to_hex().to_string(),
+    })
+}
+
+/// The recorded network with the weights of checkpoint folder `ck_dir`.
+fn with_weights(
+    record: &RunRecord,
+    network: &NetworkOptions,
+    ck_dir: &Path,
+    device: &Device,
+) -> Result<UNet> {
+    let ck = Checkpointer::load(ck_dir, device)?;
     let channels = record.channels.len().max(1);
     // Prediction uses the full-resolution head alone: deep-supervision heads stay unused.
     let bare = NetworkOptions {
@@ -113,19 +138,14 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
             ck_dir.join(MODEL_FILE).display()
         ))
     })?;
-    let weights = ck_dir.join(MODEL_FILE);
-    let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(&weights).map_err(|e| Error::io(&weights, e))?)
-        .map_err(|e| Error::io(&weights, e))?;
-    Ok(LoadedModel {
-        record,
-        preprocessing,
-        trained_mirrored: mirrored,
-        network,
-        model,
-        checkpoint: ck_dir,
-        weights_hash: h.finalize().to_hex().to_string(),
-    })
+    Ok(model)
+}
+
+impl LoadedModel {
+    /// The network with its weights, loaded again from the checkpoint it was opened from.
+    pub fn reload(&self, device: &Device) -> Result<UNet> {
+        with_weights(&self.record, &self.network, &self.checkpoint, device)
+    }
 }
 
 /// Whether the recorded training options mirrored patches (`augment` on and a mirroring
@@ -182,6 +202,12 @@ pub fn load_models(dirs: &[PathBuf], which: &Which, device: &Device) -> Result<V
             }
         }
         models.push(m);
+        if models.len() > 1 {
+            // Checked: its weights come back case by case, one member's at a time.
+            if let Some(last) = models.last_mut() {
+                last.model = None;
+            }
+        }
     }
     if models.is_empty() {
         return Err(Error::Config("no model given".into()));

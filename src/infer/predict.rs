@@ -467,22 +467,10 @@ fn predict_group(
     } else {
         m.record.classes.iter().map(|c| c.name.clone()).collect()
     };
-    let mut predictors: Vec<Predictor> = models
-        .iter()
-        .map(|m| Predictor {
-            model: &m.model,
-            device,
-            patch: m.network.patch,
-            overlap: opts.overlap,
-            batch: opts.batch.max(1),
-            mirror_axes: if opts.mirror && m.trained_mirrored {
-                vec![0, 1, 2]
-            } else {
-                Vec::new()
-            },
-            on_windows: None,
-        })
-        .collect();
+    let first = m
+        .model
+        .as_ref()
+        .ok_or_else(|| Error::Config("the first model has no weights loaded".into()))?;
     // One bar over every window of the group's cases.
     let windows: usize = report
         .cases
@@ -490,9 +478,12 @@ fn predict_group(
         .filter(|r| !matches!(r.outcome, CaseOutcome::Failed { .. }))
         .filter_map(|r| reader.open_entry("predict", &r.id).ok())
         .map(|e| {
-            predictors
+            models
                 .iter()
-                .map(|p| p.window_count(e.shape_zyx(), opts.window_memory))
+                .map(|member| {
+                    predictor(opts, device, member, first, None)
+                        .window_count(e.shape_zyx(), opts.window_memory)
+                })
                 .sum::<usize>()
         })
         .sum();
@@ -503,9 +494,9 @@ fn predict_group(
         bar.inc(n as u64);
         ran.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     };
-    for p in &mut predictors {
-        p.on_windows = Some(&tick);
-    }
+    let mirrored = !predictor(opts, device, m, first, None)
+        .mirror_axes
+        .is_empty();
     for r in report.cases {
         let Some(c) = cases.iter().find(|c| c.id == r.id) else {
             continue;
@@ -530,7 +521,7 @@ fn predict_group(
                     .collect::<Vec<_>>()
                     .join("+"),
                 opts.overlap,
-                predictors.iter().any(|p| !p.mirror_axes.is_empty()),
+                mirrored,
                 postprocessing.map_or("none".into(), |p| {
                     serde_json::to_string(&(p.foreground, &p.classes, &p.connectivity))
                         .unwrap_or_default()
@@ -561,15 +552,25 @@ fn predict_group(
             let entry = reader.open_entry("predict", &c.id)?;
             let shape = entry.shape_zyx();
             let mut probs =
-                ProbWriter::ensemble(m.record.num_classes, shape, scratch, predictors.len())?;
+                ProbWriter::ensemble(m.record.num_classes, shape, scratch, models.len())?;
             let sliding = Instant::now();
-            for (k, predictor) in predictors.iter().enumerate() {
+            for (k, member) in models.iter().enumerate() {
                 if k > 0 {
                     probs.next_member()?;
                 }
-                predictor.predict_tiled(&entry, opts.window_memory, &mut |t, p| {
-                    probs.write_tile(t, p)
-                })?;
+                let reloaded;
+                let net = match &member.model {
+                    Some(n) => n,
+                    None => {
+                        reloaded = member.reload(device)?;
+                        &reloaded
+                    }
+                };
+                predictor(opts, device, member, net, Some(&tick)).predict_tiled(
+                    &entry,
+                    opts.window_memory,
+                    &mut |t, p| probs.write_tile(t, p),
+                )?;
             }
             totals.window_seconds += sliding.elapsed().as_secs_f64();
 
@@ -656,9 +657,32 @@ fn predict_group(
     }
     bar.finish_and_clear();
     // Each --mirror flip is a window too.
-    let passes = 1u64 << predictors[0].mirror_axes.len();
+    let passes = if mirrored { 8 } else { 1 };
     totals.windows += ran.load(std::sync::atomic::Ordering::Relaxed) * passes;
     Ok(())
+}
+
+/// The sliding window of one model (an ensemble member) with `net`, its weights.
+fn predictor<'a>(
+    opts: &PredictOptions,
+    device: &'a candle_core::Device,
+    member: &LoadedModel,
+    net: &'a crate::model::unet::UNet,
+    on_windows: Option<&'a (dyn Fn(usize) + Sync)>,
+) -> Predictor<'a> {
+    Predictor {
+        model: net,
+        device,
+        patch: member.network.patch,
+        overlap: opts.overlap,
+        batch: opts.batch.max(1),
+        mirror_axes: if opts.mirror && member.trained_mirrored {
+            vec![0, 1, 2]
+        } else {
+            Vec::new()
+        },
+        on_windows,
+    }
 }
 
 /// The windows bar (on a terminal, unless quiet): windows done of all, windows a second.
