@@ -19,18 +19,20 @@ Reproduce
 ---------
 From the repository root, after `cargo build --release` (nnU-Net v2 2.8.x with torch in its own venv):
 
-    python3 scripts/quality_match.py --nnunet-python /work/bench/nnenv/bin/python \\
-        --work /work/bench/qm/full --iterations 1000 --seeds 0,1,2
+    python3 scripts/quality_match.py --nnunet-python /work/bench/nnenv/bin/python \
+        --work /work/bench/qm/full --iterations 1000 --seeds 0,1,2     # about 4.5 h on 2 cores
 
-    # quick end-to-end check (about 10 minutes on 2 cores):
-    python3 scripts/quality_match.py --nnunet-python /work/bench/nnenv/bin/python \\
+    # end-to-end check, both sides, one seed (about 6 minutes on 2 cores):
+    python3 scripts/quality_match.py --nnunet-python /work/bench/nnenv/bin/python \
         --work /tmp/qm-tiny --iterations 10 --seeds 0
 
 `--skip-nnunet` / `--skip-ours` rerun one side only (the other side's figures are read back from
-WORK/results/ when a previous run left them). One work folder per dataset: the nnU-Net dataset, its
-plans, the cache and the runs live there. Nothing runs concurrently: nnU-Net, then voxcache, one
-process tree at a time. This script uses only Python's standard library; nnU-Net runs in child
-processes of `--nnunet-python`, through a small driver the script writes to WORK/nnunet_qm_driver.py.
+WORK/results/ when a run with the same iterations and plan left them). Planning always runs nnU-Net's
+planner (a few seconds once preprocessed): the plan and fold 0 come from it. One work folder per
+dataset: the nnU-Net dataset, its plans, the cache and the runs live there. Nothing runs
+concurrently: nnU-Net, then voxcache, one process tree at a time. This script uses only Python's
+standard library; nnU-Net runs in child processes of `--nnunet-python`, through a small driver the
+script writes to WORK/nnunet_qm_driver.py.
 
 What each side runs
 -------------------
@@ -74,7 +76,11 @@ voxcache side (per seed, WORK/ours/seed<S>): `prep build-cache DATA --pipeline p
 supervision, nnU-Net's augmentation; `--ours-train-args "..."` adds flags, e.g. "--optimizer sgd
 --lr 0.01"), `predict --checkpoint latest --mirror` on the validation cases' images (the last
 checkpoint, as nnU-Net validates checkpoint_final, and 8-flip mirroring, as nnU-Net's validation
-does), and `evaluate` against labelsTr.
+does), and `evaluate` against labelsTr. The run's run.json is checked against the agreed plan and
+fold. What still differs by design (voxcache's defaults): AdamW instead of SGD; soft Dice over the
+whole batch (nnU-Net's 3d_fullres here: per sample, batch_dice false); deep-supervision targets
+max-pooled rather than subsampled, and no head at the lowest decoder resolution (nnU-Net builds one
+and weights it 0: its network has that head's parameters more, which the script checks).
 
 Scoring: `evaluate PRED DATA/labelsTr --json` on both tools' predictions. nnU-Net reads and writes
 images through SimpleITK, which converts a micrometre header to millimetres: its predictions lie on
@@ -90,8 +96,22 @@ Checkpoints are deleted after a seed is scored (disk; `--keep-checkpoints` keeps
 
 How long
 --------
-On this project's 2-core machine (AMD EPYC, no GPU), default plan (patch 20x64x64, batch 2, 5 stages,
-features 32..320): see RUNTIME below, measured with `--iterations 20 --iters-per-epoch 5 --seeds 0`.
+Measured on this project's 2-core machine (AMD EPYC, no GPU, 23 GiB) at the default plan (patch
+20x64x64, batch 2, 5 stages, features 32..320, about 16.1 M parameters), in the minutes when no other
+process was running (`other processes' cores busy` near 0; the table reports it per run, as the
+average number of cores other processes kept busy while a tool trained):
+
+    nnU-Net 2.8.1 (torch, CPU)  1.8 s/iteration  (median of 6 free epochs of 5 iterations in 3 runs: 1.72-1.82)
+    voxcache train              3.2 s/iteration  (median of 19 free steps in 2 runs: 2.7-4.1)
+
+Per seed, beyond the iterations: nnU-Net ~2.5 s a epoch for its 5 pseudo-Dice batches and progress
+plot, ~15 s start-up, ~45 s final validation of the 2 cases with mirroring; voxcache ~5 s final
+validation, ~45 s `predict --mirror` of the 2 cases; scoring ~1 s each. Planning and preprocessing
+~30 s once. A full run (1000 iterations x 3 seeds x 2 tools) is therefore about
+3 x (1000 x 1.8 s + ~2 min) + 3 x (1000 x 3.2 s + ~1 min) = ~1.6 h + ~2.7 h, about 4.5 h on two
+free cores. With one core taken by another job (as during most of the test runs), both tools ran at
+4-5 s/iteration: about 7-8 h. The tiny runs: `--iterations 10 --seeds 0` about 4 minutes once
+planned; `--iterations 20 --iters-per-epoch 5 --seeds 0` 6.5 minutes (shared machine).
 """
 
 from __future__ import annotations
@@ -102,6 +122,7 @@ import json
 import math
 import os
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -111,15 +132,6 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-
-# Runtime figures of the tiny measurement (filled in from the measured run; see the docstring).
-RUNTIME = """
-measured on 2 cores, default plan, 20 iterations (--iters-per-epoch 5), seed 0:
-  nnU-Net  : ~1.5 s/iteration (median of 4 epochs' training iterations)
-  voxcache : ~4.2 s/iteration (median of per-step records)
-  fixed cost per seed (start-up, validation of 2 cases with mirroring, scoring): ~1-2 min per tool
-  full run, 1000 iterations x 3 seeds x 2 tools: about 5 h (1.5 h nnU-Net + 3.5 h voxcache)
-"""
 
 CONFIG_QM = "3d_fullres_qm"
 PLANS = "nnUNetPlans"
@@ -412,15 +424,44 @@ def log(msg: str) -> None:
     print(f"[qm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (all cores, /proc/stat), None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+# Per log file: seconds of wall time and the average number of cores that processes other than
+# the child's (other users, other jobs) kept busy meanwhile: a timing taken while that is well
+# above 0 was measured on a shared machine.
+RUNS: dict[str, dict] = {}
+
+
 def run(cmd: list[str], logfile: Path, env: dict | None = None, cwd: Path | None = None) -> float:
     """Run a child with its output in logfile; raise with the log's tail when it fails."""
     logfile.parent.mkdir(parents=True, exist_ok=True)
     log(f"$ {shlex.join(str(c) for c in cmd)}  (log: {logfile})")
     t = time.time()
+    busy0, mine0 = busy_cpu_seconds(), children_cpu_seconds()
     with open(logfile, "w") as f:
         r = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env,
                            cwd=cwd)
     dt = time.time() - t
+    busy1, mine1 = busy_cpu_seconds(), children_cpu_seconds()
+    other = None
+    if busy0 is not None and dt > 0:
+        other = max(0.0, (busy1 - busy0) - (mine1 - mine0)) / dt
+    RUNS[str(logfile)] = {"wall_s": dt, "other_cores_busy": other,
+                          "child_cpu_s": mine1 - mine0}
     if r.returncode != 0:
         tail = logfile.read_text(errors="replace").splitlines()[-40:]
         raise Failure(f"exit status {r.returncode} after {dt:.0f} s: {shlex.join(str(c) for c in cmd)}\n"
@@ -729,6 +770,7 @@ def run_nnunet_seed(a, work: Path, binp: Path, data: Path, plans: dict, seed: in
                 "--iters-per-epoch", ipe, "--val-iters", a.nnunet_val_iters, "--threads", a.threads,
                 "--out", out], base / "train.log", env=env)
     info = json.loads(out.read_text())
+    meter = RUNS[str(base / "train.log")]
     fold = Path(info["output_folder"])
     log_text = Path(info["log_file"]).read_text(errors="replace")
     per_epoch = [float(s) / int(n) for n, s in
@@ -757,7 +799,8 @@ def run_nnunet_seed(a, work: Path, binp: Path, data: Path, plans: dict, seed: in
         "nnunet_epoch_time_s": epoch_times,
         "iterations": epochs * ipe, "epochs": epochs, "iters_per_epoch": ipe,
         "train_wall_s": info["train_wall_s"], "validation_wall_s": info["validation_wall_s"],
-        "total_wall_s": wall,
+        "total_wall_s": wall, "other_cores_busy": meter["other_cores_busy"],
+        "cpu_s": meter["child_cpu_s"],
         "run_folder": str(fold), "training_log": info["log_file"],
     }
 
@@ -798,6 +841,7 @@ def run_ours_seed(a, work: Path, binp: Path, data: Path, plans: dict, seed: int,
         cmd += ["--splits", splits]
     cmd += shlex.split(a.ours_train_args)
     train_s = run(cmd, base / "train.log")
+    meter = RUNS[str(base / "train.log")]
     run_json = json.loads((rundir / "run.json").read_text())
     c = run_json["config"]
     ours_net = {"patch": c["patch"], "batch_size": c["batch_size"], "strides": [[1, 1, 1]] + c["strides"],
@@ -828,10 +872,9 @@ def run_ours_seed(a, work: Path, binp: Path, data: Path, plans: dict, seed: int,
         images += files
     pred = base / "pred"
     t1 = time.time()
-    pcmd = [binp / "predict", "--model", rundir, "--checkpoint", "latest", "--out", pred, *images]
-    if not a.no_mirror:
-        pcmd.insert(5, "--mirror")
-    run(pcmd, base / "predict.log")
+    mirror = [] if a.no_mirror else ["--mirror"]
+    run([binp / "predict", "--model", rundir, "--checkpoint", "latest", *mirror, "--out", pred, *images],
+        base / "predict.log")
     predict_s = time.time() - t1
     scores = evaluate(binp, pred, data, base / "evaluate.json", base / "evaluate.log", val_ids)
     if not a.keep_checkpoints:
@@ -842,6 +885,7 @@ def run_ours_seed(a, work: Path, binp: Path, data: Path, plans: dict, seed: int,
         "s_per_iteration_steps": steps,
         "iterations": iterations, "parameters": params,
         "build_cache_wall_s": cache_s, "train_wall_s": train_s, "predict_wall_s": predict_s,
+        "other_cores_busy": meter["other_cores_busy"], "cpu_s": meter["child_cpu_s"],
         "run_folder": str(rundir),
     }
 
@@ -869,12 +913,13 @@ def verdict(ours, nn) -> str:
 
 
 def report(rows: list[dict]) -> dict:
-    print("\n| tool | seed | Dice | clDice | s/iteration | nnU-Net summary.json Dice |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| tool | seed | Dice | clDice | s/iteration | nnU-Net summary.json Dice | other processes' cores busy |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: (r["tool"], r["seed"])):
         own = r.get("nnunet_summary", {}).get("foreground_mean_dice")
         print(f"| {r['tool']} | {r['seed']} | {fmt(r['dice'])} | {fmt(r['cldice'])} | "
-              f"{fmt(r['s_per_iteration'], 3)} | {fmt(own) if own is not None else ''} |")
+              f"{fmt(r['s_per_iteration'], 3)} | {fmt(own) if own is not None else ''} | "
+              f"{fmt(r.get('other_cores_busy'), 2)} |")
     agg = {}
     for tool in ("nnU-Net", "voxcache"):
         rs = [r for r in rows if r["tool"] == tool]
@@ -959,6 +1004,7 @@ def main() -> int:
     if iterations != a.iterations:
         log(f"{a.iterations} iterations are not whole epochs of {ipe}: both tools train {iterations}")
     t_start = time.time()
+    load_start = os.getloadavg()
 
     data = prepare_data(a, work, binp)
     name, dj = register_nnunet(a, work, data)
@@ -981,6 +1027,9 @@ def main() -> int:
                     if r.get("iterations") != iterations:
                         log(f"{saved}: {r.get('iterations')} iterations, not {iterations}; left out")
                         continue
+                    if r.get("plan") != plans["plan_zyx"]:
+                        log(f"{saved}: trained with another plan ({r.get('plan')}); left out")
+                        continue
                     rows.append(r)
                 continue
             log(f"{tool}, seed {seed}: {iterations} iterations"
@@ -994,6 +1043,10 @@ def main() -> int:
             rows.append(r)
             log(f"{tool}, seed {seed}: Dice {fmt(r['dice'])}, clDice {fmt(r['cldice'])}, "
                 f"{fmt(r['s_per_iteration'], 3)} s/iteration")
+            other = r.get("other_cores_busy")
+            if other is not None and other > 0.25:
+                log(f"warning: other processes kept {other:.2f} cores busy on average while it trained: "
+                    "its s/iteration is inflated (a shared machine)")
 
     summary = report(rows)
     out = {
@@ -1003,6 +1056,7 @@ def main() -> int:
         "nnunet_val_iters": a.nnunet_val_iters, "ours_train_args": a.ours_train_args,
         "mirror": not a.no_mirror, "validation_cases": val_ids, "plan": plans,
         "runs": rows, **summary, "wall_s": time.time() - t_start,
+        "host": {"cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
     }
     jp = Path(a.json_out) if a.json_out else work / "results.json"
     jp.write_text(json.dumps(out, indent=2))

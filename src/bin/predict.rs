@@ -9,7 +9,8 @@ use clap::Parser;
 use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
-use voxcache::infer::predict::{predict, PostprocessingChoice, PredictOptions, PredictOutcome};
+use voxcache::infer::postprocess::PostprocessingChoice;
+use voxcache::infer::predict::{predict, PredictOptions, PredictOutcome};
 use voxcache::util::sysinfo::human_bytes;
 
 /// Segment NIfTI volumes with a trained model, in bounded memory, each written as CASE.nii.gz

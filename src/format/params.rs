@@ -204,6 +204,54 @@ pub struct ChannelParams {
 }
 
 impl OutputParams {
+    /// What every reader relies on: a positive finite target spacing, chunk and shard sides
+    /// that are positive (a shard a whole number of chunks), one to [`super::entry::MAX_CHANNELS`]
+    /// channels, the CT scheme with its statistics. `path` and `field` name the record.
+    pub fn check(&self, path: &std::path::Path, field: &str) -> crate::Result<()> {
+        let bad = |m: String| {
+            Err(crate::Error::Config(format!(
+                "{}: {field}.{m}",
+                path.display()
+            )))
+        };
+        if self
+            .target_spacing_xyz
+            .iter()
+            .any(|s| !s.is_finite() || *s <= 0.0)
+        {
+            return bad(format!(
+                "target_spacing_xyz {:?}: every spacing must be a positive number",
+                self.target_spacing_xyz
+            ));
+        }
+        if self.chunk_zyx.contains(&0) {
+            return bad(format!("chunk_zyx {:?} has a zero side", self.chunk_zyx));
+        }
+        if let Some(s) = self.shard_zyx {
+            if (0..3).any(|a| s[a] == 0 || s[a] % self.chunk_zyx[a] != 0) {
+                return bad(format!(
+                    "shard_zyx {s:?} is not a whole multiple of the chunk {:?}",
+                    self.chunk_zyx
+                ));
+            }
+        }
+        let c = self.channels.len();
+        if c == 0 || c > super::entry::MAX_CHANNELS {
+            return bad(format!(
+                "channels: {c} channels (1 to {} can be read)",
+                super::entry::MAX_CHANNELS
+            ));
+        }
+        for (k, ch) in self.channels.iter().enumerate() {
+            if ch.normalization == Normalization::Ct && ch.dataset_foreground.is_none() {
+                return bad(format!(
+                    "channels[{k}]: CT normalization without the dataset's foreground statistics"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Canonical JSON: fixed field order, shortest round-trip float formatting.
     pub fn canonical_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()

@@ -118,7 +118,11 @@ impl RunRecord {
     /// Read `path`; `Ok(None)` when there is no such file.
     pub fn read(path: &Path) -> Result<Option<RunRecord>> {
         match read_capped(path, MAX_RECORD_BYTES) {
-            Ok(b) => parse(path, &b, "run record").map(Some),
+            Ok(b) => {
+                let r: RunRecord = parse(path, &b, "run record")?;
+                r.check(path)?;
+                Ok(Some(r))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(path, e)),
         }
@@ -128,7 +132,59 @@ impl RunRecord {
     pub fn to_json(&self) -> Vec<u8> {
         pretty(self)
     }
+
+    /// What training and prediction rely on, each failure naming the file and the field: 2 to
+    /// [`MAX_RECORD_CLASSES`] classes, as many class records (distinct values) when listed, an
+    /// ignore label that is no class, channels matching the preprocessing, and preprocessing
+    /// parameters a reader can use.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("{}: {m}", path.display())));
+        if !(2..=MAX_RECORD_CLASSES).contains(&self.num_classes) {
+            return bad(format!(
+                "num_classes {}: a model outputs background and 1 to {} classes",
+                self.num_classes,
+                MAX_RECORD_CLASSES - 1
+            ));
+        }
+        if !self.classes.is_empty() {
+            if self.classes.len() != self.num_classes {
+                return bad(format!(
+                    "classes lists {} classes but num_classes is {}",
+                    self.classes.len(),
+                    self.num_classes
+                ));
+            }
+            let mut values: Vec<u16> = self.classes.iter().map(|c| c.value).collect();
+            values.sort_unstable();
+            if values.windows(2).any(|w| w[0] == w[1]) {
+                return bad(format!(
+                    "classes: label values {:?} repeat a value",
+                    self.classes.iter().map(|c| c.value).collect::<Vec<_>>()
+                ));
+            }
+            if let Some(i) = self
+                .ignore_label
+                .filter(|i| values.binary_search(i).is_ok())
+            {
+                return bad(format!("ignore_label {i} is also a class"));
+            }
+        }
+        if let Some(p) = &self.preprocessing {
+            p.params.check(path, "preprocessing.params")?;
+            let want = self.channels.len().max(1);
+            if p.params.channels.len() != want {
+                return bad(format!(
+                    "preprocessing.params has {} channels but the run takes {want}",
+                    p.params.channels.len()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
+
+/// The most output classes a run record may declare.
+pub const MAX_RECORD_CLASSES: usize = 4096;
 
 impl TrainState {
     /// Read and parse `path`.

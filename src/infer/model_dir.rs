@@ -27,6 +27,11 @@ impl std::str::FromStr for Which {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s {
+            "" => {
+                return Err(Error::Config(
+                    "--checkpoint: an empty path (give best, latest or a checkpoint folder)".into(),
+                ))
+            }
             "best" => Which::Best,
             "latest" => Which::Latest,
             p => Which::Path(PathBuf::from(p)),
@@ -50,6 +55,8 @@ pub struct LoadedModel {
     pub model: Option<UNet>,
     /// The checkpoint folder the weights came from.
     pub checkpoint: PathBuf,
+    /// The run record read (`run.json`).
+    pub record_path: PathBuf,
     /// blake3 of the weights file (part of each prediction's key).
     pub weights_hash: String,
 }
@@ -101,7 +108,7 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
         }
     };
     let mirrored = trained_mirrored(&record.config);
-    let model = with_weights(&record, &network, &ck_dir, device)?;
+    let model = with_weights(&record, &record_path, &network, &ck_dir, device)?;
     let weights = ck_dir.join(MODEL_FILE);
     let mut h = blake3::Hasher::new();
     h.update_reader(std::fs::File::open(&weights).map_err(|e| Error::io(&weights, e))?)
@@ -113,6 +120,7 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
         network,
         model: Some(model),
         checkpoint: ck_dir,
+        record_path,
         weights_hash: h.finalize().to_hex().to_string(),
     })
 }
@@ -120,6 +128,7 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
 /// The recorded network with the weights of checkpoint folder `ck_dir`.
 fn with_weights(
     record: &RunRecord,
+    record_path: &Path,
     network: &NetworkOptions,
     ck_dir: &Path,
     device: &Device,
@@ -131,20 +140,45 @@ fn with_weights(
         deep_supervision: false,
         ..network.clone()
     };
-    let model = bare.build(channels, record.num_classes, device)?;
+    let model = bare
+        .build(channels, record.num_classes, device)
+        .map_err(|e| Error::Config(format!("{}: config: {e}", record_path.display())))?;
+    let weights = ck_dir.join(MODEL_FILE);
     model.load(&ck.model).map_err(|e| {
         Error::Train(format!(
             "{}: the weights do not fit the recorded network: {e}",
-            ck_dir.join(MODEL_FILE).display()
+            weights.display()
         ))
     })?;
+    // NaN or infinite weights predict one class everywhere: refuse them, naming the tensor.
+    for (name, v) in model.params() {
+        let finite = v
+            .as_tensor()
+            .abs()
+            .and_then(|t| t.sum_all())
+            .and_then(|t| t.to_dtype(candle_core::DType::F32))
+            .and_then(|t| t.to_scalar::<f32>())
+            .is_ok_and(f32::is_finite);
+        if !finite {
+            return Err(Error::Train(format!(
+                "{}: tensor {name} holds NaN or infinite values",
+                weights.display()
+            )));
+        }
+    }
     Ok(model)
 }
 
 impl LoadedModel {
     /// The network with its weights, loaded again from the checkpoint it was opened from.
     pub fn reload(&self, device: &Device) -> Result<UNet> {
-        with_weights(&self.record, &self.network, &self.checkpoint, device)
+        with_weights(
+            &self.record,
+            &self.record_path,
+            &self.network,
+            &self.checkpoint,
+            device,
+        )
     }
 }
 

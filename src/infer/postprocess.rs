@@ -4,16 +4,91 @@
 //! the output), each filter is two passes over it slice by slice (components, then the
 //! filtering), and the result is streamed into a NIfTI with the input's header. Memory is a few
 //! slices and the components' union-find, whatever the volume's size.
+//! [`chosen`] says which decision a predict applies: none, a file, or the one recorded beside
+//! its models.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::model_dir::LoadedModel;
 use crate::error::{Error, Result};
-use crate::format::crossval::Postprocessing;
+use crate::format::crossval::{Postprocessing, POSTPROCESSING_FILE};
 use crate::geometry::components::{Components, Connectivity};
 use crate::nifti_io::{stream_label_slices, LabelType, LabelWriter};
+
+/// Where a predict's postprocessing comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PostprocessingChoice {
+    /// The decision `evaluate --cv` wrote beside the models (`postprocessing.json`), if any:
+    /// all members must carry the same one.
+    Recorded,
+    /// None.
+    Off,
+    /// This decision file.
+    File(PathBuf),
+}
+
+/// The postprocessing asked for: none, a file, or the decision recorded beside the models (the
+/// same for every member, or an error naming two that differ). Checked against the models'
+/// classes before any work.
+pub fn chosen(
+    choice: &PostprocessingChoice,
+    dirs: &[PathBuf],
+    models: &[LoadedModel],
+) -> Result<Option<Postprocessing>> {
+    let chosen = match choice {
+        PostprocessingChoice::Off => None,
+        PostprocessingChoice::File(p) => Some((
+            p.clone(),
+            Postprocessing::read(p)?
+                .ok_or_else(|| Error::io(p, std::io::Error::from(std::io::ErrorKind::NotFound)))?,
+        )),
+        PostprocessingChoice::Recorded => {
+            let mut first: Option<(PathBuf, Option<Postprocessing>)> = None;
+            for dir in dirs {
+                let path = dir.join(POSTPROCESSING_FILE);
+                let pp = Postprocessing::read(&path)?;
+                let key = |p: &Option<Postprocessing>| {
+                    p.as_ref()
+                        .map(|p| (p.foreground, p.classes.clone(), p.connectivity.clone()))
+                };
+                match &first {
+                    None => first = Some((path, pp)),
+                    Some((p0, pp0)) if key(pp0) != key(&pp) => {
+                        return Err(Error::Config(format!(
+                            "{} and {}: the ensemble's members carry different postprocessing \
+                             decisions (run `evaluate --cv` over the same folds, or pass \
+                             --postprocessing FILE or --no-postprocessing)",
+                            p0.display(),
+                            path.display()
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
+            first.and_then(|(p, pp)| pp.map(|pp| (p, pp)))
+        }
+    };
+    let Some((path, pp)) = chosen else {
+        return Ok(None);
+    };
+    let values: Vec<u16> = models[0].record.classes.iter().map(|c| c.value).collect();
+    for v in &pp.classes {
+        let known = match values.is_empty() {
+            true => (1..models[0].record.num_classes as u16).any(|c| c == *v),
+            false => values.get(1..).unwrap_or(&[]).contains(v),
+        };
+        if !known {
+            return Err(Error::Config(format!(
+                "{}: label {v} is not a foreground class of the model",
+                path.display()
+            )));
+        }
+    }
+    Ok(Some(pp))
+}
 
 /// One filter: keep the largest component of the voxels holding any of these values.
 pub type Region = Vec<u16>;

@@ -17,13 +17,13 @@ use serde::{Deserialize, Serialize};
 
 use super::export::{slab_rows, write_segmentation, Export};
 use super::model_dir::{load_models, LoadedModel, Which};
-use super::postprocess;
+use super::postprocess::{self, PostprocessingChoice};
 use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbWriter;
 use super::sliding::Predictor;
 use crate::cache::reader::CacheReader;
 use crate::error::{Error, Result};
-use crate::format::crossval::{Postprocessing, POSTPROCESSING_FILE};
+use crate::format::crossval::Postprocessing;
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
@@ -67,18 +67,6 @@ pub struct PredictOptions {
     pub mapped_mib: Option<u64>,
     /// Print only errors.
     pub quiet: bool,
-}
-
-/// Where a predict's postprocessing comes from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PostprocessingChoice {
-    /// The decision `evaluate --cv` wrote beside the models (`postprocessing.json`), if any:
-    /// all members must carry the same one.
-    Recorded,
-    /// None.
-    Off,
-    /// This decision file.
-    File(PathBuf),
 }
 
 /// How one case ended.
@@ -150,6 +138,16 @@ pub struct PredictReport {
 struct OutputRecord {
     key: String,
     checkpoint: String,
+    /// blake3 of the segmentation written: a file damaged since is predicted again.
+    #[serde(default)]
+    output_blake3: String,
+}
+
+/// blake3 of a file, hex; `None` when it cannot be read.
+fn file_hash(path: &Path) -> Option<String> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
+    Some(h.finalize().to_hex().to_string())
 }
 
 /// Name start of a predict's scratch folder in `--out` (then `HOST.PID`).
@@ -199,7 +197,7 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let device = crate::model::device::select(&opts.device)?;
     let models = load_models(&opts.models, &opts.which, &device)?;
     let m = &models[0];
-    let postprocessing = postprocessing_of(opts, &models)?;
+    let postprocessing = postprocess::chosen(&opts.postprocessing, &opts.models, &models)?;
     let channels = m.record.channels.len().max(1);
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
     let probe = opts
@@ -320,65 +318,6 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     })
 }
 
-/// The postprocessing asked for: none, a file, or the decision recorded beside the models (the
-/// same for every member, or an error naming two that differ). Checked against the models'
-/// classes before any work.
-fn postprocessing_of(
-    opts: &PredictOptions,
-    models: &[LoadedModel],
-) -> Result<Option<Postprocessing>> {
-    let chosen = match &opts.postprocessing {
-        PostprocessingChoice::Off => None,
-        PostprocessingChoice::File(p) => Some((
-            p.clone(),
-            Postprocessing::read(p)?
-                .ok_or_else(|| Error::io(p, std::io::Error::from(std::io::ErrorKind::NotFound)))?,
-        )),
-        PostprocessingChoice::Recorded => {
-            let mut first: Option<(PathBuf, Option<Postprocessing>)> = None;
-            for dir in &opts.models {
-                let path = dir.join(POSTPROCESSING_FILE);
-                let pp = Postprocessing::read(&path)?;
-                let key = |p: &Option<Postprocessing>| {
-                    p.as_ref()
-                        .map(|p| (p.foreground, p.classes.clone(), p.connectivity.clone()))
-                };
-                match &first {
-                    None => first = Some((path, pp)),
-                    Some((p0, pp0)) if key(pp0) != key(&pp) => {
-                        return Err(Error::Config(format!(
-                            "{} and {}: the ensemble's members carry different postprocessing \
-                             decisions (run `evaluate --cv` over the same folds, or pass \
-                             --postprocessing FILE or --no-postprocessing)",
-                            p0.display(),
-                            path.display()
-                        )))
-                    }
-                    Some(_) => {}
-                }
-            }
-            first.and_then(|(p, pp)| pp.map(|pp| (p, pp)))
-        }
-    };
-    let Some((path, pp)) = chosen else {
-        return Ok(None);
-    };
-    let values: Vec<u16> = models[0].record.classes.iter().map(|c| c.value).collect();
-    for v in &pp.classes {
-        let known = match values.is_empty() {
-            true => (1..models[0].record.num_classes as u16).any(|c| c == *v),
-            false => values.get(1..).unwrap_or(&[]).contains(v),
-        };
-        if !known {
-            return Err(Error::Config(format!(
-                "{}: label {v} is not a foreground class of the model",
-                path.display()
-            )));
-        }
-    }
-    Ok(Some(pp))
-}
-
 /// The model's parameters for inputs in `unit`: its target spacing converted when the units
 /// differ and both are known (with a warning naming both); as recorded otherwise.
 fn params_for_unit(m: &LoadedModel, unit: &str, quiet: bool) -> OutputParams {
@@ -449,6 +388,23 @@ fn predict_group(
         quiet: true,
         fixed_params: Some(params),
     })?;
+    // No case preprocessed: each failure is the case's own (the scratch cache has no
+    // manifest to open, and that is not the user's problem).
+    if report
+        .cases
+        .iter()
+        .all(|r| matches!(r.outcome, CaseOutcome::Failed { .. }))
+    {
+        for r in report.cases {
+            if let CaseOutcome::Failed { error } = r.outcome {
+                results.push(PredictCase {
+                    id: r.id,
+                    outcome: PredictOutcome::Failed { error },
+                });
+            }
+        }
+        return Ok(());
+    }
     let reader = CacheReader::open_with(
         &cache,
         crate::cache::reader::ReaderOptions {
@@ -532,12 +488,15 @@ fn predict_group(
                 .map(|m| m.checkpoint.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
+            output_blake3: String::new(),
         };
         let record_path = opts.out.join(format!(".{}.voxcache.json", c.id));
         let same = std::fs::read(&record_path)
             .ok()
             .and_then(|b| serde_json::from_slice::<OutputRecord>(&b).ok())
-            .is_some_and(|old| old.key == record.key);
+            .is_some_and(|old| {
+                old.key == record.key && file_hash(&output).is_some_and(|h| h == old.output_blake3)
+            });
         let prob_path = opts.out.join(format!("{}{PROBABILITIES_SUFFIX}", c.id));
         if same && output.is_file() && (!opts.save_probabilities || prob_path.is_dir()) {
             results.push(PredictCase {
@@ -625,6 +584,10 @@ fn predict_group(
                 return Err(e);
             }
             let rec_tmp = record_path.with_extension("json.tmp");
+            let record = OutputRecord {
+                output_blake3: file_hash(&output).unwrap_or_default(),
+                ..record
+            };
             let bytes = serde_json::to_vec(&record).unwrap_or_default();
             std::fs::write(&rec_tmp, bytes)
                 .and_then(|()| std::fs::rename(&rec_tmp, &record_path))

@@ -378,6 +378,23 @@ impl UNetConfig {
                 self.base_channels, self.max_channels
             ));
         }
+        // Beyond these a network's tensors would not be allocated (nnU-Net's largest: 320
+        // features, a few hundred classes).
+        let widest = self
+            .features
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(self.max_channels);
+        if self.max_channels > MAX_FEATURES
+            || widest > MAX_FEATURES
+            || self.num_classes > MAX_CLASSES
+        {
+            return bad(format!(
+                "max_channels {}, features up to {widest}, {} classes: at most {MAX_FEATURES} features and {MAX_CLASSES} classes",
+                self.max_channels, self.num_classes
+            ));
+        }
         if let Norm::Group(0) = self.norm {
             return bad("group norm needs at least one group".into());
         }
@@ -441,6 +458,11 @@ impl UNetConfig {
         Ok(())
     }
 }
+
+/// The most features a stage may have.
+pub const MAX_FEATURES: usize = 8192;
+/// The most output classes a network may have.
+pub const MAX_CLASSES: usize = 4096;
 
 /// The options of a run that shape its network, as the `[train]` table and a run's record
 /// spell them. Training takes them from its configuration; prediction reads them back from the

@@ -82,8 +82,22 @@ impl LabelWriter {
             return Err(Error::nifti(input, "truncated header"));
         }
         head.truncate(size);
-        // The header's byte order: sizeof_hdr reads as itself in it.
-        let big = i32::from_le_bytes([head[0], head[1], head[2], head[3]]) != size as i32;
+        // The header's byte order as the reader decides it, by dim[0] (nibabel's and the nifti
+        // crate's rule); sizeof_hdr is rewritten in that order, so a mixed-order input gives a
+        // header of one byte order throughout.
+        let dim0_le = if nifti2 {
+            i64::from_le_bytes(head[16..24].try_into().unwrap_or_default())
+        } else {
+            i16::from_le_bytes([head[40], head[41]]) as i64
+        };
+        let big = !(1..=7).contains(&dim0_le);
+        put(
+            &mut head,
+            0,
+            (size as i32).to_le_bytes(),
+            (size as i32).to_be_bytes(),
+            big,
+        );
         let (code, bits) = dtype.code_and_bits();
         if nifti2 {
             put(&mut head, 12, code.to_le_bytes(), code.to_be_bytes(), big);

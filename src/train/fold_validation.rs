@@ -22,7 +22,8 @@ use crate::format::crossval::{SUMMARY_FILE, VALIDATION_DIR};
 use crate::format::entry::Sources;
 use crate::format::run::{RunRecord, RUN_FILE};
 use crate::infer::model_dir::Which;
-use crate::infer::predict::{predict, PostprocessingChoice, PredictOptions, PredictOutcome};
+use crate::infer::postprocess::PostprocessingChoice;
+use crate::infer::predict::{predict, PredictOptions, PredictOutcome};
 use crate::prep::dataset::{discover, origin::source_of, CaseSource, DatasetSource};
 
 /// A case that could not be validated, and why.
