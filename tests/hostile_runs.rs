@@ -86,6 +86,9 @@ fn predict(args: &[&str]) -> (i32, String) {
     (code, out)
 }
 
+/// A change to a run.json.
+type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+
 /// A copy of the model's run folder with `edit` applied to its run.json.
 fn tampered(root: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
     let dir = root.join(name);
@@ -105,7 +108,7 @@ fn image() -> PathBuf {
 #[test]
 fn a_tampered_run_record_is_refused_naming_the_file_and_the_field() {
     let t = tempfile::tempdir().unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "huge",
             Box::new(|v| v["num_classes"] = 1_000_000_000_000u64.into()),
