@@ -22,7 +22,7 @@ From the repository root, after `cargo build --release` (nnU-Net v2 2.8.x with t
     python3 scripts/quality_match.py --nnunet-python /work/bench/nnenv/bin/python \
         --work /work/bench/qm/full --iterations 1000 --seeds 0,1,2     # about 4.5 h on 2 cores
 
-    # end-to-end check, both sides, one seed (about 6 minutes on 2 cores):
+    # end-to-end check, both sides, one seed (about 4 minutes on 2 cores, planning included):
     python3 scripts/quality_match.py --nnunet-python /work/bench/nnenv/bin/python \
         --work /tmp/qm-tiny --iterations 10 --seeds 0
 
@@ -110,8 +110,8 @@ validation, ~45 s `predict --mirror` of the 2 cases; scoring ~1 s each. Planning
 ~30 s once. A full run (1000 iterations x 3 seeds x 2 tools) is therefore about
 3 x (1000 x 1.8 s + ~2 min) + 3 x (1000 x 3.2 s + ~1 min) = ~1.6 h + ~2.7 h, about 4.5 h on two
 free cores. With one core taken by another job (as during most of the test runs), both tools ran at
-4-5 s/iteration: about 7-8 h. The tiny runs: `--iterations 10 --seeds 0` about 4 minutes once
-planned; `--iterations 20 --iters-per-epoch 5 --seeds 0` 6.5 minutes (shared machine).
+4-5 s/iteration: about 7-8 h. The tiny runs: `--iterations 10 --seeds 0` 4 minutes from an empty
+work folder; `--iterations 20 --iters-per-epoch 5 --seeds 0` 6.5 minutes (shared machine).
 """
 
 from __future__ import annotations
@@ -135,7 +135,6 @@ from pathlib import Path
 
 CONFIG_QM = "3d_fullres_qm"
 PLANS = "nnUNetPlans"
-TRAINER = "nnUNetTrainer_QM"
 
 # --------------------------------------------------------------------------------------------
 # The nnU-Net driver: written to WORK/nnunet_qm_driver.py and run with --nnunet-python. It uses

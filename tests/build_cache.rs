@@ -431,11 +431,27 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
     let _guard = TinyFs(mnt.clone());
     let data = bundled_data();
     let cache = mnt.join("cache");
-    // Uncompressed, the forecast (27 MiB) is exact: the build stops before writing anything.
-    let (o, _) = build_report(&data, &cache, &["--spacing", "0.99,0.99,2.9"]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("free"), "{}", stderr(&o));
-    assert!(entry_dirs(&cache).is_empty());
+    // Uncompressed, the forecast (27 MiB) is exact: the cases that fit are built; each one
+    // that does not fails alone before a byte of it is written, naming its file and the figures.
+    let (o, r) = build_report(&data, &cache, &["--spacing", "0.99,0.99,2.9"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let built = count(&r, "built") as usize;
+    let refused: Vec<&str> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outcome"]["status"] == "failed")
+        .map(|c| c["outcome"]["error"].as_str().unwrap())
+        .collect();
+    assert!(
+        built >= 1 && !refused.is_empty() && built + refused.len() == 10,
+        "{r}"
+    );
+    for e in &refused {
+        assert!(e.contains("_0000.nii.gz") && e.contains("free"), "{e}");
+    }
+    assert_eq!(entry_dirs(&cache).len(), built);
+    std::fs::remove_dir_all(&cache).unwrap();
     // Compressed, nothing forecasts the bytes: the disk fills during the build. Its first
     // cases fit, the 4.97 um outlier does not.
     let (o, r) = build_report(

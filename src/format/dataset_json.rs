@@ -125,6 +125,11 @@ impl DatasetDescription {
             None => Vec::new(),
             Some(c) => indexed_names(c).map_err(|e| format!("{channels_field}: {e}"))?,
         };
+        if obj.contains_key(channels_field) && channels.is_empty() {
+            return Err(format!(
+                "{channels_field} is empty: name each image channel ({{\"0\": \"CT\"}})"
+            ));
+        }
         let labels_v = obj.get("labels").ok_or("no \"labels\"")?;
         let labels_o = labels_v.as_object().ok_or("\"labels\" is not an object")?;
         let mut labels = Vec::new();
@@ -154,6 +159,13 @@ impl DatasetDescription {
                 continue;
             }
             labels.push(LabelClass { name, values });
+        }
+        // More classes than any network here outputs: refused before anything is sized by it.
+        if labels.len() > MAX_LABELS {
+            return Err(format!(
+                "labels: {} classes (at most {MAX_LABELS})",
+                labels.len()
+            ));
         }
         labels.sort_by_key(|c| c.values.clone());
         let mut seen = std::collections::BTreeSet::new();
@@ -212,6 +224,9 @@ impl DatasetDescription {
         })
     }
 }
+
+/// The most classes a dataset.json may declare (a network's head beyond it is not built).
+pub const MAX_LABELS: usize = 4096;
 
 /// A label value: a whole number from 0 to 65535.
 fn label_value(v: &serde_json::Value) -> std::result::Result<u16, String> {
@@ -310,7 +325,14 @@ mod tests {
         .contains("channel_names"));
         assert!(err(json!({"file_ending": 3, "labels": {"background": 0}})).contains("file_ending"));
         assert!(err(json!([1, 2])).contains("object"));
-        assert!(err(json!({"channel_names": {}})).contains("labels"));
+        assert!(err(json!({"channel_names": {"0": "CT"}})).contains("labels"));
+        assert!(
+            err(json!({"channel_names": {}, "labels": {"background": 0, "a": 1}}))
+                .contains("channel_names is empty")
+        );
+        let many: serde_json::Map<String, serde_json::Value> =
+            (0..5000).map(|v| (format!("c{v}"), json!(v))).collect();
+        assert!(err(json!({"labels": many})).contains("5000 classes"));
     }
 
     #[test]

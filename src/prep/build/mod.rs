@@ -366,7 +366,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             },
         }
     }
-    check_free_space(&cache, &jobs, &params)?;
+    let jobs = admit_by_space(&cache, jobs, &params, &mut reports);
 
     let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
     let bar = make_progress(opts.progress, total_voxels);
@@ -481,29 +481,62 @@ fn derive_params(
     Ok(opts.settings.output_params_for(target_xyz, channels))
 }
 
-/// Stop before writing anything when the cases to build cannot fit on the cache's disk. Only
-/// uncompressed caches have an exact forecast; compressed ones are left to the disk-full path.
-fn check_free_space(cache: &CacheDir, jobs: &[Job], params: &OutputParams) -> Result<()> {
+/// Keep, in order, the cases whose entries fit in the disk's free space left by the cases
+/// before them; each one that does not is failed alone, naming its file and the figures
+/// (one huge case does not stop the others). Only uncompressed caches have a
+/// forecast (with a margin); compressed ones are left to the disk-full path.
+fn admit_by_space<'a>(
+    cache: &CacheDir,
+    jobs: Vec<Job<'a>>,
+    params: &OutputParams,
+    reports: &mut Vec<CaseReport>,
+) -> Vec<Job<'a>> {
     if params.compression != crate::format::Compression::None {
-        return Ok(());
+        return jobs;
     }
-    let need: u64 = jobs
-        .iter()
-        .fold(0u64, |acc, j| acc.saturating_add(j.plan.out_bytes));
-    let Some(free) = crate::util::sysinfo::free_bytes(&cache.root) else {
-        return Ok(());
+    let Some(mut left) = crate::util::sysinfo::free_bytes(&cache.root) else {
+        return jobs;
     };
-    if need > free {
-        let h = crate::util::sysinfo::human_bytes;
-        return Err(Error::Dataset(format!(
-            "{}: the {} case(s) to build need about {} and the disk has {} free: free space, choose another --cache-dir, build a part at a time (--part), or use --compression zstd",
-            cache.root.display(),
-            jobs.len(),
-            h(need),
-            h(free)
-        )));
+    let h = crate::util::sysinfo::human_bytes;
+    let mut kept = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        // The forecast counts the arrays' voxels; padded edge chunks, the fg index and the
+        // metadata add up to about a sixth more on small cases: a margin keeps a case admitted
+        // from filling the disk halfway.
+        let need = job
+            .plan
+            .out_bytes
+            .saturating_add(job.plan.out_bytes / 4)
+            .saturating_add(256 << 10);
+        if need <= left {
+            left -= need;
+            kept.push(job);
+            continue;
+        }
+        let e = Error::nifti(
+            job.scanned.source.image(),
+            format!(
+                "its cache entry needs about {} and the disk of {} has {} free{}: free space, \
+                 choose another --cache-dir, or use --compression zstd",
+                h(need),
+                cache.root.display(),
+                h(left),
+                if kept.is_empty() {
+                    ""
+                } else {
+                    " after the cases before it"
+                }
+            ),
+        );
+        reports.push(CaseReport {
+            id: job.scanned.source.id.clone(),
+            key: Some(job.key.clone()),
+            outcome: CaseOutcome::Failed {
+                error: e.to_string(),
+            },
+        });
     }
-    Ok(())
+    kept
 }
 
 impl BuildReport {
