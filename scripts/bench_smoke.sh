@@ -68,6 +68,7 @@ step distance_map "$EX/distance_map" "$tmp/mask.u8" 8,12,16 1,1,1 "$tmp/distance
 # A copy of the corpus: a panic would save its input into the corpus folder.
 cp -r tests/fuzz_corpus "$tmp/corpus"
 step fuzz_headers "$EX/fuzz_headers" --iterations 2000 --corpus "$tmp/corpus"
+step fuzz_records "$EX/fuzz_records" --iterations 20000
 step skeleton_halo "$EX/skeleton_halo" "$tmp/derived"
 step skeleton_mask "$EX/skeleton_mask" "$tmp/mask.u8" 8,12,16 "$tmp/skeleton.u8"
 step plan_fingerprint "$EX/plan_fingerprint" tests/nnunet_plans/Dataset501_Vessels__dataset_fingerprint.json \
