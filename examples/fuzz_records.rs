@@ -225,7 +225,11 @@ fn main() -> anyhow::Result<()> {
     let mut seeds: Vec<(Kind, String, Vec<u8>)> = Vec::new();
     for e in std::fs::read_dir(&args.seeds)? {
         let p = e?.path();
-        let name = p.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let name = p
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         if let Some(k) = kind_of(&name) {
             seeds.push((k, name, std::fs::read(&p)?));
         }

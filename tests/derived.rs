@@ -139,6 +139,39 @@ fn derived_arrays_change_the_key_and_are_verified() {
         .collect();
     assert!(arrays.contains(&"distance".to_string()), "{arrays:?}");
     assert!(arrays.contains(&"skeleton".to_string()), "{arrays:?}");
+
+    // Tampered attributes of another derived entry: a distance class the label lacks, the
+    // skeleton record removed, the distance unit changed. Each is named by --verify and
+    // refused by the reader, naming the entry's zarr.json.
+    let e = derived[1];
+    let zj = e.join("zarr.json");
+    let good = std::fs::read_to_string(&zj).unwrap();
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("classes", |a| {
+            a["derived"]["distance"]["classes"] = serde_json::json!([1, 5]);
+        }),
+        ("skeleton", |a| {
+            a["derived"].as_object_mut().unwrap().remove("skeleton");
+        }),
+        ("unit", |a| a["derived"]["distance"]["unit"] = "mm".into()),
+    ];
+    for (what, edit) in edits {
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        edit(&mut v["attributes"]["voxcache"]);
+        std::fs::write(&zj, v.to_string()).unwrap();
+        let o = prep(&["inspect", s(&cache), "--verify"]);
+        assert!(!o.status.success(), "{what}: verify passed\n{}", text(&o));
+        assert!(text(&o).contains("derived"), "{what}: {}", text(&o));
+        let err = voxcache::cache::reader::EntryReader::open(e)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("zarr.json") && err.contains("derived"),
+            "{what}: {err}"
+        );
+    }
+    std::fs::write(&zj, good).unwrap();
 }
 
 #[test]

@@ -336,6 +336,42 @@ impl EntryAttrs {
                 ));
             }
         }
+        if let Some(label) = &self.label {
+            // What was built is what the parameters asked for, for the classes the label has.
+            let asked = &self.params.derived;
+            let said = |b: bool| if b { "present" } else { "absent" };
+            for (name, want, built) in [
+                ("distance", asked.distance, self.derived.distance.is_some()),
+                ("skeleton", asked.skeleton, self.derived.skeleton.is_some()),
+            ] {
+                if want != built {
+                    return bad(format!(
+                        "params.derived.{name} is {want} but derived.{name} is {}",
+                        said(built)
+                    ));
+                }
+            }
+            if let Some(d) = &self.derived.distance {
+                let classes: Vec<u16> = label
+                    .classes
+                    .keys()
+                    .copied()
+                    .filter(|&c| Some(c) != asked.ignore_label)
+                    .collect();
+                if d.classes != classes {
+                    return bad(format!(
+                        "derived.distance.classes {:?} are not the label's classes {classes:?}",
+                        d.classes
+                    ));
+                }
+                if d.unit != self.input.unit {
+                    return bad(format!(
+                        "derived.distance.unit {:?} is not the input's unit {:?}",
+                        d.unit, self.input.unit
+                    ));
+                }
+            }
+        }
         if let Some(s) = &self.derived.skeleton {
             if s.array != SKELETON_ARRAY || self.label.is_none() {
                 return bad(format!(

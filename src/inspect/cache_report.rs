@@ -300,6 +300,20 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
     let mut claims: BTreeMap<String, Vec<(String, String, [usize; 3])>> = BTreeMap::new();
     let mut datasets = Vec::new();
     for (name, d) in manifest.iter().flat_map(|m| m.datasets.iter()) {
+        // The parameters hash to the key builds merged on: an edited parameter (derived
+        // arrays, normalization statistics) no longer does.
+        if crate::format::manifest::params_key(&d.params) != d.params_key {
+            problems.push(
+                Problem::error(
+                    "manifest",
+                    format!(
+                        "dataset {name}: its params do not hash to its params_key {}: the manifest was edited after the build",
+                        short_key(&d.params_key)
+                    ),
+                )
+                .path(MANIFEST_FILE),
+            );
+        }
         let mut missing = Vec::new();
         for (case, c) in &d.cases {
             refs.entry(c.key.clone()).or_default().push(name.clone());
