@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::fixtures::{
-    bits, build, bundled_cache, copy_tree, files_under, open_entries, WholeBoxes,
+    bits, build, bundled_cache, copy_tree, entry_dirs, files_under, open_entries, WholeBoxes,
 };
 use common::probe::{assert_probe_sees_an_allocation, status_kib, vm_rss_kib};
 use common::Lcg;
@@ -882,4 +882,38 @@ fn in_plane_patches_read_only_their_footprint_and_equal_whole_box_reads() {
             }
         }
     }
+}
+
+/// An entry's array metadata replaced by a symbolic link (to a file outside the cache), or its
+/// chunk shape rewritten: the entry is refused on opening, naming the file, and --verify says so.
+#[test]
+fn a_linked_or_rechunked_array_metadata_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    copy_tree(bundled_cache("default", &[]), &cache);
+    let entries = entry_dirs(&cache);
+    let (linked, rechunked) = (&entries[0], &entries[1]);
+    let meta = linked.join("image/zarr.json");
+    std::fs::remove_file(&meta).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", &meta).unwrap();
+    let err = EntryReader::open(linked).unwrap_err().to_string();
+    assert!(
+        err.contains("symbolic link") && err.contains("image/zarr.json"),
+        "{err}"
+    );
+    let meta = rechunked.join("label/zarr.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+    v["chunk_grid"]["configuration"]["chunk_shape"] = serde_json::json!([1, 1, 1]);
+    std::fs::write(&meta, v.to_string()).unwrap();
+    let err = EntryReader::open(rechunked).unwrap_err().to_string();
+    assert!(
+        err.contains("\"label\"") && err.contains("layout records"),
+        "{err}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_prep"))
+        .args(["inspect", cache.to_str().unwrap(), "--verify"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
 }

@@ -214,7 +214,8 @@ impl ArrayLayout {
     /// Read and parse `dir/zarr.json`; `what` names the array in the error when it is missing.
     pub fn read(dir: &Path) -> Result<ArrayLayout> {
         let path = dir.join(ZARR_JSON);
-        let bytes = std::fs::read(&path).map_err(|e| {
+        // A regular file of bounded size: a link (to /etc/passwd, /dev/zero) is refused.
+        let bytes = crate::util::files::read_capped_unlinked(&path, 16 << 20).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::cache(&path, "the array's metadata is missing")
             } else {

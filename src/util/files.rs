@@ -5,6 +5,18 @@
 use std::io::{Error, ErrorKind, Read};
 use std::path::Path;
 
+/// [`read_capped`] of a file that must be itself, not a symbolic link (a cache's own
+/// metadata: a link would make the cache read a file outside it).
+pub fn read_capped_unlinked(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            "a symbolic link, where the cache's own metadata file was expected",
+        ));
+    }
+    read_capped(path, cap)
+}
+
 /// The bytes of `path`, a regular file of at most `cap` bytes. `NotFound` passes through (the
 /// callers treat a missing record apart); anything else that is not such a file is an
 /// `InvalidData` error saying what it is.

@@ -267,6 +267,11 @@ impl ArrayReader {
         })
     }
 
+    /// The array's write block and chunk shapes (z, y, x) as its metadata says.
+    pub(crate) fn block_and_chunk(&self) -> ([usize; 3], [usize; 3]) {
+        (self.layout.block, self.layout.chunk)
+    }
+
     /// Bytes of one write block (chunk, or whole shard) decoded, as the checksums hash them.
     pub(crate) fn block_bytes(&self) -> usize {
         self.layout.block.iter().product::<usize>() * self.dtype.size()

@@ -26,7 +26,7 @@ impl EntryReader {
     pub fn open_with(entry_dir: impl AsRef<Path>, cache: &ChunkCache) -> Result<EntryReader> {
         let dir = entry_dir.as_ref().to_path_buf();
         let meta_path = dir.join(ZARR_JSON);
-        let bytes = match std::fs::read(&meta_path) {
+        let bytes = match crate::util::files::read_capped_unlinked(&meta_path, 64 << 20) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::cache(
@@ -60,11 +60,28 @@ impl EntryReader {
                 image[0].dtype.name()
             )));
         }
+        // The arrays are laid out as the entry records (a rewritten chunk shape would read
+        // other blocks than the checksums cover).
+        let want = (
+            attrs.layout.shard_zyx.unwrap_or(attrs.layout.chunk_zyx),
+            attrs.layout.chunk_zyx,
+        );
+        let laid_out = |name: &str, r: &super::array::ArrayReader| {
+            if r.block_and_chunk() == want {
+                return Ok(());
+            }
+            Err(bad(format!(
+                "array {name:?} has blocks and chunks {:?}, the entry's layout records {want:?}",
+                r.block_and_chunk()
+            )))
+        };
+        laid_out(IMAGE_ARRAY, &image[0])?;
         let label = match &attrs.label {
             None => None,
             Some(info) => {
                 let mut l =
                     ArrayReader::open_channels(&dir, LABEL_ARRAY, 0, shape, None, mmap)?.remove(0);
+                laid_out(LABEL_ARRAY, &l)?;
                 l.set_recorded(Recorded::new(sums, LABEL_ARRAY, None, l.block_bytes()));
                 if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16)
                     || l.dtype != info.dtype
