@@ -417,3 +417,35 @@ fn a_bad_case_fails_alone_naming_its_files() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("no NIfTI files"), "{}", text(&o));
 }
+
+/// A prediction on the reference's grid written in other units (SimpleITK, hence nnU-Net,
+/// writes mm for an input in um) is the same grid: scored, distances in the reference's unit.
+/// The same numbers in another unit are another grid: refused.
+#[test]
+fn the_same_grid_in_other_units_is_scored_in_the_references_unit() {
+    let t = tempfile::tempdir().unwrap();
+    let shape = [8, 8, 8];
+    let truth = boxed(shape, [2, 2, 2], [6, 6, 6], 1);
+    let shifted = boxed(shape, [3, 2, 2], [7, 6, 6], 1);
+    let reference = t.path().join("r.nii.gz");
+    write(&reference, shape, [2.0; 3], &truth);
+    let mm = t.path().join("mm.nii.gz");
+    let mut n = Nii::new(shape, [0.002; 3], &shifted, false);
+    n.xyzt_units = 2;
+    n.write(&mm);
+    let o = evaluate(&[&mm, &reference], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j = json(&o);
+    assert_eq!(j["unit"], "um", "{j}");
+    let c = &j["cases"][0]["classes"][0];
+    assert!(close(c["dice"].as_f64().unwrap(), 0.75), "{c}");
+    assert!(close(c["hd"].as_f64().unwrap(), 2.0), "{c}");
+    // 2 mm voxels are not 2 um voxels.
+    let wrong = t.path().join("wrong.nii.gz");
+    let mut n = Nii::new(shape, [2.0; 3], &shifted, false);
+    n.xyzt_units = 2;
+    n.write(&wrong);
+    let o = evaluate(&[&wrong, &reference], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("different geometry"), "{}", text(&o));
+}

@@ -147,7 +147,7 @@ fn evaluate_case(
             ),
         )
     })?;
-    let p = read_header(&pair.prediction)?;
+    let p = in_unit_of(read_header(&pair.prediction)?, &read_header(reference)?);
     let r = read_header(reference)?;
     check_prediction(&pair.id, &p, &r)?;
     if p.unit != r.unit && p.unit != "unknown" && r.unit != "unknown" {
@@ -198,6 +198,29 @@ fn evaluate_case(
         classes.push(m);
     }
     Ok((r.unit, classes))
+}
+
+/// The prediction's header in the reference's unit when both units are known and differ
+/// (SimpleITK, hence nnU-Net, writes mm for an input in um): its affine and spacing scaled, so
+/// the same grid in other units is the same grid.
+fn in_unit_of(
+    mut p: crate::nifti_io::HeaderInfo,
+    r: &crate::nifti_io::HeaderInfo,
+) -> crate::nifti_io::HeaderInfo {
+    use crate::nifti_io::unit_in_mm;
+    if let (Some(a), Some(b)) = (unit_in_mm(p.unit), unit_in_mm(r.unit)) {
+        if p.unit != r.unit {
+            let f = a / b;
+            for row in p.affine.0.iter_mut().take(3) {
+                for v in row.iter_mut() {
+                    *v *= f;
+                }
+            }
+            p.spacing_xyz = p.spacing_xyz.map(|s| s * f);
+            p.unit = r.unit;
+        }
+    }
+    p
 }
 
 /// When classes were discovered case by case, give every case a row for every class any case
