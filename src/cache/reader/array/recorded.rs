@@ -58,6 +58,15 @@ impl ArrayReader {
                     self.what
                 ),
             )),
+            // The build records every block of the grid it wrote, fill blocks included: a
+            // block it did not record (a rewritten chunk grid) is not part of this entry.
+            None if !self.recorded.hashes.is_empty() => Err(Error::cache(
+                path,
+                format!(
+                    "{} block {name} is missing and the build recorded no block there: the array's metadata does not match what was built (prep inspect --verify)",
+                    self.what
+                ),
+            )),
             _ => Ok(()),
         }
     }
