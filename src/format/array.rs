@@ -135,11 +135,16 @@ impl ArrayLayout {
         })?;
         let (default_keys, separator) = match meta.chunk_key_encoding.name() {
             "default" => {
-                let sep = meta
-                    .chunk_key_encoding
-                    .to_typed_configuration::<DefaultChunkKeyEncodingConfiguration>()
-                    .map(|c| c.separator)
-                    .unwrap_or(ChunkKeySeparator::Slash);
+                // No configuration: the spec's "/"; one that does not read is refused, not
+                // taken as "/".
+                let sep = match meta.chunk_key_encoding.configuration() {
+                    None => ChunkKeySeparator::Slash,
+                    Some(_) => meta
+                        .chunk_key_encoding
+                        .to_typed_configuration::<DefaultChunkKeyEncodingConfiguration>()
+                        .map(|c| c.separator)
+                        .map_err(|e| bad(format!("chunk_key_encoding: {e}")))?,
+                };
                 (true, sep)
             }
             _ => (false, ChunkKeySeparator::Slash),
