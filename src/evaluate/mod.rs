@@ -147,8 +147,8 @@ fn evaluate_case(
             ),
         )
     })?;
-    let p = in_unit_of(read_header(&pair.prediction)?, &read_header(reference)?);
     let r = read_header(reference)?;
+    let p = in_unit_of(read_header(&pair.prediction)?, &r);
     check_prediction(&pair.id, &p, &r)?;
     if p.unit != r.unit && p.unit != "unknown" && r.unit != "unknown" {
         return Err(Error::case(
