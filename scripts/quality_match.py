@@ -661,7 +661,9 @@ def write_plan_toml(path: Path, prep_plan: dict, qm_zyx: dict, note: str) -> Non
 
 
 def print_plan_table(ours: dict, nn: dict) -> None:
-    def show(v):
+    def show(v, key=""):
+        if key in ("features", "blocks", "decoder_blocks"):
+            return str(v)  # per-stage counts, not a shape
         if isinstance(v, list) and v and isinstance(v[0], list):
             return " ".join("x".join(str(i) for i in s) for s in v)
         if isinstance(v, list) and len(v) == 3 and all(isinstance(i, int) for i in v):
@@ -673,7 +675,7 @@ def print_plan_table(ours: dict, nn: dict) -> None:
     print("\n| plan (z,y,x; spacing x,y,z in the files' unit) | nnU-Net (3d_fullres_qm) | voxcache (plan.toml) |")
     print("|---|---|---|")
     for k in ("spacing",) + PLAN_KEYS:
-        print(f"| {k} | {show(nn[k])} | {show(ours[k])} |")
+        print(f"| {k} | {show(nn[k], k)} | {show(ours[k], k)} |")
     print()
 
 

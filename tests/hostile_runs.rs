@@ -1,9 +1,10 @@
 //! Hostile run folders and inputs through `predict`, each child under a wall-clock limit and an
 //! address-space limit (an allocation sized by a hostile field aborts the child, which fails the
-//! test): a tampered run.json (absurd or inconsistent classes, zero chunk, non-positive target
-//! spacing), NaN weights, an empty checkpoint path, a mixed-byte-order input header, and an
-//! output damaged after a run. Each is refused with the file and the field named, or (the last
-//! two) handled: the header written in one byte order, the damaged output predicted again.
+//! test): a tampered run.json (absurd or inconsistent classes, zero chunk, non-positive or absurd
+//! target spacing, an impossible codec level), NaN weights, an empty checkpoint path, a
+//! mixed-byte-order input header, and an output damaged after a run. Each is refused with the
+//! file and the field named, or (the last two) handled: the header written in one byte order,
+//! the damaged output predicted again.
 #![cfg(unix)]
 
 mod common;
@@ -160,6 +161,22 @@ fn a_tampered_run_record_is_refused_naming_the_file_and_the_field() {
                 v["classes"] = c.into();
             }),
             "do not fit",
+        ),
+        (
+            "blosc",
+            Box::new(|v| {
+                v["preprocessing"]["params"]["compression"] =
+                    serde_json::json!({"codec": "blosc", "level": 255})
+            }),
+            "compression: blosc level 255",
+        ),
+        (
+            "absurd",
+            Box::new(|v| {
+                v["preprocessing"]["params"]["target_spacing_xyz"] =
+                    serde_json::json!([1e-4, 1e-4, 1e-4])
+            }),
+            "or the target spacing",
         ),
         (
             "wide",

@@ -922,7 +922,7 @@ fn verify_catches_manifest_and_entry_tampering() {
     dup.copy_within(0..16, 16);
     std::fs::write(&fg_chunk, &dup).unwrap();
     let e = verify_errors(&cache);
-    assert!(e.contains("twice"), "{e}");
+    assert!(e.contains("repeats or precedes"), "{e}");
     let mut moved = rows.clone();
     moved[4..16].fill(0); // voxel (0, 0, 0): background in these cases
     std::fs::write(&fg_chunk, &moved).unwrap();

@@ -917,3 +917,67 @@ fn a_linked_or_rechunked_array_metadata_is_refused() {
         .unwrap();
     assert!(!o.status.success());
 }
+
+/// Three tamperings the reader itself refuses (verify too), each naming the entry's file:
+/// a foreground row repeated (it would bias the sampler toward one voxel), a chunk-key
+/// separator that does not read (it was taken as "/"), and a block dropped from both the
+/// files and the recorded checksums (it was read as zeros).
+#[test]
+fn repeated_fg_rows_a_bad_separator_and_an_unrecorded_missing_block_are_refused() {
+    let (_t, reader) = cache_copy("plain");
+    let entries = open_entries(&reader);
+    let dirs: Vec<PathBuf> = entries.iter().map(|e| e.dir().to_path_buf()).collect();
+    drop(entries);
+
+    // The first foreground row written again over the second.
+    let fg_chunk = files_under(&dirs[0].join("fg"))
+        .into_iter()
+        .find(|p| p.is_file() && !p.ends_with("zarr.json"))
+        .unwrap();
+    let rows = std::fs::read(&fg_chunk).unwrap();
+    assert!(rows.len() >= 32, "the test needs two rows");
+    let mut dup = rows.clone();
+    dup.copy_within(0..16, 16);
+    std::fs::write(&fg_chunk, &dup).unwrap();
+    let e = EntryReader::open(&dirs[0]).unwrap();
+    let class = e.classes()[0];
+    let err = e.fg_coords(class).unwrap_err().to_string();
+    assert!(
+        err.contains("repeats or precedes") && err.contains("fg"),
+        "{err}"
+    );
+
+    // A separator that is neither "/" nor ".".
+    let meta = dirs[1].join("image/zarr.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+    v["chunk_key_encoding"] =
+        serde_json::json!({"name": "default", "configuration": {"separator": "|"}});
+    std::fs::write(&meta, v.to_string()).unwrap();
+    let err = match EntryReader::open(&dirs[1]) {
+        Ok(_) => panic!("a '|' separator was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("chunk_key_encoding") && err.contains("image"),
+        "{err}"
+    );
+
+    // Label block 0.0.0: its file and its recorded checksum both removed.
+    let group = dirs[2].join("zarr.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&group).unwrap()).unwrap();
+    let sums = &mut v["attributes"]["voxcache"]["chunk_checksums"]["label"];
+    assert!(
+        sums.as_object_mut().unwrap().remove("0.0.0").is_some(),
+        "{sums}"
+    );
+    std::fs::write(&group, v.to_string()).unwrap();
+    let _ = std::fs::remove_file(dirs[2].join("label/c/0/0/0"));
+    let e = EntryReader::open(&dirs[2]).unwrap();
+    let err = read_all(&e).unwrap_err();
+    assert!(
+        err.contains("recorded no block") && err.contains("label"),
+        "{err}"
+    );
+}

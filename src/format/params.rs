@@ -134,12 +134,11 @@ impl Compression {
             },
             "blosc" | "blosc-lz4" => {
                 let l = level.unwrap_or(5);
-                if !(0..=9).contains(&l) {
-                    return Err(Error::Config(format!("blosc level {l}: must be 0..9")));
-                }
+                let level = u8::try_from(l)
+                    .map_err(|_| Error::Config(format!("blosc level {l} is not one of 0..9")))?;
                 match name {
-                    "blosc" => Compression::Blosc { level: l as u8 },
-                    _ => Compression::BloscLz4 { level: l as u8 },
+                    "blosc" => Compression::Blosc { level },
+                    _ => Compression::BloscLz4 { level },
                 }
             }
             _ => {
@@ -148,6 +147,24 @@ impl Compression {
                 )))
             }
         })
+        .and_then(|c| match c.level_problem() {
+            Some(p) => Err(Error::Config(p)),
+            None => Ok(c),
+        })
+    }
+
+    /// Why this codec's level cannot be used, if it cannot: zstd's levels are -131072..22,
+    /// blosc's 0..9. A record read from a file may hold any number; flags are checked in
+    /// [`Compression::parse`].
+    pub fn level_problem(&self) -> Option<String> {
+        let (ok, level, range) = match *self {
+            Compression::None => return None,
+            Compression::Zstd { level } => ((-131072..=22).contains(&level), level, "-131072..22"),
+            Compression::Blosc { level } | Compression::BloscLz4 { level } => {
+                (level <= 9, level as i32, "0..9")
+            }
+        };
+        (!ok).then(|| format!("{} level {level} is not one of {range}", self.name()))
     }
 
     /// The codec name as flags and pipeline files spell it.
@@ -234,6 +251,9 @@ impl OutputParams {
                     self.chunk_zyx
                 ));
             }
+        }
+        if let Some(p) = self.compression.level_problem() {
+            return bad(format!("compression: {p}"));
         }
         let c = self.channels.len();
         if c == 0 || c > super::entry::MAX_CHANNELS {

@@ -127,16 +127,19 @@ impl CasePlan {
     pub fn size_problem(&self, max_case_gib: f64) -> Option<String> {
         let [x, y, z] = self.out_shape_xyz;
         let [sx, sy, sz] = self.in_spacing_xyz;
+        let [tx, ty, tz] = self.out_spacing_xyz;
         let what = format!(
-            "at this spacing the output would be {x}x{y}x{z} voxels ({}) from an input of {}x{}x{} at spacing {sx}x{sy}x{sz}",
+            "at target spacing {tx}x{ty}x{tz} the output would be {x}x{y}x{z} voxels ({}) from an input of {}x{}x{} at spacing {sx}x{sy}x{sz}",
             crate::util::sysinfo::human_bytes(self.out_bytes),
             self.in_shape_xyz[0],
             self.in_shape_xyz[1],
             self.in_shape_xyz[2],
         );
         if self.out_shape_xyz.iter().any(|&s| s > MAX_OUTPUT_SIDE) {
+            // Either side of the ratio may be the wrong one: the file's pixdim, or the target
+            // spacing of the pipeline or of a model's run.json.
             return Some(format!(
-                "{what}: a side over {MAX_OUTPUT_SIDE} voxels means the header's spacing is wrong; fix the file's pixdim"
+                "{what}: a side over {MAX_OUTPUT_SIDE} voxels means one of the two spacings is wrong: the file's pixdim, or the target spacing (the pipeline's, or the model's run.json)"
             ));
         }
         if self.out_bytes as f64 > max_case_gib * (1u64 << 30) as f64 {

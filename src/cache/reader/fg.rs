@@ -52,6 +52,17 @@ impl EntryReader {
                     format!("class {class}: foreground row {r:?} is not a voxel of this class inside {shape:?}"),
                 ));
             }
+            // Written sorted by position, each voxel once: a repeat or a step back means the
+            // index was edited, and a repeated row would bias the sampler toward one voxel.
+            if out.last().is_some_and(|last: &[u32; 3]| *last >= p) {
+                return Err(Error::cache(
+                    path(),
+                    format!(
+                        "class {class}: foreground row {r:?} repeats or precedes the row before it \
+                         (rows are written once each, in voxel order)"
+                    ),
+                ));
+            }
             out.push(p);
         }
         Ok(out)
