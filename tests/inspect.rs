@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::fixtures::{build, entry_dirs, files_under, prep, prep_in, text};
+use common::fixtures::{build, entry_dirs, files_under, prep, prep_in, repeat_first_fg_row, text};
 use common::{tree_hashes, write_case, Nii};
 use serde_json::Value;
 
@@ -912,15 +912,7 @@ fn verify_catches_manifest_and_entry_tampering() {
     std::fs::copy(&outside, &chunk).unwrap();
 
     // A foreground row listed twice, and one moved onto background.
-    let fg_chunk = files_under(&entry.join("fg"))
-        .into_iter()
-        .find(|p| p.is_file() && !p.ends_with("zarr.json"))
-        .unwrap();
-    let rows = std::fs::read(&fg_chunk).unwrap();
-    assert!(rows.len() >= 32, "the test needs two rows");
-    let mut dup = rows.clone();
-    dup.copy_within(0..16, 16);
-    std::fs::write(&fg_chunk, &dup).unwrap();
+    let (fg_chunk, rows) = repeat_first_fg_row(&entry);
     let e = verify_errors(&cache);
     assert!(e.contains("repeats or precedes"), "{e}");
     let mut moved = rows.clone();

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::fixtures::{
-    bits, build, bundled_cache, copy_tree, entry_dirs, files_under, open_entries, WholeBoxes,
+    bits, build, bundled_cache, copy_tree, entry_dirs, files_under, open_entries,
+    repeat_first_fg_row, WholeBoxes,
 };
 use common::probe::{assert_probe_sees_an_allocation, status_kib, vm_rss_kib};
 use common::Lcg;
@@ -901,11 +902,9 @@ fn a_linked_or_rechunked_array_metadata_is_refused() {
         err.contains("symbolic link") && err.contains("image/zarr.json"),
         "{err}"
     );
-    let meta = rechunked.join("label/zarr.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
-    v["chunk_grid"]["configuration"]["chunk_shape"] = serde_json::json!([1, 1, 1]);
-    std::fs::write(&meta, v.to_string()).unwrap();
+    edit_json(&rechunked.join("label/zarr.json"), |v| {
+        v["chunk_grid"]["configuration"]["chunk_shape"] = serde_json::json!([1, 1, 1])
+    });
     let err = EntryReader::open(rechunked).unwrap_err().to_string();
     assert!(
         err.contains("\"label\"") && err.contains("layout records"),
@@ -930,15 +929,7 @@ fn repeated_fg_rows_a_bad_separator_and_an_unrecorded_missing_block_are_refused(
     drop(entries);
 
     // The first foreground row written again over the second.
-    let fg_chunk = files_under(&dirs[0].join("fg"))
-        .into_iter()
-        .find(|p| p.is_file() && !p.ends_with("zarr.json"))
-        .unwrap();
-    let rows = std::fs::read(&fg_chunk).unwrap();
-    assert!(rows.len() >= 32, "the test needs two rows");
-    let mut dup = rows.clone();
-    dup.copy_within(0..16, 16);
-    std::fs::write(&fg_chunk, &dup).unwrap();
+    repeat_first_fg_row(&dirs[0]);
     let e = EntryReader::open(&dirs[0]).unwrap();
     let class = e.classes()[0];
     let err = e.fg_coords(class).unwrap_err().to_string();
@@ -948,12 +939,10 @@ fn repeated_fg_rows_a_bad_separator_and_an_unrecorded_missing_block_are_refused(
     );
 
     // A separator that is neither "/" nor ".".
-    let meta = dirs[1].join("image/zarr.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
-    v["chunk_key_encoding"] =
-        serde_json::json!({"name": "default", "configuration": {"separator": "|"}});
-    std::fs::write(&meta, v.to_string()).unwrap();
+    edit_json(&dirs[1].join("image/zarr.json"), |v| {
+        v["chunk_key_encoding"] =
+            serde_json::json!({"name": "default", "configuration": {"separator": "|"}})
+    });
     let err = match EntryReader::open(&dirs[1]) {
         Ok(_) => panic!("a '|' separator was accepted"),
         Err(e) => e.to_string(),
@@ -964,15 +953,13 @@ fn repeated_fg_rows_a_bad_separator_and_an_unrecorded_missing_block_are_refused(
     );
 
     // Label block 0.0.0: its file and its recorded checksum both removed.
-    let group = dirs[2].join("zarr.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&group).unwrap()).unwrap();
-    let sums = &mut v["attributes"]["voxcache"]["chunk_checksums"]["label"];
-    assert!(
-        sums.as_object_mut().unwrap().remove("0.0.0").is_some(),
-        "{sums}"
-    );
-    std::fs::write(&group, v.to_string()).unwrap();
+    edit_json(&dirs[2].join("zarr.json"), |v| {
+        let sums = &mut v["attributes"]["voxcache"]["chunk_checksums"]["label"];
+        assert!(
+            sums.as_object_mut().unwrap().remove("0.0.0").is_some(),
+            "{sums}"
+        );
+    });
     let _ = std::fs::remove_file(dirs[2].join("label/c/0/0/0"));
     let e = EntryReader::open(&dirs[2]).unwrap();
     let err = read_all(&e).unwrap_err();
@@ -980,4 +967,12 @@ fn repeated_fg_rows_a_bad_separator_and_an_unrecorded_missing_block_are_refused(
         err.contains("recorded no block") && err.contains("label"),
         "{err}"
     );
+}
+
+/// The JSON file at `path` read, changed by `edit`, written back.
+fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, v.to_string()).unwrap();
 }

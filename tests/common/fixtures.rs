@@ -263,3 +263,18 @@ impl PatchSource for WholeBoxes<'_> {
         PatchSource::read_skeleton(self.0, s, n, out)
     }
 }
+
+/// In the entry folder `entry`, the foreground index's first row written again over its
+/// second (an unsorted, repeated row). Returns the chunk file and its bytes before.
+pub fn repeat_first_fg_row(entry: &Path) -> (PathBuf, Vec<u8>) {
+    let chunk = files_under(&entry.join("fg"))
+        .into_iter()
+        .find(|p| p.is_file() && !p.ends_with("zarr.json"))
+        .expect("an fg chunk");
+    let rows = std::fs::read(&chunk).unwrap();
+    assert!(rows.len() >= 32, "the test needs two rows");
+    let mut dup = rows.clone();
+    dup.copy_within(0..16, 16);
+    std::fs::write(&chunk, &dup).unwrap();
+    (chunk, rows)
+}
