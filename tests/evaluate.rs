@@ -148,7 +148,7 @@ fn known_answers_of_shifted_boxes() {
     assert_eq!(j["unit"], "um");
     let m = &j["cases"][0]["classes"][0];
     assert_eq!(
-        (m["tp"].as_u64(), m["fp"].as_u64(), m["fn_"].as_u64()),
+        (m["tp"].as_u64(), m["fp"].as_u64(), m["fn"].as_u64()),
         (Some(48), Some(16), Some(16))
     );
     assert!(close(m["dice"].as_f64().unwrap(), 0.75), "{m}");
@@ -339,7 +339,7 @@ fn regions_the_ignore_label_and_empty_classes() {
         (
             core["tp"].as_u64(),
             core["fp"].as_u64(),
-            core["fn_"].as_u64()
+            core["fn"].as_u64()
         ),
         (Some(27), Some(18), Some(0))
     );

@@ -37,7 +37,8 @@ pub struct ClassMetrics {
     pub tp: u64,
     /// False positive voxels.
     pub fp: u64,
-    /// False negative voxels.
+    /// False negative voxels (`fn` in JSON, beside `tp` and `fp`).
+    #[serde(rename = "fn")]
     pub fn_: u64,
     /// Voxels of the class in the prediction.
     pub pred_voxels: u64,
