@@ -106,6 +106,17 @@ fn image() -> PathBuf {
     bundled_data().join("imagesTr/vessels_001_0000.nii.gz")
 }
 
+/// `predict --model RUN IMAGE --out OUT EXTRA...` on the bundled image.
+fn predict_image(run: &Path, out: &Path, extra: &[&str]) -> (i32, String) {
+    let (run, image, out) = (run.to_str().unwrap(), image(), out.to_str().unwrap());
+    let args = [
+        &["--model", run, image.to_str().unwrap(), "--out", out],
+        extra,
+    ]
+    .concat();
+    predict(&args)
+}
+
 #[test]
 fn a_tampered_run_record_is_refused_naming_the_file_and_the_field() {
     let t = tempfile::tempdir().unwrap();
@@ -187,14 +198,7 @@ fn a_tampered_run_record_is_refused_naming_the_file_and_the_field() {
     for (name, edit, want) in cases {
         let run = tampered(t.path(), name, edit);
         let out = t.path().join(format!("out_{name}"));
-        let (code, text) = predict(&[
-            "--model",
-            run.to_str().unwrap(),
-            image().to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "-q",
-        ]);
+        let (code, text) = predict_image(&run, &out, &["-q"]);
         assert_ne!(code, 0, "{name}: accepted\n{text}");
         assert!(
             text.contains(want)
@@ -230,27 +234,13 @@ fn nan_weights_and_an_empty_checkpoint_path_are_refused() {
         }
     }
     let out = t.path().join("out");
-    let (code, text) = predict(&[
-        "--model",
-        run.to_str().unwrap(),
-        image().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, text) = predict_image(&run, &out, &[]);
     assert_ne!(code, 0, "{text}");
     assert!(
         text.contains("NaN") && text.contains("model.safetensors"),
         "{text}"
     );
-    let (code, text) = predict(&[
-        "--model",
-        model().to_str().unwrap(),
-        "--checkpoint",
-        "",
-        image().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, text) = predict_image(model(), &out, &["--checkpoint", ""]);
     assert_ne!(code, 0);
     assert!(
         text.contains("--checkpoint") && text.contains("empty"),
