@@ -70,6 +70,15 @@ pub enum Error {
     /// Invalid training options or run state (checkpoints, run folder).
     #[error("{0}")]
     Train(String),
+    /// A model made by another tool (nnU-Net's results folders and checkpoints) that cannot
+    /// be used as it is.
+    #[error("{path}: {message}")]
+    Model {
+        /// The folder or file.
+        path: PathBuf,
+        /// What is wrong with it, or what is not supported.
+        message: String,
+    },
 }
 
 /// Any error kept as the source of ours.

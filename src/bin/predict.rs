@@ -9,8 +9,9 @@ use clap::Parser;
 use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
+use voxcache::infer::nnunet::{predict_nnunet, NnunetPredictOptions};
 use voxcache::infer::postprocess::PostprocessingChoice;
-use voxcache::infer::predict::{predict, PredictOptions, PredictOutcome};
+use voxcache::infer::predict::{predict, PredictOptions, PredictOutcome, PredictReport};
 use voxcache::util::sysinfo::human_bytes;
 
 /// Segment NIfTI volumes with a trained model, in bounded memory, each written as CASE.nii.gz
@@ -25,8 +26,39 @@ struct Cli {
     /// Run folder made by `train` (or one of its checkpoint folders, copied anywhere). Give it
     /// several times for an ensemble (nnU-Net's five folds: --model fold_0 ... --model fold_4):
     /// the members' class probabilities are averaged, in one accumulator on disk.
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present_any = ["nnunet_model", "dataset"], conflicts_with_all = ["nnunet_model", "dataset"])]
     model: Vec<PathBuf>,
+    /// A model trained by nnU-Net v2: its results folder TRAINER__PLANS__CONFIGURATION
+    /// (plans.json, dataset.json, fold_K/checkpoint_final.pth), predicted as nnUNetv2_predict
+    /// does (its preprocessing, window placement, mirroring, fold ensemble and export).
+    #[arg(long, value_name = "DIR", conflicts_with = "dataset")]
+    nnunet_model: Option<PathBuf>,
+    /// nnU-Net's spelling instead of --nnunet-model: the dataset (id or DatasetXXX_Name) under
+    /// $nnUNet_results, with -c, -tr, -p.
+    #[arg(short = 'd', long, value_name = "DATASET", requires = "configuration")]
+    dataset: Option<String>,
+    /// nnU-Net's configuration (3d_fullres, 3d_lowres, 2d), with -d.
+    #[arg(short = 'c', long, value_name = "CONFIG")]
+    configuration: Option<String>,
+    /// nnU-Net's trainer (also -tr), with -d.
+    #[arg(long, default_value = "nnUNetTrainer")]
+    trainer: String,
+    /// nnU-Net's plans identifier, with -d.
+    #[arg(short = 'p', long, default_value = "nnUNetPlans")]
+    plans: String,
+    /// Folds of an nnU-Net model to ensemble (default: every fold_K present), e.g. 0,1,2,3,4
+    /// or -f 0 1 2 3 4.
+    #[arg(short = 'f', long, value_delimiter = ',')]
+    folds: Option<Vec<String>>,
+    /// Checkpoint file of each nnU-Net fold (also -chk).
+    #[arg(long, default_value = "checkpoint_final.pth")]
+    nnunet_checkpoint: String,
+    /// nnU-Net models: the window step as a fraction of the patch (nnU-Net's -step_size).
+    #[arg(long, default_value_t = 0.5)]
+    step_size: f64,
+    /// nnU-Net models: no test-time mirroring (nnU-Net's --disable_tta; on by default for them).
+    #[arg(long)]
+    disable_tta: bool,
     /// Postprocessing decision file to apply (default: the postprocessing.json that `evaluate
     /// --cv` wrote beside the models, if they carry one).
     #[arg(long, value_name = "FILE", conflicts_with = "no_postprocessing")]
@@ -39,10 +71,13 @@ struct Cli {
     checkpoint: String,
     /// NIfTI files (CASE_0000.nii.gz, CASE_0001... are one case's channels) or folders of them
     /// (an nnU-Net imagesTs/ or imagesTr/, or the folder holding one).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "input")]
     inputs: Vec<PathBuf>,
+    /// Input files or folder, nnU-Net's -i (the same as giving them as arguments).
+    #[arg(short = 'i', long = "input", value_name = "PATH")]
+    input: Vec<PathBuf>,
     /// Output folder.
-    #[arg(long)]
+    #[arg(short = 'o', long)]
     out: PathBuf,
     /// cpu, cuda or cuda:N (cuda needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
@@ -84,11 +119,91 @@ struct Cli {
 fn main() -> ExitCode {
     voxcache::config::exit::quiet_on_closed_pipe();
     voxcache::model::device::default_cpu_threads();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(join_folds(
+        std::env::args_os().map(nnunet_spelling).collect(),
+    ));
     voxcache::config::exit::finish(real_main(cli))
 }
 
-fn real_main(cli: Cli) -> Result<Exit> {
+/// nnU-Net's single-dash multi-letter flags (`-tr`, `-chk`, `-step_size`...) and underscore
+/// spellings as ours.
+fn nnunet_spelling(arg: std::ffi::OsString) -> std::ffi::OsString {
+    let ours = match arg.to_str() {
+        Some("-tr") => "--trainer",
+        Some("-chk") => "--nnunet-checkpoint",
+        Some("-step_size") => "--step-size",
+        Some("-device") => "--device",
+        Some("--disable_tta") => "--disable-tta",
+        Some("--save_probabilities") => "--save-probabilities",
+        _ => return arg,
+    };
+    ours.into()
+}
+
+/// nnU-Net's `-f 0 1 2` as `-f 0,1,2`: the fold numbers after -f/--folds joined into one value,
+/// so that the inputs after them stay inputs.
+fn join_folds(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let is_fold = |a: &std::ffi::OsString| {
+        a.to_str().is_some_and(|s| {
+            s == "all"
+                || s.split(',')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut it = args.into_iter().peekable();
+    while let Some(a) = it.next() {
+        let folds = a == "-f" || a == "--folds";
+        out.push(a);
+        if folds {
+            let mut joined: Vec<String> = Vec::new();
+            while let Some(next) = it.peek() {
+                if !is_fold(next) {
+                    break;
+                }
+                joined.push(next.to_string_lossy().to_string());
+                it.next();
+            }
+            if !joined.is_empty() {
+                out.push(joined.join(",").into());
+            }
+        }
+    }
+    out
+}
+
+fn real_main(mut cli: Cli) -> Result<Exit> {
+    cli.inputs.append(&mut cli.input);
+    let nnunet_dir = match (&cli.nnunet_model, &cli.dataset) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(ds)) => Some(voxcache::infer::nnunet::model::results_dir_from_env(
+            ds,
+            cli.configuration.as_deref().unwrap_or("3d_fullres"),
+            &cli.trainer,
+            &cli.plans,
+        )?),
+        (None, None) => None,
+    };
+    if let Some(dir) = nnunet_dir {
+        if cli.save_probabilities {
+            anyhow::bail!("--save-probabilities is not available for nnU-Net models yet");
+        }
+        let opts = NnunetPredictOptions {
+            model: dir,
+            folds: cli.folds,
+            checkpoint: cli.nnunet_checkpoint,
+            inputs: cli.inputs,
+            out: cli.out,
+            device: cli.device,
+            step: cli.step_size,
+            mirror: !cli.disable_tta,
+            batch: cli.batch,
+            window_memory: cli.window_memory_mib << 20,
+            quiet: cli.quiet,
+        };
+        let report = predict_nnunet(&opts)?;
+        return Ok(print_report(&report, cli.json));
+    }
     let opts = PredictOptions {
         models: cli.model,
         postprocessing: match (cli.postprocessing, cli.no_postprocessing) {
@@ -111,8 +226,16 @@ fn real_main(cli: Cli) -> Result<Exit> {
         quiet: cli.quiet,
     };
     let report = predict(&opts)?;
-    if cli.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(print_report(&report, cli.json))
+}
+
+/// Print what a predict did; its exit status.
+fn print_report(report: &PredictReport, json: bool) -> Exit {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(report).unwrap_or_default()
+        );
     } else {
         for c in &report.cases {
             if let PredictOutcome::Failed { error } = &c.outcome {
@@ -141,5 +264,5 @@ fn real_main(cli: Cli) -> Result<Exit> {
             }
         );
     }
-    Ok(Exit::unless_failed(report.failed > 0))
+    Exit::unless_failed(report.failed > 0)
 }

@@ -233,8 +233,20 @@ fn run_synth(args: SynthArgs) -> Result<Exit> {
 
 #[derive(Args)]
 struct InspectArgs {
-    /// A dataset folder (imagesTr/ or .nii(.gz) files) or a cache folder (manifest.json, entries/).
-    path: PathBuf,
+    /// A dataset folder (imagesTr/ or .nii(.gz) files) or a cache folder (manifest.json, entries/);
+    /// with --nnunet-model, inputs (files or folders) to forecast predicting.
+    #[arg(required_unless_present = "nnunet_model")]
+    path: Option<PathBuf>,
+    /// More inputs to forecast, with --nnunet-model.
+    #[arg(requires = "nnunet_model")]
+    more: Vec<PathBuf>,
+    /// An nnU-Net v2 results folder (TRAINER__PLANS__CONFIGURATION): what the model expects
+    /// and, for the inputs given, the forecast of predicting them.
+    #[arg(long, value_name = "DIR")]
+    nnunet_model: Option<PathBuf>,
+    /// The checkpoint file of each fold, with --nnunet-model.
+    #[arg(long, default_value = "checkpoint_final.pth")]
+    nnunet_checkpoint: String,
     /// The cache options of build-cache: the dataset forecast is of the build they would make
     /// (--spacing x,y,z asks "what if").
     #[command(flatten)]
@@ -265,8 +277,20 @@ struct InspectArgs {
 /// Exit 0: no problem is an error; 1: some problem is (or --verify found damage); 2: cannot inspect.
 fn run_inspect(args: InspectArgs) -> Result<Exit> {
     use voxcache::inspect;
+    if let Some(dir) = &args.nnunet_model {
+        let inputs: Vec<PathBuf> = args.path.iter().chain(&args.more).cloned().collect();
+        let report =
+            inspect::nnunet::inspect_nnunet(dir, &args.nnunet_checkpoint, &inputs, 256 << 20)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.to_text());
+        }
+        return Ok(Exit::Success);
+    }
+    let path = args.path.clone().unwrap_or_default();
     if let (Some(case), Some(out)) = (&args.preview, &args.out) {
-        let info = inspect::write_preview(&args.path, case, args.channel, out)?;
+        let info = inspect::write_preview(&path, case, args.channel, out)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&info)?);
         } else {
@@ -287,7 +311,7 @@ fn run_inspect(args: InspectArgs) -> Result<Exit> {
         verify: args.verify,
         read_voxels: !args.headers_only,
         jobs: args.jobs,
-        ..inspect::InspectOptions::new(&args.path)
+        ..inspect::InspectOptions::new(&path)
     };
     let report = inspect::inspect(&opts)?;
     if args.json {

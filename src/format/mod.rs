@@ -13,6 +13,7 @@
 //! - [`run`]: a training run folder's `run.json` and checkpoints' `state.json`.
 //! - [`crossval`]: a fold's validation folder, cross-validation summaries, postprocessing.
 //! - [`probabilities`]: the class probabilities `predict --save-probabilities` writes.
+//! - [`nnunet`]: nnU-Net v2's results folders (plans, dataset.json, folds).
 //!
 //! A cache written by another format version is refused with one sentence that says what to do.
 
@@ -23,6 +24,7 @@ pub mod dataset_json;
 pub mod dtype;
 pub mod entry;
 pub mod manifest;
+pub mod nnunet;
 pub mod normalization;
 mod ome;
 pub mod params;

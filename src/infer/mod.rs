@@ -1,8 +1,10 @@
 //! Inference on cached volumes: the sliding-window predictor that validation and predict share,
-//! the on-disk class probabilities of a predicted volume, and their export to the input's grid.
+//! the on-disk class probabilities of a predicted volume, and their export to the input's grid;
+//! and nnU-Net v2's trained models run as nnU-Net runs them ([`nnunet`]).
 
 pub mod export;
 pub mod model_dir;
+pub mod nnunet;
 pub mod postprocess;
 pub mod predict;
 pub mod prob_zarr;

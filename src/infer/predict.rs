@@ -645,6 +645,7 @@ fn predictor<'a>(
             Vec::new()
         },
         on_windows,
+        flavour: Default::default(),
     }
 }
 

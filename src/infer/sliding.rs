@@ -29,6 +29,104 @@ pub fn window_starts(dim: usize, patch: usize, overlap: f64) -> Vec<usize> {
         .collect()
 }
 
+/// Whose sliding window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Flavour {
+    /// Ours, for models we train: softmax probabilities accumulated in f32, window starts
+    /// rounded half away from zero, a Gaussian centred at (n - 1) / 2.
+    #[default]
+    Voxcache,
+    /// nnU-Net v2's, for its models, as its predictor computes it: logits; window starts
+    /// rounded half to even over the volume padded (centred) to at least the patch; its
+    /// Gaussian (a filtered delta at n // 2, peak 10, float16); float16 accumulators; mirrors in
+    /// its order. `planar`: a 2D network, every slice on its own (patch depth 1).
+    Nnunet {
+        /// A 2D network.
+        planar: bool,
+    },
+}
+
+/// nnU-Net's window starts along one axis of `dim` (already padded to at least `patch`):
+/// `int(np.round(i * (dim - patch) / (n - 1)))`, half to even.
+pub fn nnunet_starts(dim: usize, patch: usize, step: f64) -> Vec<usize> {
+    let target = patch as f64 * step;
+    let n = ((dim - patch) as f64 / target).ceil() as usize + 1;
+    if n <= 1 {
+        return vec![0];
+    }
+    let actual = (dim - patch) as f64 / (n - 1) as f64;
+    (0..n)
+        .map(|i| (actual * i as f64).round_ties_even() as usize)
+        .collect()
+}
+
+/// scipy's 1D Gaussian kernel of `sigma`, truncated at 4 sigma (`_gaussian_kernel1d`).
+fn gaussian_kernel(sigma: f64) -> Vec<f64> {
+    let radius = (4.0 * sigma + 0.5) as i64;
+    let c2 = -0.5 / (sigma * sigma);
+    let phi: Vec<f64> = (-radius..=radius)
+        .map(|x| {
+            let x = x as f64;
+            (x * (x * c2)).exp()
+        })
+        .collect();
+    let sum = crate::util::stats::pairwise_sum(&phi);
+    phi.into_iter().map(|v| v / sum).collect()
+}
+
+/// nnU-Net's importance map of `patch` (2 or 3 axes, C order): a delta at `n // 2` filtered by
+/// scipy's Gaussian (sigma patch / 8, constant mode), scaled to a peak of 10, cast to float16,
+/// zeros raised to the smallest nonzero value; returned as f32 (exactly the float16 values).
+pub fn nnunet_gaussian(patch: &[usize]) -> Vec<f32> {
+    let axes: Vec<Vec<f64>> = patch
+        .iter()
+        .map(|&n| {
+            let k = gaussian_kernel(n as f64 / 8.0);
+            let r = (k.len() / 2) as i64;
+            let c = (n / 2) as i64;
+            (0..n as i64)
+                .map(|i| {
+                    k.get((i - c + r) as usize)
+                        .copied()
+                        .filter(|_| (i - c).abs() <= r)
+                        .unwrap_or(0.0)
+                })
+                .collect()
+        })
+        .collect();
+    let total: usize = patch.iter().product();
+    let mut g = vec![1.0f64; total];
+    // Filtered axis by axis, so each value is the product in axis order.
+    let mut stride = total;
+    for (a, w) in axes.iter().enumerate() {
+        stride /= patch[a];
+        for (i, v) in g.iter_mut().enumerate() {
+            *v *= w[(i / stride) % patch[a]];
+        }
+    }
+    let peak = g.iter().copied().fold(0.0, f64::max) / 10.0;
+    let h: Vec<half::f16> = g.iter().map(|v| half::f16::from_f64(v / peak)).collect();
+    let min = h
+        .iter()
+        .filter(|v| f32::from(**v) != 0.0)
+        .map(|v| f32::from(*v))
+        .fold(f32::INFINITY, f32::min);
+    h.into_iter()
+        .map(|v| {
+            if f32::from(v) == 0.0 {
+                min
+            } else {
+                f32::from(v)
+            }
+        })
+        .collect()
+}
+
+/// Round to the nearest float16 (nnU-Net's accumulators).
+fn f16_round(v: f32) -> f32 {
+    f32::from(half::f16::from_f32(v))
+}
+
 /// Gaussian importance map of a patch (C order), peak 1, minimum clamped above zero.
 pub fn gaussian_map(patch: [usize; 3]) -> Vec<f32> {
     let axis = |n: usize| -> Vec<f64> {
@@ -50,6 +148,19 @@ pub fn gaussian_map(patch: [usize; 3]) -> Vec<f32> {
             }
         }
     }
+    out
+}
+
+/// nnU-Net's order of the flips: by size, then as itertools.combinations lists them.
+fn nnunet_flip_sets(axes: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = flip_sets(axes);
+    out.sort_by_key(|set| {
+        let pos: Vec<usize> = set
+            .iter()
+            .map(|a| axes.iter().position(|b| b == a).unwrap_or(0))
+            .collect();
+        (set.len(), pos)
+    });
     out
 }
 
@@ -154,18 +265,47 @@ pub struct Predictor<'a> {
     pub mirror_axes: Vec<usize>,
     /// Told the number of windows each forward pass (a batch) has done: progress reports.
     pub on_windows: Option<&'a (dyn Fn(usize) + Sync)>,
+    /// Ours, or nnU-Net's for its models.
+    pub flavour: Flavour,
 }
 
 impl Predictor<'_> {
+    /// Window starts along axis `a` of a volume of `dim`, in volume coordinates (negative where
+    /// nnU-Net pads a volume smaller than the patch).
+    fn starts(&self, a: usize, dim: usize) -> Vec<i64> {
+        let p = self.patch[a];
+        match self.flavour {
+            Flavour::Voxcache => window_starts(dim, p, self.overlap)
+                .into_iter()
+                .map(|s| s as i64)
+                .collect(),
+            Flavour::Nnunet { planar: true } if a == 0 => (0..dim as i64).collect(),
+            Flavour::Nnunet { .. } => {
+                let padded = dim.max(p);
+                let below = ((padded - dim) / 2) as i64;
+                nnunet_starts(padded, p, 1.0 - self.overlap)
+                    .into_iter()
+                    .map(|s| s as i64 - below)
+                    .collect()
+            }
+        }
+    }
+
     /// How many windows [`Self::predict_tiled`] runs over a volume of `shape_zyx` with a slab
     /// of `budget` bytes (windows on band borders count once a band).
     pub fn window_count(&self, shape_zyx: [usize; 3], budget: usize) -> usize {
-        let starts = |a: usize| window_starts(shape_zyx[a], self.patch[a], self.overlap);
+        let starts = |a: usize| self.starts(a, shape_zyx[a]);
         let classes = self.model.config().num_classes;
-        let rows: usize = y_bands(&starts(1), shape_zyx, self.patch, classes, budget)
-            .iter()
-            .map(|(_, w)| w.len())
-            .sum();
+        let rows: usize = y_bands(
+            &band_starts(&starts(1)),
+            shape_zyx,
+            self.patch,
+            classes,
+            budget,
+        )
+        .iter()
+        .map(|(_, w)| w.len())
+        .sum();
         starts(0).len() * rows * starts(2).len()
     }
 
@@ -195,7 +335,7 @@ impl Predictor<'_> {
         on_rows: &mut RowSink<'_>,
     ) -> Result<()> {
         let shape = entry.shape_zyx();
-        let ys = window_starts(shape[1], self.patch[1], self.overlap);
+        let ys = self.starts(1, shape[1]);
         self.sweep(entry, (0, shape[1]), &ys, &mut |t, probs| {
             on_rows(t.z0, t.rows, probs)
         })
@@ -214,10 +354,16 @@ impl Predictor<'_> {
         on_tile: &mut TileSink<'_>,
     ) -> Result<()> {
         let shape = entry.shape_zyx();
-        let ys = window_starts(shape[1], self.patch[1], self.overlap);
+        let ys = self.starts(1, shape[1]);
         let classes = self.model.config().num_classes;
-        for (out, windows) in y_bands(&ys, shape, self.patch, classes, budget) {
-            self.sweep(entry, out, &windows, on_tile)?;
+        for (out, windows) in y_bands(&band_starts(&ys), shape, self.patch, classes, budget) {
+            // The band's windows, by position among the starts (a padded start is negative).
+            let chosen: Vec<i64> = ys
+                .iter()
+                .copied()
+                .filter(|&y| windows.contains(&(y.max(0) as usize)))
+                .collect();
+            self.sweep(entry, out, &chosen, on_tile)?;
         }
         Ok(())
     }
@@ -228,7 +374,7 @@ impl Predictor<'_> {
         &self,
         entry: &S,
         out: (usize, usize),
-        ys: &[usize],
+        ys: &[i64],
         on_tile: &mut TileSink<'_>,
     ) -> Result<()> {
         self.validate()?;
@@ -244,14 +390,26 @@ impl Predictor<'_> {
         let shape = entry.shape_zyx();
         let p = self.patch;
         let pv: usize = p.iter().product();
-        let zs_all = window_starts(shape[0], p[0], self.overlap);
-        let xs = window_starts(shape[2], p[2], self.overlap);
-        let gauss = gaussian_map(p);
-        let flips = flip_sets(&self.mirror_axes);
+        let zs_all = self.starts(0, shape[0]);
+        let xs = self.starts(2, shape[2]);
+        let nnunet = matches!(self.flavour, Flavour::Nnunet { .. });
+        let (gauss, flips) = match self.flavour {
+            Flavour::Voxcache => (gaussian_map(p), flip_sets(&self.mirror_axes)),
+            Flavour::Nnunet { planar } => {
+                let g = if planar {
+                    nnunet_gaussian(&p[1..])
+                } else {
+                    nnunet_gaussian(&p)
+                };
+                (g, nnunet_flip_sets(&self.mirror_axes))
+            }
+        };
         let passes = (flips.len() + 1) as f32;
         // The slab spans the windows' rows in y: y0..y1.
-        let y0 = ys.first().copied().unwrap_or(0);
-        let y1 = ys.last().map_or(0, |&y| (y + p[1]).min(shape[1]));
+        let y0 = ys.first().map_or(0, |&y| y.max(0) as usize);
+        let y1 = ys
+            .last()
+            .map_or(0, |&y| ((y + p[1] as i64).max(0) as usize).min(shape[1]));
         let nx = shape[2];
         let plane = (y1 - y0) * nx;
         let stride = classes + 1; // class scores then the weight sum, per voxel
@@ -262,19 +420,19 @@ impl Predictor<'_> {
         let mut image = vec![0f32; ch * pv];
         let mut done: Vec<f32> = Vec::new();
         for (k, &zs) in zs_all.iter().enumerate() {
-            let z_end = (zs + p[0]).min(shape[0]);
-            let need = (z_end - slab_z0) * plane * stride;
+            let z_end = ((zs + p[0] as i64).max(0) as usize).min(shape[0]);
+            let need = z_end.saturating_sub(slab_z0) * plane * stride;
             if slab.len() < need {
                 slab.resize(need, 0.0);
             }
-            let windows: Vec<[usize; 3]> = ys
+            let windows: Vec<[i64; 3]> = ys
                 .iter()
                 .flat_map(|&y| xs.iter().map(move |&x| [zs, y, x]))
                 .collect();
             for group in windows.chunks(self.batch.max(1)) {
                 let mut input = Vec::with_capacity(group.len() * ch * pv);
                 for w in group {
-                    entry.read_image([w[0] as i64, w[1] as i64, w[2] as i64], p, &mut image)?;
+                    entry.read_image(*w, p, &mut image)?;
                     input.extend_from_slice(&image);
                 }
                 let mut probs = self.forward(&input, group.len(), ch)?;
@@ -294,28 +452,46 @@ impl Predictor<'_> {
                 if let Some(f) = self.on_windows {
                     f(group.len());
                 }
+                // The part of each window inside the volume (a padded window reaches outside).
+                let inside = |w: i64, a: usize| {
+                    let lo = (-w).max(0) as usize;
+                    let hi = (shape[a] as i64 - w).clamp(0, p[a] as i64) as usize;
+                    lo..hi
+                };
                 for (wi, w) in group.iter().enumerate() {
                     let base = wi * classes * pv;
-                    for dz in 0..p[0].min(shape[0] - w[0]) {
-                        let z = w[0] + dz;
-                        for dy in 0..p[1].min(shape[1] - w[1]) {
-                            let y = w[1] + dy;
-                            let row = ((z - slab_z0) * plane + (y - y0) * nx + w[2]) * stride;
-                            for dx in 0..p[2].min(shape[2] - w[2]) {
+                    for dz in inside(w[0], 0) {
+                        let z = (w[0] + dz as i64) as usize;
+                        for dy in inside(w[1], 1) {
+                            let y = (w[1] + dy as i64) as usize;
+                            let row = ((z - slab_z0) * plane + (y - y0) * nx) * stride;
+                            for dx in inside(w[2], 2) {
+                                let x = (w[2] + dx as i64) as usize;
                                 let i = (dz * p[1] + dy) * p[2] + dx;
                                 let g = gauss[i];
-                                let o = row + dx * stride;
-                                for c in 0..classes {
-                                    slab[o + c] += g * probs[base + c * pv + i];
+                                let o = row + x * stride;
+                                if nnunet {
+                                    for c in 0..classes {
+                                        slab[o + c] =
+                                            f16_round(slab[o + c] + probs[base + c * pv + i] * g);
+                                    }
+                                    slab[o + classes] = f16_round(slab[o + classes] + g);
+                                } else {
+                                    for c in 0..classes {
+                                        slab[o + c] += g * probs[base + c * pv + i];
+                                    }
+                                    slab[o + classes] += g;
                                 }
-                                slab[o + classes] += g;
                             }
                         }
                     }
                 }
             }
             // Rows before the next window's start are final.
-            let done_to = zs_all.get(k + 1).copied().unwrap_or(shape[0]).min(shape[0]);
+            let done_to = zs_all
+                .get(k + 1)
+                .map_or(shape[0], |&z| z.max(0) as usize)
+                .min(shape[0]);
             if done_to > slab_z0 {
                 let rows = done_to - slab_z0;
                 done.clear();
@@ -325,7 +501,11 @@ impl Predictor<'_> {
                     let to = (z * plane + (oy1 - y0) * nx) * stride;
                     for v in slab[from..to].chunks_exact(stride) {
                         let w = v[classes].max(f32::MIN_POSITIVE);
-                        done.extend(v[..classes].iter().map(|s| s / w));
+                        if nnunet {
+                            done.extend(v[..classes].iter().map(|s| f16_round(s / w)));
+                        } else {
+                            done.extend(v[..classes].iter().map(|s| s / w));
+                        }
                     }
                 }
                 let tile = Tile {
@@ -342,13 +522,24 @@ impl Predictor<'_> {
         Ok(())
     }
 
-    /// Softmax of a batch of `n` windows of `ch` channels: (n, classes, patch) flat.
+    /// Softmax (ours) or logits (nnU-Net's) of a batch of `n` windows of `ch` channels:
+    /// (n, classes, patch) flat.
     fn forward(&self, input: &[f32], n: usize, ch: usize) -> Result<Vec<f32>> {
         let p = self.patch;
         let x = Tensor::from_slice(input, (n, ch, p[0], p[1], p[2]), self.device)?;
-        let probs = candle_nn::ops::softmax(&self.model.forward(&x)?, 1)?;
-        Ok(probs.flatten_all()?.to_device(&Device::Cpu)?.to_vec1()?)
+        let logits = self.model.forward(&x)?;
+        let out = match self.flavour {
+            Flavour::Voxcache => candle_nn::ops::softmax(&logits, 1)?,
+            Flavour::Nnunet { .. } => logits,
+        };
+        Ok(out.flatten_all()?.to_device(&Device::Cpu)?.to_vec1()?)
     }
+}
+
+/// The y starts of [`y_bands`] for starts that may be negative (a padded window starts at 0
+/// for banding: it covers the whole axis).
+fn band_starts(ys: &[i64]) -> Vec<usize> {
+    ys.iter().map(|&y| y.max(0) as usize).collect()
 }
 
 /// Index of the largest value (the first on a tie).

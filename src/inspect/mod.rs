@@ -91,6 +91,7 @@ pub mod cache_report;
 mod dataset_render;
 pub mod dataset_report;
 pub mod entry_meta;
+pub mod nnunet;
 pub mod preview;
 pub mod table;
 pub mod verify;

@@ -7,10 +7,12 @@
 //! - [`device`]: CPU or CUDA, the one place that knows.
 //! - [`checkpoint`]: atomic checkpoints (safetensors + JSON state), keep last K and best.
 //! - [`memory`]: the bytes of a training step, counted from the network's layers.
+//! - [`nnunet`]: nnU-Net v2's checkpoints and networks, read as they are.
 
 pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod memory;
+pub mod nnunet;
 pub mod ops;
 pub mod unet;

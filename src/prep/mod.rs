@@ -8,10 +8,12 @@
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`derived`]: label-derived arrays (distance maps, skeletons), built chunk by chunk.
 //! - [`build`]: the `build-cache` job, an orchestrator over the steps above.
+//! - [`nnunet`]: nnU-Net v2's own inference preprocessing, for its trained models.
 
 pub mod build;
 pub mod dataset;
 pub mod derived;
+pub mod nnunet;
 pub mod normalize;
 pub mod plan;
 pub mod resample;

@@ -116,6 +116,7 @@ impl SlidingWindow<'_> {
             batch: self.batch,
             mirror_axes: Vec::new(),
             on_windows: None,
+            flavour: Default::default(),
         };
         predictor.predict(entry, &mut |z0, rows, probs| {
             let mut truth = vec![0u16; rows * plane];

@@ -41,6 +41,40 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// numpy's sum of a float64 array (`np.sum`, `ndarray.sum`): the first element plus the
+/// pairwise sum of the rest (blocks of 8 accumulators up to 128 values, halves beyond), so a
+/// result computed by numpy can be reproduced to the last bit.
+pub fn pairwise_sum(v: &[f64]) -> f64 {
+    fn pairwise(a: &[f64]) -> f64 {
+        let n = a.len();
+        if n < 8 {
+            a.iter().fold(0.0, |s, &x| s + x)
+        } else if n <= 128 {
+            let mut r = [0.0f64; 8];
+            r.copy_from_slice(&a[..8]);
+            let whole = n - n % 8;
+            for i in (8..whole).step_by(8) {
+                for j in 0..8 {
+                    r[j] += a[i + j];
+                }
+            }
+            let mut res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+            for &x in &a[whole..] {
+                res += x;
+            }
+            res
+        } else {
+            let mut n2 = n / 2;
+            n2 -= n2 % 8;
+            pairwise(&a[..n2]) + pairwise(&a[n2..])
+        }
+    }
+    match v.split_first() {
+        None => 0.0,
+        Some((first, rest)) => first + pairwise(rest),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

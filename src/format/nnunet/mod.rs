@@ -1,0 +1,55 @@
+//! nnU-Net v2's results folder, read as nnU-Net writes it: `plans.json` (one configuration,
+//! resolved through `inherits_from`), `dataset.json` (labels or regions, channel names, file
+//! ending) and the folds' checkpoints. Only what inference needs is typed; every field used is
+//! checked here, so the later stages see values that make sense, and a bad file is named.
+//!
+//! - [`plans`]: `plans.json`, one configuration resolved.
+//! - [`dataset`]: `dataset.json`: channels, classes or regions.
+//! - [`results`]: the results folder and its folds.
+
+mod dataset;
+mod plans;
+mod results;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+pub use dataset::{NnunetDataset, Outputs};
+pub use plans::{
+    Architecture, Configuration, IntensityProperties, Plans, Resampling, NORMALIZATIONS,
+};
+pub use results::{results_dir, ResultsFolder};
+
+/// The checkpoint nnU-Net writes at the end of training.
+pub const CHECKPOINT_FINAL: &str = "checkpoint_final.pth";
+/// The checkpoint with the best moving-average pseudo Dice.
+pub const CHECKPOINT_BEST: &str = "checkpoint_best.pth";
+
+/// Largest file read as JSON (plans of many configurations are tens of kB).
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
+fn bad(path: &Path, message: impl Into<String>) -> Error {
+    Error::Model {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Read a JSON file (size bounded), naming it on any failure.
+fn read_json(path: &Path) -> Result<Value> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(bad(path, "not a regular file"));
+    }
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(bad(
+            path,
+            format!("{} bytes: too large for a JSON record", meta.len()),
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_slice(&bytes).map_err(|e| bad(path, format!("not valid JSON: {e}")))
+}

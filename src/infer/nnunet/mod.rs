@@ -1,0 +1,312 @@
+//! `predict --nnunet-model`: models trained by nnU-Net v2, run as they are, reproducing its
+//! `nnUNetv2_predict` step by step and out of core: its preprocessing
+//! ([`crate::prep::nnunet`]), its sliding window ([`super::sliding::Flavour::Nnunet`]: window
+//! placement, Gaussian, float16 logits, mirroring), its fold ensemble (float16 sum, then mean)
+//! and its export ([`export`]).
+//!
+//! - [`model`]: the results folder, its folds' checkpoints and the network.
+//! - [`export`]: logits back to the input's grid and labels.
+
+pub mod export;
+pub mod model;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use half::f16;
+
+use super::predict::{PredictCase, PredictOutcome, PredictReport};
+use super::sliding::{Flavour, Predictor, Tile};
+use crate::cache::PatchSource;
+use crate::error::{Error, Result};
+use crate::prep::dataset::{self, CaseSource};
+use crate::prep::nnunet::volume::Scratch;
+use crate::prep::nnunet::{preprocess, Preprocessed};
+use model::NnunetModel;
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub struct NnunetPredictOptions {
+    /// The results folder `TRAINER__PLANS__CONFIGURATION`.
+    pub model: PathBuf,
+    /// Folds to ensemble (`None`: every `fold_K` there).
+    pub folds: Option<Vec<String>>,
+    /// Checkpoint file name in each fold folder.
+    pub checkpoint: String,
+    /// NIfTI files or folders of them (`CASE_0000.nii.gz`...).
+    pub inputs: Vec<PathBuf>,
+    /// Output folder.
+    pub out: PathBuf,
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// nnU-Net's `-step_size` (0.5): the fraction of a patch between window starts.
+    pub step: f64,
+    /// Test-time mirroring over the checkpoint's axes (nnU-Net's default; `--disable_tta` off).
+    pub mirror: bool,
+    /// Windows per forward pass.
+    pub batch: usize,
+    /// About how many bytes the sliding window's slab may hold.
+    pub window_memory: usize,
+    /// Print only errors.
+    pub quiet: bool,
+}
+
+/// A preprocessed volume read window by window.
+struct Volume<'a> {
+    id: &'a str,
+    data: &'a Scratch<f32>,
+}
+
+impl PatchSource for Volume<'_> {
+    fn name(&self) -> String {
+        self.id.to_string()
+    }
+    fn shape_zyx(&self) -> [usize; 3] {
+        self.data.zyx()
+    }
+    fn has_label(&self) -> bool {
+        false
+    }
+    fn channels(&self) -> usize {
+        self.data.shape[0]
+    }
+    fn classes(&self) -> Vec<u16> {
+        Vec::new()
+    }
+    fn fg_coords(&self, _class: u16) -> Result<Vec<[u32; 3]>> {
+        Ok(Vec::new())
+    }
+    fn read_image(&self, start: [i64; 3], size: [usize; 3], out: &mut [f32]) -> Result<()> {
+        let shape = self.data.zyx();
+        out.iter_mut().for_each(|v| *v = 0.0);
+        let per = size.iter().product::<usize>();
+        // The box's part inside the volume, per axis: (first voxel, offset in the box, length).
+        let span = |a: usize| {
+            let lo = start[a].max(0);
+            let hi = (start[a] + size[a] as i64).min(shape[a] as i64);
+            (
+                lo as usize,
+                (lo - start[a]) as usize,
+                (hi - lo).max(0) as usize,
+            )
+        };
+        let ((z0, oz, nz), (y0, oy, ny), (x0, ox, nx)) = (span(0), span(1), span(2));
+        if nz == 0 || ny == 0 || nx == 0 {
+            return Ok(());
+        }
+        for c in 0..self.data.shape[0] {
+            for dz in 0..nz {
+                for dy in 0..ny {
+                    let at = c * per + ((oz + dz) * size[1] + oy + dy) * size[2] + ox;
+                    self.data
+                        .read_run(c, z0 + dz, y0 + dy, x0, &mut out[at..at + nx])?;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn read_label(&self, _start: [i64; 3], _size: [usize; 3], _out: &mut [u16]) -> Result<()> {
+        Err(Error::case(self.id, "a preprocessed input has no label"))
+    }
+}
+
+/// Add a tile of one fold's logits into the accumulator (the first fold writes), in float16.
+fn accumulate(acc: &Scratch<f16>, first: bool, t: Tile, vals: &[f32]) -> Result<()> {
+    let heads = acc.shape[0];
+    let nx = acc.shape[3];
+    let mut row = vec![f16::ZERO; nx];
+    let mut old = vec![f16::ZERO; nx];
+    for dz in 0..t.rows {
+        for dy in 0..t.height {
+            let base = (dz * t.height + dy) * nx * heads;
+            for c in 0..heads {
+                for (x, r) in row.iter_mut().enumerate() {
+                    *r = f16::from_f32(vals[base + x * heads + c]);
+                }
+                if !first {
+                    acc.read_run(c, t.z0 + dz, t.y0 + dy, 0, &mut old)?;
+                    for (r, o) in row.iter_mut().zip(&old) {
+                        *r = f16::from_f32(f32::from(*r) + f32::from(*o));
+                    }
+                }
+                acc.write_run(c, t.z0 + dz, t.y0 + dy, 0, &row)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run an nnU-Net model over the inputs.
+pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
+    let started = Instant::now();
+    let peak = crate::util::sysinfo::PeakMemory::start();
+    let device = crate::model::device::select(&opts.device)?;
+    if !(opts.step > 0.0 && opts.step <= 1.0) {
+        return Err(Error::Config(format!(
+            "step size {}: give a fraction of the patch in (0, 1] (nnU-Net's default 0.5)",
+            opts.step
+        )));
+    }
+    let model = NnunetModel::open(&opts.model, opts.folds.as_deref(), &opts.checkpoint)?;
+    std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
+    let channels = model.plans.channels();
+    let mut results: Vec<PredictCase> = Vec::new();
+    let fail = |id: &str, e: &Error| PredictCase {
+        id: id.to_string(),
+        outcome: PredictOutcome::Failed {
+            error: e.to_string(),
+        },
+    };
+    let mut files = Vec::new();
+    for input in &opts.inputs {
+        if input.is_dir() {
+            let (found, problems) = dataset::image_files(input)?;
+            files.extend(found);
+            results.extend(problems.iter().map(|p| fail(&p.id, &p.error)));
+        } else if input.is_file() {
+            files.push(input.clone());
+        } else {
+            results.push(fail(
+                &input.display().to_string(),
+                &Error::io(input, std::io::Error::from(std::io::ErrorKind::NotFound)),
+            ));
+        }
+    }
+    let found = dataset::cases_from_files(files, channels);
+    results.extend(found.problems.iter().map(|p| fail(&p.id, &p.error)));
+    if found.cases.is_empty() && results.is_empty() {
+        return Err(Error::Dataset(
+            "no NIfTI image (.nii, .nii.gz) in the inputs: nothing to predict".into(),
+        ));
+    }
+    let scratch = opts.out.join(format!(
+        ".voxcache-predict.{}.{}",
+        crate::util::sysinfo::hostname(),
+        std::process::id()
+    ));
+    let (mut voxels, mut windows, mut window_seconds) = (0u64, 0u64, 0f64);
+    for case in &found.cases {
+        let t = Instant::now();
+        let output = opts.out.join(format!("{}.nii.gz", case.id));
+        let one = predict_case(opts, &model, &device, case, &scratch, &output);
+        let _ = std::fs::remove_dir_all(&scratch);
+        match one {
+            Ok((v, w, s)) => {
+                voxels += v;
+                windows += w;
+                window_seconds += s;
+                if !opts.quiet {
+                    eprintln!("{}: {}", case.id, output.display());
+                }
+                results.push(PredictCase {
+                    id: case.id.clone(),
+                    outcome: PredictOutcome::Predicted {
+                        output,
+                        seconds: t.elapsed().as_secs_f64(),
+                    },
+                });
+            }
+            Err(e) => results.push(fail(&case.id, &e)),
+        }
+    }
+    results.sort_by(|a, b| a.id.cmp(&b.id));
+    let count = |f: fn(&PredictOutcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
+    Ok(PredictReport {
+        checkpoints: model.checkpoints.clone(),
+        postprocessing: None,
+        predicted: count(|o| matches!(o, PredictOutcome::Predicted { .. })),
+        existing: 0,
+        failed: count(|o| matches!(o, PredictOutcome::Failed { .. })),
+        cases: results,
+        voxels,
+        windows,
+        window_seconds,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        peak_rss_bytes: crate::util::sysinfo::peak_rss_bytes(),
+        peak_anon_bytes: peak.peak().map(|m| m.anon),
+        peak_file_bytes: peak.peak().map(|m| m.file),
+    })
+}
+
+/// Preprocess, predict every fold and export one case; (voxels, windows, window seconds).
+fn predict_case(
+    opts: &NnunetPredictOptions,
+    model: &NnunetModel,
+    device: &candle_core::Device,
+    case: &CaseSource,
+    scratch: &Path,
+    output: &Path,
+) -> Result<(u64, u64, f64)> {
+    std::fs::create_dir_all(scratch).map_err(|e| Error::io(scratch, e))?;
+    let Preprocessed { data, geometry } = preprocess(case, &model.plans, scratch)?;
+    let shape = data.zyx();
+    let heads = model.dataset.outputs.heads();
+    let logits: Scratch<f16> = Scratch::new(scratch, [heads, shape[0], shape[1], shape[2]])?;
+    let source = Volume {
+        id: &case.id,
+        data: &data,
+    };
+    let ran = std::sync::atomic::AtomicU64::new(0);
+    let tick = |n: usize| {
+        ran.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    };
+    let sliding = Instant::now();
+    for k in 0..model.checkpoints.len() {
+        let net = model.fold_network(k, device)?;
+        let predictor = Predictor {
+            model: &net,
+            device,
+            patch: model.patch(),
+            overlap: 1.0 - opts.step,
+            batch: opts.batch.max(1),
+            mirror_axes: if opts.mirror {
+                model.mirror_axes.clone()
+            } else {
+                Vec::new()
+            },
+            on_windows: Some(&tick),
+            flavour: Flavour::Nnunet {
+                planar: model.planar(),
+            },
+        };
+        predictor.predict_tiled(&source, opts.window_memory, &mut |t, vals| {
+            accumulate(&logits, k == 0, t, vals)
+        })?;
+    }
+    let window_seconds = sliding.elapsed().as_secs_f64();
+    drop(data);
+    let (path, _) = case.channel(0);
+    let tmp_out = output.with_file_name(format!(
+        ".{}.tmp.{}",
+        output
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let written = export::export(
+        model,
+        logits,
+        model.checkpoints.len(),
+        &geometry,
+        path,
+        &tmp_out,
+        scratch,
+    )
+    .and_then(|()| std::fs::rename(&tmp_out, output).map_err(|e| Error::io(output, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp_out);
+    }
+    written?;
+    let passes = 1u64
+        << if opts.mirror {
+            model.mirror_axes.len()
+        } else {
+            0
+        };
+    Ok((
+        shape.iter().map(|&v| v as u64).product(),
+        ran.load(std::sync::atomic::Ordering::Relaxed) * passes,
+        window_seconds,
+    ))
+}

@@ -1,0 +1,284 @@
+//! Models trained by nnU-Net v2 itself, predicted by us, against `nnUNetv2_predict`'s own
+//! outputs on the same inputs. The tiny results folders, inputs and expected outputs under
+//! tests/fixtures/nnunet_models were made by nnunetv2 2.8.1 (scripts/nnunet_fixtures.py: real
+//! training, real checkpoints, real predictions with mirroring), so no PyTorch is needed here.
+//!
+//! Acceptance, per case: at least 99.9% of voxels equal, and every voxel that differs has a
+//! top-2 margin under 0.05 in nnU-Net's own probabilities (the case where float32 rounding in
+//! another convolution can tip the argmax).
+
+use std::path::{Path, PathBuf};
+
+use voxcache::infer::nnunet::{predict_nnunet, NnunetPredictOptions};
+use voxcache::infer::predict::PredictOutcome;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nnunet_models")
+}
+
+/// The one `TRAINER__PLANS__CONFIGURATION` folder of a fixture.
+fn results_dir(name: &str) -> PathBuf {
+    let dir = fixtures().join(name);
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().contains("__"))
+        .unwrap_or_else(|| panic!("no results folder in {}", dir.display()))
+}
+
+/// A little-endian float16 .npy: (shape, values).
+fn read_npy_f16(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..6], b"\x93NUMPY");
+    let (len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        _ => (
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize,
+            12,
+        ),
+    };
+    let header = std::str::from_utf8(&bytes[start..start + len]).unwrap();
+    assert!(header.contains("'<f2'"), "{header}");
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    let shape_text = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    let values = bytes[start + len..]
+        .chunks_exact(2)
+        .map(|b| f32::from(half::f16::from_le_bytes([b[0], b[1]])))
+        .collect();
+    (shape, values)
+}
+
+fn predict(dir: &Path, folds: Option<&[&str]>, inputs: &Path, out: &Path) {
+    let report = predict_nnunet(&NnunetPredictOptions {
+        model: dir.to_path_buf(),
+        folds: folds.map(|f| f.iter().map(|s| s.to_string()).collect()),
+        checkpoint: "checkpoint_final.pth".into(),
+        inputs: vec![inputs.to_path_buf()],
+        out: out.to_path_buf(),
+        device: "cpu".into(),
+        step: 0.5,
+        mirror: true,
+        batch: 2,
+        window_memory: 256 << 20,
+        quiet: true,
+    })
+    .unwrap();
+    for c in &report.cases {
+        assert!(
+            matches!(c.outcome, PredictOutcome::Predicted { .. }),
+            "{}: {:?}",
+            c.id,
+            c.outcome
+        );
+    }
+    assert!(report.predicted > 0);
+}
+
+/// Our segmentations in `ours` against nnU-Net's in `expected` (CASE.nii.gz and
+/// CASE_probabilities.npy).
+fn compare(expected: &Path, ours: &Path) {
+    let mut cases = 0;
+    for e in std::fs::read_dir(expected).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(id) = name.strip_suffix(".nii.gz") else {
+            continue;
+        };
+        cases += 1;
+        let theirs = voxcache::nifti_io::read_volume(&e.path()).unwrap();
+        let mine = voxcache::nifti_io::read_volume(&ours.join(&name)).unwrap();
+        assert_eq!(theirs.header.shape_xyz, mine.header.shape_xyz, "{id}");
+        assert_eq!(
+            theirs.header.affine.0, mine.header.affine.0,
+            "{id}: the output's geometry is the input's"
+        );
+        let (shape, probs) = read_npy_f16(&expected.join(format!("{id}_probabilities.npy")));
+        let n = theirs.data.len();
+        assert_eq!(
+            shape[1..].iter().product::<usize>(),
+            n,
+            "{id}: probabilities {shape:?}"
+        );
+        let mut differ = 0;
+        for i in 0..n {
+            if theirs.data[i] != mine.data[i] {
+                differ += 1;
+                let mut p: Vec<f32> = (0..shape[0]).map(|c| probs[c * n + i]).collect();
+                p.sort_by(|a, b| b.total_cmp(a));
+                assert!(
+                    p[0] - p[1] < 0.05,
+                    "{id}: voxel {i} differs ({} vs {}) with a margin of {}",
+                    theirs.data[i],
+                    mine.data[i],
+                    p[0] - p[1]
+                );
+            }
+        }
+        assert!(
+            differ as f64 <= 0.001 * n as f64,
+            "{id}: {differ} of {n} voxels differ"
+        );
+        assert!(
+            theirs.data.iter().any(|&v| v != 0.0),
+            "{id}: nnU-Net's prediction is all background: the fixture tests nothing"
+        );
+    }
+    assert!(cases > 0, "no expected outputs in {}", expected.display());
+}
+
+#[test]
+fn plain_3d_ct_anisotropic_one_fold_and_ensemble() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = results_dir("ct3d");
+    let inputs = fixtures().join("ct3d/inputs");
+    predict(&dir, Some(&["0"]), &inputs, &out.path().join("f0"));
+    compare(
+        &fixtures().join("ct3d/expected_fold0"),
+        &out.path().join("f0"),
+    );
+    predict(&dir, Some(&["0", "1"]), &inputs, &out.path().join("f01"));
+    compare(
+        &fixtures().join("ct3d/expected_folds01"),
+        &out.path().join("f01"),
+    );
+}
+
+#[test]
+fn plain_2d_configuration() {
+    let out = tempfile::tempdir().unwrap();
+    predict(
+        &results_dir("ct2d"),
+        None,
+        &fixtures().join("ct2d/inputs"),
+        out.path(),
+    );
+    compare(&fixtures().join("ct2d/expected"), out.path());
+}
+
+#[test]
+fn residual_encoder_regions_two_channels_masked_norm() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = results_dir("regions_resenc");
+    predict(
+        &dir,
+        None,
+        &fixtures().join("regions_resenc/inputs"),
+        out.path(),
+    );
+    compare(&fixtures().join("regions_resenc/expected"), out.path());
+}
+
+/// What we cannot reproduce is refused, naming the file and the reason.
+#[test]
+fn unsupported_models_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = results_dir("ct3d");
+    let copy = |to: &str| -> PathBuf {
+        let d = tmp.path().join(to);
+        std::fs::create_dir_all(d.join("fold_0")).unwrap();
+        for f in ["plans.json", "dataset.json", "dataset_fingerprint.json"] {
+            std::fs::copy(src.join(f), d.join(f)).unwrap();
+        }
+        std::fs::copy(
+            src.join("fold_0/checkpoint_final.pth"),
+            d.join("fold_0/checkpoint_final.pth"),
+        )
+        .unwrap();
+        d
+    };
+    let open = |d: &Path, folds: Option<&[String]>, ck: &str| {
+        voxcache::infer::nnunet::model::NnunetModel::open(d, folds, ck)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let plans_name = src
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .split("__")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    // A cascade stage.
+    let d = copy(&format!("nnUNetTrainer__{plans_name}__3d_cascade_fullres"));
+    assert!(open(&d, None, "checkpoint_final.pth").contains("3d_cascade_fullres"));
+    // A folder not named as nnU-Net names them.
+    let d = copy("my_model");
+    assert!(open(&d, None, "checkpoint_final.pth").contains("TRAINER__PLANS__CONFIGURATION"));
+    // A missing fold and a missing checkpoint.
+    let cfg = src.file_name().unwrap().to_string_lossy().to_string();
+    let d = copy(&cfg);
+    assert!(open(&d, Some(&["3".to_string()]), "checkpoint_final.pth").contains("fold_3"));
+    assert!(open(&d, None, "checkpoint_best.pth").contains("checkpoint_best.pth"));
+    // A truncated checkpoint names the file.
+    let ck = d.join("fold_0/checkpoint_final.pth");
+    let bytes = std::fs::read(&ck).unwrap();
+    std::fs::write(&ck, &bytes[..bytes.len() / 2]).unwrap();
+    let e = open(&d, None, "checkpoint_final.pth");
+    assert!(e.contains("checkpoint_final.pth"), "{e}");
+    // A batch-norm network in the plans.
+    let d2 = tmp.path().join("bn").join(&cfg);
+    std::fs::create_dir_all(d2.parent().unwrap()).unwrap();
+    let d2 = {
+        let d = copy(&format!("bn/{cfg}"));
+        let p = d.join("plans.json");
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("InstanceNorm3d", "BatchNorm3d");
+        std::fs::write(&p, text).unwrap();
+        d
+    };
+    let e = open(&d2, None, "checkpoint_final.pth");
+    assert!(e.contains("norm_op") && e.contains("plans.json"), "{e}");
+    // An image that is all zero fails alone, named.
+    let inputs = tmp.path().join("zero");
+    std::fs::create_dir_all(&inputs).unwrap();
+    let first = std::fs::read_dir(fixtures().join("ct3d/inputs"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let v = voxcache::nifti_io::read_volume(&first).unwrap();
+    let h = &v.header;
+    let zeros = vec![0i16; v.data.len()];
+    voxcache::nifti_io::write_nifti_i16(
+        &inputs.join("blank_0000.nii.gz"),
+        h.shape_xyz,
+        h.spacing_xyz,
+        &zeros,
+    )
+    .unwrap();
+    let report = predict_nnunet(&NnunetPredictOptions {
+        model: src.clone(),
+        folds: Some(vec!["0".into()]),
+        checkpoint: "checkpoint_final.pth".into(),
+        inputs: vec![inputs],
+        out: tmp.path().join("out"),
+        device: "cpu".into(),
+        step: 0.5,
+        mirror: false,
+        batch: 1,
+        window_memory: 1 << 20,
+        quiet: true,
+    })
+    .unwrap();
+    match &report.cases[0].outcome {
+        PredictOutcome::Failed { error } => {
+            assert!(error.contains("blank") && error.contains("0"), "{error}")
+        }
+        o => panic!("{o:?}"),
+    }
+}
