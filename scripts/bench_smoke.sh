@@ -71,6 +71,9 @@ step fuzz_headers "$EX/fuzz_headers" --iterations 2000 --corpus "$tmp/corpus"
 step fuzz_records "$EX/fuzz_records" --iterations 20000
 step skeleton_halo "$EX/skeleton_halo" "$tmp/derived"
 step skeleton_mask "$EX/skeleton_mask" "$tmp/mask.u8" 8,12,16 "$tmp/skeleton.u8"
+step nnunet_stages "$EX/nnunet_stages" --nnunet-model \
+    tests/fixtures/nnunet_models/ct3d/nnUNetTrainer__nnUNetPlans__3d_fullres --out "$tmp/nnunet_stages" \
+    tests/fixtures/nnunet_models/ct3d/inputs/ct_fine_0000.nii.gz
 step plan_fingerprint "$EX/plan_fingerprint" tests/nnunet_plans/Dataset501_Vessels__dataset_fingerprint.json \
     tests/nnunet_plans/Dataset501_Vessels__dataset.json resenc-m
 step components sh -c "head -c 512 /dev/zero > $tmp/cc.u8 && $EX/components $tmp/cc.u8 8,8,8 full $tmp/cc.u32"

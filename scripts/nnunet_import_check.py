@@ -129,7 +129,6 @@ import glob
 import json
 import os
 import random
-import sys
 import time
 from copy import deepcopy
 

@@ -105,7 +105,11 @@ pub fn nnunet_gaussian(patch: &[usize]) -> Vec<f32> {
         }
     }
     let peak = g.iter().copied().fold(0.0, f64::max) / 10.0;
-    let h: Vec<half::f16> = g.iter().map(|v| half::f16::from_f64(v / peak)).collect();
+    // torch casts float64 to float16 through float32 (two roundings).
+    let h: Vec<half::f16> = g
+        .iter()
+        .map(|v| half::f16::from_f32((v / peak) as f32))
+        .collect();
     let min = h
         .iter()
         .filter(|v| f32::from(**v) != 0.0)
