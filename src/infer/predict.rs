@@ -150,6 +150,41 @@ fn file_hash(path: &Path) -> Option<String> {
     Some(h.finalize().to_hex().to_string())
 }
 
+/// A failed case's line.
+pub(crate) fn failed(id: &str, e: &Error) -> PredictCase {
+    PredictCase {
+        id: id.to_string(),
+        outcome: PredictOutcome::Failed {
+            error: e.to_string(),
+        },
+    }
+}
+
+/// The cases of `inputs` (files, or folders of them) of `channels` channels; what cannot be a
+/// case (a missing path, a lone channel) goes to `results` as a failure, named.
+pub(crate) fn input_cases(
+    inputs: &[PathBuf],
+    channels: usize,
+    results: &mut Vec<PredictCase>,
+) -> Result<Vec<CaseSource>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let (found, problems) = dataset::image_files(input)?;
+            files.extend(found);
+            results.extend(problems.iter().map(|p| failed(&p.id, &p.error)));
+        } else if input.is_file() {
+            files.push(input.clone());
+        } else {
+            let e = Error::io(input, std::io::Error::from(std::io::ErrorKind::NotFound));
+            results.push(failed(&input.display().to_string(), &e));
+        }
+    }
+    let found = dataset::cases_from_files(files, channels);
+    results.extend(found.problems.iter().map(|p| failed(&p.id, &p.error)));
+    Ok(found.cases)
+}
+
 /// Name start of a predict's scratch folder in `--out` (then `HOST.PID`).
 const SCRATCH_PREFIX: &str = ".voxcache-predict.";
 /// Between an output's name and `HOST.PID` while it is written.
@@ -207,35 +242,11 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let _ = std::fs::remove_file(&probe);
 
     let mut results: Vec<PredictCase> = Vec::new();
-    let fail = |id: &str, e: &Error| PredictCase {
-        id: id.to_string(),
-        outcome: PredictOutcome::Failed {
-            error: e.to_string(),
-        },
-    };
-    // Inputs to cases.
-    let mut files = Vec::new();
-    for input in &opts.inputs {
-        if input.is_dir() {
-            let (found, problems) = dataset::image_files(input)?;
-            files.extend(found);
-            for p in problems {
-                results.push(fail(&p.id, &p.error));
-            }
-        } else if input.is_file() {
-            files.push(input.clone());
-        } else {
-            let e = Error::io(input, std::io::Error::from(std::io::ErrorKind::NotFound));
-            results.push(fail(&input.display().to_string(), &e));
-        }
-    }
-    let mut found = dataset::cases_from_files(files, channels);
-    found.cases.extend(opts.cases.iter().cloned());
-    for p in found.problems {
-        results.push(fail(&p.id, &p.error));
-    }
+    let fail = failed;
+    let mut found = input_cases(&opts.inputs, channels, &mut results)?;
+    found.extend(opts.cases.iter().cloned());
     // Nothing to predict is an error, not a success with 0 cases.
-    if found.cases.is_empty() && results.is_empty() {
+    if found.is_empty() && results.is_empty() {
         let named: Vec<String> = opts
             .inputs
             .iter()
@@ -249,7 +260,7 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     // Group by spatial unit: an input in other units than the model's gets the target spacing
     // converted to its units (and a warning naming both).
     let mut groups: std::collections::BTreeMap<String, Vec<CaseSource>> = Default::default();
-    for c in found.cases {
+    for c in found {
         if c.images.len() != channels {
             let e = Error::case(
                 &c.id,

@@ -15,11 +15,11 @@ use std::time::Instant;
 
 use half::f16;
 
-use super::predict::{PredictCase, PredictOutcome, PredictReport};
+use super::predict::{failed, input_cases, PredictCase, PredictOutcome, PredictReport};
 use super::sliding::{Flavour, Predictor, Tile};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::prep::dataset::{self, CaseSource};
+use crate::prep::dataset::CaseSource;
 use crate::prep::nnunet::volume::Scratch;
 use crate::prep::nnunet::{preprocess, Preprocessed};
 use model::NnunetModel;
@@ -151,30 +151,8 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
     let channels = model.plans.channels();
     let mut results: Vec<PredictCase> = Vec::new();
-    let fail = |id: &str, e: &Error| PredictCase {
-        id: id.to_string(),
-        outcome: PredictOutcome::Failed {
-            error: e.to_string(),
-        },
-    };
-    let mut files = Vec::new();
-    for input in &opts.inputs {
-        if input.is_dir() {
-            let (found, problems) = dataset::image_files(input)?;
-            files.extend(found);
-            results.extend(problems.iter().map(|p| fail(&p.id, &p.error)));
-        } else if input.is_file() {
-            files.push(input.clone());
-        } else {
-            results.push(fail(
-                &input.display().to_string(),
-                &Error::io(input, std::io::Error::from(std::io::ErrorKind::NotFound)),
-            ));
-        }
-    }
-    let found = dataset::cases_from_files(files, channels);
-    results.extend(found.problems.iter().map(|p| fail(&p.id, &p.error)));
-    if found.cases.is_empty() && results.is_empty() {
+    let cases = input_cases(&opts.inputs, channels, &mut results)?;
+    if cases.is_empty() && results.is_empty() {
         return Err(Error::Dataset(
             "no NIfTI image (.nii, .nii.gz) in the inputs: nothing to predict".into(),
         ));
@@ -185,7 +163,7 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
         std::process::id()
     ));
     let (mut voxels, mut windows, mut window_seconds) = (0u64, 0u64, 0f64);
-    for case in &found.cases {
+    for case in &cases {
         let t = Instant::now();
         let output = opts.out.join(format!("{}.nii.gz", case.id));
         let one = predict_case(opts, &model, &device, case, &scratch, &output);
@@ -206,7 +184,7 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
                     },
                 });
             }
-            Err(e) => results.push(fail(&case.id, &e)),
+            Err(e) => results.push(failed(&case.id, &e)),
         }
     }
     results.sort_by(|a, b| a.id.cmp(&b.id));
