@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use voxcache::infer::nnunet::{predict_nnunet, NnunetPredictOptions};
+use voxcache::infer::postprocess::PostprocessingChoice;
 use voxcache::infer::predict::PredictOutcome;
 
 fn fixtures() -> PathBuf {
@@ -27,9 +28,8 @@ fn results_dir(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no results folder in {}", dir.display()))
 }
 
-/// A little-endian float16 .npy: (shape, values).
-fn read_npy_f16(path: &Path) -> (Vec<usize>, Vec<f32>) {
-    let bytes = std::fs::read(path).unwrap();
+/// A little-endian float16 or float32 .npy: (shape, values).
+fn parse_npy(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
     assert_eq!(&bytes[..6], b"\x93NUMPY");
     let (len, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
@@ -39,7 +39,6 @@ fn read_npy_f16(path: &Path) -> (Vec<usize>, Vec<f32>) {
         ),
     };
     let header = std::str::from_utf8(&bytes[start..start + len]).unwrap();
-    assert!(header.contains("'<f2'"), "{header}");
     assert!(header.contains("'fortran_order': False"), "{header}");
     let shape_text = header
         .split("'shape': (")
@@ -53,13 +52,31 @@ fn read_npy_f16(path: &Path) -> (Vec<usize>, Vec<f32>) {
         .filter(|s| !s.trim().is_empty())
         .map(|s| s.trim().parse().unwrap())
         .collect();
-    let values = bytes[start + len..]
-        .chunks_exact(2)
-        .map(|b| f32::from(half::f16::from_le_bytes([b[0], b[1]])))
-        .collect();
+    let data = &bytes[start + len..];
+    let values: Vec<f32> = if header.contains("'<f2'") {
+        data.chunks_exact(2)
+            .map(|b| f32::from(half::f16::from_le_bytes([b[0], b[1]])))
+            .collect()
+    } else {
+        assert!(header.contains("'<f4'"), "{header}");
+        data.chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    assert_eq!(values.len(), shape.iter().product::<usize>(), "{header}");
     (shape, values)
 }
 
+/// The `probabilities` array of an nnU-Net `.npz`.
+fn read_npz(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut entry = zip.by_name("probabilities.npy").unwrap();
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+    parse_npy(&bytes)
+}
+
+/// Predict with `dir`, writing nnU-Net's probability files too.
 fn predict(dir: &Path, folds: Option<&[&str]>, inputs: &Path, out: &Path) {
     let report = predict_nnunet(&NnunetPredictOptions {
         model: dir.to_path_buf(),
@@ -72,6 +89,8 @@ fn predict(dir: &Path, folds: Option<&[&str]>, inputs: &Path, out: &Path) {
         mirror: true,
         batch: 2,
         window_memory: 256 << 20,
+        postprocessing: PostprocessingChoice::Off,
+        save_probabilities: true,
         quiet: true,
     })
     .unwrap();
@@ -103,7 +122,18 @@ fn compare(expected: &Path, ours: &Path) {
             theirs.header.affine.0, mine.header.affine.0,
             "{id}: the output's geometry is the input's"
         );
-        let (shape, probs) = read_npy_f16(&expected.join(format!("{id}_probabilities.npy")));
+        let (shape, probs) =
+            parse_npy(&std::fs::read(expected.join(format!("{id}_probabilities.npy"))).unwrap());
+        // Our CASE.npz holds nnU-Net's probabilities (stored here rounded to float16).
+        let (our_shape, our_probs) = read_npz(&ours.join(format!("{id}.npz")));
+        assert_eq!(our_shape, shape, "{id}: probabilities' shape");
+        let worst = probs
+            .iter()
+            .zip(&our_probs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-3, "{id}: probabilities differ by up to {worst}");
+        assert!(ours.join(format!("{id}.pkl")).is_file(), "{id}: no .pkl");
         let n = theirs.data.len();
         assert_eq!(
             shape[1..].iter().product::<usize>(),
@@ -272,6 +302,8 @@ fn unsupported_models_are_refused_by_name() {
         mirror: false,
         batch: 1,
         window_memory: 1 << 20,
+        postprocessing: PostprocessingChoice::Recorded,
+        save_probabilities: false,
         quiet: true,
     })
     .unwrap();
@@ -280,5 +312,139 @@ fn unsupported_models_are_refused_by_name() {
             assert!(error.contains("blank") && error.contains("0"), "{error}")
         }
         o => panic!("{o:?}"),
+    }
+}
+
+/// Sizes and members of the 26-connected components of `mask` (x fastest).
+fn components(mask: &[bool], [nx, ny, nz]: [usize; 3]) -> Vec<Vec<usize>> {
+    let mut seen = vec![false; mask.len()];
+    let mut out = Vec::new();
+    for start in 0..mask.len() {
+        if !mask[start] || seen[start] {
+            continue;
+        }
+        seen[start] = true;
+        let (mut stack, mut members) = (vec![start], Vec::new());
+        while let Some(i) = stack.pop() {
+            members.push(i);
+            let (x, y, z) = (i % nx, (i / nx) % ny, i / (nx * ny));
+            for dz in -1i64..=1 {
+                for dy in -1i64..=1 {
+                    for dx in -1i64..=1 {
+                        let (a, b, c) = (x as i64 + dx, y as i64 + dy, z as i64 + dz);
+                        if a < 0
+                            || b < 0
+                            || c < 0
+                            || a >= nx as i64
+                            || b >= ny as i64
+                            || c >= nz as i64
+                        {
+                            continue;
+                        }
+                        let j = a as usize + nx * (b as usize + ny * c as usize);
+                        if mask[j] && !seen[j] {
+                            seen[j] = true;
+                            stack.push(j);
+                        }
+                    }
+                }
+            }
+        }
+        out.push(members);
+    }
+    out
+}
+
+/// The cross-validation folder's postprocessing.json is applied as nnUNetv2_apply_postprocessing
+/// applies it (by default; `--no-postprocessing` gives nnUNetv2_predict's output), and a
+/// decision we cannot apply is refused by name.
+#[test]
+fn crossval_postprocessing_keeps_the_largest_component() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = results_dir("ct2d");
+    let dir = tmp.path().join(src.file_name().unwrap());
+    std::fs::create_dir_all(dir.join("fold_0")).unwrap();
+    for f in ["plans.json", "dataset.json", "fold_0/checkpoint_final.pth"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let cv = dir.join("crossval_results_folds_0_1_2_3_4");
+    std::fs::create_dir_all(&cv).unwrap();
+    let decision = |kwargs: &str, f: &str| {
+        std::fs::write(
+            cv.join("postprocessing.json"),
+            format!("{{\"postprocessing_fns\": [\"{f}\"], \"postprocessing_kwargs\": [{kwargs}]}}"),
+        )
+        .unwrap()
+    };
+    let run = |out: &Path| {
+        predict_nnunet(&NnunetPredictOptions {
+            model: dir.clone(),
+            folds: None,
+            checkpoint: "checkpoint_final.pth".into(),
+            inputs: vec![fixtures().join("ct2d/inputs")],
+            out: out.to_path_buf(),
+            device: "cpu".into(),
+            step: 0.5,
+            mirror: true,
+            batch: 2,
+            window_memory: 256 << 20,
+            postprocessing: PostprocessingChoice::Recorded,
+            save_probabilities: false,
+            quiet: true,
+        })
+    };
+    let keep = "remove_all_but_largest_component_from_segmentation";
+    decision("{\"labels_or_regions\": 2}", keep);
+    let out = tmp.path().join("out");
+    assert_eq!(run(&out).unwrap().predicted, 2);
+    let mut removed = 0;
+    for case in ["ct_fine", "ct_coarse"] {
+        // nnU-Net's output without postprocessing (ours equals it: see plain_2d_configuration).
+        let raw = voxcache::nifti_io::read_volume(
+            &fixtures().join(format!("ct2d/expected/{case}.nii.gz")),
+        )
+        .unwrap();
+        let pp = voxcache::nifti_io::read_volume(&out.join(format!("{case}.nii.gz"))).unwrap();
+        let mask: Vec<bool> = raw.data.iter().map(|&v| v == 2.0).collect();
+        let comps = components(&mask, raw.header.shape_xyz);
+        let largest = comps.iter().map(Vec::len).max().unwrap();
+        assert_eq!(comps.iter().filter(|c| c.len() == largest).count(), 1);
+        let mut kept = vec![false; mask.len()];
+        comps
+            .iter()
+            .filter(|c| c.len() == largest)
+            .flatten()
+            .for_each(|&i| kept[i] = true);
+        for i in 0..mask.len() {
+            let want = if mask[i] && !kept[i] {
+                0.0
+            } else {
+                raw.data[i]
+            };
+            assert_eq!(pp.data[i], want, "{case}: voxel {i}");
+        }
+        removed += mask.iter().zip(&kept).filter(|(m, k)| **m && !**k).count();
+    }
+    assert!(
+        removed > 0,
+        "the fixture's label 2 has one component: nothing tested"
+    );
+    // Decisions we cannot apply are named.
+    for (kwargs, f, says) in [
+        (
+            "{\"labels_or_regions\": 2}",
+            "remove_small_things",
+            "postprocessing_fns",
+        ),
+        ("{\"labels_or_regions\": 9}", keep, "label 9"),
+        (
+            "{\"labels_or_regions\": [1, \"a\"]}",
+            keep,
+            "labels_or_regions",
+        ),
+    ] {
+        decision(kwargs, f);
+        let e = run(&tmp.path().join("bad")).err().unwrap().to_string();
+        assert!(e.contains("postprocessing.json") && e.contains(says), "{e}");
     }
 }

@@ -60,10 +60,12 @@ struct Cli {
     #[arg(long)]
     disable_tta: bool,
     /// Postprocessing decision file to apply (default: the postprocessing.json that `evaluate
-    /// --cv` wrote beside the models, if they carry one).
+    /// --cv` wrote beside the models, if they carry one; for an nnU-Net model, the one in its
+    /// crossval_results_folds_* folder, as nnUNetv2_apply_postprocessing would apply it).
     #[arg(long, value_name = "FILE", conflicts_with = "no_postprocessing")]
     postprocessing: Option<PathBuf>,
-    /// Apply no postprocessing, even one recorded beside the models.
+    /// Apply no postprocessing, even one recorded beside the models (for an nnU-Net model:
+    /// nnUNetv2_predict's own output).
     #[arg(long)]
     no_postprocessing: bool,
     /// best (the best validation Dice, else the latest), latest, or a checkpoint folder.
@@ -95,7 +97,8 @@ struct Cli {
     #[arg(short = 'j', long, default_value_t = 2)]
     jobs: usize,
     /// Also write each case's class probabilities on its input grid: CASE.probabilities.zarr,
-    /// a float16 Zarr v3 array (class, z, y, x) whose attributes name the classes.
+    /// a float16 Zarr v3 array (class, z, y, x) whose attributes name the classes. With an
+    /// nnU-Net model, nnU-Net's own files instead: CASE.npz (float32) and CASE.pkl.
     #[arg(long)]
     save_probabilities: bool,
     /// Memory for the sliding window's accumulator, MiB: beyond it the slices are cut into
@@ -185,9 +188,6 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         (None, None) => None,
     };
     if let Some(dir) = nnunet_dir {
-        if cli.save_probabilities {
-            anyhow::bail!("--save-probabilities is not available for nnU-Net models yet");
-        }
         let opts = NnunetPredictOptions {
             model: dir,
             folds: cli.folds,
@@ -199,6 +199,8 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
             mirror: !cli.disable_tta,
             batch: cli.batch,
             window_memory: cli.window_memory_mib << 20,
+            postprocessing: postprocessing_choice(cli.postprocessing, cli.no_postprocessing),
+            save_probabilities: cli.save_probabilities,
             quiet: cli.quiet,
         };
         let report = predict_nnunet(&opts)?;
@@ -206,11 +208,7 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
     }
     let opts = PredictOptions {
         models: cli.model,
-        postprocessing: match (cli.postprocessing, cli.no_postprocessing) {
-            (Some(f), _) => PostprocessingChoice::File(f),
-            (None, true) => PostprocessingChoice::Off,
-            (None, false) => PostprocessingChoice::Recorded,
-        },
+        postprocessing: postprocessing_choice(cli.postprocessing, cli.no_postprocessing),
         which: cli.checkpoint.parse::<Which>()?,
         inputs: cli.inputs,
         cases: Vec::new(),
@@ -230,6 +228,14 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
 }
 
 /// Print what a predict did; its exit status.
+fn postprocessing_choice(file: Option<PathBuf>, off: bool) -> PostprocessingChoice {
+    match (file, off) {
+        (Some(f), _) => PostprocessingChoice::File(f),
+        (None, true) => PostprocessingChoice::Off,
+        (None, false) => PostprocessingChoice::Recorded,
+    }
+}
+
 fn print_report(report: &PredictReport, json: bool) -> Exit {
     if json {
         println!(

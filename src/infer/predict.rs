@@ -108,6 +108,9 @@ pub struct PredictReport {
     pub checkpoints: Vec<PathBuf>,
     /// The postprocessing applied, if any.
     pub postprocessing: Option<Postprocessing>,
+    /// An nnU-Net model's postprocessing applied, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nnunet_postprocessing: Option<crate::format::nnunet::NnunetPostprocessing>,
     /// Per case, sorted by id.
     pub cases: Vec<PredictCase>,
     /// Cases written, skipped as existing, failed.
@@ -315,6 +318,7 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     Ok(PredictReport {
         checkpoints: models.iter().map(|m| m.checkpoint.clone()).collect(),
         postprocessing,
+        nnunet_postprocessing: None,
         predicted: count(|o| matches!(o, PredictOutcome::Predicted { .. })),
         existing: count(|o| matches!(o, PredictOutcome::Existing { .. })),
         failed: count(|o| matches!(o, PredictOutcome::Failed { .. })),

@@ -6,8 +6,10 @@
 //! - [`plans`]: `plans.json`, one configuration resolved.
 //! - [`dataset`]: `dataset.json`: channels, classes or regions.
 //! - [`results`]: the results folder and its folds.
+//! - [`output`]: the probability files nnU-Net writes beside a segmentation.
 
 mod dataset;
+pub mod output;
 mod plans;
 mod results;
 
@@ -21,7 +23,7 @@ pub use dataset::{NnunetDataset, Outputs};
 pub use plans::{
     Architecture, Configuration, IntensityProperties, Plans, Resampling, NORMALIZATIONS,
 };
-pub use results::{results_dir, ResultsFolder};
+pub use results::{results_dir, NnunetPostprocessing, ResultsFolder};
 
 /// The checkpoint nnU-Net writes at the end of training.
 pub const CHECKPOINT_FINAL: &str = "checkpoint_final.pth";

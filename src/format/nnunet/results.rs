@@ -2,7 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::bad;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{bad, read_json};
 use crate::error::{Error, Result};
 
 /// A results folder `TRAINER__PLANS__CONFIGURATION` and what it holds.
@@ -49,7 +52,7 @@ impl ResultsFolder {
             }
         }
         let mut folds = Vec::new();
-        let mut postprocessing = None;
+        let mut postprocessing: Vec<(String, PathBuf)> = Vec::new();
         for e in std::fs::read_dir(dir)
             .map_err(|e| Error::io(dir, e))?
             .flatten()
@@ -61,11 +64,15 @@ impl ResultsFolder {
                 }
             } else if n.starts_with("crossval_results_folds_") {
                 let p = e.path().join("postprocessing.json");
-                if p.is_file() && postprocessing.is_none() {
-                    postprocessing = Some(p);
+                if p.is_file() {
+                    postprocessing.push((n, p));
                 }
             }
         }
+        // The five folds' decision (what nnU-Net's inference instructions name), else the
+        // first by name.
+        postprocessing.sort_by_key(|(n, _)| (n != "crossval_results_folds_0_1_2_3_4", n.clone()));
+        let postprocessing = postprocessing.into_iter().next().map(|(_, p)| p);
         folds.sort_by_key(|k| (k.parse::<u32>().unwrap_or(u32::MAX), k.clone()));
         Ok(ResultsFolder {
             dir: dir.to_path_buf(),
@@ -135,4 +142,103 @@ pub fn results_dir(
         }
     };
     Ok(d.join(format!("{trainer}__{plans}__{configuration}")))
+}
+
+/// nnU-Net's postprocessing decision (`postprocessing.json` of a cross-validation folder): keep
+/// only the largest connected component (26-connected, ties all kept) of each filter's voxels in
+/// turn, the rest becoming background.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NnunetPostprocessing {
+    /// The file.
+    pub path: PathBuf,
+    /// Per filter, the label values whose voxels form the mask (a label, a region, or the
+    /// foreground's labels or regions together).
+    pub filters: Vec<Vec<u16>>,
+}
+
+/// nnU-Net's only postprocessing function.
+const KEEP_LARGEST: &str = "remove_all_but_largest_component_from_segmentation";
+
+impl NnunetPostprocessing {
+    /// Read `path`, refusing functions and arguments nnU-Net's own code does not write.
+    pub fn read(path: &Path) -> Result<NnunetPostprocessing> {
+        if path.extension().is_some_and(|e| e == "pkl") {
+            return Err(bad(
+                path,
+                "a pickle is not read: give the postprocessing.json nnU-Net writes beside it",
+            ));
+        }
+        let v = read_json(path)?;
+        let list = |key: &str| -> Result<Vec<Value>> {
+            v.get(key)
+                .and_then(Value::as_array)
+                .cloned()
+                .ok_or_else(|| {
+                    bad(
+                        path,
+                        format!("no {key} list: not nnU-Net's postprocessing.json"),
+                    )
+                })
+        };
+        let fns = list("postprocessing_fns")?;
+        let kwargs = list("postprocessing_kwargs")?;
+        if fns.len() != kwargs.len() {
+            return Err(bad(
+                path,
+                format!(
+                    "{} postprocessing_fns but {} postprocessing_kwargs",
+                    fns.len(),
+                    kwargs.len()
+                ),
+            ));
+        }
+        let mut filters = Vec::new();
+        for (i, (f, k)) in fns.iter().zip(&kwargs).enumerate() {
+            if f.as_str() != Some(KEEP_LARGEST) {
+                return Err(bad(
+                    path,
+                    format!("postprocessing_fns[{i}] is {f}: only {KEEP_LARGEST} is applied"),
+                ));
+            }
+            let background = k.get("background_label").map_or(Some(0), Value::as_i64);
+            if background != Some(0) {
+                return Err(bad(
+                    path,
+                    format!(
+                        "postprocessing_kwargs[{i}]: background_label other than 0 is not applied"
+                    ),
+                ));
+            }
+            let mut values = Vec::new();
+            let target = k.get("labels_or_regions").ok_or_else(|| {
+                bad(
+                    path,
+                    format!("postprocessing_kwargs[{i}] has no labels_or_regions"),
+                )
+            })?;
+            // A label, a region (list of labels) or a list of either: the mask is the union.
+            fn flatten(v: &Value, out: &mut Vec<u16>) -> bool {
+                match v {
+                    Value::Array(items) => items.iter().all(|x| flatten(x, out)),
+                    _ => match v.as_u64().and_then(|n| u16::try_from(n).ok()) {
+                        Some(n) if n > 0 => {
+                            out.push(n);
+                            true
+                        }
+                        _ => false,
+                    },
+                }
+            }
+            if !flatten(target, &mut values) || values.is_empty() {
+                return Err(bad(path, format!("postprocessing_kwargs[{i}].labels_or_regions is {target}: give positive labels or lists of them")));
+            }
+            values.sort_unstable();
+            values.dedup();
+            filters.push(values);
+        }
+        Ok(NnunetPostprocessing {
+            path: path.to_path_buf(),
+            filters,
+        })
+    }
 }

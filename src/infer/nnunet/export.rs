@@ -2,7 +2,8 @@
 //! leaves them) averaged over folds, resampled to the cropped grid as the plans'
 //! `resampling_fn_probabilities` says (kept in float16, as nnU-Net's array is), turned into
 //! labels (argmax over classes, or each region's sigmoid over 0.5 in `regions_class_order`),
-//! put back into the uncropped grid and transposed back to the file's axes.
+//! put back into the uncropped grid and transposed back to the file's axes; on request, the
+//! probabilities (softmax or sigmoid in float32) as nnU-Net's `CASE.npz` and `CASE.pkl`.
 
 use std::path::Path;
 
@@ -10,10 +11,11 @@ use half::f16;
 
 use super::model::NnunetModel;
 use crate::error::Result;
+use crate::format::nnunet::output::{write_npz, write_pickle, PyValue};
 use crate::format::nnunet::Outputs;
 use crate::nifti_io::{LabelType, LabelWriter};
 use crate::prep::nnunet::resample::{is_identity, resample};
-use crate::prep::nnunet::volume::Scratch;
+use crate::prep::nnunet::volume::{Elem, Scratch};
 use crate::prep::nnunet::{plan_resampling, CaseGeometry};
 
 /// Divide the summed logits of `members` folds by their number, in float16 (nnU-Net's
@@ -34,11 +36,32 @@ fn mean_of_folds(logits: &Scratch<f16>, members: usize) -> Result<()> {
     Ok(())
 }
 
-/// The label of one voxel from its heads' logits.
+/// The probabilities of one voxel from its heads' logits, as nnU-Net's `apply_inference_nonlin`
+/// computes them (float32 softmax over classes, or each region's sigmoid), into `p`.
+fn probabilities(outputs: &Outputs, v: &[f16], p: &mut [f32]) {
+    match outputs {
+        Outputs::Classes { .. } => {
+            let max = v.iter().map(|x| f32::from(*x)).fold(f32::MIN, f32::max);
+            let mut sum = 0f32;
+            for (o, x) in p.iter_mut().zip(v) {
+                *o = (f32::from(*x) - max).exp();
+                sum += *o;
+            }
+            p.iter_mut().for_each(|o| *o /= sum);
+        }
+        Outputs::Regions { .. } => {
+            for (o, x) in p.iter_mut().zip(v) {
+                *o = 1.0 / (1.0 + (-f32::from(*x)).exp());
+            }
+        }
+    }
+}
+
+/// The label of one voxel from its heads' logits: numpy's argmax over classes (the first of
+/// equal maxima), or the last region in `regions_class_order` whose sigmoid passes 0.5.
 fn label(outputs: &Outputs, v: &[f16]) -> u16 {
     match outputs {
         Outputs::Classes { values, .. } => {
-            // numpy's argmax: the first of equal maxima.
             let mut best = 0;
             for (i, x) in v.iter().enumerate() {
                 if f32::from(*x) > f32::from(v[best]) {
@@ -60,8 +83,17 @@ fn label(outputs: &Outputs, v: &[f16]) -> u16 {
     }
 }
 
+/// Where the probabilities go (`--save-probabilities`): nnU-Net's `CASE.npz` and `CASE.pkl`.
+pub struct ProbabilityFiles<'a> {
+    /// `CASE.npz`.
+    pub npz: &'a Path,
+    /// `CASE.pkl`.
+    pub pkl: &'a Path,
+}
+
 /// Export `logits` (heads, preprocessed grid; the sum over `members` folds) of a case of
-/// geometry `geo` to `out`, a NIfTI with `input`'s header.
+/// geometry `geo` to `out`, a NIfTI with `input`'s header, and the probabilities to `probs`.
+#[allow(clippy::too_many_arguments)]
 pub fn export(
     model: &NnunetModel,
     logits: Scratch<f16>,
@@ -69,6 +101,7 @@ pub fn export(
     geo: &CaseGeometry,
     input: &Path,
     out: &Path,
+    probs: Option<ProbabilityFiles>,
     tmp: &Path,
 ) -> Result<()> {
     mean_of_folds(&logits, members)?;
@@ -88,82 +121,177 @@ pub fn export(
         resample(&logits, &r, axes, clip, tmp)?;
         r
     };
-    // Labels over the box.
+    // Labels (and probabilities) over the box.
     let [dc, hc, wc] = geo.shape_after_cropping;
     let seg: Scratch<u16> = Scratch::new(tmp, [1, dc, hc, wc])?;
+    let prob: Option<Scratch<f32>> = match probs {
+        Some(_) => Some(Scratch::new(tmp, [heads, dc, hc, wc])?),
+        None => None,
+    };
     let outputs = &model.dataset.outputs;
     let mut v = vec![f16::ZERO; heads];
+    let mut p = vec![0f32; heads];
     for z in 0..dc {
         let slices: Vec<Vec<f16>> = (0..heads)
             .map(|c| cropped.slice(c, z))
             .collect::<Result<_>>()?;
+        let mut ps = vec![vec![0f32; hc * wc]; if prob.is_some() { heads } else { 0 }];
         let labels: Vec<u16> = (0..hc * wc)
             .map(|i| {
                 for (c, s) in slices.iter().enumerate() {
                     v[c] = s[i];
                 }
+                if !ps.is_empty() {
+                    probabilities(outputs, &v, &mut p);
+                    for (c, s) in ps.iter_mut().enumerate() {
+                        s[i] = p[c];
+                    }
+                }
                 label(outputs, &v)
             })
             .collect();
         seg.write_rows(0, z, 0, &labels)?;
-    }
-    drop(cropped);
-    write_uncropped(
-        &seg,
-        geo,
-        model.plans.transpose_forward,
-        outputs.max_value(),
-        input,
-        out,
-    )
-}
-
-/// The labels of the box written into the file's grid: zeros outside it, axes transposed back.
-fn write_uncropped(
-    seg: &Scratch<u16>,
-    geo: &CaseGeometry,
-    tf: [usize; 3],
-    max: u16,
-    input: &Path,
-    out: &Path,
-) -> Result<()> {
-    let [d, h, w] = geo.shape_zyx;
-    let mut writer = LabelWriter::create(out, input, (d * h * w) as u64, LabelType::for_max(max))?;
-    let inside = |t: [usize; 3]| (0..3).all(|a| t[a] >= geo.bbox[a][0] && t[a] < geo.bbox[a][1]);
-    let mut slice = vec![0u16; h * w];
-    let identity = tf == [0, 1, 2];
-    for z in 0..d {
-        slice.iter_mut().for_each(|v| *v = 0);
-        if identity {
-            let [bz, by, bx] = geo.bbox;
-            if z >= bz[0] && z < bz[1] {
-                let mut row = vec![0u16; bx[1] - bx[0]];
-                for y in by[0]..by[1] {
-                    seg.read_run(0, z - bz[0], y - by[0], 0, &mut row)?;
-                    slice[y * w + bx[0]..y * w + bx[1]].copy_from_slice(&row);
-                }
-            }
-        } else {
-            for y in 0..h {
-                for x in 0..w {
-                    let o = [z, y, x];
-                    // Transposed axis a is the file's axis tf[a].
-                    let t = tf.map(|a| o[a]);
-                    if inside(t) {
-                        let mut v = [0u16];
-                        seg.read_run(
-                            0,
-                            t[0] - geo.bbox[0][0],
-                            t[1] - geo.bbox[1][0],
-                            t[2] - geo.bbox[2][0],
-                            &mut v,
-                        )?;
-                        slice[y * w + x] = v[0];
-                    }
-                }
+        if let Some(prob) = &prob {
+            for (c, s) in ps.iter().enumerate() {
+                prob.write_rows(c, z, 0, s)?;
             }
         }
+    }
+    drop(cropped);
+    let tf = model.plans.transpose_forward;
+    if let (Some(files), Some(prob)) = (probs, &prob) {
+        let [d, h, w] = geo.shape_zyx;
+        let classes = matches!(outputs, Outputs::Classes { .. });
+        write_npz(files.npz, [heads, d, h, w], |c, z, s| {
+            // Outside the box nnU-Net's probabilities say background for classes, 0 for regions.
+            let fill = if classes && c == 0 { 1.0 } else { 0.0 };
+            file_slice(prob, c, z, geo, tf, fill, s)
+        })?;
+        write_pickle(files.pkl, &properties(&model.reader, geo, input)?)?;
+    }
+    let [d, h, w] = geo.shape_zyx;
+    let mut writer = LabelWriter::create(
+        out,
+        input,
+        (d * h * w) as u64,
+        LabelType::for_max(outputs.max_value()),
+    )?;
+    let mut slice = vec![0u16; h * w];
+    for z in 0..d {
+        file_slice(&seg, 0, z, geo, tf, 0, &mut slice)?;
         writer.write(&slice)?;
     }
     writer.finish()
+}
+
+/// Slice `z` of the file's grid of channel `c` of `src` (a volume over the crop box in
+/// transposed axes) into `out`: `fill` outside the box. Read a run along `src`'s last axis at a
+/// time, which lies along one of the slice's axes unless the transpose maps the file's first
+/// axis there (nnU-Net's plans never do: they move the coarsest axis first).
+fn file_slice<T: Elem>(
+    src: &Scratch<T>,
+    c: usize,
+    z: usize,
+    geo: &CaseGeometry,
+    tf: [usize; 3],
+    fill: T,
+    out: &mut [T],
+) -> Result<()> {
+    let [_, h, w] = geo.shape_zyx;
+    let b = geo.bbox;
+    out.iter_mut().for_each(|v| *v = fill);
+    // Transposed axis a is the file's axis tf[a].
+    let az = (0..3).find(|&a| tf[a] == 0).unwrap_or(0);
+    if z < b[az][0] || z >= b[az][1] {
+        return Ok(());
+    }
+    let at = |file: [usize; 3]| file[1] * w + file[2];
+    if tf[2] == 0 {
+        let mut one = [T::default()];
+        for y in 0..h {
+            for x in 0..w {
+                let o = [z, y, x];
+                let t = tf.map(|a| o[a]);
+                if (0..3).all(|a| t[a] >= b[a][0] && t[a] < b[a][1]) {
+                    src.read_run(c, t[0] - b[0][0], t[1] - b[1][0], t[2] - b[2][0], &mut one)?;
+                    out[at(o)] = one[0];
+                }
+            }
+        }
+        return Ok(());
+    }
+    // The other transposed axis before the last, and the file axes of both.
+    let ao = 1 - az;
+    let mut run = vec![T::default(); b[2][1] - b[2][0]];
+    for v in b[ao][0]..b[ao][1] {
+        let mut t = [0usize; 3];
+        t[az] = z;
+        t[ao] = v;
+        src.read_run(c, t[0] - b[0][0], t[1] - b[1][0], 0, &mut run)?;
+        for (i, r) in run.iter().enumerate() {
+            t[2] = b[2][0] + i;
+            let mut o = [0usize; 3];
+            for a in 0..3 {
+                o[tf[a]] = t[a];
+            }
+            out[at(o)] = *r;
+        }
+    }
+    Ok(())
+}
+
+/// nnU-Net's properties of a case, as its predictor pickles them beside the probabilities:
+/// the reader's geometry, the spacing (z, y, x) and the crop.
+fn properties(reader: &str, geo: &CaseGeometry, input: &Path) -> Result<PyValue> {
+    let header = crate::nifti_io::read_header(input)?;
+    let m = header.affine.0;
+    let spacing = header.spacing_exact_xyz();
+    let reader_geometry = if reader == "NibabelIO" {
+        let affine = m.iter().map(|r| PyValue::floats(r)).collect();
+        (
+            "nibabel_stuff",
+            PyValue::Dict(vec![("original_affine".into(), PyValue::List(affine))]),
+        )
+    } else {
+        // SimpleITK's view of the same header: LPS world axes, unit direction columns.
+        let lps = [-1.0, -1.0, 1.0];
+        let norms = header.affine.column_norms();
+        let mut direction = Vec::with_capacity(9);
+        for r in 0..3 {
+            for (col, n) in norms.iter().enumerate() {
+                direction.push(lps[r] * m[r][col] / n.max(f64::MIN_POSITIVE));
+            }
+        }
+        let origin: Vec<f64> = (0..3).map(|r| lps[r] * m[r][3]).collect();
+        (
+            "sitk_stuff",
+            PyValue::Dict(vec![
+                ("spacing".into(), PyValue::float_tuple(&spacing)),
+                ("origin".into(), PyValue::float_tuple(&origin)),
+                ("direction".into(), PyValue::float_tuple(&direction)),
+            ]),
+        )
+    };
+    let tuple = |s: [usize; 3]| PyValue::Tuple(s.iter().map(|&v| PyValue::Int(v as i64)).collect());
+    Ok(PyValue::Dict(vec![
+        (reader_geometry.0.into(), reader_geometry.1),
+        // The reader's spacing (z, y, x): the header's float32 pixdim widened, as ITK and
+        // nibabel give it.
+        (
+            "spacing".into(),
+            PyValue::floats(&[spacing[2], spacing[1], spacing[0]]),
+        ),
+        (
+            "shape_before_cropping".into(),
+            tuple(geo.shape_before_cropping),
+        ),
+        (
+            "bbox_used_for_cropping".into(),
+            PyValue::List(geo.bbox.iter().map(|r| PyValue::ints(r)).collect()),
+        ),
+        (
+            "shape_after_cropping_and_before_resampling".into(),
+            tuple(geo.shape_after_cropping),
+        ),
+    ]))
 }

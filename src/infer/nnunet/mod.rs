@@ -15,10 +15,13 @@ use std::time::Instant;
 
 use half::f16;
 
+use super::postprocess::{apply_file, PostprocessingChoice};
 use super::predict::{failed, input_cases, PredictCase, PredictOutcome, PredictReport};
 use super::sliding::{Flavour, Predictor, Tile};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
+use crate::format::nnunet::NnunetPostprocessing;
+use crate::geometry::components::Connectivity;
 use crate::prep::dataset::CaseSource;
 use crate::prep::nnunet::volume::Scratch;
 use crate::prep::nnunet::{preprocess, Preprocessed};
@@ -47,6 +50,12 @@ pub struct NnunetPredictOptions {
     pub batch: usize,
     /// About how many bytes the sliding window's slab may hold.
     pub window_memory: usize,
+    /// Which postprocessing decision the segmentations get: `Recorded` is the one in the
+    /// results folder's cross-validation folder (`postprocessing.json`), if there is one; a
+    /// `File` is an nnU-Net `postprocessing.json`.
+    pub postprocessing: PostprocessingChoice,
+    /// Also write nnU-Net's `CASE.npz` (probabilities) and `CASE.pkl` (properties).
+    pub save_probabilities: bool,
     /// Print only errors.
     pub quiet: bool,
 }
@@ -148,7 +157,22 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
         )));
     }
     let model = NnunetModel::open(&opts.model, opts.folds.as_deref(), &opts.checkpoint)?;
+    let postprocessing = postprocessing(&model, &opts.postprocessing)?;
+    if let (Some(pp), false) = (&postprocessing, opts.quiet) {
+        let sets: Vec<String> = pp.filters.iter().map(|f| format!("{f:?}")).collect();
+        eprintln!(
+            "postprocessing ({}): keep the largest component of labels {}",
+            pp.path.display(),
+            sets.join(", then of ")
+        );
+    }
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(&opts.out, e))?;
+    // As nnUNetv2_predict does: its ensembling and postprocessing tools read these beside the
+    // predictions.
+    for f in ["dataset.json", "plans.json"] {
+        let to = opts.out.join(f);
+        std::fs::copy(model.folder.dir.join(f), &to).map_err(|e| Error::io(&to, e))?;
+    }
     let channels = model.plans.channels();
     let mut results: Vec<PredictCase> = Vec::new();
     let cases = input_cases(&opts.inputs, channels, &mut results)?;
@@ -166,7 +190,15 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
     for case in &cases {
         let t = Instant::now();
         let output = opts.out.join(format!("{}.nii.gz", case.id));
-        let one = predict_case(opts, &model, &device, case, &scratch, &output);
+        let one = predict_case(
+            opts,
+            &model,
+            &device,
+            case,
+            &scratch,
+            &output,
+            postprocessing.as_ref(),
+        );
         let _ = std::fs::remove_dir_all(&scratch);
         match one {
             Ok((v, w, s)) => {
@@ -192,6 +224,7 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
     Ok(PredictReport {
         checkpoints: model.checkpoints.clone(),
         postprocessing: None,
+        nnunet_postprocessing: postprocessing,
         predicted: count(|o| matches!(o, PredictOutcome::Predicted { .. })),
         existing: 0,
         failed: count(|o| matches!(o, PredictOutcome::Failed { .. })),
@@ -206,6 +239,33 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
     })
 }
 
+/// The postprocessing asked for, checked against the model's labels.
+fn postprocessing(
+    model: &NnunetModel,
+    choice: &PostprocessingChoice,
+) -> Result<Option<NnunetPostprocessing>> {
+    let pp = match choice {
+        PostprocessingChoice::Off => None,
+        PostprocessingChoice::Recorded => model
+            .folder
+            .postprocessing
+            .as_deref()
+            .map(NnunetPostprocessing::read)
+            .transpose()?,
+        PostprocessingChoice::File(p) => Some(NnunetPostprocessing::read(p)?),
+    };
+    let max = model.dataset.outputs.max_value();
+    if let Some(pp) = &pp {
+        if let Some(v) = pp.filters.iter().flatten().find(|&&v| v > max) {
+            return Err(Error::Model {
+                path: pp.path.clone(),
+                message: format!("label {v} is not one the model predicts (its largest is {max})"),
+            });
+        }
+    }
+    Ok(pp)
+}
+
 /// Preprocess, predict every fold and export one case; (voxels, windows, window seconds).
 fn predict_case(
     opts: &NnunetPredictOptions,
@@ -214,6 +274,7 @@ fn predict_case(
     case: &CaseSource,
     scratch: &Path,
     output: &Path,
+    pp: Option<&NnunetPostprocessing>,
 ) -> Result<(u64, u64, f64)> {
     std::fs::create_dir_all(scratch).map_err(|e| Error::io(scratch, e))?;
     let Preprocessed { data, geometry } = preprocess(case, &model.plans, scratch)?;
@@ -254,26 +315,50 @@ fn predict_case(
     let window_seconds = sliding.elapsed().as_secs_f64();
     drop(data);
     let (path, _) = case.channel(0);
-    let tmp_out = output.with_file_name(format!(
-        ".{}.tmp.{}",
-        output
+    // Everything is written under temporary names and renamed once complete.
+    let hidden = |p: &Path| {
+        let name = p
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
+            .unwrap_or_default();
+        p.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
+    };
+    let npz = output.with_file_name(format!("{}.npz", case.id));
+    let pkl = output.with_file_name(format!("{}.pkl", case.id));
+    let mut finals = vec![output.to_path_buf()];
+    if opts.save_probabilities {
+        finals.extend([npz.clone(), pkl.clone()]);
+    }
+    let temps: Vec<PathBuf> = finals.iter().map(|p| hidden(p)).collect();
+    let probs = opts.save_probabilities.then(|| export::ProbabilityFiles {
+        npz: &temps[1],
+        pkl: &temps[2],
+    });
     let written = export::export(
         model,
         logits,
         model.checkpoints.len(),
         &geometry,
         path,
-        &tmp_out,
+        &temps[0],
+        probs,
         scratch,
     )
-    .and_then(|()| std::fs::rename(&tmp_out, output).map_err(|e| Error::io(output, e)));
+    .and_then(|()| match pp {
+        Some(pp) => apply_file(&temps[0], &temps[0], &pp.filters, Connectivity::Full),
+        None => Ok(()),
+    })
+    .and_then(|()| {
+        finals
+            .iter()
+            .zip(&temps)
+            .rev()
+            .try_for_each(|(f, t)| std::fs::rename(t, f).map_err(|e| Error::io(f, e)))
+    });
     if written.is_err() {
-        let _ = std::fs::remove_file(&tmp_out);
+        temps.iter().for_each(|t| {
+            let _ = std::fs::remove_file(t);
+        });
     }
     written?;
     let passes = 1u64

@@ -39,6 +39,8 @@ pub struct NnunetModel {
     pub mirror_axes: Vec<usize>,
     /// The trainer that made the checkpoints.
     pub trainer: String,
+    /// nnU-Net's image reader the model was trained with (`SimpleITKIO`, `NibabelIO`).
+    pub reader: String,
 }
 
 fn bad(path: &Path, message: impl Into<String>) -> Error {
@@ -158,6 +160,7 @@ impl NnunetModel {
             network,
             mirror_axes,
             trainer,
+            reader,
         })
     }
 
