@@ -1416,7 +1416,7 @@ def cmd_memory(a) -> int:
     manifest = load_json(work / "inputs" / "manifest.json")
     if not manifest or not manifest.get("large"):
         raise Failure("no large input: run prepare first")
-    inputs = Path(manifest["large"]["dir"])
+    inputs = Path(a.inputs) if a.inputs else Path(manifest["large"]["dir"])
     if not a.skip_ours and not a.predict:
         raise Failure("--predict is needed (or --skip-ours)")
     base = work / "memory"
@@ -1450,7 +1450,7 @@ def cmd_memory(a) -> int:
                 f"anonymous {r['tree_peak_anon_mib']:.0f} MiB, PSS {r['tree_peak_pss_mib']:.0f} MiB, "
                 f"GNU time max RSS {fmt(r.get('gnu_time_max_rss_mib'), 0)} MiB")
             shutil.rmtree(out, ignore_errors=True)
-    print(f"\nLarge input {manifest['large']['shape_xyz']} (x,y,z) at {manifest['large']['spacing_xyz']} mm, "
+    print(f"\nInputs {inputs}" if a.inputs else f"\nLarge input {manifest['large']['shape_xyz']} (x,y,z) at {manifest['large']['spacing_xyz']} mm, "
           f"model {key} ({model_dir(work, key).name}), mirroring {'off' if a.disable_tta else 'on'}\n")
     print("| tool | round | wall s | tree peak RSS MiB | tree peak anonymous MiB | tree PSS MiB | "
           "GNU time max RSS MiB (largest process) | own peak_anon MiB |")
@@ -1505,6 +1505,7 @@ def main() -> int:
     p.add_argument("--predict", help="voxcache's predict binary (a command line)")
     p.add_argument("--model", default="a_ct", choices=list(MODELS))
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--inputs", help="a folder of inputs instead of the large input")
     p.add_argument("--disable-tta", action="store_true",
                    help="no mirroring: nnUNetv2_predict --disable_tta, predict --disable-tta")
     p.add_argument("--skip-nnunet", action="store_true", help="measure voxcache only")

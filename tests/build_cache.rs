@@ -502,6 +502,62 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
     );
 }
 
+/// An input that inflates past the disk (a gzip bomb, read through a scratch file) fails alone
+/// before a byte of it is spilled, naming its file; the good case beside it is built.
+#[test]
+fn a_gzip_bomb_larger_than_the_disk_fails_alone_named() {
+    let t = tempfile::tempdir().unwrap();
+    let mnt = t.path().join("tiny");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=3m",
+            "tmpfs",
+            mnt.to_str().unwrap(),
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a 3 MB tmpfs here (needs root)");
+        return;
+    }
+    let _guard = TinyFs(mnt.clone());
+    let data = t.path().join("data");
+    write_case(&data, "good", [32, 32, 8], [1.0, 1.0, 2.0], 3);
+    // 64 MiB of zeros: about 64 kB gzipped.
+    let shape = [256, 256, 512];
+    let zeros = vec![0i16; shape.iter().product()];
+    Nii::new(shape, [1.0, 1.0, 1.0], &zeros, false).write(&data.join("imagesTr/bomb_0000.nii.gz"));
+    let labels = vec![0u8; shape.iter().product()];
+    Nii::new(shape, [1.0, 1.0, 1.0], &labels, false).write(&data.join("labelsTr/bomb.nii.gz"));
+    let cache = mnt.join("cache");
+    // Compressed: no output forecast stands in the way, so the spill is what meets the disk.
+    let (o, r) = build_report(
+        &data,
+        &cache,
+        &["--input-ram-mib", "0", "--compression", "zstd"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let cases = r["cases"].as_array().unwrap();
+    let outcome = |id: &str| {
+        cases
+            .iter()
+            .find(|c| c["id"] == id)
+            .map(|c| c["outcome"].clone())
+            .unwrap_or_else(|| panic!("{id} not in {r}"))
+    };
+    assert_eq!(outcome("good")["status"], "built", "{r}");
+    let bomb = outcome("bomb");
+    let e = bomb["error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("bomb") && e.contains(".nii.gz") && e.contains("scratch space"),
+        "{bomb}"
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn a_named_pipe_or_a_corrupt_gzip_fails_its_case_and_nothing_hangs() {

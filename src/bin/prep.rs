@@ -59,7 +59,7 @@ struct PlanArgs {
     out: Option<PathBuf>,
     /// Plan for a GPU of this much memory: nnU-Net's reference scaled to it, then each
     /// configuration shrunk until our forecast of its bf16 training step fits.
-    #[arg(long, value_name = "GB")]
+    #[arg(long, value_name = "GB", allow_negative_numbers = true)]
     gpu_memory_gb: Option<f64>,
 }
 

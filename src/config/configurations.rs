@@ -224,7 +224,7 @@ pub fn plan_dataset(
         Some(g) => {
             if !(g.is_finite() && g > 0.0 && g <= 4096.0) {
                 return Err(Error::Config(format!(
-                    "--gpu-memory-gb {g}: give the GPU's memory in GB, a number above 0"
+                    "--gpu-memory-gb {g}: give the GPU's memory in GB, above 0 and at most 4096"
                 )));
             }
             let mut plans =

@@ -81,7 +81,7 @@ pub struct TrainFlags {
     pub val_fraction: Option<f64>,
     /// Cross-validation fold: 0..4 (nnU-Net's five folds, the same cases as nnU-Net's), or
     /// all (every case trains, none validates); several (0,1,2,3,4) train one after the other.
-    #[arg(long, value_name = "K|all[,K...]")]
+    #[arg(long, value_name = "K|all[,K...]", allow_hyphen_values = true)]
     pub fold: Option<FoldList>,
     /// nnU-Net's splits_final.json to take the fold from (default: the cache folder's
     /// splits_final.json if there is one, else nnU-Net's folds of the cache's cases).

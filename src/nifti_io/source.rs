@@ -89,9 +89,12 @@ impl VoxelSource {
             }
             match &mut filling {
                 Filling::Memory(v) => v.extend_from_slice(raw),
-                Filling::Scratch { file, path: sp } => {
-                    file.write_all(raw).map_err(|e| Error::io(&*sp, e))?
-                }
+                Filling::Scratch { file, path: sp } => file.write_all(raw).map_err(|e| {
+                    Error::nifti(
+                        path,
+                        format!("spilling its voxels to {}: {e}", sp.display()),
+                    )
+                })?,
                 Filling::Nothing => {}
             }
             values.resize(raw.len() / h.bytes_per_voxel, 0.0);
@@ -199,8 +202,29 @@ fn start_filling(path: &Path, h: &HeaderInfo, opts: &SourceOptions) -> Result<Fi
         })?;
         return Ok(Filling::Memory(v));
     }
-    let (file, sp) = scratch_file(&opts.scratch_dir)?;
-    reserve(&file, bytes).map_err(|e| Error::io(&sp, e))?;
+    // The spill is checked against the disk before a byte is written, so an input that
+    // inflates past the free space (a gzip bomb) fails alone, named, and leaves the disk to the
+    // other cases.
+    let dir = &opts.scratch_dir;
+    let no_room = |why: String| {
+        Error::nifti(
+            path,
+            format!(
+                "its voxels need {} of scratch space in {} to be read, {why}",
+                crate::util::sysinfo::human_bytes(bytes),
+                dir.display()
+            ),
+        )
+    };
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    if let Some(free) = crate::util::sysinfo::free_bytes(dir).filter(|&f| f < bytes) {
+        return Err(no_room(format!(
+            "and the disk has {} free",
+            crate::util::sysinfo::human_bytes(free)
+        )));
+    }
+    let (file, sp) = scratch_file(dir)?;
+    reserve(&file, bytes).map_err(|e| no_room(format!("which the disk refused: {e}")))?;
     Ok(Filling::Scratch { file, path: sp })
 }
 

@@ -82,7 +82,15 @@ pub fn fingerprint_dataset(source: &DatasetSource) -> Result<DatasetFingerprint>
             }
             n
         }
-        _ => spacings.len(),
+        Some(_) => {
+            notes.push(format!(
+                "dataset.json says numTraining 0, {} labelled cases were read: planned with {} (nnU-Net would plan with 0, which caps its batch at the minimum of 2); fix numTraining",
+                spacings.len(),
+                spacings.len()
+            ));
+            spacings.len()
+        }
+        None => spacings.len(),
     };
     Ok(DatasetFingerprint {
         fingerprint: Fingerprint {

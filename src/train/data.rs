@@ -33,9 +33,11 @@ fn choose_split(cache_dir: &Path, cfg: &TrainConfig, ids: &[String]) -> Result<S
         return Ok(split_cases(ids, cfg.val_fraction, cfg.seed));
     };
     let beside = cache_dir.join(SPLITS_FILE);
+    // A splits file beside the cache that is there but not a regular file (a link to a device,
+    // a folder) is refused rather than passed over for nnU-Net's default folds.
     let file = match &cfg.splits {
         Some(p) => Some(p.clone()),
-        None => beside.is_file().then_some(beside),
+        None => std::fs::symlink_metadata(&beside).is_ok().then_some(beside),
     };
     let splits = match &file {
         Some(p) => Some((p.as_path(), read_splits(p)?)),

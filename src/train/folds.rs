@@ -62,9 +62,12 @@ impl std::str::FromStr for FoldList {
         let mut folds: Vec<FoldChoice> = Vec::new();
         for part in s.split(',') {
             let f: FoldChoice = part.parse()?;
-            if !folds.contains(&f) {
-                folds.push(f);
+            if folds.contains(&f) {
+                return Err(Error::Config(format!(
+                    "--fold {s}: fold {f} is listed twice (each fold trains once, into its own run folder)"
+                )));
             }
+            folds.push(f);
         }
         Ok(FoldList(folds))
     }
@@ -287,11 +290,22 @@ mod tests {
         let everything = fold_split(&all, FoldChoice::All, None).unwrap();
         assert_eq!((everything.train.len(), everything.val.len()), (8, 0));
         assert_eq!("all".parse::<FoldChoice>().unwrap(), FoldChoice::All);
-        let list: FoldList = "0,1,1,all".parse().unwrap();
+        let list: FoldList = "0,1,all".parse().unwrap();
         assert_eq!(
             list.0,
             vec![FoldChoice::Index(0), FoldChoice::Index(1), FoldChoice::All]
         );
+        for twice in ["0,1,1", "all,all"] {
+            let e = twice.parse::<FoldList>().unwrap_err().to_string();
+            assert!(e.contains("twice"), "{e}");
+        }
+        let e = "-1".parse::<FoldList>().unwrap_err().to_string();
+        assert!(e.contains("\"-1\"") && e.contains("fold number"), "{e}");
+        // A splits file that is not a regular file is refused, named.
+        if Path::new("/dev/zero").exists() {
+            let e = read_splits(Path::new("/dev/zero")).unwrap_err().to_string();
+            assert!(e.contains("/dev/zero") && e.contains("not a regular file"), "{e}");
+        }
         assert!("0,,1".parse::<FoldList>().is_err());
         assert!("five".parse::<FoldChoice>().is_err());
     }
