@@ -144,7 +144,7 @@ impl CasePlan {
         }
         if self.out_bytes as f64 > max_case_gib * (1u64 << 30) as f64 {
             return Some(format!(
-                "{what}: over the limit of {max_case_gib} GiB per case; check the header's spacing, or raise the limit with --max-case-gib"
+                "{what}: over the limit of {max_case_gib} GiB per case; check the two spacings, the file's pixdim or the target spacing (the pipeline's, or the model's run.json), or raise the limit with --max-case-gib"
             ));
         }
         None

@@ -304,7 +304,10 @@ mod tests {
         // A splits file that is not a regular file is refused, named.
         if Path::new("/dev/zero").exists() {
             let e = read_splits(Path::new("/dev/zero")).unwrap_err().to_string();
-            assert!(e.contains("/dev/zero") && e.contains("not a regular file"), "{e}");
+            assert!(
+                e.contains("/dev/zero") && e.contains("not a regular file"),
+                "{e}"
+            );
         }
         assert!("0,,1".parse::<FoldList>().is_err());
         assert!("five".parse::<FoldChoice>().is_err());
