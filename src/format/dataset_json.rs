@@ -26,8 +26,11 @@ pub struct DatasetJson {
     pub description: String,
     /// Channel index ("0", "1"...) -> channel name (nnU-Net picks normalization by name).
     pub channel_names: BTreeMap<String, String>,
-    /// Label name -> value in the label files.
-    pub labels: BTreeMap<String, u16>,
+    /// Label name -> value in the label files, or -> the values of a region, in file order.
+    pub labels: serde_json::Map<String, serde_json::Value>,
+    /// The label each region is written as (region datasets only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions_class_order: Option<Vec<u16>>,
     /// Cases in imagesTr/.
     #[serde(rename = "numTraining")]
     pub num_training: usize,
@@ -66,6 +69,11 @@ pub struct DatasetDescription {
     pub file_ending: Option<String>,
     /// Training cases the file counts.
     pub num_training: Option<usize>,
+    /// nnU-Net's `regions_class_order` of a region dataset: the label value each region (the
+    /// classes after background, in `labels` order) is written as when a segmentation is made
+    /// from region outputs, later regions over earlier ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions_class_order: Option<Vec<u16>>,
     /// MSD: (image, label) paths of the training cases, relative to the dataset folder (not
     /// kept in the manifest: thousands of cases would swell it).
     #[serde(skip)]
@@ -143,7 +151,10 @@ impl DatasetDescription {
                     })?;
                     (name.clone(), vec![value])
                 }
-                serde_json::Value::Array(a) if !a.is_empty() => (
+                serde_json::Value::Array(a) if a.is_empty() => {
+                    return Err(format!("labels: region {k:?} lists no label value"))
+                }
+                serde_json::Value::Array(a) => (
                     k.clone(),
                     a.iter()
                         .map(label_value)
@@ -167,7 +178,24 @@ impl DatasetDescription {
                 labels.len()
             ));
         }
-        labels.sort_by_key(|c| c.values.clone());
+        let regions = labels.iter().any(|c| c.values.len() > 1);
+        // Regions keep the file's order (regions_class_order follows it); classes go by value.
+        if regions {
+            labels.sort_by_key(|c| c.values != [0]);
+        } else {
+            labels.sort_by_key(|c| c.values.clone());
+        }
+        let regions_class_order = match obj.get("regions_class_order") {
+            None => None,
+            Some(v) => Some(
+                v.as_array()
+                    .ok_or("\"regions_class_order\" is not a list of label values")?
+                    .iter()
+                    .map(label_value)
+                    .collect::<std::result::Result<Vec<u16>, String>>()
+                    .map_err(|e| format!("regions_class_order: {e}"))?,
+            ),
+        };
         let mut seen = std::collections::BTreeSet::new();
         for c in &labels {
             // A region may reuse its members' values; a plain class may not repeat one.
@@ -220,9 +248,63 @@ impl DatasetDescription {
             ignore_label,
             file_ending,
             num_training,
+            regions_class_order,
             training,
         })
     }
+}
+
+impl DatasetDescription {
+    /// For a region dataset, what training and prediction need beyond what scoring does: see
+    /// [`check_regions`]. A dataset without regions passes.
+    pub fn check_regions(&self) -> std::result::Result<(), String> {
+        match self.has_regions() {
+            true => check_regions(&self.labels, self.regions_class_order.as_deref()),
+            false => Ok(()),
+        }
+    }
+}
+
+/// The regions of a region dataset (`labels`, background first) against `regions_class_order`:
+/// one order value per region, no region holding background, and every label value written
+/// back as itself (the last region holding it, in order, is written as it), so a segmentation
+/// made from the regions is the label map they came from.
+fn check_regions(labels: &[LabelClass], order: Option<&[u16]>) -> std::result::Result<(), String> {
+    let regions: Vec<&LabelClass> = labels.iter().filter(|c| c.values != [0]).collect();
+    let names: Vec<String> = regions.iter().map(|c| c.to_string()).collect();
+    let Some(order) = order else {
+        return Err(format!(
+            "labels define regions ({}) but there is no regions_class_order: give the label value each region is written as, in the regions' order",
+            names.join(", ")
+        ));
+    };
+    if order.len() != regions.len() {
+        return Err(format!(
+            "regions_class_order has {} values for {} regions ({})",
+            order.len(),
+            regions.len(),
+            names.join(", ")
+        ));
+    }
+    if let Some(r) = regions.iter().find(|c| c.values.contains(&0)) {
+        return Err(format!("labels: region {r} holds 0, the background"));
+    }
+    let values: std::collections::BTreeSet<u16> = regions
+        .iter()
+        .flat_map(|c| c.values.iter().copied())
+        .collect();
+    for v in values {
+        let last = (0..regions.len())
+            .rev()
+            .find(|&i| regions[i].values.contains(&v));
+        if let Some(i) = last.filter(|&i| order[i] != v) {
+            return Err(format!(
+                "regions and regions_class_order disagree: label {v} would be written back as {} (region {} is the last holding it, and regions_class_order gives it {}); order the regions so that each label's last region is written as that label",
+                order[i], regions[i], order[i]
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The most classes a dataset.json may declare (a network's head beyond it is not built).
@@ -285,6 +367,50 @@ mod tests {
             (d.num_training, d.file_ending.as_deref()),
             (Some(484), Some(".nii.gz"))
         );
+    }
+
+    #[test]
+    fn regions_keep_the_file_order_and_must_agree_with_regions_class_order() {
+        let read = |labels: serde_json::Value, order: serde_json::Value| {
+            let d = DatasetDescription::from_value(&json!({
+                "channel_names": {"0": "T1"}, "labels": labels, "regions_class_order": order
+            }))?;
+            d.check_regions().map(|()| d)
+        };
+        // Enhancing first in the file: the file's order is the regions' order.
+        let d = read(
+            json!({"background": 0, "enhancing": [3], "core": [2, 3], "whole": [1, 2, 3]}),
+            json!([3, 2, 1]),
+        );
+        // Labels 2 and 3 are last held by "whole", written as 1: they would not come back.
+        assert!(d
+            .unwrap_err()
+            .contains("label 2 would be written back as 1"));
+        let d = read(
+            json!({"background": 0, "whole": [1, 2, 3], "core": [2, 3], "enhancing": [3]}),
+            json!([1, 2, 3]),
+        )
+        .unwrap();
+        let names: Vec<&str> = d.labels.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["background", "whole", "core", "enhancing"]);
+        assert_eq!(d.regions_class_order.as_deref(), Some(&[1, 2, 3][..]));
+        let err = |labels, order| read(labels, order).unwrap_err();
+        let brats = json!({"background": 0, "whole": [1, 2, 3], "core": [2, 3], "enhancing": [3]});
+        assert!(err(brats.clone(), json!([1, 2])).contains("2 values for 3 regions"));
+        assert!(
+            err(json!({"background": 0, "a": [], "b": [1, 2]}), json!([1]))
+                .contains("region \"a\" lists no label")
+        );
+        assert!(err(
+            json!({"background": 0, "a": [0, 1], "b": [1, 2]}),
+            json!([1, 2])
+        )
+        .contains("holds 0"));
+        let none = DatasetDescription::from_value(&json!({"labels": brats}))
+            .unwrap()
+            .check_regions()
+            .unwrap_err();
+        assert!(none.contains("no regions_class_order"), "{none}");
     }
 
     #[test]

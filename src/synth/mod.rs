@@ -28,10 +28,12 @@ use crate::error::{Error, Result};
 
 mod render;
 mod rng;
+mod tumour;
 mod vessels;
 mod write;
 
 pub use render::{generate_case, second_channel};
+pub use tumour::{generate_tumour_case, CONTRASTS};
 pub use vessels::VesselStyle;
 pub use write::{write_dataset, write_dataset_as};
 
@@ -45,6 +47,10 @@ pub enum SynthLayout {
     /// Two channels (`_0000` two-photon-like, `_0001` CT-like, both int16) and labels 0,
     /// 1 vessel, 2 bright vessel, 3 ignore.
     MultiChannel,
+    /// Four MRI contrasts (`_0000` T1, `_0001` T1ce, `_0002` T2, `_0003` FLAIR) of a head with
+    /// a tumour, labels 1 edema, 2 necrosis, 3 enhancing, and dataset.json regions whole
+    /// tumour 1+2+3, tumour core 2+3, enhancing 3 (BraTS as nnU-Net trains it).
+    Regions,
 }
 
 /// One synthetic case: its id (file stem), grid shape, voxel spacing in micrometers and the
@@ -89,11 +95,15 @@ pub enum SynthPreset {
     /// 12 cases on a brain-MRI-like grid: 1.0 isotropic (two at 0.94x0.94x1.2), 160..192 x
     /// 192..224 x 140..176 voxels: the isotropic case of every planner.
     MriLike,
+    /// 12 BraTS-like brain tumour cases ([`SynthLayout::Regions`]) at 1.0 isotropic, 64..80 x
+    /// 72..88 x 56..72 voxels: four contrasts and three nested regions, trained as nnU-Net
+    /// trains BraTS (one sigmoid output per region).
+    BratsLike,
 }
 
 impl SynthPreset {
     /// Every preset, in the order they are listed to users.
-    pub const ALL: [SynthPreset; 7] = [
+    pub const ALL: [SynthPreset; 8] = [
         SynthPreset::Small,
         SynthPreset::Minivess,
         SynthPreset::Outlier,
@@ -101,6 +111,7 @@ impl SynthPreset {
         SynthPreset::Thin,
         SynthPreset::CtLike,
         SynthPreset::MriLike,
+        SynthPreset::BratsLike,
     ];
 
     /// The name used on the command line.
@@ -113,6 +124,7 @@ impl SynthPreset {
             SynthPreset::Thin => "thin",
             SynthPreset::CtLike => "ct-like",
             SynthPreset::MriLike => "mri-like",
+            SynthPreset::BratsLike => "brats-like",
         }
     }
 
@@ -120,6 +132,7 @@ impl SynthPreset {
     pub fn layout(self) -> SynthLayout {
         match self {
             SynthPreset::Multichannel => SynthLayout::MultiChannel,
+            SynthPreset::BratsLike => SynthLayout::Regions,
             _ => SynthLayout::Vessels,
         }
     }
@@ -243,6 +256,14 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
                 specs.push(([512, 512, nz], [inplane, inplane, z]));
             }
         }
+        SynthPreset::BratsLike => {
+            for _ in 0..12 {
+                let nx = rng.range_usize(64, 80);
+                let ny = rng.range_usize(72, 88);
+                let nz = rng.range_usize(56, 72);
+                specs.push(([nx, ny, nz], [1.0, 1.0, 1.0]));
+            }
+        }
         SynthPreset::MriLike => {
             for i in 0..12 {
                 let sp = if i % 6 == 5 {
@@ -267,6 +288,7 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
         .map(|(i, (shape_xyz, spacing_xyz))| SynthCaseSpec {
             id: match preset {
                 SynthPreset::Outlier => "vessels_outlier".to_string(),
+                SynthPreset::BratsLike => format!("brats_{i:03}"),
                 _ => format!("vessels_{i:03}"),
             },
             shape_xyz,

@@ -37,10 +37,12 @@ impl ClassMap {
         let mut classes: Vec<ClassInfo> = match described {
             Some(d) => {
                 if d.has_regions() {
+                    d.check_regions()
+                        .map_err(|e| Error::Config(format!("{where_}: dataset.json: {e}")))?;
                     let regions: Vec<&str> = d
                         .labels
                         .iter()
-                        .filter(|c| c.values.len() > 1)
+                        .filter(|c| c.values != [0])
                         .map(|c| c.name.as_str())
                         .collect();
                     return Err(Error::Config(format!(
@@ -199,7 +201,8 @@ mod tests {
         assert_eq!(l, [IGNORE, 2, 1, 0]);
         assert_eq!(m.ignore(), Some(9));
         let region = DatasetDescription::from_value(&serde_json::json!({
-            "labels": {"background": 0, "tumour": [1, 2], "core": 2}
+            "labels": {"background": 0, "tumour": [1, 2], "core": 2},
+            "regions_class_order": [1, 2]
         }))
         .unwrap();
         let e = ClassMap::new(&present, Some(&region), "d")
