@@ -402,6 +402,23 @@ fn entries_record_geometry_stats_and_a_consistent_foreground_index() {
 
 /// Unmounts the tiny filesystem even when the test fails.
 struct TinyFs(PathBuf);
+impl TinyFs {
+    /// A 3 MB tmpfs at `dir/tiny`, or None (said on stderr) where mounting needs root.
+    fn mount(dir: &Path) -> Option<TinyFs> {
+        let mnt = dir.join("tiny");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+            .arg(&mnt)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !mounted {
+            eprintln!("skipped: cannot mount a 3 MB tmpfs here (needs root)");
+        }
+        mounted.then_some(TinyFs(mnt))
+    }
+}
+
 impl Drop for TinyFs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
@@ -411,24 +428,10 @@ impl Drop for TinyFs {
 #[test]
 fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
     let t = tempfile::tempdir().unwrap();
-    let mnt = t.path().join("tiny");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=3m",
-            "tmpfs",
-            mnt.to_str().unwrap(),
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a 3 MB tmpfs here (needs root)");
+    let Some(_guard) = TinyFs::mount(t.path()) else {
         return;
-    }
-    let _guard = TinyFs(mnt.clone());
+    };
+    let mnt = _guard.0.clone();
     let data = bundled_data();
     let cache = mnt.join("cache");
     // Uncompressed, the forecast (27 MiB) is exact: the cases that fit are built; each one
@@ -507,24 +510,10 @@ fn a_full_disk_fails_the_case_skips_the_rest_and_keeps_what_was_built() {
 #[test]
 fn a_gzip_bomb_larger_than_the_disk_fails_alone_named() {
     let t = tempfile::tempdir().unwrap();
-    let mnt = t.path().join("tiny");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=3m",
-            "tmpfs",
-            mnt.to_str().unwrap(),
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a 3 MB tmpfs here (needs root)");
+    let Some(_guard) = TinyFs::mount(t.path()) else {
         return;
-    }
-    let _guard = TinyFs(mnt.clone());
+    };
+    let mnt = _guard.0.clone();
     let data = t.path().join("data");
     write_case(&data, "good", [32, 32, 8], [1.0, 1.0, 2.0], 3);
     // 64 MiB of zeros: about 64 kB gzipped.

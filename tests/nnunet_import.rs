@@ -77,8 +77,9 @@ fn read_npz(path: &Path) -> (Vec<usize>, Vec<f32>) {
 }
 
 /// Predict with `dir`, writing nnU-Net's probability files too.
-fn predict(dir: &Path, folds: Option<&[&str]>, inputs: &Path, out: &Path) {
-    let report = predict_nnunet(&NnunetPredictOptions {
+/// nnU-Net's defaults (step 0.5, mirroring) on the CPU, no postprocessing, probabilities saved.
+fn options(dir: &Path, folds: Option<&[&str]>, inputs: &Path, out: &Path) -> NnunetPredictOptions {
+    NnunetPredictOptions {
         model: dir.to_path_buf(),
         folds: folds.map(|f| f.iter().map(|s| s.to_string()).collect()),
         checkpoint: "checkpoint_final.pth".into(),
@@ -92,8 +93,11 @@ fn predict(dir: &Path, folds: Option<&[&str]>, inputs: &Path, out: &Path) {
         postprocessing: PostprocessingChoice::Off,
         save_probabilities: true,
         quiet: true,
-    })
-    .unwrap();
+    }
+}
+
+fn predict(dir: &Path, folds: Option<&[&str]>, inputs: &Path, out: &Path) {
+    let report = predict_nnunet(&options(dir, folds, inputs, out)).unwrap();
     for c in &report.cases {
         assert!(
             matches!(c.outcome, PredictOutcome::Predicted { .. }),
@@ -376,21 +380,12 @@ fn crossval_postprocessing_keeps_the_largest_component() {
         )
         .unwrap()
     };
+    let inputs = fixtures().join("ct2d/inputs");
     let run = |out: &Path| {
         predict_nnunet(&NnunetPredictOptions {
-            model: dir.clone(),
-            folds: None,
-            checkpoint: "checkpoint_final.pth".into(),
-            inputs: vec![fixtures().join("ct2d/inputs")],
-            out: out.to_path_buf(),
-            device: "cpu".into(),
-            step: 0.5,
-            mirror: true,
-            batch: 2,
-            window_memory: 256 << 20,
             postprocessing: PostprocessingChoice::Recorded,
             save_probabilities: false,
-            quiet: true,
+            ..options(&dir, None, &inputs, out)
         })
     };
     let keep = "remove_all_but_largest_component_from_segmentation";
