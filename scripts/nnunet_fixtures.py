@@ -47,6 +47,8 @@ import sys
 import time
 from pathlib import Path
 
+from nnunet_import_check import nnunet_env  # the same folders and thread limits
+
 TRAINER = "nnUNetTrainer"
 NNUNET_VERSION = "2.8.1"
 
@@ -96,25 +98,6 @@ def log(msg: str) -> None:
     print(f"[nnfixtures {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def nnunet_env(work: Path, results: Path | None = None, da_procs: int = 0) -> dict:
-    """nnU-Net's folders, one thread. nnUNet_n_proc_DA=0: augmentation in the training process (the
-    planner passes nnUNet_n_proc_DA to torch.set_num_threads, which refuses 0: it gets 1)."""
-    env = dict(os.environ)
-    env.update({
-        "nnUNet_raw": str(work / "nnUNet_raw"),
-        "nnUNet_preprocessed": str(work / "nnUNet_preprocessed"),
-        "nnUNet_results": str(results or (work / "nnUNet_results")),
-        "nnUNet_n_proc_DA": str(da_procs),
-        "nnUNet_def_n_proc": "1",
-        "nnUNet_compile": "false",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "MPLBACKEND": "Agg",
-    })
-    return env
-
-
 def run(cmd, logfile: Path, env: dict) -> float:
     cmd = [str(c) for c in cmd]
     logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +124,7 @@ class Ctx:
         self.driver = Path(__file__).resolve().parent / "nnunet_fixtures_driver.py"
 
     def drive(self, args: list, logname: str, da_procs: int = 0) -> float:
-        return run([self.py, self.driver, *args], self.work / "logs" / logname, nnunet_env(self.work, None, da_procs))
+        return run([self.py, self.driver, *args], self.work / "logs" / logname, nnunet_env(self.work, da_procs))
 
     def time(self, key: str, seconds: float) -> None:
         self.timings[key] = round(seconds, 1)
@@ -190,7 +173,7 @@ def predict_and_collect(c: Ctx, key: str, root: Path) -> dict:
         cmd = [exe, "-i", test_inputs(c, fx), "-o", pred, "-d", fx["dataset"], "-p", fx["plans"], "-tr", TRAINER,
                "-c", fx["config"], "-f", *folds, "-device", "cpu", "-npp", "1", "-nps", "1",
                "--save_probabilities", "--disable_progress_bar"]
-        w = run(cmd, c.work / "logs" / f"predict_{key}_{folder}.log", nnunet_env(c.work, root))
+        w = run(cmd, c.work / "logs" / f"predict_{key}_{folder}.log", nnunet_env(c.work, results=root))
         c.time(f"predict_{key}_{folder}_s", w)
         dest = c.work / "collected" / key / folder
         if dest.exists():

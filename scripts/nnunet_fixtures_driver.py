@@ -9,11 +9,8 @@ import random
 import sys
 import time
 
-
-def _dump(obj, path):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
+# Helpers shared with the import harness's driver (same python, same folder).
+from nnunet_import_driver import _dump, _save
 
 
 # ------------------------------------------------------------------ synthetic data
@@ -87,18 +84,6 @@ def make_case(kind, shape_xyz, spacing_xyz, rng, zero_border=(0, 0, 0)):
         chans = [np.where(keep, c, 0).astype(c.dtype) for c in chans]
         lab = np.where(keep, lab, 0).astype(np.uint8)
     return chans, lab
-
-
-def _save(arr_xyz, spacing_xyz, path):
-    import nibabel as nib
-    import numpy as np
-    aff = np.diag([float(s) for s in spacing_xyz] + [1.0])
-    aff[:3, 3] = [-n * s / 2.0 for n, s in zip(arr_xyz.shape, spacing_xyz)]
-    img = nib.Nifti1Image(arr_xyz, aff)
-    img.header.set_xyzt_units("mm", "sec")
-    img.set_qform(aff, code=1)
-    img.set_sform(aff, code=1)
-    nib.save(img, path)
 
 
 # Per kind: training spacing (x, y, z) and shape, test cases (id suffix, spacing, shape, zero border xyz).

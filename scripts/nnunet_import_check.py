@@ -258,14 +258,14 @@ def run(cmd, logfile: Path, env=None, sample: bool = False, gnu_time: bool = Fal
     return out
 
 
-def nnunet_env(work: Path, da_procs: int = 0) -> dict:
+def nnunet_env(work: Path, da_procs: int = 0, results: Path | None = None) -> dict:
     """nnU-Net's folders and one thread. nnUNet_n_proc_DA=0 runs the training augmentation in the main
     process; the planner calls torch.set_num_threads(nnUNet_n_proc_DA), which refuses 0: it gets 1."""
     env = dict(os.environ)
     env.update({
         "nnUNet_raw": str(work / "nnUNet_raw"),
         "nnUNet_preprocessed": str(work / "nnUNet_preprocessed"),
-        "nnUNet_results": str(work / "nnUNet_results"),
+        "nnUNet_results": str(results or (work / "nnUNet_results")),
         "nnUNet_n_proc_DA": str(da_procs),
         "nnUNet_def_n_proc": "1",
         "nnUNet_compile": "false",

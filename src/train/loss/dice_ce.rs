@@ -83,6 +83,18 @@ pub fn ignore_mask(
     )?))
 }
 
+/// One minus the mean over channels of the soft Dice of `p` against `t` (both (N, K, D, H, W)),
+/// each channel summed over batch and space (nnU-Net's batch Dice), smoothed by [`SMOOTH`].
+pub(super) fn batch_dice_loss(p: &Tensor, t: &Tensor) -> Result<Tensor> {
+    // (N, K, D, H, W) -> (K,)
+    let sum_dims =
+        |x: &Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.flatten_from(1)?.sum(1)?) };
+    let inter = sum_dims(&p.mul(t)?)?;
+    let denom = (sum_dims(p)? + sum_dims(t)?)?;
+    let dice = ((inter * 2.0)? + SMOOTH)?.div(&(denom + SMOOTH)?)?;
+    Ok((1.0 - dice.mean_all()?)?)
+}
+
 /// Dice + CE of `logits` (N, C, D, H, W) against a one-hot target of the same shape.
 pub fn dice_ce(logits: &Tensor, target: &Tensor) -> Result<LossParts> {
     dice_ce_masked(logits, target, None)
@@ -120,14 +132,7 @@ pub fn dice_ce_masked(
     };
     let p = p.narrow(1, 1, c - 1)?;
     let t = target.narrow(1, 1, c - 1)?;
-    let sum_dims = |x: &Tensor| -> Result<Tensor> {
-        // (N, C-1, D, H, W) -> (C-1,)
-        Ok(x.transpose(0, 1)?.flatten_from(1)?.sum(1)?)
-    };
-    let inter = sum_dims(&p.mul(&t)?)?;
-    let denom = (sum_dims(&p)? + sum_dims(&t)?)?;
-    let dice = ((inter * 2.0)? + SMOOTH)?.div(&(denom + SMOOTH)?)?;
-    let dice_loss = (1.0 - dice.mean_all()?)?;
+    let dice_loss = batch_dice_loss(&p, &t)?;
     let total = (&ce + &dice_loss)?;
     Ok(LossParts {
         ce: ce.to_scalar::<f32>()? as f64,

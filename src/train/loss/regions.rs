@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::dice_ce::{LossParts, SMOOTH};
+use super::dice_ce::{batch_dice_loss, LossParts};
 use crate::error::{Error, Result};
 
 /// (N, R, D, H, W) targets of `labels` (raw label-file values, laid out (N, D, H, W)): 1 where
@@ -97,12 +97,7 @@ pub fn bce_dice(logits: &Tensor, target: &Tensor, mask: Option<&Tensor>) -> Resu
         Some(m) => (p.broadcast_mul(m)?, target.broadcast_mul(m)?),
         None => (p, target.clone()),
     };
-    let sum_dims =
-        |x: &Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.flatten_from(1)?.sum(1)?) };
-    let inter = sum_dims(&p.mul(&t)?)?;
-    let denom = (sum_dims(&p)? + sum_dims(&t)?)?;
-    let dice = ((inter * 2.0)? + SMOOTH)?.div(&(denom + SMOOTH)?)?;
-    let dice_loss = (1.0 - dice.mean_all()?)?;
+    let dice_loss = batch_dice_loss(&p, &t)?;
     let total = (&ce + &dice_loss)?;
     Ok(LossParts {
         ce: ce.to_scalar::<f32>()? as f64,
@@ -114,6 +109,7 @@ pub fn bce_dice(logits: &Tensor, target: &Tensor, mask: Option<&Tensor>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::loss::dice_ce::SMOOTH;
 
     fn brats() -> Vec<Vec<u16>> {
         vec![vec![1, 2, 3], vec![2, 3], vec![3]]
