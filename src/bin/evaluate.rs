@@ -185,23 +185,9 @@ fn cv_main(cli: &Cli, runs: Vec<PathBuf>) -> Result<Exit> {
     );
     if !cli.no_postprocessing {
         let pp = &cv.postprocessing;
-        let what = match (pp.foreground, pp.classes.is_empty()) {
-            (false, true) => {
-                "none (keeping only the largest component did not raise the Dice)".to_string()
-            }
-            (fg, _) => {
-                let mut parts = Vec::new();
-                if fg {
-                    parts.push("largest foreground component".to_string());
-                }
-                parts.extend(
-                    pp.classes
-                        .iter()
-                        .map(|v| format!("largest component of label {v}")),
-                );
-                parts.join(", then ")
-            }
-        };
+        let what = pp.describe().unwrap_or_else(|| {
+            "none (keeping only the largest component did not raise the Dice)".to_string()
+        });
         println!(
             "postprocessing: {what}; Dice {:.4} -> {:.4}; written beside each fold's model",
             pp.dice_before.unwrap_or(f64::NAN),
@@ -248,23 +234,10 @@ fn best_main(cli: &Cli, configurations: Vec<PathBuf>) -> Result<Exit> {
         println!("not ensembled: {s}");
     }
     let pp = &r.postprocessing;
-    let mut kept = Vec::new();
-    if pp.foreground {
-        kept.push("largest foreground component".to_string());
-    }
-    kept.extend(
-        pp.classes
-            .iter()
-            .map(|v| format!("largest component of label {v}")),
-    );
     println!(
         "best: {}; postprocessing: {}; Dice after it {:.4}",
         r.ranking[0].name,
-        if kept.is_empty() {
-            "none".to_string()
-        } else {
-            kept.join(", then ")
-        },
+        pp.describe().unwrap_or_else(|| "none".to_string()),
         r.dice_postprocessed
     );
     println!("predict with: {}", r.predict_command);

@@ -90,11 +90,11 @@ fn fold_of_cases(folds: &[PathBuf]) -> Result<BTreeMap<String, PathBuf>> {
     Ok(out)
 }
 
-/// The mean of two configurations' kept validation probabilities of a case, its argmax written
-/// as a segmentation in the cases' own geometry (`template`'s header).
+/// The mean of two configurations' kept validation probabilities of a case, its labels (argmax,
+/// or regions over 0.5 in order) written as a segmentation in the cases' own geometry (`template`'s header).
 fn ensemble_case(a: &Path, b: &Path, template: &Path, out: &Path) -> Result<()> {
     let (ra, rb) = (ProbabilityReader::open(a)?, ProbabilityReader::open(b)?);
-    if ra.shape != rb.shape || ra.attrs.values != rb.attrs.values {
+    if ra.shape != rb.shape || ra.attrs.outputs() != rb.attrs.outputs() {
         return Err(Error::Config(format!(
             "{} and {}: probabilities of different shapes or classes ({:?} {:?} vs {:?} {:?})",
             a.display(),
@@ -105,9 +105,9 @@ fn ensemble_case(a: &Path, b: &Path, template: &Path, out: &Path) -> Result<()> 
             rb.attrs.values
         )));
     }
-    let [classes, nz, ny, nx] = ra.shape;
-    let values = &ra.attrs.values;
-    let max = values.iter().copied().max().unwrap_or(0);
+    let [heads, nz, ny, nx] = ra.shape;
+    let outputs = ra.attrs.outputs();
+    let max = outputs.max_value();
     let mut w = LabelWriter::create(
         out,
         template,
@@ -119,15 +119,10 @@ fn ensemble_case(a: &Path, b: &Path, template: &Path, out: &Path) -> Result<()> 
         let n = rows.min(nz - z0) * ny * nx;
         let mut best = vec![f32::NEG_INFINITY; n];
         let mut label = vec![0u16; n];
-        for (c, &value) in values.iter().enumerate().take(classes) {
+        for c in 0..heads {
             let (pa, pb) = (ra.read_slab(c, z0, rows)?, rb.read_slab(c, z0, rows)?);
             for i in 0..n {
-                // The first of equal means wins, as an argmax does.
-                let m = 0.5 * (pa[i] + pb[i]);
-                if m > best[i] {
-                    best[i] = m;
-                    label[i] = value;
-                }
+                outputs.vote(c, 0.5 * (pa[i] + pb[i]), &mut best[i], &mut label[i]);
             }
         }
         w.write(&label)?;

@@ -84,6 +84,9 @@ pub fn find_folds(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 /// The classes of a run, as [`ClassTable`] rows (background left out).
 pub fn run_classes(record: &RunRecord) -> Vec<LabelClass> {
+    if !record.regions.is_empty() {
+        return record.regions.clone();
+    }
     if record.classes.is_empty() {
         return (1..record.num_classes as u16)
             .map(|v| LabelClass {
@@ -304,10 +307,15 @@ pub fn decide_postprocessing(
         for c in &table.classes {
             let mut regions = accepted.clone();
             regions.push(c.values.clone());
-            let dir = scratch.join(format!("class_{}", c.values[0]));
+            let name: Vec<String> = c.values.iter().map(|v| v.to_string()).collect();
+            let dir = scratch.join(format!("class_{}", name.join("+")));
             let r = score(filtered(pairs, &dir, &regions)?)?;
             if class_dice(&r, &c.values) > class_dice(&best, &c.values) {
-                decision.classes.push(c.values[0]);
+                match c.values.as_slice() {
+                    [one] => decision.classes.push(*one),
+                    // A region's filter: its labels together, as nnU-Net filters regions.
+                    many => decision.regions.push(many.to_vec()),
+                }
                 accepted = regions;
                 best = r;
             }

@@ -63,6 +63,10 @@ pub struct Postprocessing {
     pub foreground: bool,
     /// Then, per label value listed, keep only that class's largest component.
     pub classes: Vec<u16>,
+    /// Then, per region (its label values) of a region model, keep only the region's largest
+    /// component.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<Vec<u16>>,
     /// Neighbourhood of a component: "full" (26 neighbours, as nnU-Net) or "faces" (6).
     pub connectivity: String,
     /// Mean foreground Dice of the cross-validation before the filters.
@@ -77,7 +81,7 @@ pub struct Postprocessing {
 impl Postprocessing {
     /// No filter at all.
     pub fn is_none(&self) -> bool {
-        !self.foreground && self.classes.is_empty()
+        !self.foreground && self.classes.is_empty() && self.regions.is_empty()
     }
 
     /// Read `path`; `Ok(None)` when there is no such file.
@@ -101,6 +105,34 @@ impl Postprocessing {
             )));
         }
         Ok(Some(p))
+    }
+
+    /// The filters in words, in the order they apply ("largest foreground component, then
+    /// largest component of label 2"); `None` when there is none.
+    pub fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.foreground {
+            parts.push("largest foreground component".to_string());
+        }
+        for v in &self.classes {
+            parts.push(format!("largest component of label {v}"));
+        }
+        for r in &self.regions {
+            let v: Vec<String> = r.iter().map(|v| v.to_string()).collect();
+            parts.push(format!("largest component of region {}", v.join("+")));
+        }
+        (!parts.is_empty()).then(|| parts.join(", then "))
+    }
+
+    /// What the filters are, without the scores: equal keys filter equally.
+    pub fn key(&self) -> String {
+        serde_json::to_string(&(
+            self.foreground,
+            &self.classes,
+            &self.regions,
+            &self.connectivity,
+        ))
+        .unwrap_or_default()
     }
 
     /// Write `path` (whole, then renamed into place).

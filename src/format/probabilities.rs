@@ -19,16 +19,37 @@ pub const PROBABILITIES_VERSION: u32 = 1;
 pub struct ProbabilityAttrs {
     /// [`PROBABILITIES_VERSION`].
     pub version: u32,
-    /// "class probabilities".
+    /// "class probabilities" or "region probabilities".
     pub kind: String,
     /// Each class's name, in the array's first axis order.
     pub classes: Vec<String>,
-    /// The label value each class is written as in the segmentation.
+    /// The label value each class (or region) is written as in the segmentation.
     pub values: Vec<u16>,
+    /// A region model's regions: the labels each head's region holds (empty for classes,
+    /// whose heads sum to 1; regions are sigmoids, written in order where over 0.5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<Vec<u16>>,
     /// The input file whose grid the array is on.
     pub source: String,
     /// The input's voxel (i, j, k) to world affine (rows of a 4x4 matrix), in `unit`.
     pub affine: [[f64; 4]; 4],
     /// The input's spatial unit ("mm", "um", "m" or "unknown").
     pub unit: String,
+}
+
+impl ProbabilityAttrs {
+    /// What the heads stand for.
+    pub fn outputs(&self) -> super::nnunet::Outputs {
+        match self.regions.is_empty() {
+            true => super::nnunet::Outputs::Classes {
+                values: self.values.clone(),
+                names: self.classes.clone(),
+            },
+            false => super::nnunet::Outputs::Regions {
+                order: self.values.clone(),
+                labels: self.regions.clone(),
+                names: self.classes.clone(),
+            },
+        }
+    }
 }

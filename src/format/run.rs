@@ -5,6 +5,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::dataset_json::LabelClass;
+use super::nnunet::Outputs;
 use crate::error::{Error, Result};
 use crate::util::files::read_capped;
 
@@ -33,6 +35,13 @@ pub struct RunRecord {
     /// were recorded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<ClassInfo>,
+    /// Region-based training (nnU-Net's BraTS mode): one sigmoid output per region, each a set
+    /// of label values, in dataset.json's order (empty: one softmax over `classes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<LabelClass>,
+    /// The label value each region is written as, later regions over earlier ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions_class_order: Vec<u16>,
     /// The label value left out of loss and Dice, if the dataset has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_label: Option<u16>,
@@ -169,6 +178,31 @@ impl RunRecord {
                 return bad(format!("ignore_label {i} is also a class"));
             }
         }
+        if !self.regions.is_empty() {
+            if self.regions_class_order.len() != self.regions.len() {
+                return bad(format!(
+                    "regions_class_order has {} values for {} regions",
+                    self.regions_class_order.len(),
+                    self.regions.len()
+                ));
+            }
+            let values: Vec<u16> = self.classes.iter().map(|c| c.value).collect();
+            let known = |v: &u16| *v != 0 && values.contains(v);
+            if let Some(r) = self
+                .regions
+                .iter()
+                .find(|r| r.values.is_empty() || !r.values.iter().all(known))
+            {
+                return bad(format!(
+                    "region {r}: its labels must be non-empty and among the classes {values:?} (not 0)"
+                ));
+            }
+            if let Some(v) = self.regions_class_order.iter().find(|v| !known(v)) {
+                return bad(format!(
+                    "regions_class_order: {v} is not a foreground class of {values:?}"
+                ));
+            }
+        }
         if let Some(p) = &self.preprocessing {
             p.params.check(path, "preprocessing.params")?;
             let want = self.channels.len().max(1);
@@ -180,6 +214,33 @@ impl RunRecord {
             }
         }
         Ok(())
+    }
+}
+
+impl RunRecord {
+    /// What the network's outputs stand for: a softmax over the classes, or one sigmoid per
+    /// region.
+    pub fn outputs(&self) -> Outputs {
+        if !self.regions.is_empty() {
+            return Outputs::Regions {
+                order: self.regions_class_order.clone(),
+                labels: self.regions.iter().map(|r| r.values.clone()).collect(),
+                names: self.regions.iter().map(|r| r.name.clone()).collect(),
+            };
+        }
+        match self.classes.is_empty() {
+            // Runs made before classes were recorded: values 0..n.
+            true => Outputs::Classes {
+                values: (0..self.num_classes as u16).collect(),
+                names: (0..self.num_classes)
+                    .map(|v| format!("class {v}"))
+                    .collect(),
+            },
+            false => Outputs::Classes {
+                values: self.classes.iter().map(|c| c.value).collect(),
+                names: self.classes.iter().map(|c| c.name.clone()).collect(),
+            },
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Export: a predicted volume's class probabilities (on the model's grid) resampled back to the
 //! input's grid, linearly, then argmax (nnU-Net's order: interpolating labels would mix
-//! classes), mapped to the label files' values and written as a NIfTI in the input's own
+//! classes) or each region over 0.5 in `regions_class_order`, mapped to the label files' values and written as a NIfTI in the input's own
 //! geometry. Slabs of z rows of the input grid are computed in parallel and written in order,
 //! so memory holds a few slabs, whatever the volume size.
 
@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbVolume;
 use crate::error::Result;
+use crate::format::nnunet::Outputs;
 use crate::geometry::Block;
 use crate::nifti_io::{LabelType, LabelWriter};
 use crate::prep::resample::LinearResampler;
@@ -26,8 +27,8 @@ pub struct Export<'a> {
     pub model_shape_zyx: [usize; 3],
     /// The input's grid (z, y, x): the output's.
     pub input_shape_zyx: [usize; 3],
-    /// The label-file value of each class.
-    pub values: &'a [u16],
+    /// What each output stands for: classes (argmax) or regions (over 0.5, in order).
+    pub outputs: &'a Outputs,
     /// The input file whose header (geometry) the output takes.
     pub input: &'a Path,
     /// Where the resampled probabilities go too (`--save-probabilities`).
@@ -48,7 +49,7 @@ pub fn write_segmentation(e: &Export, out: &Path) -> Result<()> {
 fn write_in_slabs(e: &Export, out: &Path, slab_voxels: usize) -> Result<()> {
     let [nz, ny, nx] = e.input_shape_zyx;
     let plane = ny * nx;
-    let max = e.values.iter().copied().max().unwrap_or(0);
+    let max = e.outputs.max_value();
     let total = (nz * plane) as u64;
     let mut w = LabelWriter::create(out, e.input, total, LabelType::for_max(max))?;
     let resampler = LinearResampler::new(e.model_shape_zyx, e.input_shape_zyx);
@@ -90,11 +91,7 @@ fn slab_labels(e: &Export, resampler: &LinearResampler, b: Block) -> Result<Vec<
             out.write_slab(c, b.start[0], &p)?;
         }
         for i in 0..n {
-            // Strictly greater: on a tie the lower class wins, as argmax does.
-            if p[i] > best[i] {
-                best[i] = p[i];
-                label[i] = e.values[c];
-            }
+            e.outputs.vote(c, p[i], &mut best[i], &mut label[i]);
         }
     }
     Ok(label)
@@ -135,11 +132,15 @@ mod tests {
         )
         .unwrap();
         let values = [0u16, 3, 7];
+        let outputs = Outputs::Classes {
+            values: values.to_vec(),
+            names: vec![String::new(); 3],
+        };
         let e = Export {
             probs: &volumes,
             model_shape_zyx: model,
             input_shape_zyx: input,
-            values: &values,
+            outputs: &outputs,
             input: &src,
             probabilities: None,
         };
@@ -166,5 +167,39 @@ mod tests {
             let want = values[crate::infer::sliding::argmax(&scores)];
             assert_eq!(got[i], want as f32, "voxel {i}");
         }
+        // The same heads as regions (scaled so that several pass 0.5): the last region in
+        // order over 0.5 is written, background where none is.
+        let scaled: Vec<f32> = probs.iter().map(|p| (p * 2.2).min(1.0)).collect();
+        let mut w = ProbWriter::new(classes, model, dir.path()).unwrap();
+        w.append(&scaled).unwrap();
+        let volumes = w.finish().unwrap();
+        let order = [4u16, 2, 9];
+        let regions = Outputs::Regions {
+            order: order.to_vec(),
+            labels: vec![vec![2, 4, 9], vec![2, 9], vec![9]],
+            names: vec![String::new(); 3],
+        };
+        let e = Export {
+            probs: &volumes,
+            outputs: &regions,
+            ..e
+        };
+        write_in_slabs(&e, &out, 50).unwrap();
+        let got = crate::nifti_io::read_volume(&out).unwrap().data;
+        let mut passed = [0usize; 3];
+        for i in 0..m {
+            let mut want = 0;
+            for (c, &o) in order.iter().enumerate() {
+                let v: Vec<f32> = scaled.iter().skip(c).step_by(classes).copied().collect();
+                let mut p = vec![0f32; m];
+                r.fill(&v, whole, &mut p);
+                if p[i] > 0.5 {
+                    want = o;
+                    passed[c] += 1;
+                }
+            }
+            assert_eq!(got[i], want as f32, "voxel {i}");
+        }
+        assert!(passed.iter().all(|&k| k > 0), "{passed:?}");
     }
 }

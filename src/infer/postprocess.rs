@@ -50,10 +50,7 @@ pub fn chosen(
             for dir in dirs {
                 let path = dir.join(POSTPROCESSING_FILE);
                 let pp = Postprocessing::read(&path)?;
-                let key = |p: &Option<Postprocessing>| {
-                    p.as_ref()
-                        .map(|p| (p.foreground, p.classes.clone(), p.connectivity.clone()))
-                };
+                let key = |p: &Option<Postprocessing>| p.as_ref().map(Postprocessing::key);
                 match &first {
                     None => first = Some((path, pp)),
                     Some((p0, pp0)) if key(pp0) != key(&pp) => {
@@ -74,11 +71,19 @@ pub fn chosen(
     let Some((path, pp)) = chosen else {
         return Ok(None);
     };
-    let values: Vec<u16> = models[0].record.classes.iter().map(|c| c.value).collect();
+    let scored: Vec<Vec<u16>> = models[0]
+        .record
+        .outputs()
+        .scored()
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    let regions = models[0].record.outputs().is_regions();
     for v in &pp.classes {
-        let known = match values.is_empty() {
-            true => (1..models[0].record.num_classes as u16).any(|c| c == *v),
-            false => values.get(1..).unwrap_or(&[]).contains(v),
+        // A region model's classes are the label values it writes.
+        let known = match regions {
+            false => scored.contains(&vec![*v]),
+            true => scored.iter().any(|r| r.contains(v)),
         };
         if !known {
             return Err(Error::Config(format!(
@@ -86,6 +91,12 @@ pub fn chosen(
                 path.display()
             )));
         }
+    }
+    if let Some(r) = pp.regions.iter().find(|r| !scored.contains(r)) {
+        return Err(Error::Config(format!(
+            "{}: region {r:?} is not one of the model's regions ({scored:?})",
+            path.display()
+        )));
     }
     Ok(Some(pp))
 }
@@ -100,6 +111,7 @@ pub fn regions(pp: &Postprocessing, values: &[u16]) -> Vec<Region> {
         out.push(values.to_vec());
     }
     out.extend(pp.classes.iter().map(|&v| vec![v]));
+    out.extend(pp.regions.iter().cloned());
     out
 }
 

@@ -20,10 +20,11 @@ use super::model_dir::{load_models, LoadedModel, Which};
 use super::postprocess::{self, PostprocessingChoice};
 use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbWriter;
-use super::sliding::Predictor;
+use super::sliding::{Flavour, Predictor};
 use crate::cache::reader::CacheReader;
 use crate::error::{Error, Result};
 use crate::format::crossval::Postprocessing;
+use crate::format::nnunet::Outputs;
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
@@ -428,16 +429,7 @@ fn predict_group(
         },
     )?;
     let m = &models[0];
-    let values: Vec<u16> = if m.record.classes.is_empty() {
-        (0..m.record.num_classes as u16).collect()
-    } else {
-        m.record.classes.iter().map(|c| c.value).collect()
-    };
-    let class_names: Vec<String> = if m.record.classes.is_empty() {
-        values.iter().map(|v| format!("class {v}")).collect()
-    } else {
-        m.record.classes.iter().map(|c| c.name.clone()).collect()
-    };
+    let outputs = m.record.outputs();
     let first = m
         .model
         .as_ref()
@@ -493,10 +485,7 @@ fn predict_group(
                     .join("+"),
                 opts.overlap,
                 mirrored,
-                postprocessing.map_or("none".into(), |p| {
-                    serde_json::to_string(&(p.foreground, &p.classes, &p.connectivity))
-                        .unwrap_or_default()
-                })
+                postprocessing.map_or("none".into(), Postprocessing::key)
             ),
             checkpoint: models
                 .iter()
@@ -525,8 +514,7 @@ fn predict_group(
         let one = (|| -> Result<u64> {
             let entry = reader.open_entry("predict", &c.id)?;
             let shape = entry.shape_zyx();
-            let mut probs =
-                ProbWriter::ensemble(m.record.num_classes, shape, scratch, models.len())?;
+            let mut probs = ProbWriter::ensemble(outputs.heads(), shape, scratch, models.len())?;
             let sliding = Instant::now();
             for (k, member) in models.iter().enumerate() {
                 if k > 0 {
@@ -566,8 +554,7 @@ fn predict_group(
                     true => Some(ProbabilityZarr::create(
                         &prob_tmp,
                         &h,
-                        class_names.clone(),
-                        values.clone(),
+                        &outputs,
                         slab_rows(input_shape),
                     )?),
                     false => None,
@@ -577,14 +564,14 @@ fn predict_group(
                         probs: &probs,
                         model_shape_zyx: shape,
                         input_shape_zyx: input_shape,
-                        values: &values,
+                        outputs: &outputs,
                         input: path,
                         probabilities: prob_out.as_ref(),
                     },
                     &tmp,
                 )?;
                 if let Some(pp) = postprocessing.filter(|p| !p.is_none()) {
-                    let regions = postprocess::regions(pp, values.get(1..).unwrap_or(&[]));
+                    let regions = postprocess::regions(pp, &foreground_values(&outputs));
                     postprocess::apply_file(&tmp, &tmp, &regions, postprocess::connectivity(pp))?;
                 }
                 // Probabilities first: a segmentation in place means both are complete.
@@ -660,7 +647,7 @@ fn predictor<'a>(
             Vec::new()
         },
         on_windows,
-        flavour: Default::default(),
+        flavour: Flavour::ours(!member.record.regions.is_empty()),
     }
 }
 
@@ -679,4 +666,12 @@ fn window_bar(enabled: bool, windows: u64) -> ProgressBar {
             )
         },
     )
+}
+
+/// Every foreground label value a model writes (the foreground filter's values).
+fn foreground_values(outputs: &Outputs) -> Vec<u16> {
+    let mut v: Vec<u16> = outputs.scored().into_iter().flat_map(|(_, v)| v).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
 }

@@ -10,6 +10,7 @@ use zarrs::array::{Array, ArrayBuilder};
 
 use crate::cache::store::EntryStore;
 use crate::error::{Error, Result};
+use crate::format::nnunet::Outputs;
 use crate::format::probabilities::{ProbabilityAttrs, PROBABILITIES_VERSION};
 use crate::format::Dtype;
 use crate::nifti_io::HeaderInfo;
@@ -25,23 +26,33 @@ pub struct ProbabilityZarr {
 }
 
 impl ProbabilityZarr {
-    /// Start the array in `tmp` for an input with header `input`, `names` and `values` per
-    /// class, chunks of `rows` whole slices (the export's slab).
+    /// Start the array in `tmp` for an input with header `input`, one array per head of
+    /// `outputs`, chunks of `rows` whole slices (the export's slab).
     pub fn create(
         tmp: &Path,
         input: &HeaderInfo,
-        names: Vec<String>,
-        values: Vec<u16>,
+        outputs: &Outputs,
         rows: usize,
     ) -> Result<ProbabilityZarr> {
         let _ = std::fs::remove_dir_all(tmp);
         std::fs::create_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
         let [nx, ny, nz] = input.shape_xyz;
+        let (kind, names, values, regions) = match outputs {
+            Outputs::Classes { values, names } => {
+                ("class probabilities", names, values, Vec::new())
+            }
+            Outputs::Regions {
+                order,
+                labels,
+                names,
+            } => ("region probabilities", names, order, labels.clone()),
+        };
         let attrs = ProbabilityAttrs {
             version: PROBABILITIES_VERSION,
-            kind: "class probabilities".into(),
-            classes: names,
+            kind: kind.into(),
+            classes: names.clone(),
             values: values.clone(),
+            regions,
             source: input.path.display().to_string(),
             affine: input.affine.0,
             unit: input.unit.to_string(),
@@ -140,7 +151,11 @@ impl ProbabilityReader {
         let chunk = array
             .chunk_shape(&[0, 0, 0, 0])
             .map_err(|e| Error::zarr(path, e))?;
-        if shape.len() != 4 || chunk.len() != 4 || shape[0] as usize != attrs.values.len() {
+        if shape.len() != 4
+            || chunk.len() != 4
+            || shape[0] as usize != attrs.values.len()
+            || !(attrs.regions.is_empty() || attrs.regions.len() == attrs.values.len())
+        {
             return Err(bad(format!(
                 "shape {shape:?} does not hold {} classes of (z, y, x)",
                 attrs.values.len()

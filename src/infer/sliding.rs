@@ -36,6 +36,8 @@ pub enum Flavour {
     /// rounded half away from zero, a Gaussian centred at (n - 1) / 2.
     #[default]
     Voxcache,
+    /// Ours for a region model: the same, with each output's sigmoid in place of the softmax.
+    VoxcacheRegions,
     /// nnU-Net v2's, for its models, as its predictor computes it: logits; window starts
     /// rounded half to even over the volume padded (centred) to at least the patch; its
     /// Gaussian (a filtered delta at n // 2, peak 10, float16); float16 accumulators; mirrors in
@@ -44,6 +46,16 @@ pub enum Flavour {
         /// A 2D network.
         planar: bool,
     },
+}
+
+impl Flavour {
+    /// Ours for a model whose outputs are regions (sigmoids) or classes (a softmax).
+    pub fn ours(regions: bool) -> Flavour {
+        match regions {
+            true => Flavour::VoxcacheRegions,
+            false => Flavour::Voxcache,
+        }
+    }
 }
 
 /// nnU-Net's window starts along one axis of `dim` (already padded to at least `patch`):
@@ -279,7 +291,7 @@ impl Predictor<'_> {
     fn starts(&self, a: usize, dim: usize) -> Vec<i64> {
         let p = self.patch[a];
         match self.flavour {
-            Flavour::Voxcache => window_starts(dim, p, self.overlap)
+            Flavour::Voxcache | Flavour::VoxcacheRegions => window_starts(dim, p, self.overlap)
                 .into_iter()
                 .map(|s| s as i64)
                 .collect(),
@@ -398,7 +410,9 @@ impl Predictor<'_> {
         let xs = self.starts(2, shape[2]);
         let nnunet = matches!(self.flavour, Flavour::Nnunet { .. });
         let (gauss, flips) = match self.flavour {
-            Flavour::Voxcache => (gaussian_map(p), flip_sets(&self.mirror_axes)),
+            Flavour::Voxcache | Flavour::VoxcacheRegions => {
+                (gaussian_map(p), flip_sets(&self.mirror_axes))
+            }
             Flavour::Nnunet { planar } => {
                 let g = if planar {
                     nnunet_gaussian(&p[1..])
@@ -526,7 +540,7 @@ impl Predictor<'_> {
         Ok(())
     }
 
-    /// Softmax (ours) or logits (nnU-Net's) of a batch of `n` windows of `ch` channels:
+    /// Softmax or sigmoids (ours) or logits (nnU-Net's) of a batch of `n` windows of `ch` channels:
     /// (n, classes, patch) flat.
     fn forward(&self, input: &[f32], n: usize, ch: usize) -> Result<Vec<f32>> {
         let p = self.patch;
@@ -534,6 +548,7 @@ impl Predictor<'_> {
         let logits = self.model.forward(&x)?;
         let out = match self.flavour {
             Flavour::Voxcache => candle_nn::ops::softmax(&logits, 1)?,
+            Flavour::VoxcacheRegions => candle_nn::ops::sigmoid(&logits)?,
             Flavour::Nnunet { .. } => logits,
         };
         Ok(out.flatten_all()?.to_device(&Device::Cpu)?.to_vec1()?)

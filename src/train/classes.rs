@@ -5,7 +5,8 @@
 //! (nnU-Net's semantics).
 
 use crate::error::{Error, Result};
-use crate::format::dataset_json::DatasetDescription;
+use crate::format::dataset_json::{DatasetDescription, LabelClass};
+use crate::format::nnunet::Outputs;
 pub use crate::format::run::ClassInfo;
 
 /// A label voxel that no class stands for (the ignore label) after [`ClassMap::map`].
@@ -22,6 +23,12 @@ pub struct ClassMap {
     ignore: Option<u16>,
     /// Value -> class index, or [`IGNORE`]; values no class stands for map to `None`.
     table: Vec<Option<u16>>,
+    /// A region dataset's regions (label values), in output order.
+    regions: Vec<LabelClass>,
+    /// The same regions as class indices.
+    region_classes: Vec<Vec<u16>>,
+    /// The label value each region is written as (`regions_class_order`).
+    order: Vec<u16>,
 }
 
 impl ClassMap {
@@ -37,18 +44,7 @@ impl ClassMap {
         let mut classes: Vec<ClassInfo> = match described {
             Some(d) => {
                 if d.has_regions() {
-                    d.check_regions()
-                        .map_err(|e| Error::Config(format!("{where_}: dataset.json: {e}")))?;
-                    let regions: Vec<&str> = d
-                        .labels
-                        .iter()
-                        .filter(|c| c.values != [0])
-                        .map(|c| c.name.as_str())
-                        .collect();
-                    return Err(Error::Config(format!(
-                        "{where_}: dataset.json defines regions ({}): region-based training (overlapping sigmoid outputs) is not supported yet",
-                        regions.join(", ")
-                    )));
+                    return Self::of_regions(present, d, where_);
                 }
                 d.labels
                     .iter()
@@ -103,6 +99,49 @@ impl ClassMap {
                 classes.iter().take(8).map(|c| c.value.to_string()).collect::<Vec<_>>().join(", ")
             )));
         }
+        Self::with_table(classes, ignore, (Vec::new(), Vec::new()), present, where_)
+    }
+
+    /// A region dataset's map: the label values its regions hold are the classes labels map
+    /// to, and the network has one sigmoid output per region.
+    fn of_regions(
+        present: &std::collections::BTreeSet<u16>,
+        d: &DatasetDescription,
+        where_: &str,
+    ) -> Result<Self> {
+        d.check_regions()
+            .map_err(|e| Error::Config(format!("{where_}: dataset.json: {e}")))?;
+        let regions: Vec<LabelClass> = d
+            .labels
+            .iter()
+            .filter(|c| c.values != [0])
+            .cloned()
+            .collect();
+        let mut values: Vec<u16> = regions.iter().flat_map(|r| r.values.clone()).collect();
+        values.push(0);
+        values.sort_unstable();
+        values.dedup();
+        let classes = values
+            .into_iter()
+            .map(|v| ClassInfo {
+                value: v,
+                name: match v {
+                    0 => "background".into(),
+                    v => format!("label {v}"),
+                },
+            })
+            .collect();
+        let order = d.regions_class_order.clone().unwrap_or_default();
+        Self::with_table(classes, d.ignore_label, (regions, order), present, where_)
+    }
+
+    fn with_table(
+        classes: Vec<ClassInfo>,
+        ignore: Option<u16>,
+        (regions, order): (Vec<LabelClass>, Vec<u16>),
+        present: &std::collections::BTreeSet<u16>,
+        where_: &str,
+    ) -> Result<Self> {
         let mut table = vec![None; 1 << 16];
         for (i, c) in classes.iter().enumerate() {
             table[c.value as usize] = Some(i as u16);
@@ -110,17 +149,71 @@ impl ClassMap {
         if let Some(i) = ignore {
             table[i as usize] = Some(IGNORE);
         }
+        let region_classes = regions
+            .iter()
+            .map(|r| r.values.iter().filter_map(|&v| table[v as usize]).collect())
+            .collect();
         let map = ClassMap {
             classes,
             ignore,
             table,
+            regions,
+            region_classes,
+            order,
         };
         if let Some(v) = present.iter().find(|&&v| map.table[v as usize].is_none()) {
+            let what = match map.regions.is_empty() {
+                true => "classes",
+                false => "regions' labels",
+            };
             return Err(Error::Config(format!(
-                "{where_}: label value {v} is in the cache but not among dataset.json's classes"
+                "{where_}: label value {v} is in the cache but not among dataset.json's {what}"
             )));
         }
         Ok(map)
+    }
+
+    /// The regions of a region dataset, in dataset.json's order (empty otherwise).
+    pub fn regions(&self) -> &[LabelClass] {
+        &self.regions
+    }
+
+    /// Each region's classes (indices into [`Self::classes`]), as [`Self::map`] maps labels.
+    pub fn region_classes(&self) -> &[Vec<u16>] {
+        &self.region_classes
+    }
+
+    /// The network's outputs: one per class, or one per region.
+    pub fn heads(&self) -> usize {
+        match self.regions.is_empty() {
+            true => self.classes.len(),
+            false => self.regions.len(),
+        }
+    }
+
+    /// What the outputs stand for, in label-file values (regions written in the dataset's
+    /// `regions_class_order`).
+    pub fn outputs(&self) -> Outputs {
+        match self.regions.is_empty() {
+            true => Outputs::Classes {
+                values: self.classes.iter().map(|c| c.value).collect(),
+                names: self.classes.iter().map(|c| c.name.clone()).collect(),
+            },
+            false => Outputs::Regions {
+                order: self.order.clone(),
+                labels: self.regions.iter().map(|r| r.values.clone()).collect(),
+                names: self.regions.iter().map(|r| r.name.clone()).collect(),
+            },
+        }
+    }
+
+    /// Names of what is scored, in output order: the classes after background, or the
+    /// regions.
+    pub fn scored_names(&self) -> Vec<String> {
+        match self.regions.is_empty() {
+            true => self.foreground_names(),
+            false => self.regions.iter().map(|r| r.name.clone()).collect(),
+        }
     }
 
     /// Output classes, background first.
@@ -205,10 +298,17 @@ mod tests {
             "regions_class_order": [1, 2]
         }))
         .unwrap();
-        let e = ClassMap::new(&present, Some(&region), "d")
+        let m = ClassMap::new(&[0, 1, 2].into(), Some(&region), "d").unwrap();
+        assert_eq!((m.len(), m.heads()), (3, 2));
+        assert_eq!(m.region_classes(), [vec![1, 2], vec![2]]);
+        let o = m.outputs();
+        assert_eq!(o.label(&[0.9, 0.2]), 1);
+        assert_eq!(o.label(&[0.9, 0.7]), 2);
+        assert_eq!(o.label(&[0.1, 0.2]), 0);
+        let e = ClassMap::new(&[0, 1, 5].into(), Some(&region), "d")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("region") && e.contains("tumour"), "{e}");
+        assert!(e.contains("5") && e.contains("regions"), "{e}");
     }
 
     #[test]

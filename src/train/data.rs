@@ -129,6 +129,25 @@ pub(crate) fn open_data(
     };
     let described = reader.dataset(&dataset)?.dataset_json.as_ref();
     let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
+    if !classes.regions().is_empty() {
+        let w = &cfg.loss;
+        let on: Vec<&str> = [
+            ("skeleton recall", w.skeleton_recall),
+            ("clDice", w.cldice),
+            ("boundary", w.boundary),
+            ("surface", w.surface),
+        ]
+        .into_iter()
+        .filter(|(_, w)| *w > 0.0)
+        .map(|(n, _)| n)
+        .collect();
+        if !on.is_empty() {
+            return Err(Error::Config(format!(
+                "dataset {dataset:?} is trained on regions (sigmoid outputs, BCE + Dice); the {} loss is defined for classes only: leave it off",
+                on.join(", ")
+            )));
+        }
+    }
     let num_classes = classes.len();
     if labelled.is_empty() {
         return Err(Error::cache(

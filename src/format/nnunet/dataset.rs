@@ -39,6 +39,58 @@ impl Outputs {
         }
     }
 
+    /// The label value of one voxel from its heads' probabilities (softmax or sigmoid): the
+    /// class of the largest (the first of equal maxima, as argmax), or the last region in
+    /// `order` whose probability passes 0.5 (background where none does).
+    pub fn label(&self, p: &[f32]) -> u16 {
+        let (mut best, mut label) = (f32::NEG_INFINITY, 0);
+        for (head, &x) in p.iter().enumerate() {
+            self.vote(head, x, &mut best, &mut label);
+        }
+        label
+    }
+
+    /// One head's say in a voxel's label, heads taken in output order: [`Self::label`]'s rule
+    /// for callers that hold one head's probabilities at a time. Start with `best` at
+    /// negative infinity and `label` 0.
+    pub fn vote(&self, head: usize, p: f32, best: &mut f32, label: &mut u16) {
+        match self {
+            Outputs::Classes { values, .. } => {
+                // Strictly greater: on a tie the lower class wins, as argmax does.
+                if p > *best {
+                    *best = p;
+                    *label = values.get(head).copied().unwrap_or(0);
+                }
+            }
+            Outputs::Regions { order, .. } => {
+                if p > 0.5 {
+                    *label = order.get(head).copied().unwrap_or(0);
+                }
+            }
+        }
+    }
+
+    /// Whether the heads are sigmoids (regions) rather than a softmax (classes).
+    pub fn is_regions(&self) -> bool {
+        matches!(self, Outputs::Regions { .. })
+    }
+
+    /// The label values or value sets that are scored, background left out: each class, or
+    /// each region's labels.
+    pub fn scored(&self) -> Vec<(String, Vec<u16>)> {
+        match self {
+            Outputs::Classes { values, names } => values
+                .iter()
+                .zip(names)
+                .filter(|(v, _)| **v != 0)
+                .map(|(v, n)| (n.clone(), vec![*v]))
+                .collect(),
+            Outputs::Regions { labels, names, .. } => {
+                names.iter().cloned().zip(labels.iter().cloned()).collect()
+            }
+        }
+    }
+
     /// The largest label value written.
     pub fn max_value(&self) -> u16 {
         match self {

@@ -70,15 +70,13 @@ fn label(outputs: &Outputs, v: &[f16]) -> u16 {
             }
             values[best]
         }
-        Outputs::Regions { order, .. } => {
-            let mut out = 0;
-            for (i, x) in v.iter().enumerate() {
+        Outputs::Regions { .. } => {
+            let (mut best, mut label) = (f32::NEG_INFINITY, 0);
+            for (head, x) in v.iter().enumerate() {
                 let p = 1.0f32 / (1.0 + (-f32::from(*x)).exp());
-                if p > 0.5 {
-                    out = order[i];
-                }
+                outputs.vote(head, p, &mut best, &mut label);
             }
-            out
+            label
         }
     }
 }

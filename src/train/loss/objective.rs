@@ -7,12 +7,12 @@
 use candle_core::{Device, Tensor};
 
 use super::{
-    boundary, cldice, dice_ce_masked, ignore_mask, one_hot, predicted_distance_squared,
-    skeleton_recall, surface_weighted, LossParts,
+    bce_dice, boundary, cldice, dice_ce_masked, ignore_mask, one_hot, predicted_distance_squared,
+    region_targets, skeleton_recall, surface_weighted, LossParts,
 };
 use crate::error::{Error, Result};
 use crate::model::config::UNetConfig;
-use crate::train::classes::ClassMap;
+use crate::train::classes::{ClassMap, IGNORE};
 use crate::train::config::LossWeights;
 use crate::train::deep_supervision::downsample_labels;
 use crate::train::loader::Batch;
@@ -153,6 +153,8 @@ impl LossObjective {
 
     /// Dice + CE of every supervised output against its target, weighted by level (nnU-Net's
     /// 1/2^level, normalized); without deep supervision, of the full-resolution output alone.
+    /// Regions: BCE + Dice of each region's sigmoid, targets formed from the labels after
+    /// they are downsampled, as nnU-Net forms them.
     fn supervised(&self, outputs: &[Tensor], label: &[u16], n: usize) -> Result<LossParts> {
         let (patch, classes, dev) = (self.patch, self.classes.len(), &self.device);
         let mut sum: Option<LossParts> = None;
@@ -165,9 +167,17 @@ impl LossObjective {
                 pooled = downsample_labels(label, n, patch, l.stride);
                 (&pooled.0[..], pooled.1)
             };
-            let target = one_hot(lab, n, classes, size, dev)?;
-            let mask = ignore_mask(lab, n, size, dev)?;
-            let p = dice_ce_masked(logits, &target, mask.as_ref())?;
+            let p = match self.classes.region_classes() {
+                [] => {
+                    let target = one_hot(lab, n, classes, size, dev)?;
+                    let mask = ignore_mask(lab, n, size, dev)?;
+                    dice_ce_masked(logits, &target, mask.as_ref())?
+                }
+                regions => {
+                    let (target, mask) = region_targets(lab, n, regions, Some(IGNORE), size, dev)?;
+                    bce_dice(logits, &target, mask.as_ref())?
+                }
+            };
             sum = Some(match sum {
                 None => LossParts {
                     total: (p.total * w)?,

@@ -31,7 +31,12 @@ pub fn region_targets(
     }
     let r = regions.len();
     // Membership of every value met, looked up once per value.
-    let top = labels.iter().copied().max().unwrap_or(0) as usize;
+    let top = labels
+        .iter()
+        .copied()
+        .filter(|&l| Some(l) != ignore)
+        .max()
+        .unwrap_or(0) as usize;
     let member: Vec<Vec<bool>> = (0..=top)
         .map(|value| {
             regions

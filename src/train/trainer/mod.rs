@@ -187,7 +187,7 @@ impl Session<'_> {
             first_loss: tally.first_loss,
             last_loss: tally.last_loss,
             last_validation,
-            class_names: data.classes.foreground_names(),
+            class_names: data.classes.scored_names(),
             best_dice: self.best.map(|b| b.0),
             interrupted,
             seconds: secs,

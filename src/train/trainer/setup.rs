@@ -69,7 +69,7 @@ impl<'a> Session<'a> {
         let base_memory = sysinfo::MemoryUse::now();
         let model = cfg
             .network()
-            .build(data.channels.len(), data.num_classes, &dev)?;
+            .build(data.channels.len(), data.classes.heads(), &dev)?;
         let identity = identity(&data, cfg);
         prepare_run_dir(opts, &identity)?;
 
@@ -155,6 +155,11 @@ fn identity(data: &Data, cfg: &TrainConfig) -> RunRecord {
         dataset: data.dataset.clone(),
         num_classes: data.num_classes,
         classes: data.classes.classes().to_vec(),
+        regions: data.classes.regions().to_vec(),
+        regions_class_order: match data.classes.outputs() {
+            crate::format::nnunet::Outputs::Regions { order, .. } => order,
+            _ => Vec::new(),
+        },
         ignore_label: data.classes.ignore(),
         channels: data.channels.clone(),
         preprocessing: Some(data.preprocessing.clone()),
@@ -216,21 +221,28 @@ fn resume(
 /// "U-Net: 1 image channel (CT), 5 stages, ...": the network and the classes it learns.
 fn network_notice(data: &Data, model: &UNet) -> String {
     let in_channels = data.channels.len();
-    let names: Vec<String> = data
-        .classes
-        .classes()
-        .iter()
-        .map(|c| format!("{} ({})", c.name, c.value))
-        .collect();
+    let names: Vec<String> = match data.classes.regions() {
+        [] => data
+            .classes
+            .classes()
+            .iter()
+            .map(|c| format!("{} ({})", c.name, c.value))
+            .collect(),
+        regions => regions.iter().map(|r| r.to_string()).collect(),
+    };
+    let what = match data.classes.regions().is_empty() {
+        true => "classes",
+        false => "sigmoid regions",
+    };
     format!(
-        "U-Net: {} image channel{} ({}), {} stages, strides {:?}, {} parameters, {} classes: {}{}",
+        "U-Net: {} image channel{} ({}), {} stages, strides {:?}, {} parameters, {} {what}: {}{}",
         in_channels,
         if in_channels == 1 { "" } else { "s" },
         data.channels.join(", "),
         model.config().strides.len() + 1,
         model.config().strides,
         model.num_parameters(),
-        data.num_classes,
+        data.classes.heads(),
         names.join(", "),
         data.classes
             .ignore()

@@ -40,7 +40,7 @@ impl Session<'_> {
             format!(
                 ", clDice {:.4} ({})",
                 v.mean_cldice,
-                per_class(&data.classes.foreground_names(), &v.cldice_per_class)
+                per_class(&data.classes.scored_names(), &v.cldice_per_class)
             )
         } else {
             String::new()
@@ -50,7 +50,7 @@ impl Session<'_> {
             format!(
                 "step {step}: validation Dice {:.4} ({}){cldice} in {:.1} s",
                 v.mean_dice,
-                per_class(&data.classes.foreground_names(), &v.dice_per_class),
+                per_class(&data.classes.scored_names(), &v.dice_per_class),
                 t.elapsed().as_secs_f64()
             ),
         );
