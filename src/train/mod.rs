@@ -14,6 +14,8 @@
 //!   resolution, gamma).
 //! - [`augment`]: the augmentation options; intensity, then mirroring, of a read patch.
 //! - [`loader`]: worker threads filling a bounded, ordered queue of batches.
+//! - [`cascade`]: the previous stage's segmentation as input channels, perturbed as nnU-Net's
+//!   cascade perturbs it.
 //! - [`deep_supervision`]: the label patch pooled down to each supervised resolution.
 //! - [`skeleton_target`]: the tubed skeleton of a label patch (Skeleton Recall's target).
 //! - [`loss`]: the training objective: Dice + cross-entropy at each supervised output, and the
@@ -27,6 +29,7 @@
 
 pub mod augment;
 pub mod benchmark;
+pub mod cascade;
 pub mod classes;
 pub mod config;
 pub mod data;
