@@ -403,6 +403,7 @@ fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
         progress: false,
         quiet: true,
         fixed_params: Some(params.clone()),
+        previous_stage: None,
     })
     .unwrap();
     assert_eq!((report.built, report.failed), (2, 0));
@@ -440,6 +441,7 @@ fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
         progress: false,
         quiet: true,
         fixed_params: Some(one),
+        previous_stage: None,
     })
     .unwrap_err()
     .to_string();

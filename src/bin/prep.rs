@@ -118,6 +118,11 @@ struct BuildArgs {
     /// Dataset name in the cache manifest (default: the data folder's name).
     #[arg(long)]
     name: Option<String>,
+    /// A cascade's first stage: the folder of its segmentations of these cases (a 3d_lowres run
+    /// folder, whose fold_K/validation/ hold them, or a predict --out folder); each foreground
+    /// label becomes one more image channel.
+    #[arg(long, value_name = "DIR")]
+    previous_stage: Option<PathBuf>,
     #[command(flatten)]
     settings: PrepFlags,
     /// Worker threads (default: one per core).
@@ -194,6 +199,7 @@ fn run_build(args: BuildArgs) -> Result<Exit> {
         progress: !args.quiet && !args.json,
         quiet: args.quiet,
         fixed_params: None,
+        previous_stage: args.previous_stage,
     };
     let report = build_cache(&opts)?;
     if args.json {

@@ -19,6 +19,9 @@ pub enum Normalization {
     Ct,
     /// Keep the intensities as they are.
     None,
+    /// 1 where the voxel holds this label value, else 0: a cascade's previous-stage
+    /// segmentation, one channel per label.
+    Indicator(u16),
 }
 
 impl std::str::FromStr for Normalization {
@@ -58,6 +61,7 @@ impl Normalization {
             Normalization::Zscore => "zscore",
             Normalization::Ct => "ct",
             Normalization::None => "none",
+            Normalization::Indicator(_) => "indicator",
         }
     }
 }

@@ -403,6 +403,7 @@ fn predict_group(
         progress: !opts.quiet,
         quiet: true,
         fixed_params: Some(params),
+        previous_stage: None,
     })?;
     // No case preprocessed: each failure is the case's own (the scratch cache has no
     // manifest to open, and that is not the user's problem).

@@ -187,7 +187,7 @@ pub fn plan_normalization(
             })?;
             applied(fg.mean, fg.std, Some([fg.lower, fg.upper]), false)
         }
-        Normalization::None => AppliedNormalization {
+        Normalization::None | Normalization::Indicator(_) => AppliedNormalization {
             scheme,
             shift: 0.0,
             scale: 1.0,
@@ -222,8 +222,14 @@ pub fn apply(data: &mut [f32], n: &AppliedNormalization) {
 
 /// Apply in place to a short run, on this thread (rows read while resampling).
 fn apply_run(data: &mut [f32], n: &AppliedNormalization) {
-    if n.scheme == Normalization::None {
-        return;
+    match n.scheme {
+        Normalization::None => return,
+        Normalization::Indicator(v) => {
+            let v = v as f32;
+            data.iter_mut().for_each(|x| *x = (*x == v) as u8 as f32);
+            return;
+        }
+        _ => {}
     }
     let (shift, inv) = (n.shift, 1.0 / n.scale);
     let (lo, hi) = n

@@ -127,6 +127,19 @@ pub(crate) fn open_data(
         params: reader.dataset(&dataset)?.params.clone(),
         unit,
     };
+    // A cascade's previous-stage channels need their own augmentation (not the intensity
+    // transforms) and a predict that makes them: not trained as plain channels.
+    if preprocessing
+        .params
+        .channels
+        .iter()
+        .any(|c| matches!(c.normalization, crate::format::Normalization::Indicator(_)))
+    {
+        return Err(Error::cache(
+            cache_dir,
+            format!("dataset {dataset:?} holds a previous stage's segmentation as channels (--previous-stage): training the cascade's second stage is not available yet"),
+        ));
+    }
     let described = reader.dataset(&dataset)?.dataset_json.as_ref();
     let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
     if !classes.regions().is_empty() {

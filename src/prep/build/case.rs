@@ -300,8 +300,9 @@ pub(super) fn case_key(params: &OutputParams, s: &ScannedCase) -> Result<String>
     // A packed case names one file per channel: hashed once.
     let mut ih: Vec<blake3::Hash> = Vec::new();
     for (k, p) in s.source.images.iter().enumerate() {
-        let again = k > 0 && s.source.packed;
-        ih.push(if again { ih[0] } else { hash_file(p)? });
+        // The previous stage's channels repeat one file.
+        let again = k > 0 && (s.source.packed || s.source.images[k] == s.source.images[k - 1]);
+        ih.push(if again { ih[k - 1] } else { hash_file(p)? });
     }
     let lh = match &s.source.label {
         Some(l) => Some(hash_file(l)?),

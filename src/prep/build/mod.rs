@@ -7,6 +7,7 @@
 
 mod case;
 mod entry;
+pub mod previous;
 mod progress;
 mod run;
 
@@ -59,6 +60,9 @@ pub struct BuildOptions {
     /// dataset: how predict preprocesses new volumes as a model's cache was made (its target
     /// spacing, and each channel's normalization with the training set's statistics).
     pub fixed_params: Option<OutputParams>,
+    /// A cascade's first stage: the folder of its segmentations of these cases (in their own
+    /// geometry), added as one image channel per foreground label ([`previous`]).
+    pub previous_stage: Option<PathBuf>,
 }
 
 /// How one case of a build ended.
@@ -139,11 +143,19 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         .name
         .clone()
         .unwrap_or_else(|| crate::prep::dataset::default_name(&opts.source));
-    let found = discover(&opts.source)?;
-    let cases = found.cases;
+    let mut found = discover(&opts.source)?;
     // The label values dataset.json allows, when there is one: a label holding another fails
     // its case (a mislabelled file, or a dataset.json that forgot a class).
     let description = found.description;
+    let (cases, previous_values) = match &opts.previous_stage {
+        None => (found.cases, Vec::new()),
+        Some(dir) => {
+            let values = previous::labels(description.as_ref(), dir)?;
+            let (cases, problems) = previous::attach(dir, found.cases, &values)?;
+            found.problems.extend(problems);
+            (cases, values)
+        }
+    };
     let label_values = description.as_ref().map(|d| d.label_values());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs)
@@ -281,7 +293,11 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         scratch_dir: cache.tmp_dir(),
     };
     let n_channels = crate::prep::dataset::common_channels(ok.iter().map(|s| &s.source))?;
-    let channel_names = crate::prep::dataset::channel_names(description.as_ref(), n_channels);
+    let mut channel_names = crate::prep::dataset::channel_names(
+        description.as_ref(),
+        n_channels - previous_values.len(),
+    );
+    channel_names.extend(previous_values.iter().map(|&v| previous::channel_name(v)));
     let params = match &opts.fixed_params {
         Some(p) if p.channels.len() != n_channels => {
             return Err(Error::Dataset(format!(
@@ -295,7 +311,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             let mut p = derive_params(
                 opts,
                 &ok,
-                &channel_names,
+                (&channel_names, &previous_values),
                 decision.target_xyz,
                 &pool,
                 &source,
@@ -458,16 +474,17 @@ fn describe_layout(s: &Settings, why: Option<String>) -> String {
 fn derive_params(
     opts: &BuildOptions,
     ok: &[&ScannedCase],
-    channel_names: &[String],
+    (channel_names, previous_values): (&[String], &[u16]),
     target_xyz: [f64; 3],
     pool: &rayon::ThreadPool,
     source: &SourceOptions,
 ) -> Result<OutputParams> {
     let mut channels = Vec::new();
-    for (c, scheme) in normalize::channel_schemes(&opts.settings, channel_names)
-        .into_iter()
-        .enumerate()
-    {
+    let schemes = previous::with_indicators(
+        normalize::channel_schemes(&opts.settings, channel_names),
+        previous_values,
+    );
+    for (c, scheme) in schemes.into_iter().enumerate() {
         let dataset_foreground = if scheme == Normalization::Ct {
             Some(pool.install(|| dataset_foreground(ok, c, source))?)
         } else {
