@@ -139,6 +139,7 @@ fn main() -> anyhow::Result<()> {
             skeleton: false,
             centreline: derived,
             distance,
+            cascade: None,
         },
         0,
     )?;

@@ -1,6 +1,6 @@
 """Cross-check of our networks against dynamic-network-architectures (the package nnU-Net
 builds its networks with), run by hand where PyTorch is installed; CI checks the files it
-writes (tests/network_crosscheck.rs) without PyTorch.
+writes (tests/suite/network_crosscheck.rs) without PyTorch.
 
     source /work/bench/planner/env.sh   # any venv with nnunetv2 2.8.1 (torch, dna 0.4.4)
     python scripts/resenc_check.py --out tests/fixtures/network_crosscheck

@@ -111,6 +111,11 @@ struct Cli {
     /// cache). For containers that bill page cache (docs/usage.md, "Memory").
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
     mapped_mib: Option<u64>,
+    /// A cascade's second stage (a model trained on a cache built with --previous-stage): the
+    /// folder of the first stage's segmentations of the inputs (CASE.nii.gz), as predict with
+    /// the 3d_lowres model writes them.
+    #[arg(long, value_name = "DIR")]
+    previous_stage: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -188,6 +193,11 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         (None, None) => None,
     };
     if let Some(dir) = nnunet_dir {
+        if cli.previous_stage.is_some() {
+            anyhow::bail!(
+                "--previous-stage: nnU-Net's cascade models (3d_cascade_fullres) are not supported yet"
+            );
+        }
         let opts = NnunetPredictOptions {
             model: dir,
             folds: cli.folds,
@@ -222,6 +232,7 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         window_memory: cli.window_memory_mib << 20,
         mapped_mib: cli.mapped_mib,
         quiet: cli.quiet,
+        previous_stage: cli.previous_stage,
     };
     let report = predict(&opts)?;
     Ok(print_report(&report, cli.json))

@@ -72,6 +72,10 @@ pub struct DatasetOrigin {
     /// The label glob (absolute) for a glob dataset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<String>,
+    /// A cascade's first-stage segmentations (absolute; `--previous-stage`): fold validation
+    /// gives its cases those channels again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_stage: Option<std::path::PathBuf>,
 }
 
 /// `manifest.json`: every dataset built into the cache.

@@ -28,7 +28,7 @@ use crate::format::nnunet::Outputs;
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
-use crate::prep::build::{build_cache, BuildOptions, CaseOutcome};
+use crate::prep::build::{build_cache, previous as previous_stage, BuildOptions, CaseOutcome};
 use crate::prep::dataset::{self, CaseSource, DatasetSource};
 
 /// What the user asked for.
@@ -68,6 +68,9 @@ pub struct PredictOptions {
     pub mapped_mib: Option<u64>,
     /// Print only errors.
     pub quiet: bool,
+    /// A cascade's second stage: the folder of the first stage's segmentations of the inputs
+    /// (`CASE.nii.gz`), its last channels.
+    pub previous_stage: Option<PathBuf>,
 }
 
 /// How one case ended.
@@ -247,7 +250,16 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
 
     let mut results: Vec<PredictCase> = Vec::new();
     let fail = failed;
-    let mut found = input_cases(&opts.inputs, channels, &mut results)?;
+    // A cascade's second stage takes the first stage's segmentations as its last channels.
+    let previous = previous_stage::indicator_values(&m.preprocessing.params);
+    let found = input_cases(&opts.inputs, channels - previous.len(), &mut results)?;
+    let (mut found, problems) = previous_stage::for_model(
+        &opts.models[0],
+        &previous,
+        opts.previous_stage.as_deref(),
+        found,
+    )?;
+    results.extend(problems.iter().map(|p| fail(&p.id, &p.error)));
     found.extend(opts.cases.iter().cloned());
     // Nothing to predict is an error, not a success with 0 cases.
     if found.is_empty() && results.is_empty() {

@@ -26,6 +26,14 @@ pub(crate) struct Data {
     pub(crate) unlabelled: Vec<String>,
 }
 
+impl Data {
+    /// How many of the image channels, at the end, are a cascade's previous-stage
+    /// segmentation (one a label; `prep build-cache --previous-stage`).
+    pub(crate) fn previous_stage_channels(&self) -> usize {
+        crate::prep::build::previous::indicator_values(&self.preprocessing.params).len()
+    }
+}
+
 /// The run's cases: a cross-validation fold when `fold` is given (from `splits`, else the
 /// cache folder's splits_final.json, else nnU-Net's folds), else the seeded fraction split.
 fn choose_split(cache_dir: &Path, cfg: &TrainConfig, ids: &[String]) -> Result<Split> {
@@ -127,19 +135,6 @@ pub(crate) fn open_data(
         params: reader.dataset(&dataset)?.params.clone(),
         unit,
     };
-    // A cascade's previous-stage channels need their own augmentation (not the intensity
-    // transforms) and a predict that makes them: not trained as plain channels.
-    if preprocessing
-        .params
-        .channels
-        .iter()
-        .any(|c| matches!(c.normalization, crate::format::Normalization::Indicator(_)))
-    {
-        return Err(Error::cache(
-            cache_dir,
-            format!("dataset {dataset:?} holds a previous stage's segmentation as channels (--previous-stage): training the cascade's second stage is not available yet"),
-        ));
-    }
     let described = reader.dataset(&dataset)?.dataset_json.as_ref();
     let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
     if !classes.regions().is_empty() {

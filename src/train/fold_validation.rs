@@ -24,6 +24,7 @@ use crate::format::run::{RunRecord, RUN_FILE};
 use crate::infer::model_dir::Which;
 use crate::infer::postprocess::PostprocessingChoice;
 use crate::infer::predict::{predict, PredictOptions, PredictOutcome};
+use crate::prep::build::previous;
 use crate::prep::dataset::{discover, origin::source_of, CaseSource, DatasetSource};
 
 /// A case that could not be validated, and why.
@@ -121,10 +122,33 @@ fn locate(
                 ))
             })?,
     };
-    let found = discover(&source)?;
+    let mut found = discover(&source)?;
+    let (mut cases, mut failed) = (Vec::new(), Vec::new());
+    // A cascade's second stage: its cases take the first stage's segmentations again.
+    let recorded = reader.dataset(dataset)?;
+    let values = previous::indicator_values(&recorded.params);
+    if !values.is_empty() {
+        let dir = recorded
+            .origin
+            .as_ref()
+            .and_then(|o| o.previous_stage.clone())
+            .ok_or_else(|| {
+                Error::Train(format!(
+                    "{}: dataset {dataset:?} has previous-stage channels but records no previous-stage folder: build it again with --previous-stage",
+                    reader.root().display()
+                ))
+            })?;
+        let (kept, problems) = previous::attach(&dir, found.cases, &values)?;
+        found.cases = kept;
+        failed.extend(
+            problems
+                .into_iter()
+                .filter(|p| ids.contains(&p.id))
+                .map(|p| (p.id, p.error.to_string())),
+        );
+    }
     let by_id: BTreeMap<&str, &CaseSource> =
         found.cases.iter().map(|c| (c.id.as_str(), c)).collect();
-    let (mut cases, mut failed) = (Vec::new(), Vec::new());
     for id in ids {
         let checked = (|| -> std::result::Result<CaseSource, String> {
             let case = by_id
@@ -185,6 +209,8 @@ pub fn validate_fold(opts: &FoldValidationOptions) -> Result<FoldValidation> {
             window_memory: 256 << 20,
             mapped_mib: None,
             quiet: opts.quiet,
+            // The cases carry the previous stage's channels already.
+            previous_stage: None,
         })?;
         for c in predicted.cases {
             match c.outcome {

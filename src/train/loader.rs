@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::train::augment::{augment_mirrored, draw_moves, AugmentConfig, Moves};
+use crate::train::cascade::{previous_stage_channels, CascadeAugment};
 use crate::train::sampler::{PatchChoice, Sampler};
 use crate::train::skeleton_target::{skeleton_of, tube_around};
 use crate::train::spatial::TransformedReader;
@@ -47,6 +48,49 @@ pub struct LoaderConfig {
     /// Label values whose signed distance maps each patch carries (boundary and surface
     /// losses; the cases must hold them); empty for none.
     pub distance: Vec<u16>,
+    /// A cascade's second stage: the last image channels are the previous stage's
+    /// segmentation, left out of the intensity transforms and perturbed as nnU-Net does.
+    pub cascade: Option<CascadeInput>,
+}
+
+/// The previous stage's channels of a cascade's second stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CascadeInput {
+    /// How many of the image channels, at the end, are the previous stage's (one a label).
+    pub channels: usize,
+    /// Their perturbations; `None`: only taken back to 0/1.
+    pub augment: Option<CascadeAugment>,
+}
+
+/// Stream tag of the cascade's perturbations (`Rng::derive(seed, &[CASCADE_STREAM, step,
+/// sample])`): drawn apart, so the other draws are those of a run without them.
+const CASCADE_STREAM: u64 = 0x6361_7363_6164_0004;
+
+/// The previous stage's channels of one patch (`tail`: `channels` patches of `n` voxels),
+/// interpolated by the spatial transform, taken back to one label a voxel (the largest of those
+/// at 0.5 or more) and perturbed by `augment`.
+fn previous_stage(
+    tail: &mut [f32],
+    patch: [usize; 3],
+    augment: Option<&CascadeAugment>,
+    rng: &mut Rng,
+) -> Result<()> {
+    let n: usize = patch.iter().product();
+    let k = tail.len() / n.max(1);
+    let mut prev = vec![0u16; n];
+    for (v, p) in prev.iter_mut().enumerate() {
+        let mut best = 0.5f32;
+        for j in 0..k {
+            if tail[j * n + v] >= best {
+                best = tail[j * n + v];
+                *p = j as u16 + 1;
+            }
+        }
+    }
+    let labels: Vec<u16> = (1..=k as u16).collect();
+    let channels = previous_stage_channels(&prev, &labels, patch, augment.map(|a| (a, rng)))?;
+    tail.copy_from_slice(&channels);
+    Ok(())
 }
 
 impl Default for LoaderConfig {
@@ -58,6 +102,7 @@ impl Default for LoaderConfig {
             skeleton: false,
             centreline: false,
             distance: Vec::new(),
+            cascade: None,
         }
     }
 }
@@ -99,6 +144,7 @@ struct Job {
     skeleton: bool,
     centreline: bool,
     distance: Vec<u16>,
+    cascade: Option<CascadeInput>,
 }
 
 struct State {
@@ -216,6 +262,7 @@ impl Loader {
             skeleton: cfg.skeleton,
             centreline: cfg.centreline,
             distance: cfg.distance,
+            cascade: cfg.cascade,
         });
         // Built before spawning so that a failed spawn stops and joins the others (Drop).
         let mut loader = Loader {
@@ -458,7 +505,13 @@ fn build_batch(
                 ),
             ));
         }
-        augment_mirrored(img, lab, patch, &job.augment, &mut rng, &moves);
+        let fixed = job.cascade.as_ref().map_or(0, |c| c.channels);
+        augment_mirrored(img, lab, patch, &job.augment, &mut rng, &moves, fixed);
+        if let Some(c) = &job.cascade {
+            let mut crng = Rng::derive(cfg.seed, &[CASCADE_STREAM, step, i as u64]);
+            let from = img.len() - c.channels * n;
+            previous_stage(&mut img[from..], patch, c.augment.as_ref(), &mut crng)?;
+        }
         // The derived arrays follow the same map and the same mirrorings.
         let cached_skeleton = (job.skeleton || job.centreline) && entry.has_skeleton();
         if !job.distance.is_empty() || cached_skeleton {

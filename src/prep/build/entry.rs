@@ -21,7 +21,7 @@ use crate::format::entry::{
 };
 use crate::format::{
     AppliedNormalization, ChunkChecksums, Dtype, EntryAttrs, ImageDtype, IntensityStats,
-    OutputParams, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
+    Normalization, OutputParams, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
 };
 use crate::geometry::{blocks, Block, VoxelRead};
 use crate::prep::derived;
@@ -124,7 +124,11 @@ pub(super) fn write_entry(
                     .join(format!("c/{}", cname.replace('.', "/")))
             };
             let mut img = vec![0.0f32; b.len()];
-            linear.fill_from(*image, *b, &mut img)?;
+            // A previous stage's segmentation channel is resampled as labels are: it stays 0/1.
+            match params.channels.get(c).map(|p| p.normalization) {
+                Some(Normalization::Indicator(_)) => nearest.fill_from(*image, *b, &mut img)?,
+                _ => linear.fill_from(*image, *b, &mut img)?,
+            }
             let img = pad_block(img, b.size, write_block, 0.0f32);
             let hash = match params.image_dtype {
                 ImageDtype::Float32 => {

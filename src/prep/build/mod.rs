@@ -23,6 +23,7 @@ use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
 use crate::cache::writer::configure_zarrs;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
+use crate::format::manifest::DatasetOrigin;
 use crate::format::{ChannelParams, Compression, ImageDtype, OutputParams};
 use crate::geometry::zyx;
 use crate::nifti_io::SourceOptions;
@@ -439,7 +440,15 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 channels: channel_names,
                 cases: manifest_cases,
                 dataset_json: description,
-                origin: crate::prep::dataset::origin::origin_of(&opts.source),
+                origin: crate::prep::dataset::origin::origin_of(&opts.source).map(|o| {
+                    DatasetOrigin {
+                        previous_stage: opts
+                            .previous_stage
+                            .as_ref()
+                            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
+                        ..o
+                    }
+                }),
             },
         )?;
     }

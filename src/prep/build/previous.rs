@@ -1,8 +1,8 @@
 //! The cascade's previous stage in a build (`--previous-stage DIR`): each case's segmentation
 //! by the first stage (`3d_lowres`), as `predict` or a fold's validation wrote it in the case's
 //! own geometry, becomes one more image channel per foreground label: 1 where the segmentation
-//! holds that label, 0 elsewhere, resampled to the cache's grid with the image (linearly; the
-//! trainer takes it back to 0/1 at 0.5). The segmentation must lie on the case's grid: one made
+//! holds that label, 0 elsewhere, resampled to the cache's grid as labels are (so it stays 0/1;
+//! the trainer's spatial augmentation interpolates it, and takes it back to 0/1 at 0.5). The segmentation must lie on the case's grid: one made
 //! for another dataset fails its case, naming both files. A case with no segmentation fails
 //! alone, saying where it was looked for and how to make it.
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
-use crate::format::Normalization;
+use crate::format::{Normalization, OutputParams};
 use crate::prep::dataset::{CaseProblem, CaseSource};
 
 /// The channel name of the previous stage's label `value`.
@@ -120,6 +120,44 @@ pub fn attach(
         }
     }
     Ok((kept, problems))
+}
+
+/// The labels of a cache's previous-stage channels (those its parameters normalize as a
+/// label's indicator), in channel order; empty for any other cache.
+pub fn indicator_values(params: &OutputParams) -> Vec<u16> {
+    params
+        .channels
+        .iter()
+        .filter_map(|c| match c.normalization {
+            Normalization::Indicator(v) => Some(v),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A model's input cases with the previous stage's channels it takes (`values`, from
+/// [`indicator_values`] of its preprocessing) from `dir`: an error when it takes some and no
+/// folder is given while there are cases, or it takes none and one is given.
+pub fn for_model(
+    model: &Path,
+    values: &[u16],
+    dir: Option<&Path>,
+    cases: Vec<CaseSource>,
+) -> Result<(Vec<CaseSource>, Vec<CaseProblem>)> {
+    match (dir, values.is_empty()) {
+        (Some(dir), false) => attach(dir, cases, values),
+        (None, false) if !cases.is_empty() => Err(Error::Config(format!(
+            "{}: the model is a cascade's second stage (it takes a first stage's segmentation as {} channels): give --previous-stage DIR, the 3d_lowres model's predictions of these inputs",
+            model.display(),
+            values.len()
+        ))),
+        (Some(dir), true) => Err(Error::Config(format!(
+            "--previous-stage {}: {} takes no previous stage's segmentation",
+            dir.display(),
+            model.display()
+        ))),
+        _ => Ok((cases, Vec::new())),
+    }
 }
 
 /// The schemes of a build's channels when the last `values.len()` are the previous stage's:

@@ -18,6 +18,7 @@ pub fn origin_of(source: &DatasetSource) -> Option<DatasetOrigin> {
             folder: Some(absolute(dir)),
             images: None,
             labels: None,
+            previous_stage: None,
         }),
         DatasetSource::Globs { images, labels } => {
             let abs = |g: &String| absolute(Path::new(g)).to_string_lossy().to_string();
@@ -25,6 +26,7 @@ pub fn origin_of(source: &DatasetSource) -> Option<DatasetOrigin> {
                 folder: None,
                 images: Some(abs(images)),
                 labels: labels.as_ref().map(abs),
+                previous_stage: None,
             })
         }
         DatasetSource::Cases(_) => None,

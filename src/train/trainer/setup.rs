@@ -19,9 +19,10 @@ use crate::model::device;
 use crate::model::memory;
 use crate::model::unet::UNet;
 use crate::train::augment::AugmentConfig;
+use crate::train::cascade::CascadeAugment;
 use crate::train::config::{OptimizerName, TrainConfig};
 use crate::train::data::{open_data, Data};
-use crate::train::loader::{Loader, LoaderConfig};
+use crate::train::loader::{CascadeInput, Loader, LoaderConfig};
 use crate::train::loss::LossObjective;
 use crate::train::metrics::MetricsLog;
 use crate::train::optim::{Optimizer, OptimizerKind};
@@ -292,6 +293,13 @@ fn start_loader(cfg: &TrainConfig, data: &Data, start_step: u64) -> Result<Loade
                     .collect()
             } else {
                 Vec::new()
+            },
+            cascade: match data.previous_stage_channels() {
+                0 => None,
+                channels => Some(CascadeInput {
+                    channels,
+                    augment: cfg.augment.then(CascadeAugment::default),
+                }),
             },
         },
         start_step * accumulate,

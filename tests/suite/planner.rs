@@ -4,7 +4,7 @@
 //! same configurations: spacing to the bit, median shape, patch, batch size, strides, kernels,
 //! features and blocks, and the same configurations present.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -6,7 +6,7 @@
 //! symbolic links, names that are not UTF-8 and `wait4`.
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};

@@ -7,7 +7,7 @@
 //! the damaged output predicted again.
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

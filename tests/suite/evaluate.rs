@@ -3,7 +3,7 @@
 //! volumes that span several read blocks; classes from dataset.json (regions, ignore label) and
 //! from `--labels`; errors name the case's files and leave the other cases measured.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

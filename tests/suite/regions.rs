@@ -4,7 +4,7 @@
 //! in `regions_class_order` whose probability passes 0.5 and keeps those probabilities on
 //! request; loss terms defined for classes only and labels no region holds are refused.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

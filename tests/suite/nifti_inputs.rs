@@ -1,7 +1,7 @@
 //! The NIfTI reader against bytes written from the spec: every datatype, both byte orders,
 //! scaling, multi-member gzip, odd geometry, and each kind of broken file.
 
-mod common;
+use crate::common;
 
 use common::Nii;
 use voxcache::nifti_io::{read_header, read_volume};

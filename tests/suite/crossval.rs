@@ -5,7 +5,7 @@
 //! five folds writes segmentations in the input geometry. Then nnU-Net's postprocessing rule
 //! on made-up predictions whose answer is known, and the refusals of bad input.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

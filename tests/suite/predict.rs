@@ -3,7 +3,7 @@
 //! big-endian inputs); the training cases come back above a Dice bar (scored by `evaluate`); a
 //! re-run writes nothing; a case the model cannot take fails alone, naming its files.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -4,7 +4,7 @@
 //! missing channels and channels on another grid fail their case naming the files; the trainer
 //! takes the channels as its input channels.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! Properties of the resampling kernels and grid convention.
 
-mod common;
+use crate::common;
 
 use voxcache::geometry::{blocks, Block};
 use voxcache::geometry::{output_shape, source_coordinate};

@@ -2,7 +2,7 @@
 //! signed distance map per class and the skeleton, chunk by chunk, equal to the whole-volume
 //! computations; they are part of the content key, read by the reader, checked by --verify.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

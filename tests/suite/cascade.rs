@@ -1,0 +1,210 @@
+//! The cascade's data: `prep build-cache --previous-stage DIR` adds each case's first-stage
+//! segmentation as one 0/1 image channel per foreground label; a case without one, or with
+//! one on another grid, fails alone, named; the entry's key follows the segmentation's bytes.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::fixtures::{prep, text};
+use voxcache::cache::reader::CacheReader;
+use voxcache::nifti_io::read_volume;
+use voxcache::train::augment::AugmentConfig;
+use voxcache::train::loader::{CascadeInput, Loader, LoaderConfig};
+use voxcache::train::sampler::{Sampler, SamplerConfig};
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn previous_stage_segmentations_become_indicator_channels() {
+    let t = tempfile::tempdir().unwrap();
+    let (data, prev, cache) = (
+        t.path().join("brats"),
+        t.path().join("prev"),
+        t.path().join("cache"),
+    );
+    let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The first stage's "predictions": the labels themselves (all but brats_011), and one
+    // made on another grid (brats_010 gets brats_000's).
+    std::fs::create_dir_all(&prev).unwrap();
+    for i in 0..11 {
+        let from = if i == 10 { 0 } else { i };
+        std::fs::copy(
+            data.join(format!("labelsTr/brats_{from:03}.nii.gz")),
+            prev.join(format!("brats_{i:03}.nii.gz")),
+        )
+        .unwrap();
+    }
+    let build = || {
+        prep(&[
+            "build-cache",
+            s(&data),
+            "--cache-dir",
+            s(&cache),
+            "--previous-stage",
+            s(&prev),
+        ])
+    };
+    let o = build();
+    assert!(!o.status.success());
+    let out = text(&o);
+    assert!(out.contains("10 built"), "{out}");
+    assert!(
+        out.contains("brats_011.nii.gz") && out.contains("3d_lowres"),
+        "{out}"
+    );
+    assert!(out.contains("brats_010"), "{out}");
+
+    let reader = CacheReader::open(&cache).unwrap();
+    let ds = reader.datasets()[0].to_string();
+    for i in [0, 4] {
+        let id = format!("brats_{i:03}");
+        let e = reader.open_entry(&ds, &id).unwrap();
+        assert_eq!(e.channels(), 7, "four contrasts and labels 1, 2, 3");
+        let shape = e.shape_zyx();
+        let n: usize = shape.iter().product();
+        let label = read_volume(&data.join(format!("labelsTr/{id}.nii.gz"))).unwrap();
+        // At the data's own spacing (1 mm, the median) the grid is the input's.
+        assert_eq!(label.data.len(), n);
+        for (k, value) in [1.0f32, 2.0, 3.0].into_iter().enumerate() {
+            let mut ch = vec![0f32; n];
+            e.read_channel(4 + k, [0, 0, 0], shape, &mut ch).unwrap();
+            let want: Vec<f32> = label
+                .data
+                .iter()
+                .map(|&l| (l == value) as u8 as f32)
+                .collect();
+            assert_eq!(ch, want, "{id} label {value}");
+            assert!(want.contains(&1.0), "{id} holds label {value}");
+        }
+    }
+
+    // Built again: nothing changes; a segmentation changed: its case alone is rebuilt.
+    let o = build();
+    assert!(text(&o).contains("0 built, 10 cached"), "{}", text(&o));
+    // The same voxels compressed anew: other bytes, so another key.
+    let seg = prev.join("brats_002.nii.gz");
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::MultiGzDecoder::new(std::fs::File::open(&seg).unwrap()),
+        &mut raw,
+    )
+    .unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(1));
+    std::io::Write::write_all(&mut gz, &raw).unwrap();
+    std::fs::write(&seg, gz.finish().unwrap()).unwrap();
+    let o = build();
+    assert!(text(&o).contains("1 built, 9 cached"), "{}", text(&o));
+}
+
+/// The second stage on such a cache: it trains with the previous stage's channels, its fold
+/// validation gives the held-out cases those channels again, and predict needs them
+/// (`--previous-stage`), refusing them for a model that takes none.
+#[test]
+fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output() {
+    let t = tempfile::tempdir().unwrap();
+    let (data, prev, cache) = (
+        t.path().join("brats"),
+        t.path().join("prev"),
+        t.path().join("cache"),
+    );
+    let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::create_dir_all(&prev).unwrap();
+    for i in 0..12 {
+        let name = format!("brats_{i:03}.nii.gz");
+        std::fs::copy(data.join("labelsTr").join(&name), prev.join(&name)).unwrap();
+    }
+    let o = prep(&[
+        "build-cache",
+        s(&data),
+        "--cache-dir",
+        s(&cache),
+        "--previous-stage",
+        s(&prev),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The first stage's output here is the labels: without augmentation, the loader's last
+    // three channels are the label patch's one-hot.
+    let reader = CacheReader::open(&cache).unwrap();
+    let entries = common::fixtures::open_entries(&reader);
+    let sampler =
+        Sampler::new(&entries, Vec::new(), SamplerConfig::new([16, 32, 32], 2, 3)).unwrap();
+    let mut loader = Loader::start(
+        entries.clone(),
+        sampler,
+        LoaderConfig {
+            augment: AugmentConfig::none(),
+            cascade: Some(CascadeInput {
+                channels: 3,
+                augment: None,
+            }),
+            ..LoaderConfig::default()
+        },
+        0,
+    )
+    .unwrap();
+    let n = 16 * 32 * 32;
+    for _ in 0..4 {
+        let (b, _) = loader.next().unwrap();
+        for i in 0..b.batch_size {
+            let img = &b.image[i * 7 * n..(i + 1) * 7 * n];
+            let lab = &b.label[i * n..(i + 1) * n];
+            for k in 0..3 {
+                let want: Vec<f32> = lab
+                    .iter()
+                    .map(|&l| (l == k as u16 + 1) as u8 as f32)
+                    .collect();
+                assert_eq!(
+                    &img[(4 + k) * n..(5 + k) * n],
+                    &want[..],
+                    "sample {i} label {}",
+                    k + 1
+                );
+            }
+        }
+    }
+    drop(loader);
+    let run = t.path().join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["--cache-dir", s(&cache), "--out", s(&run), "--fold", "0"])
+        .args(["--patch", "16,32,32", "--batch-size", "2", "--steps", "4"])
+        .args(["--base-channels", "4", "--stages", "3", "--val-every", "4"])
+        .arg("--no-progress")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("7 image channels"), "{}", text(&o));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("validation/summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["failed"], 0, "{summary}");
+    assert!(summary["evaluated"].as_u64().unwrap() > 0, "{summary}");
+
+    let one = t.path().join("one");
+    std::fs::create_dir_all(&one).unwrap();
+    for c in 0..4 {
+        let name = format!("brats_005_{c:04}.nii.gz");
+        std::fs::copy(data.join("imagesTr").join(&name), one.join(&name)).unwrap();
+    }
+    let predict = |extra: &[&str], out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_predict"))
+            .args(["--model", s(&run), s(&one), "--out", s(out), "-q"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = predict(&[], &t.path().join("none"));
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--previous-stage"), "{}", text(&o));
+    let out = t.path().join("pred");
+    let o = predict(&["--previous-stage", s(&prev)], &out);
+    assert!(o.status.success(), "{}", text(&o));
+    let seg = read_volume(&out.join("brats_005.nii.gz")).unwrap();
+    let image = read_volume(&one.join("brats_005_0000.nii.gz")).unwrap();
+    assert_eq!(seg.header.shape_xyz, image.header.shape_xyz);
+}
