@@ -52,6 +52,11 @@ pub struct ConfigurationTable {
     /// The same in f32 (the CPU), MiB.
     #[serde(default)]
     pub memory_f32_mib: u64,
+    /// A cascade's second stage: the configuration whose segmentations it takes as input
+    /// channels (`3d_cascade_fullres` after `3d_lowres`); its cache is built with
+    /// `--previous-stage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_stage: Option<String>,
 }
 
 impl ConfigurationTable {
@@ -98,6 +103,7 @@ impl ConfigurationTable {
             size_estimate: c.estimate,
             memory_bf16_mib: 0,
             memory_f32_mib: 0,
+            previous_stage: None,
         }
     }
 
@@ -136,6 +142,8 @@ impl ConfigurationTable {
             }
         }
         settings.spacing = SpacingChoice::Explicit(self.spacing);
+        settings.previous_stage_of = self.previous_stage.clone();
+        train.previous_stage_of = self.previous_stage.clone();
         train.patch = self.patch;
         train.batch_size = self.batch_size;
         train.stages = stages;
@@ -242,7 +250,7 @@ pub fn plan_dataset(
         }
     };
     let mib = |b: u64| b.div_ceil(1 << 20);
-    let tables = plans
+    let mut tables: BTreeMap<String, ConfigurationTable> = plans
         .configurations()
         .into_iter()
         .map(|(n, c)| {
@@ -257,6 +265,17 @@ pub fn plan_dataset(
             (n.to_string(), t)
         })
         .collect();
+    // nnU-Net's cascade where it plans 3d_lowres: 3d_fullres again, taking the lowres stage's
+    // segmentation as one more input channel a foreground label.
+    if let (Some(full), Some(_)) = (&plans.fullres, &plans.lowres) {
+        if let Some(mut t) = tables.get("3d_fullres").cloned() {
+            let inputs = channels + classes.saturating_sub(1);
+            t.memory_bf16_mib = mib(step_memory(full, inputs, classes, Precision::Bf16).total());
+            t.memory_f32_mib = mib(step_memory(full, inputs, classes, Precision::F32).total());
+            t.previous_stage = Some("3d_lowres".into());
+            tables.insert("3d_cascade_fullres".into(), t);
+        }
+    }
     Ok(PlannedDataset {
         plans,
         tables,
@@ -296,4 +315,39 @@ pub fn describe(tables: &BTreeMap<String, ConfigurationTable>, unit: &str) -> St
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::Fingerprint;
+
+    /// Cases far larger than the full-resolution patch: nnU-Net plans 3d_lowres, and the cascade
+    /// is 3d_fullres again after it, its forecast counting the previous stage's channels.
+    #[test]
+    fn a_lowres_plan_brings_the_cascade() {
+        let fp = DatasetFingerprint {
+            fingerprint: Fingerprint {
+                spacings: vec![[2.5, 0.7, 0.7]; 10],
+                shapes: vec![[200, 512, 512]; 10],
+                num_classes: 3,
+                num_training: 10,
+            },
+            unit: "mm".into(),
+            mm_per_unit: 1.0,
+            channels: 1,
+            notes: Vec::new(),
+        };
+        let planned = plan_dataset(&fp, Preset::Default, None).unwrap();
+        assert!(planned.tables.contains_key("3d_lowres"));
+        let full = &planned.tables["3d_fullres"];
+        let cascade = &planned.tables["3d_cascade_fullres"];
+        assert_eq!(cascade.previous_stage.as_deref(), Some("3d_lowres"));
+        assert_eq!(full.previous_stage, None);
+        assert_eq!((cascade.patch, cascade.spacing), (full.patch, full.spacing));
+        assert!(cascade.memory_f32_mib > full.memory_f32_mib);
+        let text = plans_to_toml(&planned, "big", "mm").unwrap();
+        assert!(text.contains("[configurations.3d_cascade_fullres]"));
+        assert!(text.contains("previous_stage = \"3d_lowres\""));
+    }
 }

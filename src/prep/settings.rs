@@ -98,6 +98,9 @@ pub struct Settings {
     /// `--normalization` was given on the command line: it applies to every channel,
     /// whatever dataset.json's channel names say.
     pub normalization_forced: bool,
+    /// The planned configuration is a cascade's second stage after this one: the build needs
+    /// `--previous-stage` (not part of the cache's parameters).
+    pub previous_stage_of: Option<String>,
     /// The named layout the four fields below came from; `Auto` until a build decides, and
     /// no longer `Auto` once a pipeline or flag sets one of them.
     pub layout: Layout,
@@ -132,6 +135,7 @@ impl Default for Settings {
             spacing: SpacingChoice::Auto,
             normalization: Normalization::ZscoreNonzero,
             normalization_forced: false,
+            previous_stage_of: None,
             layout: Layout::Auto,
             image_dtype: ImageDtype::Float32,
             chunk_zyx: [32, 128, 128],

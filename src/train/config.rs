@@ -109,6 +109,11 @@ impl LossWeights {
 pub struct TrainConfig {
     /// Dataset in the cache's manifest; may be omitted when the cache holds one.
     pub dataset: Option<String>,
+    /// The planned configuration is a cascade's second stage after this one: its cache must
+    /// hold that stage's segmentation (`prep build-cache --previous-stage`). Set by the
+    /// configuration, not a `[train]` key.
+    #[serde(skip)]
+    pub previous_stage_of: Option<String>,
     /// Patch size (z, y, x) in voxels of the cached (resampled) volumes.
     pub patch: [usize; 3],
     /// Patches a batch.
@@ -215,6 +220,7 @@ impl Default for TrainConfig {
         let net = NetworkOptions::default();
         TrainConfig {
             dataset: None,
+            previous_stage_of: None,
             patch: net.patch,
             batch_size: 2,
             steps: 300,

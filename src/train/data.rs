@@ -135,6 +135,14 @@ pub(crate) fn open_data(
         params: reader.dataset(&dataset)?.params.clone(),
         unit,
     };
+    if let Some(first) = &cfg.previous_stage_of {
+        if crate::prep::build::previous::indicator_values(&preprocessing.params).is_empty() {
+            return Err(Error::cache(
+                cache_dir,
+                format!("dataset {dataset:?}: the configuration is a cascade's second stage after {first}, but the cache holds no previous stage's segmentation: build it with prep build-cache --previous-stage (the {first} run folder)"),
+            ));
+        }
+    }
     let described = reader.dataset(&dataset)?.dataset_json.as_ref();
     let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
     if !classes.regions().is_empty() {

@@ -25,6 +25,27 @@ pub fn prep(args: &[&str]) -> Output {
     prep_in(None, args)
 }
 
+/// Run one of the crate's binaries (`train`, `predict`, `evaluate`; `prep` as [`prep`] does)
+/// with `args`.
+pub fn run(name: &str, args: &[&str]) -> Output {
+    let exe = match name {
+        "train" => env!("CARGO_BIN_EXE_train"),
+        "evaluate" => env!("CARGO_BIN_EXE_evaluate"),
+        "predict" => env!("CARGO_BIN_EXE_predict"),
+        "prep" => return prep(args),
+        other => panic!("no binary {other:?}"),
+    };
+    Command::new(exe)
+        .args(args)
+        .output()
+        .expect("run the binary")
+}
+
+/// A path as an argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
 /// What a command wrote to stderr.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()

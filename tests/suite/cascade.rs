@@ -4,41 +4,45 @@
 
 use crate::common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::fixtures::{prep, text};
+use common::fixtures::{prep, s, text};
 use voxcache::cache::reader::CacheReader;
 use voxcache::nifti_io::read_volume;
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::loader::{CascadeInput, Loader, LoaderConfig};
 use voxcache::train::sampler::{Sampler, SamplerConfig};
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+/// `prep synth --preset brats-like` in `dir/brats`, and in `dir/prev` a "first stage's output"
+/// for each case i that `label_of(i)` maps to a case: that case's label. Returns the data, the
+/// previous-stage folder and where the cache goes.
+fn brats_with_previous(
+    dir: &Path,
+    label_of: &dyn Fn(usize) -> Option<usize>,
+) -> (PathBuf, PathBuf, PathBuf) {
+    let (data, prev, cache) = (dir.join("brats"), dir.join("prev"), dir.join("cache"));
+    let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::create_dir_all(&prev).unwrap();
+    for i in 0..12 {
+        if let Some(from) = label_of(i) {
+            std::fs::copy(
+                data.join(format!("labelsTr/brats_{from:03}.nii.gz")),
+                prev.join(format!("brats_{i:03}.nii.gz")),
+            )
+            .unwrap();
+        }
+    }
+    (data, prev, cache)
 }
 
 #[test]
 fn previous_stage_segmentations_become_indicator_channels() {
     let t = tempfile::tempdir().unwrap();
-    let (data, prev, cache) = (
-        t.path().join("brats"),
-        t.path().join("prev"),
-        t.path().join("cache"),
-    );
-    let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
-    assert!(o.status.success(), "{}", text(&o));
     // The first stage's "predictions": the labels themselves (all but brats_011), and one
     // made on another grid (brats_010 gets brats_000's).
-    std::fs::create_dir_all(&prev).unwrap();
-    for i in 0..11 {
-        let from = if i == 10 { 0 } else { i };
-        std::fs::copy(
-            data.join(format!("labelsTr/brats_{from:03}.nii.gz")),
-            prev.join(format!("brats_{i:03}.nii.gz")),
-        )
-        .unwrap();
-    }
+    let (data, prev, cache) = brats_with_previous(t.path(), &|i| (i < 11).then_some(i % 10));
     let build = || {
         prep(&[
             "build-cache",
@@ -107,18 +111,7 @@ fn previous_stage_segmentations_become_indicator_channels() {
 #[test]
 fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output() {
     let t = tempfile::tempdir().unwrap();
-    let (data, prev, cache) = (
-        t.path().join("brats"),
-        t.path().join("prev"),
-        t.path().join("cache"),
-    );
-    let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
-    assert!(o.status.success(), "{}", text(&o));
-    std::fs::create_dir_all(&prev).unwrap();
-    for i in 0..12 {
-        let name = format!("brats_{i:03}.nii.gz");
-        std::fs::copy(data.join("labelsTr").join(&name), prev.join(&name)).unwrap();
-    }
+    let (data, prev, cache) = brats_with_previous(t.path(), &Some);
     let o = prep(&[
         "build-cache",
         s(&data),
@@ -207,4 +200,65 @@ fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output()
     let seg = read_volume(&out.join("brats_005.nii.gz")).unwrap();
     let image = read_volume(&one.join("brats_005_0000.nii.gz")).unwrap();
     assert_eq!(seg.header.shape_xyz, image.header.shape_xyz);
+}
+
+/// A plan's `3d_cascade_fullres` (previous_stage = "3d_lowres"): build-cache wants the first
+/// stage's folder, and train refuses a cache without its channels, both naming the stage.
+#[test]
+fn a_cascade_configuration_needs_the_previous_stage() {
+    let t = tempfile::tempdir().unwrap();
+    let data = common::fixtures::bundled_data();
+    let plan = t.path().join("plan.toml");
+    let o = prep(&["plan", s(&data), "--out", s(&plan)]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The bundled data plans no 3d_lowres: the cascade's table is written as prep plan would.
+    let text_plan = std::fs::read_to_string(&plan).unwrap();
+    let start = text_plan.find("[configurations.3d_fullres]").unwrap();
+    let end = text_plan[start + 1..]
+        .find("\n[")
+        .map_or(text_plan.len(), |e| start + 1 + e);
+    let table = text_plan[start..end]
+        .replace("3d_fullres]", "3d_cascade_fullres]")
+        .trim_end()
+        .to_string();
+    std::fs::write(
+        &plan,
+        format!("{text_plan}\n{table}\nprevious_stage = \"3d_lowres\"\n"),
+    )
+    .unwrap();
+    let o = prep(&[
+        "build-cache",
+        s(&data),
+        "--cache-dir",
+        s(&t.path().join("never")),
+        "--pipeline",
+        s(&plan),
+        "--configuration",
+        "3d_cascade_fullres",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--previous-stage") && text(&o).contains("3d_lowres"),
+        "{}",
+        text(&o)
+    );
+    assert!(!t.path().join("never/manifest.json").exists());
+    let cache = common::fixtures::bundled_cache("default", &[]);
+    let o = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["--cache-dir", s(cache), "--out", s(&t.path().join("run"))])
+        .args([
+            "--pipeline",
+            s(&plan),
+            "--configuration",
+            "3d_cascade_fullres",
+        ])
+        .args(["--steps", "1", "--no-progress"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("3d_lowres") && text(&o).contains("--previous-stage"),
+        "{}",
+        text(&o)
+    );
 }

@@ -8,28 +8,14 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use common::fixtures::{bundled_cache, bundled_data, text};
+use common::fixtures::{bundled_cache, bundled_data, run as bin, s, text};
 use common::Nii;
 use voxcache::evaluate::crossval::decide_postprocessing;
 use voxcache::evaluate::pairs::{CasePair, Pairs};
 use voxcache::evaluate::{evaluate_pairs, ClassTable};
 use voxcache::format::dataset_json::LabelClass;
 use voxcache::nifti_io::{read_header, read_volume};
-
-fn bin(name: &str, args: &[&str]) -> Output {
-    let exe = match name {
-        "train" => env!("CARGO_BIN_EXE_train"),
-        "evaluate" => env!("CARGO_BIN_EXE_evaluate"),
-        _ => env!("CARGO_BIN_EXE_predict"),
-    };
-    Command::new(exe).args(args).output().unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// Five folds of a tiny network: `seed` makes the second configuration differ. The cache is
 /// at twice the bundled data's in-plane spacing: each fold ends by predicting its held-out

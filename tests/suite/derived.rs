@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use common::fixtures::{
-    bits, build, build_report, bundled_cache, entry_dirs, open_entries, prep, text, WholeBoxes,
+    bits, build, build_report, bundled_cache, entry_dirs, open_entries, prep, s, text, WholeBoxes,
 };
 use common::Lcg;
 use voxcache::cache::reader::CacheReader;
@@ -19,10 +19,6 @@ use voxcache::prep::derived::thinning::skeletonize;
 use voxcache::train::config::TrainConfig;
 use voxcache::train::spatial::{Transform, TransformedReader};
 use voxcache::train::trainer::{run, RunOptions};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 fn thin_data(dir: &Path) -> std::path::PathBuf {
     let data = dir.join("thin");

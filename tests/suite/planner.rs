@@ -333,6 +333,8 @@ fn a_gpu_memory_target_shrinks_the_plan_to_our_forecast() {
         "{:?}",
         tight.notes
     );
+    // The bundled data plans no 3d_lowres, so no cascade.
+    assert!(!free.tables.contains_key("3d_cascade_fullres"));
     let e = plan_dataset(&fp, Preset::Default, Some(0.5))
         .err()
         .unwrap()

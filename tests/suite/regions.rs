@@ -7,24 +7,11 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-use common::fixtures::{build, prep, text};
+use common::fixtures::{build, prep, run as bin, s, text};
 use common::zarrs_box;
 use voxcache::nifti_io::read_volume;
-
-fn bin(name: &str, args: &[&str]) -> Output {
-    let exe = match name {
-        "train" => env!("CARGO_BIN_EXE_train"),
-        "evaluate" => env!("CARGO_BIN_EXE_evaluate"),
-        _ => env!("CARGO_BIN_EXE_predict"),
-    };
-    Command::new(exe).args(args).output().unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

@@ -144,6 +144,15 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         .name
         .clone()
         .unwrap_or_else(|| crate::prep::dataset::default_name(&opts.source));
+    if let (Some(first), None, None) = (
+        &opts.settings.previous_stage_of,
+        &opts.previous_stage,
+        &opts.fixed_params,
+    ) {
+        return Err(Error::Config(format!(
+            "the configuration is a cascade's second stage after {first}: give --previous-stage, the {first} run folder whose folds' validation holds every case's segmentation"
+        )));
+    }
     let mut found = discover(&opts.source)?;
     // The label values dataset.json allows, when there is one: a label holding another fails
     // its case (a mislabelled file, or a dataset.json that forgot a class).
