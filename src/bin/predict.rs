@@ -116,6 +116,10 @@ struct Cli {
     /// the 3d_lowres model writes them.
     #[arg(long, value_name = "DIR")]
     previous_stage: Option<PathBuf>,
+    /// A cascade's first stage (repeat for its folds): predicted first, into --previous-stage
+    /// DIR or else OUT/previous_stage/, then the --model stage with those segmentations.
+    #[arg(long, value_name = "RUN_DIR")]
+    previous_model: Vec<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -193,9 +197,9 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         (None, None) => None,
     };
     if let Some(dir) = nnunet_dir {
-        if cli.previous_stage.is_some() {
+        if cli.previous_stage.is_some() || !cli.previous_model.is_empty() {
             anyhow::bail!(
-                "--previous-stage: nnU-Net's cascade models (3d_cascade_fullres) are not supported yet"
+                "--previous-stage, --previous-model: nnU-Net's cascade models (3d_cascade_fullres) are not supported yet"
             );
         }
         let opts = NnunetPredictOptions {
@@ -233,6 +237,7 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         mapped_mib: cli.mapped_mib,
         quiet: cli.quiet,
         previous_stage: cli.previous_stage,
+        previous_models: cli.previous_model,
     };
     let report = predict(&opts)?;
     Ok(print_report(&report, cli.json))

@@ -1,7 +1,9 @@
 //! Inference on cached volumes: the sliding-window predictor that validation and predict share,
 //! the on-disk class probabilities of a predicted volume, and their export to the input's grid;
-//! and nnU-Net v2's trained models run as nnU-Net runs them ([`nnunet`]).
+//! a cascade's two stages in one predict (`cascade`); and nnU-Net v2's trained models run as
+//! nnU-Net runs them ([`nnunet`]).
 
+mod cascade;
 pub mod export;
 pub mod model_dir;
 pub mod nnunet;

@@ -71,6 +71,9 @@ pub struct PredictOptions {
     /// A cascade's second stage: the folder of the first stage's segmentations of the inputs
     /// (`CASE.nii.gz`), its last channels.
     pub previous_stage: Option<PathBuf>,
+    /// A cascade's first stage (its folds): predicted first, without postprocessing (as
+    /// nnU-Net's cascade takes it), into `previous_stage` or else `out/previous_stage/`.
+    pub previous_models: Vec<PathBuf>,
 }
 
 /// How one case ended.
@@ -234,6 +237,9 @@ fn sweep_stale(out: &Path) -> Vec<PathBuf> {
 
 /// Run predict.
 pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
+    if !opts.previous_models.is_empty() {
+        return super::cascade::predict_chain(opts);
+    }
     let started = Instant::now();
     let peak = crate::util::sysinfo::PeakMemory::start();
     let device = crate::model::device::select(&opts.device)?;

@@ -211,6 +211,7 @@ pub fn validate_fold(opts: &FoldValidationOptions) -> Result<FoldValidation> {
             quiet: opts.quiet,
             // The cases carry the previous stage's channels already.
             previous_stage: None,
+            previous_models: Vec::new(),
         })?;
         for c in predicted.cases {
             match c.outcome {

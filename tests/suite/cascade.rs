@@ -200,6 +200,31 @@ fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output()
     let seg = read_volume(&out.join("brats_005.nii.gz")).unwrap();
     let image = read_volume(&one.join("brats_005_0000.nii.gz")).unwrap();
     assert_eq!(seg.header.shape_xyz, image.header.shape_xyz);
+
+    // Both stages in one predict: a first-stage model (here a plain one, two steps) writes
+    // OUT/previous_stage/, then the second stage reads it.
+    let (plain, first) = (t.path().join("plain"), t.path().join("first"));
+    let o = prep(&["build-cache", s(&data), "--cache-dir", s(&plain)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["--cache-dir", s(&plain), "--out", s(&first), "--steps", "2"])
+        .args([
+            "--patch",
+            "16,32,32",
+            "--base-channels",
+            "4",
+            "--stages",
+            "3",
+        ])
+        .args(["--val-fraction", "0", "--no-progress"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let chain = t.path().join("chain");
+    let o = predict(&["--previous-model", s(&first)], &chain);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(chain.join("previous_stage/brats_005.nii.gz").is_file());
+    assert!(chain.join("brats_005.nii.gz").is_file());
 }
 
 /// A plan's `3d_cascade_fullres` (previous_stage = "3d_lowres"): build-cache wants the first
