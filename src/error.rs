@@ -79,6 +79,15 @@ pub enum Error {
         /// What is wrong with it, or what is not supported.
         message: String,
     },
+    /// An object store (S3) that refused a request, cannot be reached, or holds something
+    /// other than what voxcache wrote; or a location URL that is not supported.
+    #[error("{url}: {message}")]
+    Remote {
+        /// The object's or bucket's URL (`s3://bucket/key`).
+        url: String,
+        /// What went wrong, and what to check.
+        message: String,
+    },
 }
 
 /// Any error kept as the source of ours.
@@ -188,6 +197,14 @@ impl Error {
             return Error::DiskFull { path, source };
         }
         Error::Zarr { path, source }
+    }
+
+    /// A failure of the object store at `url` (or a location that is not supported).
+    pub fn remote(url: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Remote {
+            url: url.into(),
+            message: message.into(),
+        }
     }
 
     /// A file or folder at `path` in a cache that is not what voxcache wrote.

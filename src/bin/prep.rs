@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::remote::{local_for_reading, S3Flags};
 use voxcache::config::settings::{dataset_source, resolve};
 use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};
@@ -112,9 +113,12 @@ struct BuildArgs {
     /// Label glob, paired with --images by case id.
     #[arg(long, requires = "images")]
     labels: Option<String>,
-    /// Where the cache lives.
+    /// Where the cache lives: a folder, or s3://BUCKET/PREFIX (credentials and endpoint from
+    /// AWS_* variables or AWS_PROFILE, as every S3 tool takes them).
     #[arg(long, default_value = "cache")]
     cache_dir: PathBuf,
+    #[command(flatten)]
+    s3: S3Flags,
     /// Dataset name in the cache manifest (default: the data folder's name).
     #[arg(long)]
     name: Option<String>,
@@ -191,6 +195,7 @@ fn run_build(args: BuildArgs) -> Result<Exit> {
     let opts = BuildOptions {
         source: dataset_source(args.data, args.images, args.labels)?,
         cache_dir: args.cache_dir,
+        remote: args.s3.options()?,
         name: args.name,
         settings,
         jobs: args.jobs,
@@ -257,6 +262,8 @@ struct InspectArgs {
     /// (--spacing x,y,z asks "what if").
     #[command(flatten)]
     settings: PrepFlags,
+    #[command(flatten)]
+    s3: S3Flags,
     /// Print the report as one JSON document (shape documented in voxcache::inspect).
     #[arg(long)]
     json: bool,
@@ -294,7 +301,16 @@ fn run_inspect(args: InspectArgs) -> Result<Exit> {
         }
         return Ok(Exit::Success);
     }
-    let path = args.path.clone().unwrap_or_default();
+    // A cache on S3 is read from its local tier; --verify downloads it afresh.
+    let view = local_for_reading(
+        &args.path.clone().unwrap_or_default(),
+        &args.s3.options()?,
+        args.verify,
+    )?;
+    if let Some(line) = view.describe() {
+        eprintln!("{line}");
+    }
+    let path = view.path.clone();
     if let (Some(case), Some(out)) = (&args.preview, &args.out) {
         let info = inspect::write_preview(&path, case, args.channel, out)?;
         if args.json {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use voxcache::config::remote::{local_for_reading, S3Flags};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -24,9 +25,12 @@ use voxcache::util::sysinfo::human_bytes;
 #[derive(Parser, Debug)]
 #[command(name = "train", version, after_help = EXIT_STATUS_HELP)]
 struct Cli {
-    /// Cache folder written by `prep build-cache`.
+    /// Cache written by `prep build-cache`: a folder, or s3://BUCKET/PREFIX (read through a
+    /// local folder, --local-cache).
     #[arg(long, default_value = "cache")]
     cache_dir: PathBuf,
+    #[command(flatten)]
+    s3: S3Flags,
     /// Run folder [default: runs/DATASET, or runs/DATASET-2, -3... when taken].
     #[arg(long)]
     out: Option<PathBuf>,
@@ -140,7 +144,13 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
     Ok(Exit::Success)
 }
 
-fn real_main(cli: Cli) -> Result<Exit> {
+fn real_main(mut cli: Cli) -> Result<Exit> {
+    // A cache on S3 is trained from its local tier, fetched first where it lacks entries.
+    let view = local_for_reading(&cli.cache_dir, &cli.s3.options()?, false)?;
+    if let Some(line) = view.describe() {
+        eprintln!("{line}");
+    }
+    cli.cache_dir = view.path.clone();
     if let Some(n) = cli.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))

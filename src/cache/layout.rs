@@ -2,16 +2,22 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::remote::RemoteCache;
 
 use crate::error::{Error, Result};
 use crate::format::{ENTRIES_DIR, MANIFEST_FILE, TMP_DIR, ZARR_JSON};
 use crate::util::sysinfo::{hostname, pid_alive};
 
-/// A cache folder.
+/// A cache folder; or, with `remote`, the local staging folder of a cache on S3: entries are
+/// built here, then uploaded at commit and removed.
 #[derive(Clone, Debug)]
 pub struct CacheDir {
     /// The cache folder itself.
     pub root: PathBuf,
+    /// The cache on S3 this folder stages for.
+    pub remote: Option<Arc<RemoteCache>>,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -28,7 +34,18 @@ pub enum Commit {
 impl CacheDir {
     /// The cache folder at `root` (nothing is created before [`CacheDir::prepare`]).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        CacheDir { root: root.into() }
+        CacheDir {
+            root: root.into(),
+            remote: None,
+        }
+    }
+
+    /// The staging folder `root` of the cache on S3 `remote`.
+    pub fn staging(root: impl Into<PathBuf>, remote: Arc<RemoteCache>) -> Self {
+        CacheDir {
+            root: root.into(),
+            remote: Some(remote),
+        }
     }
 
     /// `ROOT/manifest.json`.
@@ -61,9 +78,14 @@ impl CacheDir {
         format!("{ENTRIES_DIR}/{}/{}", &key[..2], key)
     }
 
-    /// Whether the entry of `key` is complete (its group `zarr.json` is written last).
+    /// Whether the entry of `key` is complete (its group `zarr.json` is written last). On S3,
+    /// whether its commit object exists; an unanswered question counts as "no" (the build then
+    /// fails at the upload, naming the problem).
     pub fn has_entry(&self, key: &str) -> bool {
-        self.entry_path(key).join(ZARR_JSON).is_file()
+        match &self.remote {
+            Some(r) => r.has_entry(key).unwrap_or(false),
+            None => self.entry_path(key).join(ZARR_JSON).is_file(),
+        }
     }
 
     /// Create the folders and prove we can write there, before any work is done.
@@ -134,8 +156,14 @@ impl CacheDir {
         write_via(&tmp, &self.manifest_path(), bytes)
     }
 
-    /// Move a complete temporary entry into place with one rename.
+    /// Move a complete temporary entry into place with one rename; when staging for S3,
+    /// upload it (its commit object last) and remove the local copy.
     pub fn commit(&self, tmp: &Path, key: &str) -> Result<Commit> {
+        if let Some(remote) = &self.remote {
+            let done = remote.upload_entry(tmp, key);
+            std::fs::remove_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
+            return done;
+        }
         let dest = self.entry_path(key);
         let parent = dest.parent().unwrap_or(&self.root);
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;

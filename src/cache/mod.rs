@@ -12,6 +12,7 @@ pub mod key;
 pub mod layout;
 pub mod manifest;
 pub mod reader;
+pub mod remote;
 pub mod source;
 pub mod store;
 pub mod writer;

@@ -18,6 +18,7 @@
 //! - [`settings`]: the cache parameters ([`Settings`]) and their flags ([`PrepFlags`]).
 //! - [`train`]: the training flags ([`TrainFlags`]) over the pipeline's `[train]` table.
 //! - [`values`]: the text parsers both layers use (three numbers, shard, part).
+//! - [`remote`]: the flags of caches on S3 and the local folder that serves their reads.
 //! - [`run_dir`]: where a training run's folder goes.
 //! - [`exit`]: the exit statuses of both binaries.
 
@@ -25,6 +26,7 @@ pub mod autoplan;
 pub mod configurations;
 pub mod exit;
 pub mod pipeline;
+pub mod remote;
 pub mod run_dir;
 pub mod settings;
 pub mod train;

@@ -15,6 +15,8 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const MANIFEST_LOCK: &str = "manifest.lock";
 /// The cache's folder of committed entries (`entries/ab/KEY`).
 pub const ENTRIES_DIR: &str = "entries";
+/// The file nnU-Net keeps its cross-validation splits in (beside the cache, or in a run).
+pub const SPLITS_FILE: &str = "splits_final.json";
 /// The cache's folder of entries being written (renamed into [`ENTRIES_DIR`] when complete).
 pub const TMP_DIR: &str = "tmp";
 

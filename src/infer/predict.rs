@@ -413,6 +413,7 @@ fn predict_group(
     let report = build_cache(&BuildOptions {
         source: DatasetSource::Cases(cases.clone()),
         cache_dir: cache.clone(),
+        remote: Default::default(),
         name: Some("predict".into()),
         settings,
         jobs: opts.jobs.max(1),

@@ -17,8 +17,7 @@ use crate::util::numpy_random::LegacyRandomState;
 pub const NNUNET_FOLDS: usize = 5;
 /// The `random_state` nnU-Net gives KFold.
 pub const NNUNET_SEED: u32 = 12345;
-/// The file nnU-Net keeps its splits in.
-pub const SPLITS_FILE: &str = "splits_final.json";
+pub use crate::format::SPLITS_FILE;
 /// The largest splits file read (a list of case ids: a few MiB is tens of thousands of cases).
 const MAX_SPLITS_BYTES: u64 = 64 << 20;
 

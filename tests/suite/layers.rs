@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top: a module may name only modules before it.
 const LAYERS: &[&str] = &[
-    "error", "util", "format", "geometry", "nifti_io", "cache", "prep", "synth", "model",
+    "error", "util", "remote", "format", "geometry", "nifti_io", "cache", "prep", "synth", "model",
     "planner", "infer", "evaluate", "train", "inspect", "config",
 ];
 

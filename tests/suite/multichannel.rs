@@ -395,6 +395,7 @@ fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
     let report = build_cache(&BuildOptions {
         source: DatasetSource::Cases(cases.clone()),
         cache_dir: scratch.clone(),
+        remote: Default::default(),
         name: Some("predict".into()),
         settings: voxcache::config::Settings::default(),
         jobs: 2,
@@ -433,6 +434,7 @@ fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
     let err = build_cache(&BuildOptions {
         source: DatasetSource::Cases(cases),
         cache_dir: t.path().join("scratch2"),
+        remote: Default::default(),
         name: None,
         settings: voxcache::config::Settings::default(),
         jobs: 1,

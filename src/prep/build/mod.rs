@@ -20,6 +20,7 @@ use serde::Serialize;
 use self::case::{case_key, Job};
 use self::progress::make_progress;
 use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
+use crate::cache::remote::{RemoteCache, RemoteOptions};
 use crate::cache::writer::configure_zarrs;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
@@ -34,6 +35,7 @@ use crate::prep::plan::{
     dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision,
 };
 use crate::prep::settings::{Layout, Settings, AUTO_PACKED_ABOVE_BYTES};
+use crate::remote::Location;
 use crate::util::sysinfo::{human_bytes, peak_rss_bytes};
 
 /// What the user asked for.
@@ -41,8 +43,10 @@ use crate::util::sysinfo::{human_bytes, peak_rss_bytes};
 pub struct BuildOptions {
     /// Where the cases come from.
     pub source: DatasetSource,
-    /// The cache folder to build into (created if missing).
+    /// The cache folder to build into (created if missing), or `s3://BUCKET/PREFIX`.
     pub cache_dir: PathBuf,
+    /// For a cache on S3: the endpoint flag and the local staging folder.
+    pub remote: RemoteOptions,
     /// Dataset name in the manifest; defaults to the data folder's name.
     pub name: Option<String>,
     /// Cache parameters: defaults, pipeline and flags merged.
@@ -283,7 +287,13 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         return Ok(report);
     }
 
-    let cache = CacheDir::new(&opts.cache_dir);
+    let cache = match Location::parse(&opts.cache_dir)? {
+        Location::Local(p) => CacheDir::new(p),
+        Location::S3(url) => {
+            let remote = RemoteCache::connect(&url, opts.remote.endpoint.as_deref())?;
+            CacheDir::staging(opts.remote.staging_for(&url), std::sync::Arc::new(remote))
+        }
+    };
     cache.prepare()?;
     for p in cache.sweep_tmp()? {
         eprintln!(
@@ -526,7 +536,8 @@ fn admit_by_space<'a>(
     params: &OutputParams,
     reports: &mut Vec<CaseReport>,
 ) -> Vec<Job<'a>> {
-    if params.compression != crate::format::Compression::None {
+    // On S3, entries pass through the staging folder one at a time: no forecast to make.
+    if params.compression != crate::format::Compression::None || cache.remote.is_some() {
         return jobs;
     }
     let Some(mut left) = crate::util::sysinfo::free_bytes(&cache.root) else {

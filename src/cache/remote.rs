@@ -1,0 +1,402 @@
+//! A cache on S3: the same layout as a local one (`manifest.json`, `entries/ab/KEY/...`), so
+//! zarr-python opens an entry over `s3://` as it opens a local one.
+//!
+//! Writing, with no rename on object storage: an entry is built in a local staging folder,
+//! then its chunk and shard objects are uploaded under its content key, and its group
+//! `zarr.json` last: that one object is the commit. A reader (and a re-run) counts an entry as
+//! present only when that object exists, so a builder killed mid-upload leaves nothing that
+//! looks complete, and the next run uploads the entry again under the same key. The manifest is
+//! merged by compare-and-swap: read it with its ETag, merge, write it back `If-Match` that ETag
+//! (`If-None-Match: *` when there is none yet); a conflict re-reads and merges again, so
+//! concurrent `--part` builders each land their cases.
+//!
+//! Reading: [`mirror`] brings a cache's manifest and entries into a local tier (a local cache
+//! folder keyed by content, so an entry once fetched is never fetched again), which the
+//! reader memory-maps as any local cache; a budget bounds the tier's size.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rayon::prelude::*;
+
+use super::layout::{dir_bytes, CacheDir, Commit};
+use crate::error::{Error, Result};
+use crate::format::{Manifest, ManifestDataset, ENTRIES_DIR, MANIFEST_FILE, ZARR_JSON};
+use crate::remote::s3::{Client, Condition, Config, Put};
+use crate::remote::S3Url;
+
+/// Uploads and downloads in flight at once (they wait on the network, not the CPU).
+const TRANSFERS: usize = 8;
+
+/// How a command reaches a cache on S3, from its flags.
+#[derive(Clone, Debug, Default)]
+pub struct RemoteOptions {
+    /// `--s3-endpoint` (else AWS_ENDPOINT_URL and the profile's, else AWS).
+    pub endpoint: Option<String>,
+    /// Where entries are built before upload (`--staging`), or the local tier that reads are
+    /// served from (`--local-cache`); default under `$XDG_CACHE_HOME/voxcache` (or
+    /// `~/.cache/voxcache`), per bucket and prefix.
+    pub local: Option<PathBuf>,
+    /// The local tier's budget in bytes (`--local-cache-gb`); `None`: unbounded.
+    pub budget: Option<u64>,
+}
+
+impl RemoteOptions {
+    /// The local folder for `url`: the one given, else one per bucket and prefix under the
+    /// user's cache folder (the system's temporary folder when there is no home).
+    pub fn staging_for(&self, url: &S3Url) -> PathBuf {
+        if let Some(p) = &self.local {
+            return p.clone();
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        let mut p = base.join("voxcache").join("s3").join(&url.bucket);
+        for part in url.prefix.split('/').filter(|s| !s.is_empty()) {
+            p.push(part);
+        }
+        p
+    }
+}
+
+/// A cache prefix in a bucket, and a client for it.
+pub struct RemoteCache {
+    client: Client,
+    url: S3Url,
+}
+
+impl std::fmt::Debug for RemoteCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RemoteCache({})", self.url)
+    }
+}
+
+fn pool() -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(TRANSFERS)
+        .thread_name(|i| format!("s3-transfer-{i}"))
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start transfer threads: {e}")))
+}
+
+/// The `/`-separated paths of the files under `dir`, sorted.
+fn files_under(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let e = e.map_err(|e| Error::io(&d, e))?;
+            let p = e.path();
+            if e.file_type().map_err(|e| Error::io(&p, e))?.is_dir() {
+                stack.push(p);
+            } else if let Ok(rel) = p.strip_prefix(dir) {
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+impl RemoteCache {
+    /// Connect to the cache at `url` (endpoint from `endpoint`, else the environment) and check
+    /// that its bucket exists and answers.
+    pub fn connect(url: &S3Url, endpoint: Option<&str>) -> Result<RemoteCache> {
+        let client = Client::new(Config::from_env(endpoint)?, &url.bucket)?;
+        client.check_bucket()?;
+        Ok(RemoteCache {
+            client,
+            url: url.clone(),
+        })
+    }
+
+    /// The cache's URL.
+    pub fn url(&self) -> &S3Url {
+        &self.url
+    }
+
+    fn entry_key(&self, key: &str, rel: &str) -> String {
+        self.url.key(&format!("{}/{rel}", CacheDir::entry_rel(key)))
+    }
+
+    /// Whether the entry of `key` is committed (its group `zarr.json` exists).
+    pub fn has_entry(&self, key: &str) -> Result<bool> {
+        Ok(self.client.head(&self.entry_key(key, ZARR_JSON))?.is_some())
+    }
+
+    /// Upload the complete local entry at `dir` as `key`: every object but the group's
+    /// `zarr.json`, then that one, written only if absent (another builder may have placed
+    /// the same content first).
+    pub fn upload_entry(&self, dir: &Path, key: &str) -> Result<Commit> {
+        if self.has_entry(key)? {
+            return Ok(Commit::AlreadyThere);
+        }
+        let files = files_under(dir)?;
+        if !files.iter().any(|f| f == ZARR_JSON) {
+            return Err(Error::cache(dir, "entry has no group zarr.json to commit"));
+        }
+        pool()?.install(|| {
+            files
+                .par_iter()
+                .filter(|f| *f != ZARR_JSON)
+                .try_for_each(|f| {
+                    self.client
+                        .upload_file(&self.entry_key(key, f), &dir.join(f))
+                })
+        })?;
+        let root = dir.join(ZARR_JSON);
+        let bytes = std::fs::read(&root).map_err(|e| Error::io(&root, e))?;
+        match self
+            .client
+            .put(&self.entry_key(key, ZARR_JSON), &bytes, Condition::Absent)?
+        {
+            Put::Written(_) => Ok(Commit::Placed),
+            Put::Conflict => Ok(Commit::AlreadyThere),
+        }
+    }
+
+    /// The manifest and its ETag, or `None` when no build has finished here.
+    fn manifest_with_etag(&self) -> Result<Option<(Manifest, Option<String>)>> {
+        let key = self.url.key(MANIFEST_FILE);
+        let Some(obj) = self.client.get(&key)? else {
+            return Ok(None);
+        };
+        let m = Manifest::from_json(Path::new(&self.client.url(&key)), &obj.bytes)?;
+        Ok(Some((m, obj.etag)))
+    }
+
+    /// The manifest, or `None` when no build has finished here.
+    pub fn manifest(&self) -> Result<Option<Manifest>> {
+        Ok(self.manifest_with_etag()?.map(|(m, _)| m))
+    }
+
+    /// Merge one build's cases for `name` into the manifest by compare-and-swap.
+    pub fn record(&self, name: &str, dataset: &ManifestDataset) -> Result<Manifest> {
+        let key = self.url.key(MANIFEST_FILE);
+        for attempt in 0..64u32 {
+            let (mut m, etag) = match self.manifest_with_etag()? {
+                Some((m, etag)) => (m, etag),
+                None => (Manifest::default(), None),
+            };
+            super::manifest::merge(&mut m, name, dataset.clone());
+            let cond = match &etag {
+                Some(e) => Condition::Matches(e),
+                None => Condition::Absent,
+            };
+            if let Put::Written(_) = self.client.put(&key, &m.to_json(), cond)? {
+                return Ok(m);
+            }
+            // Another builder wrote in between: wait a little (spread apart), read again.
+            let jitter = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| u64::from(d.subsec_nanos() ^ std::process::id()) % 50)
+                .unwrap_or(0);
+            std::thread::sleep(Duration::from_millis(
+                20 * u64::from(attempt.min(10)) + jitter,
+            ));
+        }
+        Err(Error::remote(
+            self.client.url(&key),
+            "the manifest kept changing under 64 merges in a row; run the build again",
+        ))
+    }
+
+    /// A small file at the cache's root (`splits_final.json`), or `None`.
+    pub fn get_root_file(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.client.get(&self.url.key(name))?.map(|o| o.bytes))
+    }
+
+    /// Bytes of every committed object under `entries/`, per entry key.
+    fn entry_sizes(&self) -> Result<BTreeMap<String, (u64, Vec<String>)>> {
+        let base = self.url.key(&format!("{ENTRIES_DIR}/"));
+        let mut out: BTreeMap<String, (u64, Vec<String>)> = BTreeMap::new();
+        for o in self.client.list(&base)? {
+            let Some(rest) = o.key.strip_prefix(&base) else {
+                continue;
+            };
+            // ab/KEY/rel...
+            let mut parts = rest.splitn(3, '/');
+            let (Some(_), Some(key), Some(rel)) = (parts.next(), parts.next(), parts.next()) else {
+                continue;
+            };
+            let e = out.entry(key.to_string()).or_default();
+            e.0 += o.size;
+            e.1.push(rel.to_string());
+        }
+        Ok(out)
+    }
+
+    /// Download entry `key` (its objects `rels`) into `tier`, atomically (a temporary folder
+    /// renamed into place).
+    fn fetch_entry(&self, tier: &CacheDir, key: &str, rels: &[String]) -> Result<()> {
+        let tmp = tier.new_tmp_entry(key)?;
+        let got = pool()?.install(|| {
+            rels.par_iter().try_for_each(|rel| {
+                let k = self.entry_key(key, rel);
+                let obj = self.client.get(&k)?.ok_or_else(|| {
+                    Error::remote(
+                        self.client.url(&k),
+                        "object vanished while the entry was read",
+                    )
+                })?;
+                let path = tmp.join(rel);
+                if let Some(p) = path.parent() {
+                    std::fs::create_dir_all(p).map_err(|e| Error::io(p, e))?;
+                }
+                std::fs::write(&path, &obj.bytes).map_err(|e| Error::io(&path, e))
+            })
+        });
+        if let Err(e) = got {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        tier.commit(&tmp, key).map(|_| ())
+    }
+}
+
+/// What a [`mirror`] did.
+#[derive(Clone, Debug, Default)]
+pub struct MirrorReport {
+    /// Entries fetched now.
+    pub fetched: usize,
+    /// Entries the tier already held.
+    pub reused: usize,
+    /// Bytes fetched.
+    pub bytes: u64,
+    /// Entries removed to stay within the budget.
+    pub evicted: usize,
+}
+
+/// Bring the cache at `remote` into the local cache folder `tier`: its manifest (always
+/// fresh), its `splits_final.json` when there is one, and every entry the manifest names
+/// that the tier lacks. With `budget`, entries the manifest does not name are removed, least
+/// recently used first, to make room; a cache larger than the budget is refused, with figures.
+pub fn mirror(remote: &RemoteCache, tier: &Path, budget: Option<u64>) -> Result<MirrorReport> {
+    let url = remote.url().to_string();
+    let manifest = remote.manifest()?.ok_or_else(|| {
+        Error::remote(
+            &url,
+            format!(
+                "no cache here: {MANIFEST_FILE} is missing (build one with \
+                 `prep build-cache DATA --cache-dir {url}`)"
+            ),
+        )
+    })?;
+    let local = CacheDir::new(tier);
+    local.prepare()?;
+    let _ = local.sweep_tmp();
+    let wanted: BTreeSet<String> = manifest
+        .datasets
+        .values()
+        .flat_map(|d| d.cases.values().map(|c| c.key.clone()))
+        .collect();
+    let missing: Vec<&String> = wanted.iter().filter(|k| !local.has_entry(k)).collect();
+    let mut report = MirrorReport {
+        reused: wanted.len() - missing.len(),
+        ..Default::default()
+    };
+    let sizes = if missing.is_empty() {
+        BTreeMap::new()
+    } else {
+        remote.entry_sizes()?
+    };
+    for k in &missing {
+        let complete = sizes
+            .get(*k)
+            .is_some_and(|(_, rels)| rels.iter().any(|r| r == ZARR_JSON));
+        if !complete {
+            let case = manifest
+                .datasets
+                .values()
+                .flat_map(|d| d.cases.iter())
+                .find(|(_, c)| &c.key == *k)
+                .map(|(id, _)| id.clone())
+                .unwrap_or_default();
+            return Err(Error::remote(
+                &url,
+                format!(
+                    "case {case}: its entry {} is in the manifest but not complete in the bucket \
+                     (no {ZARR_JSON}); build the cache again to restore it",
+                    CacheDir::entry_rel(k)
+                ),
+            ));
+        }
+    }
+    if let Some(budget) = budget {
+        let need: u64 = missing.iter().map(|k| sizes[*k].0).sum();
+        let held: u64 = wanted
+            .iter()
+            .filter(|k| local.has_entry(k))
+            .map(|k| dir_bytes(&local.entry_path(k)))
+            .sum();
+        let h = crate::util::sysinfo::human_bytes;
+        if need + held > budget {
+            return Err(Error::remote(
+                &url,
+                format!(
+                    "the cache's entries take {} and the local tier's budget is {}: raise \
+                     --local-cache-gb",
+                    h(need + held),
+                    h(budget)
+                ),
+            ));
+        }
+        report.evicted = evict(&local, &wanted, budget - need - held)?;
+    }
+    for k in missing {
+        let (bytes, rels) = &sizes[k];
+        remote.fetch_entry(&local, k, rels)?;
+        report.fetched += 1;
+        report.bytes += bytes;
+    }
+    // Mark what this run uses, for the least-recently-used order of later evictions.
+    for k in &wanted {
+        let _ = std::fs::File::open(local.entry_path(k).join(ZARR_JSON))
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    }
+    if let Some(bytes) = remote.get_root_file(crate::format::SPLITS_FILE)? {
+        super::layout::write_atomic(&tier.join(crate::format::SPLITS_FILE), &bytes)?;
+    }
+    local.write_manifest(&manifest.to_json())?;
+    Ok(report)
+}
+
+/// Remove tier entries not in `keep`, oldest use first, until the others take at most `room`.
+fn evict(tier: &CacheDir, keep: &BTreeSet<String>, room: u64) -> Result<usize> {
+    let mut others: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+    let Ok(rd) = std::fs::read_dir(tier.entries_dir()) else {
+        return Ok(0);
+    };
+    for shard in rd.flatten() {
+        for e in std::fs::read_dir(shard.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let key = e.file_name().to_string_lossy().to_string();
+            if keep.contains(&key) {
+                continue;
+            }
+            let p = e.path();
+            let used = std::fs::metadata(p.join(ZARR_JSON))
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            others.push((used, dir_bytes(&p), p));
+        }
+    }
+    others.sort();
+    let mut total: u64 = others.iter().map(|o| o.1).sum();
+    let mut n = 0;
+    for (_, bytes, p) in others {
+        if total <= room {
+            break;
+        }
+        std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+        total -= bytes;
+        n += 1;
+    }
+    Ok(n)
+}

@@ -1,0 +1,124 @@
+//! The flags of every command that takes a cache on S3: the endpoint, and the local folder
+//! that stages uploads (`prep build-cache`) and serves reads (`prep inspect`, `train`).
+
+use std::path::{Path, PathBuf};
+
+use crate::cache::remote::{mirror, MirrorReport, RemoteCache, RemoteOptions};
+use crate::error::{Error, Result};
+use crate::remote::Location;
+
+/// `--s3-endpoint`, `--local-cache`, `--local-cache-gb`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct S3Flags {
+    /// An S3-compatible server for `s3://` caches (default: AWS_ENDPOINT_URL, the profile's
+    /// endpoint_url, else AWS itself).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// For an `s3://` cache: the local folder entries are built in before upload, and read
+    /// from after download (default: ~/.cache/voxcache/s3/BUCKET/PREFIX).
+    #[arg(long, value_name = "DIR")]
+    pub local_cache: Option<PathBuf>,
+    /// For an `s3://` cache: the most the local folder may hold, in GiB; entries of other
+    /// caches are removed (least recently used first) to stay under it.
+    #[arg(long, value_name = "GB")]
+    pub local_cache_gb: Option<f64>,
+}
+
+impl S3Flags {
+    /// The flags, checked.
+    pub fn options(&self) -> Result<RemoteOptions> {
+        let budget = match self.local_cache_gb {
+            None => None,
+            Some(g) if g.is_finite() && g > 0.0 && g <= 1e6 => {
+                Some((g * (1u64 << 30) as f64) as u64)
+            }
+            Some(g) => {
+                return Err(Error::Config(format!(
+                    "--local-cache-gb {g}: give a number above 0 (GiB), at most 1000000"
+                )))
+            }
+        };
+        if let Some(p) = &self.local_cache {
+            Location::local_only(p, "--local-cache")?;
+        }
+        Ok(RemoteOptions {
+            endpoint: self.s3_endpoint.clone(),
+            local: self.local_cache.clone(),
+            budget,
+        })
+    }
+}
+
+/// A cache made readable as a local folder.
+pub struct LocalView {
+    /// The folder to read.
+    pub path: PathBuf,
+    /// For `s3://`: the URL, and what was fetched to bring the folder up to date.
+    pub fetched: Option<(String, MirrorReport)>,
+    /// Removed when the view is dropped (a fresh download for `--verify`).
+    temporary: bool,
+}
+
+impl LocalView {
+    /// A line for the command to print about what was fetched (`None` for a local cache).
+    pub fn describe(&self) -> Option<String> {
+        let (url, r) = self.fetched.as_ref()?;
+        Some(format!(
+            "{url}: {} entries fetched ({}), {} already in {}{}",
+            r.fetched,
+            crate::util::sysinfo::human_bytes(r.bytes),
+            r.reused,
+            self.path.display(),
+            if r.evicted > 0 {
+                format!("; {} older entries removed to stay in budget", r.evicted)
+            } else {
+                String::new()
+            }
+        ))
+    }
+}
+
+impl Drop for LocalView {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// The local folder to read the cache at `cache_dir` from: itself, or for `s3://` the local
+/// tier brought up to date first. `fresh`: download every entry again into a temporary folder
+/// (removed with the view), so that what is checked is what the bucket holds now.
+pub fn local_for_reading(cache_dir: &Path, opts: &RemoteOptions, fresh: bool) -> Result<LocalView> {
+    match Location::parse(cache_dir)? {
+        Location::Local(p) => Ok(LocalView {
+            path: p,
+            fetched: None,
+            temporary: false,
+        }),
+        Location::S3(url) => {
+            let remote = RemoteCache::connect(&url, opts.endpoint.as_deref())?;
+            let tier = if fresh {
+                let base = opts.staging_for(&url);
+                base.with_file_name(format!(
+                    "{}.verify.{}",
+                    base.file_name()
+                        .map(|n| n.to_string_lossy())
+                        .unwrap_or_default(),
+                    std::process::id()
+                ))
+            } else {
+                opts.staging_for(&url)
+            };
+            let mut view = LocalView {
+                path: tier,
+                fetched: None,
+                temporary: fresh,
+            };
+            // On failure the view is dropped: a fresh download leaves nothing behind.
+            let report = mirror(&remote, &view.path, opts.budget)?;
+            view.fetched = Some((url.to_string(), report));
+            Ok(view)
+        }
+    }
+}

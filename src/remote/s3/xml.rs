@@ -1,0 +1,98 @@
+//! The little of S3's XML that the client reads: error codes, listings, upload ids. S3's
+//! replies are flat and machine-written, so tags are found by text, and the five predefined
+//! entities (plus numeric ones) are decoded.
+
+/// The text of every `<tag>...</tag>` in `xml`, in order, decoded.
+pub(super) fn all(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(decode(&after[..j]));
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+/// The first `<tag>...</tag>`'s text.
+pub(super) fn first(xml: &str, tag: &str) -> Option<String> {
+    all(xml, tag).into_iter().next()
+}
+
+/// The raw (undecoded) inside of every `<tag>...</tag>` block.
+pub(super) fn blocks<'a>(xml: &'a str, tag: &str) -> Vec<&'a str> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(&after[..j]);
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+fn decode(s: &str) -> String {
+    if !s.contains('&') {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('&') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let Some(end) = tail.find(';') else {
+            out.push_str(tail);
+            return out;
+        };
+        let ent = &tail[1..end];
+        let ch = match ent {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            _ => ent
+                .strip_prefix("#x")
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .or_else(|| ent.strip_prefix('#').and_then(|d| d.parse().ok()))
+                .and_then(char::from_u32),
+        };
+        match ch {
+            Some(c) => out.push(c),
+            None => out.push_str(&tail[..=end]),
+        }
+        rest = &tail[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `s` with XML's special characters escaped (for request bodies).
+pub(super) fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_blocks_entities() {
+        let x = "<R><Contents><Key>a&amp;b</Key><Size>3</Size></Contents>\
+                 <Contents><Key>c&#x2F;d</Key><Size>4</Size></Contents><IsTruncated>false</IsTruncated></R>";
+        let b = blocks(x, "Contents");
+        assert_eq!(b.len(), 2);
+        assert_eq!(first(b[0], "Key").unwrap(), "a&b");
+        assert_eq!(first(b[1], "Key").unwrap(), "c/d");
+        assert_eq!(all(x, "Size"), vec!["3", "4"]);
+        assert_eq!(first(x, "IsTruncated").unwrap(), "false");
+        assert_eq!(escape("\"a<b>&"), "&quot;a&lt;b&gt;&amp;");
+    }
+}
