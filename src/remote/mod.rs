@@ -98,7 +98,7 @@ mod tests {
             ("bucket", "some/prefix")
         );
         assert_eq!(u.to_string(), "s3://bucket/some/prefix");
-        for bad in ["gs://b/p", "https://host/b", "file:///tmp/x", "az://c/p"] {
+        for bad in ["gs://bkt/p", "https://host/b", "file:///tmp/x", "az://c/p"] {
             let e = loc(bad).unwrap_err().to_string();
             assert!(e.contains("not supported") && e.starts_with(bad), "{e}");
         }
@@ -111,7 +111,7 @@ mod tests {
         ] {
             assert!(loc(bad).is_err(), "{bad} accepted");
         }
-        let e = Location::local_only(Path::new("s3://b/p"), "--out").unwrap_err();
+        let e = Location::local_only(Path::new("s3://bkt/p"), "--out").unwrap_err();
         assert!(
             e.to_string().contains("--out must be a local folder"),
             "{e}"
