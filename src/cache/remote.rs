@@ -106,7 +106,11 @@ impl RemoteCache {
     /// that its bucket exists and answers.
     pub fn connect(url: &S3Url, endpoint: Option<&str>) -> Result<RemoteCache> {
         let client = Client::new(Config::from_env(endpoint)?, &url.bucket)?;
-        client.check_bucket()?;
+        // The first request: its failure (credentials, bucket, endpoint) names the cache.
+        client.check_bucket().map_err(|e| match e {
+            Error::Remote { message, .. } => Error::remote(url.to_string(), message),
+            e => e,
+        })?;
         Ok(RemoteCache {
             client,
             url: url.clone(),

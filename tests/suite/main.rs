@@ -22,6 +22,7 @@ mod planner;
 mod predict;
 mod regions;
 mod resample_properties;
+mod s3;
 mod synth;
 mod train_norm;
 mod train_ops;

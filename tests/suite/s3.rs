@@ -1,0 +1,565 @@
+//! Caches on S3, against a real S3-compatible server (SeaweedFS, which `.ci/run` installs and
+//! starts): VOXCACHE_TEST_S3_ENDPOINT (`http://127.0.0.1:8333`) and VOXCACHE_TEST_S3_BUCKET
+//! name it, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY sign for it. Without the endpoint
+//! variable these tests say so and pass; `.ci/run` always sets it, and there a server that
+//! does not answer fails them. Each test works under a prefix of its own.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use voxcache::cache::reader::CacheReader;
+use voxcache::remote::s3::{Client, Condition, Config};
+use voxcache::train::augment::AugmentConfig;
+use voxcache::train::loader::{Loader, LoaderConfig};
+use voxcache::train::sampler::{Sampler, SamplerConfig};
+
+use crate::common::fixtures::{bundled_cache, bundled_data, open_entries, s, text};
+use crate::common::Lcg;
+
+struct Server {
+    endpoint: String,
+    bucket: String,
+}
+
+fn server(test: &str) -> Option<Server> {
+    let Ok(endpoint) = std::env::var("VOXCACHE_TEST_S3_ENDPOINT") else {
+        eprintln!("{test}: skipped, VOXCACHE_TEST_S3_ENDPOINT is not set (.ci/run sets it)");
+        return None;
+    };
+    let bucket = std::env::var("VOXCACHE_TEST_S3_BUCKET").unwrap_or_else(|_| "voxtest".into());
+    Some(Server { endpoint, bucket })
+}
+
+impl Server {
+    /// A prefix no other test or run uses.
+    fn url(&self, test: &str) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("s3://{}/{test}-{}-{nanos}", self.bucket, std::process::id())
+    }
+
+    fn client(&self) -> Client {
+        Client::new(
+            Config::from_env(Some(&self.endpoint)).unwrap(),
+            &self.bucket,
+        )
+        .unwrap()
+    }
+
+    /// The key prefix of an `s3://bucket/prefix` URL.
+    fn prefix(&self, url: &str) -> String {
+        url.strip_prefix(&format!("s3://{}/", self.bucket))
+            .unwrap()
+            .to_string()
+    }
+
+    /// A binary with this server's endpoint in its environment.
+    fn cmd(&self, bin: &str) -> Command {
+        let exe = match bin {
+            "prep" => env!("CARGO_BIN_EXE_prep"),
+            "train" => env!("CARGO_BIN_EXE_train"),
+            other => panic!("no binary {other}"),
+        };
+        let mut c = Command::new(exe);
+        c.env("AWS_ENDPOINT_URL", &self.endpoint);
+        c
+    }
+
+    fn run(&self, bin: &str, args: &[&str]) -> Output {
+        self.cmd(bin).args(args).output().unwrap()
+    }
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", text(o));
+    text(o)
+}
+
+/// The bundled data's cache built locally with the defaults (the reference: content keys are
+/// the same wherever an entry is stored).
+fn local() -> &'static Path {
+    bundled_cache("s3-reference", &[])
+}
+
+/// Relative path -> bytes of every file under an entry folder.
+fn entry_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = crate::common::fixtures::files_under(dir)
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().to_string();
+            (rel, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Entry key -> (relative object path, size) of what the bucket holds under `prefix/entries`.
+fn remote_entries(
+    c: &Client,
+    prefix: &str,
+) -> std::collections::BTreeMap<String, Vec<(String, u64)>> {
+    let base = format!("{prefix}/entries/");
+    let mut out: std::collections::BTreeMap<String, Vec<(String, u64)>> = Default::default();
+    for o in c.list(&base).unwrap() {
+        let rest = o.key.strip_prefix(&base).unwrap();
+        let mut parts = rest.splitn(3, '/');
+        let (_, key, rel) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
+        out.entry(key.to_string())
+            .or_default()
+            .push((rel.to_string(), o.size));
+    }
+    out
+}
+
+#[test]
+fn build_verify_and_train_from_s3_read_what_a_local_cache_holds() {
+    let Some(srv) = server("s3-roundtrip") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let url = srv.url("roundtrip");
+    let stage = t.path().join("stage");
+    let data = bundled_data();
+    let built = ok(&srv.run(
+        "prep",
+        &[
+            "build-cache",
+            s(&data),
+            "--cache-dir",
+            &url,
+            "--local-cache",
+            s(&stage),
+            "-q",
+        ],
+    ));
+    assert!(built.contains("10 built, 0 cached, 0 failed"), "{built}");
+    // Staged entries are removed once uploaded.
+    assert!(crate::common::fixtures::entry_dirs(&stage).is_empty());
+    let again = ok(&srv.run(
+        "prep",
+        &[
+            "build-cache",
+            s(&data),
+            "--cache-dir",
+            &url,
+            "--local-cache",
+            s(&stage),
+            "-q",
+        ],
+    ));
+    assert!(again.contains("0 built, 10 cached"), "{again}");
+
+    // verify downloads afresh into a folder it removes.
+    let tier = t.path().join("tier");
+    let v = ok(&srv.run(
+        "prep",
+        &["inspect", &url, "--verify", "--local-cache", s(&tier)],
+    ));
+    assert!(v.contains("0 corrupt, 0 missing"), "{v}");
+    assert!(std::fs::read_dir(t.path()).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .contains("verify")));
+
+    // The local tier holds, byte for byte, the entries a local build makes.
+    ok(&srv.run("prep", &["inspect", &url, "--local-cache", s(&tier)]));
+    let reference = local();
+    let ref_reader = CacheReader::open(reference).unwrap();
+    let tier_reader = CacheReader::open(&tier).unwrap();
+    let ref_cases = ref_reader.manifest().datasets["vessels"].cases.clone();
+    assert_eq!(tier_reader.manifest().datasets["vessels"].cases, ref_cases);
+    for c in ref_cases.values() {
+        assert_eq!(
+            entry_files(&tier.join(&c.entry)),
+            entry_files(&reference.join(&c.entry)),
+            "entry {}",
+            c.key
+        );
+    }
+    // And so the trainer's augmented batches are the same.
+    let (a, b) = (open_entries(&ref_reader), open_entries(&tier_reader));
+    let mut aug = AugmentConfig::default();
+    aug.spatial.rotation_prob = 0.5;
+    let cfg = SamplerConfig::new([8, 24, 24], 2, 5);
+    let start = |es: &[voxcache::cache::reader::EntryReader]| {
+        let sampler = Sampler::new(es, Vec::new(), cfg.clone()).unwrap();
+        let lc = LoaderConfig {
+            workers: 1,
+            augment: aug.clone(),
+            ..LoaderConfig::default()
+        };
+        Loader::start(es.to_vec(), sampler, lc, 0).unwrap()
+    };
+    let (mut la, mut lb) = (start(&a), start(&b));
+    for step in 0..6 {
+        let (x, _) = la.next().unwrap();
+        let (y, _) = lb.next().unwrap();
+        assert_eq!(x.label, y.label, "step {step}");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&x.image) == bits(&y.image), "step {step}");
+    }
+
+    // train reads it through the tier.
+    let tier2 = t.path().join("tier2");
+    let run = t.path().join("run");
+    let o = ok(&srv.run(
+        "train",
+        &[
+            "--cache-dir",
+            &url,
+            "--local-cache",
+            s(&tier2),
+            "--steps",
+            "2",
+            "--patch",
+            "8,32,32",
+            "--batch-size",
+            "1",
+            "--base-channels",
+            "4",
+            "--val-every",
+            "0",
+            "--no-progress",
+            "--out",
+            s(&run),
+        ],
+    ));
+    assert!(o.contains("10 entries fetched"), "{o}");
+    assert!(run.join("checkpoints").is_dir());
+}
+
+#[test]
+fn killed_builders_leave_no_visible_partial_entry_and_the_next_run_completes() {
+    let Some(srv) = server("s3-kill") else {
+        return;
+    };
+    let c = srv.client();
+    let reference = local();
+    let ref_entries: std::collections::BTreeMap<String, Vec<(String, u64)>> =
+        crate::common::fixtures::entry_dirs(reference)
+            .iter()
+            .map(|d| {
+                let key = d.file_name().unwrap().to_string_lossy().to_string();
+                let files = entry_files(d)
+                    .into_iter()
+                    .map(|(rel, b)| (rel, b.len() as u64))
+                    .collect();
+                (key, files)
+            })
+            .collect();
+    let t = tempfile::tempdir().unwrap();
+    let data = bundled_data();
+    let mut rng = Lcg(0x5eed);
+    let mut partial_seen = 0;
+    for round in 0..20 {
+        let url = srv.url(&format!("kill{round}"));
+        let prefix = srv.prefix(&url);
+        let stage = t.path().join(format!("stage{round}"));
+        let mut child = srv
+            .cmd("prep")
+            .args([
+                "build-cache",
+                s(&data),
+                "--cache-dir",
+                &url,
+                "--local-cache",
+                s(&stage),
+            ])
+            .args(["-q", "-j", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let wait = 100 + (rng.next_f32() * 1200.0) as u64;
+        std::thread::sleep(Duration::from_millis(wait));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        // Every entry whose commit object is visible is complete: the same objects, of the
+        // same sizes, as the local build of that key.
+        let seen = remote_entries(&c, &prefix);
+        for (key, objs) in &seen {
+            let mut objs = objs.clone();
+            objs.sort();
+            if objs.iter().any(|(rel, _)| rel == "zarr.json") {
+                assert_eq!(
+                    Some(&objs),
+                    ref_entries.get(key),
+                    "round {round}: entry {key}"
+                );
+            } else {
+                partial_seen += 1;
+            }
+        }
+        // The manifest, when there is one, names only visible entries.
+        if let Some(m) = c.get(&format!("{prefix}/manifest.json")).unwrap() {
+            let m: serde_json::Value = serde_json::from_slice(&m.bytes).unwrap();
+            for case in m["datasets"]["vessels"]["cases"]
+                .as_object()
+                .unwrap()
+                .values()
+            {
+                let key = case["key"].as_str().unwrap();
+                assert!(
+                    seen[key].iter().any(|(rel, _)| rel == "zarr.json"),
+                    "round {round}: manifest names {key} without its commit object"
+                );
+            }
+        }
+        // A few rounds are finished by a second run, which completes the cache.
+        if round % 5 == 0 {
+            let o = ok(&srv.run(
+                "prep",
+                &[
+                    "build-cache",
+                    s(&data),
+                    "--cache-dir",
+                    &url,
+                    "--local-cache",
+                    s(&stage),
+                    "-q",
+                ],
+            ));
+            assert!(o.contains("0 failed"), "{o}");
+            let v = ok(&srv.run(
+                "prep",
+                &[
+                    "inspect",
+                    &url,
+                    "--verify",
+                    "--local-cache",
+                    s(&t.path().join("v")),
+                ],
+            ));
+            assert!(v.contains("10 entries"), "{v}");
+        }
+    }
+    eprintln!("killed 20 builders; {partial_seen} uncommitted entries seen (never read)");
+}
+
+#[test]
+fn four_part_builders_at_once_make_one_consistent_manifest() {
+    let Some(srv) = server("s3-parts") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let url = srv.url("parts");
+    let data = bundled_data();
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            srv.cmd("prep")
+                .args([
+                    "build-cache",
+                    s(&data),
+                    "--cache-dir",
+                    &url,
+                    "-q",
+                    "-j",
+                    "1",
+                ])
+                .args(["--part", &format!("{i}/4")])
+                .args(["--local-cache", s(&t.path().join(format!("stage{i}")))])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for ch in children {
+        let o = ch.wait_with_output().unwrap();
+        ok(&o);
+    }
+    let m = srv
+        .client()
+        .get(&format!("{}/manifest.json", srv.prefix(&url)))
+        .unwrap()
+        .unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&m.bytes).unwrap();
+    let reference = CacheReader::open(local()).unwrap();
+    let want = &reference.manifest().datasets["vessels"].cases;
+    let got = m["datasets"]["vessels"]["cases"].as_object().unwrap();
+    assert_eq!(got.len(), 10);
+    for (id, case) in want {
+        assert_eq!(got[id]["key"].as_str().unwrap(), case.key, "case {id}");
+    }
+}
+
+#[test]
+fn tampered_or_truncated_objects_are_caught_by_verify_and_refused_by_train() {
+    let Some(srv) = server("s3-tamper") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let c = srv.client();
+    let data = bundled_data();
+    for (i, how) in ["tamper", "truncate"].iter().enumerate() {
+        let url = srv.url(how);
+        let prefix = srv.prefix(&url);
+        ok(&srv.run(
+            "prep",
+            &["build-cache", s(&data), "--cache-dir", &url, "-q"],
+        ));
+        // The largest image chunk of one entry.
+        let objs = c.list(&format!("{prefix}/entries/")).unwrap();
+        let victim = objs
+            .iter()
+            .filter(|o| o.key.contains("/image/c/"))
+            .max_by_key(|o| o.size)
+            .unwrap();
+        let mut bytes = c.get(&victim.key).unwrap().unwrap().bytes;
+        if i == 0 {
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x55;
+        } else {
+            bytes.truncate(bytes.len() / 3);
+        }
+        c.put(&victim.key, &bytes, Condition::None).unwrap();
+        let v = srv.run(
+            "prep",
+            &[
+                "inspect",
+                &url,
+                "--verify",
+                "--local-cache",
+                s(&t.path().join("v")),
+            ],
+        );
+        assert!(!v.status.success(), "{how}: verify passed: {}", text(&v));
+        let msg = text(&v);
+        assert!(msg.contains("corrupt") || msg.contains("missing"), "{msg}");
+        let o = srv.run(
+            "train",
+            &[
+                "--cache-dir",
+                &url,
+                "--local-cache",
+                s(&t.path().join(format!("tier{i}"))),
+                "--steps",
+                "40",
+                "--patch",
+                "16,64,64",
+                "--batch-size",
+                "2",
+                "--base-channels",
+                "4",
+                "--val-every",
+                "0",
+                "--no-progress",
+                "--out",
+                s(&t.path().join(format!("run{i}"))),
+            ],
+        );
+        assert!(
+            !o.status.success(),
+            "{how}: train read a bad object: {}",
+            text(&o)
+        );
+    }
+}
+
+/// A server that answers every request with 503 SlowDown, as S3 does when throttling.
+fn throttling_server() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in l.incoming().flatten() {
+            let mut conn = conn;
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = [0u8; 8192];
+            let _ = conn.read(&mut buf);
+            let body = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn bad_credentials_buckets_and_endpoints_are_named_and_never_hang() {
+    let Some(srv) = server("s3-errors") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let data = bundled_data();
+    let url = srv.url("errors");
+    let build = |extra_env: &[(&str, &str)], url: &str, extra: &[&str]| {
+        let mut c = srv.cmd("prep");
+        c.current_dir(t.path())
+            .args(["build-cache", s(&data), "--cache-dir", url, "-q"])
+            .args(extra);
+        for (k, v) in extra_env {
+            c.env(k, v);
+        }
+        let started = Instant::now();
+        let o = c.output().unwrap();
+        assert!(!o.status.success(), "{url}: {}", text(&o));
+        (text(&o), started.elapsed())
+    };
+    let (msg, _) = build(&[("AWS_SECRET_ACCESS_KEY", "wrong")], &url, &[]);
+    assert!(
+        msg.contains(&url[..20]) && msg.contains("secret key"),
+        "{msg}"
+    );
+    let (msg, _) = build(&[("AWS_ACCESS_KEY_ID", "nobody")], &url, &[]);
+    assert!(msg.contains("access key"), "{msg}");
+    let (msg, _) = build(&[], "s3://no-such-bucket-vox/p", &[]);
+    assert!(
+        msg.contains("no-such-bucket-vox") && msg.contains("does not exist"),
+        "{msg}"
+    );
+    let (msg, took) = build(&[], &url, &["--s3-endpoint", "http://127.0.0.1:9"]);
+    assert!(
+        msg.contains("no answer") && msg.contains("127.0.0.1:9"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let slow = throttling_server();
+    let (msg, took) = build(&[], &url, &["--s3-endpoint", &slow]);
+    assert!(msg.contains("throttling"), "{msg}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    // Nothing was written by any of them.
+    assert!(srv.client().list(&srv.prefix(&url)).unwrap().is_empty());
+    // Unsupported schemes are refused, not taken as a folder named "gs:".
+    let (msg, _) = build(&[], "gs://bucket/p", &[]);
+    assert!(msg.contains("not supported"), "{msg}");
+    assert!(!t.path().join("gs:").exists());
+    // A prefix with no cache, and a tier budget too small for the cache.
+    let o = srv.run(
+        "prep",
+        &["inspect", &url, "--local-cache", s(&t.path().join("x"))],
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("no cache here"),
+        "{}",
+        text(&o)
+    );
+    ok(&srv.run(
+        "prep",
+        &["build-cache", s(&data), "--cache-dir", &url, "-q"],
+    ));
+    let o = srv.run(
+        "prep",
+        &[
+            "inspect",
+            &url,
+            "--local-cache",
+            s(&t.path().join("y")),
+            "--local-cache-gb",
+            "0.001",
+        ],
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("--local-cache-gb"),
+        "{}",
+        text(&o)
+    );
+}
