@@ -94,13 +94,14 @@ step bench_minivess.sh "${common[@]}" BENCH_DIR="$tmp/minivess" REPEAT=1 bash sc
 step bench_outlier.sh "${common[@]}" BENCH_DIR="$tmp/outlier" REPEAT=1 bash scripts/bench_outlier.sh
 step bench_patches.sh "${common[@]}" BENCH_DIR="$tmp/patches" bash scripts/bench_patches.sh
 step bench_predict.sh "${common[@]}" BENCH_DIR="$tmp/predict" bash scripts/bench_predict.sh
+step bench_s3.sh "${common[@]}" BENCH_DIR="$tmp/s3" bash scripts/bench_s3.sh
 step bench_surface.sh "${common[@]}" BENCH_DIR="$tmp/surface" bash scripts/bench_surface.sh
 step bench_train.sh "${common[@]}" BENCH_DIR="$tmp/train" bash scripts/bench_train.sh
 step thin_losses.sh "${common[@]}" BENCH_DIR="$tmp/thin" STEPS=2 SEEDS=1 VAL_EVERY=2 \
     EXTRA="--patch 16,32,32 --base-channels 4" bash scripts/thin_losses.sh
 
 # A script or example added later must be added here too, or this fails.
-helpers=(bench_common.sh python_env.sh bench_smoke.sh build_cuda.sh gpu_check.sh)
+helpers=(bench_common.sh python_env.sh bench_smoke.sh build_cuda.sh gpu_check.sh s3_server.sh)
 for f in scripts/*.sh examples/*.rs; do
     name=$(basename "$f")
     [[ $f == *.rs ]] && name=${name%.rs}
