@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::remote::local_path;
 use voxcache::config::Exit;
 use voxcache::evaluate::best::{find_best, BestOptions};
 use voxcache::evaluate::crossval::{cross_validate, CrossValOptions};
@@ -54,7 +55,7 @@ struct Cli {
     /// With --cv: the folder for its summary.json, postprocessing.json and postprocessed
     /// predictions [default: crossval/ beside the folds]. With --best: the folder for the
     /// ensembles and best.json [default: best/ beside the first configuration].
-    #[arg(long)]
+    #[arg(long, value_parser = local_path)]
     out: Option<PathBuf>,
     /// With --cv: score only; decide no postprocessing.
     #[arg(long, requires = "cv")]
@@ -70,7 +71,7 @@ struct Cli {
     #[arg(long)]
     json: bool,
     /// Also write the JSON report to this file.
-    #[arg(long)]
+    #[arg(long, value_parser = local_path)]
     summary: Option<PathBuf>,
     /// Leave out centreline Dice (clDice), which thins both segmentations to their skeletons
     /// and keeps both in the temporary folder (TMPDIR, 4 bytes a voxel) while a case is measured.

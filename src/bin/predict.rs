@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::remote::local_path;
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
 use voxcache::infer::nnunet::{predict_nnunet, NnunetPredictOptions};
@@ -79,7 +80,7 @@ struct Cli {
     #[arg(short = 'i', long = "input", value_name = "PATH")]
     input: Vec<PathBuf>,
     /// Output folder.
-    #[arg(short = 'o', long)]
+    #[arg(value_parser = local_path, short = 'o', long)]
     out: PathBuf,
     /// cpu, cuda or cuda:N (cuda needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
@@ -114,7 +115,7 @@ struct Cli {
     /// A cascade's second stage (a model trained on a cache built with --previous-stage): the
     /// folder of the first stage's segmentations of the inputs (CASE.nii.gz), as predict with
     /// the 3d_lowres model writes them.
-    #[arg(long, value_name = "DIR")]
+    #[arg(value_parser = local_path, long, value_name = "DIR")]
     previous_stage: Option<PathBuf>,
     /// A cascade's first stage (repeat for its folds): predicted first, into --previous-stage
     /// DIR or else OUT/previous_stage/, then the --model stage with those segmentations.

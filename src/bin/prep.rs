@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::remote::local_path;
 use voxcache::config::remote::{local_for_reading, S3Flags};
 use voxcache::config::settings::{dataset_source, resolve};
 use voxcache::config::values::parse_part;
@@ -56,7 +57,7 @@ struct PlanArgs {
     #[arg(long, default_value = "default")]
     preset: voxcache::planner::Preset,
     /// Write the plan as a pipeline file (pass it to build-cache and train with --pipeline).
-    #[arg(long, value_name = "FILE.toml")]
+    #[arg(value_parser = local_path, long, value_name = "FILE.toml")]
     out: Option<PathBuf>,
     /// Plan for a GPU of this much memory: nnU-Net's reference scaled to it, then each
     /// configuration shrunk until our forecast of its bf16 training step fits.
@@ -125,7 +126,7 @@ struct BuildArgs {
     /// A cascade's first stage: the folder of its segmentations of these cases (a 3d_lowres run
     /// folder, whose fold_K/validation/ hold them, or a predict --out folder); each foreground
     /// label becomes one more image channel.
-    #[arg(long, value_name = "DIR")]
+    #[arg(value_parser = local_path, long, value_name = "DIR")]
     previous_stage: Option<PathBuf>,
     #[command(flatten)]
     settings: PrepFlags,
@@ -149,7 +150,7 @@ struct BuildArgs {
 #[derive(Args)]
 struct SynthArgs {
     /// Output folder.
-    #[arg(long, default_value = "synthetic")]
+    #[arg(value_parser = local_path, long, default_value = "synthetic")]
     out: PathBuf,
     /// small (the bundled dataset), minivess (70 volumes of 512x512x5..110, ~6 GB raw),
     /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story),
@@ -280,7 +281,7 @@ struct InspectArgs {
     #[arg(long, value_name = "CASE", requires = "out")]
     preview: Option<String>,
     /// PNG file for --preview.
-    #[arg(long, value_name = "FILE.png", requires = "preview")]
+    #[arg(value_parser = local_path, long, value_name = "FILE.png", requires = "preview")]
     out: Option<PathBuf>,
     /// The image channel --preview draws (CASE_0001 is channel 1).
     #[arg(long, default_value_t = 0, requires = "preview")]

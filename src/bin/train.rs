@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use voxcache::config::remote::local_path;
 use voxcache::config::remote::{local_for_reading, S3Flags};
 
 use anyhow::{Context, Result};
@@ -32,7 +33,7 @@ struct Cli {
     #[command(flatten)]
     s3: S3Flags,
     /// Run folder [default: runs/DATASET, or runs/DATASET-2, -3... when taken].
-    #[arg(long)]
+    #[arg(long, value_parser = local_path)]
     out: Option<PathBuf>,
     /// Continue a run from its latest checkpoint: the one in --out, else the newest
     /// runs/DATASET*.

@@ -49,6 +49,12 @@ impl S3Flags {
     }
 }
 
+/// clap's parser of a path that must be local (outputs, run and model folders): a URL such
+/// as `s3://b/p` is refused instead of becoming a folder named `s3:`.
+pub fn local_path(text: &str) -> std::result::Result<PathBuf, String> {
+    Location::local_only(Path::new(text), "this path").map_err(|e| e.to_string())
+}
+
 /// A cache made readable as a local folder.
 pub struct LocalView {
     /// The folder to read.

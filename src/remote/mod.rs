@@ -33,9 +33,9 @@ impl Location {
             Some(other) => Err(Error::remote(
                 text,
                 format!(
-                    "{other}:// locations are not supported; a cache lives in a local folder \
-                     or in an S3-compatible bucket (s3://BUCKET/PREFIX, with AWS_ENDPOINT_URL \
-                     for servers other than AWS)"
+                    "{other}:// locations are not supported: give a local path (a cache may \
+                     also live in an S3-compatible bucket: s3://BUCKET/PREFIX, with \
+                     AWS_ENDPOINT_URL for servers other than AWS)"
                 ),
             )),
         }
