@@ -24,7 +24,16 @@ start)
     echo $! > "$PIDFILE"
     # Up when an unsigned request is answered (403: the server enforces signatures).
     for _ in $(seq 1 120); do
-        code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:8333/$BUCKET/" || true)
+        code=$(python3 - "http://127.0.0.1:8333/$BUCKET/" <<'PY' || true
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=2).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+except Exception:
+    print(0)
+PY
+)
         [ "$code" = 403 ] && break
         sleep 0.5
     done
