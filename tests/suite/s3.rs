@@ -374,12 +374,18 @@ fn four_part_builders_at_once_make_one_consistent_manifest() {
         let o = ch.wait_with_output().unwrap();
         ok(&o);
     }
-    let m = srv
-        .client()
-        .get(&format!("{}/manifest.json", srv.prefix(&url)))
-        .unwrap()
-        .unwrap();
-    let m: serde_json::Value = serde_json::from_slice(&m.bytes).unwrap();
+    let c = srv.client();
+    let key = format!("{}/manifest.json", srv.prefix(&url));
+    let obj = c.get(&key).unwrap().unwrap();
+    // The server honours the conditions the merge relies on.
+    use voxcache::remote::s3::Put;
+    let stale = c.put(&key, b"{}", Condition::Matches("\"0000\"")).unwrap();
+    assert_eq!(stale, Put::Conflict);
+    assert_eq!(
+        c.put(&key, b"{}", Condition::Absent).unwrap(),
+        Put::Conflict
+    );
+    let m: serde_json::Value = serde_json::from_slice(&obj.bytes).unwrap();
     let reference = CacheReader::open(local()).unwrap();
     let want = &reference.manifest().datasets["vessels"].cases;
     let got = m["datasets"]["vessels"]["cases"].as_object().unwrap();
