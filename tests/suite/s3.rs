@@ -72,6 +72,16 @@ impl Server {
     fn run(&self, bin: &str, args: &[&str]) -> Output {
         self.cmd(bin).args(args).output().unwrap()
     }
+
+    /// `prep build-cache` of the bundled data into `url`, staged in `stage`, `extra` flags
+    /// after; what it printed, the run having succeeded.
+    fn build(&self, url: &str, stage: &Path, extra: &[&str]) -> String {
+        let data = bundled_data();
+        let mut args = vec!["build-cache", s(&data), "--cache-dir", url, "-q"];
+        args.extend(["--local-cache", s(stage)]);
+        args.extend(extra);
+        ok(&self.run("prep", &args))
+    }
 }
 
 fn ok(o: &Output) -> String {
@@ -124,34 +134,11 @@ fn build_verify_and_train_from_s3_read_what_a_local_cache_holds() {
     let t = tempfile::tempdir().unwrap();
     let url = srv.url("roundtrip");
     let stage = t.path().join("stage");
-    let data = bundled_data();
-    let built = ok(&srv.run(
-        "prep",
-        &[
-            "build-cache",
-            s(&data),
-            "--cache-dir",
-            &url,
-            "--local-cache",
-            s(&stage),
-            "-q",
-        ],
-    ));
+    let built = srv.build(&url, &stage, &[]);
     assert!(built.contains("10 built, 0 cached, 0 failed"), "{built}");
     // Staged entries are removed once uploaded.
     assert!(crate::common::fixtures::entry_dirs(&stage).is_empty());
-    let again = ok(&srv.run(
-        "prep",
-        &[
-            "build-cache",
-            s(&data),
-            "--cache-dir",
-            &url,
-            "--local-cache",
-            s(&stage),
-            "-q",
-        ],
-    ));
+    let again = srv.build(&url, &stage, &[]);
     assert!(again.contains("0 built, 10 cached"), "{again}");
 
     // verify downloads afresh into a folder it removes.
@@ -313,18 +300,7 @@ fn killed_builders_leave_no_visible_partial_entry_and_the_next_run_completes() {
         }
         // A few rounds are finished by a second run, which completes the cache.
         if round % 5 == 0 {
-            let o = ok(&srv.run(
-                "prep",
-                &[
-                    "build-cache",
-                    s(&data),
-                    "--cache-dir",
-                    &url,
-                    "--local-cache",
-                    s(&stage),
-                    "-q",
-                ],
-            ));
+            let o = srv.build(&url, &stage, &[]);
             assert!(o.contains("0 failed"), "{o}");
             let v = ok(&srv.run(
                 "prep",
@@ -402,14 +378,10 @@ fn tampered_or_truncated_objects_are_caught_by_verify_and_refused_by_train() {
     };
     let t = tempfile::tempdir().unwrap();
     let c = srv.client();
-    let data = bundled_data();
     for (i, how) in ["tamper", "truncate"].iter().enumerate() {
         let url = srv.url(how);
         let prefix = srv.prefix(&url);
-        ok(&srv.run(
-            "prep",
-            &["build-cache", s(&data), "--cache-dir", &url, "-q"],
-        ));
+        srv.build(&url, &t.path().join("stage"), &[]);
         // The largest image chunk of one entry.
         let objs = c.list(&format!("{prefix}/entries/")).unwrap();
         let victim = objs
@@ -548,10 +520,7 @@ fn bad_credentials_buckets_and_endpoints_are_named_and_never_hang() {
         "{}",
         text(&o)
     );
-    ok(&srv.run(
-        "prep",
-        &["build-cache", s(&data), "--cache-dir", &url, "-q"],
-    ));
+    srv.build(&url, &t.path().join("stage"), &[]);
     let o = srv.run(
         "prep",
         &[
@@ -568,4 +537,31 @@ fn bad_credentials_buckets_and_endpoints_are_named_and_never_hang() {
         "{}",
         text(&o)
     );
+    // A budget that holds one cache: reading another removes the first's entries.
+    let url2 = srv.url("errors-coarse");
+    srv.build(&url2, &t.path().join("stage"), &["--spacing", "2,2,3"]);
+    let z = t.path().join("z");
+    let tier = |u: &str| {
+        let args = [
+            "inspect",
+            u,
+            "--local-cache",
+            s(&z),
+            "--local-cache-gb",
+            "0.03",
+        ];
+        ok(&srv.run("prep", &args))
+    };
+    assert!(!tier(&url).contains("removed"));
+    let second = tier(&url2);
+    assert!(second.contains("older entries removed"), "{second}");
+    let held: u64 = crate::common::fixtures::files_under(&z.join("entries"))
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        held <= (0.03 * (1u64 << 30) as f64) as u64,
+        "{held} bytes held"
+    );
+    assert!(crate::common::fixtures::entry_dirs(&z).len() < 20);
 }

@@ -4,16 +4,7 @@
 
 /// The text of every `<tag>...</tag>` in `xml`, in order, decoded.
 pub(super) fn all(xml: &str, tag: &str) -> Vec<String> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut out = Vec::new();
-    let mut rest = xml;
-    while let Some(i) = rest.find(&open) {
-        let after = &rest[i + open.len()..];
-        let Some(j) = after.find(&close) else { break };
-        out.push(decode(&after[..j]));
-        rest = &after[j + close.len()..];
-    }
-    out
+    blocks(xml, tag).into_iter().map(decode).collect()
 }
 
 /// The first `<tag>...</tag>`'s text.
