@@ -24,7 +24,8 @@ fi
 export AWS_ENDPOINT_URL="${AWS_ENDPOINT_URL:-${VOXCACHE_TEST_S3_ENDPOINT:-}}"
 if [[ -z "$AWS_ENDPOINT_URL" ]]; then
     step "starting SeaweedFS on loopback"
-    eval "$(bash "$REPO/scripts/s3_server.sh" start)"
+    s3_env=$(bash "$REPO/scripts/s3_server.sh" start) || die "the S3 server did not start"
+    eval "$s3_env"
     export AWS_ENDPOINT_URL="$VOXCACHE_TEST_S3_ENDPOINT"
     trap 'bash "$REPO/scripts/s3_server.sh" stop' EXIT
 fi

@@ -4,7 +4,7 @@
 # only, with a throw-away data folder. It enforces SigV4 with the access key below, serves
 # range GETs, multipart uploads and conditional writes (If-None-Match / If-Match).
 #
-#   eval "$(bash scripts/s3_server.sh start)"   # exports the variables the tests read
+#   env=$(bash scripts/s3_server.sh start) && eval "$env"   # exports what the tests read
 #   bash scripts/s3_server.sh stop
 #
 # Environment: WEED (the weed binary; default: the venv's), S3_DIR (data folder; default a
