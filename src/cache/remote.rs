@@ -240,17 +240,19 @@ impl RemoteCache {
         let got = pool()?.install(|| {
             rels.par_iter().try_for_each(|rel| {
                 let k = self.entry_key(key, rel);
-                let obj = self.client.get(&k)?.ok_or_else(|| {
-                    Error::remote(
-                        self.client.url(&k),
-                        "object vanished while the entry was read",
-                    )
-                })?;
                 let path = tmp.join(rel);
                 if let Some(p) = path.parent() {
                     std::fs::create_dir_all(p).map_err(|e| Error::io(p, e))?;
                 }
-                std::fs::write(&path, &obj.bytes).map_err(|e| Error::io(&path, e))
+                // Streamed to disk: a large shard never sits in memory whole.
+                if self.client.get_to_file(&k, &path)? {
+                    Ok(())
+                } else {
+                    Err(Error::remote(
+                        self.client.url(&k),
+                        "object vanished while the entry was read",
+                    ))
+                }
             })
         });
         if let Err(e) = got {

@@ -565,3 +565,28 @@ fn bad_credentials_buckets_and_endpoints_are_named_and_never_hang() {
     );
     assert!(crate::common::fixtures::entry_dirs(&z).len() < 20);
 }
+
+#[test]
+fn large_objects_go_up_in_parts_and_come_back_streamed() {
+    let Some(srv) = server("s3-multipart") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let c = srv.client();
+    // Over the single-PUT limit (16 MiB): three parts, the last one short.
+    let mut rng = Lcg(42);
+    let bytes: Vec<u8> = (0..(21 << 20))
+        .map(|_| (rng.next_f32() * 256.0) as u8)
+        .collect();
+    let src = t.path().join("big.bin");
+    std::fs::write(&src, &bytes).unwrap();
+    let key = format!("{}/big.bin", srv.prefix(&srv.url("multipart")));
+    c.upload_file(&key, &src).unwrap();
+    let back = t.path().join("back.bin");
+    assert!(c.get_to_file(&key, &back).unwrap());
+    assert!(
+        std::fs::read(&back).unwrap() == bytes,
+        "the object came back different"
+    );
+    assert!(!c.get_to_file(&format!("{key}.none"), &back).unwrap());
+}

@@ -14,9 +14,10 @@ use super::sign::{amz_date, authorization, canonical_query, sha256_hex, uri_enco
 use super::xml;
 use crate::error::{Error, Result};
 
-/// Objects up to this size go in one PUT; larger ones in parts of [`PART_BYTES`].
-const SINGLE_PUT_MAX: u64 = 64 << 20;
-const PART_BYTES: u64 = 32 << 20;
+/// Objects up to this size go in one PUT; larger ones in parts of [`PART_BYTES`], read one at
+/// a time: a transfer holds at most this much in memory (several run at once).
+const SINGLE_PUT_MAX: u64 = 16 << 20;
+const PART_BYTES: u64 = 8 << 20;
 
 /// A client for one bucket.
 pub struct Client {
@@ -149,7 +150,8 @@ impl Client {
         }
     }
 
-    /// One request, no retry; `Err` when no answer came (the transport's message).
+    /// One request, no retry; `Err` when no answer came (the transport's message). With
+    /// `to_file`, a 200 answer's body is streamed into that file instead of memory.
     fn exchange(
         &self,
         method: &str,
@@ -157,6 +159,7 @@ impl Client {
         query: &[(&str, String)],
         headers: &[(&str, String)],
         body: Option<&[u8]>,
+        to_file: Option<&Path>,
     ) -> std::result::Result<Reply, String> {
         let path = self.path(key);
         let q = canonical_query(query);
@@ -207,6 +210,12 @@ impl Client {
         let status = resp.status().as_u16();
         let body = if method == "HEAD" {
             Vec::new()
+        } else if let (Some(path), 200) = (to_file, status) {
+            let mut f =
+                std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            std::io::copy(&mut resp.body_mut().as_reader(), &mut f)
+                .map_err(|e| format!("the answer broke off: {e}"))?;
+            Vec::new()
         } else {
             resp.body_mut()
                 .with_config()
@@ -231,9 +240,22 @@ impl Client {
         headers: &[(&str, String)],
         body: Option<&[u8]>,
     ) -> Result<Reply> {
+        self.request_to(method, key, query, headers, body, None)
+    }
+
+    /// [`Self::request`], a 200 answer's body streamed into `to_file` when given.
+    fn request_to(
+        &self,
+        method: &str,
+        key: &str,
+        query: &[(&str, String)],
+        headers: &[(&str, String)],
+        body: Option<&[u8]>,
+        to_file: Option<&Path>,
+    ) -> Result<Reply> {
         let mut attempt = 0;
         loop {
-            let r = self.exchange(method, key, query, headers, body);
+            let r = self.exchange(method, key, query, headers, body, to_file);
             let (retry, limit) = match &r {
                 Err(_) => (true, 3),
                 Ok(rep) if rep.status >= 500 || rep.status == 429 => (true, 6),
@@ -300,6 +322,17 @@ impl Client {
                 bytes: rep.body,
             })),
             404 if !rep.text().contains("NoSuchBucket") => Ok(None),
+            _ => Err(self.refused("GET", key, &rep)),
+        }
+    }
+
+    /// Stream the whole object into the file `path` (created or truncated); `false` when there
+    /// is no such object. Memory stays a buffer's worth whatever the object's size.
+    pub fn get_to_file(&self, key: &str, path: &Path) -> Result<bool> {
+        let rep = self.request_to("GET", key, &[], &[], None, Some(path))?;
+        match rep.status {
+            200 => Ok(true),
+            404 if !rep.text().contains("NoSuchBucket") => Ok(false),
             _ => Err(self.refused("GET", key, &rep)),
         }
     }
