@@ -19,6 +19,11 @@ start)
     DIR="${S3_DIR:-$(mktemp -d)}"
     BUCKET="${S3_BUCKET:-voxtest}"
     export AWS_ACCESS_KEY_ID=voxcache-test AWS_SECRET_ACCESS_KEY=voxcache-test-secret
+    # Another server on the port would answer in ours' place.
+    if python3 -c "import socket, sys; sys.exit(socket.socket().connect_ex(('127.0.0.1', 8333)) != 0)"; then
+        echo "s3_server: 127.0.0.1:8333 is already in use (another server? bash scripts/s3_server.sh stop)" >&2
+        exit 1
+    fi
     "$WEED" mini -dir="$DIR" -ip=127.0.0.1 -ip.bind=127.0.0.1 -bucket="$BUCKET" -admin.ui=false \
         >"$DIR/weed.log" 2>&1 &
     echo $! > "$PIDFILE"
