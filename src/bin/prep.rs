@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
+use voxcache::cache::remote::Fill;
 use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::remote::local_path;
 use voxcache::config::remote::{local_for_reading, S3Flags};
@@ -307,6 +308,7 @@ fn run_inspect(args: InspectArgs) -> Result<Exit> {
         &args.path.clone().unwrap_or_default(),
         &args.s3.options()?,
         args.verify,
+        Fill::Whole,
     )?;
     if let Some(line) = view.describe() {
         eprintln!("{line}");

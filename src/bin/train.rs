@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use voxcache::cache::remote::Fill;
 use voxcache::config::remote::local_path;
 use voxcache::config::remote::{local_for_reading, S3Flags};
 
@@ -147,7 +148,12 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
 
 fn real_main(mut cli: Cli) -> Result<Exit> {
     // A cache on S3 is trained from its local tier, fetched first where it lacks entries.
-    let view = local_for_reading(&cli.cache_dir, &cli.s3.options()?, false)?;
+    let view = local_for_reading(
+        &cli.cache_dir,
+        &cli.s3.options()?,
+        false,
+        Fill::OnRead { prefetch: true },
+    )?;
     if let Some(line) = view.describe() {
         eprintln!("{line}");
     }

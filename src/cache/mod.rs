@@ -15,6 +15,7 @@ pub mod reader;
 pub mod remote;
 pub mod source;
 pub mod store;
+pub mod tier;
 pub mod writer;
 
 pub use key::content_key;

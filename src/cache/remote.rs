@@ -10,19 +10,26 @@
 //! (`If-None-Match: *` when there is none yet); a conflict re-reads and merges again, so
 //! concurrent `--part` builders each land their cases.
 //!
-//! Reading: [`mirror`] brings a cache's manifest and entries into a local tier (a local cache
-//! folder keyed by content, so an entry once fetched is never fetched again), which the
-//! reader memory-maps as any local cache; a budget bounds the tier's size.
+//! Reading: [`mirror`] brings a cache's manifest and its entries' metadata into a local tier
+//! (a local cache folder keyed by content, so a file once fetched is never fetched again),
+//! which the reader memory-maps as any local cache. Chunk and shard files come on first read
+//! or from a background prefetch ([`super::tier`]), or all before the command reads
+//! ([`Fill::Whole`]); a budget bounds the tier's size.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rayon::prelude::*;
 
 use super::layout::{dir_bytes, CacheDir, Commit};
+use super::tier::{sweep_parts, Tier};
 use crate::error::{Error, Result};
-use crate::format::{Manifest, ManifestDataset, ENTRIES_DIR, MANIFEST_FILE, ZARR_JSON};
+use crate::format::{
+    Manifest, ManifestDataset, DISTANCE_ARRAY, ENTRIES_DIR, IMAGE_ARRAY, LABEL_ARRAY,
+    MANIFEST_FILE, SKELETON_ARRAY, ZARR_JSON,
+};
 use crate::remote::s3::{Client, Condition, Config, Put};
 use crate::remote::S3Url;
 
@@ -213,10 +220,10 @@ impl RemoteCache {
         Ok(self.client.get(&self.url.key(name))?.map(|o| o.bytes))
     }
 
-    /// Bytes of every committed object under `entries/`, per entry key.
-    fn entry_sizes(&self) -> Result<BTreeMap<String, (u64, Vec<String>)>> {
+    /// Every object under `entries/` (its path in the entry, its size), per entry key.
+    fn entry_objects(&self) -> Result<BTreeMap<String, Vec<(String, u64)>>> {
         let base = self.url.key(&format!("{ENTRIES_DIR}/"));
-        let mut out: BTreeMap<String, (u64, Vec<String>)> = BTreeMap::new();
+        let mut out: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
         for o in self.client.list(&base)? {
             let Some(rest) = o.key.strip_prefix(&base) else {
                 continue;
@@ -226,11 +233,18 @@ impl RemoteCache {
             let (Some(_), Some(key), Some(rel)) = (parts.next(), parts.next(), parts.next()) else {
                 continue;
             };
-            let e = out.entry(key.to_string()).or_default();
-            e.0 += o.size;
-            e.1.push(rel.to_string());
+            out.entry(key.to_string())
+                .or_default()
+                .push((rel.to_string(), o.size));
         }
         Ok(out)
+    }
+
+    /// Download the object at `rel` under `entries/` (`ab/KEY/...`) to `path`, streamed;
+    /// `Ok(false)` when there is none.
+    pub fn get_entry_object(&self, rel: &str, path: &Path) -> Result<bool> {
+        self.client
+            .get_to_file(&self.url.key(&format!("{ENTRIES_DIR}/{rel}")), path)
     }
 
     /// Download entry `key` (its objects `rels`) into `tier`, atomically (a temporary folder
@@ -266,7 +280,8 @@ impl RemoteCache {
 /// What a [`mirror`] did.
 #[derive(Clone, Debug, Default)]
 pub struct MirrorReport {
-    /// Entries fetched now.
+    /// Entries brought into the tier now (their metadata; all their files with
+    /// [`Fill::Whole`]).
     pub fetched: usize,
     /// Entries the tier already held.
     pub reused: usize,
@@ -274,13 +289,45 @@ pub struct MirrorReport {
     pub bytes: u64,
     /// Entries removed to stay within the budget.
     pub evicted: usize,
+    /// Chunk and shard files still to come (on first read or by the prefetch).
+    pub pending: usize,
+    /// Their bytes.
+    pub pending_bytes: u64,
+}
+
+/// How a tier gets an entry's chunk and shard files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// All of them before the command reads (`prep inspect`, which also reads files directly).
+    Whole,
+    /// On first read (`train` starts at once); `prefetch`: meanwhile all of them, several at
+    /// a time, in the background.
+    OnRead {
+        /// Fetch the rest in the background.
+        prefetch: bool,
+    },
+}
+
+/// Whether an entry's file (its path in the entry) is a chunk or shard of an array the reader
+/// fetches on first read; everything else (metadata, the small foreground index) comes first.
+fn on_read(rel: &str) -> bool {
+    let mut parts = rel.split('/');
+    let array = parts.next().unwrap_or_default();
+    [IMAGE_ARRAY, LABEL_ARRAY, DISTANCE_ARRAY, SKELETON_ARRAY].contains(&array)
+        && parts.next() == Some("c")
 }
 
 /// Bring the cache at `remote` into the local cache folder `tier`: its manifest (always
-/// fresh), its `splits_final.json` when there is one, and every entry the manifest names
-/// that the tier lacks. With `budget`, entries the manifest does not name are removed, least
+/// fresh), its `splits_final.json` when there is one, and what the tier lacks of the entries
+/// the manifest names, as `fill` says. The tier is registered for this process's readers
+/// (close it when done). With `budget`, entries the manifest does not name are removed, least
 /// recently used first, to make room; a cache larger than the budget is refused, with figures.
-pub fn mirror(remote: &RemoteCache, tier: &Path, budget: Option<u64>) -> Result<MirrorReport> {
+pub fn mirror(
+    remote: &Arc<RemoteCache>,
+    tier: &Path,
+    budget: Option<u64>,
+    fill: Fill,
+) -> Result<(MirrorReport, Arc<Tier>)> {
     let url = remote.url().to_string();
     let manifest = remote.manifest()?.ok_or_else(|| {
         Error::remote(
@@ -294,45 +341,49 @@ pub fn mirror(remote: &RemoteCache, tier: &Path, budget: Option<u64>) -> Result<
     let local = CacheDir::new(tier);
     local.prepare()?;
     let _ = local.sweep_tmp();
-    let wanted: BTreeSet<String> = manifest
+    let cases: BTreeMap<&String, &String> = manifest
         .datasets
         .values()
-        .flat_map(|d| d.cases.values().map(|c| c.key.clone()))
+        .flat_map(|d| d.cases.iter().map(|(id, c)| (&c.key, id)))
         .collect();
-    let missing: Vec<&String> = wanted.iter().filter(|k| !local.has_entry(k)).collect();
-    let mut report = MirrorReport {
-        reused: wanted.len() - missing.len(),
-        ..Default::default()
-    };
-    let sizes = if missing.is_empty() {
-        BTreeMap::new()
-    } else {
-        remote.entry_sizes()?
-    };
-    for k in &missing {
-        let complete = sizes
-            .get(*k)
-            .is_some_and(|(_, rels)| rels.iter().any(|r| r == ZARR_JSON));
-        if !complete {
-            let case = manifest
-                .datasets
-                .values()
-                .flat_map(|d| d.cases.iter())
-                .find(|(_, c)| &c.key == *k)
-                .map(|(id, _)| id.clone())
-                .unwrap_or_default();
+    let wanted: BTreeSet<String> = cases.keys().map(|k| k.to_string()).collect();
+    let objects = remote.entry_objects()?;
+    let mut report = MirrorReport::default();
+    // Per entry the tier lacks: its metadata files; over all entries: the files to come.
+    let mut missing: Vec<(&String, Vec<String>, u64)> = Vec::new();
+    let mut pending: Vec<(PathBuf, u64)> = Vec::new();
+    for k in &wanted {
+        let objs = objects.get(k).map(Vec::as_slice).unwrap_or(&[]);
+        let present = local.has_entry(k);
+        let dir = local.entry_path(k);
+        let todo: Vec<&(String, u64)> = objs
+            .iter()
+            .filter(|(r, _)| !present || (on_read(r) && !dir.join(r).exists()))
+            .collect();
+        let committed = objs.iter().any(|(r, _)| r == ZARR_JSON);
+        if (!present || !todo.is_empty()) && !committed {
             return Err(Error::remote(
                 &url,
                 format!(
-                    "case {case}: its entry {} is in the manifest but not complete in the bucket \
+                    "case {}: its entry {} is in the manifest but not complete in the bucket \
                      (no {ZARR_JSON}); build the cache again to restore it",
+                    cases.get(k).map(|s| s.as_str()).unwrap_or_default(),
                     CacheDir::entry_rel(k)
                 ),
             ));
         }
+        let (later, now): (Vec<_>, Vec<_>) = todo.into_iter().partition(|(r, _)| on_read(r));
+        pending.extend(later.iter().map(|(r, n)| (dir.join(r), *n)));
+        if present {
+            report.reused += 1;
+        } else {
+            let bytes = now.iter().map(|(_, n)| n).sum();
+            missing.push((k, now.into_iter().map(|(r, _)| r.clone()).collect(), bytes));
+        }
     }
+    let need: u64 =
+        missing.iter().map(|m| m.2).sum::<u64>() + pending.iter().map(|p| p.1).sum::<u64>();
     if let Some(budget) = budget {
-        let need: u64 = missing.iter().map(|k| sizes[*k].0).sum();
         let held: u64 = wanted
             .iter()
             .filter(|k| local.has_entry(k))
@@ -352,9 +403,8 @@ pub fn mirror(remote: &RemoteCache, tier: &Path, budget: Option<u64>) -> Result<
         }
         report.evicted = evict(&local, &wanted, budget - need - held)?;
     }
-    for k in missing {
-        let (bytes, rels) = &sizes[k];
-        remote.fetch_entry(&local, k, rels)?;
+    for (k, rels, bytes) in missing {
+        remote.fetch_entry(&local, k, &rels)?;
         report.fetched += 1;
         report.bytes += bytes;
     }
@@ -367,7 +417,30 @@ pub fn mirror(remote: &RemoteCache, tier: &Path, budget: Option<u64>) -> Result<
         super::layout::write_atomic(&tier.join(crate::format::SPLITS_FILE), &bytes)?;
     }
     local.write_manifest(&manifest.to_json())?;
-    Ok(report)
+    sweep_parts(&local.entries_dir());
+    let filled = Tier::open(tier, remote.clone());
+    let bytes: u64 = pending.iter().map(|p| p.1).sum();
+    let files = pending.into_iter().map(|p| p.0).collect::<Vec<_>>();
+    match fill {
+        Fill::Whole => {
+            if let Err(e) = filled.prefetch(files, true) {
+                filled.close();
+                return Err(e);
+            }
+            report.bytes += bytes;
+        }
+        Fill::OnRead { prefetch } => {
+            report.pending = files.len();
+            report.pending_bytes = bytes;
+            if prefetch {
+                if let Err(e) = filled.prefetch(files, false) {
+                    filled.close();
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok((report, filled))
 }
 
 /// Remove tier entries not in `keep`, oldest use first, until the others take at most `room`.

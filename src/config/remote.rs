@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cache::remote::{mirror, MirrorReport, RemoteCache, RemoteOptions};
+use crate::cache::remote::{mirror, Fill, MirrorReport, RemoteCache, RemoteOptions};
+use crate::cache::tier::Tier;
 use crate::error::{Error, Result};
 use crate::remote::Location;
 
@@ -63,18 +64,30 @@ pub struct LocalView {
     pub fetched: Option<(String, MirrorReport)>,
     /// Removed when the view is dropped (a fresh download for `--verify`).
     temporary: bool,
+    /// The tier's registration, closed with the view.
+    tier: Option<std::sync::Arc<Tier>>,
 }
 
 impl LocalView {
     /// A line for the command to print about what was fetched (`None` for a local cache).
     pub fn describe(&self) -> Option<String> {
         let (url, r) = self.fetched.as_ref()?;
+        let h = crate::util::sysinfo::human_bytes;
         Some(format!(
-            "{url}: {} entries fetched ({}), {} already in {}{}",
+            "{url}: {} entries fetched ({}), {} already in {}{}{}",
             r.fetched,
-            crate::util::sysinfo::human_bytes(r.bytes),
+            h(r.bytes),
             r.reused,
             self.path.display(),
+            if r.pending > 0 {
+                format!(
+                    "; {} chunk files ({}) to come on first read",
+                    r.pending,
+                    h(r.pending_bytes)
+                )
+            } else {
+                String::new()
+            },
             if r.evicted > 0 {
                 format!("; {} older entries removed to stay in budget", r.evicted)
             } else {
@@ -86,6 +99,9 @@ impl LocalView {
 
 impl Drop for LocalView {
     fn drop(&mut self) {
+        if let Some(t) = self.tier.take() {
+            t.close();
+        }
         if self.temporary {
             let _ = std::fs::remove_dir_all(&self.path);
         }
@@ -93,17 +109,24 @@ impl Drop for LocalView {
 }
 
 /// The local folder to read the cache at `cache_dir` from: itself, or for `s3://` the local
-/// tier brought up to date first. `fresh`: download every entry again into a temporary folder
-/// (removed with the view), so that what is checked is what the bucket holds now.
-pub fn local_for_reading(cache_dir: &Path, opts: &RemoteOptions, fresh: bool) -> Result<LocalView> {
+/// tier, its metadata brought up to date first and its chunk files as `fill` says (they come
+/// on first read while the view lives). `fresh`: download every entry again into a temporary
+/// folder (removed with the view), so that what is checked is what the bucket holds now.
+pub fn local_for_reading(
+    cache_dir: &Path,
+    opts: &RemoteOptions,
+    fresh: bool,
+    fill: Fill,
+) -> Result<LocalView> {
     match Location::parse(cache_dir)? {
         Location::Local(p) => Ok(LocalView {
             path: p,
             fetched: None,
             temporary: false,
+            tier: None,
         }),
         Location::S3(url) => {
-            let remote = RemoteCache::connect(&url, opts.endpoint.as_deref())?;
+            let remote = std::sync::Arc::new(RemoteCache::connect(&url, opts.endpoint.as_deref())?);
             let tier = if fresh {
                 let base = opts.staging_for(&url);
                 base.with_file_name(format!(
@@ -120,9 +143,12 @@ pub fn local_for_reading(cache_dir: &Path, opts: &RemoteOptions, fresh: bool) ->
                 path: tier,
                 fetched: None,
                 temporary: fresh,
+                tier: None,
             };
             // On failure the view is dropped: a fresh download leaves nothing behind.
-            let report = mirror(&remote, &view.path, opts.budget)?;
+            let fill = if fresh { Fill::Whole } else { fill };
+            let (report, tier) = mirror(&remote, &view.path, opts.budget, fill)?;
+            view.tier = Some(tier);
             view.fetched = Some((url.to_string(), report));
             Ok(view)
         }

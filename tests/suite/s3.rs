@@ -221,6 +221,90 @@ fn build_verify_and_train_from_s3_read_what_a_local_cache_holds() {
     assert!(run.join("checkpoints").is_dir());
 }
 
+/// Chunk and shard files under a tier's `entries/` (the arrays the reader fetches on read).
+fn block_files(tier: &Path) -> Vec<std::path::PathBuf> {
+    crate::common::fixtures::files_under(&tier.join("entries"))
+        .into_iter()
+        .filter(|p| {
+            let rel = p.to_string_lossy();
+            ["/image/c/", "/label/c/"].iter().any(|a| rel.contains(a))
+        })
+        .collect()
+}
+
+#[test]
+fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
+    use std::sync::Arc;
+    use voxcache::cache::remote::{mirror, Fill, RemoteCache};
+    use voxcache::remote::Location;
+    let Some(srv) = server("on-read") else { return };
+    let t = tempfile::tempdir().unwrap();
+    let url = srv.url("on-read");
+    srv.build(&url, &t.path().join("stage"), &[]);
+    let Location::S3(u) = Location::parse(Path::new(&url)).unwrap() else {
+        panic!("{url}")
+    };
+    let remote = Arc::new(RemoteCache::connect(&u, Some(&srv.endpoint)).unwrap());
+    let dir = t.path().join("tier");
+    let (rep, tier) = mirror(&remote, &dir, None, Fill::OnRead { prefetch: false }).unwrap();
+    assert_eq!((rep.fetched, rep.reused), (10, 0));
+    let total = rep.pending;
+    assert!(total >= 10, "{rep:?}");
+    // Metadata only: no chunk file yet, and the cache opens.
+    assert!(block_files(&dir).is_empty());
+    let got = CacheReader::open(&dir).unwrap();
+    let want = CacheReader::open(local()).unwrap();
+    let (a, b) = (open_entries(&got), open_entries(&want));
+    // Reading one case brings its files, and only its; the voxels are the local build's.
+    let read = |e: &voxcache::cache::reader::EntryReader| {
+        let sh = e.shape_zyx();
+        let mut img = vec![0f32; sh.iter().product::<usize>() * e.channels()];
+        let mut lab = vec![0u8; sh.iter().product::<usize>()];
+        e.read_image([0, 0, 0], sh, &mut img)?;
+        e.read_label([0, 0, 0], sh, &mut lab)?;
+        Ok::<_, voxcache::Error>((img.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), lab))
+    };
+    assert_eq!(read(&a[0]).unwrap(), read(&b[0]).unwrap());
+    let fetched = block_files(&dir);
+    assert!(
+        !fetched.is_empty() && fetched.len() < total,
+        "{} of {total}",
+        fetched.len()
+    );
+    assert!(fetched.iter().all(|p| p.starts_with(a[0].dir())));
+    assert_eq!(tier.stats().files as usize, fetched.len());
+    // Read again: nothing more is fetched.
+    read(&a[0]).unwrap();
+    assert_eq!(tier.stats().files as usize, fetched.len());
+    // An object altered in the bucket is refused when it arrives.
+    let c = srv.client();
+    let victim = a[1]
+        .dir()
+        .strip_prefix(&dir)
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let key = format!("{}/{victim}/image/c/0/0/0/0", srv.prefix(&url));
+    let mut bytes = c
+        .get(&key)
+        .unwrap()
+        .expect("the first image chunk is stored")
+        .bytes;
+    bytes[0] ^= 0xff;
+    c.put(&key, &bytes, Condition::None).unwrap();
+    let err = read(&a[1]).unwrap_err().to_string();
+    assert!(
+        ["corrupt", "differs", "damaged"]
+            .iter()
+            .any(|w| err.contains(w)),
+        "{err}"
+    );
+    // Closed, the tier fetches nothing: a missing chunk is damage again.
+    tier.close();
+    let msg = read(&a[2]).unwrap_err().to_string();
+    assert!(msg.contains("missing"), "{msg}");
+}
+
 #[test]
 fn killed_builders_leave_no_visible_partial_entry_and_the_next_run_completes() {
     let Some(srv) = server("s3-kill") else {

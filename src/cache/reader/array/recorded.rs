@@ -46,6 +46,12 @@ impl Recorded {
 }
 
 impl ArrayReader {
+    /// Whether the build recorded block `b` as all fill value (zarr stores no file for it).
+    fn recorded_fill(&self, b: [usize; 3]) -> bool {
+        let name = ChunkChecksums::block_name(b.map(|v| v as u64));
+        self.recorded.hashes.get(&name) == Some(&self.recorded.zero)
+    }
+
     /// A block whose file is absent: fine when the build recorded it as all fill value (zarr
     /// does not write those), an error when it held data.
     fn absent(&self, b: [usize; 3], path: &Path) -> Result<()> {
@@ -82,6 +88,11 @@ impl ArrayReader {
             )),
             Ok(_) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // In a tier filled on first read (a cache on S3) the block comes now; one the
+                // build recorded as all fill value was never stored, so none is asked for.
+                if !self.recorded_fill(b) && crate::cache::tier::fetch_missing(path)? {
+                    return Ok(true);
+                }
                 self.absent(b, path)?;
                 Ok(false)
             }
