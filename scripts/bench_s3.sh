@@ -55,6 +55,14 @@ cmp <(cd "$W/local/entries" && find . -type f | sort | xargs sha256sum) \
     <(cd "$W/tier/entries" && find . -type f | sort | xargs sha256sum) >/dev/null \
     || die "the tier's entries differ from the local cache's"
 
+step "train --benchmark: local cache, then from S3 into an empty tier (files on first read)"
+TRAIN="${TRAIN:-$(dirname "$PREP")/train}"
+[[ -x "$TRAIN" ]] || (cd "$REPO" && cargo build --release --quiet --bin train)
+TR=(--benchmark 10 --patch 32,64,64 --batch-size 2 --base-channels 8 --stages 4 --no-progress)
+t_train_local=$(secs "$TRAIN" --cache-dir "$W/local" "${TR[@]}")
+t_train_s3=$(secs "$TRAIN" --cache-dir "$URL" --local-cache "$W/tier_lazy" "${TR[@]}")
+lazy_bytes=$(du -sb "$W/tier_lazy/entries" | cut -f1)
+
 step "patches, $ROUNDS rounds: local cache and local tier, warm then cold"
 RUN="$W/run.jsonl"; : >"$RUN"
 for r in $(seq 1 "$ROUNDS"); do
@@ -63,16 +71,20 @@ for r in $(seq 1 "$ROUNDS"); do
     "$BENCH" "$W/local" "$W/tier" --patches "$COLD" --rounds 1 --cold | tail -n 1 \
         | sed 's/^/{"mode": "cold", "r": /; s/$/}/' >>"$RUN"
 done
-python3 - "$RUN" "$t_local" "$t_s3" "$t_cold" "$t_warm" "$bytes" "$objects" "$PRESET" "$BENCH_DIR/results.jsonl" <<'PY'
+python3 - "$RUN" "$t_local" "$t_s3" "$t_cold" "$t_warm" "$bytes" "$objects" "$PRESET" "$BENCH_DIR/results.jsonl" \
+    "$t_train_local" "$t_train_s3" "$lazy_bytes" <<'PY'
 import json, statistics, sys
-run, tl, ts, tc, tw, nbytes, nobj, preset, out = sys.argv[1:]
-tl, ts, tc, tw, nbytes, nobj = map(float, (tl, ts, tc, tw, nbytes, nobj))
+run, tl, ts, tc, tw, nbytes, nobj, preset, out, trl, trs, lazy = sys.argv[1:]
+tl, ts, tc, tw, nbytes, nobj, trl, trs, lazy = map(float, (tl, ts, tc, tw, nbytes, nobj, trl, trs, lazy))
 rows = [json.loads(l) for l in open(run)]
 print(f"\ncache: {nbytes / 1e9:.2f} GB in {int(nobj)} objects")
 print(f"build: local {tl:.1f} s, to S3 {ts:.1f} s ({ts / tl:.2f}x)")
 print(f"local tier: empty {tc:.1f} s ({nbytes / 1e6 / tc:.0f} MB/s, {int(nobj)} GETs + 1 LIST page per 1000), full {tw:.2f} s")
+print(f"train --benchmark 10: local cache {trl:.1f} s; from S3, empty tier {trs:.1f} s "
+      f"(+{trs - trl:.1f} s; {lazy / 1e6:.0f} MB in the tier when it ended, of {nbytes / 1e6:.0f})")
 res = {"bench": "s3", "preset": preset, "build_local_s": tl, "build_s3_s": ts, "tier_cold_s": tc,
-       "tier_warm_s": tw, "bytes": nbytes, "objects": nobj}
+       "tier_warm_s": tw, "bytes": nbytes, "objects": nobj, "train_local_s": trl,
+       "train_s3_empty_tier_s": trs, "tier_bytes_after_train": lazy}
 for mode in ("warm", "cold"):
     rates = {}
     for r in rows:

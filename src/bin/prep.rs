@@ -155,8 +155,11 @@ struct SynthArgs {
     out: PathBuf,
     /// small (the bundled dataset), minivess (70 volumes of 512x512x5..110, ~6 GB raw),
     /// outlier (the single 512x512x61 volume at 4.97x4.97x5 um from the user story),
-    /// multichannel (10 small cases of two channels, one named CT, labels 0-2 and ignore 3) or
-    /// thin (10 cases at 1 um of branching vessels one to three voxels across).
+    /// multichannel (10 small cases of two channels, one named CT, labels 0-2 and ignore 3),
+    /// thin (10 cases at 1 um of branching vessels one to three voxels across), ct-like (12
+    /// cases of 512x512 at 0.62-0.98 and 30-90 slices of 2.5 or 5: mixed anisotropy, where
+    /// nnU-Net plans 3d_lowres), mri-like (12 cases near 1 isotropic, 160-192 x 192-224 x
+    /// 140-176) or brats-like (12 cases of four contrasts and three nested tumour regions).
     #[arg(long, default_value = "small")]
     preset: synth::SynthPreset,
     #[arg(long, default_value_t = 7)]
