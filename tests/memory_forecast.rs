@@ -70,6 +70,7 @@ fn measure(config: TrainConfig) -> (u64, u64, String) {
         progress: false,
         config,
         halt_after: None,
+        final_validation: true,
         benchmark: true,
         mapped_mib: None,
     };

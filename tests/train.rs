@@ -59,6 +59,7 @@ fn options(run_dir: &Path, config: TrainConfig) -> RunOptions {
         progress: false,
         config,
         halt_after: None,
+        final_validation: true,
         benchmark: false,
         mapped_mib: None,
     }

@@ -230,6 +230,9 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
             config: config.clone(),
             halt_after: None,
             benchmark: false,
+            // A fold run that validates only at the end does so once, in the fold validation
+            // (predict's `--checkpoint best` then takes the final weights too).
+            final_validation: !(fold.is_some() && !cli.no_fold_validation && config.val_every == 0),
             mapped_mib: cli.mapped_mib,
         };
         if let Some(steps) = cli.benchmark {

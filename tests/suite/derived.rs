@@ -194,6 +194,7 @@ fn train_options(cache: &Path, run_dir: &Path, config: TrainConfig) -> RunOption
         progress: false,
         config,
         halt_after: None,
+        final_validation: true,
         benchmark: false,
         mapped_mib: None,
     }

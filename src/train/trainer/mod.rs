@@ -51,6 +51,9 @@ pub struct RunOptions {
     pub halt_after: Option<u64>,
     /// Timing only (`train --benchmark`): no validation, checkpoints or plots.
     pub benchmark: bool,
+    /// Validate after the last step (with `val_every` 0, the only validation). Off where a
+    /// fold validation follows and scores the same final weights in the cases' own geometry.
+    pub final_validation: bool,
     /// Strict mode: MiB of cache pages the memory maps may bring in before the least
     /// recently used maps hand theirs back (`ReaderOptions::mapped_resident_bytes`); `None`
     /// (the default): the pages are the kernel's to manage.
@@ -119,7 +122,8 @@ pub fn run(opts: &RunOptions, stop: &AtomicBool) -> Result<RunSummary> {
         }
         let due_val = !opts.benchmark
             && !s.data.val.is_empty()
-            && (last || (cfg.val_every > 0 && step.is_multiple_of(cfg.val_every)));
+            && ((last && opts.final_validation)
+                || (cfg.val_every > 0 && step.is_multiple_of(cfg.val_every)));
         let mut improved = false;
         if due_val {
             let (v, best) = s.validate(step)?;
