@@ -181,11 +181,30 @@ def _arch_summary(cm):
     }
 
 
+def set_topology(cfg, dataset_id, plans_name, tf, patch_zyx):
+    """cfg's patch and network: what nnU-Net's planner derives from patch_zyx at cfg's spacing
+    (get_pool_and_conv_props; features 32 doubling up to 320; its blocks per stage)."""
+    from nnunetv2.experiment_planning.experiment_planners.default_experiment_planner import ExperimentPlanner
+    from nnunetv2.experiment_planning.experiment_planners.network_topology import get_pool_and_conv_props
+    planner = ExperimentPlanner(dataset_id, plans_name=plans_name)
+    patch_nn = [int(patch_zyx[tf[i]]) for i in range(3)]
+    _, strides, kernels, padded, _ = get_pool_and_conv_props(
+        cfg["spacing"], patch_nn, planner.UNet_featuremap_min_edge_length, 999999)
+    n = len(strides)
+    cfg["patch_size"] = [int(x) for x in padded]
+    ak = cfg["architecture"]["arch_kwargs"]
+    ak["n_stages"] = n
+    ak["features_per_stage"] = [min(planner.UNet_max_features_3d, planner.UNet_base_num_features * 2 ** i)
+                                for i in range(n)]
+    ak["strides"] = [[int(v) for v in s] for s in strides]
+    ak["kernel_sizes"] = [[int(v) for v in k] for k in kernels]
+    ak["n_conv_per_stage"] = list(planner.UNet_blocks_per_stage_encoder[:n])
+    ak["n_conv_per_stage_decoder"] = list(planner.UNet_blocks_per_stage_decoder[:n - 1])
+
+
 def cmd_plan(a):
     from nnunetv2.experiment_planning.plan_and_preprocess_api import (
         extract_fingerprints, plan_experiments, preprocess)
-    from nnunetv2.experiment_planning.experiment_planners.default_experiment_planner import ExperimentPlanner
-    from nnunetv2.experiment_planning.experiment_planners.network_topology import get_pool_and_conv_props
     from nnunetv2.paths import nnUNet_preprocessed
     from nnunetv2.utilities.crossval_split import generate_crossval_split
     from nnunetv2.utilities.dataset_name_id_conversion import maybe_convert_to_dataset_name
@@ -225,24 +244,9 @@ def cmd_plan(a):
 
     # The qm configuration: 3d_fullres with the requested patch and batch and the topology the
     # planner derives from that patch.
-    planner = ExperimentPlanner(a.dataset_id, plans_name=a.plans)
-    tf = plans["transpose_forward"]
-    patch_zyx = [int(x) for x in a.patch]
-    patch_nn = [patch_zyx[tf[i]] for i in range(3)]
-    _, strides, kernels, padded, _ = get_pool_and_conv_props(
-        base["spacing"], patch_nn, planner.UNet_featuremap_min_edge_length, 999999)
-    n = len(strides)
     cfg = deepcopy(base)
-    cfg["patch_size"] = [int(x) for x in padded]
+    set_topology(cfg, a.dataset_id, a.plans, plans["transpose_forward"], a.patch)
     cfg["batch_size"] = int(a.batch)
-    ak = cfg["architecture"]["arch_kwargs"]
-    ak["n_stages"] = n
-    ak["features_per_stage"] = [min(planner.UNet_max_features_3d, planner.UNet_base_num_features * 2 ** i)
-                                for i in range(n)]
-    ak["strides"] = [[int(v) for v in s] for s in strides]
-    ak["kernel_sizes"] = [[int(v) for v in k] for k in kernels]
-    ak["n_conv_per_stage"] = list(planner.UNet_blocks_per_stage_encoder[:n])
-    ak["n_conv_per_stage_decoder"] = list(planner.UNet_blocks_per_stage_decoder[:n - 1])
     plans["configurations"][a.config] = cfg
     _dump(plans, plans_file)
 
@@ -310,6 +314,11 @@ def cmd_train(a):
             super().on_train_epoch_start()
             self._qm_t0 = time.perf_counter()
 
+        def perform_actual_validation(self, save_probabilities=False):
+            if a.no_mirror:
+                self.inference_allowed_mirroring_axes = None  # the predictor mirrors over these axes
+            super().perform_actual_validation(save_probabilities)
+
         def on_train_epoch_end(self, train_outputs):
             dt = time.perf_counter() - self._qm_t0
             epoch_seconds.append(dt)
@@ -325,7 +334,7 @@ def cmd_train(a):
     plans["continue_training"] = False
     with open(os.path.join(pre, "dataset.json")) as f:
         dataset_json = json.load(f)
-    trainer = nnUNetTrainer_QM(plans, a.config, 0, dataset_json, torch.device("cpu"))
+    trainer = nnUNetTrainer_QM(plans, a.config, a.fold, dataset_json, torch.device("cpu"))
     t0 = time.time()
     trainer.run_training()
     t1 = time.time()
@@ -395,6 +404,8 @@ def main():
     t.add_argument("--dataset-id", type=int, required=True)
     t.add_argument("--plans", default="nnUNetPlans")
     t.add_argument("--config", required=True)
+    t.add_argument("--fold", type=int, default=0)
+    t.add_argument("--no-mirror", action="store_true", help="final validation without test-time mirroring")
     t.add_argument("--seed", type=int, required=True)
     t.add_argument("--epochs", type=int, required=True)
     t.add_argument("--iters-per-epoch", type=int, required=True)
