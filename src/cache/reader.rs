@@ -66,6 +66,8 @@ struct EntryInner {
     /// Output spacing (z, y, x).
     spacing: [f64; 3],
     shape: [usize; 3],
+    /// The normalization each image channel got (what a raw zero became).
+    normalization: Vec<crate::format::AppliedNormalization>,
     /// One reader per image channel (never empty).
     image: Vec<ArrayReader>,
     label: Option<ArrayReader>,
@@ -162,6 +164,11 @@ impl EntryReader {
     pub fn is_mapped(&self) -> bool {
         self.inner.image.iter().all(|c| c.is_mapped())
             && self.inner.label.as_ref().is_none_or(|l| l.is_mapped())
+    }
+
+    /// The normalization each image channel got before resampling, in channel order.
+    pub fn normalization(&self) -> &[crate::format::AppliedNormalization] {
+        &self.inner.normalization
     }
 
     /// Output spacing (z, y, x) in [`EntryReader::unit`]s.

@@ -4,6 +4,7 @@
 //! nnU-Net runs them ([`nnunet`]).
 
 mod cascade;
+pub mod crop;
 pub mod export;
 pub mod model_dir;
 pub mod nnunet;

@@ -535,6 +535,9 @@ fn predict_group(
             let entry = reader.open_entry("predict", &c.id)?;
             let shape = entry.shape_zyx();
             let mut probs = ProbWriter::ensemble(outputs.heads(), shape, scratch, models.len())?;
+            // Windows over the box of the nonzero input only, as nnU-Net crops.
+            let within = super::crop::nonzero_box(&entry)?;
+            let background = super::crop::background(&outputs);
             let sliding = Instant::now();
             for (k, member) in models.iter().enumerate() {
                 if k > 0 {
@@ -548,10 +551,13 @@ fn predict_group(
                         &reloaded
                     }
                 };
-                predictor(opts, device, member, net, Some(&tick)).predict_tiled(
+                super::crop::predict_within(
+                    &predictor(opts, device, member, net, Some(&tick)),
                     &entry,
+                    within,
                     opts.window_memory,
-                    &mut |t, p| probs.write_tile(t, p),
+                    &background,
+                    &mut probs,
                 )?;
             }
             totals.window_seconds += sliding.elapsed().as_secs_f64();

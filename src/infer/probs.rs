@@ -160,6 +160,89 @@ impl ProbWriter {
         Ok(())
     }
 
+    /// A block of a box's rows: `tile` in the box's coordinates (its origin `origin`), each row
+    /// `width` voxels from x `origin[2]`, `classes` values a voxel in C order over (rows,
+    /// height, width).
+    pub fn write_box(
+        &mut self,
+        tile: Tile,
+        probs: &[f32],
+        origin: [usize; 3],
+        width: usize,
+    ) -> Result<()> {
+        let [nz, ny, nx] = self.shape;
+        let classes = self.files.len();
+        let (z0, y0, x0) = (tile.z0 + origin[0], tile.y0 + origin[1], origin[2]);
+        if z0 + tile.rows > nz
+            || y0 + tile.height > ny
+            || x0 + width > nx
+            || probs.len() != tile.rows * tile.height * width * classes
+        {
+            return Err(Error::Config(format!(
+                "probabilities of {tile:?} at {origin:?} do not fit a volume of {:?}",
+                self.shape
+            )));
+        }
+        let run = width * classes;
+        for (i, row) in probs.chunks_exact(run.max(1)).enumerate() {
+            let (z, y) = (i / tile.height, i % tile.height);
+            self.write_run(((z0 + z) * ny + y0 + y) * nx + x0, row)?;
+        }
+        self.written += tile.rows * tile.height * width;
+        Ok(())
+    }
+
+    /// Every voxel outside the box `origin .. origin + size` set to `background` (one value
+    /// a class).
+    pub fn fill_outside(
+        &mut self,
+        origin: [usize; 3],
+        size: [usize; 3],
+        background: &[f32],
+    ) -> Result<()> {
+        let [nz, ny, nx] = self.shape;
+        if background.len() != self.files.len()
+            || (0..3).any(|a| origin[a] + size[a] > self.shape[a])
+        {
+            return Err(Error::Config(format!(
+                "a box {size:?} at {origin:?} with {} background values for a volume of {:?} of {} classes",
+                background.len(),
+                self.shape,
+                self.files.len()
+            )));
+        }
+        let row = background.repeat(nx);
+        let plane = background.repeat(nx * ny);
+        let inside = |a: usize, v: usize| (origin[a]..origin[a] + size[a]).contains(&v);
+        let classes = background.len();
+        let mut n = 0;
+        for z in 0..nz {
+            if !inside(0, z) {
+                self.write_run(z * ny * nx, &plane)?;
+                n += ny * nx;
+                continue;
+            }
+            for y in 0..ny {
+                let at = (z * ny + y) * nx;
+                if !inside(1, y) {
+                    self.write_run(at, &row)?;
+                    n += nx;
+                    continue;
+                }
+                let end = origin[2] + size[2];
+                if origin[2] > 0 {
+                    self.write_run(at, &row[..origin[2] * classes])?;
+                }
+                if end < nx {
+                    self.write_run(at + end, &row[..(nx - end) * classes])?;
+                }
+                n += nx - size[2];
+            }
+        }
+        self.written += n;
+        Ok(())
+    }
+
     /// Every voxel written: the volumes, mapped for reading.
     pub fn finish(self) -> Result<Vec<ProbVolume>> {
         let n: usize = self.shape.iter().product();

@@ -167,6 +167,7 @@ impl EntryReader {
                 key: attrs.key.clone(),
                 dir,
                 shape,
+                normalization: attrs.normalization.clone(),
                 image,
                 label,
                 distance,
