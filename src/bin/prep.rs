@@ -341,7 +341,11 @@ fn run_inspect(args: InspectArgs) -> Result<Exit> {
         jobs: args.jobs,
         ..inspect::InspectOptions::new(&path)
     };
-    let report = inspect::inspect(&opts)?;
+    let mut report = inspect::inspect(&opts)?;
+    // A cache on S3 is named by its URL (the local tier it was read through is on stderr).
+    if let Some((url, _)) = &view.fetched {
+        report.path = url.clone();
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
