@@ -244,8 +244,9 @@ def cmd_plan(a):
 
     # The qm configuration: 3d_fullres with the requested patch and batch and the topology the
     # planner derives from that patch.
+    tf = plans["transpose_forward"]
     cfg = deepcopy(base)
-    set_topology(cfg, a.dataset_id, a.plans, plans["transpose_forward"], a.patch)
+    set_topology(cfg, a.dataset_id, a.plans, tf, a.patch)
     cfg["batch_size"] = int(a.batch)
     plans["configurations"][a.config] = cfg
     _dump(plans, plans_file)
