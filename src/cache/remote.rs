@@ -381,27 +381,45 @@ pub fn mirror(
             missing.push((k, now.into_iter().map(|(r, _)| r.clone()).collect(), bytes));
         }
     }
-    let need: u64 =
-        missing.iter().map(|m| m.2).sum::<u64>() + pending.iter().map(|p| p.1).sum::<u64>();
+    let meta: u64 = missing.iter().map(|m| m.2).sum();
+    let blocks: u64 = pending.iter().map(|p| p.1).sum();
+    // The chunk and shard files of the entries in use the tier holds now: with a budget and
+    // files fetched on read, what may go (oldest first) when others come.
+    let mut held_blocks = if budget.is_some() {
+        local_blocks(&local, &wanted)
+    } else {
+        Vec::new()
+    };
     if let Some(budget) = budget {
         let held: u64 = wanted
             .iter()
             .filter(|k| local.has_entry(k))
             .map(|k| dir_bytes(&local.entry_path(k)))
             .sum();
+        // What must fit at once: every file when the tier is filled whole, else the metadata.
+        let floor = match fill {
+            Fill::Whole => meta + blocks + held,
+            Fill::OnRead { .. } => meta + held - held_blocks.iter().map(|b| b.1).sum::<u64>(),
+        };
         let h = crate::util::sysinfo::human_bytes;
-        if need + held > budget {
+        if floor > budget {
             return Err(Error::remote(
                 &url,
                 format!(
-                    "the cache's entries take {} and the local tier's budget is {}: raise \
+                    "the cache's {} take {} and the local tier's budget is {}: raise \
                      --local-cache-gb",
-                    h(need + held),
+                    if fill == Fill::Whole {
+                        "entries"
+                    } else {
+                        "metadata"
+                    },
+                    h(floor),
                     h(budget)
                 ),
             ));
         }
-        report.evicted = evict(&local, &wanted, budget - need - held)?;
+        // Entries no cache in use names go first.
+        report.evicted = evict(&local, &wanted, budget.saturating_sub(meta + blocks + held))?;
     }
     for (k, rels, bytes) in missing {
         remote.fetch_entry(&local, k, &rels)?;
@@ -418,9 +436,23 @@ pub fn mirror(
     }
     local.write_manifest(&manifest.to_json())?;
     sweep_parts(&local.entries_dir());
-    let filled = Tier::open(tier, remote.clone());
-    let bytes: u64 = pending.iter().map(|p| p.1).sum();
-    let files = pending.into_iter().map(|p| p.0).collect::<Vec<_>>();
+    let bytes = blocks;
+    let files = pending;
+    let filled = match (fill, budget) {
+        (Fill::OnRead { .. }, Some(_)) => {
+            held_blocks.sort_by_key(|b| b.2);
+            let evictable = held_blocks.into_iter().map(|(p, n, _)| (p, n)).collect();
+            Tier::open(
+                tier,
+                remote.clone(),
+                budget,
+                dir_bytes(&local.entries_dir()),
+                evictable,
+            )
+        }
+        // Filled whole, the budget was checked above.
+        _ => Tier::open(tier, remote.clone(), None, 0, Vec::new()),
+    };
     match fill {
         Fill::Whole => {
             if let Err(e) = filled.prefetch(files, true) {
@@ -441,6 +473,28 @@ pub fn mirror(
         }
     }
     Ok((report, filled))
+}
+
+/// The chunk and shard files of the tier's entries in `keys`: path, bytes, last change.
+fn local_blocks(
+    local: &CacheDir,
+    keys: &BTreeSet<String>,
+) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    for k in keys {
+        let dir = local.entry_path(k);
+        for rel in files_under(&dir).unwrap_or_default() {
+            if !on_read(&rel) || rel.contains(".part-") {
+                continue;
+            }
+            let p = dir.join(&rel);
+            if let Ok(m) = std::fs::metadata(&p) {
+                let t = m.modified().unwrap_or(std::time::UNIX_EPOCH);
+                out.push((p, m.len(), t));
+            }
+        }
+    }
+    out
 }
 
 /// Remove tier entries not in `keep`, oldest use first, until the others take at most `room`.

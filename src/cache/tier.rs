@@ -7,8 +7,13 @@
 //! [`fetch_missing`] before it concludes that the block is all fill value. Each file is
 //! downloaded beside its place and renamed into it, so a reader sees a whole file or none,
 //! and two processes filling one tier at once only repeat each other's work.
+//!
+//! With a budget smaller than the cache, the tier evicts chunk and shard files least recently
+//! used first as it fetches (a reader's block check counts as a use), never the most recent
+//! ones; a file still memory-mapped stays readable (and on disk) until it is unmapped, and a
+//! reader that finds a file gone fetches it again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -28,6 +33,71 @@ const PREFETCHES: usize = 8;
 /// A partial download older than this is left over from a process that ended.
 const STALE_PART: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// The most recently used files (this many, at most a quarter of those tracked) are never
+/// evicted: a reader may be about to open them.
+const PROTECTED: u64 = 256;
+
+/// Tiers registered: lets readers of local caches skip the registry's lock.
+static REGISTERED: AtomicU64 = AtomicU64::new(0);
+
+/// The files a budgeted tier may evict, by last use.
+#[derive(Default)]
+struct Usage {
+    /// Bytes the tier holds.
+    bytes: u64,
+    tick: u64,
+    /// File -> (last use, bytes).
+    files: HashMap<PathBuf, (u64, u64)>,
+    /// Last use -> file: the eviction order.
+    order: BTreeMap<u64, PathBuf>,
+}
+
+impl Usage {
+    fn touch(&mut self, path: &Path) {
+        if let Some((t, _)) = self.files.get_mut(path) {
+            self.order.remove(t);
+            self.tick += 1;
+            *t = self.tick;
+            self.order.insert(self.tick, path.to_path_buf());
+        }
+    }
+
+    fn add(&mut self, path: PathBuf, len: u64) {
+        self.tick += 1;
+        if let Some((old, n)) = self.files.insert(path.clone(), (self.tick, len)) {
+            self.order.remove(&old);
+            self.bytes -= n;
+        }
+        self.order.insert(self.tick, path);
+        self.bytes += len;
+    }
+
+    /// Remove least recently used files until the tier holds at most `budget`; how many.
+    fn evict(&mut self, budget: u64) -> u64 {
+        let mut n = 0;
+        while self.bytes > budget {
+            let Some((&t, _)) = self.order.first_key_value() else {
+                break;
+            };
+            if t + PROTECTED.min(self.files.len() as u64 / 4) > self.tick {
+                break;
+            }
+            let Some(p) = self.order.remove(&t) else {
+                break;
+            };
+            let len = self.files.remove(&p).map_or(0, |f| f.1);
+            match std::fs::remove_file(&p) {
+                Ok(()) => n += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Not removable: count it as held, and stop trying it.
+                Err(_) => continue,
+            }
+            self.bytes -= len;
+        }
+        n
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -42,6 +112,10 @@ pub struct Tier {
     serial: AtomicU64,
     fetched: AtomicU64,
     fetched_bytes: AtomicU64,
+    evicted: AtomicU64,
+    /// Bytes the tier may hold (`None`: unbounded, nothing tracked).
+    budget: Option<u64>,
+    usage: Mutex<Usage>,
 }
 
 impl std::fmt::Debug for Tier {
@@ -55,19 +129,35 @@ impl std::fmt::Debug for Tier {
     }
 }
 
-/// Files and bytes a tier has fetched on demand or by prefetch.
+/// Files and bytes a tier has fetched on demand or by prefetch, and files it evicted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierStats {
     /// Files fetched.
     pub files: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// Files removed to stay within the budget.
+    pub evicted: u64,
 }
 
 impl Tier {
     /// A tier at `root` (a cache folder) filled from `remote`, registered for this process's
-    /// readers until [`Tier::close`].
-    pub fn open(root: &Path, remote: Arc<RemoteCache>) -> Arc<Tier> {
+    /// readers until [`Tier::close`]. With `budget`: `held` bytes are there already, of which
+    /// `evictable` (chunk and shard files, oldest use first) may be removed to make room.
+    pub fn open(
+        root: &Path,
+        remote: Arc<RemoteCache>,
+        budget: Option<u64>,
+        held: u64,
+        evictable: Vec<(PathBuf, u64)>,
+    ) -> Arc<Tier> {
+        let mut usage = Usage::default();
+        if budget.is_some() {
+            for (p, n) in evictable {
+                usage.add(p, n);
+            }
+            usage.bytes = held.max(usage.bytes);
+        }
         let tier = Arc::new(Tier {
             entries: root.join(ENTRIES_DIR),
             remote,
@@ -76,17 +166,23 @@ impl Tier {
             serial: AtomicU64::new(0),
             fetched: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            budget,
+            usage: Mutex::new(usage),
         });
         TIERS
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .push(tier.clone());
+        REGISTERED.fetch_add(1, Ordering::Relaxed);
         tier
     }
 
     /// Stop prefetching and unregister: readers no longer fetch into this tier.
     pub fn close(self: &Arc<Self>) {
-        self.stop.store(true, Ordering::Relaxed);
+        if !self.stop.swap(true, Ordering::Relaxed) {
+            REGISTERED.fetch_sub(1, Ordering::Relaxed);
+        }
         TIERS
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -98,7 +194,14 @@ impl Tier {
         TierStats {
             files: self.fetched.load(Ordering::Relaxed),
             bytes: self.fetched_bytes.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether `bytes` more fit the budget without evicting.
+    fn has_room(&self, bytes: u64) -> bool {
+        self.budget
+            .is_none_or(|b| lock(&self.usage).bytes.saturating_add(bytes) <= b)
     }
 
     /// Bring the file at `path` (under the tier's entries) from the bucket. `Ok(false)`: the
@@ -144,13 +247,20 @@ impl Tier {
         std::fs::rename(&part, path).map_err(|e| Error::io(path, e))?;
         self.fetched.fetch_add(1, Ordering::Relaxed);
         self.fetched_bytes.fetch_add(len, Ordering::Relaxed);
+        if let Some(budget) = self.budget {
+            let mut u = lock(&self.usage);
+            u.add(path.to_path_buf(), len);
+            let n = u.evict(budget);
+            self.evicted.fetch_add(n, Ordering::Relaxed);
+        }
         Ok(true)
     }
 
-    /// Fetch `files` (paths under the tier's entries) that are not there yet, several at
-    /// once. `wait`: return when done, with the first failure; else in the background, where
-    /// a failure is left for the reader that needs the file to meet and report.
-    pub fn prefetch(self: &Arc<Self>, files: Vec<PathBuf>, wait: bool) -> Result<()> {
+    /// Fetch `files` (paths under the tier's entries, and their sizes) that are not there
+    /// yet, several at once, as long as they fit the budget without evicting. `wait`: return
+    /// when done, with the first failure; else in the background, where a failure is left for
+    /// the reader that needs the file to meet and report.
+    pub fn prefetch(self: &Arc<Self>, files: Vec<(PathBuf, u64)>, wait: bool) -> Result<()> {
         let tier = self.clone();
         let work = move || -> Result<()> {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -159,8 +269,11 @@ impl Tier {
                 .build()
                 .map_err(|e| Error::Config(format!("cannot start prefetch threads: {e}")))?;
             pool.install(|| {
-                files.par_iter().try_for_each(|p| {
-                    if tier.stop.load(Ordering::Relaxed) || std::fs::symlink_metadata(p).is_ok() {
+                files.par_iter().try_for_each(|(p, n)| {
+                    if tier.stop.load(Ordering::Relaxed)
+                        || std::fs::symlink_metadata(p).is_ok()
+                        || !tier.has_room(*n)
+                    {
                         return Ok(());
                     }
                     match tier.fetch(p) {
@@ -214,17 +327,46 @@ pub fn sweep_parts(dir: &Path) {
     }
 }
 
-/// A block file a reader found missing: fetched into its place when it lies in a registered
-/// tier and the bucket holds it (`Ok(true)`); `Ok(false)` otherwise.
-pub(crate) fn fetch_missing(path: &Path) -> Result<bool> {
-    let tier = TIERS
+/// The registered tier `path` lies in.
+fn tier_of(path: &Path) -> Option<Arc<Tier>> {
+    if REGISTERED.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    TIERS
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .find(|t| path.starts_with(&t.entries))
-        .cloned();
-    match tier {
+        .cloned()
+}
+
+/// A block file a reader found missing: fetched into its place when it lies in a registered
+/// tier and the bucket holds it (`Ok(true)`); `Ok(false)` otherwise.
+pub(crate) fn fetch_missing(path: &Path) -> Result<bool> {
+    match tier_of(path) {
         Some(t) => t.fetch(path),
         None => Ok(false),
     }
+}
+
+/// A reader is about to use the block file at `path`: in a budgeted tier, its use is
+/// recorded (the least recently used files go first).
+pub(crate) fn touch(path: &Path) {
+    if let Some(t) = tier_of(path).filter(|t| t.budget.is_some()) {
+        lock(&t.usage).touch(path);
+    }
+}
+
+/// A reader is about to read the block file at `path` through a store that would take a
+/// missing file for fill values: in a budgeted tier, fetched again if it was evicted, and its
+/// use recorded. Nothing for other caches.
+pub(crate) fn in_use(path: &Path) -> Result<()> {
+    let Some(t) = tier_of(path).filter(|t| t.budget.is_some()) else {
+        return Ok(());
+    };
+    if std::fs::symlink_metadata(path).is_err() {
+        t.fetch(path)?;
+    }
+    lock(&t.usage).touch(path);
+    Ok(())
 }

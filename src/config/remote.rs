@@ -20,7 +20,8 @@ pub struct S3Flags {
     #[arg(long, value_name = "DIR")]
     pub local_cache: Option<PathBuf>,
     /// For an `s3://` cache: the most the local folder may hold, in GiB; entries of other
-    /// caches are removed (least recently used first) to stay under it.
+    /// caches are removed (least recently used first) to stay under it, and `train` removes
+    /// the chunk files it read least recently when the cache itself is larger.
     #[arg(long, value_name = "GB")]
     pub local_cache_gb: Option<f64>,
 }

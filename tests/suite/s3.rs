@@ -306,6 +306,62 @@ fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
 }
 
 #[test]
+fn a_tier_smaller_than_the_cache_evicts_the_least_recently_used_files() {
+    use std::sync::Arc;
+    use voxcache::cache::remote::{mirror, Fill, RemoteCache};
+    use voxcache::remote::Location;
+    let Some(srv) = server("budget") else { return };
+    let t = tempfile::tempdir().unwrap();
+    let url = srv.url("budget");
+    srv.build(&url, &t.path().join("stage"), &[]);
+    let Location::S3(u) = Location::parse(Path::new(&url)).unwrap() else {
+        panic!("{url}")
+    };
+    let remote = Arc::new(RemoteCache::connect(&u, Some(&srv.endpoint)).unwrap());
+    let fill = Fill::OnRead { prefetch: false };
+    let (sizes, probe) = mirror(&remote, &t.path().join("probe"), None, fill).unwrap();
+    probe.close();
+    // Room for the metadata and two fifths of the chunk files.
+    let budget = sizes.bytes + sizes.pending_bytes * 2 / 5;
+    let dir = t.path().join("tier");
+    let (_, tier) = mirror(&remote, &dir, Some(budget), fill).unwrap();
+    let got = CacheReader::open(&dir).unwrap();
+    let want = CacheReader::open(local()).unwrap();
+    let (a, b) = (open_entries(&got), open_entries(&want));
+    let read = |e: &voxcache::cache::reader::EntryReader| {
+        let sh = e.shape_zyx();
+        let mut img = vec![0f32; sh.iter().product::<usize>() * e.channels()];
+        e.read_image([0, 0, 0], sh, &mut img).unwrap();
+        img.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    // Every case twice, the second time in reverse: the voxels are the local build's although
+    // the tier never holds them all.
+    let order: Vec<usize> = (0..a.len()).chain((0..a.len()).rev()).collect();
+    for &i in &order {
+        assert!(read(&a[i]) == read(&b[i]), "case {i}");
+    }
+    let st = tier.stats();
+    assert!(
+        st.evicted > 0 && st.files > block_files(&dir).len() as u64,
+        "{st:?}"
+    );
+    let largest = block_files(&dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .max()
+        .unwrap_or(0);
+    let held: u64 = crate::common::fixtures::files_under(&dir.join("entries"))
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        held <= budget + largest,
+        "{held} bytes held, budget {budget}"
+    );
+    tier.close();
+}
+
+#[test]
 fn killed_builders_leave_no_visible_partial_entry_and_the_next_run_completes() {
     let Some(srv) = server("s3-kill") else {
         return;

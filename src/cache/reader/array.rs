@@ -323,6 +323,8 @@ impl ArrayReader {
         let unsharded = self.per_block == [1, 1, 1];
         if !unsharded {
             self.verify_shard(array, self.block_of(c).0)?;
+            // zarrs would read a shard evicted from a budgeted tier as fill values.
+            crate::cache::tier::in_use(&path())?;
         }
         if unsharded {
             self.block_present(c, &path())?;

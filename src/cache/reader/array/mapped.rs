@@ -133,7 +133,17 @@ impl ArrayReader {
         if !self.block_present(b, &path)? {
             return Ok(None);
         }
-        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let file = match File::open(&path) {
+            // Evicted from a budgeted tier since it was checked: fetched again.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && crate::cache::tier::fetch_missing(&path)? =>
+            {
+                File::open(&path)
+            }
+            other => other,
+        }
+        .map_err(|e| Error::io(&path, e))?;
         let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
         let [cz, cy, cx] = self.chunk;
         let what = format!("{cz}x{cy}x{cx} {}", self.dtype.name());

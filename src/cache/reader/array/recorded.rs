@@ -86,7 +86,10 @@ impl ArrayReader {
                 path,
                 "a symbolic link inside a cache entry: refused (the cache holds its own files)",
             )),
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                crate::cache::tier::touch(path);
+                Ok(true)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // In a tier filled on first read (a cache on S3) the block comes now; one the
                 // build recorded as all fill value was never stored, so none is asked for.
