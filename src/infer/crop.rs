@@ -80,7 +80,7 @@ pub fn nonzero_box(entry: &EntryReader) -> Result<Option<Box3>> {
 }
 
 /// What a voxel outside the box holds: all background (softmax), or no region.
-pub fn background(outputs: &Outputs) -> Vec<f32> {
+fn background(outputs: &Outputs) -> Vec<f32> {
     match outputs {
         Outputs::Classes { values, .. } => {
             let mut v = vec![0.0; values.len()];
@@ -133,22 +133,38 @@ impl PatchSource for CropView<'_> {
     }
 }
 
-/// One model's sliding window over `entry` into `probs` (slab of about `budget` bytes):
-/// within `b` when given, every voxel outside it `background`.
-pub fn predict_within(
-    predictor: &Predictor<'_>,
-    entry: &EntryReader,
-    b: Option<Box3>,
-    budget: usize,
-    background: &[f32],
-    probs: &mut ProbWriter,
-) -> Result<()> {
-    let Some(b) = b else {
-        return predictor.predict_tiled(entry, budget, &mut |t, p| probs.write_tile(t, p));
-    };
-    let view = CropView { entry, b };
-    predictor.predict_tiled(&view, budget, &mut |t, p| {
-        probs.write_box(t, p, b.origin, b.size[2])
-    })?;
-    probs.fill_outside(b.origin, b.size, background)
+/// Where one case's windows run, and what the rest of it holds.
+pub struct Crop {
+    /// `None`: the whole volume.
+    pub within: Option<Box3>,
+    background: Vec<f32>,
+}
+
+impl Crop {
+    /// The nonzero box of `entry` ([`nonzero_box`]) for a model with `outputs`.
+    pub fn of(entry: &EntryReader, outputs: &Outputs) -> Result<Crop> {
+        Ok(Crop {
+            within: nonzero_box(entry)?,
+            background: background(outputs),
+        })
+    }
+
+    /// One model's sliding window over `entry` into `probs` (a slab of about `budget`
+    /// bytes): within the box, every voxel outside it background.
+    pub fn predict(
+        &self,
+        predictor: &Predictor<'_>,
+        entry: &EntryReader,
+        budget: usize,
+        probs: &mut ProbWriter,
+    ) -> Result<()> {
+        let Some(b) = self.within else {
+            return predictor.predict_tiled(entry, budget, &mut |t, p| probs.write_tile(t, p));
+        };
+        let view = CropView { entry, b };
+        predictor.predict_tiled(&view, budget, &mut |t, p| {
+            probs.write_box(t, p, b.origin, b.size[2])
+        })?;
+        probs.fill_outside(b.origin, b.size, &self.background)
+    }
 }

@@ -535,9 +535,7 @@ fn predict_group(
             let entry = reader.open_entry("predict", &c.id)?;
             let shape = entry.shape_zyx();
             let mut probs = ProbWriter::ensemble(outputs.heads(), shape, scratch, models.len())?;
-            // Windows over the box of the nonzero input only, as nnU-Net crops.
-            let within = super::crop::nonzero_box(&entry)?;
-            let background = super::crop::background(&outputs);
+            let crop = super::crop::Crop::of(&entry, &outputs)?;
             let sliding = Instant::now();
             for (k, member) in models.iter().enumerate() {
                 if k > 0 {
@@ -551,14 +549,8 @@ fn predict_group(
                         &reloaded
                     }
                 };
-                super::crop::predict_within(
-                    &predictor(opts, device, member, net, Some(&tick)),
-                    &entry,
-                    within,
-                    opts.window_memory,
-                    &background,
-                    &mut probs,
-                )?;
+                let p = predictor(opts, device, member, net, Some(&tick));
+                crop.predict(&p, &entry, opts.window_memory, &mut probs)?;
             }
             totals.window_seconds += sliding.elapsed().as_secs_f64();
 
