@@ -7,10 +7,13 @@
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use voxcache::cache::reader::CacheReader;
+use voxcache::cache::remote::{mirror, Fill, RemoteCache};
 use voxcache::remote::s3::{Client, Condition, Config};
+use voxcache::remote::Location;
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::loader::{Loader, LoaderConfig};
 use voxcache::train::sampler::{Sampler, SamplerConfig};
@@ -232,19 +235,32 @@ fn block_files(tier: &Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-#[test]
-fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
-    use std::sync::Arc;
-    use voxcache::cache::remote::{mirror, Fill, RemoteCache};
-    use voxcache::remote::Location;
-    let Some(srv) = server("on-read") else { return };
-    let t = tempfile::tempdir().unwrap();
-    let url = srv.url("on-read");
-    srv.build(&url, &t.path().join("stage"), &[]);
+/// A case's whole image (as bits) and label.
+fn whole_case(e: &voxcache::cache::reader::EntryReader) -> voxcache::Result<(Vec<u32>, Vec<u8>)> {
+    let sh = e.shape_zyx();
+    let mut img = vec![0f32; sh.iter().product::<usize>() * e.channels()];
+    let mut lab = vec![0u8; sh.iter().product::<usize>()];
+    e.read_image([0, 0, 0], sh, &mut img)?;
+    e.read_label([0, 0, 0], sh, &mut lab)?;
+    Ok((img.iter().map(|v| v.to_bits()).collect(), lab))
+}
+
+/// The bundled data built into a prefix of its own under `t`, and a client of that cache.
+fn built_remote(srv: &Server, test: &str, t: &Path) -> (String, Arc<RemoteCache>) {
+    let url = srv.url(test);
+    srv.build(&url, &t.join("stage"), &[]);
     let Location::S3(u) = Location::parse(Path::new(&url)).unwrap() else {
         panic!("{url}")
     };
     let remote = Arc::new(RemoteCache::connect(&u, Some(&srv.endpoint)).unwrap());
+    (url, remote)
+}
+
+#[test]
+fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
+    let Some(srv) = server("on-read") else { return };
+    let t = tempfile::tempdir().unwrap();
+    let (url, remote) = built_remote(&srv, "on-read", t.path());
     let dir = t.path().join("tier");
     let (rep, tier) = mirror(&remote, &dir, None, Fill::OnRead { prefetch: false }).unwrap();
     assert_eq!((rep.fetched, rep.reused), (10, 0));
@@ -256,14 +272,7 @@ fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
     let want = CacheReader::open(local()).unwrap();
     let (a, b) = (open_entries(&got), open_entries(&want));
     // Reading one case brings its files, and only its; the voxels are the local build's.
-    let read = |e: &voxcache::cache::reader::EntryReader| {
-        let sh = e.shape_zyx();
-        let mut img = vec![0f32; sh.iter().product::<usize>() * e.channels()];
-        let mut lab = vec![0u8; sh.iter().product::<usize>()];
-        e.read_image([0, 0, 0], sh, &mut img)?;
-        e.read_label([0, 0, 0], sh, &mut lab)?;
-        Ok::<_, voxcache::Error>((img.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), lab))
-    };
+    let read = whole_case;
     assert_eq!(read(&a[0]).unwrap(), read(&b[0]).unwrap());
     let fetched = block_files(&dir);
     assert!(
@@ -307,17 +316,9 @@ fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
 
 #[test]
 fn a_tier_smaller_than_the_cache_evicts_the_least_recently_used_files() {
-    use std::sync::Arc;
-    use voxcache::cache::remote::{mirror, Fill, RemoteCache};
-    use voxcache::remote::Location;
     let Some(srv) = server("budget") else { return };
     let t = tempfile::tempdir().unwrap();
-    let url = srv.url("budget");
-    srv.build(&url, &t.path().join("stage"), &[]);
-    let Location::S3(u) = Location::parse(Path::new(&url)).unwrap() else {
-        panic!("{url}")
-    };
-    let remote = Arc::new(RemoteCache::connect(&u, Some(&srv.endpoint)).unwrap());
+    let (_, remote) = built_remote(&srv, "budget", t.path());
     let fill = Fill::OnRead { prefetch: false };
     let (sizes, probe) = mirror(&remote, &t.path().join("probe"), None, fill).unwrap();
     probe.close();
@@ -328,12 +329,7 @@ fn a_tier_smaller_than_the_cache_evicts_the_least_recently_used_files() {
     let got = CacheReader::open(&dir).unwrap();
     let want = CacheReader::open(local()).unwrap();
     let (a, b) = (open_entries(&got), open_entries(&want));
-    let read = |e: &voxcache::cache::reader::EntryReader| {
-        let sh = e.shape_zyx();
-        let mut img = vec![0f32; sh.iter().product::<usize>() * e.channels()];
-        e.read_image([0, 0, 0], sh, &mut img).unwrap();
-        img.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    };
+    let read = |e| whole_case(e).unwrap();
     // Every case twice, the second time in reverse: the voxels are the local build's although
     // the tier never holds them all.
     let order: Vec<usize> = (0..a.len()).chain((0..a.len()).rev()).collect();
