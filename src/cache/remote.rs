@@ -30,7 +30,7 @@ use crate::format::{
     Manifest, ManifestDataset, DISTANCE_ARRAY, ENTRIES_DIR, IMAGE_ARRAY, LABEL_ARRAY,
     MANIFEST_FILE, SKELETON_ARRAY, ZARR_JSON,
 };
-use crate::remote::s3::{Client, Condition, Config, Put};
+use crate::remote::s3::{Client, Condition, Config, Listed, Put};
 use crate::remote::S3Url;
 
 /// Uploads and downloads in flight at once (they wait on the network, not the CPU).
@@ -220,10 +220,11 @@ impl RemoteCache {
         Ok(self.client.get(&self.url.key(name))?.map(|o| o.bytes))
     }
 
-    /// Every object under `entries/` (its path in the entry, its size), per entry key.
-    fn entry_objects(&self) -> Result<BTreeMap<String, Vec<(String, u64)>>> {
+    /// Every object under `entries/` (its path in the entry as `key`, its size and time),
+    /// per entry key.
+    fn entry_listing(&self) -> Result<BTreeMap<String, Vec<Listed>>> {
         let base = self.url.key(&format!("{ENTRIES_DIR}/"));
-        let mut out: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+        let mut out: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         for o in self.client.list(&base)? {
             let Some(rest) = o.key.strip_prefix(&base) else {
                 continue;
@@ -233,9 +234,57 @@ impl RemoteCache {
             let (Some(_), Some(key), Some(rel)) = (parts.next(), parts.next(), parts.next()) else {
                 continue;
             };
-            out.entry(key.to_string())
-                .or_default()
-                .push((rel.to_string(), o.size));
+            out.entry(key.to_string()).or_default().push(Listed {
+                key: rel.to_string(),
+                ..o
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every object under `entries/` (its path in the entry, its size), per entry key.
+    fn entry_objects(&self) -> Result<BTreeMap<String, Vec<(String, u64)>>> {
+        Ok(self
+            .entry_listing()?
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter().map(|o| (o.key, o.size)).collect()))
+            .collect())
+    }
+
+    /// Remove what interrupted uploads left under `entries/` more than `older_than` ago:
+    /// the objects of entries never committed (no group `zarr.json`) whose newest object is
+    /// that old, and multipart uploads started that long ago and never finished. Younger ones
+    /// may be another builder's upload in progress: they are counted, not touched.
+    pub fn sweep_orphans(&self, older_than: Duration) -> Result<Orphans> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let old = |t: Option<u64>| t.is_some_and(|t| t + older_than.as_secs() <= now);
+        let mut out = Orphans::default();
+        let mut doomed = Vec::new();
+        for (key, objs) in self.entry_listing()? {
+            if objs.iter().any(|o| o.key == ZARR_JSON) {
+                continue;
+            }
+            // The newest object says when the upload was last alive.
+            let newest = objs.iter().map(|o| o.modified).max().flatten();
+            if objs.iter().any(|o| o.modified.is_none()) || !old(newest) {
+                out.recent += 1;
+                continue;
+            }
+            out.entries += 1;
+            out.bytes += objs.iter().map(|o| o.size).sum::<u64>();
+            doomed.extend(objs.into_iter().map(|o| self.entry_key(&key, &o.key)));
+        }
+        out.objects = doomed.len();
+        pool()?.install(|| doomed.par_iter().try_for_each(|k| self.client.delete(k)))?;
+        let base = self.url.key(&format!("{ENTRIES_DIR}/"));
+        for u in self.client.uploads(&base)? {
+            if old(u.initiated) {
+                self.client.abort_upload(&u)?;
+                out.uploads += 1;
+            }
         }
         Ok(out)
     }
@@ -277,6 +326,25 @@ impl RemoteCache {
     }
 }
 
+/// How long an unfinished upload is left alone before [`RemoteCache::sweep_orphans`] removes
+/// it: far longer than one entry's upload takes.
+pub const ORPHAN_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// What [`RemoteCache::sweep_orphans`] removed, and left.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Orphans {
+    /// Uncommitted entries removed.
+    pub entries: usize,
+    /// Their objects.
+    pub objects: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Unfinished multipart uploads aborted.
+    pub uploads: usize,
+    /// Uncommitted entries too recent to remove (perhaps being uploaded now).
+    pub recent: usize,
+}
+
 /// What a [`mirror`] did.
 #[derive(Clone, Debug, Default)]
 pub struct MirrorReport {
@@ -293,6 +361,8 @@ pub struct MirrorReport {
     pub pending: usize,
     /// Their bytes.
     pub pending_bytes: u64,
+    /// Entries in the bucket with objects but no commit (interrupted uploads).
+    pub uncommitted: usize,
 }
 
 /// How a tier gets an entry's chunk and shard files.
@@ -348,7 +418,13 @@ pub fn mirror(
         .collect();
     let wanted: BTreeSet<String> = cases.keys().map(|k| k.to_string()).collect();
     let objects = remote.entry_objects()?;
-    let mut report = MirrorReport::default();
+    let mut report = MirrorReport {
+        uncommitted: objects
+            .values()
+            .filter(|objs| !objs.iter().any(|(r, _)| r == ZARR_JSON))
+            .count(),
+        ..MirrorReport::default()
+    };
     // Per entry the tier lacks: its metadata files; over all entries: the files to come.
     let mut missing: Vec<(&String, Vec<String>, u64)> = Vec::new();
     let mut pending: Vec<(PathBuf, u64)> = Vec::new();

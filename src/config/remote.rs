@@ -75,7 +75,7 @@ impl LocalView {
         let (url, r) = self.fetched.as_ref()?;
         let h = crate::util::sysinfo::human_bytes;
         Some(format!(
-            "{url}: {} entries fetched ({}), {} already in {}{}{}",
+            "{url}: {} entries fetched ({}), {} already in {}{}{}{}",
             r.fetched,
             h(r.bytes),
             r.reused,
@@ -91,6 +91,15 @@ impl LocalView {
             },
             if r.evicted > 0 {
                 format!("; {} older entries removed to stay in budget", r.evicted)
+            } else {
+                String::new()
+            },
+            if r.uncommitted > 0 {
+                format!(
+                    "; {} uncommitted entries in the bucket (interrupted uploads, never read; \
+                     `prep build-cache` removes them a day on)",
+                    r.uncommitted
+                )
             } else {
                 String::new()
             }

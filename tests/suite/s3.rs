@@ -726,3 +726,50 @@ fn large_objects_go_up_in_parts_and_come_back_streamed() {
     );
     assert!(!c.get_to_file(&format!("{key}.none"), &back).unwrap());
 }
+
+#[test]
+fn interrupted_uploads_are_swept_once_old_and_never_while_young() {
+    let Some(srv) = server("s3-orphans") else {
+        return;
+    };
+    let c = srv.client();
+    let url = srv.url("orphans");
+    let prefix = srv.prefix(&url);
+    let put = |rel: &str| {
+        let key = format!("{prefix}/entries/{rel}");
+        c.put(&key, b"x", Condition::None).unwrap();
+    };
+    // A committed entry, an entry whose upload stopped before its commit, and a multipart
+    // upload never finished.
+    put("ab/abcommitted/image/c/0/0/0");
+    put("ab/abcommitted/zarr.json");
+    put("cd/cdkilled/image/zarr.json");
+    put("cd/cdkilled/image/c/0/0/0");
+    let started = c
+        .start_upload(&format!("{prefix}/entries/ef/efkilled/image/c/1/0/0"))
+        .unwrap();
+    let remote = RemoteCache::connect(
+        &voxcache::remote::S3Url::parse(&url).unwrap(),
+        Some(&srv.endpoint),
+    )
+    .unwrap();
+    let day = voxcache::cache::remote::ORPHAN_AGE;
+    // Under a day old: perhaps another builder's upload in progress, left alone.
+    let young = remote.sweep_orphans(day).unwrap();
+    assert_eq!((young.entries, young.uploads, young.recent), (0, 0, 1));
+    assert_eq!(remote_entries(&c, &prefix).len(), 2);
+    let pending = c.uploads(&format!("{prefix}/entries/")).unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].id, started.id);
+    // Old enough (age zero here): the uncommitted entry and the upload go, the commit stays.
+    let old = remote.sweep_orphans(Duration::ZERO).unwrap();
+    assert_eq!(
+        (old.entries, old.objects, old.uploads),
+        (1, 2, 1),
+        "{old:?}"
+    );
+    let left = remote_entries(&c, &prefix);
+    assert_eq!(left.keys().collect::<Vec<_>>(), ["abcommitted"]);
+    assert_eq!(left["abcommitted"].len(), 2);
+    assert!(c.uploads(&format!("{prefix}/entries/")).unwrap().is_empty());
+}

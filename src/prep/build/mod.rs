@@ -301,6 +301,21 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             p.display()
         );
     }
+    // In a bucket, what killed uploads left (one LIST; part 0 of a --part build does it).
+    if let (Some(remote), None | Some((0, _))) = (&cache.remote, opts.part) {
+        let o = remote.sweep_orphans(crate::cache::remote::ORPHAN_AGE)?;
+        if o.entries + o.uploads > 0 {
+            eprintln!(
+                "removed what interrupted uploads left in {} over a day ago: {} uncommitted \
+                 entries ({} objects, {}), {} unfinished multipart uploads",
+                remote.url(),
+                o.entries,
+                o.objects,
+                crate::util::sysinfo::human_bytes(o.bytes),
+                o.uploads
+            );
+        }
+    }
 
     // This build's share of the cases (all of them unless --part).
     let mine: Vec<usize> = (0..ok.len())

@@ -47,6 +47,19 @@ pub struct Listed {
     pub key: String,
     /// Its size in bytes.
     pub size: u64,
+    /// When it was last written, in seconds since 1970 (`None` when the server did not say).
+    pub modified: Option<u64>,
+}
+
+/// A multipart upload started and neither completed nor aborted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upload {
+    /// The object's key.
+    pub key: String,
+    /// The upload's id.
+    pub id: String,
+    /// When it was started, in seconds since 1970.
+    pub initiated: Option<u64>,
 }
 
 /// The outcome of a conditional write.
@@ -79,6 +92,49 @@ struct Reply {
 impl Reply {
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One request: what [`Client::send`] signs and sends.
+#[derive(Clone, Copy)]
+struct Req<'a> {
+    method: &'a str,
+    key: &'a str,
+    query: &'a [(&'a str, String)],
+    headers: &'a [(&'a str, String)],
+    body: Option<&'a [u8]>,
+    /// Stream a 200 answer's body into this file instead of memory.
+    to_file: Option<&'a Path>,
+}
+
+impl<'a> Req<'a> {
+    fn new(method: &'a str, key: &'a str) -> Req<'a> {
+        Req {
+            method,
+            key,
+            query: &[],
+            headers: &[],
+            body: None,
+            to_file: None,
+        }
+    }
+    fn query(self, query: &'a [(&'a str, String)]) -> Req<'a> {
+        Req { query, ..self }
+    }
+    fn headers(self, headers: &'a [(&'a str, String)]) -> Req<'a> {
+        Req { headers, ..self }
+    }
+    fn body(self, body: &'a [u8]) -> Req<'a> {
+        Req {
+            body: Some(body),
+            ..self
+        }
+    }
+    fn to_file(self, path: &'a Path) -> Req<'a> {
+        Req {
+            to_file: Some(path),
+            ..self
+        }
     }
 }
 
@@ -152,15 +208,15 @@ impl Client {
 
     /// One request, no retry; `Err` when no answer came (the transport's message). With
     /// `to_file`, a 200 answer's body is streamed into that file instead of memory.
-    fn exchange(
-        &self,
-        method: &str,
-        key: &str,
-        query: &[(&str, String)],
-        headers: &[(&str, String)],
-        body: Option<&[u8]>,
-        to_file: Option<&Path>,
-    ) -> std::result::Result<Reply, String> {
+    fn exchange(&self, req: &Req<'_>) -> std::result::Result<Reply, String> {
+        let Req {
+            method,
+            key,
+            query,
+            headers,
+            body,
+            to_file,
+        } = *req;
         let path = self.path(key);
         let q = canonical_query(query);
         let url = if q.is_empty() {
@@ -232,30 +288,10 @@ impl Client {
     }
 
     /// A request with retries on silence, 5xx and throttling; any other answer is returned.
-    fn request(
-        &self,
-        method: &str,
-        key: &str,
-        query: &[(&str, String)],
-        headers: &[(&str, String)],
-        body: Option<&[u8]>,
-    ) -> Result<Reply> {
-        self.request_to(method, key, query, headers, body, None)
-    }
-
-    /// [`Self::request`], a 200 answer's body streamed into `to_file` when given.
-    fn request_to(
-        &self,
-        method: &str,
-        key: &str,
-        query: &[(&str, String)],
-        headers: &[(&str, String)],
-        body: Option<&[u8]>,
-        to_file: Option<&Path>,
-    ) -> Result<Reply> {
+    fn send(&self, req: Req<'_>) -> Result<Reply> {
         let mut attempt = 0;
         loop {
-            let r = self.exchange(method, key, query, headers, body, to_file);
+            let r = self.exchange(&req);
             let (retry, limit) = match &r {
                 Err(_) => (true, 3),
                 Ok(rep) if rep.status >= 500 || rep.status == 429 => (true, 6),
@@ -264,10 +300,10 @@ impl Client {
             attempt += 1;
             if !retry || attempt >= limit {
                 return match r {
-                    Ok(rep) if retry => Err(self.refused(method, key, &rep)),
+                    Ok(rep) if retry => Err(self.refused(req.method, req.key, &rep)),
                     Ok(rep) => Ok(rep),
                     Err(e) => Err(Error::remote(
-                        self.url(key),
+                        self.url(req.key),
                         format!(
                             "no answer from {} after {attempt} tries: {e} (check the endpoint: {})",
                             self.base, self.cfg.described
@@ -315,7 +351,7 @@ impl Client {
 
     /// The whole object, or `None` when there is none.
     pub fn get(&self, key: &str) -> Result<Option<Object>> {
-        let rep = self.request("GET", key, &[], &[], None)?;
+        let rep = self.send(Req::new("GET", key))?;
         match rep.status {
             200 => Ok(Some(Object {
                 etag: rep.etag,
@@ -329,7 +365,7 @@ impl Client {
     /// Stream the whole object into the file `path` (created or truncated); `false` when there
     /// is no such object. Memory stays a buffer's worth whatever the object's size.
     pub fn get_to_file(&self, key: &str, path: &Path) -> Result<bool> {
-        let rep = self.request_to("GET", key, &[], &[], None, Some(path))?;
+        let rep = self.send(Req::new("GET", key).to_file(path))?;
         match rep.status {
             200 => Ok(true),
             404 if !rep.text().contains("NoSuchBucket") => Ok(false),
@@ -339,7 +375,7 @@ impl Client {
 
     /// The object's size, or `None` when there is none.
     pub fn head(&self, key: &str) -> Result<Option<u64>> {
-        let rep = self.request("HEAD", key, &[], &[], None)?;
+        let rep = self.send(Req::new("HEAD", key))?;
         match rep.status {
             200 => Ok(Some(rep.length.unwrap_or(0))),
             // HEAD answers carry no body: a missing bucket shows as a 404 too.
@@ -357,7 +393,7 @@ impl Client {
             ("list-type", "2".to_string()),
             ("max-keys", "1".to_string()),
         ];
-        let rep = self.request("GET", "", &q, &[], None)?;
+        let rep = self.send(Req::new("GET", "").query(&q))?;
         match rep.status {
             200 => Ok(()),
             _ => Err(self.refused("LIST", "", &rep)),
@@ -372,11 +408,25 @@ impl Client {
             Condition::Absent => headers.push(("if-none-match", "*".to_string())),
             Condition::Matches(etag) => headers.push(("if-match", etag.to_string())),
         }
-        let rep = self.request("PUT", key, &[], &headers, Some(bytes))?;
+        let rep = self.send(Req::new("PUT", key).headers(&headers).body(bytes))?;
         match rep.status {
             200 | 201 | 204 => Ok(Put::Written(rep.etag)),
             412 | 409 if !matches!(cond, Condition::None) => Ok(Put::Conflict),
             _ => Err(self.refused("PUT", key, &rep)),
+        }
+    }
+
+    /// Start a multipart upload of `key`.
+    pub fn start_upload(&self, key: &str) -> Result<Upload> {
+        let q = [("uploads", String::new())];
+        let rep = self.send(Req::new("POST", key).query(&q).body(&[]))?;
+        match (rep.status, xml::first(&rep.text(), "UploadId")) {
+            (200, Some(id)) => Ok(Upload {
+                key: key.to_string(),
+                id,
+                initiated: None,
+            }),
+            _ => Err(self.refused("POST (start a multipart upload)", key, &rep)),
         }
     }
 
@@ -392,11 +442,7 @@ impl Client {
             return Ok(());
         }
         let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let rep = self.request("POST", key, &[("uploads", String::new())], &[], Some(&[]))?;
-        let id = match (rep.status, xml::first(&rep.text(), "UploadId")) {
-            (200, Some(id)) => id,
-            _ => return Err(self.refused("POST (start a multipart upload)", key, &rep)),
-        };
+        let id = self.start_upload(key)?.id;
         let parts = (|| -> Result<Vec<String>> {
             let mut etags = Vec::new();
             let mut buf = vec![0u8; PART_BYTES as usize];
@@ -413,7 +459,7 @@ impl Client {
                     break;
                 }
                 let q = [("partNumber", format!("{n}")), ("uploadId", id.clone())];
-                let rep = self.request("PUT", key, &q, &[], Some(&buf[..got]))?;
+                let rep = self.send(Req::new("PUT", key).query(&q).body(&buf[..got]))?;
                 match (rep.status, rep.etag) {
                     (200, Some(e)) => etags.push(e),
                     (s, _) => {
@@ -439,12 +485,13 @@ impl Client {
                 })
                 .collect();
             let body = format!("<CompleteMultipartUpload>{body}</CompleteMultipartUpload>");
-            let rep = self.request(
-                "POST",
-                key,
-                &[("uploadId", id.clone())],
-                &[("content-type", "application/xml".to_string())],
-                Some(body.as_bytes()),
+            let complete = [("uploadId", id.clone())];
+            let xml_type = [("content-type", "application/xml".to_string())];
+            let rep = self.send(
+                Req::new("POST", key)
+                    .query(&complete)
+                    .headers(&xml_type)
+                    .body(body.as_bytes()),
             )?;
             // S3 may answer 200 and put the error in the body.
             if rep.status == 200 && !rep.text().contains("<Error>") {
@@ -454,14 +501,14 @@ impl Client {
             }
         });
         if finish.is_err() {
-            let _ = self.request("DELETE", key, &[("uploadId", id)], &[], None);
+            let _ = self.send(Req::new("DELETE", key).query(&[("uploadId", id)]));
         }
         finish
     }
 
     /// Remove an object (no error when there is none).
     pub fn delete(&self, key: &str) -> Result<()> {
-        let rep = self.request("DELETE", key, &[], &[], None)?;
+        let rep = self.send(Req::new("DELETE", key))?;
         match rep.status {
             200 | 204 | 404 => Ok(()),
             _ => Err(self.refused("DELETE", key, &rep)),
@@ -480,7 +527,7 @@ impl Client {
             if let Some(t) = &token {
                 q.push(("continuation-token", t.clone()));
             }
-            let rep = self.request("GET", "", &q, &[], None)?;
+            let rep = self.send(Req::new("GET", "").query(&q))?;
             if rep.status != 200 {
                 return Err(self.refused("LIST", prefix, &rep));
             }
@@ -488,8 +535,13 @@ impl Client {
             for block in xml::blocks(&text, "Contents") {
                 let key = xml::first(block, "Key");
                 let size = xml::first(block, "Size").and_then(|s| s.parse().ok());
+                let modified = xml::first(block, "LastModified").and_then(|t| xml::unix_time(&t));
                 if let (Some(key), Some(size)) = (key, size) {
-                    out.push(Listed { key, size });
+                    out.push(Listed {
+                        key,
+                        size,
+                        modified,
+                    });
                 }
             }
             token = xml::first(&text, "NextContinuationToken");
@@ -498,5 +550,56 @@ impl Client {
             }
         }
         Ok(out)
+    }
+
+    /// The multipart uploads under `prefix` that were started and never completed or aborted
+    /// (a builder killed mid-upload leaves them; their parts are stored, and billed, until
+    /// aborted).
+    pub fn uploads(&self, prefix: &str) -> Result<Vec<Upload>> {
+        let mut out = Vec::new();
+        let mut marker: Option<(String, String)> = None;
+        loop {
+            let mut q = vec![("uploads", String::new()), ("prefix", prefix.to_string())];
+            if let Some((k, u)) = &marker {
+                q.push(("key-marker", k.clone()));
+                q.push(("upload-id-marker", u.clone()));
+            }
+            let rep = self.send(Req::new("GET", "").query(&q))?;
+            if rep.status != 200 {
+                return Err(self.refused("LIST (multipart uploads)", prefix, &rep));
+            }
+            let text = rep.text();
+            for block in xml::blocks(&text, "Upload") {
+                if let (Some(key), Some(id)) =
+                    (xml::first(block, "Key"), xml::first(block, "UploadId"))
+                {
+                    let initiated = xml::first(block, "Initiated").and_then(|t| xml::unix_time(&t));
+                    out.push(Upload { key, id, initiated });
+                }
+            }
+            let next = (
+                xml::first(&text, "NextKeyMarker"),
+                xml::first(&text, "NextUploadIdMarker"),
+            );
+            match (xml::first(&text, "IsTruncated").as_deref(), next) {
+                (Some("true"), (Some(k), Some(u)))
+                    if marker.as_ref() != Some(&(k.clone(), u.clone())) =>
+                {
+                    marker = Some((k, u))
+                }
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Abort a multipart upload: its stored parts are dropped (no error when it is gone).
+    pub fn abort_upload(&self, upload: &Upload) -> Result<()> {
+        let q = [("uploadId", upload.id.clone())];
+        let rep = self.send(Req::new("DELETE", &upload.key).query(&q))?;
+        match rep.status {
+            200 | 204 | 404 => Ok(()),
+            _ => Err(self.refused("DELETE (abort a multipart upload)", &upload.key, &rep)),
+        }
     }
 }

@@ -8,7 +8,7 @@ mod xml;
 
 use std::fmt;
 
-pub use client::{Client, Condition, Listed, Object, Put};
+pub use client::{Client, Condition, Listed, Object, Put, Upload};
 pub use config::{Config, Credentials};
 
 use crate::error::{Error, Result};

@@ -70,6 +70,33 @@ pub(super) fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Seconds since 1970 of an ISO 8601 UTC time as S3 writes it (`2026-11-29T10:14:54.000Z`);
+/// `None` when it is not one.
+pub(super) fn unix_time(t: &str) -> Option<u64> {
+    let t = t.trim();
+    let num = |a: usize, b: usize| -> Option<i64> { t.get(a..b)?.parse().ok() };
+    if t.get(4..5) != Some("-") || t.get(10..11) != Some("T") {
+        return None;
+    }
+    let (y, mo, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (h, mi, s) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    // Days from the civil date (proleptic Gregorian), with March as the year's first month.
+    let (y, m) = if mo <= 2 {
+        (y - 1, mo + 9)
+    } else {
+        (y, mo - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + h * 3600 + mi * 60 + s).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +112,15 @@ mod tests {
         assert_eq!(all(x, "Size"), vec!["3", "4"]);
         assert_eq!(first(x, "IsTruncated").unwrap(), "false");
         assert_eq!(escape("\"a<b>&"), "&quot;a&lt;b&gt;&amp;");
+    }
+
+    #[test]
+    fn s3_times_become_unix_seconds() {
+        assert_eq!(unix_time("1970-01-01T00:00:00.000Z"), Some(0));
+        // `date -u -d 2026-11-29T10:14:54Z +%s`
+        assert_eq!(unix_time("2026-11-29T10:14:54.000Z"), Some(1_795_947_294));
+        assert_eq!(unix_time("2000-02-29T23:59:59Z"), Some(951_868_799));
+        assert_eq!(unix_time("yesterday"), None);
+        assert_eq!(unix_time("2026-13-01T00:00:00Z"), None);
     }
 }
