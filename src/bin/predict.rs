@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
+use voxcache::cache::remote::RemoteOptions;
 use voxcache::config::exit::EXIT_STATUS_HELP;
-use voxcache::config::remote::local_path;
+use voxcache::config::remote::{local_models, local_path};
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
 use voxcache::infer::nnunet::{predict_nnunet, NnunetPredictOptions};
@@ -24,15 +25,16 @@ use voxcache::util::sysinfo::human_bytes;
 #[derive(Parser, Debug)]
 #[command(name = "predict", version, after_help = EXIT_STATUS_HELP)]
 struct Cli {
-    /// Run folder made by `train` (or one of its checkpoint folders, copied anywhere). Give it
-    /// several times for an ensemble (nnU-Net's five folds: --model fold_0 ... --model fold_4):
-    /// the members' class probabilities are averaged, in one accumulator on disk.
+    /// Run folder made by `train` (or one of its checkpoint folders, copied anywhere), local or
+    /// uploaded as it is to s3://BUCKET/PREFIX. Give it several times for an ensemble
+    /// (nnU-Net's five folds: --model fold_0 ... --model fold_4): the members' class
+    /// probabilities are averaged, in one accumulator on disk.
     #[arg(long, required_unless_present_any = ["nnunet_model", "dataset"], conflicts_with_all = ["nnunet_model", "dataset"])]
     model: Vec<PathBuf>,
     /// A model trained by nnU-Net v2: its results folder TRAINER__PLANS__CONFIGURATION
     /// (plans.json, dataset.json, fold_K/checkpoint_final.pth), predicted as nnUNetv2_predict
     /// does (its preprocessing, window placement, mirroring, fold ensemble and export).
-    #[arg(long, value_name = "DIR", conflicts_with = "dataset")]
+    #[arg(long, value_name = "DIR", conflicts_with = "dataset", value_parser = local_path)]
     nnunet_model: Option<PathBuf>,
     /// nnU-Net's spelling instead of --nnunet-model: the dataset (id or DatasetXXX_Name) under
     /// $nnUNet_results, with -c, -tr, -p.
@@ -121,6 +123,15 @@ struct Cli {
     /// DIR or else OUT/previous_stage/, then the --model stage with those segmentations.
     #[arg(long, value_name = "RUN_DIR")]
     previous_model: Vec<PathBuf>,
+    /// For models on S3: the server (default: AWS_ENDPOINT_URL, the profile's endpoint_url,
+    /// else AWS itself).
+    #[arg(long, value_name = "URL")]
+    s3_endpoint: Option<String>,
+    /// For models on S3: the local folder they are brought into, each under BUCKET/PREFIX
+    /// (default: ~/.cache/voxcache/s3). Only the checkpoint --checkpoint picks comes, and
+    /// again only when it changed.
+    #[arg(long, value_name = "DIR", value_parser = local_path)]
+    local_cache: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -221,10 +232,24 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         let report = predict_nnunet(&opts)?;
         return Ok(print_report(&report, cli.json));
     }
+    let which = cli.checkpoint.parse::<Which>()?;
+    let remote = RemoteOptions {
+        endpoint: cli.s3_endpoint,
+        local: cli.local_cache,
+        budget: None,
+    };
+    let (models, mut fetched) = local_models(&cli.model, &remote, &which)?;
+    let (previous_models, more) = local_models(&cli.previous_model, &remote, &which)?;
+    fetched.extend(more);
+    if !cli.quiet {
+        for line in fetched {
+            eprintln!("{line}");
+        }
+    }
     let opts = PredictOptions {
-        models: cli.model,
+        models,
         postprocessing: postprocessing_choice(cli.postprocessing, cli.no_postprocessing),
-        which: cli.checkpoint.parse::<Which>()?,
+        which,
         inputs: cli.inputs,
         cases: Vec::new(),
         out: cli.out,
@@ -238,7 +263,7 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         mapped_mib: cli.mapped_mib,
         quiet: cli.quiet,
         previous_stage: cli.previous_stage,
-        previous_models: cli.previous_model,
+        previous_models,
     };
     let report = predict(&opts)?;
     Ok(print_report(&report, cli.json))

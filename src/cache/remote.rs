@@ -30,7 +30,7 @@ use crate::format::{
     Manifest, ManifestDataset, DISTANCE_ARRAY, ENTRIES_DIR, IMAGE_ARRAY, LABEL_ARRAY,
     MANIFEST_FILE, SKELETON_ARRAY, ZARR_JSON,
 };
-use crate::remote::s3::{Client, Condition, Config, Listed, Put};
+use crate::remote::s3::{Client, Condition, Listed, Put};
 use crate::remote::S3Url;
 
 /// Uploads and downloads in flight at once (they wait on the network, not the CPU).
@@ -112,14 +112,8 @@ impl RemoteCache {
     /// Connect to the cache at `url` (endpoint from `endpoint`, else the environment) and check
     /// that its bucket exists and answers.
     pub fn connect(url: &S3Url, endpoint: Option<&str>) -> Result<RemoteCache> {
-        let client = Client::new(Config::from_env(endpoint)?, &url.bucket)?;
-        // The first request: its failure (credentials, bucket, endpoint) names the cache.
-        client.check_bucket().map_err(|e| match e {
-            Error::Remote { message, .. } => Error::remote(url.to_string(), message),
-            e => e,
-        })?;
         Ok(RemoteCache {
-            client,
+            client: Client::connect(url, endpoint)?,
             url: url.clone(),
         })
     }

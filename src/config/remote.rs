@@ -164,3 +164,31 @@ pub fn local_for_reading(
         }
     }
 }
+
+/// Each model folder as a local one: an `s3://` one is brought into a local folder first
+/// (what a prediction with `which` needs). Also a line per model fetched, to print.
+pub fn local_models(
+    paths: &[PathBuf],
+    opts: &RemoteOptions,
+    which: &crate::infer::model_dir::Which,
+) -> Result<(Vec<PathBuf>, Vec<String>)> {
+    let mut dirs = Vec::with_capacity(paths.len());
+    let mut lines = Vec::new();
+    for p in paths {
+        match Location::parse(p)? {
+            Location::Local(p) => dirs.push(p),
+            Location::S3(url) => {
+                let f = crate::infer::model_fetch::fetch_model(&url, opts, which)?;
+                lines.push(format!(
+                    "{url}: {} files fetched ({}), {} unchanged in {}",
+                    f.fetched,
+                    crate::util::sysinfo::human_bytes(f.bytes),
+                    f.reused,
+                    f.dir.display()
+                ));
+                dirs.push(f.dir);
+            }
+        }
+    }
+    Ok((dirs, lines))
+}

@@ -7,6 +7,7 @@ mod cascade;
 pub mod crop;
 pub mod export;
 pub mod model_dir;
+pub mod model_fetch;
 pub mod nnunet;
 pub mod postprocess;
 pub mod predict;

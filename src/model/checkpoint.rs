@@ -28,7 +28,10 @@ pub use crate::format::run::{StateExtra, TrainState, STATE_FILE};
 pub const BEST_DIR: &str = "best";
 const TMP_PREFIX: &str = ".tmp-";
 const OLD_PREFIX: &str = ".old-";
-const STEP_PREFIX: &str = "step-";
+/// A numbered checkpoint folder's name: `step-N`.
+pub const STEP_PREFIX: &str = "step-";
+/// The folder of a run's checkpoints.
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
 
 /// A loaded checkpoint.
 pub struct Checkpoint {
@@ -62,7 +65,7 @@ impl Checkpointer {
                 "keep_last must be at least 1 (the checkpoint just written is always kept)".into(),
             ));
         }
-        let dir = run_dir.join("checkpoints");
+        let dir = run_dir.join(CHECKPOINTS_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         recover(&dir)?;
         Ok(Checkpointer {
@@ -76,7 +79,7 @@ impl Checkpointer {
     /// recovered or deleted.
     pub fn read_only(run_dir: &Path) -> Self {
         Checkpointer {
-            dir: run_dir.join("checkpoints"),
+            dir: run_dir.join(CHECKPOINTS_DIR),
             keep_last: usize::MAX,
             record: None,
         }

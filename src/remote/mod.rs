@@ -50,7 +50,8 @@ impl Location {
                 u.to_string(),
                 format!(
                     "{what} must be a local folder; caches on S3 are read by `prep inspect` and \
-                     `train`, and written by `prep build-cache`"
+                     `train`, and written by `prep build-cache`; `predict --model` reads a run \
+                     folder on S3"
                 ),
             )),
         }

@@ -15,7 +15,7 @@ use common::Nii;
 use voxcache::nifti_io::{read_header, read_volume};
 
 /// A tiny model trained once for this test binary on the bundled cache.
-fn model() -> &'static Path {
+pub(crate) fn model() -> &'static Path {
     static RUN: OnceLock<PathBuf> = OnceLock::new();
     let run = RUN.get_or_init(|| {
         let run = process_scratch("model").join("run");

@@ -49,6 +49,8 @@ pub struct Listed {
     pub size: u64,
     /// When it was last written, in seconds since 1970 (`None` when the server did not say).
     pub modified: Option<u64>,
+    /// Its ETag (quotes included), which changes when it is written again.
+    pub etag: Option<String>,
 }
 
 /// A multipart upload started and neither completed nor aborted.
@@ -189,6 +191,17 @@ impl Client {
             host,
             path_style,
         })
+    }
+
+    /// A client for the bucket of `url`, checked with a first request whose failure
+    /// (credentials, bucket, endpoint) names `url`.
+    pub fn connect(url: &super::S3Url, endpoint: Option<&str>) -> Result<Client> {
+        let client = Client::new(Config::from_env(endpoint)?, &url.bucket)?;
+        client.check_bucket().map_err(|e| match e {
+            Error::Remote { message, .. } => Error::remote(url.to_string(), message),
+            e => e,
+        })?;
+        Ok(client)
     }
 
     /// `s3://bucket/key`, for messages.
@@ -536,11 +549,13 @@ impl Client {
                 let key = xml::first(block, "Key");
                 let size = xml::first(block, "Size").and_then(|s| s.parse().ok());
                 let modified = xml::first(block, "LastModified").and_then(|t| xml::unix_time(&t));
+                let etag = xml::first(block, "ETag");
                 if let (Some(key), Some(size)) = (key, size) {
                     out.push(Listed {
                         key,
                         size,
                         modified,
+                        etag,
                     });
                 }
             }

@@ -1,0 +1,226 @@
+//! Writing a cache to S3: killed builders, concurrent parts, what interrupted uploads leave,
+//! multipart uploads.
+
+use super::*;
+
+#[test]
+fn killed_builders_leave_no_visible_partial_entry_and_the_next_run_completes() {
+    let Some(srv) = server("s3-kill") else {
+        return;
+    };
+    let c = srv.client();
+    let reference = local();
+    let ref_entries: std::collections::BTreeMap<String, Vec<(String, u64)>> =
+        crate::common::fixtures::entry_dirs(reference)
+            .iter()
+            .map(|d| {
+                let key = d.file_name().unwrap().to_string_lossy().to_string();
+                let files = entry_files(d)
+                    .into_iter()
+                    .map(|(rel, b)| (rel, b.len() as u64))
+                    .collect();
+                (key, files)
+            })
+            .collect();
+    let t = tempfile::tempdir().unwrap();
+    let data = bundled_data();
+    let mut rng = Lcg(0x5eed);
+    let mut partial_seen = 0;
+    for round in 0..20 {
+        let url = srv.url(&format!("kill{round}"));
+        let prefix = srv.prefix(&url);
+        let stage = t.path().join(format!("stage{round}"));
+        let mut child = srv
+            .cmd("prep")
+            .args([
+                "build-cache",
+                s(&data),
+                "--cache-dir",
+                &url,
+                "--local-cache",
+                s(&stage),
+            ])
+            .args(["-q", "-j", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let wait = 100 + (rng.next_f32() * 1200.0) as u64;
+        std::thread::sleep(Duration::from_millis(wait));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        // Every entry whose commit object is visible is complete: the same objects, of the
+        // same sizes, as the local build of that key.
+        let seen = remote_entries(&c, &prefix);
+        for (key, objs) in &seen {
+            let mut objs = objs.clone();
+            objs.sort();
+            if objs.iter().any(|(rel, _)| rel == "zarr.json") {
+                assert_eq!(
+                    Some(&objs),
+                    ref_entries.get(key),
+                    "round {round}: entry {key}"
+                );
+            } else {
+                partial_seen += 1;
+            }
+        }
+        // The manifest, when there is one, names only visible entries.
+        if let Some(m) = c.get(&format!("{prefix}/manifest.json")).unwrap() {
+            let m: serde_json::Value = serde_json::from_slice(&m.bytes).unwrap();
+            for case in m["datasets"]["vessels"]["cases"]
+                .as_object()
+                .unwrap()
+                .values()
+            {
+                let key = case["key"].as_str().unwrap();
+                assert!(
+                    seen[key].iter().any(|(rel, _)| rel == "zarr.json"),
+                    "round {round}: manifest names {key} without its commit object"
+                );
+            }
+        }
+        // A few rounds are finished by a second run, which completes the cache.
+        if round % 5 == 0 {
+            let o = srv.build(&url, &stage, &[]);
+            assert!(o.contains("0 failed"), "{o}");
+            let v = ok(&srv.run(
+                "prep",
+                &[
+                    "inspect",
+                    &url,
+                    "--verify",
+                    "--local-cache",
+                    s(&t.path().join("v")),
+                ],
+            ));
+            assert!(v.contains("10 entries"), "{v}");
+        }
+    }
+    eprintln!("killed 20 builders; {partial_seen} uncommitted entries seen (never read)");
+}
+
+#[test]
+fn four_part_builders_at_once_make_one_consistent_manifest() {
+    let Some(srv) = server("s3-parts") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let url = srv.url("parts");
+    let data = bundled_data();
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            srv.cmd("prep")
+                .args([
+                    "build-cache",
+                    s(&data),
+                    "--cache-dir",
+                    &url,
+                    "-q",
+                    "-j",
+                    "1",
+                ])
+                .args(["--part", &format!("{i}/4")])
+                .args(["--local-cache", s(&t.path().join(format!("stage{i}")))])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for ch in children {
+        let o = ch.wait_with_output().unwrap();
+        ok(&o);
+    }
+    let c = srv.client();
+    let key = format!("{}/manifest.json", srv.prefix(&url));
+    let obj = c.get(&key).unwrap().unwrap();
+    // The server honours the conditions the merge relies on.
+    use voxcache::remote::s3::Put;
+    let stale = c.put(&key, b"{}", Condition::Matches("\"0000\"")).unwrap();
+    assert_eq!(stale, Put::Conflict);
+    assert_eq!(
+        c.put(&key, b"{}", Condition::Absent).unwrap(),
+        Put::Conflict
+    );
+    let m: serde_json::Value = serde_json::from_slice(&obj.bytes).unwrap();
+    let reference = CacheReader::open(local()).unwrap();
+    let want = &reference.manifest().datasets["vessels"].cases;
+    let got = m["datasets"]["vessels"]["cases"].as_object().unwrap();
+    assert_eq!(got.len(), 10);
+    for (id, case) in want {
+        assert_eq!(got[id]["key"].as_str().unwrap(), case.key, "case {id}");
+    }
+}
+
+#[test]
+fn large_objects_go_up_in_parts_and_come_back_streamed() {
+    let Some(srv) = server("s3-multipart") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let c = srv.client();
+    // Over the single-PUT limit (16 MiB): three parts, the last one short.
+    let mut rng = Lcg(42);
+    let bytes: Vec<u8> = (0..(21 << 20))
+        .map(|_| (rng.next_f32() * 256.0) as u8)
+        .collect();
+    let src = t.path().join("big.bin");
+    std::fs::write(&src, &bytes).unwrap();
+    let key = format!("{}/big.bin", srv.prefix(&srv.url("multipart")));
+    c.upload_file(&key, &src).unwrap();
+    let back = t.path().join("back.bin");
+    assert!(c.get_to_file(&key, &back).unwrap());
+    assert!(
+        std::fs::read(&back).unwrap() == bytes,
+        "the object came back different"
+    );
+    assert!(!c.get_to_file(&format!("{key}.none"), &back).unwrap());
+}
+
+#[test]
+fn interrupted_uploads_are_swept_once_old_and_never_while_young() {
+    let Some(srv) = server("s3-orphans") else {
+        return;
+    };
+    let c = srv.client();
+    let url = srv.url("orphans");
+    let prefix = srv.prefix(&url);
+    let put = |rel: &str| {
+        let key = format!("{prefix}/entries/{rel}");
+        c.put(&key, b"x", Condition::None).unwrap();
+    };
+    // A committed entry, an entry whose upload stopped before its commit, and a multipart
+    // upload never finished.
+    put("ab/abcommitted/image/c/0/0/0");
+    put("ab/abcommitted/zarr.json");
+    put("cd/cdkilled/image/zarr.json");
+    put("cd/cdkilled/image/c/0/0/0");
+    let started = c
+        .start_upload(&format!("{prefix}/entries/ef/efkilled/image/c/1/0/0"))
+        .unwrap();
+    let remote = RemoteCache::connect(
+        &voxcache::remote::S3Url::parse(&url).unwrap(),
+        Some(&srv.endpoint),
+    )
+    .unwrap();
+    let day = voxcache::cache::remote::ORPHAN_AGE;
+    // Under a day old: perhaps another builder's upload in progress, left alone.
+    let young = remote.sweep_orphans(day).unwrap();
+    assert_eq!((young.entries, young.uploads, young.recent), (0, 0, 1));
+    assert_eq!(remote_entries(&c, &prefix).len(), 2);
+    let pending = c.uploads(&format!("{prefix}/entries/")).unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].id, started.id);
+    // Old enough (age zero here): the uncommitted entry and the upload go, the commit stays.
+    let old = remote.sweep_orphans(Duration::ZERO).unwrap();
+    assert_eq!(
+        (old.entries, old.objects, old.uploads),
+        (1, 2, 1),
+        "{old:?}"
+    );
+    let left = remote_entries(&c, &prefix);
+    assert_eq!(left.keys().collect::<Vec<_>>(), ["abcommitted"]);
+    assert_eq!(left["abcommitted"].len(), 2);
+    assert!(c.uploads(&format!("{prefix}/entries/")).unwrap().is_empty());
+}
