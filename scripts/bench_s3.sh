@@ -10,7 +10,12 @@
 #   BENCH_SMALL=1 bash scripts/bench_s3.sh    # smoke test: the small preset, seconds
 #   AWS_ENDPOINT_URL=... S3_BUCKET=b bash scripts/bench_s3.sh   # another server (keys from AWS_*)
 #
-# Environment: ROUNDS (3), PATCHES (2000; cold 500), and those of scripts/bench_common.sh.
+# Also, when ZARR_PYTHON (default python3) has zarr and obstore: the same patches read straight
+# from S3 by zarr-python with no local tier (scripts/bench_s3_direct.py), with its reads per
+# patch.
+#
+# Environment: ROUNDS (3), PATCHES (2000; cold 500), ZARR_PYTHON, and those of
+# scripts/bench_common.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench_common.sh"
 
@@ -40,7 +45,8 @@ DATA="$BENCH_DIR/data/$PRESET"
 synth_once "$PRESET" "$DATA"
 W="$BENCH_DIR/s3"
 rm -rf "$W"; mkdir -p "$W"
-secs() { local t0=$EPOCHREALTIME; "$@" >/dev/null; python3 -c "print(${EPOCHREALTIME} - $t0)"; }
+secs_to() { local f=$1 t0=$EPOCHREALTIME; shift; "$@" >"$f"; python3 -c "print(${EPOCHREALTIME} - $t0)"; }
+secs() { secs_to /dev/null "$@"; }
 
 step "build: local folder, then $URL"
 cat "$DATA"/imagesTr/* "$DATA"/labelsTr/* >/dev/null  # inputs warm for both
@@ -59,9 +65,19 @@ step "train --benchmark: local cache, then from S3 into an empty tier (files on 
 TRAIN="${TRAIN:-$(dirname "$PREP")/train}"
 [[ -x "$TRAIN" ]] || (cd "$REPO" && cargo build --release --quiet --bin train)
 TR=(--benchmark 10 --patch 32,64,64 --batch-size 2 --base-channels 8 --stages 4 --no-progress)
-t_train_local=$(secs "$TRAIN" --cache-dir "$W/local" "${TR[@]}")
-t_train_s3=$(secs "$TRAIN" --cache-dir "$URL" --local-cache "$W/tier_lazy" "${TR[@]}")
+t_train_local=$(secs_to "$W/train_local.txt" "$TRAIN" --cache-dir "$W/local" "${TR[@]}")
+t_train_s3=$(secs_to "$W/train_s3.txt" "$TRAIN" --cache-dir "$URL" --local-cache "$W/tier_lazy" "${TR[@]}")
 lazy_bytes=$(du -sb "$W/tier_lazy/entries" | cut -f1)
+
+ZPY="${ZARR_PYTHON:-python3}"
+DIRECT="$W/direct.json"; echo '{}' >"$DIRECT"
+if "$ZPY" -c 'import zarr, obstore' 2>/dev/null; then
+    step "patches read straight from S3 by zarr-python (no local tier)"
+    "$ZPY" "$REPO/scripts/bench_s3_direct.py" --endpoint "$AWS_ENDPOINT_URL" --bucket "$BUCKET" \
+        --prefix "${URL#s3://$BUCKET/}" --patches "$COLD" --rounds "$ROUNDS" >"$DIRECT"
+else
+    echo "(no zarr and obstore in $ZPY: set ZARR_PYTHON for the no-tier figure)"
+fi
 
 step "patches, $ROUNDS rounds: local cache and local tier, warm then cold"
 RUN="$W/run.jsonl"; : >"$RUN"
@@ -72,9 +88,14 @@ for r in $(seq 1 "$ROUNDS"); do
         | sed 's/^/{"mode": "cold", "r": /; s/$/}/' >>"$RUN"
 done
 python3 - "$RUN" "$t_local" "$t_s3" "$t_cold" "$t_warm" "$bytes" "$objects" "$PRESET" "$BENCH_DIR/results.jsonl" \
-    "$t_train_local" "$t_train_s3" "$lazy_bytes" <<'PY'
-import json, statistics, sys
-run, tl, ts, tc, tw, nbytes, nobj, preset, out, trl, trs, lazy = sys.argv[1:]
+    "$t_train_local" "$t_train_s3" "$lazy_bytes" "$DIRECT" <<'PY'
+import json, os, statistics, sys
+run, tl, ts, tc, tw, nbytes, nobj, preset, out, trl, trs, lazy, direct = sys.argv[1:]
+direct = json.load(open(direct))
+w = os.path.dirname(run)
+for side in ("local", "s3"):
+    mem = [l.split(None, 2)[2].split(" (")[0] for l in open(f"{w}/train_{side}.txt") if l.startswith("peak memory")]
+    print(f"train --benchmark peak memory, {side}: {mem[0] if mem else '?'}")
 tl, ts, tc, tw, nbytes, nobj, trl, trs, lazy = map(float, (tl, ts, tc, tw, nbytes, nobj, trl, trs, lazy))
 rows = [json.loads(l) for l in open(run)]
 print(f"\ncache: {nbytes / 1e9:.2f} GB in {int(nobj)} objects")
@@ -94,6 +115,10 @@ for mode in ("warm", "cold"):
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"patches/s {mode}: local {med['local']:.0f}, tier {med['tier']:.0f} ({med['tier'] / med['local']:.2f}x)")
     res[f"patches_{mode}"] = med
+if direct:
+    print(f"patches/s straight from S3, {direct['tool']}: {direct['patches_per_s']:.0f} "
+          f"({direct['reads_per_patch']:.1f} reads a patch)")
+    res["direct"] = direct
 with open(out, "a") as f:
     f.write(json.dumps(res) + "\n")
 PY

@@ -149,6 +149,11 @@ impl Crop {
         })
     }
 
+    /// The size of what its windows run over, in an entry of `shape` (z, y, x).
+    pub fn extent(&self, shape: [usize; 3]) -> [usize; 3] {
+        self.within.map_or(shape, |b| b.size)
+    }
+
     /// One model's sliding window over `entry` into `probs` (a slab of about `budget`
     /// bytes): within the box, every voxel outside it background.
     pub fn predict(

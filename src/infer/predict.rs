@@ -454,18 +454,22 @@ fn predict_group(
         .model
         .as_ref()
         .ok_or_else(|| Error::Config("the first model has no weights loaded".into()))?;
-    // One bar over every window of the group's cases.
+    // One bar over every window of the group's cases, within the crops kept for predicting.
+    let mut crops = std::collections::HashMap::new();
     let windows: usize = report
         .cases
         .iter()
         .filter(|r| !matches!(r.outcome, CaseOutcome::Failed { .. }))
-        .filter_map(|r| reader.open_entry("predict", &r.id).ok())
-        .map(|e| {
+        .filter_map(|r| Some((r, reader.open_entry("predict", &r.id).ok()?)))
+        .map(|(r, e)| {
+            let (crop, shape) = (super::crop::Crop::of(&e, &outputs).ok(), e.shape_zyx());
+            let extent = crop.as_ref().map_or(shape, |c| c.extent(shape));
+            crops.extend(crop.map(|c| (r.id.clone(), c)));
             models
                 .iter()
                 .map(|member| {
                     predictor(opts, device, member, first, None)
-                        .window_count(e.shape_zyx(), opts.window_memory)
+                        .window_count(extent, opts.window_memory)
                 })
                 .sum::<usize>()
         })
@@ -535,7 +539,8 @@ fn predict_group(
             let entry = reader.open_entry("predict", &c.id)?;
             let shape = entry.shape_zyx();
             let mut probs = ProbWriter::ensemble(outputs.heads(), shape, scratch, models.len())?;
-            let crop = super::crop::Crop::of(&entry, &outputs)?;
+            let crop = (crops.remove(&c.id).map(Ok))
+                .unwrap_or_else(|| super::crop::Crop::of(&entry, &outputs))?;
             let sliding = Instant::now();
             for (k, member) in models.iter().enumerate() {
                 if k > 0 {
