@@ -10,7 +10,7 @@
 #   BENCH_SMALL=1 bash scripts/bench_s3.sh    # smoke test: the small preset, seconds
 #   AWS_ENDPOINT_URL=... S3_BUCKET=b bash scripts/bench_s3.sh   # another server (keys from AWS_*)
 #
-# Also, when ZARR_PYTHON (default python3) has zarr and obstore: the same patches read straight
+# Also, when ZARR_PYTHON (default $PYTHON, else python3) has zarr and obstore: the same patches read straight
 # from S3 by zarr-python with no local tier (scripts/bench_s3_direct.py), with its reads per
 # patch.
 #
@@ -69,7 +69,7 @@ t_train_local=$(secs_to "$W/train_local.txt" "$TRAIN" --cache-dir "$W/local" "${
 t_train_s3=$(secs_to "$W/train_s3.txt" "$TRAIN" --cache-dir "$URL" --local-cache "$W/tier_lazy" "${TR[@]}")
 lazy_bytes=$(du -sb "$W/tier_lazy/entries" | cut -f1)
 
-ZPY="${ZARR_PYTHON:-python3}"
+ZPY="${ZARR_PYTHON:-${PYTHON:-python3}}"
 DIRECT="$W/direct.json"; echo '{}' >"$DIRECT"
 if "$ZPY" -c 'import zarr, obstore' 2>/dev/null; then
     step "patches read straight from S3 by zarr-python (no local tier)"
