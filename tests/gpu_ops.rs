@@ -7,7 +7,9 @@
 //!
 //! Tolerances (|gpu - cpu| <= tol * max(|cpu|, rms(cpu)) per element): convolutions 1e-4 in
 //! full f32 (cuDNN with FMA math) and 2e-2 with TF32 tensor cores (the default, as PyTorch's);
-//! norm, pooling and bias 1e-4; the whole U-Net's loss and gradients 1e-3; bf16 ops against
+//! norm, pooling and bias 1e-4; the whole U-Net's loss and gradients 1e-3 (a conv bias
+//! before instance norm, whose exact gradient is zero, within 1e-5 of the network's largest
+//! gradient rms instead); bf16 ops against
 //! the CPU's widened op (f32 arithmetic on the same bf16 values, rounded to bf16) 3e-2 (max
 //! pooling exactly), and the bf16 U-Net's loss within 2% of its f32 loss.
 #![cfg(feature = "cuda")]
@@ -349,12 +351,37 @@ fn unet_loss_and_gradients_match_cpu() {
     assert_close(&lg, &lc, 1e-3, "U-Net loss");
     let (gc, gg) = (lc.backward().unwrap(), lg.backward().unwrap());
     let gpu_params = gpu_net.params();
+    let rms = |t: &Tensor| {
+        let v = values(t);
+        (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len().max(1) as f64).sqrt()
+    };
+    // The network's gradient scale: the largest rms of a parameter's gradient on the CPU.
+    let scale = cpu
+        .params()
+        .iter()
+        .filter_map(|(_, v)| gc.get(v.as_tensor()).map(rms))
+        .fold(0.0f64, f64::max);
     for ((name, vc), (name_g, vg)) in cpu.params().iter().zip(&gpu_params) {
         assert_eq!(name, name_g);
         let (dc, dg) = (gc.get(vc.as_tensor()), gg.get(vg.as_tensor()));
         let (Some(dc), Some(dg)) = (dc, dg) else {
             panic!("{name}: gradient missing on one device");
         };
+        if name.ends_with("conv.bias") {
+            // A conv bias followed by instance norm has a zero gradient in exact arithmetic:
+            // both devices hold rounding noise there, which a relative comparison would
+            // magnify. Checked instead to be noise against the network's gradient scale.
+            for (dev, d) in [("gpu", dg), ("cpu", dc)] {
+                let worst = values(d)
+                    .iter()
+                    .fold(0.0f64, |m, &x| m.max((x as f64).abs()));
+                assert!(
+                    worst <= 1e-5 * scale,
+                    "{name}: {dev} gradient {worst:.2e}, the network's scale {scale:.2e}"
+                );
+            }
+            continue;
+        }
         assert_close(dg, dc, 1e-3, &format!("U-Net gradient {name}"));
     }
 }
