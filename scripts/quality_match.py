@@ -218,7 +218,7 @@ def cmd_plan(a):
     timings = {}
     t = time.time()
     if not os.path.isfile(os.path.join(pre, "dataset_fingerprint.json")):
-        extract_fingerprints([a.dataset_id], num_processes=1, check_dataset_integrity=True)
+        extract_fingerprints([a.dataset_id], num_processes=a.processes, check_dataset_integrity=True)
     timings["fingerprint_s"] = time.time() - t
     t = time.time()
     if not os.path.isfile(plans_file):
@@ -232,7 +232,7 @@ def cmd_plan(a):
     t = time.time()
     if not os.path.isfile(marker):
         preprocess([a.dataset_id], plans_identifier=a.plans, configurations=["3d_fullres"],
-                   num_processes=[1])
+                   num_processes=[a.processes])
         open(marker, "w").close()
     timings["preprocess_s"] = time.time() - t
 
@@ -335,7 +335,7 @@ def cmd_train(a):
     plans["continue_training"] = False
     with open(os.path.join(pre, "dataset.json")) as f:
         dataset_json = json.load(f)
-    trainer = nnUNetTrainer_QM(plans, a.config, a.fold, dataset_json, torch.device("cpu"))
+    trainer = nnUNetTrainer_QM(plans, a.config, a.fold, dataset_json, torch.device(a.device))
     t0 = time.time()
     trainer.run_training()
     t1 = time.time()
@@ -401,6 +401,7 @@ def main():
     p.add_argument("--patch", type=int, nargs=3, required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--processes", type=int, default=1, help="fingerprint and preprocessing workers")
     t = sub.add_parser("train")
     t.add_argument("--dataset-id", type=int, required=True)
     t.add_argument("--plans", default="nnUNetPlans")
@@ -414,6 +415,7 @@ def main():
     t.add_argument("--threads", type=int, required=True)
     t.add_argument("--out", required=True)
     t.add_argument("--skip-validation", action="store_true", help="(tests) no final validation")
+    t.add_argument("--device", default="cpu", help="cpu, or cuda (nnU-Net's AMP and cudnn.benchmark)")
     h = sub.add_parser("refheader")
     h.add_argument("--src", required=True)
     h.add_argument("--ref", required=True)
@@ -704,7 +706,8 @@ def make_plans(a, work: Path, binp: Path, data: Path, dj: dict) -> dict:
     out = work / "plan" / "nnunet_plan.json"
     t = time.time()
     run([a.nnunet_python, driver, "plan", "--dataset-id", a.dataset_id, "--plans", PLANS,
-         "--config", CONFIG_QM, "--patch", *a.patch, "--batch", a.batch, "--out", out],
+         "--config", CONFIG_QM, "--patch", *a.patch, "--batch", a.batch, "--out", out,
+         "--processes", getattr(a, "plan_processes", 1)],
         work / "logs" / "nnunet_plan.log", env=nnunet_env(a, work))
     nn = json.loads(out.read_text())
     nn["wall_s"] = time.time() - t
