@@ -101,7 +101,7 @@ step thin_losses.sh "${common[@]}" BENCH_DIR="$tmp/thin" STEPS=2 SEEDS=1 VAL_EVE
     EXTRA="--patch 16,32,32 --base-channels 4" bash scripts/thin_losses.sh
 
 # A script or example added later must be added here too, or this fails.
-helpers=(bench_common.sh python_env.sh bench_smoke.sh build_cuda.sh gpu_check.sh s3_server.sh)
+helpers=(bench_common.sh python_env.sh bench_smoke.sh build_cuda.sh gpu_check.sh gpu_nnunet_wheels.sh s3_server.sh)
 for f in scripts/*.sh examples/*.rs; do
     name=$(basename "$f")
     [[ $f == *.rs ]] && name=${name%.rs}
