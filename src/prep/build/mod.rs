@@ -302,10 +302,10 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         );
     }
     // In a bucket, what killed uploads left (one LIST; part 0 of a --part build does it).
+    // Best effort: a server or a role that cannot list uploads or delete must not stop a build.
     if let (Some(remote), None | Some((0, _))) = (&cache.remote, opts.part) {
-        let o = remote.sweep_orphans(crate::cache::remote::ORPHAN_AGE)?;
-        if o.entries + o.uploads > 0 {
-            eprintln!(
+        match remote.sweep_orphans(crate::cache::remote::ORPHAN_AGE) {
+            Ok(o) if o.entries + o.uploads > 0 => eprintln!(
                 "removed what interrupted uploads left in {} over a day ago: {} uncommitted \
                  entries ({} objects, {}), {} unfinished multipart uploads",
                 remote.url(),
@@ -313,7 +313,9 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 o.objects,
                 crate::util::sysinfo::human_bytes(o.bytes),
                 o.uploads
-            );
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!("warning: what interrupted uploads left was not swept: {e}"),
         }
     }
 

@@ -1,9 +1,9 @@
 //! A blocking S3 client: the dozen requests a cache needs, signed, with timeouts and retries.
 //!
 //! Retries: a request that gets no answer (connection refused or reset, timeout) is tried
-//! 3 times; one answered 5xx or 429 (throttling) up to 6 times, with exponential backoff
-//! (0.2 s doubling, at most 5 s, with jitter). Nothing else is retried: a refusal (403, 404,
-//! 412) is an answer. Every error names the object's URL and what to check.
+//! 3 times; one answered 5xx (but 501, not implemented) or 429 (throttling) up to 6 times, with
+//! exponential backoff (0.2 s doubling, at most 5 s, with jitter). Nothing else is retried: a
+//! refusal (403, 404, 412) is an answer. Every error names the object's URL and what to check.
 
 use std::io::Read;
 use std::path::Path;
@@ -307,7 +307,10 @@ impl Client {
             let r = self.exchange(&req);
             let (retry, limit) = match &r {
                 Err(_) => (true, 3),
-                Ok(rep) if rep.status >= 500 || rep.status == 429 => (true, 6),
+                // 501: the server does not implement the request; asking again will not help.
+                Ok(rep) if (rep.status >= 500 && rep.status != 501) || rep.status == 429 => {
+                    (true, 6)
+                }
                 Ok(_) => (false, 0),
             };
             attempt += 1;
