@@ -53,6 +53,18 @@ def stub_simpleitk(work: Path) -> Path:
     return d.parent
 
 
+def cuda_libraries() -> None:
+    """Our CUDA binaries find cuBLAS, cuRAND, cuDNN and the runtime where gpu_check.sh finds
+    them: the nvidia-* wheels of this Python (PyTorch's)."""
+    import glob
+    import site
+    roots = [p for p in sys.path if p.endswith("site-packages")] + site.getsitepackages()
+    dirs = sorted({d for r in roots
+                   for d in glob.glob(os.path.join(r, "nvidia", "**", "lib"), recursive=True)})
+    old = os.environ.get("LD_LIBRARY_PATH")
+    os.environ["LD_LIBRARY_PATH"] = ":".join(dirs + ([old] if old else []))
+
+
 def nibabel_units() -> None:
     """nnU-Net reads these files with NibabelIO, which takes the header's spacing as it stands;
     quality_match.py's plan check assumes SimpleITK, which converts micrometres to millimetres."""
@@ -136,6 +148,12 @@ def main() -> int:
     work = Path(a.work).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
     binp = Path(a.bin).resolve()
+    carried = Path(__file__).resolve().parent.parent / "target" / "gpu-carry" / "cuda-dist.tar.xz"
+    if not (binp / "train").exists() and binp.name == "cuda-dist" and carried.is_file():
+        import tarfile
+        tarfile.open(carried).extractall(binp.parent)  # as gpu_check.sh unpacks it
+    if a.device != "cpu":
+        cuda_libraries()
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(stub_simpleitk(work)), os.environ.get("PYTHONPATH", "")) if p)
     nibabel_units()
