@@ -46,8 +46,11 @@ pub enum Pass {
 /// The element types the convolutions run in, with the alpha = 1, beta = 0 of cuDNN's
 /// `y = alpha * op + beta * y`.
 pub trait ConvElement: CudnnDataType + DeviceRepr + Copy {
+    /// The candle element type.
     const DTYPE: DType;
+    /// 1 (alpha).
     const ONE: Self;
+    /// 0 (beta).
     const ZERO: Self;
 }
 

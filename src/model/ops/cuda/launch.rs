@@ -54,6 +54,7 @@ fn run(mut args: LaunchArgs<'_>, grid: (u32, u32)) -> Result<()> {
 /// The element types our kernels are instantiated for (`NAME_f32`, `NAME_bf16`): storage
 /// only, arithmetic is f32.
 pub trait Element: DeviceRepr + ValidAsZeroBits + Copy {
+    /// The kernel name's suffix for this type.
     const SUFFIX: &'static str;
 }
 
@@ -73,9 +74,13 @@ fn typed<T: Element>(name: &str) -> String {
 /// Sizes of one group norm application.
 #[derive(Clone, Copy, Debug)]
 pub struct NormSizes {
+    /// Samples.
     pub batch: usize,
+    /// Channels of a sample.
     pub channels: usize,
+    /// Groups the channels fall in (one channel each for instance norm).
     pub groups: usize,
+    /// Voxels of a channel.
     pub voxels: usize,
 }
 
