@@ -61,12 +61,15 @@ impl RemoteOptions {
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
             .unwrap_or_else(std::env::temp_dir);
-        let mut p = base.join("voxcache").join("s3").join(&url.bucket);
-        for part in url.prefix.split('/').filter(|s| !s.is_empty()) {
-            p.push(part);
-        }
-        p
+        url_folder(&base.join("voxcache").join("s3"), url)
     }
+}
+
+/// `base/BUCKET/PREFIX...`: the local folder of `url` under `base`.
+pub fn url_folder(base: &Path, url: &S3Url) -> PathBuf {
+    let mut p = base.join(&url.bucket);
+    p.extend(url.prefix.split('/').filter(|s| !s.is_empty()));
+    p
 }
 
 /// A cache prefix in a bucket, and a client for it.

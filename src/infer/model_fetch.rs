@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::model_dir::Which;
-use crate::cache::remote::RemoteOptions;
+use crate::cache::remote::{url_folder, RemoteOptions};
 use crate::error::{Error, Result};
 use crate::format::crossval::POSTPROCESSING_FILE;
 use crate::format::run::RUN_FILE;
@@ -117,11 +117,7 @@ pub fn fetch_model(url: &S3Url, opts: &RemoteOptions, which: &Which) -> Result<F
         .collect();
     let wanted = needed(url, &objects, which)?;
     let dir = match &opts.local {
-        Some(d) => {
-            let mut p = d.join(&url.bucket);
-            p.extend(url.prefix.split('/').filter(|s| !s.is_empty()));
-            p
-        }
+        Some(d) => url_folder(d, url),
         None => opts.staging_for(url),
     };
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
