@@ -63,19 +63,24 @@ impl CacheDir {
         self.root.join(TMP_DIR)
     }
 
-    /// entries/ab/abcdef...
+    /// entries/ab/abcdef... Keys are checked where they enter (manifests, listings: see
+    /// [`crate::format::key_is_valid`]); one that is not a key still never panics here.
     pub fn entry_path(&self, key: &str) -> PathBuf {
-        self.entries_dir().join(&key[..2]).join(key)
+        match crate::format::entry_rel(key) {
+            Some(rel) => self.root.join(rel),
+            None => self.entries_dir().join("invalid-key"),
+        }
     }
 
-    /// The entry path for a key that looks like one (hex, at least 2 characters), else `None`.
+    /// The entry path for a key that looks like one (hex, 2 to 128 digits), else `None`.
     pub fn entry_rel_checked(key: &str) -> Option<String> {
-        (key.len() >= 2 && key.bytes().all(|b| b.is_ascii_hexdigit())).then(|| Self::entry_rel(key))
+        crate::format::entry_rel(key)
     }
 
-    /// The entry path relative to the root, as the manifest records it.
+    /// The entry path relative to the root, as the manifest records it, of a key this
+    /// process made (a content key).
     pub fn entry_rel(key: &str) -> String {
-        format!("{ENTRIES_DIR}/{}/{}", &key[..2], key)
+        crate::format::entry_rel(key).unwrap_or_else(|| format!("{ENTRIES_DIR}/invalid-key"))
     }
 
     /// Whether the entry of `key` is complete (its group `zarr.json` is written last). On S3,

@@ -16,7 +16,7 @@
 //! or from a background prefetch ([`super::tier`]), or all before the command reads
 //! ([`Fill::Whole`]); a budget bounds the tier's size.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +35,11 @@ use crate::remote::S3Url;
 
 /// Uploads and downloads in flight at once (they wait on the network, not the CPU).
 const TRANSFERS: usize = 8;
+
+/// The largest manifest read from a bucket (one of 100,000 cases is about 60 MiB).
+const MANIFEST_MAX: u64 = 256 << 20;
+/// The largest `splits_final.json` read from a bucket.
+const SPLITS_MAX: u64 = 16 << 20;
 
 /// How a command reaches a cache on S3, from its flags.
 #[derive(Clone, Debug, Default)]
@@ -169,7 +174,7 @@ impl RemoteCache {
     /// The manifest and its ETag, or `None` when no build has finished here.
     fn manifest_with_etag(&self) -> Result<Option<(Manifest, Option<String>)>> {
         let key = self.url.key(MANIFEST_FILE);
-        let Some(obj) = self.client.get(&key)? else {
+        let Some(obj) = self.client.get(&key, MANIFEST_MAX)? else {
             return Ok(None);
         };
         let m = Manifest::from_json(Path::new(&self.client.url(&key)), &obj.bytes)?;
@@ -214,11 +219,17 @@ impl RemoteCache {
 
     /// A small file at the cache's root (`splits_final.json`), or `None`.
     pub fn get_root_file(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.client.get(&self.url.key(name))?.map(|o| o.bytes))
+        Ok(self
+            .client
+            .get(&self.url.key(name), SPLITS_MAX)?
+            .map(|o| o.bytes))
     }
 
     /// Every object under `entries/` (its path in the entry as `key`, its size and time),
-    /// per entry key.
+    /// per entry key. Every key is checked before it can name a local file: `ab/KEY/REL`
+    /// with `ab` the key's first two digits, a content key, and a relative path of plain
+    /// components; a listing with any other key is refused, naming it (a bucket keeps any key
+    /// verbatim, `..` and `//` included).
     fn entry_listing(&self) -> Result<BTreeMap<String, Vec<Listed>>> {
         let base = self.url.key(&format!("{ENTRIES_DIR}/"));
         let mut out: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
@@ -228,9 +239,16 @@ impl RemoteCache {
             };
             // ab/KEY/rel...
             let mut parts = rest.splitn(3, '/');
-            let (Some(_), Some(key), Some(rel)) = (parts.next(), parts.next(), parts.next()) else {
-                continue;
+            let (Some(shard), Some(key), Some(rel)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(bad_key(&self.client.url(&o.key)));
             };
+            if !crate::format::key_is_valid(key)
+                || key.get(..2) != Some(shard)
+                || !crate::format::rel_path_is_plain(rel)
+            {
+                return Err(bad_key(&self.client.url(&o.key)));
+            }
             out.entry(key.to_string()).or_default().push(Listed {
                 key: rel.to_string(),
                 ..o
@@ -286,26 +304,26 @@ impl RemoteCache {
         Ok(out)
     }
 
-    /// Download the object at `rel` under `entries/` (`ab/KEY/...`) to `path`, streamed;
-    /// `Ok(false)` when there is none.
-    pub fn get_entry_object(&self, rel: &str, path: &Path) -> Result<bool> {
+    /// Download the object at `rel` under `entries/` (`ab/KEY/...`), listed as `size`
+    /// bytes, to `path`, streamed; `Ok(false)` when there is none.
+    pub fn get_entry_object(&self, rel: &str, path: &Path, size: u64) -> Result<bool> {
         self.client
-            .get_to_file(&self.url.key(&format!("{ENTRIES_DIR}/{rel}")), path)
+            .get_to_file(&self.url.key(&format!("{ENTRIES_DIR}/{rel}")), path, size)
     }
 
-    /// Download entry `key` (its objects `rels`) into `tier`, atomically (a temporary folder
-    /// renamed into place).
-    fn fetch_entry(&self, tier: &CacheDir, key: &str, rels: &[String]) -> Result<()> {
+    /// Download entry `key` (its objects `rels`, with their listed sizes) into `tier`,
+    /// atomically (a temporary folder renamed into place).
+    fn fetch_entry(&self, tier: &CacheDir, key: &str, rels: &[(String, u64)]) -> Result<()> {
         let tmp = tier.new_tmp_entry(key)?;
         let got = pool()?.install(|| {
-            rels.par_iter().try_for_each(|rel| {
+            rels.par_iter().try_for_each(|(rel, size)| {
                 let k = self.entry_key(key, rel);
                 let path = tmp.join(rel);
                 if let Some(p) = path.parent() {
                     std::fs::create_dir_all(p).map_err(|e| Error::io(p, e))?;
                 }
                 // Streamed to disk: a large shard never sits in memory whole.
-                if self.client.get_to_file(&k, &path)? {
+                if self.client.get_to_file(&k, &path, *size)? {
                     Ok(())
                 } else {
                     Err(Error::remote(
@@ -321,6 +339,16 @@ impl RemoteCache {
         }
         tier.commit(&tmp, key).map(|_| ())
     }
+}
+
+/// The error for a listed object whose key cannot name a file of an entry.
+fn bad_key(url: &str) -> Error {
+    Error::remote(
+        url,
+        "listed under entries/, but its key is not ENTRIES/ab/KEY/PATH with a content key and \
+         a relative path of plain components (an empty component, `.` or `..`): refused before \
+         anything is written; remove it from the bucket",
+    )
 }
 
 /// How long an unfinished upload is left alone before [`RemoteCache::sweep_orphans`] removes
@@ -389,9 +417,12 @@ fn on_read(rel: &str) -> bool {
 /// the manifest names, as `fill` says. The tier is registered for this process's readers
 /// (close it when done). With `budget`, entries the manifest does not name are removed, least
 /// recently used first, to make room; a cache larger than the budget is refused, with figures.
+/// `tier` must be new, empty or marked as this URL's ([`super::tier::claim`]; `given`: the
+/// user named it).
 pub fn mirror(
     remote: &Arc<RemoteCache>,
     tier: &Path,
+    given: bool,
     budget: Option<u64>,
     fill: Fill,
 ) -> Result<(MirrorReport, Arc<Tier>)> {
@@ -405,6 +436,7 @@ pub fn mirror(
             ),
         )
     })?;
+    super::tier::claim(tier, &url, super::tier::Holds::Cache, given)?;
     let local = CacheDir::new(tier);
     local.prepare()?;
     let _ = local.sweep_tmp();
@@ -423,12 +455,20 @@ pub fn mirror(
         ..MirrorReport::default()
     };
     // Per entry the tier lacks: its metadata files; over all entries: the files to come.
-    let mut missing: Vec<(&String, Vec<String>, u64)> = Vec::new();
+    let mut missing: Vec<(&String, Vec<(String, u64)>, u64)> = Vec::new();
     let mut pending: Vec<(PathBuf, u64)> = Vec::new();
+    // Every chunk and shard file the tier may fetch, with its listed size: nothing else is
+    // fetched, and nothing past that size is written.
+    let mut listed: HashMap<PathBuf, u64> = HashMap::new();
     for k in &wanted {
         let objs = objects.get(k).map(Vec::as_slice).unwrap_or(&[]);
         let present = local.has_entry(k);
         let dir = local.entry_path(k);
+        listed.extend(
+            objs.iter()
+                .filter(|(r, _)| on_read(r))
+                .map(|(r, n)| (dir.join(r), *n)),
+        );
         let todo: Vec<&(String, u64)> = objs
             .iter()
             .filter(|(r, _)| !present || (on_read(r) && !dir.join(r).exists()))
@@ -451,7 +491,7 @@ pub fn mirror(
             report.reused += 1;
         } else {
             let bytes = now.iter().map(|(_, n)| n).sum();
-            missing.push((k, now.into_iter().map(|(r, _)| r.clone()).collect(), bytes));
+            missing.push((k, now.into_iter().cloned().collect(), bytes));
         }
     }
     let meta: u64 = missing.iter().map(|m| m.2).sum();
@@ -521,10 +561,11 @@ pub fn mirror(
                 budget,
                 dir_bytes(&local.entries_dir()),
                 evictable,
+                listed,
             )
         }
         // Filled whole, the budget was checked above.
-        _ => Tier::open(tier, remote.clone(), None, 0, Vec::new()),
+        _ => Tier::open(tier, remote.clone(), None, 0, Vec::new(), listed),
     };
     match fill {
         Fill::Whole => {

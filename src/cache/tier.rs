@@ -116,6 +116,9 @@ pub struct Tier {
     /// Bytes the tier may hold (`None`: unbounded, nothing tracked).
     budget: Option<u64>,
     usage: Mutex<Usage>,
+    /// The chunk and shard files the bucket lists for the entries in use, and their sizes:
+    /// the only files fetched, each bounded by its size.
+    listed: HashMap<PathBuf, u64>,
 }
 
 impl std::fmt::Debug for Tier {
@@ -144,12 +147,14 @@ impl Tier {
     /// A tier at `root` (a cache folder) filled from `remote`, registered for this process's
     /// readers until [`Tier::close`]. With `budget`: `held` bytes are there already, of which
     /// `evictable` (chunk and shard files, oldest use first) may be removed to make room.
+    /// `listed`: the files the bucket holds for the entries in use, with their sizes.
     pub fn open(
         root: &Path,
         remote: Arc<RemoteCache>,
         budget: Option<u64>,
         held: u64,
         evictable: Vec<(PathBuf, u64)>,
+        listed: HashMap<PathBuf, u64>,
     ) -> Arc<Tier> {
         let mut usage = Usage::default();
         if budget.is_some() {
@@ -169,6 +174,7 @@ impl Tier {
             evicted: AtomicU64::new(0),
             budget,
             usage: Mutex::new(usage),
+            listed,
         });
         TIERS
             .write()
@@ -205,9 +211,12 @@ impl Tier {
     }
 
     /// Bring the file at `path` (under the tier's entries) from the bucket. `Ok(false)`: the
-    /// bucket holds no such object.
+    /// bucket listed no such object (a block that is all fill value has none).
     pub fn fetch(&self, path: &Path) -> Result<bool> {
         let Ok(rel) = path.strip_prefix(&self.entries) else {
+            return Ok(false);
+        };
+        let Some(&size) = self.listed.get(path) else {
             return Ok(false);
         };
         let rel = rel.to_string_lossy().replace('\\', "/");
@@ -217,13 +226,13 @@ impl Tier {
             .clone();
         let got = {
             let _held = lock(&gate);
-            self.fetch_once(path, &rel)
+            self.fetch_once(path, &rel, size)
         };
         lock(&self.inflight).remove(path);
         got
     }
 
-    fn fetch_once(&self, path: &Path, rel: &str) -> Result<bool> {
+    fn fetch_once(&self, path: &Path, rel: &str, size: u64) -> Result<bool> {
         // Another reader (or the prefetch) may have brought it while this one waited.
         if std::fs::symlink_metadata(path).is_ok() {
             return Ok(true);
@@ -238,7 +247,7 @@ impl Tier {
             std::process::id(),
             self.serial.fetch_add(1, Ordering::Relaxed)
         ));
-        let got = self.remote.get_entry_object(rel, &part);
+        let got = self.remote.get_entry_object(rel, &part, size);
         if !matches!(got, Ok(true)) {
             let _ = std::fs::remove_file(&part);
             return got;
@@ -301,6 +310,95 @@ impl Tier {
             .map(|_| ())
             .map_err(|e| Error::Config(format!("cannot start the prefetch thread: {e}")))
     }
+}
+
+/// The file that marks a folder as voxcache's local copy of one URL (a cache's tier and
+/// staging folder, or a model's folder): `{"url": ..., "holds": ...}`.
+pub const LOCAL_COPY_MARK: &str = ".voxcache-local-copy.json";
+
+/// What a local copy is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
+    /// A cache on S3 (its tier, where reads come from, and its staging, where builds write).
+    Cache,
+    /// A model on S3 (`predict --model s3://...`).
+    Model,
+}
+
+impl Holds {
+    fn name(self) -> &'static str {
+        match self {
+            Holds::Cache => "cache",
+            Holds::Model => "model",
+        }
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Mark {
+    url: String,
+    holds: String,
+}
+
+/// Make `dir` the local copy of `url` before anything is written or removed there: a new or
+/// empty folder is marked as such; a marked one must be `url`'s, of the same kind; any other
+/// folder is refused, since the tier replaces its manifest and evicts its entries. With
+/// `given` false (the default location, under voxcache's own folder and named after the URL)
+/// an unmarked folder from before marks were written is taken over.
+pub fn claim(dir: &Path, url: &str, holds: Holds, given: bool) -> Result<()> {
+    let mark = dir.join(LOCAL_COPY_MARK);
+    let refuse = |why: String| {
+        Error::cache(
+            dir,
+            format!(
+                "--local-cache: {why}; voxcache writes the local copy of {url} only into a new \
+                 or empty folder, or one it marked for {url} ({LOCAL_COPY_MARK}): give another"
+            ),
+        )
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(refuse("not a folder".into())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(dir, e)),
+    }
+    match crate::util::files::read_capped(&mark, 1 << 16) {
+        Ok(bytes) => {
+            let m: Mark = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::cache(&mark, format!("not a mark voxcache wrote: {e}")))?;
+            if m.url != url || m.holds != holds.name() {
+                return Err(refuse(format!(
+                    "this folder is the local copy of the {} at {}",
+                    m.holds, m.url
+                )));
+            }
+            return Ok(());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&mark, e)),
+    }
+    let mut others = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    if !others.is_empty() && given {
+        others.sort();
+        others.truncate(4);
+        return Err(refuse(format!(
+            "this folder is not empty ({}) and is not marked as a local copy",
+            others.join(", ")
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let json = serde_json::to_vec_pretty(&Mark {
+        url: url.to_string(),
+        holds: holds.name().to_string(),
+    })
+    .map_err(|e| Error::Config(e.to_string()))?;
+    super::layout::write_atomic(&mark, &json)
 }
 
 /// Remove partial downloads under `dir` that a process which ended left behind.

@@ -157,7 +157,8 @@ pub fn local_for_reading(
             };
             // On failure the view is dropped: a fresh download leaves nothing behind.
             let fill = if fresh { Fill::Whole } else { fill };
-            let (report, tier) = mirror(&remote, &view.path, opts.budget, fill)?;
+            let given = opts.local.is_some() || fresh;
+            let (report, tier) = mirror(&remote, &view.path, given, opts.budget, fill)?;
             view.tier = Some(tier);
             view.fetched = Some((url.to_string(), report));
             Ok(view)

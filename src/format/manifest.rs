@@ -111,6 +111,30 @@ pub fn entry_path_is_safe(rel: &str) -> bool {
         && p.components().next() == Some(Component::Normal(ENTRIES_DIR.as_ref()))
 }
 
+/// Whether `key` has the form of a content key: ASCII hex digits, 2 to 128 of them (ours are
+/// 64). Keys come from manifests and bucket listings that anyone may have written; one that
+/// is not checked could name a folder outside the cache, or split inside a character.
+pub fn key_is_valid(key: &str) -> bool {
+    (2..=128).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The entry folder of a valid `key`, relative to the cache root: `entries/ab/abcdef...`.
+/// `None` for a key that is not one ([`key_is_valid`]).
+pub fn entry_rel(key: &str) -> Option<String> {
+    key_is_valid(key).then(|| format!("{ENTRIES_DIR}/{}/{key}", &key[..2]))
+}
+
+/// Whether `rel`, a `/`-separated path from an object store's listing or a manifest, is a
+/// relative path of plain components: no empty component (`a//b`, a leading `/`), no `.` or
+/// `..`, no backslash or NUL (object stores keep any key verbatim, and `Path::join` with an
+/// absolute path replaces the base).
+pub fn rel_path_is_plain(rel: &str) -> bool {
+    !rel.is_empty()
+        && rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains(['\\', '\0']))
+}
+
 impl Manifest {
     /// Parse a manifest's bytes (`path` names it in errors).
     pub fn from_json(path: &Path, bytes: &[u8]) -> Result<Manifest> {
@@ -121,6 +145,27 @@ impl Manifest {
             .map_err(|e| Error::cache(path, format!("not a voxcache manifest: {e}")))?;
         for (name, d) in &m.datasets {
             for (id, c) in &d.cases {
+                if !key_is_valid(&c.key) {
+                    return Err(Error::cache(
+                        path,
+                        format!(
+                            "dataset {name}, case {id}: key {:?} is not a content key (2 to 128 \
+                             hex digits)",
+                            c.key
+                        ),
+                    ));
+                }
+                if entry_rel(&c.key).as_deref() != Some(c.entry.as_str()) {
+                    return Err(Error::cache(
+                        path,
+                        format!(
+                            "dataset {name}, case {id}: entry path {:?} is not its key's folder \
+                             {:?}",
+                            c.entry,
+                            entry_rel(&c.key).unwrap_or_default()
+                        ),
+                    ));
+                }
                 if !entry_path_is_safe(&c.entry) {
                     return Err(Error::cache(
                         path,

@@ -40,8 +40,8 @@ pub use checksums::{ChunkChecksums, CHECKSUMS_AT};
 pub use dtype::Dtype;
 pub use entry::{EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY};
 pub use manifest::{
-    Manifest, ManifestCase, ManifestDataset, ENTRIES_DIR, MANIFEST_FILE, MANIFEST_LOCK,
-    SPLITS_FILE, TMP_DIR,
+    entry_rel, key_is_valid, rel_path_is_plain, Manifest, ManifestCase, ManifestDataset,
+    ENTRIES_DIR, MANIFEST_FILE, MANIFEST_LOCK, SPLITS_FILE, TMP_DIR,
 };
 pub use normalization::{AppliedNormalization, ForegroundStats, IntensityStats, Normalization};
 pub use params::{

@@ -74,7 +74,11 @@ fn needed<'a>(
                 p.display()
             )))
         }
-        Which::Best if has(BEST_DIR, MODEL_FILE) => BEST_DIR.to_string(),
+        // A best checkpoint with any file is the one: one that lost its weights is reported,
+        // never silently replaced by the newest step.
+        Which::Best if objects.keys().any(|k| k.starts_with(&folder(BEST_DIR))) => {
+            BEST_DIR.to_string()
+        }
         Which::Best | Which::Latest => objects
             .keys()
             .filter_map(|rel| {
@@ -93,6 +97,15 @@ fn needed<'a>(
             })?,
     };
     let prefix = folder(&chosen);
+    if !has(&chosen, MODEL_FILE) {
+        return Err(Error::remote(
+            url.join(&format!("{prefix}{MODEL_FILE}")).to_string(),
+            format!(
+                "the checkpoint {chosen} has no {MODEL_FILE} in the bucket (removed, or not \
+                 uploaded yet): nothing to predict with"
+            ),
+        ));
+    }
     out.extend(objects.iter().filter(|(rel, _)| {
         rel.strip_prefix(&prefix)
             .is_some_and(|f| [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, RUN_FILE].contains(&f))
@@ -110,25 +123,42 @@ pub fn fetch_model(url: &S3Url, opts: &RemoteOptions, which: &Which) -> Result<F
     } else {
         format!("{base}/")
     };
-    let objects: BTreeMap<String, Listed> = client
-        .list(&base)?
-        .into_iter()
-        .filter_map(|o| Some((o.key.strip_prefix(&base)?.to_string(), o)))
-        .collect();
+    let mut objects: BTreeMap<String, Listed> = BTreeMap::new();
+    for o in client.list(&base)? {
+        let Some(rel) = o.key.strip_prefix(&base) else {
+            continue;
+        };
+        // Only what predicting needs is ever written; a key that is not a plain relative
+        // path is refused all the same, before anything is written.
+        if !crate::format::rel_path_is_plain(rel) {
+            return Err(Error::remote(
+                client.url(&o.key),
+                "listed in the model folder, but its key is not a relative path of plain \
+                 components (an empty component, `.` or `..`): refused before anything is \
+                 written; remove it from the bucket",
+            ));
+        }
+        objects.insert(rel.to_string(), o);
+    }
     let wanted = needed(url, &objects, which)?;
     let dir = match &opts.local {
         Some(d) => url_folder(d, url),
         None => opts.staging_for(url),
     };
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    crate::cache::tier::claim(
+        &dir,
+        &url.to_string(),
+        crate::cache::tier::Holds::Model,
+        opts.local.is_some(),
+    )?;
     let etags_path = dir.join(ETAGS_FILE);
-    let mut etags: BTreeMap<String, String> = std::fs::read(&etags_path)
+    let mut etags: BTreeMap<String, String> = crate::util::files::read_capped(&etags_path, 1 << 20)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
-    // Checkpoint folders from an earlier download that this one does not pick: left, they
-    // could be taken for the newest.
-    remove_unpicked(&dir, &wanted)?;
+    // Files from an earlier download that this one does not take (another checkpoint, or
+    // one removed from the bucket since): left, they could be taken for the model's own.
+    remove_unwanted(&dir, &wanted)?;
     let mut report = FetchedModel {
         dir: dir.clone(),
         fetched: 0,
@@ -155,7 +185,7 @@ pub fn fetch_model(url: &S3Url, opts: &RemoteOptions, which: &Which) -> Result<F
                 .unwrap_or_default(),
             std::process::id()
         ));
-        let got = client.get_to_file(&o.key, &part);
+        let got = client.get_to_file(&o.key, &part, o.size);
         if !matches!(got, Ok(true)) {
             let _ = std::fs::remove_file(&part);
             got?;
@@ -177,19 +207,38 @@ pub fn fetch_model(url: &S3Url, opts: &RemoteOptions, which: &Which) -> Result<F
     Ok(report)
 }
 
-/// Remove the local checkpoint folders that are not among `wanted`'s.
-fn remove_unpicked(dir: &Path, wanted: &[(&String, &Listed)]) -> Result<()> {
-    let ck = dir.join(CHECKPOINTS_DIR);
-    let Ok(rd) = std::fs::read_dir(&ck) else {
-        return Ok(());
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        let prefix = format!("{CHECKPOINTS_DIR}/{name}/");
-        if !wanted.iter().any(|(rel, _)| rel.starts_with(&prefix)) {
+/// Remove every file of the local folder that is not among `wanted` (but the folder's own
+/// records), and the folders left empty.
+fn remove_unwanted(dir: &Path, wanted: &[(&String, &Listed)]) -> Result<()> {
+    let keep: std::collections::BTreeSet<&str> = wanted.iter().map(|(r, _)| r.as_str()).collect();
+    let mut stack = vec![dir.to_path_buf()];
+    let mut folders = Vec::new();
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
             let p = e.path();
-            std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+            let Ok(rel) = p.strip_prefix(dir) else {
+                continue;
+            };
+            let rel = rel.to_string_lossy().replace('\\', "/");
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir {
+                stack.push(p.clone());
+                folders.push(p);
+            } else if !keep.contains(rel.as_str())
+                && rel != ETAGS_FILE
+                && rel != crate::cache::tier::LOCAL_COPY_MARK
+            {
+                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+            }
         }
+    }
+    // Deepest first; a folder still holding a wanted file stays.
+    folders.sort_by_key(|f| std::cmp::Reverse(f.components().count()));
+    for f in folders {
+        let _ = std::fs::remove_dir(&f);
     }
     Ok(())
 }

@@ -291,7 +291,14 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         Location::Local(p) => CacheDir::new(p),
         Location::S3(url) => {
             let remote = RemoteCache::connect(&url, opts.remote.endpoint.as_deref())?;
-            CacheDir::staging(opts.remote.staging_for(&url), std::sync::Arc::new(remote))
+            let staging = opts.remote.staging_for(&url);
+            crate::cache::tier::claim(
+                &staging,
+                &url.to_string(),
+                crate::cache::tier::Holds::Cache,
+                opts.remote.local.is_some(),
+            )?;
+            CacheDir::staging(staging, std::sync::Arc::new(remote))
         }
     };
     cache.prepare()?;

@@ -2,13 +2,15 @@
 //! (AWS_* variables, then the shared `~/.aws` files), and a blocking client.
 
 mod client;
+#[cfg(test)]
+mod client_tests;
 mod config;
 mod sign;
 mod xml;
 
 use std::fmt;
 
-pub use client::{Client, Condition, Listed, Object, Put, Upload};
+pub use client::{Client, Condition, Limits, Listed, Object, Put, Upload};
 pub use config::{Config, Credentials};
 
 use crate::error::{Error, Result};

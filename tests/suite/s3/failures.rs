@@ -21,7 +21,7 @@ fn tampered_or_truncated_objects_are_caught_by_verify_and_refused_by_train() {
             .filter(|o| o.key.contains("/image/c/"))
             .max_by_key(|o| o.size)
             .unwrap();
-        let mut bytes = c.get(&victim.key).unwrap().unwrap().bytes;
+        let mut bytes = c.get(&victim.key, u64::MAX).unwrap().unwrap().bytes;
         if i == 0 {
             let mid = bytes.len() / 2;
             bytes[mid] ^= 0x55;

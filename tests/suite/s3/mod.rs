@@ -131,5 +131,6 @@ fn remote_entries(
 }
 
 mod failures;
+mod hostile;
 mod read;
 mod write;

@@ -135,7 +135,7 @@ fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
     let t = tempfile::tempdir().unwrap();
     let (url, remote) = built_remote(&srv, "on-read", t.path());
     let dir = t.path().join("tier");
-    let (rep, tier) = mirror(&remote, &dir, None, Fill::OnRead { prefetch: false }).unwrap();
+    let (rep, tier) = mirror(&remote, &dir, true, None, Fill::OnRead { prefetch: false }).unwrap();
     assert_eq!((rep.fetched, rep.reused), (10, 0));
     let total = rep.pending;
     assert!(total >= 10, "{rep:?}");
@@ -168,7 +168,7 @@ fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
         .to_string();
     let key = format!("{}/{victim}/image/c/0/0/0/0", srv.prefix(&url));
     let mut bytes = c
-        .get(&key)
+        .get(&key, u64::MAX)
         .unwrap()
         .expect("the first image chunk is stored")
         .bytes;
@@ -193,12 +193,12 @@ fn a_tier_smaller_than_the_cache_evicts_the_least_recently_used_files() {
     let t = tempfile::tempdir().unwrap();
     let (_, remote) = built_remote(&srv, "budget", t.path());
     let fill = Fill::OnRead { prefetch: false };
-    let (sizes, probe) = mirror(&remote, &t.path().join("probe"), None, fill).unwrap();
+    let (sizes, probe) = mirror(&remote, &t.path().join("probe"), true, None, fill).unwrap();
     probe.close();
     // Room for the metadata and two fifths of the chunk files.
     let budget = sizes.bytes + sizes.pending_bytes * 2 / 5;
     let dir = t.path().join("tier");
-    let (_, tier) = mirror(&remote, &dir, Some(budget), fill).unwrap();
+    let (_, tier) = mirror(&remote, &dir, true, Some(budget), fill).unwrap();
     let got = CacheReader::open(&dir).unwrap();
     let want = CacheReader::open(local()).unwrap();
     let (a, b) = (open_entries(&got), open_entries(&want));

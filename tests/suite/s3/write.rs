@@ -66,7 +66,7 @@ fn killed_builders_leave_no_visible_partial_entry_and_the_next_run_completes() {
             }
         }
         // The manifest, when there is one, names only visible entries.
-        if let Some(m) = c.get(&format!("{prefix}/manifest.json")).unwrap() {
+        if let Some(m) = c.get(&format!("{prefix}/manifest.json"), u64::MAX).unwrap() {
             let m: serde_json::Value = serde_json::from_slice(&m.bytes).unwrap();
             for case in m["datasets"]["vessels"]["cases"]
                 .as_object()
@@ -134,7 +134,7 @@ fn four_part_builders_at_once_make_one_consistent_manifest() {
     }
     let c = srv.client();
     let key = format!("{}/manifest.json", srv.prefix(&url));
-    let obj = c.get(&key).unwrap().unwrap();
+    let obj = c.get(&key, u64::MAX).unwrap().unwrap();
     // The server honours the conditions the merge relies on.
     use voxcache::remote::s3::Put;
     let stale = c.put(&key, b"{}", Condition::Matches("\"0000\"")).unwrap();
@@ -170,12 +170,12 @@ fn large_objects_go_up_in_parts_and_come_back_streamed() {
     let key = format!("{}/big.bin", srv.prefix(&srv.url("multipart")));
     c.upload_file(&key, &src).unwrap();
     let back = t.path().join("back.bin");
-    assert!(c.get_to_file(&key, &back).unwrap());
+    assert!(c.get_to_file(&key, &back, bytes.len() as u64).unwrap());
     assert!(
         std::fs::read(&back).unwrap() == bytes,
         "the object came back different"
     );
-    assert!(!c.get_to_file(&format!("{key}.none"), &back).unwrap());
+    assert!(!c.get_to_file(&format!("{key}.none"), &back, 0).unwrap());
 }
 
 #[test]

@@ -1,9 +1,19 @@
-//! A blocking S3 client: the dozen requests a cache needs, signed, with timeouts and retries.
+//! A blocking S3 client: the dozen requests a cache needs, signed, with time limits, bounded
+//! answers and retries.
 //!
-//! Retries: a request that gets no answer (connection refused or reset, timeout) is tried
+//! Time ([`Limits`]): 10 s to connect, 30 s from a request sent to its answer's first line, 30 s
+//! at most between two reads of a body, and a body (sent or received) that must keep an
+//! average of 256 KiB/s once its first minute is over, so a server that drips a byte at a time
+//! fails the request instead of hanging it. Size: an answer read into memory has a cap (a
+//! listing page, an error, the manifest), and a download to a file stops at the size the
+//! listing gave: an endless or lying body is refused, not stored.
+//!
+//! Retries: a request that gets no answer (connection refused or reset, a limit above) is tried
 //! 3 times; one answered 5xx (but 501, not implemented) or 429 (throttling) up to 6 times, with
 //! exponential backoff (0.2 s doubling, at most 5 s, with jitter). Nothing else is retried: a
-//! refusal (403, 404, 412) is an answer. Every error names the object's URL and what to check.
+//! refusal (403, 404, 412) is an answer, an answer larger than allowed is refused, and a local
+//! write that fails (a full disk) names the local file. Every error names the object's URL and
+//! what to check.
 
 use std::io::Read;
 use std::path::Path;
@@ -14,14 +24,68 @@ use super::sign::{amz_date, authorization, canonical_query, sha256_hex, uri_enco
 use super::xml;
 use crate::error::{Error, Result};
 
+mod bulk;
+
 /// Objects up to this size go in one PUT; larger ones in parts of [`PART_BYTES`], read one at
 /// a time: a transfer holds at most this much in memory (several run at once).
 const SINGLE_PUT_MAX: u64 = 16 << 20;
 const PART_BYTES: u64 = 8 << 20;
 
+/// The largest answer read into memory that is not an object asked for with its own cap: a
+/// listing page (1,000 keys of at most 1 KiB each, with their XML) or an error document.
+const REPLY_MAX: u64 = 8 << 20;
+
+/// How long a request may take.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// To open the connection.
+    pub connect: Duration,
+    /// From the request sent to the first line of its answer.
+    pub answer: Duration,
+    /// The longest wait for one read (or write) of a body.
+    pub stall: Duration,
+    /// A body's grace: within it, no rate is asked of it.
+    pub grace: Duration,
+    /// Past the grace, the slowest average rate a body may come or go at, in bytes a second.
+    pub min_rate: u64,
+    /// Tries of a request that gets no answer.
+    pub tries: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connect: Duration::from_secs(10),
+            answer: Duration::from_secs(30),
+            stall: Duration::from_secs(30),
+            grace: Duration::from_secs(60),
+            min_rate: 256 << 10,
+            tries: 3,
+        }
+    }
+}
+
+impl Limits {
+    /// The longest a body of `bytes` may take to come or go.
+    fn body_time(&self, bytes: u64) -> Duration {
+        self.grace + Duration::from_secs_f64(bytes as f64 / self.min_rate.max(1) as f64)
+    }
+}
+
+/// Why an exchange brought no usable answer.
+enum Failure {
+    /// No answer, or it broke off: worth another try.
+    Silent(String),
+    /// An answer we refuse (larger than allowed, not what was listed): not retried.
+    Refused(String),
+    /// Our own side failed (the local file could not be written): not retried, names the file.
+    Local(Error),
+}
+
 /// A client for one bucket.
 pub struct Client {
     agent: ureq::Agent,
+    limits: Limits,
     cfg: Config,
     bucket: String,
     /// `http(s)://host[:port]` requests go to.
@@ -107,6 +171,10 @@ struct Req<'a> {
     body: Option<&'a [u8]>,
     /// Stream a 200 answer's body into this file instead of memory.
     to_file: Option<&'a Path>,
+    /// The most bytes a 200 answer's body may hold (into memory or the file).
+    max: u64,
+    /// The exact size a 200 answer's body must have (a listed object streamed to a file).
+    exact: Option<u64>,
 }
 
 impl<'a> Req<'a> {
@@ -118,7 +186,12 @@ impl<'a> Req<'a> {
             headers: &[],
             body: None,
             to_file: None,
+            max: REPLY_MAX,
+            exact: None,
         }
+    }
+    fn max(self, max: u64) -> Req<'a> {
+        Req { max, ..self }
     }
     fn query(self, query: &'a [(&'a str, String)]) -> Req<'a> {
         Req { query, ..self }
@@ -132,9 +205,12 @@ impl<'a> Req<'a> {
             ..self
         }
     }
-    fn to_file(self, path: &'a Path) -> Req<'a> {
+    /// Stream the body into `path`; it must hold exactly `size` bytes.
+    fn to_file(self, path: &'a Path, size: u64) -> Req<'a> {
         Req {
             to_file: Some(path),
+            max: size,
+            exact: Some(size),
             ..self
         }
     }
@@ -159,12 +235,17 @@ fn backoff(attempt: u32) -> Duration {
 impl Client {
     /// A client for `bucket` as `cfg` says.
     pub fn new(cfg: Config, bucket: &str) -> Result<Client> {
+        Client::with_limits(cfg, bucket, Limits::default())
+    }
+
+    /// A client for `bucket` with other time limits than the documented ones (tests).
+    pub fn with_limits(cfg: Config, bucket: &str, limits: Limits) -> Result<Client> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(10)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
-            .timeout_send_body(Some(Duration::from_secs(600)))
-            .timeout_recv_body(Some(Duration::from_secs(600)))
+            .timeout_connect(Some(limits.connect))
+            .timeout_recv_response(Some(limits.answer))
+            .timeout_per_read(Some(limits.stall))
+            .timeout_per_write(Some(limits.stall))
             .max_redirects(0)
             .user_agent(concat!("voxcache/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -185,6 +266,7 @@ impl Client {
             .unwrap_or_default();
         Ok(Client {
             agent,
+            limits,
             cfg,
             bucket: bucket.to_string(),
             base,
@@ -219,9 +301,9 @@ impl Client {
         }
     }
 
-    /// One request, no retry; `Err` when no answer came (the transport's message). With
-    /// `to_file`, a 200 answer's body is streamed into that file instead of memory.
-    fn exchange(&self, req: &Req<'_>) -> std::result::Result<Reply, String> {
+    /// One request, no retry. With `to_file`, a 200 answer's body is streamed into that file
+    /// instead of memory; either way it is bounded by `req.max`.
+    fn exchange(&self, req: &Req<'_>) -> std::result::Result<Reply, Failure> {
         let Req {
             method,
             key,
@@ -229,6 +311,8 @@ impl Client {
             headers,
             body,
             to_file,
+            max,
+            exact,
         } = *req;
         let path = self.path(key);
         let q = canonical_query(query);
@@ -261,13 +345,21 @@ impl Client {
             }
             b = b.header("authorization", auth);
         }
+        let send_time = Some(self.limits.body_time(body.map_or(0, |b| b.len() as u64)));
         let sent = match body {
-            Some(bytes) => b.body(bytes).map(|r| self.agent.run(r)),
+            Some(bytes) => b.body(bytes).map(|r| {
+                let r = self
+                    .agent
+                    .configure_request(r)
+                    .timeout_send_body(send_time)
+                    .build();
+                self.agent.run(r)
+            }),
             None => b.body(()).map(|r| self.agent.run(r)),
         };
         let mut resp = sent
-            .map_err(|e| format!("bad request: {e}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Failure::Refused(format!("bad request: {e}")))?
+            .map_err(|e| Failure::Silent(e.to_string()))?;
         let header = |name: &str| {
             resp.headers()
                 .get(name)
@@ -275,22 +367,59 @@ impl Client {
                 .map(str::to_string)
         };
         let etag = header("etag");
-        let length = header("content-length").and_then(|v| v.parse().ok());
+        let length: Option<u64> = header("content-length").and_then(|v| v.parse().ok());
         let status = resp.status().as_u16();
-        let body = if method == "HEAD" {
-            Vec::new()
-        } else if let (Some(path), 200) = (to_file, status) {
-            let mut f =
-                std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            std::io::copy(&mut resp.body_mut().as_reader(), &mut f)
-                .map_err(|e| format!("the answer broke off: {e}"))?;
-            Vec::new()
+        if method == "HEAD" {
+            return Ok(Reply {
+                status,
+                etag,
+                length,
+                body: Vec::new(),
+            });
+        }
+        // Only a wanted answer gets the caller's bounds; errors and refusals get a page's.
+        let (max, exact) = if status == 200 {
+            (max, exact)
         } else {
-            resp.body_mut()
-                .with_config()
-                .limit(u64::MAX)
-                .read_to_vec()
-                .map_err(|e| format!("the answer broke off: {e}"))?
+            (REPLY_MAX, None)
+        };
+        if let (Some(n), Some(want)) = (length, exact) {
+            if n != want {
+                return Err(Failure::Refused(format!(
+                    "the answer says {n} bytes, the listing {want}: the object changed or the \
+                     server is not answering for it"
+                )));
+            }
+        }
+        if let Some(n) = length.filter(|&n| n > max) {
+            return Err(Failure::Refused(format!(
+                "the answer is {n} bytes, more than the {max} allowed here"
+            )));
+        }
+        let mut reader = resp.body_mut().as_reader();
+        let body = match (to_file, status) {
+            (Some(path), 200) => {
+                let mut f =
+                    std::fs::File::create(path).map_err(|e| Failure::Local(Error::io(path, e)))?;
+                let got = self.read_body(&mut reader, max, &mut |chunk| {
+                    use std::io::Write;
+                    f.write_all(chunk).map_err(|e| Error::io(path, e))
+                })?;
+                if exact.is_some_and(|want| got != want) {
+                    return Err(Failure::Silent(format!(
+                        "the answer broke off after {got} of {max} bytes"
+                    )));
+                }
+                Vec::new()
+            }
+            _ => {
+                let mut out = Vec::new();
+                self.read_body(&mut reader, max, &mut |chunk| {
+                    out.extend_from_slice(chunk);
+                    Ok(())
+                })?;
+                out
+            }
         };
         Ok(Reply {
             status,
@@ -300,13 +429,61 @@ impl Client {
         })
     }
 
+    /// Read a body to its end through `sink`: at most `max` bytes, at the limits' rate.
+    /// Returns the bytes read.
+    fn read_body(
+        &self,
+        reader: &mut impl Read,
+        max: u64,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> std::result::Result<u64, Failure> {
+        let start = std::time::Instant::now();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut got = 0u64;
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => return Ok(got),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Failure::Silent(format!("the answer broke off: {e}"))),
+            };
+            got += n as u64;
+            if got > max {
+                return Err(Failure::Refused(format!(
+                    "the answer goes on past the {max} bytes allowed here"
+                )));
+            }
+            sink(&buf[..n]).map_err(Failure::Local)?;
+            if start.elapsed() > self.limits.body_time(got) {
+                return Err(Failure::Silent(format!(
+                    "the answer came at {} bytes in {:.0} s, slower than the {} KiB/s a \
+                     body must keep after its first {} s",
+                    got,
+                    start.elapsed().as_secs_f64(),
+                    self.limits.min_rate >> 10,
+                    self.limits.grace.as_secs()
+                )));
+            }
+        }
+    }
+
     /// A request with retries on silence, 5xx and throttling; any other answer is returned.
     fn send(&self, req: Req<'_>) -> Result<Reply> {
         let mut attempt = 0;
         loop {
-            let r = self.exchange(&req);
+            let r = match self.exchange(&req) {
+                Ok(rep) => Ok(rep),
+                Err(Failure::Silent(e)) => Err(e),
+                Err(Failure::Local(e)) => return Err(e),
+                Err(Failure::Refused(why)) => {
+                    return Err(Error::remote(
+                        self.url(req.key),
+                        format!("{} refused: {why}", req.method),
+                    ))
+                }
+            };
             let (retry, limit) = match &r {
-                Err(_) => (true, 3),
+                Err(_) => (true, self.limits.tries),
                 // 501: the server does not implement the request; asking again will not help.
                 Ok(rep) if (rep.status >= 500 && rep.status != 501) || rep.status == 429 => {
                     (true, 6)
@@ -365,9 +542,9 @@ impl Client {
         Error::remote(self.url(key), format!("{method} refused: {why}"))
     }
 
-    /// The whole object, or `None` when there is none.
-    pub fn get(&self, key: &str) -> Result<Option<Object>> {
-        let rep = self.send(Req::new("GET", key))?;
+    /// The whole object, or `None` when there is none; one larger than `max` bytes is refused.
+    pub fn get(&self, key: &str, max: u64) -> Result<Option<Object>> {
+        let rep = self.send(Req::new("GET", key).max(max))?;
         match rep.status {
             200 => Ok(Some(Object {
                 etag: rep.etag,
@@ -378,10 +555,12 @@ impl Client {
         }
     }
 
-    /// Stream the whole object into the file `path` (created or truncated); `false` when there
-    /// is no such object. Memory stays a buffer's worth whatever the object's size.
-    pub fn get_to_file(&self, key: &str, path: &Path) -> Result<bool> {
-        let rep = self.send(Req::new("GET", key).to_file(path))?;
+    /// Stream the whole object, listed as `size` bytes, into the file `path` (created or
+    /// truncated); `false` when there is no such object. Memory stays a buffer's worth whatever
+    /// the object's size, and the file never grows past `size`: an answer of another size is
+    /// refused (the file is then the caller's to remove).
+    pub fn get_to_file(&self, key: &str, path: &Path, size: u64) -> Result<bool> {
+        let rep = self.send(Req::new("GET", key).to_file(path, size))?;
         match rep.status {
             200 => Ok(true),
             404 if !rep.text().contains("NoSuchBucket") => Ok(false),
@@ -429,195 +608,6 @@ impl Client {
             200 | 201 | 204 => Ok(Put::Written(rep.etag)),
             412 | 409 if !matches!(cond, Condition::None) => Ok(Put::Conflict),
             _ => Err(self.refused("PUT", key, &rep)),
-        }
-    }
-
-    /// Start a multipart upload of `key`.
-    pub fn start_upload(&self, key: &str) -> Result<Upload> {
-        let q = [("uploads", String::new())];
-        let rep = self.send(Req::new("POST", key).query(&q).body(&[]))?;
-        match (rep.status, xml::first(&rep.text(), "UploadId")) {
-            (200, Some(id)) => Ok(Upload {
-                key: key.to_string(),
-                id,
-                initiated: None,
-            }),
-            _ => Err(self.refused("POST (start a multipart upload)", key, &rep)),
-        }
-    }
-
-    /// Upload a local file: one PUT when small, a multipart upload (parts read one at a time)
-    /// when large.
-    pub fn upload_file(&self, key: &str, path: &Path) -> Result<()> {
-        let len = std::fs::metadata(path)
-            .map_err(|e| Error::io(path, e))?
-            .len();
-        if len <= SINGLE_PUT_MAX {
-            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-            self.put(key, &bytes, Condition::None)?;
-            return Ok(());
-        }
-        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let id = self.start_upload(key)?.id;
-        let parts = (|| -> Result<Vec<String>> {
-            let mut etags = Vec::new();
-            let mut buf = vec![0u8; PART_BYTES as usize];
-            for n in 1.. {
-                let mut got = 0;
-                while got < buf.len() {
-                    let k = f.read(&mut buf[got..]).map_err(|e| Error::io(path, e))?;
-                    if k == 0 {
-                        break;
-                    }
-                    got += k;
-                }
-                if got == 0 {
-                    break;
-                }
-                let q = [("partNumber", format!("{n}")), ("uploadId", id.clone())];
-                let rep = self.send(Req::new("PUT", key).query(&q).body(&buf[..got]))?;
-                match (rep.status, rep.etag) {
-                    (200, Some(e)) => etags.push(e),
-                    (s, _) => {
-                        return Err(Error::remote(
-                            self.url(key),
-                            format!("part {n} of a multipart upload: HTTP {s}"),
-                        ))
-                    }
-                }
-            }
-            Ok(etags)
-        })();
-        let finish = parts.and_then(|etags| {
-            let body: String = etags
-                .iter()
-                .enumerate()
-                .map(|(i, e)| {
-                    format!(
-                        "<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>",
-                        i + 1,
-                        xml::escape(e)
-                    )
-                })
-                .collect();
-            let body = format!("<CompleteMultipartUpload>{body}</CompleteMultipartUpload>");
-            let complete = [("uploadId", id.clone())];
-            let xml_type = [("content-type", "application/xml".to_string())];
-            let rep = self.send(
-                Req::new("POST", key)
-                    .query(&complete)
-                    .headers(&xml_type)
-                    .body(body.as_bytes()),
-            )?;
-            // S3 may answer 200 and put the error in the body.
-            if rep.status == 200 && !rep.text().contains("<Error>") {
-                Ok(())
-            } else {
-                Err(self.refused("POST (complete a multipart upload)", key, &rep))
-            }
-        });
-        if finish.is_err() {
-            let _ = self.send(Req::new("DELETE", key).query(&[("uploadId", id)]));
-        }
-        finish
-    }
-
-    /// Remove an object (no error when there is none).
-    pub fn delete(&self, key: &str) -> Result<()> {
-        let rep = self.send(Req::new("DELETE", key))?;
-        match rep.status {
-            200 | 204 | 404 => Ok(()),
-            _ => Err(self.refused("DELETE", key, &rep)),
-        }
-    }
-
-    /// Every object whose key starts with `prefix`, with sizes, in key order.
-    pub fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut q = vec![
-                ("list-type", "2".to_string()),
-                ("prefix", prefix.to_string()),
-            ];
-            if let Some(t) = &token {
-                q.push(("continuation-token", t.clone()));
-            }
-            let rep = self.send(Req::new("GET", "").query(&q))?;
-            if rep.status != 200 {
-                return Err(self.refused("LIST", prefix, &rep));
-            }
-            let text = rep.text();
-            for block in xml::blocks(&text, "Contents") {
-                let key = xml::first(block, "Key");
-                let size = xml::first(block, "Size").and_then(|s| s.parse().ok());
-                let modified = xml::first(block, "LastModified").and_then(|t| xml::unix_time(&t));
-                let etag = xml::first(block, "ETag");
-                if let (Some(key), Some(size)) = (key, size) {
-                    out.push(Listed {
-                        key,
-                        size,
-                        modified,
-                        etag,
-                    });
-                }
-            }
-            token = xml::first(&text, "NextContinuationToken");
-            if xml::first(&text, "IsTruncated").as_deref() != Some("true") || token.is_none() {
-                break;
-            }
-        }
-        Ok(out)
-    }
-
-    /// The multipart uploads under `prefix` that were started and never completed or aborted
-    /// (a builder killed mid-upload leaves them; their parts are stored, and billed, until
-    /// aborted).
-    pub fn uploads(&self, prefix: &str) -> Result<Vec<Upload>> {
-        let mut out = Vec::new();
-        let mut marker: Option<(String, String)> = None;
-        loop {
-            let mut q = vec![("uploads", String::new()), ("prefix", prefix.to_string())];
-            if let Some((k, u)) = &marker {
-                q.push(("key-marker", k.clone()));
-                q.push(("upload-id-marker", u.clone()));
-            }
-            let rep = self.send(Req::new("GET", "").query(&q))?;
-            if rep.status != 200 {
-                return Err(self.refused("LIST (multipart uploads)", prefix, &rep));
-            }
-            let text = rep.text();
-            for block in xml::blocks(&text, "Upload") {
-                if let (Some(key), Some(id)) =
-                    (xml::first(block, "Key"), xml::first(block, "UploadId"))
-                {
-                    let initiated = xml::first(block, "Initiated").and_then(|t| xml::unix_time(&t));
-                    out.push(Upload { key, id, initiated });
-                }
-            }
-            let next = (
-                xml::first(&text, "NextKeyMarker"),
-                xml::first(&text, "NextUploadIdMarker"),
-            );
-            match (xml::first(&text, "IsTruncated").as_deref(), next) {
-                (Some("true"), (Some(k), Some(u)))
-                    if marker.as_ref() != Some(&(k.clone(), u.clone())) =>
-                {
-                    marker = Some((k, u))
-                }
-                _ => break,
-            }
-        }
-        Ok(out)
-    }
-
-    /// Abort a multipart upload: its stored parts are dropped (no error when it is gone).
-    pub fn abort_upload(&self, upload: &Upload) -> Result<()> {
-        let q = [("uploadId", upload.id.clone())];
-        let rep = self.send(Req::new("DELETE", &upload.key).query(&q))?;
-        match rep.status {
-            200 | 204 | 404 => Ok(()),
-            _ => Err(self.refused("DELETE (abort a multipart upload)", &upload.key, &rep)),
         }
     }
 }
