@@ -1,8 +1,10 @@
 //! nnU-Net v2's checkpoints read without Python: the zip archive `torch.save` writes, its
-//! pickle walked with candle's reader, the `network_weights` state dict renamed to our
-//! parameters, and the network rebuilt from the plans' `arch_kwargs` (dynamic-network-
-//! architectures' PlainConvUNet and ResidualEncoderUNet are our plain and residual U-Nets; a 2D
-//! network is ours one voxel deep).
+//! pickle read by our bounded reader ([`crate::format::nnunet::torch_archive`]), the
+//! `network_weights` state dict renamed to our parameters (each refused, named, if it holds NaN
+//! or infinite values), and the network rebuilt from the plans' `arch_kwargs`
+//! (dynamic-network-architectures' PlainConvUNet and ResidualEncoderUNet are our plain and
+//! residual U-Nets; a 2D network is ours one voxel deep). Every parameter's shape is compared
+//! with the plans' network before that network is allocated.
 //!
 //! The state dict names each parameter more than once (`convs.N.conv.weight` and
 //! `convs.N.all_modules.0.weight`; the decoder's own reference to the encoder): those are
@@ -11,19 +13,16 @@
 //! network the plans describe.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use candle_core::pickle::{Object, PthTensors, Stack};
 use candle_core::{Device, Tensor};
 
-use super::config::{Encoder, Norm, UNetConfig, Upsampling};
-use super::unet::UNet;
+use super::config::{Encoder, Norm, UNetConfig, Upsampling, DS_PREFIX};
+use super::unet::{parameter_shapes, UNet};
 use crate::error::{Error, Result};
-use crate::format::nnunet::Architecture;
-
-/// Largest pickle read (a checkpoint's is a few MB: optimizer state, logs, plans).
-const MAX_PICKLE_BYTES: u64 = 1 << 30;
+use crate::format::nnunet::pickle::{Pickle, TensorRef, TorchDtype, Value};
+use crate::format::nnunet::torch_archive::{ArchiveLimits, RawTensor, TorchArchive};
+use crate::format::nnunet::{Architecture, Plans};
 
 fn bad(path: &Path, message: impl Into<String>) -> Error {
     Error::Model {
@@ -44,62 +43,66 @@ pub struct NnunetCheckpoint {
     pub mirror_axes: Option<Vec<usize>>,
     /// The weights under our parameter names.
     pub weights: HashMap<String, Tensor>,
+    /// Our parameter name -> the checkpoint's, for messages.
+    names: HashMap<String, String>,
+    /// A 2D network (its weights were made one voxel deep).
+    planar: bool,
 }
 
-/// The unpickled top-level dictionary of the checkpoint.
-fn top_level(path: &Path) -> Result<Vec<(Object, Object)>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|e| {
+/// The elements of `raw` as f32; `None` for an integer type.
+fn to_f32(raw: &RawTensor) -> Option<Vec<f32>> {
+    let b = &raw.bytes;
+    Some(match raw.dtype {
+        TorchDtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        TorchDtype::F64 => b
+            .chunks_exact(8)
+            .map(|c| {
+                let mut a = [0; 8];
+                a.copy_from_slice(c);
+                f64::from_le_bytes(a) as f32
+            })
+            .collect(),
+        TorchDtype::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        TorchDtype::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return None,
+    })
+}
+
+/// `inference_allowed_mirroring_axes`: `None`, or a tuple or list of axes 0..3.
+fn mirror_axes(path: &Path, pk: &Pickle) -> Result<Option<Vec<usize>>> {
+    let key = "inference_allowed_mirroring_axes";
+    let Some(v) = pk.dict_get(pk.root(), key) else {
+        return Ok(None);
+    };
+    if matches!(pk.value(v), Value::None) {
+        return Ok(None);
+    }
+    let items = pk.items(v).ok_or_else(|| {
         bad(
             path,
-            format!("not a PyTorch checkpoint (a zip archive written by torch.save): {e}"),
+            format!("{key} is {}, not a tuple of axes", pk.describe(v)),
         )
     })?;
-    let name = zip
-        .file_names()
-        .filter_map(|n| n.ok().map(|n| n.to_string()))
-        .find(|n| n.ends_with("/data.pkl") || n == "data.pkl")
-        .ok_or_else(|| {
-            bad(
+    items
+        .iter()
+        .map(|&a| match pk.value(a) {
+            Value::Int(i) if (0..3).contains(i) => Ok(*i as usize),
+            _ => Err(bad(
                 path,
-                "no data.pkl inside: not a checkpoint written by torch.save",
-            )
-        })?;
-    let entry = zip
-        .by_name(&name)
-        .map_err(|e| bad(path, format!("{name}: {e}")))?;
-    if entry.size() > MAX_PICKLE_BYTES {
-        return Err(bad(
-            path,
-            format!("{name} is {} bytes: too large", entry.size()),
-        ));
-    }
-    let mut reader = std::io::BufReader::new(entry.take(MAX_PICKLE_BYTES));
-    let mut stack = Stack::empty();
-    stack
-        .read_loop(&mut reader)
-        .map_err(|e| bad(path, format!("its pickle does not read: {e}")))?;
-    match stack.finalize() {
-        Ok(Object::Dict(d)) => Ok(d),
-        Ok(_) => Err(bad(
-            path,
-            "its pickle is not a dictionary: not an nnU-Net checkpoint",
-        )),
-        Err(e) => Err(bad(path, format!("its pickle does not read: {e}"))),
-    }
-}
-
-fn get<'a>(d: &'a [(Object, Object)], key: &str) -> Option<&'a Object> {
-    d.iter()
-        .find(|(k, _)| matches!(k, Object::Unicode(s) if s == key))
-        .map(|(_, v)| v)
-}
-
-fn text(o: Option<&Object>) -> Option<String> {
-    match o {
-        Some(Object::Unicode(s)) => Some(s.clone()),
-        _ => None,
-    }
+                format!("{key} holds {}, not an axis", pk.describe(a)),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// Our name for one of the state dict's parameters: `Ok(Some)` placed, `Ok(None)` a view of
@@ -211,73 +214,108 @@ impl NnunetCheckpoint {
     /// Read `path`, placing its weights in the network of `arch` (its stage count names the
     /// decoder levels).
     pub fn read(path: &Path, arch: &Architecture) -> Result<NnunetCheckpoint> {
-        let top = top_level(path)?;
-        let trainer = text(get(&top, "trainer_name")).ok_or_else(|| {
-            bad(
+        let archive = TorchArchive::open(path, ArchiveLimits::default())?;
+        Self::from_archive(archive, arch)
+    }
+
+    /// Read an open archive (a file, or bytes in memory), as [`NnunetCheckpoint::read`].
+    pub fn from_archive<R: std::io::Read + std::io::Seek>(
+        mut archive: TorchArchive<R>,
+        arch: &Architecture,
+    ) -> Result<NnunetCheckpoint> {
+        let path = archive.path().to_path_buf();
+        let path = path.as_path();
+        let pk = archive.pickle();
+        let root = pk.root();
+        if !matches!(pk.value(root), Value::Dict(_)) {
+            return Err(bad(
                 path,
-                "no trainer_name: not a checkpoint written by nnU-Net v2's trainer",
-            )
-        })?;
-        let configuration = match get(&top, "init_args") {
-            Some(Object::Dict(d)) => text(get(d, "configuration")),
-            _ => None,
-        };
-        let mirror_axes = match get(&top, "inference_allowed_mirroring_axes") {
-            None | Some(Object::None) => None,
-            Some(Object::Tuple(t)) | Some(Object::List(t)) => {
-                let mut axes = Vec::new();
-                for a in t {
-                    match a {
-                        Object::Int(i) if (0..3).contains(i) => axes.push(*i as usize),
-                        other => {
-                            return Err(bad(
-                                path,
-                                format!(
-                                    "inference_allowed_mirroring_axes holds {other:?}, not an axis"
-                                ),
-                            ))
-                        }
-                    }
-                }
-                Some(axes)
-            }
-            Some(other) => {
-                return Err(bad(
+                format!(
+                    "its pickle holds {}, not a dictionary: not an nnU-Net checkpoint",
+                    pk.describe(root)
+                ),
+            ));
+        }
+        let trainer = pk
+            .dict_get(root, "trainer_name")
+            .and_then(|t| pk.text(t))
+            .map(str::to_string)
+            .ok_or_else(|| {
+                bad(
                     path,
-                    format!("inference_allowed_mirroring_axes is {other:?}, not a tuple of axes"),
-                ))
-            }
-        };
-        if !matches!(get(&top, "network_weights"), Some(Object::Dict(_))) {
+                    "no trainer_name: not a checkpoint written by nnU-Net v2's trainer",
+                )
+            })?;
+        let configuration = pk
+            .dict_get(root, "init_args")
+            .and_then(|a| pk.dict_get(a, "configuration"))
+            .and_then(|c| pk.text(c))
+            .map(str::to_string);
+        let mirror_axes = mirror_axes(path, pk)?;
+        let state = pk.dict_get(root, "network_weights");
+        let Some(Value::Dict(entries)) = state.map(|s| pk.value(s)) else {
             return Err(bad(
                 path,
                 "no network_weights dictionary: not an nnU-Net checkpoint",
             ));
-        }
-        let pth = PthTensors::new(path, Some("network_weights"))
-            .map_err(|e| bad(path, format!("its network_weights do not read: {e}")))?;
+        };
         let n_stages = arch.features.len();
-        let mut names: Vec<&String> = pth.tensor_infos().keys().collect();
-        names.sort();
-        let mut weights = HashMap::new();
-        for name in names {
+        let mut wanted: Vec<(String, String, TensorRef)> = Vec::new();
+        for &(k, v) in entries {
+            let name = pk.text(k).ok_or_else(|| {
+                bad(
+                    path,
+                    format!("network_weights has the key {}, not a name", pk.describe(k)),
+                )
+            })?;
             let ours = our_name(name, n_stages).map_err(|()| {
                 bad(path, format!("parameter {name} is not part of the {} the plans describe: trainer {trainer} changed the network (batch norm, another architecture), which is not reproduced", arch.class))
             })?;
             let Some(ours) = ours else { continue };
-            let t = pth
-                .get(name)
-                .map_err(|e| bad(path, format!("parameter {name}: {e}")))?
-                .ok_or_else(|| bad(path, format!("parameter {name} has no data")))?;
-            let t = t.to_dtype(candle_core::DType::F32)?;
-            // 2D weights (out, in, kh, kw) become one voxel deep.
-            let t = if arch.dims == 2 && t.rank() == 4 {
-                let d = t.dims().to_vec();
-                t.reshape((d[0], d[1], 1, d[2], d[3]))?
-            } else {
-                t
+            let Value::Tensor(t) = pk.value(v) else {
+                return Err(bad(
+                    path,
+                    format!("parameter {name} is {}, not a tensor", pk.describe(v)),
+                ));
             };
-            weights.insert(ours, t.to_device(&Device::Cpu)?);
+            if wanted.iter().any(|(o, _, _)| *o == ours) {
+                return Err(bad(path, format!("parameter {name} is given twice")));
+            }
+            wanted.push((ours, name.to_string(), (**t).clone()));
+        }
+        let planar = arch.dims == 2;
+        let mut weights = HashMap::new();
+        let mut names = HashMap::new();
+        for (ours, name, t) in wanted {
+            let raw = archive.read_tensor(&name, &t)?;
+            let values = to_f32(&raw).ok_or_else(|| {
+                bad(
+                    path,
+                    format!(
+                        "parameter {name} is stored as {}, not floating point",
+                        raw.dtype.storage_name()
+                    ),
+                )
+            })?;
+            // NaN or infinite weights predict one class everywhere.
+            let bad_values = values.iter().filter(|v| !v.is_finite()).count();
+            if bad_values > 0 {
+                return Err(bad(
+                    path,
+                    format!(
+                        "parameter {name} holds NaN or infinite values ({bad_values} of {}): the training diverged or the file is damaged",
+                        values.len()
+                    ),
+                ));
+            }
+            let mut shape = raw.shape.clone();
+            // 2D weights (out, in, kh, kw) become one voxel deep.
+            if planar && shape.len() == 4 {
+                shape.insert(2, 1);
+            }
+            let t = Tensor::from_vec(values, shape, &Device::Cpu)?;
+            names.insert(ours.clone(), name);
+            weights.insert(ours, t);
         }
         Ok(NnunetCheckpoint {
             path: path.to_path_buf(),
@@ -285,11 +323,72 @@ impl NnunetCheckpoint {
             configuration,
             mirror_axes,
             weights,
+            names,
+            planar,
         })
     }
 
-    /// The network with these weights, on `dev`.
-    pub fn network(&self, config: UNetConfig, dev: &Device) -> Result<UNet> {
+    /// Compare every weight with the network `config` describes (built from `plans`), by name
+    /// and shape, without building it; a mismatch names the parameter, both shapes and the
+    /// plans' field behind it.
+    pub fn check_network(&self, config: &UNetConfig, plans: &Plans) -> Result<()> {
+        let expected: HashMap<String, Vec<usize>> = parameter_shapes(config)
+            .into_iter()
+            .filter(|(n, _)| !is_ds(n))
+            .collect();
+        let field = |ours: &str, dim: Option<usize>| field_of(ours, dim, config, plans);
+        let theirs = |ours: &str| self.names.get(ours).cloned().unwrap_or_else(|| ours.into());
+        // Checkpoint layout: a 2D network's weights have no depth axis.
+        let shown = |s: &[usize]| {
+            let mut s = s.to_vec();
+            if self.planar && s.len() == 5 {
+                s.remove(2);
+            }
+            s
+        };
+        let mut ours: Vec<&String> = expected.keys().collect();
+        ours.sort();
+        for name in ours {
+            let want = &expected[name];
+            let Some(t) = self.weights.get(name) else {
+                return Err(bad(&self.path, format!("the network of the plans has a parameter the checkpoint lacks ({name}, shape {:?}): {}", shown(want), field(name, None))));
+            };
+            if t.dims() != want.as_slice() {
+                let dim = t.dims().iter().zip(want).position(|(a, b)| a != b);
+                return Err(bad(
+                    &self.path,
+                    format!(
+                        "parameter {} has shape {:?} in the checkpoint, {:?} in the network of the plans: {}",
+                        theirs(name),
+                        shown(t.dims()),
+                        shown(want),
+                        field(name, dim.or(Some(0)))
+                    ),
+                ));
+            }
+        }
+        let mut extra: Vec<&String> = self
+            .weights
+            .keys()
+            .filter(|n| !is_ds(n) && !expected.contains_key(*n))
+            .collect();
+        extra.sort();
+        if let Some(name) = extra.first() {
+            return Err(bad(
+                &self.path,
+                format!(
+                    "parameter {} is not in the network of the plans: {}",
+                    theirs(name),
+                    field(name, None)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The network with these weights, on `dev`, after [`NnunetCheckpoint::check_network`].
+    pub fn network(&self, config: UNetConfig, plans: &Plans, dev: &Device) -> Result<UNet> {
+        self.check_network(&config, plans)?;
         let net = UNet::new(config, 0, dev)?;
         net.load(&self.weights).map_err(|e| {
             bad(
@@ -298,6 +397,69 @@ impl NnunetCheckpoint {
             )
         })?;
         Ok(net)
+    }
+}
+
+/// A deep-supervision head (`ds1.weight`): unused when predicting.
+fn is_ds(name: &str) -> bool {
+    name.strip_prefix(DS_PREFIX)
+        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+}
+
+/// Where the plans (or dataset.json) set dimension `dim` of our parameter `ours`, or (`None`)
+/// whether it exists at all.
+fn field_of(ours: &str, dim: Option<usize>, config: &UNetConfig, plans: &Plans) -> String {
+    let arch = &plans.configuration.architecture;
+    let kw = |key: &str| {
+        format!(
+            "configurations.{}.architecture.arch_kwargs.{key} in {}",
+            plans.configuration.name,
+            plans.path.display()
+        )
+    };
+    let blocks = if config.encoder == Encoder::Residual {
+        "n_blocks_per_stage"
+    } else {
+        "n_conv_per_stage"
+    };
+    let parts: Vec<&str> = ours.split('.').collect();
+    let stage =
+        |p: &str, prefix: &str| p.strip_prefix(prefix).and_then(|s| s.parse::<usize>().ok());
+    let first = parts.first().copied().unwrap_or("");
+    let Some(dim) = dim else {
+        return if parts.contains(&"skip") {
+            kw("features_per_stage")
+        } else if stage(first, "enc").is_some_and(|s| s >= arch.features.len()) {
+            kw("n_stages")
+        } else if stage(first, "enc").is_some() {
+            kw(blocks)
+        } else if stage(first, "dec").is_some() && parts.get(1) != Some(&"up") {
+            kw("n_conv_per_stage_decoder")
+        } else {
+            kw("n_stages")
+        };
+    };
+    let weight = parts.last() == Some(&"weight") && !ours.contains(".norm.");
+    if first == "head" {
+        return if dim == 0 {
+            "the labels (or regions) in dataset.json".into()
+        } else {
+            kw("features_per_stage")
+        };
+    }
+    if parts.get(1) == Some(&"up") {
+        return if weight && dim >= 2 {
+            kw("strides")
+        } else {
+            kw("features_per_stage")
+        };
+    }
+    let input = first == "stem"
+        || (first == "enc0" && parts.get(1) == Some(&"0") && config.encoder == Encoder::Plain);
+    match (weight, dim) {
+        (true, 1) if input => "the input channels (channel_names in dataset.json)".into(),
+        (true, 2..) => kw("kernel_sizes"),
+        _ => kw("features_per_stage"),
     }
 }
 

@@ -7,11 +7,15 @@
 //! - [`dataset`]: `dataset.json`: channels, classes or regions.
 //! - [`results`]: the results folder and its folds.
 //! - [`output`]: the probability files nnU-Net writes beside a segmentation.
+//! - [`pickle`]: the pickle inside a checkpoint, read within bounds, nothing run.
+//! - [`torch_archive`]: a checkpoint's zip archive: its pickle and its tensors' bytes.
 
 mod dataset;
 pub mod output;
+pub mod pickle;
 mod plans;
 mod results;
+pub mod torch_archive;
 
 use std::path::Path;
 

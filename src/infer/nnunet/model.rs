@@ -123,7 +123,9 @@ impl NnunetModel {
                 ));
             }
             let path = folder.checkpoint(f, file);
-            if !path.is_file() {
+            // A path that exists but is no regular file (a directory, a FIFO, a link to a
+            // device) is named as what it is when the checkpoint is opened.
+            if std::fs::metadata(&path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
                 return Err(bad(&path, "missing: this fold has not finished training (give --nnunet-checkpoint checkpoint_best.pth, or other --folds)"));
             }
             // Read and checked now; the weights are read again when this fold runs.
@@ -136,7 +138,8 @@ impl NnunetModel {
                     ));
                 }
             }
-            ck.network(network.clone(), &Device::Cpu)?;
+            // Shapes only: the network is allocated when the fold runs.
+            ck.check_network(&network, &plans)?;
             if i == 0 {
                 trainer = ck.trainer.clone();
                 let planar = plans.configuration.architecture.dims == 2;
@@ -168,7 +171,7 @@ impl NnunetModel {
     pub fn fold_network(&self, k: usize, dev: &Device) -> Result<UNet> {
         let ck =
             NnunetCheckpoint::read(&self.checkpoints[k], &self.plans.configuration.architecture)?;
-        ck.network(self.network.clone(), dev)
+        ck.network(self.network.clone(), &self.plans, dev)
     }
 
     /// Whether the network is 2D (predicted slice by slice).

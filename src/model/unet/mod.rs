@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 use crate::util::rng::Rng;
 
 mod layers;
+mod shapes;
+
+pub use shapes::parameter_shapes;
 
 use layers::{cast, is_ds_param, Block, Conv, Layer, ParamStore, ResBlock, Up};
 
