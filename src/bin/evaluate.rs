@@ -10,7 +10,7 @@ use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::remote::local_path;
 use voxcache::config::Exit;
 use voxcache::evaluate::best::{find_best, BestOptions};
-use voxcache::evaluate::crossval::{cross_validate, CrossValOptions};
+use voxcache::evaluate::crossval::{cross_validate, find_folds, CrossValOptions};
 use voxcache::evaluate::pairs::parse_labels;
 use voxcache::evaluate::report::CaseOutcome;
 use voxcache::evaluate::{evaluate, EvaluateOptions};
@@ -112,6 +112,18 @@ fn real_main(cli: Cli) -> Result<Exit> {
     else {
         anyhow::bail!("give the predictions and the references (or --cv RUN...)");
     };
+    if let Some(summary) = &cli.summary {
+        let mut read = vec![
+            ("the predictions", predictions.as_path()),
+            ("the reference", reference.as_path()),
+        ];
+        read.extend(
+            cli.dataset_json
+                .iter()
+                .map(|d| ("--dataset-json", d.as_path())),
+        );
+        voxcache::util::paths::refuse_overwrite("--summary", summary, &read)?;
+    }
     let report = evaluate(&EvaluateOptions {
         predictions,
         reference,
@@ -157,8 +169,25 @@ fn real_main(cli: Cli) -> Result<Exit> {
     Ok(Exit::unless_failed(report.failed > 0))
 }
 
+/// Refuse `--out` or `--summary` over the fold runs they are computed from (their models and
+/// validation predictions), before anything is written.
+fn outputs_apart(cli: &Cli, folds: &[PathBuf]) -> Result<()> {
+    let read: Vec<(&str, &std::path::Path)> = folds
+        .iter()
+        .map(|f| ("the fold run", f.as_path()))
+        .collect();
+    if let Some(out) = &cli.out {
+        voxcache::util::paths::refuse_overlap("--out", out, &read)?;
+    }
+    if let Some(summary) = &cli.summary {
+        voxcache::util::paths::refuse_overwrite("--summary", summary, &read)?;
+    }
+    Ok(())
+}
+
 /// `evaluate --cv`: one score for the folds, and the postprocessing decided on them.
 fn cv_main(cli: &Cli, runs: Vec<PathBuf>) -> Result<Exit> {
+    outputs_apart(cli, &find_folds(&runs)?)?;
     let cv = cross_validate(&CrossValOptions {
         runs,
         out: cli.out.clone(),
@@ -200,6 +229,11 @@ fn cv_main(cli: &Cli, runs: Vec<PathBuf>) -> Result<Exit> {
 
 /// `evaluate --best`: rank configurations and their ensembles by cross-validation.
 fn best_main(cli: &Cli, configurations: Vec<PathBuf>) -> Result<Exit> {
+    let mut folds = Vec::new();
+    for c in &configurations {
+        folds.extend(find_folds(std::slice::from_ref(c))?);
+    }
+    outputs_apart(cli, &folds)?;
     let out = cli.out.clone().unwrap_or_else(|| {
         configurations[0]
             .parent()

@@ -209,6 +209,12 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         (None, None) => None,
     };
     if let Some(dir) = nnunet_dir {
+        let flag = if cli.dataset.is_some() {
+            "-d's results folder"
+        } else {
+            "--nnunet-model"
+        };
+        output_apart(&cli.out, &cli.inputs, &[(flag, dir.as_path())])?;
         if cli.previous_stage.is_some() || !cli.previous_model.is_empty() {
             anyhow::bail!(
                 "--previous-stage, --previous-model: nnU-Net's cascade models (3d_cascade_fullres) are not supported yet"
@@ -232,6 +238,11 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         let report = predict_nnunet(&opts)?;
         return Ok(print_report(&report, cli.json));
     }
+    anyhow::ensure!(
+        (0.0..1.0).contains(&cli.overlap),
+        "--overlap {:?}: give the share of a window its neighbour overlaps, in [0, 1) (default 0.5)",
+        cli.overlap
+    );
     let which = cli.checkpoint.parse::<Which>()?;
     let remote = RemoteOptions {
         endpoint: cli.s3_endpoint,
@@ -241,6 +252,24 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
     let (models, mut fetched) = local_models(&cli.model, &remote, &which)?;
     let (previous_models, more) = local_models(&cli.previous_model, &remote, &which)?;
     fetched.extend(more);
+    let mut read: Vec<(&str, &std::path::Path)> = Vec::new();
+    read.extend(
+        cli.model
+            .iter()
+            .chain(&models)
+            .map(|m| ("--model", m.as_path())),
+    );
+    read.extend(
+        cli.previous_model
+            .iter()
+            .chain(&previous_models)
+            .map(|m| ("--previous-model", m.as_path())),
+    );
+    // Without --previous-model, --previous-stage is read (with it, the first stage writes there).
+    if let (Some(p), true) = (&cli.previous_stage, cli.previous_model.is_empty()) {
+        read.push(("--previous-stage", p.as_path()));
+    }
+    output_apart(&cli.out, &cli.inputs, &read)?;
     if !cli.quiet {
         for line in fetched {
             eprintln!("{line}");
@@ -269,7 +298,20 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
     Ok(print_report(&report, cli.json))
 }
 
-/// Print what a predict did; its exit status.
+/// Refuse an output folder that is, holds or is inside a model folder (`models`) or an input,
+/// before anything is written.
+fn output_apart(
+    out: &std::path::Path,
+    inputs: &[PathBuf],
+    models: &[(&str, &std::path::Path)],
+) -> Result<()> {
+    let mut read = models.to_vec();
+    read.extend(inputs.iter().map(|i| ("the input", i.as_path())));
+    voxcache::util::paths::refuse_overlap("--out", out, &read)?;
+    Ok(())
+}
+
+/// The postprocessing flags as one choice.
 fn postprocessing_choice(file: Option<PathBuf>, off: bool) -> PostprocessingChoice {
     match (file, off) {
         (Some(f), _) => PostprocessingChoice::File(f),
@@ -278,6 +320,7 @@ fn postprocessing_choice(file: Option<PathBuf>, off: bool) -> PostprocessingChoi
     }
 }
 
+/// Print what a predict did; its exit status.
 fn print_report(report: &PredictReport, json: bool) -> Exit {
     if json {
         println!(

@@ -17,6 +17,7 @@ use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};
 use voxcache::inspect::dataset_report::render_plan;
 use voxcache::prep::build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
+use voxcache::prep::dataset::DatasetSource;
 use voxcache::synth;
 use voxcache::util::sysinfo::human_bytes;
 
@@ -197,8 +198,12 @@ fn print_summary(r: &BuildReport) {
 
 fn run_build(args: BuildArgs) -> Result<Exit> {
     let settings = resolve(&args.settings)?;
+    let source = dataset_source(args.data, args.images, args.labels)?;
+    if !args.dry_run {
+        cache_apart(&args.cache_dir, &source, args.previous_stage.as_deref())?;
+    }
     let opts = BuildOptions {
-        source: dataset_source(args.data, args.images, args.labels)?,
+        source,
         cache_dir: args.cache_dir,
         remote: args.s3.options()?,
         name: args.name,
@@ -223,6 +228,34 @@ fn run_build(args: BuildArgs) -> Result<Exit> {
         print_summary(&report);
     }
     Ok(Exit::unless_failed(report.failed > 0))
+}
+
+/// Refuse a cache folder that is, holds or is inside the data it is built from.
+fn cache_apart(
+    cache: &std::path::Path,
+    source: &DatasetSource,
+    previous: Option<&std::path::Path>,
+) -> Result<()> {
+    // A glob's folder: the part of the pattern before its first wildcard.
+    let glob_dir = |g: &str| -> PathBuf {
+        std::path::Path::new(g)
+            .components()
+            .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+            .collect()
+    };
+    let mut read: Vec<(&str, PathBuf)> = match source {
+        DatasetSource::Folder(d) => vec![("the data folder", d.clone())],
+        DatasetSource::Globs { images, labels } => std::iter::once(("--images", images))
+            .chain(labels.iter().map(|l| ("--labels", l)))
+            .map(|(f, g)| (f, glob_dir(g)))
+            .filter(|(_, d)| !d.as_os_str().is_empty())
+            .collect(),
+        DatasetSource::Cases(_) => Vec::new(),
+    };
+    read.extend(previous.map(|p| ("--previous-stage", p.to_path_buf())));
+    let read: Vec<(&str, &std::path::Path)> = read.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    voxcache::util::paths::refuse_overlap("--cache-dir", cache, &read)?;
+    Ok(())
 }
 
 fn run_synth(args: SynthArgs) -> Result<Exit> {

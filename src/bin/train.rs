@@ -217,6 +217,18 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
             cli.resume || cli.validate_only,
             fold.map(|f| (f, several)),
         )?;
+        let mut read = vec![("--cache-dir", cli.cache_dir.as_path())];
+        read.extend(
+            cli.validation_data
+                .iter()
+                .map(|d| ("--validation-data", d.as_path())),
+        );
+        let flag = if cli.out.is_some() {
+            "--out"
+        } else {
+            "the run folder"
+        };
+        voxcache::util::paths::refuse_overlap(flag, &run_dir, &read)?;
         if cli.validate_only {
             fold_validation(&cli, &run_dir)?;
             continue;

@@ -150,6 +150,10 @@ pub fn class_table(opts: &EvaluateOptions) -> Result<ClassTable> {
         .labels
         .clone()
         .or_else(|| description.map(|d| d.labels));
+    if let Some(c) = &classes {
+        crate::format::dataset_json::check_region_labels(c.iter().filter(|c| c.values.len() > 1))
+            .map_err(Error::Config)?;
+    }
     Ok(match classes {
         Some(c) => ClassTable::fixed(c.into_iter().filter(|c| c.values != [0]).collect(), ignore),
         None => ClassTable::discovered(ignore),
@@ -159,6 +163,13 @@ pub fn class_table(opts: &EvaluateOptions) -> Result<ClassTable> {
 /// Parse `--labels`: comma-separated values, a region as values joined by `+`, each optionally
 /// named `name=`: `1,2`, `vessel=1`, `tumour=1+2+3`.
 pub fn parse_labels(text: &str) -> std::result::Result<Vec<LabelClass>, String> {
+    let labels = parse_label_list(text)?;
+    crate::format::dataset_json::check_region_labels(labels.iter().filter(|c| c.values.len() > 1))?;
+    Ok(labels)
+}
+
+/// `--labels` split into classes, unchecked.
+fn parse_label_list(text: &str) -> std::result::Result<Vec<LabelClass>, String> {
     text.split(',')
         .map(|item| {
             let (name, values) = match item.split_once('=') {

@@ -179,6 +179,9 @@ impl DatasetDescription {
             ));
         }
         let regions = labels.iter().any(|c| c.values.len() > 1);
+        if regions {
+            check_region_labels(labels.iter().filter(|c| c.values != [0]))?;
+        }
         // Regions keep the file's order (regions_class_order follows it); classes go by value.
         if regions {
             labels.sort_by_key(|c| c.values != [0]);
@@ -286,9 +289,7 @@ fn check_regions(labels: &[LabelClass], order: Option<&[u16]>) -> std::result::R
             names.join(", ")
         ));
     }
-    if let Some(r) = regions.iter().find(|c| c.values.contains(&0)) {
-        return Err(format!("labels: region {r} holds 0, the background"));
-    }
+    check_region_labels(regions.iter().copied())?;
     let values: std::collections::BTreeSet<u16> = regions
         .iter()
         .flat_map(|c| c.values.iter().copied())
@@ -301,6 +302,26 @@ fn check_regions(labels: &[LabelClass], order: Option<&[u16]>) -> std::result::R
             return Err(format!(
                 "regions and regions_class_order disagree: label {v} would be written back as {} (region {} is the last holding it, and regions_class_order gives it {}); order the regions so that each label's last region is written as that label",
                 order[i], regions[i], order[i]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The one check of regions that every command makes wherever regions come from (a
+/// dataset.json, `evaluate --labels`, a run record, an nnU-Net model's dataset.json): each
+/// region lists at least one label and none holds 0, the background (a region holding it
+/// covers every voxel, and its Dice would be 1 in every case).
+pub fn check_region_labels<'a>(
+    regions: impl IntoIterator<Item = &'a LabelClass>,
+) -> std::result::Result<(), String> {
+    for r in regions {
+        if r.values.is_empty() {
+            return Err(format!("labels: region {:?} lists no label value", r.name));
+        }
+        if r.values.contains(&0) {
+            return Err(format!(
+                "labels: region {r} holds 0, the background: a region is a set of foreground labels (nnU-Net's regions never hold 0)"
             ));
         }
     }

@@ -179,6 +179,9 @@ impl RunRecord {
             }
         }
         if !self.regions.is_empty() {
+            if let Err(e) = super::dataset_json::check_region_labels(&self.regions) {
+                return bad(e);
+            }
             if self.regions_class_order.len() != self.regions.len() {
                 return bad(format!(
                     "regions_class_order has {} values for {} regions",

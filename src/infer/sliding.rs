@@ -61,8 +61,7 @@ impl Flavour {
 /// nnU-Net's window starts along one axis of `dim` (already padded to at least `patch`):
 /// `int(np.round(i * (dim - patch) / (n - 1)))`, half to even.
 pub fn nnunet_starts(dim: usize, patch: usize, step: f64) -> Vec<usize> {
-    let target = patch as f64 * step;
-    let n = ((dim - patch) as f64 / target).ceil() as usize + 1;
+    let n = nnunet_window_count(dim, patch, step);
     if n <= 1 {
         return vec![0];
     }
@@ -70,6 +69,19 @@ pub fn nnunet_starts(dim: usize, patch: usize, step: f64) -> Vec<usize> {
     (0..n)
         .map(|i| (actual * i as f64).round_ties_even() as usize)
         .collect()
+}
+
+/// How many windows [`nnunet_starts`] places along the axis, counted without placing them:
+/// nnU-Net's `ceil((dim - patch) / (patch * step)) + 1`, at most one per start position (a
+/// step under one voxel, which predict refuses, would repeat windows).
+pub fn nnunet_window_count(dim: usize, patch: usize, step: f64) -> usize {
+    let span = dim.saturating_sub(patch);
+    let n = (span as f64 / (patch as f64 * step)).ceil();
+    if n.is_finite() && n >= 0.0 {
+        (n.min(span as f64) as usize) + 1
+    } else {
+        span + 1
+    }
 }
 
 /// scipy's 1D Gaussian kernel of `sigma`, truncated at 4 sigma (`_gaussian_kernel1d`).
@@ -545,7 +557,7 @@ impl Predictor<'_> {
     fn forward(&self, input: &[f32], n: usize, ch: usize) -> Result<Vec<f32>> {
         let p = self.patch;
         let x = Tensor::from_slice(input, (n, ch, p[0], p[1], p[2]), self.device)?;
-        let logits = self.model.forward(&x)?;
+        let logits = self.model.infer(&x)?;
         let out = match self.flavour {
             Flavour::Voxcache => candle_nn::ops::softmax(&logits, 1)?,
             Flavour::VoxcacheRegions => candle_nn::ops::sigmoid(&logits)?,

@@ -10,11 +10,11 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::format::nnunet::Outputs;
+use crate::infer::nnunet::budget::check_memory;
 use crate::infer::nnunet::model::NnunetModel;
-use crate::infer::sliding::nnunet_starts;
-use crate::model::memory::{training_step, StepShape};
+use crate::infer::sliding::nnunet_window_count;
 use crate::prep::dataset;
-use crate::prep::nnunet::{spline, target_spacing};
+use crate::prep::nnunet::sizes::case_sizes;
 
 /// One input's forecast (the crop to the nonzero region is not known before reading the
 /// voxels: the forecast is for the whole image, an upper bound).
@@ -95,6 +95,9 @@ pub fn inspect_nnunet(
     let a = &cfg.architecture;
     let patch = m.patch();
     let heads = m.dataset.outputs.heads();
+    // The forecast first: a patch no machine here could hold is refused before the timed pass
+    // allocates it.
+    let memory_bytes = check_memory(&m, 2, window_memory)?;
     let dev = candle_core::Device::Cpu;
     let net = m.fold_network(0, &dev)?;
     let t = Instant::now();
@@ -103,20 +106,8 @@ pub fn inspect_nnunet(
         candle_core::DType::F32,
         &dev,
     )?;
-    net.forward(&x)?;
+    net.infer(&x)?;
     let seconds_per_pass = t.elapsed().as_secs_f64();
-    let step = training_step(
-        &m.network,
-        &StepShape {
-            patch,
-            batch: 2,
-            precision: crate::model::config::Precision::F32,
-            moments: 0,
-            data_batches: 0,
-            workers: rayon::current_num_threads(),
-        },
-    );
-    let memory_bytes = step.weights + step.activations + step.workspace + window_memory as u64;
     let passes = (1usize << m.mirror_axes.len()) * m.checkpoints.len();
     let mut forecast = Vec::new();
     let mut files = Vec::new();
@@ -132,31 +123,29 @@ pub fn inspect_nnunet(
         let shape_zyx = crate::geometry::zyx(h.shape_xyz);
         let s = h.spacing_xyz;
         let spacing_zyx = [s[2], s[1], s[0]];
-        let tf = m.plans.transpose_forward;
-        let (shape_t, spacing_t) = (tf.map(|a| shape_zyx[a]), tf.map(|a| spacing_zyx[a]));
-        let new = spline::new_shape(shape_t, spacing_t, target_spacing(&m.plans, spacing_t));
+        let sizes = case_sizes(&m.plans, case.image(), shape_zyx, spacing_zyx, heads)?;
+        let new = sizes.new_shape;
+        // Counted, not placed: a huge grid has too many starts to list.
         let starts = |a: usize| {
             if m.planar() && a == 0 {
                 new[0]
             } else {
-                nnunet_starts(new[a].max(patch[a]), patch[a], 0.5).len()
+                nnunet_window_count(new[a].max(patch[a]), patch[a], 0.5)
             }
         };
-        let windows = starts(0) * starts(1) * starts(2);
-        let nv = |v: [usize; 3]| v.iter().product::<usize>() as u64;
-        let c = m.plans.channels() as u64;
-        let scratch_bytes = nv(shape_t) * c * 8
-            + nv(new) * (c * 4 + heads as u64 * 2)
-            + nv(shape_t) * (heads as u64 * 2 + 2);
+        let windows = starts(0)
+            .saturating_mul(starts(1))
+            .saturating_mul(starts(2));
+        let scratch_bytes = sizes.scratch_bytes;
         forecast.push(CaseForecast {
             id: case.id.clone(),
             shape_zyx,
             spacing_zyx,
             preprocessed_shape: new,
             windows,
-            forward_passes: windows * passes,
+            forward_passes: windows.saturating_mul(passes),
             scratch_bytes,
-            seconds: (windows * passes) as f64 * seconds_per_pass,
+            seconds: windows.saturating_mul(passes) as f64 * seconds_per_pass,
         });
     }
     let (outputs, labels) = match &m.dataset.outputs {

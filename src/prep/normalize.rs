@@ -82,6 +82,25 @@ struct PieceStats {
     nonzero: Moments,
 }
 
+/// The one rule for NaN or infinite voxels in an image, wherever one is read (a cache build,
+/// predict with our models or nnU-Net's): the image is refused, naming the file and how many
+/// voxels, as nnU-Net's dataset check refuses images with NaN ("Images contain NaN pixel
+/// values"); the case fails alone.
+pub fn refuse_nonfinite(path: &std::path::Path, nonfinite: u64) -> Result<()> {
+    if nonfinite == 0 {
+        return Ok(());
+    }
+    Err(Error::nifti(
+        path,
+        format!("{nonfinite} voxels are NaN or infinite; fix or mask them first (nnU-Net refuses such images too)"),
+    ))
+}
+
+/// Voxels of `data` that are NaN or infinite.
+pub fn count_nonfinite(data: &[f32]) -> u64 {
+    data.iter().filter(|v| !v.is_finite()).count() as u64
+}
+
 /// Statistics of an image in one parallel sweep; also counts NaN/infinite voxels (which make
 /// the moments meaningless: callers refuse such images).
 pub fn intensity_stats(data: &[f32]) -> IntensityStats {

@@ -6,12 +6,14 @@
 //! - [`stats`]: numpy's percentile and median, to the last bit.
 //! - [`numpy_random`]: numpy's legacy RandomState (MT19937, shuffle) for nnU-Net's folds.
 //! - [`files`]: metadata files read as regular files of bounded size.
+//! - [`paths`]: an output folder kept apart from the folders and files a command reads.
 //! - [`sysinfo`]: memory (anonymous and file-backed, peaks) and host facts for reports.
 //! - [`progress`]: the progress bars of the long commands.
 
 pub mod fastmath;
 pub mod files;
 pub mod numpy_random;
+pub mod paths;
 pub mod progress;
 pub mod rng;
 pub mod simd;

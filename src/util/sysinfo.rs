@@ -196,6 +196,24 @@ pub fn total_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The memory this process may use: the smallest of the machine's memory, its control group's
+/// limit and its address-space limit (`ulimit -v`); `None` when none is known.
+pub fn memory_limit_bytes() -> Option<u64> {
+    #[cfg(unix)]
+    let address_space = {
+        // SAFETY: getrlimit fills a plain struct.
+        let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) };
+        (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur as u64)
+    };
+    #[cfg(not(unix))]
+    let address_space: Option<u64> = None;
+    [total_memory_bytes(), cgroup_memory_limit(), address_space]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
 /// The memory limit of this process's control group, in bytes (cgroup v2 `memory.max`, or v1
 /// `memory.limit_in_bytes`); `None` when there is none or it cannot be read. Such a limit
 /// counts page cache: the kernel reclaims clean pages before it kills, but some schedulers

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::{bad, read_json};
 use crate::error::Result;
+use crate::format::dataset_json::{check_region_labels, LabelClass};
 
 /// What the network's outputs mean.
 #[derive(Clone, Debug, PartialEq)]
@@ -204,9 +205,14 @@ impl NnunetDataset {
                     ),
                 ));
             }
-            if regions.iter().any(|(_, v)| v.contains(&0)) {
-                return Err(bad(path, "a region may not contain the background label 0"));
-            }
+            let classes: Vec<LabelClass> = regions
+                .iter()
+                .map(|(name, values)| LabelClass {
+                    name: name.clone(),
+                    values: values.clone(),
+                })
+                .collect();
+            check_region_labels(&classes).map_err(|e| bad(path, e))?;
             Outputs::Regions {
                 order,
                 names: regions.iter().map(|(n, _)| n.clone()).collect(),

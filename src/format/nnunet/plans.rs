@@ -294,6 +294,75 @@ fn architecture(path: &Path, c: &Value, cfg: &str) -> Result<Architecture> {
     Ok(a)
 }
 
+/// The most voxels a patch may have: 1024^3, 64 times nnU-Net's planned 256^3 and
+/// beyond any memory a forecast allows; a bound that keeps the size arithmetic exact.
+const MAX_PATCH_VOXELS: u64 = 1 << 30;
+
+/// The configuration's patch and spacing, each field named in errors
+/// (`configurations.CFG.patch_size`): one entry per network axis, a finite positive spacing, a
+/// patch side divisible by the product of the strides along its axis (what nnU-Net's planner
+/// guarantees: each pooling halves a whole number of voxels, and the decoder's skips meet), and
+/// a patch of at most [`MAX_PATCH_VOXELS`].
+fn check_sizes(
+    path: &Path,
+    cfg: &str,
+    arch: &Architecture,
+    patch: &[usize],
+    spacing: &[f64],
+) -> Result<()> {
+    let dims = arch.dims;
+    let field = |f: &str| format!("configurations.{cfg}.{f}");
+    if patch.len() != dims || patch.contains(&0) {
+        return Err(bad(
+            path,
+            format!(
+                "{} {patch:?}: give {dims} positive sides (a {dims}D network)",
+                field("patch_size")
+            ),
+        ));
+    }
+    if spacing.len() != dims || spacing.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err(bad(
+            path,
+            format!(
+                "{} {spacing:?}: give {dims} finite positive spacings",
+                field("spacing")
+            ),
+        ));
+    }
+    for (a, &side) in patch.iter().enumerate() {
+        let product = arch
+            .strides
+            .iter()
+            .try_fold(1usize, |p, s| p.checked_mul(s[a]))
+            .unwrap_or(usize::MAX);
+        if side % product != 0 {
+            return Err(bad(
+                path,
+                format!(
+                    "{} {patch:?}: side {side} (axis {a}) is not divisible by {product}, the product of the strides along it (architecture.arch_kwargs.strides {:?}); the network cannot pool and join it back",
+                    field("patch_size"),
+                    arch.strides
+                ),
+            ));
+        }
+    }
+    let voxels = patch
+        .iter()
+        .try_fold(1u64, |v, &s| v.checked_mul(s as u64))
+        .unwrap_or(u64::MAX);
+    if voxels > MAX_PATCH_VOXELS {
+        return Err(bad(
+            path,
+            format!(
+                "{} {patch:?}: {voxels} voxels a window, over the {MAX_PATCH_VOXELS} any machine here could predict",
+                field("patch_size")
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Plans {
     /// Read `plans.json` and resolve `configuration` in it.
     pub fn read(path: &Path, configuration: &str) -> Result<Plans> {
@@ -334,14 +403,7 @@ impl Plans {
         {
             return Err(bad(path, format!("configuration {cfg}: resampling orders above 3 (in plane) or 1 (separate axis) are not reproduced")));
         }
-        let dims = arch.dims;
-        if patch_size.len() != dims
-            || spacing.len() != dims
-            || patch_size.contains(&0)
-            || spacing.iter().any(|s| !(s.is_finite() && *s > 0.0))
-        {
-            return Err(bad(path, format!("configuration {cfg}: patch_size {patch_size:?} and spacing {spacing:?} must have {dims} positive entries")));
-        }
+        check_sizes(path, cfg, &arch, &patch_size, &spacing)?;
         if normalization_schemes.is_empty()
             || normalization_schemes.len() != use_mask_for_norm.len()
         {

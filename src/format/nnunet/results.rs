@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{bad, read_json};
+use super::bad;
 use crate::error::{Error, Result};
 
 /// A results folder `TRAINER__PLANS__CONFIGURATION` and what it holds.
@@ -159,16 +159,26 @@ pub struct NnunetPostprocessing {
 /// nnU-Net's only postprocessing function.
 const KEEP_LARGEST: &str = "remove_all_but_largest_component_from_segmentation";
 
+/// Largest postprocessing.json read: nnU-Net's are a few hundred bytes (one filter per label
+/// or region, and the foreground's).
+const MAX_POSTPROCESSING_BYTES: u64 = 1 << 20;
+
 impl NnunetPostprocessing {
-    /// Read `path`, refusing functions and arguments nnU-Net's own code does not write.
-    pub fn read(path: &Path) -> Result<NnunetPostprocessing> {
+    /// Read `path` for a model that predicts the label values `predicted` (background left
+    /// out), refusing functions and arguments nnU-Net's own code does not write, and labels
+    /// the model never predicts.
+    pub fn read(path: &Path, predicted: &[u16]) -> Result<NnunetPostprocessing> {
         if path.extension().is_some_and(|e| e == "pkl") {
             return Err(bad(
                 path,
                 "a pickle is not read: give the postprocessing.json nnU-Net writes beside it",
             ));
         }
-        let v = read_json(path)?;
+        let bytes = crate::util::files::read_capped(path, MAX_POSTPROCESSING_BYTES)
+            .map_err(|e| Error::io(path, e))?;
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| bad(path, format!("not valid JSON ({e})")))?;
+        drop(bytes);
         let list = |key: &str| -> Result<Vec<Value>> {
             v.get(key)
                 .and_then(Value::as_array)
@@ -182,6 +192,17 @@ impl NnunetPostprocessing {
         };
         let fns = list("postprocessing_fns")?;
         let kwargs = list("postprocessing_kwargs")?;
+        // One filter for the foreground, then one per label or region at most.
+        if fns.len() > predicted.len() + 1 {
+            return Err(bad(
+                path,
+                format!(
+                    "{} postprocessing_fns for a model that predicts {} labels",
+                    fns.len(),
+                    predicted.len()
+                ),
+            ));
+        }
         if fns.len() != kwargs.len() {
             return Err(bad(
                 path,
@@ -230,10 +251,18 @@ impl NnunetPostprocessing {
                 }
             }
             if !flatten(target, &mut values) || values.is_empty() {
-                return Err(bad(path, format!("postprocessing_kwargs[{i}].labels_or_regions is {target}: give positive labels or lists of them")));
+                return Err(bad(path, format!("postprocessing_kwargs[{i}].labels_or_regions: give positive labels or lists of them")));
             }
             values.sort_unstable();
             values.dedup();
+            if let Some(v) = values.iter().find(|v| !predicted.contains(v)) {
+                return Err(bad(
+                    path,
+                    format!(
+                        "postprocessing_kwargs[{i}].labels_or_regions: label {v} is not one the model predicts ({predicted:?})"
+                    ),
+                ));
+            }
             filters.push(values);
         }
         Ok(NnunetPostprocessing {

@@ -6,7 +6,9 @@
 //!
 //! - [`model`]: the results folder, its folds' checkpoints and the network.
 //! - [`export`]: logits back to the input's grid and labels.
+//! - [`budget`]: the window step and the memory of predicting, checked before anything is made.
 
+pub mod budget;
 pub mod export;
 pub mod model;
 
@@ -20,9 +22,10 @@ use super::predict::{failed, input_cases, PredictCase, PredictOutcome, PredictRe
 use super::sliding::{Flavour, Predictor, Tile};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::format::nnunet::NnunetPostprocessing;
+use crate::format::nnunet::{NnunetPostprocessing, Outputs};
 use crate::geometry::components::Connectivity;
 use crate::prep::dataset::CaseSource;
+use crate::prep::nnunet::sizes::{case_sizes, check_case};
 use crate::prep::nnunet::volume::Scratch;
 use crate::prep::nnunet::{preprocess, Preprocessed};
 use model::NnunetModel;
@@ -150,13 +153,15 @@ pub fn predict_nnunet(opts: &NnunetPredictOptions) -> Result<PredictReport> {
     let started = Instant::now();
     let peak = crate::util::sysinfo::PeakMemory::start();
     let device = crate::model::device::select(&opts.device)?;
-    if !(opts.step > 0.0 && opts.step <= 1.0) {
-        return Err(Error::Config(format!(
-            "step size {}: give a fraction of the patch in (0, 1] (nnU-Net's default 0.5)",
-            opts.step
-        )));
-    }
+    // Nothing is written into what the command reads: a results folder's own plans.json would
+    // be truncated by the copy below.
+    let mut read: Vec<(&str, &Path)> = vec![("the model folder", opts.model.as_path())];
+    read.extend(opts.inputs.iter().map(|i| ("the input", i.as_path())));
+    crate::util::paths::refuse_overlap("--out", &opts.out, &read)?;
+    budget::check_step(opts.step, None)?;
     let model = NnunetModel::open(&opts.model, opts.folds.as_deref(), &opts.checkpoint)?;
+    budget::check_step(opts.step, Some(model.patch()))?;
+    budget::check_memory(&model, opts.batch, opts.window_memory)?;
     let postprocessing = postprocessing(&model, &opts.postprocessing)?;
     if let (Some(pp), false) = (&postprocessing, opts.quiet) {
         let sets: Vec<String> = pp.filters.iter().map(|f| format!("{f:?}")).collect();
@@ -244,26 +249,29 @@ fn postprocessing(
     model: &NnunetModel,
     choice: &PostprocessingChoice,
 ) -> Result<Option<NnunetPostprocessing>> {
-    let pp = match choice {
+    // The label values the segmentations hold (a region model writes its order's values;
+    // nnU-Net's region filters name the regions' labels).
+    let mut predicted: Vec<u16> = match &model.dataset.outputs {
+        Outputs::Classes { values, .. } => values.clone(),
+        Outputs::Regions { order, labels, .. } => order
+            .iter()
+            .chain(labels.iter().flatten())
+            .copied()
+            .collect(),
+    };
+    predicted.retain(|&v| v != 0);
+    predicted.sort_unstable();
+    predicted.dedup();
+    Ok(match choice {
         PostprocessingChoice::Off => None,
         PostprocessingChoice::Recorded => model
             .folder
             .postprocessing
             .as_deref()
-            .map(NnunetPostprocessing::read)
+            .map(|p| NnunetPostprocessing::read(p, &predicted))
             .transpose()?,
-        PostprocessingChoice::File(p) => Some(NnunetPostprocessing::read(p)?),
-    };
-    let max = model.dataset.outputs.max_value();
-    if let Some(pp) = &pp {
-        if let Some(v) = pp.filters.iter().flatten().find(|&&v| v > max) {
-            return Err(Error::Model {
-                path: pp.path.clone(),
-                message: format!("label {v} is not one the model predicts (its largest is {max})"),
-            });
-        }
-    }
-    Ok(pp)
+        PostprocessingChoice::File(p) => Some(NnunetPostprocessing::read(p, &predicted)?),
+    })
 }
 
 /// Preprocess, predict every fold and export one case; (voxels, windows, window seconds).
@@ -277,9 +285,22 @@ fn predict_case(
     pp: Option<&NnunetPostprocessing>,
 ) -> Result<(u64, u64, f64)> {
     std::fs::create_dir_all(scratch).map_err(|e| Error::io(scratch, e))?;
+    // Sized from the header before a voxel is read or a scratch file made.
+    let (first, frame) = case.channel(0);
+    let h = crate::nifti_io::read_frame_header(first, frame)?;
+    let s = h.spacing_xyz;
+    let spacing_zyx = [s[2], s[1], s[0]];
+    let heads = model.dataset.outputs.heads();
+    let sizes = case_sizes(
+        &model.plans,
+        first,
+        crate::geometry::zyx(h.shape_xyz),
+        spacing_zyx,
+        heads,
+    )?;
+    check_case(&model.plans, first, spacing_zyx, &sizes, scratch)?;
     let Preprocessed { data, geometry } = preprocess(case, &model.plans, scratch)?;
     let shape = data.zyx();
-    let heads = model.dataset.outputs.heads();
     let logits: Scratch<f16> = Scratch::new(scratch, [heads, shape[0], shape[1], shape[2]])?;
     let source = Volume {
         id: &case.id,

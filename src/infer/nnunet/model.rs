@@ -196,8 +196,11 @@ pub fn results_dir_from_env(
     trainer: &str,
     plans: &str,
 ) -> Result<PathBuf> {
-    let root = std::env::var_os("nnUNet_results").ok_or_else(|| {
-        Error::Config("-d/--dataset names a dataset under $nnUNet_results, which is not set: set it, or give the results folder with --nnunet-model".into())
-    })?;
+    // Set but empty is as good as unset: an empty path names no folder.
+    let root = std::env::var_os("nnUNet_results")
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| {
+            Error::Config("-d/--dataset names a dataset under $nnUNet_results, which is empty or not set: set nnUNet_results to the folder holding nnU-Net's DatasetXXX_Name results folders, or give the results folder with --nnunet-model".into())
+        })?;
     crate::format::nnunet::results_dir(Path::new(&root), dataset, trainer, plans, configuration)
 }

@@ -132,15 +132,7 @@ pub(super) fn decode_case(
         .into_iter()
         .zip(s.source.images.iter().zip(&params.channels))
     {
-        if stats.nonfinite_voxels > 0 {
-            return Err(Error::nifti(
-                path,
-                format!(
-                    "{} voxels are NaN or infinite; fix or mask them before caching",
-                    stats.nonfinite_voxels
-                ),
-            ));
-        }
+        normalize::refuse_nonfinite(path, stats.nonfinite_voxels)?;
         let applied = normalize::plan_normalization(
             cp.normalization,
             &stats,

@@ -9,10 +9,12 @@
 //!
 //! - [`spline`]: one axis's resampling, and the rules for shapes and the separate axis.
 //! - [`resample`]: a volume resampled axis by axis, out of core.
+//! - [`sizes`]: a case's grids and scratch disk, from its header, before anything is made.
 //! - [`volume`]: scratch volumes on disk.
 
 mod crop;
 pub mod resample;
+pub mod sizes;
 pub mod spline;
 pub mod volume;
 
@@ -111,7 +113,12 @@ pub fn preprocess(case: &CaseSource, plans: &Plans, tmp: &Path) -> Result<Prepro
     let mut sources = Vec::with_capacity(channels);
     for k in 0..channels {
         let (path, frame) = case.channel(k);
-        let (src, _) = VoxelSource::open_frame(path, frame, &opts, &mut |_| Ok(()))?;
+        let mut nonfinite = 0u64;
+        let (src, _) = VoxelSource::open_frame(path, frame, &opts, &mut |b| {
+            nonfinite += crate::prep::normalize::count_nonfinite(b);
+            Ok(())
+        })?;
+        crate::prep::normalize::refuse_nonfinite(path, nonfinite)?;
         sources.push(src);
     }
     let h0 = sources[0].header().clone();
@@ -145,7 +152,9 @@ pub fn preprocess(case: &CaseSource, plans: &Plans, tmp: &Path) -> Result<Prepro
     let spacing_transposed = tf.map(|a| spacing_zyx[a]);
     let shape_after_cropping = cropped.shape;
     let target = target_spacing(plans, spacing_transposed);
-    let new_shape = spline::new_shape(shape_after_cropping, spacing_transposed, target);
+    // The whole image's grid was checked first (sizes::case_sizes): the crop's is no larger.
+    let new_shape = spline::new_shape(shape_after_cropping, spacing_transposed, target)
+        .map_err(|(a, v)| Error::case(&case.id, format!("its nonzero region {shape_after_cropping:?} at spacing {spacing_transposed:?} gives {v:e} voxels along axis {a} at the model's spacing {target:?}")))?;
     if new_shape.contains(&0) {
         return Err(Error::case(&case.id, format!("its nonzero region {shape_after_cropping:?} at spacing {spacing_transposed:?} has no voxel at the model's spacing {target:?}")));
     }

@@ -176,14 +176,27 @@ fn prefiltered(input: &[f64], n: usize, w: usize) -> Vec<f64> {
     c
 }
 
+/// The longest side a resampled grid may have (NIfTI-1's dimensions are 16-bit; this leaves
+/// room for NIfTI-2 and keeps every offset exact).
+pub const MAX_SIDE: f64 = (1u64 << 31) as f64;
+
 /// nnU-Net's output shape: `int(round(old_spacing / new_spacing * old_shape))` per axis,
-/// Python's round (half to even).
-pub fn new_shape(shape: [usize; 3], spacing: [f64; 3], target: [f64; 3]) -> [usize; 3] {
-    std::array::from_fn(|a| {
-        (spacing[a] / target[a] * shape[a] as f64)
-            .round_ties_even()
-            .max(0.0) as usize
-    })
+/// Python's round (half to even); `Err` with the axis and the value when a side is not a
+/// finite number of at most [`MAX_SIDE`] voxels (no cast from a huge float).
+pub fn new_shape(
+    shape: [usize; 3],
+    spacing: [f64; 3],
+    target: [f64; 3],
+) -> std::result::Result<[usize; 3], (usize, f64)> {
+    let mut out = [0usize; 3];
+    for a in 0..3 {
+        let v = (spacing[a] / target[a] * shape[a] as f64).round_ties_even();
+        if !(v.is_finite() && (0.0..=MAX_SIDE).contains(&v)) {
+            return Err((a, v));
+        }
+        out[a] = v as usize;
+    }
+    Ok(out)
 }
 
 /// Whether a spacing is anisotropic enough for the separate axis (max / min over 3).
@@ -297,8 +310,15 @@ mod tests {
         // 2.5 rounds to 2 (half to even), 3.5 to 4.
         assert_eq!(
             new_shape([5, 7, 10], [1.0, 1.0, 1.0], [2.0, 2.0, 1.0]),
-            [2, 4, 10]
+            Ok([2, 4, 10])
         );
+        assert_eq!(
+            new_shape([5, 7, 10], [1e30, 1.0, 1.0], [1.0; 3])
+                .unwrap_err()
+                .0,
+            0
+        );
+        assert!(new_shape([5, 7, 10], [1.0; 3], [1.0, 1e-300, 1.0]).is_err());
         assert_eq!(
             separate_axis(None, [3.0, 0.7, 0.7], [1.0, 1.0, 1.0]),
             Some(0)
