@@ -1,5 +1,6 @@
 //! The memory of one training step of our network, counted from its layers: what `prep plan`
-//! sizes a plan with and `train --benchmark` prints beside the measured peak.
+//! sizes a plan with and `train --benchmark` prints beside the measured peak; and of one
+//! prediction pass ([`inference_pass`]), which keeps no graph.
 //!
 //! candle keeps every tensor a forward pass makes until the backward pass is done (each op
 //! holds its inputs), so the peak is the weights, their gradients and optimizer moments, every
@@ -166,6 +167,129 @@ pub fn training_step(config: &UNetConfig, shape: &StepShape) -> StepMemory {
         backward: bytes * n * BACKWARD_TENSORS as u64 * largest,
         workspace: WORKSPACE_BYTES * shape.workers.max(1) as u64,
         data: 4 * n * data_elems * shape.data_batches as u64,
+    }
+}
+
+/// Bytes of one prediction pass ([`super::unet::UNet::infer`]) of a batch, by what holds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PassMemory {
+    /// The weights (f32).
+    pub weights: u64,
+    /// The most activations alive at once in the pass, its logits included: the skip
+    /// connections still waiting for the decoder, one layer's input and its output.
+    pub activations: u64,
+    /// The batch's input (read, and as a tensor) and its class scores (probabilities and their
+    /// copy out of the tensor) around the pass.
+    pub io: u64,
+    /// The convolutions' per-worker scratch.
+    pub workspace: u64,
+}
+
+impl PassMemory {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.weights + self.activations + self.io + self.workspace
+    }
+
+    /// "412 MiB (weights 5, activations 300, ...)".
+    pub fn describe(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "{:.0} MiB (weights {:.0}, activations {:.0}, input and scores {:.0}, workspace {:.0})",
+            mib(self.total()),
+            mib(self.weights),
+            mib(self.activations),
+            mib(self.io),
+            mib(self.workspace),
+        )
+    }
+}
+
+/// The forecast of one prediction pass of `batch` windows of `patch` (z, y, x) through
+/// `config`'s network in f32, `workers` convolution threads. The pass keeps no graph: its peak
+/// is the largest of the points it goes through, each the skip connections still held plus the
+/// layer at work (its input, the tensors it makes, its output); a decoder's first block reads
+/// the upsampled tensor and the skip side by side (never concatenated). The peak therefore
+/// follows the largest level, not the network's depth.
+pub fn inference_pass(
+    config: &UNetConfig,
+    patch: [usize; 3],
+    batch: usize,
+    workers: usize,
+) -> PassMemory {
+    let depth = config.strides.len() + 1;
+    let voxels = |level: usize| -> u64 {
+        let t = config.level_stride(level);
+        (0..3).map(|a| (patch[a] / t[a].max(1)) as u64).product()
+    };
+    let size = |c: usize, level: usize| c as u64 * voxels(level);
+    let residual = config.encoder == Encoder::Residual;
+    // Elements per sample: skips held, the current tensor when it is not one of them, the peak.
+    let (mut skips, mut cur, mut peak) = (0u64, 0u64, 0u64);
+    let mut at = |live: u64| peak = peak.max(live);
+    if residual {
+        // The stem reads the input (counted in `io`).
+        cur = size(config.channels(0), 0);
+        at(cur);
+    }
+    for s in 0..depth {
+        let cout = config.channels(s);
+        let out = size(cout, s);
+        for b in 0..config.encoder_blocks(s) {
+            if !residual {
+                at(skips + cur + out);
+                cur = out;
+                continue;
+            }
+            let cin = match (s, b) {
+                (0, _) | (_, 1..) => cout,
+                _ => config.channels(s - 1),
+            };
+            let strided = b == 0 && s > 0 && config.strides[s - 1] != [1; 3];
+            let pool = if strided { size(cin, s) } else { 0 };
+            let proj = if cin != cout { out } else { 0 };
+            // The skip path's own tensor (none when it is the input itself).
+            let side = if proj > 0 { proj } else { pool };
+            // Pooled input and its projection, then two convs beside it, then their sum.
+            at(skips + cur + (pool + proj).max(side + 2 * out));
+            cur = out;
+        }
+        if s + 1 < depth {
+            skips += cur; // the stage's output is kept for the decoder
+            cur = 0;
+        }
+    }
+    for level in (0..depth - 1).rev() {
+        let c = config.channels(level);
+        let up = size(c, level);
+        // Nearest upsampling makes the deep tensor's copy at this level before its 1x1 conv.
+        let widened = match config.upsampling {
+            super::config::Upsampling::Transpose => 0,
+            super::config::Upsampling::Nearest => size(config.channels(level + 1), level),
+        };
+        at(skips + cur + widened + up);
+        // The deep tensor is freed; the first block reads the upsampled one and the skip.
+        let skip = size(c, level);
+        match config.decoder_blocks(level) {
+            0 => at(skips + up + 2 * up),
+            n => {
+                at(skips + up + up);
+                for _ in 1..n {
+                    at(skips - skip + 2 * up);
+                }
+            }
+        }
+        skips -= skip;
+        cur = up;
+    }
+    at(cur + size(config.num_classes, 0));
+    let n = batch.max(1) as u64;
+    let per_window = voxels(0) * (2 * config.in_channels + 2 * config.num_classes) as u64;
+    PassMemory {
+        weights: 4 * parameter_count(config),
+        activations: 4 * n * peak,
+        io: 4 * n * per_window,
+        workspace: WORKSPACE_BYTES * workers.max(1) as u64,
     }
 }
 

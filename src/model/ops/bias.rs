@@ -5,7 +5,9 @@
 //! which `perf` showed at 14-20% of a U-Net training step. Here the bias gradient is one
 //! sequential pass per (sample, channel) row, in a fixed order (deterministic).
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor,
+};
 
 use super::norm::contiguous_f32;
 
@@ -31,7 +33,38 @@ pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// [`add_channel_bias`] for a pass that records no graph, consuming `x`: on the CPU in f32
+/// the bias is added into `x`'s own storage (no second tensor of its size), elsewhere, or when
+/// either argument is tracked for gradients, it is the same as [`add_channel_bias`]. The values
+/// are the same bit for bit. `x` must not be shared: callers pass the fresh output of the
+/// previous op (any clone of it would see the bias too).
+pub fn add_channel_bias_owned(x: Tensor, bias: &Tensor) -> Result<Tensor> {
+    let in_place = x.device().is_cpu()
+        && x.dtype() == DType::F32
+        && bias.dtype() == DType::F32
+        && x.is_contiguous()
+        && !x.track_op()
+        && !bias.track_op()
+        && x.rank() >= 2
+        && bias.dims() == [x.dim(1)?];
+    if !in_place {
+        return add_channel_bias(&x, bias);
+    }
+    x.inplace_op2(&bias.contiguous()?, &AddChannelBias)?;
+    Ok(x)
+}
+
 struct AddChannelBias;
+
+/// `y += bias[c]` over rows of `v` voxels, channel `i % c` for row `i`.
+fn add_rows(y: &mut [f32], b: &[f32], c: usize, v: usize) {
+    if v > 0 {
+        for (i, row) in y.chunks_mut(v).enumerate() {
+            let bc = b[i % c];
+            row.iter_mut().for_each(|e| *e += bc);
+        }
+    }
+}
 
 /// (N, C, ...) -> (C,): the sum of each channel over samples and voxels.
 struct ChannelSum;
@@ -53,16 +86,11 @@ impl CustomOp2 for AddChannelBias {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(s1, l1, self.name())?;
-        let b = contiguous_f32(s2, l2, self.name())?;
+        let x = contiguous_f32(s1, l1, CustomOp2::name(self))?;
+        let b = contiguous_f32(s2, l2, CustomOp2::name(self))?;
         let (_, c, v) = rows(l1.dims());
         let mut y = x.to_vec();
-        if v > 0 {
-            for (i, row) in y.chunks_mut(v).enumerate() {
-                let bc = b[i % c];
-                row.iter_mut().for_each(|e| *e += bc);
-            }
-        }
+        add_rows(&mut y, b, c, v);
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -77,8 +105,8 @@ impl CustomOp2 for AddChannelBias {
         use super::cuda::{launch, view, with_element};
         use candle_core::backend::BackendStorage;
         let (_, c, v) = rows(l1.dims());
-        let y = with_element!(s1.dtype(), self.name(), T => {
-            let (x, b) = (view::<T>(s1, l1, self.name())?, view::<T>(s2, l2, self.name())?);
+        let y = with_element!(s1.dtype(), CustomOp2::name(self), T => {
+            let (x, b) = (view::<T>(s1, l1, CustomOp2::name(self))?, view::<T>(s2, l2, CustomOp2::name(self))?);
             let y = launch::add_channel_bias(&s1.device, &x, &b, c, v)?;
             candle_core::CudaStorage::wrap_cuda_slice(y, s1.device.clone())
         });
@@ -94,6 +122,31 @@ impl CustomOp2 for AddChannelBias {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let gb = grad.contiguous()?.apply_op1_no_bwd(&ChannelSum)?;
         Ok((Some(grad.clone()), Some(gb)))
+    }
+}
+
+impl InplaceOp2 for AddChannelBias {
+    fn name(&self) -> &'static str {
+        "add-channel-bias-in-place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        let b = contiguous_f32(s2, l2, InplaceOp2::name(self))?;
+        let CpuStorage::F32(data) = s1 else {
+            bail!("add_channel_bias_owned: only f32 tensors are supported")
+        };
+        let Some((start, end)) = l1.contiguous_offsets() else {
+            bail!("add_channel_bias_owned: argument must be contiguous")
+        };
+        let (_, c, v) = rows(l1.dims());
+        add_rows(&mut data[start..end], b, c, v);
+        Ok(())
     }
 }
 

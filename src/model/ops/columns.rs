@@ -1,8 +1,50 @@
 //! Blocks of a convolution's "column" matrix: one row per (source channel, kernel tap), one
 //! column per grid voxel. Only a block of whole grid rows is ever built, so the workspace stays
-//! bounded whatever the volume (a full im2col of a 32-channel 2x32x64x64 input is 0.9 GB).
+//! bounded whatever the volume (a full im2col of a 32-channel 2x32x64x64 input is 0.9 GB): at
+//! most one block of 256 Ki floats or one grid row per worker ([`super::blocks::BlockPlan`]).
 
 use super::geometry::{AxisMap, ConvGeom};
+
+/// One sample's source channels: the planes of one tensor, or of two side by side (a
+/// decoder's upsampled tensor and its skip connection, whose concatenation is never built).
+#[derive(Clone, Copy)]
+pub struct Planes<'a> {
+    first: &'a [f32],
+    /// Channels of `first`; those after it are `second`'s.
+    first_channels: usize,
+    second: &'a [f32],
+    /// Voxels of one channel.
+    volume: usize,
+}
+
+impl<'a> Planes<'a> {
+    /// The channels of `src` (channels x `volume`).
+    pub fn one(src: &'a [f32], volume: usize) -> Self {
+        Self {
+            first: src,
+            first_channels: src.len() / volume.max(1),
+            second: &[],
+            volume,
+        }
+    }
+
+    /// The channels of `first`, then those of `second` (each channels x `volume`).
+    pub fn two(first: &'a [f32], second: &'a [f32], volume: usize) -> Self {
+        Self {
+            second,
+            ..Self::one(first, volume)
+        }
+    }
+
+    /// Channel `c`'s plane.
+    fn channel(&self, c: usize) -> &'a [f32] {
+        let (src, c) = match c.checked_sub(self.first_channels) {
+            Some(k) => (self.second, k),
+            None => (self.first, c),
+        };
+        &src[c * self.volume..(c + 1) * self.volume]
+    }
+}
 
 /// How to build column blocks from one sample of a source volume.
 pub struct ColumnGather {
@@ -57,8 +99,8 @@ impl ColumnGather {
     }
 
     /// Fills `col` (rows() x ((r1 - r0) * row_len), row-major) with grid rows `r0..r1` read from
-    /// `src`, one sample (channels x D x H x W).
-    pub fn fill(&self, src: &[f32], r0: usize, r1: usize, col: &mut [f32]) {
+    /// `src`, one sample's channels (each D x H x W).
+    pub fn fill(&self, src: Planes<'_>, r0: usize, r1: usize, col: &mut [f32]) {
         let [td_n, th_n, tw_n] = self.taps();
         let [_, sh_n, sw_n] = self.src;
         let grid_h = self.maps[1].grid;
@@ -66,7 +108,7 @@ impl ColumnGather {
         let cols = (r1 - r0) * row_len;
         let mut rows = col[..self.rows() * cols].chunks_exact_mut(cols);
         for c in 0..self.channels {
-            let channel = &src[c * self.src.iter().product::<usize>()..];
+            let channel = src.channel(c);
             for td in 0..td_n {
                 for th in 0..th_n {
                     for tw in 0..tw_n {

@@ -4,10 +4,10 @@
 //! The transposed convolution of the up path is exactly the input gradient of a convolution
 //! whose kernel equals its stride.
 
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::blocks::BlockPlan;
-use super::columns::ColumnGather;
+use super::columns::{ColumnGather, Planes};
 use super::geometry::ConvGeom;
 use super::matmul::{matmul, SharedOut, View};
 
@@ -32,10 +32,43 @@ fn f32_data<'a>(
 
 /// `y = conv3d(x, w)`: columns of `x` per block of output rows, times `w` as (Cout x Cin*k^3).
 pub fn forward_cpu(g: &ConvGeom, x: &[f32], w: &[f32]) -> Vec<f32> {
+    let vi = g.input_voxels();
+    forward_planes(
+        g,
+        |n| Planes::one(&x[n * g.cin * vi..][..g.cin * vi], vi),
+        w,
+    )
+}
+
+/// `y = conv3d(cat([a, b], 1), w)` without the concatenation: the column blocks read the
+/// channels of `a`, then those of `b` (`g.cin` channels in all), so the result is
+/// [`forward_cpu`]'s of the concatenation bit for bit.
+pub fn forward_pair_cpu(g: &ConvGeom, a: &[f32], b: &[f32], w: &[f32]) -> Vec<f32> {
+    let vi = g.input_voxels();
+    let (ca, cb) = (a.len() / (g.batch * vi), b.len() / (g.batch * vi));
+    forward_planes(
+        g,
+        |n| {
+            Planes::two(
+                &a[n * ca * vi..][..ca * vi],
+                &b[n * cb * vi..][..cb * vi],
+                vi,
+            )
+        },
+        w,
+    )
+}
+
+/// The forward convolution of the sources `sample(n)` gives for each sample.
+fn forward_planes<'a>(
+    g: &ConvGeom,
+    sample: impl Fn(usize) -> Planes<'a> + Sync,
+    w: &[f32],
+) -> Vec<f32> {
     let gather = ColumnGather::forward(g);
     let k = gather.rows();
     let (grid_rows, row_len) = gather.grid_rows();
-    let (vi, vo) = (g.input_voxels(), g.output_voxels());
+    let vo = g.output_voxels();
     let plan = BlockPlan::new(g.batch, grid_rows, row_len, k);
     let mut y = vec![0f32; g.batch * g.cout * vo];
     let out = SharedOut(y.as_mut_ptr());
@@ -43,7 +76,7 @@ pub fn forward_cpu(g: &ConvGeom, x: &[f32], w: &[f32]) -> Vec<f32> {
         || (),
         |ws, _, b, par| {
             let cols = (b.r1 - b.r0) * row_len;
-            gather.fill(&x[b.n * g.cin * vi..][..g.cin * vi], b.r0, b.r1, ws);
+            gather.fill(sample(b.n), b.r0, b.r1, ws);
             // SAFETY: block (n, r0..r1) writes only its own columns of sample n's planes.
             unsafe {
                 let dst = out.at(b.n * g.cout * vo + b.r0 * row_len);
@@ -93,7 +126,8 @@ pub fn grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
             |ws, _, b, par| {
                 let cols = (b.r1 - b.r0) * row_len;
                 let (col, tmp) = ws.split_at_mut(k * cols);
-                gather.fill(&dy[b.n * g.cout * vo..][..g.cout * vo], b.r0, b.r1, col);
+                let src = Planes::one(&dy[b.n * g.cout * vo..][..g.cout * vo], vo);
+                gather.fill(src, b.r0, b.r1, col);
                 let lhs = View::rows(wt.as_ptr(), k);
                 let rhs = View::rows(col.as_ptr(), cols);
                 if direct {
@@ -211,7 +245,12 @@ pub fn grad_weight_cpu(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Vec<f32> {
         || vec![0f32; g.cout * k],
         |ws, acc, b, par| {
             let cols = (b.r1 - b.r0) * row_len;
-            gather.fill(&x[b.n * g.cin * vi..][..g.cin * vi], b.r0, b.r1, ws);
+            gather.fill(
+                Planes::one(&x[b.n * g.cin * vi..][..g.cin * vi], vi),
+                b.r0,
+                b.r1,
+                ws,
+            );
             // SAFETY: acc is this worker's own (Cout x k) buffer; views stay inside dy / ws.
             unsafe {
                 let lhs = View::rows(dy.as_ptr().add(b.n * g.cout * vo + b.r0 * row_len), vo);
@@ -248,6 +287,9 @@ fn cuda_conv(
 
 /// `conv3d(x, w)`, arguments (x, w).
 pub struct Conv3dForward(pub ConvGeom);
+/// `conv3d(cat([a, b], 1), w)` without building the concatenation, arguments (a, b, w), CPU
+/// only and without a backward pass: for passes that record no graph.
+pub struct Conv3dForwardPair(pub ConvGeom);
 /// Input gradient of a convolution, arguments (dy, w); also the transposed convolution.
 pub struct Conv3dGradInput(pub ConvGeom);
 /// Weight gradient of a convolution, arguments (x, dy).
@@ -311,6 +353,38 @@ impl CustomOp2 for Conv3dForward {
             false => None,
         };
         Ok((dx, dw))
+    }
+}
+
+impl CustomOp3 for Conv3dForwardPair {
+    fn name(&self) -> &'static str {
+        "conv3d-pair"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let [n, cin, d, h, w] = g.x_dims();
+        let ca = l1.dims().get(1).copied().unwrap_or(0);
+        let a = f32_data(s1, l1, &[n, ca, d, h, w], "conv3d pair a")?;
+        let b = f32_data(
+            s2,
+            l2,
+            &[n, cin.saturating_sub(ca), d, h, w],
+            "conv3d pair b",
+        )?;
+        let wt = f32_data(s3, l3, &g.w_dims(), "conv3d pair w")?;
+        Ok((
+            CpuStorage::F32(forward_pair_cpu(g, a, b, wt)),
+            Shape::from(g.y_dims().to_vec()),
+        ))
     }
 }
 

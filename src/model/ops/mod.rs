@@ -33,12 +33,12 @@ pub mod pool3d;
 use candle_core::{bail, DType, Result, Tensor};
 
 pub use activation::add_leaky_relu;
-pub use bias::add_channel_bias;
+pub use bias::{add_channel_bias, add_channel_bias_owned};
 pub use generic::{conv3d_generic, conv_transpose3d_generic};
-pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic};
+pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic, group_norm_leaky_relu_owned};
 pub use pool3d::{avg_pool3d, max_pool3d_generic};
 
-use conv::{Conv3dForward, Conv3dGradInput};
+use conv::{Conv3dForward, Conv3dForwardPair, Conv3dGradInput};
 use geometry::ConvGeom;
 
 /// Whether the custom ops (CPU, or CUDA in a `cuda` build) can run on these tensors.
@@ -90,6 +90,35 @@ pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -
     let geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
     x.contiguous()?
         .apply_op2(&w.contiguous()?, Conv3dForward(geom))
+}
+
+/// `conv3d(cat([a, b], 1), w, ..)` (a U-Net decoder's upsampled tensor and its skip
+/// connection) without building the concatenation, where no argument records a graph and the
+/// custom CPU op runs (f32 on the CPU): the same values bit for bit, without a tensor of both
+/// inputs' size. Elsewhere, the concatenation and [`conv3d`].
+pub fn conv3d_concat(
+    a: &Tensor,
+    b: &Tensor,
+    w: &Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+) -> Result<Tensor> {
+    let untracked = [a, b, w].iter().all(|t| !t.track_op());
+    if !(untracked && fast_path(&[a, b, w]) && a.device().is_cpu()) {
+        return conv3d(&Tensor::cat(&[a, b], 1)?, w, padding, stride);
+    }
+    let (n, ca, d, h, wd) = a.dims5()?;
+    let (nb, cb, db, hb, wb) = b.dims5()?;
+    if (nb, db, hb, wb) != (n, d, h, wd) {
+        bail!(
+            "conv3d_concat: a {:?} and b {:?} differ beyond channels",
+            a.dims(),
+            b.dims()
+        );
+    }
+    let geom = ConvGeom::new(&[n, ca + cb, d, h, wd], w.dims(), padding, stride)?;
+    a.contiguous()?
+        .apply_op3_no_bwd(&b.contiguous()?, &w.contiguous()?, &Conv3dForwardPair(geom))
 }
 
 /// Transposed conv with kernel == stride (nnU-Net's up path): x (N, Cin, D, H, W),

@@ -8,7 +8,7 @@
 //! are summed afterwards in sample order, so results do not depend on the thread count.
 //! Mean and inverse standard deviation are recomputed in backward instead of being stored.
 
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, DType, InplaceOp3, Layout, Result, Shape, Tensor};
 use candle_nn::GroupNorm;
 use rayon::prelude::*;
 
@@ -402,6 +402,84 @@ pub fn group_norm_leaky_relu(
     };
     x.contiguous()?
         .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+}
+
+/// [`group_norm_leaky_relu`] for a pass that records no graph, consuming `x`: on the CPU in f32
+/// the result is written over `x`'s own storage (each slab's statistics are taken before it is
+/// overwritten), elsewhere, or when an argument is tracked for gradients, it is the same as
+/// [`group_norm_leaky_relu`]. The values are the same bit for bit. `x` must not be shared:
+/// callers pass the fresh output of the previous op.
+pub fn group_norm_leaky_relu_owned(
+    x: Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    groups: usize,
+    eps: f64,
+    slope: f64,
+) -> Result<Tensor> {
+    let ts = [&x, weight, bias];
+    let in_place = ts
+        .iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !t.track_op())
+        && x.is_contiguous();
+    if !in_place {
+        return group_norm_leaky_relu(&x, weight, bias, groups, eps, slope);
+    }
+    NormGeom::new(x.dims(), weight.dims(), bias.dims(), groups)?;
+    let op = GroupNormLeakyReluInPlace(GroupNormLeakyRelu {
+        groups,
+        eps,
+        slope: slope as f32,
+    });
+    x.inplace_op3(&weight.contiguous()?, &bias.contiguous()?, &op)?;
+    Ok(x)
+}
+
+/// The forward op writing over its input.
+struct GroupNormLeakyReluInPlace(GroupNormLeakyRelu);
+
+impl InplaceOp3 for GroupNormLeakyReluInPlace {
+    fn name(&self) -> &'static str {
+        "group-norm-leaky-relu-in-place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let what = "group_norm_leaky_relu_owned";
+        let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.0.groups)?;
+        let (w, b) = (contiguous_f32(s2, l2, what)?, contiguous_f32(s3, l3, what)?);
+        let CpuStorage::F32(data) = s1 else {
+            bail!("{what}: only f32 tensors are supported")
+        };
+        let Some((start, end)) = l1.contiguous_offsets() else {
+            bail!("{what}: argument must be contiguous")
+        };
+        let (cg, slope) = (g.channels_per_group(), self.0.slope);
+        if g.numel() > 0 {
+            data[start..end]
+                .par_chunks_mut(g.slab())
+                .enumerate()
+                .for_each(|(i, s)| {
+                    let (mean, rstd) = slab_stats(s, self.0.eps);
+                    let c0 = (i % g.groups) * cg;
+                    for (c, row) in (c0..).zip(s.chunks_mut(g.voxels)) {
+                        let (scale, shift) = channel_affine(mean, rstd, w[c], b[c]);
+                        for v in row.iter_mut() {
+                            let z = *v * scale + shift;
+                            *v = z * act_slope(z, slope);
+                        }
+                    }
+                });
+        }
+        Ok(())
+    }
 }
 
 /// The same function composed from candle's built-in ops (any device): candle_nn's GroupNorm,

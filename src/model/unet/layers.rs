@@ -13,6 +13,35 @@ pub(super) fn cast(t: &Tensor, dt: DType) -> Result<Tensor> {
     Ok(t.to_dtype(dt)?)
 }
 
+/// What a pass is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pass {
+    /// Training: every op records its inputs for the backward pass (the parameters are
+    /// variables), so every activation stays alive until the graph is dropped.
+    Train,
+    /// Prediction: the parameters are read detached, so no op records anything and each
+    /// activation is freed as soon as the next layer has read it.
+    Infer,
+}
+
+impl Pass {
+    /// Parameter `t` as this pass reads it (detached: no graph when inferring).
+    fn param(self, t: &Tensor, dt: DType) -> Result<Tensor> {
+        match self {
+            Pass::Train => cast(t, dt),
+            Pass::Infer => cast(&t.detach(), dt),
+        }
+    }
+
+    /// `y + b[c]`, into `y` itself when inferring (`y` is the fresh output of a conv).
+    fn add_bias(self, y: Tensor, b: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Pass::Train => ops::add_channel_bias(&y, b)?,
+            Pass::Infer => ops::add_channel_bias_owned(y, b)?,
+        })
+    }
+}
+
 /// Named trainable parameters, created with seeded initial values.
 pub(super) struct ParamStore {
     pub(super) params: Vec<(String, Var)>,
@@ -114,11 +143,31 @@ impl Conv {
         })
     }
 
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let dt = x.dtype();
-        let y = ops::conv3d(x, &cast(&self.weight, dt)?, self.padding, self.stride)?;
+        let y = ops::conv3d(x, &pass.param(&self.weight, dt)?, self.padding, self.stride)?;
+        self.finish(y, pass)
+    }
+
+    /// [`Self::forward`] of the channels of `a` then `b` (a decoder's upsampled tensor and its
+    /// skip connection): inferring, without building their concatenation.
+    fn forward_pair(&self, a: &Tensor, b: &Tensor, pass: Pass) -> Result<Tensor> {
+        let dt = a.dtype();
+        let w = pass.param(&self.weight, dt)?;
+        let y = match pass {
+            Pass::Train => ops::conv3d(&Tensor::cat(&[a, b], 1)?, &w, self.padding, self.stride)?,
+            Pass::Infer => ops::conv3d_concat(a, b, &w, self.padding, self.stride)?,
+        };
+        self.finish(y, pass)
+    }
+
+    /// The conv's output `y` plus its bias.
+    fn finish(&self, y: Tensor, pass: Pass) -> Result<Tensor> {
         match &self.bias {
-            Some(b) => Ok(ops::add_channel_bias(&y, &cast(b, dt)?)?),
+            Some(b) => {
+                let b = pass.param(b, y.dtype())?;
+                pass.add_bias(y, &b)
+            }
             None => Ok(y),
         }
     }
@@ -177,17 +226,32 @@ impl Block {
         })
     }
 
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.conv.forward(x)?;
+    pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let y = self.conv.forward(x, pass)?;
+        self.norm(y, pass)
+    }
+
+    /// [`Self::forward`] of the channels of `a` then `b`, never concatenated when inferring
+    /// (see [`Conv::forward_pair`]).
+    pub(super) fn forward_pair(&self, a: &Tensor, b: &Tensor, pass: Pass) -> Result<Tensor> {
+        let y = self.conv.forward_pair(a, b, pass)?;
+        self.norm(y, pass)
+    }
+
+    /// The norm and activation of the conv's output `y`.
+    fn norm(&self, y: Tensor, pass: Pass) -> Result<Tensor> {
         let dt = y.dtype();
-        Ok(ops::group_norm_leaky_relu(
-            &y,
-            &cast(&self.norm_weight, dt)?,
-            &cast(&self.norm_bias, dt)?,
-            self.groups,
-            1e-5,
-            self.slope,
-        )?)
+        let (w, b) = (
+            pass.param(&self.norm_weight, dt)?,
+            pass.param(&self.norm_bias, dt)?,
+        );
+        Ok(match pass {
+            Pass::Train => ops::group_norm_leaky_relu(&y, &w, &b, self.groups, 1e-5, self.slope)?,
+            // The conv's output is ours alone: normalized where it lies.
+            Pass::Infer => {
+                ops::group_norm_leaky_relu_owned(y, &w, &b, self.groups, 1e-5, self.slope)?
+            }
+        })
     }
 }
 
@@ -247,15 +311,15 @@ impl ResBlock {
         })
     }
 
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let mut skip = match self.pool {
             Some(k) => ops::avg_pool3d(x, k)?,
             None => x.clone(),
         };
         if let Some(p) = &self.projection {
-            skip = p.forward(&skip)?;
+            skip = p.forward(&skip, pass)?;
         }
-        let main = self.conv2.forward(&self.conv1.forward(x)?)?;
+        let main = self.conv2.forward(&self.conv1.forward(x, pass)?, pass)?;
         Ok(ops::add_leaky_relu(&main, &skip, SLOPE)?)
     }
 }
@@ -267,10 +331,10 @@ pub(super) enum Layer {
 }
 
 impl Layer {
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         match self {
-            Layer::Plain(b) => b.forward(x),
-            Layer::Residual(b) => b.forward(x),
+            Layer::Plain(b) => b.forward(x, pass),
+            Layer::Residual(b) => b.forward(x, pass),
         }
     }
 }
@@ -300,7 +364,7 @@ pub(super) enum Up {
 }
 
 impl Up {
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         match self {
             Up::Transpose {
                 weight,
@@ -308,10 +372,10 @@ impl Up {
                 stride,
             } => {
                 let dt = x.dtype();
-                let y = ops::conv_transpose3d(x, &cast(weight, dt)?, *stride)?;
-                Ok(ops::add_channel_bias(&y, &cast(bias, dt)?)?)
+                let y = ops::conv_transpose3d(x, &pass.param(weight, dt)?, *stride)?;
+                pass.add_bias(y, &pass.param(bias, dt)?)
             }
-            Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?),
+            Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?, pass),
         }
     }
 }

@@ -25,7 +25,7 @@ mod shapes;
 
 pub use shapes::parameter_shapes;
 
-use layers::{cast, is_ds_param, Block, Conv, Layer, ParamStore, ResBlock, Up};
+use layers::{cast, is_ds_param, Block, Conv, Layer, ParamStore, Pass, ResBlock, Up};
 
 /// The U-Net with its parameters.
 pub struct UNet {
@@ -227,9 +227,19 @@ impl UNet {
         Ok(())
     }
 
-    /// Logits (N, num_classes, D, H, W) of an input (N, in_channels, D, H, W).
+    /// Logits (N, num_classes, D, H, W) of an input (N, in_channels, D, H, W), recorded for a
+    /// backward pass: every activation stays alive as long as the result (see [`Self::infer`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut out = self.run(x, false)?;
+        let mut out = self.run(x, false, Pass::Train)?;
+        Ok(out.swap_remove(0))
+    }
+
+    /// The logits of [`Self::forward`] without recording anything for a backward pass: each
+    /// activation is freed as soon as the next layer has read it (the skip connections when
+    /// the decoder has used them), so the pass holds a few activations at once instead of all
+    /// of them. What prediction and validation use; the values are the same bit for bit.
+    pub fn infer(&self, x: &Tensor) -> Result<Tensor> {
+        let mut out = self.run(&x.detach(), false, Pass::Infer)?;
         Ok(out.swap_remove(0))
     }
 
@@ -237,18 +247,18 @@ impl UNet {
     /// [`UNetConfig::supervised_levels`]); the full-resolution one alone without deep
     /// supervision.
     pub fn forward_all(&self, x: &Tensor) -> Result<Vec<Tensor>> {
-        self.run(x, true)
+        self.run(x, true, Pass::Train)
     }
 
-    fn run(&self, x: &Tensor, all_levels: bool) -> Result<Vec<Tensor>> {
+    fn run(&self, x: &Tensor, all_levels: bool, pass: Pass) -> Result<Vec<Tensor>> {
         let mut skips = Vec::with_capacity(self.encoder.len());
         let mut h = cast(x, self.precision.dtype())?;
         if let Some(stem) = &self.stem {
-            h = stem.forward(&h)?;
+            h = stem.forward(&h, pass)?;
         }
         for blocks in &self.encoder {
             for b in blocks {
-                h = b.forward(&h)?;
+                h = b.forward(&h, pass)?;
             }
             skips.push(h.clone());
         }
@@ -258,17 +268,28 @@ impl UNet {
             let skip = skips
                 .pop()
                 .ok_or_else(|| Error::Train("U-Net: decoder deeper than encoder".into()))?;
-            h = Tensor::cat(&[&up.forward(&h)?, &skip], 1)?;
-            for b in blocks {
-                h = b.forward(&h)?;
-            }
+            let upsampled = up.forward(&h, pass)?;
+            drop(h);
+            // The first block reads the upsampled tensor and the skip side by side (inferring,
+            // their concatenation is never built); both are freed once it has run.
+            h = match blocks.split_first() {
+                Some((first, rest)) => {
+                    let mut h = first.forward_pair(&upsampled, &skip, pass)?;
+                    drop((upsampled, skip));
+                    for b in rest {
+                        h = b.forward(&h, pass)?;
+                    }
+                    h
+                }
+                None => Tensor::cat(&[&upsampled, &skip], 1)?,
+            };
             // The level this decoder stage ends at is the number of skips left.
             let level = skips.len();
             if all_levels && level >= 1 && level <= self.ds_heads.len() {
-                lower.push(self.ds_heads[level - 1].forward(&h)?);
+                lower.push(self.ds_heads[level - 1].forward(&h, pass)?);
             }
         }
-        let mut out = vec![self.head.forward(&h)?];
+        let mut out = vec![self.head.forward(&h, pass)?];
         out.extend(lower.into_iter().rev());
         // Losses and softmax run in f32 whatever the passes' precision.
         out.iter().map(|t| cast(t, DType::F32)).collect()

@@ -315,3 +315,60 @@ fn per_stage_kernels_features_and_blocks_shape_the_network() -> Result<()> {
     }
     Ok(())
 }
+
+/// Prediction's pass (no graph, biases and norms in place, the decoder's concatenation never
+/// built) gives the training pass's logits bit for bit, for every layer kind, and records
+/// nothing: its result holds no activation alive.
+#[test]
+fn infer_equals_forward_bit_for_bit_without_a_graph() -> Result<()> {
+    let cases = [
+        (Upsampling::Transpose, Encoder::Plain, Norm::Instance),
+        (Upsampling::Nearest, Encoder::Plain, Norm::Group(2)),
+        (Upsampling::Transpose, Encoder::Residual, Norm::Instance),
+    ];
+    for (up, encoder, norm) in cases {
+        let residual = encoder == Encoder::Residual;
+        let cfg = UNetConfig {
+            in_channels: 2,
+            num_classes: 3,
+            base_channels: 4,
+            max_channels: 8,
+            strides: vec![[1, 2, 2], [2, 2, 2]],
+            norm,
+            upsampling: up,
+            deep_supervision: false,
+            kernels: vec![[1, 3, 3], [3, 3, 3], [3, 3, 3]],
+            features: vec![],
+            blocks: if residual { vec![1, 2, 2] } else { vec![] },
+            decoder_blocks: vec![],
+            encoder,
+        };
+        let net = UNet::new(cfg, 5, &Device::Cpu)?;
+        // Biases and norm parameters away from their initial 0 and 1, so each is exercised.
+        let mut rng = Rng::new(11);
+        let values = net
+            .params()
+            .into_iter()
+            .map(|(n, v)| {
+                let t = v.as_tensor();
+                let noise: Vec<f32> = (0..t.elem_count())
+                    .map(|_| 0.1 * rng.normal() as f32)
+                    .collect();
+                let t = (t + Tensor::from_vec(noise, t.shape(), &Device::Cpu)?)?;
+                Ok((n, t))
+            })
+            .collect::<Result<std::collections::HashMap<_, _>>>()?;
+        net.load(&values)?;
+        let x = Tensor::randn(0f32, 1.0, (2, 2, 6, 16, 20), &Device::Cpu)?;
+        let trained = net.forward(&x)?;
+        let inferred = net.infer(&x)?;
+        assert!(trained.track_op(), "{up:?} {encoder:?}");
+        assert!(!inferred.track_op(), "{up:?} {encoder:?}");
+        assert_eq!(
+            trained.flatten_all()?.to_vec1::<f32>()?,
+            inferred.flatten_all()?.to_vec1::<f32>()?,
+            "{up:?} {encoder:?} {norm:?}"
+        );
+    }
+    Ok(())
+}
