@@ -4,8 +4,7 @@
 
 use super::model::NnunetModel;
 use crate::error::{Error, Result};
-use crate::model::config::Precision;
-use crate::model::memory::{training_step, StepShape};
+use crate::model::memory::inference_pass;
 use crate::util::sysinfo::human_bytes;
 
 /// Refuse a window step (nnU-Net's `-step_size`, a fraction of the patch) outside (0, 1], or,
@@ -33,25 +32,17 @@ pub fn check_step(step: f64, patch: Option<[usize; 3]>) -> Result<()> {
     )))
 }
 
-/// The memory of predicting with `model`, bytes: its weights, one forward batch of `batch`
-/// windows (every activation counted, as the training forecast does) and the sliding window's
-/// slab of `window_memory` bytes.
+/// The memory of predicting with `model`, bytes: one prediction pass of `batch` windows (its
+/// weights, the activations it holds at once, its input and scores, the convolutions' scratch:
+/// [`inference_pass`]) and the sliding window's slab of `window_memory` bytes.
 pub fn predict_memory(model: &NnunetModel, batch: usize, window_memory: usize) -> u64 {
-    let step = training_step(
+    let pass = inference_pass(
         &model.network,
-        &StepShape {
-            patch: model.patch(),
-            batch: batch.max(1),
-            precision: Precision::F32,
-            moments: 0,
-            data_batches: 0,
-            workers: rayon::current_num_threads(),
-        },
+        model.patch(),
+        batch.max(1),
+        rayon::current_num_threads(),
     );
-    step.weights
-        .saturating_add(step.activations)
-        .saturating_add(step.workspace)
-        .saturating_add(window_memory as u64)
+    pass.total().saturating_add(window_memory as u64)
 }
 
 /// Refuse a model whose forecast memory of predicting is over what this process may use (the
@@ -69,7 +60,7 @@ pub fn check_memory(model: &NnunetModel, batch: usize, window_memory: usize) -> 
     Err(Error::Model {
         path: model.plans.path.clone(),
         message: format!(
-            "configurations.{}.patch_size {:?}: predicting a batch of {} window(s) needs about {} (weights, every activation of a forward pass, the window slab), over the {} this process may use{}",
+            "configurations.{}.patch_size {:?}: predicting a batch of {} window(s) needs about {} (weights, the activations a forward pass holds at once, the window slab), over the {} this process may use{}",
             cfg.name,
             cfg.patch_size,
             batch.max(1),
