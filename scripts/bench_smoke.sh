@@ -94,6 +94,8 @@ step bench_minivess.sh "${common[@]}" BENCH_DIR="$tmp/minivess" REPEAT=1 bash sc
 step bench_outlier.sh "${common[@]}" BENCH_DIR="$tmp/outlier" REPEAT=1 bash scripts/bench_outlier.sh
 step bench_patches.sh "${common[@]}" BENCH_DIR="$tmp/patches" bash scripts/bench_patches.sh
 step bench_predict.sh "${common[@]}" BENCH_DIR="$tmp/predict" bash scripts/bench_predict.sh
+step bench_predict_memory.sh "${common[@]}" BENCH_DIR="$tmp/predict_memory" \
+    bash scripts/bench_predict_memory.sh
 step bench_s3.sh "${common[@]}" BENCH_DIR="$tmp/s3" bash scripts/bench_s3.sh
 step bench_surface.sh "${common[@]}" BENCH_DIR="$tmp/surface" bash scripts/bench_surface.sh
 step bench_train.sh "${common[@]}" BENCH_DIR="$tmp/train" bash scripts/bench_train.sh
