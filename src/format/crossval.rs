@@ -18,8 +18,11 @@ pub const POSTPROCESSING_FILE: &str = "postprocessing.json";
 /// The cross-validation folder `evaluate --cv` writes (beside the fold runs by default).
 pub const CROSSVAL_DIR: &str = "crossval";
 
-/// The largest summary or decision read (a summary of tens of thousands of cases).
+/// The largest summary read (a summary of tens of thousands of cases).
 const MAX_BYTES: u64 = 256 << 20;
+/// The largest postprocessing decision read: one filter per class or region, a few hundred
+/// bytes; the cap keeps a hostile file from sizing an allocation.
+const MAX_DECISION_BYTES: u64 = 1 << 20;
 
 /// One case of a summary: what cross-validation needs to find its files again.
 #[derive(Clone, Debug, Deserialize)]
@@ -86,7 +89,7 @@ impl Postprocessing {
 
     /// Read `path`; `Ok(None)` when there is no such file.
     pub fn read(path: &Path) -> Result<Option<Postprocessing>> {
-        let bytes = match read_capped(path, MAX_BYTES) {
+        let bytes = match read_capped(path, MAX_DECISION_BYTES) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(path, e)),
@@ -142,5 +145,35 @@ impl Postprocessing {
         std::fs::write(&tmp, bytes)
             .and_then(|()| std::fs::rename(&tmp, path))
             .map_err(|e| Error::io(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_over_its_cap_is_refused_before_it_is_parsed() {
+        let dir = std::env::temp_dir().join(format!("voxcache-pp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(POSTPROCESSING_FILE);
+        let classes = vec!["1"; 1 << 20].join(",");
+        std::fs::write(
+            &path,
+            format!(r#"{{"foreground": false, "classes": [{classes}], "connectivity": "full"}}"#),
+        )
+        .unwrap();
+        let e = Postprocessing::read(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(POSTPROCESSING_FILE) && e.contains("bytes"),
+            "{e}"
+        );
+        std::fs::write(
+            &path,
+            r#"{"foreground": true, "classes": [1], "connectivity": "full"}"#,
+        )
+        .unwrap();
+        assert!(Postprocessing::read(&path).unwrap().is_some());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
