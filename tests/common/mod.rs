@@ -83,3 +83,44 @@ pub fn tree_hashes(dir: &Path) -> std::collections::BTreeMap<String, String> {
         })
         .collect()
 }
+
+/// The 26-connected components of `mask` (x fastest), each as its voxels' indices: a flood
+/// fill written for the tests, the reference for the postprocessing filters.
+pub fn components(mask: &[bool], [nx, ny, nz]: [usize; 3]) -> Vec<Vec<usize>> {
+    let mut seen = vec![false; mask.len()];
+    let mut out = Vec::new();
+    for start in 0..mask.len() {
+        if !mask[start] || seen[start] {
+            continue;
+        }
+        seen[start] = true;
+        let (mut stack, mut members) = (vec![start], Vec::new());
+        while let Some(i) = stack.pop() {
+            members.push(i);
+            let (x, y, z) = (i % nx, (i / nx) % ny, i / (nx * ny));
+            for dz in -1i64..=1 {
+                for dy in -1i64..=1 {
+                    for dx in -1i64..=1 {
+                        let (a, b, c) = (x as i64 + dx, y as i64 + dy, z as i64 + dz);
+                        if a < 0
+                            || b < 0
+                            || c < 0
+                            || a >= nx as i64
+                            || b >= ny as i64
+                            || c >= nz as i64
+                        {
+                            continue;
+                        }
+                        let j = a as usize + nx * (b as usize + ny * c as usize);
+                        if mask[j] && !seen[j] {
+                            seen[j] = true;
+                            stack.push(j);
+                        }
+                    }
+                }
+            }
+        }
+        out.push(members);
+    }
+    out
+}

@@ -6,8 +6,10 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
-use common::fixtures::{prep, s, text};
+use common::fixtures::{prep, process_scratch, s, text};
+use common::zarrs_box;
 use voxcache::cache::reader::CacheReader;
 use voxcache::nifti_io::read_volume;
 use voxcache::train::augment::AugmentConfig;
@@ -105,25 +107,88 @@ fn previous_stage_segmentations_become_indicator_channels() {
     assert!(text(&o).contains("1 built, 9 cached"), "{}", text(&o));
 }
 
+/// Both stages of a cascade on the brats-like data, trained once for this test binary
+/// (read-only to tests): the second stage on a cache built with `--previous-stage` (the labels
+/// standing for the first stage's output; fold 0, validated at its end), the first a plain
+/// model of two steps.
+struct Stages {
+    data: PathBuf,
+    prev: PathBuf,
+    cache: PathBuf,
+    second: PathBuf,
+    second_output: String,
+    first: PathBuf,
+}
+
+fn stages() -> &'static Stages {
+    static STAGES: OnceLock<Stages> = OnceLock::new();
+    STAGES.get_or_init(|| {
+        let dir = process_scratch("cascade-stages");
+        let (data, prev, cache) = brats_with_previous(&dir, &Some);
+        let o = prep(&[
+            "build-cache",
+            s(&data),
+            "--cache-dir",
+            s(&cache),
+            "--previous-stage",
+            s(&prev),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let second = dir.join("second");
+        let o = Command::new(env!("CARGO_BIN_EXE_train"))
+            .args(["--cache-dir", s(&cache), "--out", s(&second), "--fold", "0"])
+            .args(["--patch", "16,32,32", "--batch-size", "2", "--steps", "4"])
+            .args(["--base-channels", "4", "--stages", "3", "--val-every", "4"])
+            .arg("--no-progress")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let second_output = text(&o);
+        let (plain, first) = (dir.join("plain"), dir.join("first"));
+        let o = prep(&["build-cache", s(&data), "--cache-dir", s(&plain)]);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = Command::new(env!("CARGO_BIN_EXE_train"))
+            .args(["--cache-dir", s(&plain), "--out", s(&first), "--steps", "2"])
+            .args([
+                "--patch",
+                "16,32,32",
+                "--base-channels",
+                "4",
+                "--stages",
+                "3",
+            ])
+            .args(["--val-fraction", "0", "--no-progress"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        Stages {
+            data,
+            prev,
+            cache,
+            second,
+            second_output,
+            first,
+        }
+    })
+}
+
 /// The second stage on such a cache: it trains with the previous stage's channels, its fold
 /// validation gives the held-out cases those channels again, and predict needs them
 /// (`--previous-stage`), refusing them for a model that takes none.
 #[test]
 fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output() {
     let t = tempfile::tempdir().unwrap();
-    let (data, prev, cache) = brats_with_previous(t.path(), &Some);
-    let o = prep(&[
-        "build-cache",
-        s(&data),
-        "--cache-dir",
-        s(&cache),
-        "--previous-stage",
-        s(&prev),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    let Stages {
+        data,
+        prev,
+        cache,
+        second: run,
+        second_output,
+        ..
+    } = stages();
     // The first stage's output here is the labels: without augmentation, the loader's last
     // three channels are the label patch's one-hot.
-    let reader = CacheReader::open(&cache).unwrap();
+    let reader = CacheReader::open(cache).unwrap();
     let entries = common::fixtures::open_entries(&reader);
     let sampler =
         Sampler::new(&entries, Vec::new(), SamplerConfig::new([16, 32, 32], 2, 3)).unwrap();
@@ -162,16 +227,10 @@ fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output()
         }
     }
     drop(loader);
-    let run = t.path().join("run");
-    let o = Command::new(env!("CARGO_BIN_EXE_train"))
-        .args(["--cache-dir", s(&cache), "--out", s(&run), "--fold", "0"])
-        .args(["--patch", "16,32,32", "--batch-size", "2", "--steps", "4"])
-        .args(["--base-channels", "4", "--stages", "3", "--val-every", "4"])
-        .arg("--no-progress")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("7 image channels"), "{}", text(&o));
+    assert!(
+        second_output.contains("7 image channels"),
+        "{second_output}"
+    );
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("validation/summary.json")).unwrap())
             .unwrap();
@@ -186,7 +245,7 @@ fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output()
     }
     let predict = |extra: &[&str], out: &Path| {
         Command::new(env!("CARGO_BIN_EXE_predict"))
-            .args(["--model", s(&run), s(&one), "--out", s(out), "-q"])
+            .args(["--model", s(run), s(&one), "--out", s(out), "-q"])
             .args(extra)
             .output()
             .unwrap()
@@ -195,36 +254,121 @@ fn the_second_stage_trains_validates_and_predicts_with_the_first_stages_output()
     assert!(!o.status.success());
     assert!(text(&o).contains("--previous-stage"), "{}", text(&o));
     let out = t.path().join("pred");
-    let o = predict(&["--previous-stage", s(&prev)], &out);
+    let o = predict(&["--previous-stage", s(prev)], &out);
     assert!(o.status.success(), "{}", text(&o));
     let seg = read_volume(&out.join("brats_005.nii.gz")).unwrap();
     let image = read_volume(&one.join("brats_005_0000.nii.gz")).unwrap();
     assert_eq!(seg.header.shape_xyz, image.header.shape_xyz);
+}
 
-    // Both stages in one predict: a first-stage model (here a plain one, two steps) writes
-    // OUT/previous_stage/, then the second stage reads it.
-    let (plain, first) = (t.path().join("plain"), t.path().join("first"));
-    let o = prep(&["build-cache", s(&data), "--cache-dir", s(&plain)]);
-    assert!(o.status.success(), "{}", text(&o));
-    let o = Command::new(env!("CARGO_BIN_EXE_train"))
-        .args(["--cache-dir", s(&plain), "--out", s(&first), "--steps", "2"])
-        .args([
-            "--patch",
-            "16,32,32",
-            "--base-channels",
-            "4",
-            "--stages",
-            "3",
-        ])
-        .args(["--val-fraction", "0", "--no-progress"])
-        .output()
+/// The chain in one predict (`--previous-model`) against its stages run one after the other:
+/// the first stage alone (`predict --model FIRST --out A`), then the second on A
+/// (`--previous-stage A --out B`). The chain's OUT/previous_stage/ equals A and its
+/// segmentations and probabilities equal B's, voxel for voxel; the second stage on other
+/// first-stage segmentations gives other probabilities (so the comparison sees which were used).
+#[test]
+fn the_chain_equals_its_stages_run_one_after_the_other() {
+    let t = tempfile::tempdir().unwrap();
+    let st = stages();
+    let images = t.path().join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let cases = ["brats_005", "brats_011"];
+    for id in cases {
+        for c in 0..4 {
+            let name = format!("{id}_{c:04}.nii.gz");
+            std::fs::copy(st.data.join("imagesTr").join(&name), images.join(&name)).unwrap();
+        }
+    }
+    let predict = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_predict"))
+            .arg(&images)
+            .args(["-q", "--save-probabilities"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    let (a, b, chain) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("chain"),
+    );
+    predict(&["--model", s(&st.first), "--out", s(&a)]);
+    predict(&[
+        "--model",
+        s(&st.second),
+        "--previous-stage",
+        s(&a),
+        "--out",
+        s(&b),
+    ]);
+    predict(&[
+        "--model",
+        s(&st.second),
+        "--previous-model",
+        s(&st.first),
+        "--out",
+        s(&chain),
+    ]);
+    // The second stage on other segmentations: every voxel's label moved by one.
+    let other = t.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    for id in cases {
+        let v = read_volume(&a.join(format!("{id}.nii.gz"))).unwrap();
+        let moved: Vec<u8> = v.data.iter().map(|&l| (l as u8 + 1) % 4).collect();
+        voxcache::nifti_io::write_nifti_u8(
+            &other.join(format!("{id}.nii.gz")),
+            v.header.shape_xyz,
+            v.header.spacing_xyz,
+            &moved,
+        )
         .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let chain = t.path().join("chain");
-    let o = predict(&["--previous-model", s(&first)], &chain);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(chain.join("previous_stage/brats_005.nii.gz").is_file());
-    assert!(chain.join("brats_005.nii.gz").is_file());
+    }
+    let c = t.path().join("c");
+    predict(&[
+        "--model",
+        s(&st.second),
+        "--previous-stage",
+        s(&other),
+        "--out",
+        s(&c),
+    ]);
+    let probabilities = |dir: &Path, id: &str, shape: [usize; 3]| {
+        let [nx, ny, nz] = shape;
+        zarrs_box(
+            &dir.join(format!("{id}.probabilities.zarr")),
+            "",
+            [0; 3],
+            [nz, ny, nx],
+        )
+    };
+    for id in cases {
+        let name = format!("{id}.nii.gz");
+        let first = read_volume(&a.join(&name)).unwrap();
+        let chained_first = read_volume(&chain.join("previous_stage").join(&name)).unwrap();
+        assert_eq!(
+            chained_first.header.affine.0, first.header.affine.0,
+            "{id}: first stage's geometry"
+        );
+        assert_eq!(chained_first.data, first.data, "{id}: first stage");
+        let (want, got) = (
+            read_volume(&b.join(&name)).unwrap(),
+            read_volume(&chain.join(&name)).unwrap(),
+        );
+        assert_eq!(got.header.shape_xyz, want.header.shape_xyz, "{id}");
+        assert_eq!(got.data, want.data, "{id}: second stage");
+        let shape = want.header.shape_xyz;
+        let pb = probabilities(&b, id, shape);
+        assert_eq!(
+            common::fixtures::bits(probabilities(&chain, id, shape)),
+            common::fixtures::bits(pb.clone()),
+            "{id}: second stage's probabilities"
+        );
+        assert!(
+            probabilities(&c, id, shape) != pb,
+            "{id}: the second stage gives the same probabilities on other first-stage segmentations"
+        );
+    }
 }
 
 /// A plan's `3d_cascade_fullres` (previous_stage = "3d_lowres"): build-cache wants the first

@@ -319,46 +319,6 @@ fn unsupported_models_are_refused_by_name() {
     }
 }
 
-/// Sizes and members of the 26-connected components of `mask` (x fastest).
-fn components(mask: &[bool], [nx, ny, nz]: [usize; 3]) -> Vec<Vec<usize>> {
-    let mut seen = vec![false; mask.len()];
-    let mut out = Vec::new();
-    for start in 0..mask.len() {
-        if !mask[start] || seen[start] {
-            continue;
-        }
-        seen[start] = true;
-        let (mut stack, mut members) = (vec![start], Vec::new());
-        while let Some(i) = stack.pop() {
-            members.push(i);
-            let (x, y, z) = (i % nx, (i / nx) % ny, i / (nx * ny));
-            for dz in -1i64..=1 {
-                for dy in -1i64..=1 {
-                    for dx in -1i64..=1 {
-                        let (a, b, c) = (x as i64 + dx, y as i64 + dy, z as i64 + dz);
-                        if a < 0
-                            || b < 0
-                            || c < 0
-                            || a >= nx as i64
-                            || b >= ny as i64
-                            || c >= nz as i64
-                        {
-                            continue;
-                        }
-                        let j = a as usize + nx * (b as usize + ny * c as usize);
-                        if mask[j] && !seen[j] {
-                            seen[j] = true;
-                            stack.push(j);
-                        }
-                    }
-                }
-            }
-        }
-        out.push(members);
-    }
-    out
-}
-
 /// The cross-validation folder's postprocessing.json is applied as nnUNetv2_apply_postprocessing
 /// applies it (by default; `--no-postprocessing` gives nnUNetv2_predict's output), and a
 /// decision we cannot apply is refused by name.
@@ -401,7 +361,7 @@ fn crossval_postprocessing_keeps_the_largest_component() {
         .unwrap();
         let pp = voxcache::nifti_io::read_volume(&out.join(format!("{case}.nii.gz"))).unwrap();
         let mask: Vec<bool> = raw.data.iter().map(|&v| v == 2.0).collect();
-        let comps = components(&mask, raw.header.shape_xyz);
+        let comps = crate::common::components(&mask, raw.header.shape_xyz);
         let largest = comps.iter().map(Vec::len).max().unwrap();
         assert_eq!(comps.iter().filter(|c| c.len() == largest).count(), 1);
         let mut kept = vec![false; mask.len()];
