@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use voxcache::cache::remote::RemoteOptions;
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::modes::Given;
 use voxcache::config::remote::{local_models, local_path};
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
@@ -56,10 +57,12 @@ struct Cli {
     /// Checkpoint file of each nnU-Net fold (also -chk).
     #[arg(long, default_value = "checkpoint_final.pth")]
     nnunet_checkpoint: String,
-    /// nnU-Net models: the window step as a fraction of the patch (nnU-Net's -step_size).
+    /// The window step as a fraction of the patch (nnU-Net's -step_size); for models made by
+    /// train, the same as --overlap 1-STEP.
     #[arg(long, default_value_t = 0.5)]
     step_size: f64,
-    /// nnU-Net models: no test-time mirroring (nnU-Net's --disable_tta; on by default for them).
+    /// No test-time mirroring (nnU-Net's --disable_tta): nnU-Net models mirror by default,
+    /// models made by train only with --mirror.
     #[arg(long)]
     disable_tta: bool,
     /// Postprocessing decision file to apply (default: the postprocessing.json that `evaluate
@@ -71,7 +74,8 @@ struct Cli {
     /// nnUNetv2_predict's own output).
     #[arg(long)]
     no_postprocessing: bool,
-    /// best (the best validation Dice, else the latest), latest, or a checkpoint folder.
+    /// Models made by train: best (the best validation Dice, else the latest), latest, or a
+    /// checkpoint folder (nnU-Net models: --nnunet-checkpoint).
     #[arg(long, default_value = "best")]
     checkpoint: String,
     /// NIfTI files (CASE_0000.nii.gz, CASE_0001... are one case's channels) or folders of them
@@ -87,16 +91,17 @@ struct Cli {
     /// cpu, cuda or cuda:N (cuda needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Overlap of neighbouring windows (0..1).
+    /// Overlap of neighbouring windows (0..1); for an nnU-Net model, its step size 1-OVERLAP.
     #[arg(long, default_value_t = 0.5)]
     overlap: f64,
-    /// Test-time mirroring over the axes the model was trained to flip (8 passes).
+    /// Test-time mirroring over the axes the model was trained to flip (8 passes); nnU-Net
+    /// models mirror by default (--disable-tta turns it off).
     #[arg(long)]
     mirror: bool,
     /// Windows per forward pass.
     #[arg(long, default_value_t = 2)]
     batch: usize,
-    /// Worker threads for preprocessing.
+    /// Models made by train: worker threads for preprocessing.
     #[arg(short = 'j', long, default_value_t = 2)]
     jobs: usize,
     /// Also write each case's class probabilities on its input grid: CASE.probabilities.zarr,
@@ -109,7 +114,7 @@ struct Cli {
     /// run twice).
     #[arg(long, default_value_t = 256)]
     window_memory_mib: usize,
-    /// Strict memory mode, as train's --mapped-mib: MiB of scratch-cache pages the maps may
+    /// Models made by train: strict memory mode, as train's --mapped-mib: MiB of scratch-cache pages the maps may
     /// bring into the resident set before handing them back (default: no limit; they are page
     /// cache). For containers that bill page cache (docs/usage.md, "Memory").
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
@@ -143,10 +148,99 @@ struct Cli {
 fn main() -> ExitCode {
     voxcache::config::exit::quiet_on_closed_pipe();
     voxcache::model::device::default_cpu_threads();
-    let cli = Cli::parse_from(join_folds(
-        std::env::args_os().map(nnunet_spelling).collect(),
-    ));
-    voxcache::config::exit::finish(real_main(cli))
+    let args = join_folds(std::env::args_os().map(nnunet_spelling).collect());
+    let cmd = Cli::command();
+    let matches = cmd.clone().get_matches_from(args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = Given::of(&cmd, &matches);
+    voxcache::config::exit::finish(real_main(cli, &given))
+}
+
+/// The options of one kind of model only: refused with the other (named, with what to give
+/// instead), or taken as their equivalent where there is one (`--overlap` is nnU-Net's step
+/// size 1 - overlap, `--mirror` its test-time mirroring, and the other way round).
+fn check_modes(cli: &mut Cli, given: &Given, nnunet: bool) -> Result<()> {
+    given.one_of("overlap", "step_size")?;
+    given.one_of("mirror", "disable_tta")?;
+    if nnunet {
+        given.refuse(
+            &[
+                "checkpoint",
+                "jobs",
+                "mapped_mib",
+                "s3_endpoint",
+                "local_cache",
+                "previous_stage",
+                "previous_model",
+            ],
+            "nnU-Net models (--nnunet-model, -d)",
+            |id| match id {
+                "checkpoint" => Some("give --nnunet-checkpoint FILE (nnU-Net's -chk)".into()),
+                "s3_endpoint" | "local_cache" => {
+                    Some("nnU-Net results folders are read from a local folder".into())
+                }
+                "previous_stage" | "previous_model" => {
+                    Some("nnU-Net's cascade (3d_cascade_fullres) is not supported yet".into())
+                }
+                _ => None,
+            },
+        )?;
+        if cli.nnunet_model.is_some() {
+            given.refuse(
+                &["configuration", "trainer", "plans"],
+                "nnU-Net models given as --nnunet-model DIR",
+                |_| Some("it picks a results folder under $nnUNet_results with -d; --nnunet-model names the folder itself".into()),
+            )?;
+        }
+        if given.has("overlap") {
+            anyhow::ensure!(
+                (0.0..1.0).contains(&cli.overlap),
+                "--overlap {:?}: give the share of a window its neighbour overlaps, in [0, 1)",
+                cli.overlap
+            );
+            cli.step_size = 1.0 - cli.overlap;
+        }
+    } else {
+        let on_s3 = cli
+            .model
+            .iter()
+            .chain(&cli.previous_model)
+            .any(|m| m.to_string_lossy().starts_with("s3://"));
+        if !on_s3 {
+            given.refuse(
+                &["s3_endpoint", "local_cache"],
+                "local models made by train",
+                |_| Some("it applies to models on S3 (--model s3://BUCKET/PREFIX)".into()),
+            )?;
+        }
+        given.refuse(
+            &[
+                "folds",
+                "nnunet_checkpoint",
+                "configuration",
+                "trainer",
+                "plans",
+            ],
+            "models made by train (--model)",
+            |id| match id {
+                "folds" => Some("give each fold's run folder as its own --model".into()),
+                "nnunet_checkpoint" => Some("give --checkpoint best|latest|FOLDER".into()),
+                _ => Some("it names an nnU-Net results folder (with -d)".into()),
+            },
+        )?;
+        if given.has("step_size") {
+            anyhow::ensure!(
+                cli.step_size > 0.0 && cli.step_size <= 1.0,
+                "--step-size {:?}: give the window step as a share of the window, in (0, 1]",
+                cli.step_size
+            );
+            cli.overlap = 1.0 - cli.step_size;
+        }
+        if given.has("disable_tta") {
+            cli.mirror = false;
+        }
+    }
+    Ok(())
 }
 
 /// nnU-Net's single-dash multi-letter flags (`-tr`, `-chk`, `-step_size`...) and underscore
@@ -196,8 +290,10 @@ fn join_folds(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     out
 }
 
-fn real_main(mut cli: Cli) -> Result<Exit> {
+fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
     cli.inputs.append(&mut cli.input);
+    let nnunet = cli.nnunet_model.is_some() || cli.dataset.is_some();
+    check_modes(&mut cli, given, nnunet)?;
     let nnunet_dir = match (&cli.nnunet_model, &cli.dataset) {
         (Some(d), _) => Some(d.clone()),
         (None, Some(ds)) => Some(voxcache::infer::nnunet::model::results_dir_from_env(
@@ -215,11 +311,6 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
             "--nnunet-model"
         };
         output_apart(&cli.out, &cli.inputs, &[(flag, dir.as_path())])?;
-        if cli.previous_stage.is_some() || !cli.previous_model.is_empty() {
-            anyhow::bail!(
-                "--previous-stage, --previous-model: nnU-Net's cascade models (3d_cascade_fullres) are not supported yet"
-            );
-        }
         let opts = NnunetPredictOptions {
             model: dir,
             folds: cli.folds,

@@ -21,10 +21,12 @@
 //! - [`remote`]: the flags of caches on S3 and the local folder that serves their reads.
 //! - [`run_dir`]: where a training run's folder goes.
 //! - [`exit`]: the exit statuses of both binaries.
+//! - [`modes`]: options that apply to one mode of a command, refused in the others.
 
 pub mod autoplan;
 pub mod configurations;
 pub mod exit;
+pub mod modes;
 pub mod pipeline;
 pub mod remote;
 pub mod run_dir;

@@ -10,6 +10,7 @@ mod cascade;
 mod crossval;
 mod derived;
 mod evaluate;
+mod flags;
 mod hostile_inputs;
 mod hostile_plans;
 mod hostile_runs;

@@ -1,0 +1,280 @@
+//! Every option of `predict --help` walked through every mode of the command: an option that
+//! does not apply to the chosen kind of model is refused (exit 2, naming the option and the
+//! mode) before anything runs, one that applies is never refused, and an option added to the
+//! binary without a place in this table fails the test until it gets one. Where one option is
+//! taken as another's equivalent (`--overlap` and nnU-Net's step size, `--step-size` and our
+//! overlap), the two spellings give the same segmentation.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::common::fixtures::{s, text};
+
+/// The long options a binary's `--help` lists (with the subcommand's arguments before it).
+fn help_options(exe: &str, sub: &[&str]) -> Vec<String> {
+    let o = Command::new(exe).args(sub).arg("--help").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let mut out: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with('-'))
+        .filter_map(|l| {
+            l.split([' ', ',', '='])
+                .find(|w| w.starts_with("--"))
+                .map(str::to_string)
+        })
+        .filter(|o| o != "--help" && o != "--version")
+        .collect();
+    out.dedup();
+    out
+}
+
+/// How an option fares in one mode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fate {
+    /// Used as given (or as its equivalent).
+    Applies,
+    /// Refused: it does not apply to the mode.
+    Refused,
+}
+use Fate::{Applies, Refused};
+
+/// predict's options: a value to give each (`None` for a switch) and its fate with a model made
+/// by train, with `--nnunet-model`, and with `-d`.
+fn predict_table() -> Vec<(&'static str, Option<&'static str>, [Fate; 3])> {
+    vec![
+        (
+            "--model",
+            Some("/nonexistent/run"),
+            [Applies, Applies, Applies],
+        ),
+        (
+            "--nnunet-model",
+            Some("/nonexistent/nn"),
+            [Applies, Applies, Applies],
+        ),
+        ("--dataset", Some("4"), [Applies, Applies, Applies]),
+        (
+            "--configuration",
+            Some("3d_fullres"),
+            [Refused, Refused, Applies],
+        ),
+        (
+            "--trainer",
+            Some("nnUNetTrainer"),
+            [Refused, Refused, Applies],
+        ),
+        ("--plans", Some("nnUNetPlans"), [Refused, Refused, Applies]),
+        ("--folds", Some("0"), [Refused, Applies, Applies]),
+        (
+            "--nnunet-checkpoint",
+            Some("checkpoint_best.pth"),
+            [Refused, Applies, Applies],
+        ),
+        ("--step-size", Some("0.5"), [Applies, Applies, Applies]),
+        ("--disable-tta", None, [Applies, Applies, Applies]),
+        (
+            "--postprocessing",
+            Some("/nonexistent/pp.json"),
+            [Applies, Applies, Applies],
+        ),
+        ("--no-postprocessing", None, [Applies, Applies, Applies]),
+        ("--checkpoint", Some("latest"), [Applies, Refused, Refused]),
+        (
+            "--input",
+            Some("/nonexistent/in2.nii.gz"),
+            [Applies, Applies, Applies],
+        ),
+        ("--out", Some("OUT"), [Applies, Applies, Applies]),
+        ("--device", Some("cpu"), [Applies, Applies, Applies]),
+        ("--overlap", Some("0.5"), [Applies, Applies, Applies]),
+        ("--mirror", None, [Applies, Applies, Applies]),
+        ("--batch", Some("1"), [Applies, Applies, Applies]),
+        ("--jobs", Some("1"), [Applies, Refused, Refused]),
+        ("--save-probabilities", None, [Applies, Applies, Applies]),
+        (
+            "--window-memory-mib",
+            Some("64"),
+            [Applies, Applies, Applies],
+        ),
+        ("--mapped-mib", Some("64"), [Applies, Refused, Refused]),
+        (
+            "--previous-stage",
+            Some("/nonexistent/prev"),
+            [Applies, Refused, Refused],
+        ),
+        (
+            "--previous-model",
+            Some("/nonexistent/prev-run"),
+            [Applies, Refused, Refused],
+        ),
+        // The model given in the table's first mode is local: S3 options do not apply.
+        (
+            "--s3-endpoint",
+            Some("http://127.0.0.1:9"),
+            [Refused, Refused, Refused],
+        ),
+        (
+            "--local-cache",
+            Some("/nonexistent/lc"),
+            [Refused, Refused, Refused],
+        ),
+        ("--json", None, [Applies, Applies, Applies]),
+        ("--quiet", None, [Applies, Applies, Applies]),
+    ]
+}
+
+#[test]
+fn every_predict_option_is_used_or_refused_in_every_mode() {
+    let exe = env!("CARGO_BIN_EXE_predict");
+    let table = predict_table();
+    let listed = help_options(exe, &[]);
+    for o in &listed {
+        assert!(
+            table.iter().any(|(name, _, _)| name == o),
+            "predict --help lists {o}, which this table does not place in its modes"
+        );
+    }
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("out");
+    let modes: [(&str, Vec<&str>); 3] = [
+        ("models made by train", vec!["--model", "/nonexistent/run"]),
+        ("nnU-Net models", vec!["--nnunet-model", "/nonexistent/nn"]),
+        ("nnU-Net models", vec!["-d", "4", "-c", "3d_fullres"]),
+    ];
+    for (name, value, fates) in &table {
+        if ["--model", "--nnunet-model", "--dataset", "--out"].contains(name) {
+            continue; // they choose the mode or are always given
+        }
+        for (m, (mode, args)) in modes.iter().enumerate() {
+            // -d's own -c is already given in its mode.
+            if m == 2 && *name == "--configuration" {
+                continue;
+            }
+            let mut cmd = Command::new(exe);
+            cmd.args(args)
+                .arg("/nonexistent/in.nii.gz")
+                .args(["--out", s(&out)])
+                .env("nnUNet_results", t.path().join("results"));
+            cmd.arg(name);
+            if let Some(v) = value {
+                cmd.arg(v);
+            }
+            let o = cmd.output().unwrap();
+            let said = text(&o);
+            let refused = said.contains("does not apply to");
+            match fates[m] {
+                Refused => {
+                    assert_eq!(o.status.code(), Some(2), "{name} in {args:?}: {said}");
+                    assert!(
+                        refused && said.contains(name) && said.contains(mode),
+                        "{name} in {args:?} should be refused naming it and {mode:?}: {said}"
+                    );
+                }
+                Applies => assert!(!refused, "{name} in {args:?} was refused: {said}"),
+            }
+            assert!(!out.exists(), "{name} in {args:?} wrote its output folder");
+        }
+    }
+}
+
+/// The ct3d nnU-Net fixture's results folder and one input.
+fn nnunet_fixture() -> (PathBuf, PathBuf) {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nnunet_models/ct3d");
+    (
+        base.join("nnUNetTrainer__nnUNetPlans__3d_fullres"),
+        base.join("inputs/ct_coarse_0000.nii.gz"),
+    )
+}
+
+fn predict(args: &[&str]) -> Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .args(args)
+        .args(["-q"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{args:?}: {}", text(&o));
+    o
+}
+
+fn voxels(p: &Path) -> Vec<f32> {
+    voxcache::nifti_io::read_volume(p).unwrap().data
+}
+
+#[test]
+fn overlap_and_step_size_are_one_setting_in_both_kinds_of_model() {
+    let t = tempfile::tempdir().unwrap();
+    let (nn, input) = nnunet_fixture();
+    let out = |n: &str| t.path().join(n);
+    // nnU-Net's model: --overlap 0.75 is its step 0.25 (more windows than its default 0.5).
+    predict(&[
+        "--nnunet-model",
+        s(&nn),
+        s(&input),
+        "--out",
+        s(&out("a")),
+        "--overlap",
+        "0.75",
+        "--no-postprocessing",
+    ]);
+    predict(&[
+        "--nnunet-model",
+        s(&nn),
+        s(&input),
+        "--out",
+        s(&out("b")),
+        "--step-size",
+        "0.25",
+        "--no-postprocessing",
+    ]);
+    let name = "ct_coarse.nii.gz";
+    assert_eq!(voxels(&out("a").join(name)), voxels(&out("b").join(name)));
+    // Ours: --step-size 0.75 is --overlap 0.25.
+    let run = crate::predict::model();
+    let vin = crate::common::fixtures::bundled_data().join("imagesTr/vessels_003_0000.nii.gz");
+    predict(&[
+        "--model",
+        s(run),
+        s(&vin),
+        "--out",
+        s(&out("c")),
+        "--step-size",
+        "0.75",
+    ]);
+    predict(&[
+        "--model",
+        s(run),
+        s(&vin),
+        "--out",
+        s(&out("d")),
+        "--overlap",
+        "0.25",
+    ]);
+    predict(&["--model", s(run), s(&vin), "--out", s(&out("e"))]);
+    let name = "vessels_003.nii.gz";
+    let (c, d, e) = (
+        std::fs::read(out("c").join(".vessels_003.voxcache.json")).unwrap(),
+        std::fs::read(out("d").join(".vessels_003.voxcache.json")).unwrap(),
+        std::fs::read(out("e").join(".vessels_003.voxcache.json")).unwrap(),
+    );
+    // The record of each output names its overlap: equal for the two spellings, not the default.
+    assert_eq!(c, d);
+    assert_ne!(c, e);
+    assert_eq!(voxels(&out("c").join(name)), voxels(&out("d").join(name)));
+    // One setting given two ways is refused.
+    let o = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .args([
+            "--model",
+            s(run),
+            s(&vin),
+            "--out",
+            s(&out("f")),
+            "--step-size",
+            "0.5",
+            "--overlap",
+            "0.5",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("two ways"), "{}", text(&o));
+}
