@@ -403,3 +403,209 @@ fn crossval_postprocessing_keeps_the_largest_component() {
         assert!(e.contains("postprocessing.json") && e.contains(says), "{e}");
     }
 }
+
+/// nnU-Net's spelling through the binary, `predict -i IN -o OUT -d 981 -c 3d_fullres -f 0 1`
+/// with `nnUNet_results` holding the dataset's 2d and 3d_fullres results folders, writes what
+/// `predict --nnunet-model FOLDER --folds 0,1` writes, voxel for voxel; `-d
+/// Dataset981_FixCT -f 0` what `--folds 0` writes; and the two fold sets differ (so `-f` and
+/// `-c` are followed, not defaulted).
+#[test]
+fn the_dataset_spelling_predicts_as_the_results_folder_does() {
+    use crate::common::fixtures::{copy_tree, s, text};
+    let t = tempfile::tempdir().unwrap();
+    let results = t.path().join("results");
+    let dataset = results.join("Dataset981_FixCT");
+    for (fixture, config) in [("ct3d", "3d_fullres"), ("ct2d", "2d")] {
+        let name = format!("nnUNetTrainer__nnUNetPlans__{config}");
+        copy_tree(&fixtures().join(fixture).join(&name), &dataset.join(&name));
+    }
+    let folder = dataset.join("nnUNetTrainer__nnUNetPlans__3d_fullres");
+    let inputs = fixtures().join("ct3d/inputs");
+    let predict = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_predict"))
+            .env("nnUNet_results", &results)
+            .args(args)
+            .args(["--disable_tta", "-q"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    };
+    let out = |name: &str| t.path().join(name);
+    let (d01, m01, d0, m0) = (out("d01"), out("m01"), out("d0"), out("m0"));
+    predict(&[
+        "-i",
+        s(&inputs),
+        "-o",
+        s(&d01),
+        "-d",
+        "981",
+        "-c",
+        "3d_fullres",
+        "-f",
+        "0",
+        "1",
+    ]);
+    predict(&[
+        "--nnunet-model",
+        s(&folder),
+        s(&inputs),
+        "--folds",
+        "0,1",
+        "--out",
+        s(&m01),
+    ]);
+    predict(&[
+        "-d",
+        "Dataset981_FixCT",
+        "-c",
+        "3d_fullres",
+        "-f",
+        "0",
+        "-i",
+        s(&inputs),
+        "-o",
+        s(&d0),
+    ]);
+    predict(&[
+        "--nnunet-model",
+        s(&folder),
+        "--folds=0",
+        s(&inputs),
+        "--out",
+        s(&m0),
+    ]);
+    let mut differ = 0;
+    for case in ["ct_coarse", "ct_fine"] {
+        let read = |dir: &Path| {
+            voxcache::nifti_io::read_volume(&dir.join(format!("{case}.nii.gz"))).unwrap()
+        };
+        let (a, b) = (read(&d01), read(&m01));
+        assert_eq!(a.header.affine.0, b.header.affine.0, "{case}");
+        assert_eq!(a.data, b.data, "{case}: -d -f 0 1 against --folds 0,1");
+        assert!(a.data.iter().any(|&v| v != 0.0), "{case}: all background");
+        let (c, d) = (read(&d0), read(&m0));
+        assert_eq!(c.data, d.data, "{case}: -d -f 0 against --folds 0");
+        differ += a.data.iter().zip(&c.data).filter(|(x, y)| x != y).count();
+    }
+    assert!(differ > 0, "folds 0 and 1 predict as fold 0 alone");
+}
+
+/// `prep inspect --nnunet-model FOLDER INPUTS` (text and `--json`) against the plans and
+/// nnU-Net's own records: configuration, plans, dataset, patch and spacing as plans.json lists
+/// them, the channel's normalization, the classes, every fold's checkpoint, the mirror axes
+/// nnU-Net recorded for inference; and per input the preprocessed grid and window count of
+/// nnU-Net's formulas (round(shape x spacing / target), ceil((size - patch) / (patch / 2)) + 1
+/// per axis; every slice for 2d), with mirror passes and folds multiplied in.
+#[test]
+fn inspect_reports_the_plans_figures() {
+    use crate::common::fixtures::{prep, s, text};
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("manifest.json")).unwrap()).unwrap();
+    for (fixture, config, folds) in [("ct3d", "3d_fullres", 2), ("ct2d", "2d", 1)] {
+        let dir = results_dir(fixture);
+        let inputs = fixtures().join(fixture).join("inputs");
+        let plans: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("plans.json")).unwrap()).unwrap();
+        let cfg = &plans["configurations"][config];
+        let o = prep(&["inspect", "--nnunet-model", s(&dir), s(&inputs), "--json"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["configuration"], config, "{r}");
+        assert_eq!(r["plans"], plans["plans_name"], "{r}");
+        assert_eq!(r["dataset"], plans["dataset_name"], "{r}");
+        assert_eq!(r["patch_size"], cfg["patch_size"], "{r}");
+        assert_eq!(r["spacing"], cfg["spacing"], "{r}");
+        assert_eq!(r["transpose_forward"], plans["transpose_forward"], "{r}");
+        assert_eq!(
+            r["channels"],
+            serde_json::json!([["CT", cfg["normalization_schemes"][0], false]]),
+            "{r}"
+        );
+        assert_eq!(
+            r["labels"],
+            serde_json::json!(["0 background", "1 organ", "2 lesion"]),
+            "{r}"
+        );
+        let want: Vec<String> = (0..folds)
+            .map(|k| {
+                dir.join(format!("fold_{k}/checkpoint_final.pth"))
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(r["checkpoints"], serde_json::json!(want), "{r}");
+        let recorded = &manifest["fixtures"][fixture]["inference_allowed_mirroring_axes"]["fold_0"];
+        let mirror = r["mirror_axes"].as_array().unwrap().len();
+        assert_eq!(mirror, recorded.as_array().unwrap().len(), "{r}");
+        if config == "3d_fullres" {
+            assert_eq!(r["mirror_axes"], *recorded, "{r}");
+        }
+        let patch: Vec<f64> = serde_json::from_value(cfg["patch_size"].clone()).unwrap();
+        let target: Vec<f64> = serde_json::from_value(cfg["spacing"].clone()).unwrap();
+        let forecast = r["forecast"].as_array().unwrap();
+        assert_eq!(forecast.len(), 2, "{r}");
+        for f in forecast {
+            let id = f["id"].as_str().unwrap();
+            let case = &manifest["fixtures"][fixture]["cases"][id];
+            let xyz = |k: &str| -> Vec<f64> { serde_json::from_value(case[k].clone()).unwrap() };
+            let (shape, spacing) = (xyz("shape_xyz"), xyz("spacing_xyz"));
+            // (z, y, x); a 2d plan keeps the slices and lists (y, x) only.
+            let planar = patch.len() == 2;
+            let mut grid = Vec::new();
+            let mut windows = 1usize;
+            for a in 0..3 {
+                let axis = 2 - a;
+                let (n, sp) = (shape[axis], spacing[axis] as f32 as f64);
+                if planar && a == 0 {
+                    grid.push(n as usize);
+                    windows *= n as usize;
+                    continue;
+                }
+                let (p, goal) = match planar {
+                    true => (patch[a - 1], target[a - 1]),
+                    false => (patch[a], target[a]),
+                };
+                let size = (n * sp / goal).round();
+                grid.push(size as usize);
+                windows *= ((size.max(p) - p) / (p * 0.5)).ceil() as usize + 1;
+            }
+            assert_eq!(
+                f["preprocessed_shape"],
+                serde_json::json!(grid),
+                "{id}: {f}"
+            );
+            assert_eq!(f["windows"], windows, "{id}: {f}");
+            assert_eq!(
+                f["forward_passes"],
+                windows * (1 << mirror) * folds,
+                "{id}: {f}"
+            );
+        }
+        // The text report says the same.
+        let o = prep(&["inspect", "--nnunet-model", s(&dir)]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let line = |key: &str| {
+            out.lines()
+                .find(|l| l.starts_with(key))
+                .unwrap_or_else(|| panic!("no {key} line in\n{out}"))
+                .to_string()
+        };
+        assert!(
+            line("plans").ends_with(&format!("nnUNetPlans / {config}")),
+            "{out}"
+        );
+        assert!(
+            line("patch").contains(&format!(
+                "{} at spacing {}",
+                cfg["patch_size"].to_string().replace(',', ", "),
+                cfg["spacing"].to_string().replace(',', ", ")
+            )),
+            "{out}"
+        );
+        assert!(line("channel 0").contains("CT: CTNormalization"), "{out}");
+        for w in &want {
+            assert!(line("folds").contains(w.as_str()), "{out}");
+        }
+    }
+}

@@ -565,3 +565,131 @@ fn windows_run_only_over_the_box_of_the_nonzero_input() {
         "Dice {d} between the framed and plain segmentations"
     );
 }
+
+/// Another member for an ensemble beside [`model`]: the same cache and network, another seed,
+/// fewer steps (so that its probabilities differ).
+fn member(dir: &Path, seed: &str) -> PathBuf {
+    let run = dir.join(format!("seed{seed}"));
+    let o = Command::new(env!("CARGO_BIN_EXE_train"))
+        .arg("--cache-dir")
+        .arg(bundled_cache("default", &[]))
+        .arg("--out")
+        .arg(&run)
+        .args(["--patch", "8,32,32", "--batch-size", "2", "--steps", "10"])
+        .args(["--base-channels", "4", "--stages", "3", "--seed", seed])
+        .args(["--val-fraction", "0", "--no-progress"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    run
+}
+
+/// `predict --model A --model B --model C --save-probabilities`: the ensemble's probabilities
+/// equal the mean of its members' (each predicted alone) within float16 rounding (each stored
+/// value is rounded once, and a single model's windows once more), and its segmentation is the
+/// argmax of that mean wherever the top two are not within rounding of each other.
+#[test]
+fn an_ensembles_probabilities_are_the_mean_of_its_members() {
+    let t = tempfile::tempdir().unwrap();
+    let members = [
+        model().to_path_buf(),
+        member(t.path(), "2"),
+        member(t.path(), "3"),
+    ];
+    let images = bundled_data().join("imagesTr");
+    let files: Vec<PathBuf> = ["vessels_000", "vessels_006"]
+        .iter()
+        .map(|id| images.join(format!("{id}_0000.nii.gz")))
+        .collect();
+    let run = |models: &[PathBuf], out: &Path| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_predict"));
+        for m in models {
+            c.arg("--model").arg(m);
+        }
+        let o = c
+            .args(&files)
+            .arg("--out")
+            .arg(out)
+            .args([
+                "--save-probabilities",
+                "--no-postprocessing",
+                "--json",
+                "-q",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["predicted"], 2, "{r}");
+        assert_eq!(r["checkpoints"].as_array().unwrap().len(), models.len());
+    };
+    let alone: Vec<PathBuf> = (0..members.len())
+        .map(|k| t.path().join(format!("alone{k}")))
+        .collect();
+    for (m, out) in members.iter().zip(&alone) {
+        run(std::slice::from_ref(m), out);
+    }
+    let ens = t.path().join("ensemble");
+    run(&members, &ens);
+    for id in ["vessels_000", "vessels_006"] {
+        let seg = read_volume(&ens.join(format!("{id}.nii.gz"))).unwrap();
+        let [nx, ny, nz] = seg.header.shape_xyz;
+        let n = nx * ny * nz;
+        let zarr = |dir: &Path| {
+            let z = dir.join(format!("{id}.probabilities.zarr"));
+            let attrs: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(z.join("zarr.json")).unwrap()).unwrap();
+            let values: Vec<f32> =
+                serde_json::from_value(attrs["attributes"]["voxcache"]["values"].clone()).unwrap();
+            (values, zarrs_box(&z, "", [0; 3], [nz, ny, nx]))
+        };
+        let (values, got) = zarr(&ens);
+        assert_eq!(values, [0.0, 1.0], "{id}");
+        assert_eq!(got.len(), values.len() * n, "{id}");
+        let each: Vec<Vec<f64>> = alone
+            .iter()
+            .map(|d| {
+                let (v, p) = zarr(d);
+                assert_eq!(v, values, "{id}");
+                p
+            })
+            .collect();
+        let mean: Vec<f64> = (0..got.len())
+            .map(|i| each.iter().map(|p| p[i]).sum::<f64>() / each.len() as f64)
+            .collect();
+        let worst = got
+            .iter()
+            .zip(&mean)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f64, f64::max);
+        // Three roundings to float16 of values in [0, 1], half an ulp (2^-12) each.
+        assert!(
+            worst <= 3.0 / 4096.0,
+            "{id}: ensemble off the mean by {worst}"
+        );
+        // The members differ: an ensemble of one of them would not pass.
+        let spread = each[0]
+            .iter()
+            .zip(&each[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f64, f64::max);
+        assert!(spread > 0.05, "{id}: members differ by at most {spread}");
+        let mut checked = 0;
+        for i in 0..n {
+            let (p0, p1) = (mean[i], mean[n + i]);
+            if (p0 - p1).abs() < 2e-3 {
+                continue;
+            }
+            let want = if p1 > p0 { values[1] } else { values[0] };
+            assert_eq!(seg.data[i], want, "{id}: voxel {i}, mean {p0} {p1}");
+            checked += 1;
+        }
+        assert!(
+            checked > n * 9 / 10,
+            "{id}: {checked} of {n} voxels checked"
+        );
+        eprintln!(
+            "{id}: ensemble within {worst:.2e} of the mean, members apart by up to {spread:.3}"
+        );
+    }
+}
