@@ -202,10 +202,11 @@ fn run_build(args: BuildArgs) -> Result<Exit> {
     if !args.dry_run {
         cache_apart(&args.cache_dir, &source, args.previous_stage.as_deref())?;
     }
+    let remote = args.s3.options_for(&args.cache_dir, false)?;
     let opts = BuildOptions {
         source,
         cache_dir: args.cache_dir,
-        remote: args.s3.options()?,
+        remote,
         name: args.name,
         settings,
         jobs: args.jobs,
@@ -328,6 +329,14 @@ struct InspectArgs {
 /// Exit 0: no problem is an error; 1: some problem is (or --verify found damage); 2: cannot inspect.
 fn run_inspect(args: InspectArgs) -> Result<Exit> {
     use voxcache::inspect;
+    // S3 options apply to a cache on S3 only (not a dataset, a local cache or an nnU-Net model).
+    let remote = args.s3.options_for(
+        match (&args.nnunet_model, &args.path) {
+            (None, Some(p)) => p.as_path(),
+            _ => std::path::Path::new(""),
+        },
+        true,
+    )?;
     if let Some(dir) = &args.nnunet_model {
         let inputs: Vec<PathBuf> = args.path.iter().chain(&args.more).cloned().collect();
         let report =
@@ -342,7 +351,7 @@ fn run_inspect(args: InspectArgs) -> Result<Exit> {
     // A cache on S3 is read from its local tier; --verify downloads it afresh.
     let view = local_for_reading(
         &args.path.clone().unwrap_or_default(),
-        &args.s3.options()?,
+        &remote,
         args.verify,
         Fill::Whole,
     )?;

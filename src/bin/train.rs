@@ -150,7 +150,7 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
     // A cache on S3 is trained from its local tier, fetched first where it lacks entries.
     let view = local_for_reading(
         &cli.cache_dir,
-        &cli.s3.options()?,
+        &cli.s3.options_for(&cli.cache_dir, true)?,
         false,
         Fill::OnRead { prefetch: true },
     )?;

@@ -27,6 +27,32 @@ pub struct S3Flags {
 }
 
 impl S3Flags {
+    /// The flags, checked, for a command on `location`: given with a location that is not on
+    /// S3 they do not apply and are refused, naming the flag (so is `--local-cache-gb` where
+    /// nothing is read through a tier: `reads` false).
+    pub fn options_for(&self, location: &Path, reads: bool) -> Result<RemoteOptions> {
+        let typed = [
+            ("--s3-endpoint", self.s3_endpoint.is_some()),
+            ("--local-cache", self.local_cache.is_some()),
+            ("--local-cache-gb", self.local_cache_gb.is_some()),
+        ];
+        let on_s3 = matches!(Location::parse(location), Ok(Location::S3(_)));
+        if let (false, Some((flag, _))) = (on_s3, typed.iter().find(|t| t.1)) {
+            return Err(Error::Config(format!(
+                "{flag} does not apply to {}: it is for caches on S3 (s3://BUCKET/PREFIX)",
+                location.display()
+            )));
+        }
+        if !reads && self.local_cache_gb.is_some() {
+            return Err(Error::Config(
+                "--local-cache-gb does not apply to build-cache: it bounds the local tier that \
+                 inspect and train read a cache on S3 through"
+                    .into(),
+            ));
+        }
+        self.options()
+    }
+
     /// The flags, checked.
     pub fn options(&self) -> Result<RemoteOptions> {
         let budget = match self.local_cache_gb {

@@ -203,7 +203,7 @@ pub fn validate_fold(opts: &FoldValidationOptions) -> Result<FoldValidation> {
             device: opts.device.clone(),
             overlap: 0.5,
             mirror: opts.mirror,
-            batch: 2,
+            batch: 1,
             jobs: opts.jobs,
             save_probabilities: true,
             window_memory: 256 << 20,

@@ -278,3 +278,76 @@ fn overlap_and_step_size_are_one_setting_in_both_kinds_of_model() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("two ways"), "{}", text(&o));
 }
+
+#[test]
+fn s3_options_are_refused_where_nothing_is_on_s3() {
+    let t = tempfile::tempdir().unwrap();
+    let data = crate::common::fixtures::bundled_data();
+    let cache = t.path().join("cache");
+    let run = t.path().join("run");
+    let cases: [(&str, Vec<&str>, &str); 5] = [
+        (
+            "prep",
+            vec![
+                "build-cache",
+                s(&data),
+                "--cache-dir",
+                s(&cache),
+                "--s3-endpoint",
+                "http://127.0.0.1:9",
+            ],
+            "--s3-endpoint",
+        ),
+        (
+            "prep",
+            vec!["inspect", s(&data), "--local-cache", s(&cache)],
+            "--local-cache",
+        ),
+        (
+            "train",
+            vec![
+                "--cache-dir",
+                s(&cache),
+                "--local-cache-gb",
+                "1",
+                "--out",
+                s(&run),
+            ],
+            "--local-cache-gb",
+        ),
+        // A build stages, it reads through no tier: its budget does not apply.
+        (
+            "prep",
+            vec![
+                "build-cache",
+                s(&data),
+                "--cache-dir",
+                "s3://bucket/p",
+                "--local-cache-gb",
+                "1",
+            ],
+            "--local-cache-gb",
+        ),
+        (
+            "prep",
+            vec![
+                "inspect",
+                "--nnunet-model",
+                s(&data),
+                "--s3-endpoint",
+                "http://127.0.0.1:9",
+            ],
+            "--s3-endpoint",
+        ),
+    ];
+    for (bin, args, flag) in cases {
+        let o = crate::common::fixtures::run(bin, &args);
+        let said = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{bin} {args:?}: {said}");
+        assert!(
+            said.contains(&format!("{flag} does not apply")),
+            "{bin} {args:?}: {said}"
+        );
+        assert!(!cache.exists(), "{bin} {args:?} wrote the cache");
+    }
+}
