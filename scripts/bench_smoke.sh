@@ -69,6 +69,8 @@ step distance_map "$EX/distance_map" "$tmp/mask.u8" 8,12,16 1,1,1 "$tmp/distance
 cp -r tests/fuzz_corpus "$tmp/corpus"
 step fuzz_headers "$EX/fuzz_headers" --iterations 2000 --corpus "$tmp/corpus"
 step fuzz_records "$EX/fuzz_records" --iterations 20000
+cp -r tests/checkpoint_corpus "$tmp/checkpoint_corpus"
+step fuzz_checkpoints "$EX/fuzz_checkpoints" --iterations 300 --corpus "$tmp/checkpoint_corpus"
 step skeleton_halo "$EX/skeleton_halo" "$tmp/derived"
 step skeleton_mask "$EX/skeleton_mask" "$tmp/mask.u8" 8,12,16 "$tmp/skeleton.u8"
 step nnunet_stages "$EX/nnunet_stages" --nnunet-model \

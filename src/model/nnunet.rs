@@ -12,7 +12,7 @@
 //! statistics, another network's layers) refuses the checkpoint: its trainer changed the
 //! network the plans describe.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
@@ -23,6 +23,9 @@ use crate::error::{Error, Result};
 use crate::format::nnunet::pickle::{Pickle, TensorRef, TorchDtype, Value};
 use crate::format::nnunet::torch_archive::{ArchiveLimits, RawTensor, TorchArchive};
 use crate::format::nnunet::{Architecture, Plans};
+
+/// Most parameters a checkpoint may place (nnU-Net's largest networks have a few hundred).
+const MAX_PARAMETERS: usize = 1 << 16;
 
 fn bad(path: &Path, message: impl Into<String>) -> Error {
     Error::Model {
@@ -214,13 +217,13 @@ impl NnunetCheckpoint {
     /// Read `path`, placing its weights in the network of `arch` (its stage count names the
     /// decoder levels).
     pub fn read(path: &Path, arch: &Architecture) -> Result<NnunetCheckpoint> {
-        let archive = TorchArchive::open(path, ArchiveLimits::default())?;
-        Self::from_archive(archive, arch)
+        let mut archive = TorchArchive::open(path, ArchiveLimits::default())?;
+        Self::from_archive(&mut archive, arch)
     }
 
     /// Read an open archive (a file, or bytes in memory), as [`NnunetCheckpoint::read`].
     pub fn from_archive<R: std::io::Read + std::io::Seek>(
-        mut archive: TorchArchive<R>,
+        archive: &mut TorchArchive<R>,
         arch: &Architecture,
     ) -> Result<NnunetCheckpoint> {
         let path = archive.path().to_path_buf();
@@ -261,6 +264,8 @@ impl NnunetCheckpoint {
         };
         let n_stages = arch.features.len();
         let mut wanted: Vec<(String, String, TensorRef)> = Vec::new();
+        let mut placed = HashSet::new();
+        let mut storages: HashMap<String, &str> = HashMap::new();
         for &(k, v) in entries {
             let name = pk.text(k).ok_or_else(|| {
                 bad(
@@ -278,8 +283,25 @@ impl NnunetCheckpoint {
                     format!("parameter {name} is {}, not a tensor", pk.describe(v)),
                 ));
             };
-            if wanted.iter().any(|(o, _, _)| *o == ours) {
+            if !placed.insert(ours.clone()) {
                 return Err(bad(path, format!("parameter {name} is given twice")));
+            }
+            // Each placed weight has its own storage in nnU-Net's state dicts; sharing one
+            // would let a small file claim its bytes many times over.
+            if let Some(other) = storages.insert(t.storage.key.clone(), name) {
+                return Err(bad(
+                    path,
+                    format!(
+                        "parameters {other} and {name} share storage {}: not a state dict nnU-Net writes",
+                        t.storage.key
+                    ),
+                ));
+            }
+            if placed.len() > MAX_PARAMETERS {
+                return Err(bad(
+                    path,
+                    format!("more than {MAX_PARAMETERS} parameters: not an nnU-Net network"),
+                ));
             }
             wanted.push((ours, name.to_string(), (**t).clone()));
         }
@@ -332,10 +354,13 @@ impl NnunetCheckpoint {
     /// and shape, without building it; a mismatch names the parameter, both shapes and the
     /// plans' field behind it.
     pub fn check_network(&self, config: &UNetConfig, plans: &Plans) -> Result<()> {
-        let expected: HashMap<String, Vec<usize>> = parameter_shapes(config)
+        // In the network's order, so the first mismatch named is the shallowest.
+        let in_order: Vec<(String, Vec<usize>)> = parameter_shapes(config)
             .into_iter()
             .filter(|(n, _)| !is_ds(n))
             .collect();
+        let expected: HashMap<&str, &Vec<usize>> =
+            in_order.iter().map(|(n, s)| (n.as_str(), s)).collect();
         let field = |ours: &str, dim: Option<usize>| field_of(ours, dim, config, plans);
         let theirs = |ours: &str| self.names.get(ours).cloned().unwrap_or_else(|| ours.into());
         // Checkpoint layout: a 2D network's weights have no depth axis.
@@ -346,10 +371,7 @@ impl NnunetCheckpoint {
             }
             s
         };
-        let mut ours: Vec<&String> = expected.keys().collect();
-        ours.sort();
-        for name in ours {
-            let want = &expected[name];
+        for (name, want) in &in_order {
             let Some(t) = self.weights.get(name) else {
                 return Err(bad(&self.path, format!("the network of the plans has a parameter the checkpoint lacks ({name}, shape {:?}): {}", shown(want), field(name, None))));
             };
@@ -370,7 +392,7 @@ impl NnunetCheckpoint {
         let mut extra: Vec<&String> = self
             .weights
             .keys()
-            .filter(|n| !is_ds(n) && !expected.contains_key(*n))
+            .filter(|n| !is_ds(n) && !expected.contains_key(n.as_str()))
             .collect();
         extra.sort();
         if let Some(name) = extra.first() {

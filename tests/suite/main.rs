@@ -11,6 +11,7 @@ mod crossval;
 mod derived;
 mod evaluate;
 mod flags;
+mod hostile_checkpoints;
 mod hostile_inputs;
 mod hostile_plans;
 mod hostile_runs;

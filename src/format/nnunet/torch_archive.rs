@@ -1,9 +1,10 @@
 //! The zip archive `torch.save` writes: `NAME/data.pkl` (the pickle, read by [`super::pickle`])
 //! and one `NAME/data/KEY` entry per storage. A tensor's bytes are read only when asked for,
 //! after its shape, strides and offset are checked against its storage's size in the pickle,
-//! and that size against the zip entry's declared length; the read itself stops at the bytes
-//! the tensor needs (`Read::take`) and checks that they all came. Nothing is allocated from a
-//! claimed size before these checks.
+//! and that size against the zip entry's declared length. Each entry is then read through
+//! `Read::take` to one byte past its declared length (so the zip reader checks its CRC) and
+//! must hold exactly that length. Nothing is allocated from a claimed size: buffers grow with
+//! the bytes that actually come.
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
@@ -220,13 +221,6 @@ impl<R: Read + Seek> TorchArchive<R> {
                 s.key, s.numel
             ))
         })?;
-        let read_bytes = (end - t.offset) * esize; // <= storage_bytes
-        if self.tensor_bytes.saturating_add(read_bytes) > self.limits.max_tensor_bytes {
-            return Err(fail(format!(
-                "more than {} bytes of tensors in one checkpoint (limit)",
-                self.limits.max_tensor_bytes
-            )));
-        }
         let entry_name = format!("{}data/{}", self.prefix, s.key);
         let entry = self
             .zip
@@ -240,23 +234,30 @@ impl<R: Read + Seek> TorchArchive<R> {
                 s.dtype.storage_name()
             )));
         }
-        let mut reader = entry.take(t.offset * esize + read_bytes);
-        let skipped = std::io::copy(
-            &mut (&mut reader).take(t.offset * esize),
-            &mut std::io::sink(),
-        )
-        .map_err(|e| fail(format!("{entry_name} does not read: {e}")))?;
-        let mut bytes = Vec::new();
-        reader
-            .read_to_end(&mut bytes)
-            .map_err(|e| fail(format!("{entry_name} does not read: {e}")))?;
-        if skipped + bytes.len() as u64 != t.offset * esize + read_bytes {
+        if self.tensor_bytes.saturating_add(storage_bytes) > self.limits.max_tensor_bytes {
             return Err(fail(format!(
-                "{entry_name} ends after {} bytes, its zip entry declares {storage_bytes}: truncated",
-                skipped + bytes.len() as u64
+                "more than {} bytes of tensors in one checkpoint (limit)",
+                self.limits.max_tensor_bytes
             )));
         }
-        self.tensor_bytes += read_bytes;
+        // The whole entry, to its end, so the zip reader checks its CRC.
+        let mut bytes = Vec::new();
+        entry
+            .take(storage_bytes + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(format!("{entry_name} does not read: {e}")))?;
+        if bytes.len() as u64 != storage_bytes {
+            return Err(fail(format!(
+                "{entry_name} holds {} bytes, its zip entry declares {storage_bytes}",
+                bytes.len()
+            )));
+        }
+        self.tensor_bytes += storage_bytes;
+        // In bounds: offset + span = end <= numel, and bytes holds numel elements.
+        let bytes = bytes
+            .get((t.offset * esize) as usize..(end * esize) as usize)
+            .unwrap_or(&[])
+            .to_vec();
         let shape: Vec<usize> = t
             .shape
             .iter()
@@ -293,16 +294,17 @@ fn read_entry<R: Read + Seek>(
             format!("{name} is {declared} bytes: more than {max} (limit)"),
         ));
     }
+    // To the entry's end (one byte past the declared size), so the zip reader checks its CRC.
     let mut bytes = Vec::new();
     entry
-        .take(declared)
+        .take(declared + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| bad(path, format!("{name} does not read: {e}")))?;
     if bytes.len() as u64 != declared {
         return Err(bad(
             path,
             format!(
-                "{name} holds {} bytes, its zip entry declares {declared}: truncated",
+                "{name} holds {} bytes, its zip entry declares {declared}",
                 bytes.len()
             ),
         ));
