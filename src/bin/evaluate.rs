@@ -247,8 +247,13 @@ fn best_main(cli: &Cli, configurations: Vec<PathBuf>) -> Result<Exit> {
         jobs: cli.jobs,
         progress: !cli.quiet,
     })?;
+    let json = serde_json::to_string_pretty(&r)?;
+    if let Some(path) = &cli.summary {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if cli.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        println!("{json}");
         return Ok(Exit::Success);
     }
     println!(

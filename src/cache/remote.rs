@@ -77,6 +77,11 @@ pub fn url_folder(base: &Path, url: &S3Url) -> PathBuf {
     p
 }
 
+/// Objects under `entries/` per entry key (each with its path in the entry as its key).
+type Listing = BTreeMap<String, Vec<Listed>>;
+/// Files of an entry: path in the entry, bytes.
+type Files = Vec<(String, u64)>;
+
 /// A cache prefix in a bucket, and a client for it.
 pub struct RemoteCache {
     client: Client,
@@ -229,7 +234,7 @@ impl RemoteCache {
     /// per entry key; and the URLs of the objects whose key is not `ab/KEY/REL` with `ab` the
     /// key's first two digits, a content key, and a relative path of plain components (a
     /// bucket keeps any key verbatim, `..` and `//` included): those must never name a file.
-    fn entry_listing(&self) -> Result<(BTreeMap<String, Vec<Listed>>, Vec<String>)> {
+    fn entry_listing(&self) -> Result<(Listing, Vec<String>)> {
         let base = self.url.key(&format!("{ENTRIES_DIR}/"));
         let mut out: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         let mut bad = Vec::new();
@@ -464,7 +469,7 @@ pub fn mirror(
         ..MirrorReport::default()
     };
     // Per entry the tier lacks: its metadata files; over all entries: the files to come.
-    let mut missing: Vec<(&String, Vec<(String, u64)>, u64)> = Vec::new();
+    let mut missing: Vec<(&String, Files, u64)> = Vec::new();
     let mut pending: Vec<(PathBuf, u64)> = Vec::new();
     // Every chunk and shard file the tier may fetch, with its listed size: nothing else is
     // fetched, and nothing past that size is written.

@@ -125,12 +125,24 @@ fn five_folds_cross_validate_ensemble_and_predict() {
 
     // The best of two configurations and their ensemble.
     let best_dir = t.path().join("best");
+    let summary = t.path().join("best-summary.json");
     let o = bin(
         "evaluate",
-        &["--best", s(&a), s(&b), "--out", s(&best_dir), "-q"],
+        &[
+            "--best",
+            s(&a),
+            s(&b),
+            "--out",
+            s(&best_dir),
+            "--summary",
+            s(&summary),
+            "-q",
+        ],
     );
     assert!(o.status.success(), "{}", text(&o));
     let best = json(&best_dir.join("best.json"));
+    // --summary is honoured with --best too: the same report.
+    assert_eq!(json(&summary)["ranking"], best["ranking"]);
     let ranking = best["ranking"].as_array().unwrap();
     assert_eq!(ranking.len(), 3, "{best}");
     assert!(ranking.iter().any(|c| c["name"] == "plain + other"));
