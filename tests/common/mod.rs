@@ -6,10 +6,12 @@
 //! - here: nnU-Net style cases and a deterministic random stream;
 //! - [`fixtures`]: running `prep build-cache` into caches, and walking and copying them;
 //! - [`probe`]: this process's memory use, read from `/proc/self/status`;
+//! - [`bounded`]: a binary run under a time limit and an address-space cap;
 //! - `zarr_read`: zarrs' own reads, the reference for the patch readers.
 // Each test crate uses a subset of these helpers, reached through `pub`.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod bounded;
 pub mod fixtures;
 pub mod nii;
 pub mod probe;

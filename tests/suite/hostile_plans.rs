@@ -9,66 +9,19 @@
 
 use crate::common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::fixtures::{bundled_cache, copy_tree, process_scratch, text};
 use common::Nii;
 
 /// A child must finish within this.
 const LIMIT: Duration = Duration::from_secs(120);
-/// Address space allowed to a child.
-const MAX_AS: u64 = 4 << 30;
 
-/// `BIN ARGS` with `env` set, bounded in time and address space: (exit code, stdout + stderr).
-/// A signal (an abort on a failed allocation, the kill at the limit) or a panic fails the test.
+/// `BIN ARGS` with `env` set, bounded in time and address space: (exit code, output).
 fn bounded(bin: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut cmd = Command::new(bin);
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: MAX_AS,
-                rlim_max: MAX_AS,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > LIMIT {
-            let _ = child.kill();
-            panic!("{bin} {args:?} ran past {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let o = child.wait_with_output().unwrap();
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let code = status
-        .code()
-        .unwrap_or_else(|| panic!("{bin} {args:?} killed by a signal: {out}"));
-    assert!(
-        code != 101 && !out.contains("panicked"),
-        "{bin} {args:?} panicked: {out}"
-    );
-    (code, out)
+    crate::common::bounded::bounded(bin, args, env, LIMIT)
 }
 
 fn predict(args: &[&str]) -> (i32, String) {

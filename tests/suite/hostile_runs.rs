@@ -9,18 +9,15 @@
 
 use crate::common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::fixtures::{bundled_cache, bundled_data, copy_tree, process_scratch, text};
 
 /// A child must finish within this.
 const LIMIT: Duration = Duration::from_secs(120);
-/// Address space allowed to a child.
-const MAX_AS: u64 = 4 << 30;
 
 /// A tiny model trained once for this binary.
 fn model() -> &'static Path {
@@ -41,50 +38,9 @@ fn model() -> &'static Path {
     })
 }
 
-/// `predict ARGS` bounded in time and address space: (exit code, stdout + stderr). A signal
-/// (an abort on a failed allocation, the kill at the limit) or a panic fails the test.
+/// `predict ARGS` bounded in time and address space: (exit code, stdout + stderr).
 fn predict(args: &[&str]) -> (i32, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_predict"));
-    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: MAX_AS,
-                rlim_max: MAX_AS,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > LIMIT {
-            let _ = child.kill();
-            panic!("predict {args:?} ran past {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let o = child.wait_with_output().unwrap();
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let code = status
-        .code()
-        .unwrap_or_else(|| panic!("predict {args:?} killed by a signal: {out}"));
-    assert!(
-        code != 101 && !out.contains("panicked"),
-        "predict {args:?} panicked: {out}"
-    );
-    (code, out)
+    crate::common::bounded::bounded(env!("CARGO_BIN_EXE_predict"), args, &[], LIMIT)
 }
 
 /// A change to a run.json.
