@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use voxcache::cache::remote::Fill;
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::modes::Given;
 use voxcache::config::remote::local_path;
 use voxcache::config::remote::{local_for_reading, S3Flags};
 use voxcache::config::settings::{dataset_source, resolve};
@@ -327,8 +328,9 @@ struct InspectArgs {
 }
 
 /// Exit 0: no problem is an error; 1: some problem is (or --verify found damage); 2: cannot inspect.
-fn run_inspect(args: InspectArgs) -> Result<Exit> {
+fn run_inspect(args: InspectArgs, given: &Given) -> Result<Exit> {
     use voxcache::inspect;
+    inspect_modes(&args, given)?;
     // S3 options apply to a cache on S3 only (not a dataset, a local cache or an nnU-Net model).
     let remote = args.s3.options_for(
         match (&args.nnunet_model, &args.path) {
@@ -396,13 +398,63 @@ fn run_inspect(args: InspectArgs) -> Result<Exit> {
     Ok(Exit::unless_failed(report.errors > 0))
 }
 
+/// `prep inspect`'s options of one kind of path only (a dataset, a cache, an nnU-Net model),
+/// refused with the others, naming the option and the kind.
+fn inspect_modes(args: &InspectArgs, given: &Given) -> Result<()> {
+    // The build options (spacing, chunk, normalization...): what a dataset would be built with.
+    let build_flags: Vec<String> = PrepFlags::augment_args(clap::Command::new("prep"))
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    let build: Vec<&str> = build_flags.iter().map(String::as_str).collect();
+    if args.nnunet_model.is_some() {
+        let mut ids = vec![
+            "verify",
+            "headers_only",
+            "preview",
+            "out",
+            "channel",
+            "jobs",
+        ];
+        ids.extend(&build);
+        given.refuse(&ids, "prep inspect --nnunet-model", |_| None)?;
+        return Ok(());
+    }
+    given.refuse(
+        &["nnunet_checkpoint"],
+        "prep inspect of a dataset or a cache",
+        |_| Some("it goes with --nnunet-model".into()),
+    )?;
+    let path = args.path.clone().unwrap_or_default();
+    let cache = path.to_string_lossy().starts_with("s3://")
+        || path.join(voxcache::format::MANIFEST_FILE).is_file();
+    if cache {
+        let mut ids = vec!["headers_only"];
+        ids.extend(&build);
+        given.refuse(&ids, "a cache", |_| {
+            Some("it is an option of a dataset's forecast (inspect the dataset folder)".into())
+        })?;
+    } else {
+        given.refuse(&["verify"], "a dataset", |_| {
+            Some("it checks a built cache (give the cache folder)".into())
+        })?;
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     voxcache::config::exit::quiet_on_closed_pipe();
-    let cli = Cli::parse();
+    let cmd = Cli::command();
+    let matches = cmd.clone().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = match (matches.subcommand(), cmd.find_subcommand("inspect")) {
+        (Some(("inspect", sub)), Some(c)) => Given::of(c, sub),
+        _ => Given::default(),
+    };
     let result = match cli.command {
         Command::BuildCache(a) => run_build(*a),
         Command::Synth(a) => run_synth(a),
-        Command::Inspect(a) => run_inspect(*a),
+        Command::Inspect(a) => run_inspect(*a, &given),
         Command::Plan(a) => run_plan(a),
     };
     voxcache::config::exit::finish(result)

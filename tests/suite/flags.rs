@@ -351,3 +351,125 @@ fn s3_options_are_refused_where_nothing_is_on_s3() {
         assert!(!cache.exists(), "{bin} {args:?} wrote the cache");
     }
 }
+
+/// `prep inspect`'s options: a value for each (`None`: a switch) and its fate on a dataset, a
+/// cache and an nnU-Net model. The build options (spacing, chunk...) are a dataset forecast's.
+fn inspect_table() -> Vec<(&'static str, Option<&'static str>, [Fate; 3])> {
+    let build = [Applies, Refused, Refused];
+    vec![
+        (
+            "--nnunet-model",
+            Some("/nonexistent/nn"),
+            [Applies, Applies, Applies],
+        ),
+        (
+            "--nnunet-checkpoint",
+            Some("checkpoint_best.pth"),
+            [Refused, Refused, Applies],
+        ),
+        ("--pipeline", Some("default"), build),
+        ("--configuration", Some("3d_fullres"), build),
+        ("--spacing", Some("auto"), build),
+        ("--normalization", Some("zscore"), build),
+        ("--layout", Some("raw"), build),
+        ("--image-dtype", Some("float32"), build),
+        ("--chunk", Some("32,128,128"), build),
+        ("--shard", Some("none"), build),
+        ("--compression", Some("none"), build),
+        ("--compression-level", Some("3"), build),
+        ("--fg-samples", Some("100"), build),
+        ("--seed", Some("1"), build),
+        ("--derived", Some("none"), build),
+        ("--max-case-gib", Some("1"), build),
+        ("--input-ram-mib", Some("64"), build),
+        // The paths here are local: S3 options never apply.
+        (
+            "--s3-endpoint",
+            Some("http://127.0.0.1:9"),
+            [Refused, Refused, Refused],
+        ),
+        (
+            "--local-cache",
+            Some("/nonexistent/lc"),
+            [Refused, Refused, Refused],
+        ),
+        ("--local-cache-gb", Some("1"), [Refused, Refused, Refused]),
+        ("--json", None, [Applies, Applies, Applies]),
+        ("--verify", None, [Refused, Applies, Refused]),
+        ("--headers-only", None, [Applies, Refused, Refused]),
+        ("--jobs", Some("1"), [Applies, Applies, Refused]),
+        ("--preview", Some("case"), [Applies, Applies, Refused]),
+        (
+            "--out",
+            Some("/nonexistent/p.png"),
+            [Applies, Applies, Refused],
+        ),
+        ("--channel", Some("0"), [Applies, Applies, Refused]),
+    ]
+}
+
+#[test]
+fn every_inspect_option_is_used_or_refused_for_each_kind_of_path() {
+    let exe = env!("CARGO_BIN_EXE_prep");
+    let table = inspect_table();
+    for o in help_options(exe, &["inspect"]) {
+        assert!(
+            table.iter().any(|(name, _, _)| *name == o),
+            "prep inspect --help lists {o}, which this table does not place"
+        );
+    }
+    let t = tempfile::tempdir().unwrap();
+    // A cache as far as the mode goes: a folder with a manifest (this one does not parse).
+    let cache = t.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(cache.join("manifest.json"), b"{}").unwrap();
+    let modes: [(&str, Vec<&str>); 3] = [
+        ("a dataset", vec!["inspect", "/nonexistent/data"]),
+        ("a cache", vec!["inspect", s(&cache)]),
+        (
+            "--nnunet-model",
+            vec!["inspect", "--nnunet-model", "/nonexistent/nn"],
+        ),
+    ];
+    for (name, value, fates) in &table {
+        if *name == "--nnunet-model" {
+            continue;
+        }
+        for (m, (mode, args)) in modes.iter().enumerate() {
+            let mut cmd = Command::new(exe);
+            cmd.args(args).arg(name);
+            if let Some(v) = value {
+                cmd.arg(v);
+            }
+            // --preview and --out need each other (the refusal may name either).
+            let companion = match *name {
+                "--preview" => Some("--out"),
+                "--out" | "--channel" => Some("--preview"),
+                _ => None,
+            };
+            match *name {
+                "--preview" => cmd.args(["--out", "/nonexistent/p.png"]),
+                "--out" => cmd.args(["--preview", "case"]),
+                "--channel" => cmd.args(["--preview", "case", "--out", "/nonexistent/p.png"]),
+                _ => &mut cmd,
+            };
+            let o = cmd.output().unwrap();
+            let said = text(&o);
+            let refused = said.contains("does not apply to");
+            match fates[m] {
+                Refused => {
+                    assert_eq!(o.status.code(), Some(2), "{name} on {mode}: {said}");
+                    // S3 options name the path itself rather than its kind.
+                    let s3 = name.starts_with("--s3") || name.starts_with("--local-cache");
+                    assert!(
+                        refused
+                            && (said.contains(name) || companion.is_some_and(|c| said.contains(c)))
+                            && (said.contains(mode) || s3),
+                        "{name} on {mode} should be refused naming it: {said}"
+                    );
+                }
+                Applies => assert!(!refused, "{name} on {mode} was refused: {said}"),
+            }
+        }
+    }
+}
