@@ -23,6 +23,14 @@ struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
+/// The counters are the process's: the tests take turns, or each would count the other's
+/// allocations (the harness runs tests on parallel threads).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         let p = unsafe { System.alloc(l) };
@@ -122,6 +130,7 @@ fn plan(patch: [usize; 3], batch: usize, features: Vec<usize>, encoder: Encoder)
 /// encoders, batch 1 to 4): the forecast within 15% of the measured peak.
 #[test]
 fn forecast_is_within_15_percent_of_the_measured_peak() {
+    let _turn = one_at_a_time();
     let plans = [
         plan([16, 64, 64], 4, vec![8, 16, 32, 64], Encoder::Plain),
         plan([32, 32, 32], 2, vec![16, 32, 64], Encoder::Plain),
@@ -214,6 +223,7 @@ fn measure_pass(net: &UNet, patch: [usize; 3], batch: usize) -> u64 {
 /// connections and one layer, not every activation (which would double it here).
 #[test]
 fn prediction_pass_forecast_holds_and_its_peak_does_not_grow_with_depth() {
+    let _turn = one_at_a_time();
     let patch = [16, 64, 64];
     let workers = rayon::current_num_threads();
     let cases = [
