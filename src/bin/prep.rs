@@ -426,15 +426,19 @@ fn inspect_modes(args: &InspectArgs, given: &Given) -> Result<()> {
         |_| Some("it goes with --nnunet-model".into()),
     )?;
     let path = args.path.clone().unwrap_or_default();
-    let cache = path.to_string_lossy().starts_with("s3://")
-        || path.join(voxcache::format::MANIFEST_FILE).is_file();
-    if cache {
+    // The kind inspect itself will see; a path of neither kind fails there, naming it.
+    let kind = if path.to_string_lossy().starts_with("s3://") {
+        Some(voxcache::inspect::Kind::Cache)
+    } else {
+        voxcache::inspect::detect(&path).ok()
+    };
+    if kind == Some(voxcache::inspect::Kind::Cache) {
         let mut ids = vec!["headers_only"];
         ids.extend(&build);
         given.refuse(&ids, "a cache", |_| {
             Some("it is an option of a dataset's forecast (inspect the dataset folder)".into())
         })?;
-    } else {
+    } else if kind == Some(voxcache::inspect::Kind::Dataset) {
         given.refuse(&["verify"], "a dataset", |_| {
             Some("it checks a built cache (give the cache folder)".into())
         })?;

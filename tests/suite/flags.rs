@@ -423,8 +423,11 @@ fn every_inspect_option_is_used_or_refused_for_each_kind_of_path() {
     let cache = t.path().join("cache");
     std::fs::create_dir_all(&cache).unwrap();
     std::fs::write(cache.join("manifest.json"), b"{}").unwrap();
+    // A dataset of one small case.
+    let data = t.path().join("data");
+    crate::common::write_case(&data, "a", [12, 10, 4], [1.0, 1.0, 2.0], 1);
     let modes: [(&str, Vec<&str>); 3] = [
-        ("a dataset", vec!["inspect", "/nonexistent/data"]),
+        ("a dataset", vec!["inspect", s(&data)]),
         ("a cache", vec!["inspect", s(&cache)]),
         (
             "--nnunet-model",
