@@ -43,8 +43,10 @@ def main() -> int:
             prefix = f"{run_id}/{name}"
             local = os.path.join(tmp, name)
             for dest in (f"s3://{a.bucket}/{prefix}", local):
+                # --local-cache (where entries are staged) applies to a cache on S3 only.
+                stage = ["--local-cache", os.path.join(tmp, "stage")] if dest.startswith("s3://") else []
                 subprocess.run([a.prep, "build-cache", a.data, "--cache-dir", dest, "-q",
-                                "--local-cache", os.path.join(tmp, "stage"), *flags],
+                                *stage, *flags],
                                check=True, env=env, stdout=subprocess.DEVNULL)
             s3 = S3Store(a.bucket, prefix=prefix, endpoint=a.endpoint,
                          access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
