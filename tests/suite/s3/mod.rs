@@ -36,6 +36,12 @@ struct Server {
 fn server(test: &str) -> Server {
     if let Ok(endpoint) = std::env::var("VOXCACHE_TEST_S3_ENDPOINT") {
         let bucket = std::env::var("VOXCACHE_TEST_S3_BUCKET").unwrap_or_else(|_| "voxtest".into());
+        // A server just started may answer before its bucket exists: wait for the bucket once.
+        static READY: OnceLock<Result<(), String>> = OnceLock::new();
+        let ready = READY.get_or_init(|| bucket_ready(&endpoint, &bucket, Duration::from_secs(60)));
+        if let Err(e) = ready {
+            panic!("{test}: {e}");
+        }
         return Server { endpoint, bucket };
     }
     static STARTED: OnceLock<Result<String, String>> = OnceLock::new();
@@ -116,19 +122,29 @@ fn start_seaweedfs() -> Result<String, String> {
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("cannot start weed: {e}"))?;
     let endpoint = "http://127.0.0.1:8333".to_string();
-    let start = Instant::now();
+    bucket_ready(&endpoint, "voxtest", Duration::from_secs(90))?;
+    Ok(endpoint)
+}
+
+/// Wait until `bucket` answers a signed listing at `endpoint` (the server up, the bucket made).
+fn bucket_ready(endpoint: &str, bucket: &str, within: Duration) -> Result<(), String> {
     let client = Client::new(
-        Config::from_env(Some(&endpoint)).map_err(|e| e.to_string())?,
-        "voxtest",
+        Config::from_env(Some(endpoint)).map_err(|e| e.to_string())?,
+        bucket,
     )
     .map_err(|e| e.to_string())?;
-    while start.elapsed() < Duration::from_secs(90) {
-        if client.check_bucket().is_ok() {
-            return Ok(endpoint);
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < within {
+        match client.check_bucket() {
+            Ok(()) => return Ok(()),
+            Err(e) => last = e.to_string(),
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    Err("SeaweedFS did not answer on 127.0.0.1:8333 within 90 s".into())
+    Err(format!(
+        "bucket {bucket} at {endpoint} not ready within {within:?}: {last}"
+    ))
 }
 
 impl Server {
