@@ -293,58 +293,13 @@ pub fn inference_pass(
     }
 }
 
-/// Trainable scalars of `config`'s network, counted as [`super::unet::UNet`] creates them.
+/// Trainable scalars of `config`'s network, counted as [`super::unet::UNet`] creates them
+/// (from [`super::unet::parameter_shapes`], the one list of its parameters).
 pub fn parameter_count(config: &UNetConfig) -> u64 {
-    let depth = config.strides.len() + 1;
-    let conv = |cin: usize, cout: usize, k: [usize; 3]| -> u64 {
-        (cout * cin * k.iter().product::<usize>() + cout) as u64
-    };
-    // conv (+ bias) and the norm's weight and bias
-    let block = |cin: usize, cout: usize, k: [usize; 3]| conv(cin, cout, k) + 2 * cout as u64;
-    let residual = config.encoder == Encoder::Residual;
-    let mut p = 0;
-    if residual {
-        p += block(config.in_channels, config.channels(0), config.kernel(0));
-    }
-    for s in 0..depth {
-        let (cout, k) = (config.channels(s), config.kernel(s));
-        for b in 0..config.encoder_blocks(s) {
-            let cin = match (s, b, residual) {
-                (0, 0, false) => config.in_channels,
-                (0, _, _) | (_, 1.., _) => cout,
-                _ => config.channels(s - 1),
-            };
-            p += block(cin, cout, k);
-            if residual {
-                p += block(cout, cout, k);
-                if cin != cout {
-                    // bias-free 1x1x1 projection and its norm
-                    p += (cin * cout + 2 * cout) as u64;
-                }
-            }
-        }
-    }
-    for level in 0..depth - 1 {
-        let (c, deep, k) = (
-            config.channels(level),
-            config.channels(level + 1),
-            config.kernel(level),
-        );
-        let s = config.strides[level];
-        p += match config.upsampling {
-            super::config::Upsampling::Transpose => {
-                (deep * c * s.iter().product::<usize>() + c) as u64
-            }
-            super::config::Upsampling::Nearest => conv(deep, c, [1; 3]),
-        };
-        for b in 0..config.decoder_blocks(level) {
-            p += block(if b == 0 { 2 * c } else { c }, c, k);
-        }
-    }
-    for &l in &config.supervised_levels() {
-        p += conv(config.channels(l), config.num_classes, [1; 3]);
-    }
-    p
+    super::unet::parameter_shapes(config)
+        .iter()
+        .map(|(_, shape)| shape.iter().product::<usize>() as u64)
+        .sum()
 }
 
 #[cfg(test)]
