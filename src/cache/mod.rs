@@ -11,6 +11,7 @@ pub mod fg_index;
 pub mod key;
 pub mod layout;
 pub mod manifest;
+pub mod probabilities;
 pub mod reader;
 pub mod remote;
 pub mod source;

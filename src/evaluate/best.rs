@@ -16,11 +16,11 @@ use super::crossval::{
 };
 use super::pairs::{CasePair, Pairs};
 use super::{evaluate_pairs, ClassTable};
+use crate::cache::probabilities::ProbabilityReader;
 use crate::error::{Error, Result};
 use crate::format::crossval::{Postprocessing, SUMMARY_FILE, VALIDATION_DIR};
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::run::RunRecord;
-use crate::infer::prob_zarr::ProbabilityReader;
 use crate::nifti_io::{LabelType, LabelWriter};
 
 /// What to compare.

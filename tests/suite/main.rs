@@ -7,6 +7,7 @@
 mod common;
 
 mod cascade;
+mod cascade_probabilities;
 mod crossval;
 mod derived;
 mod evaluate;

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::entry::{write_entry, EntryInput};
+use super::previous_probabilities::{self, PreviousProbabilities};
 use crate::cache::layout::{dir_bytes, Commit};
 use crate::cache::store::EntryStore;
 use crate::cache::{content_key, CacheDir};
 use crate::error::{Error, Result};
 use crate::format::entry::{InputGeometry, OutputGeometry, SourceFile, Sources};
-use crate::format::{Dtype, OutputParams};
+use crate::format::{Dtype, Normalization, OutputParams};
 use crate::geometry::VoxelRead;
 use crate::geometry::{zyx, Affine};
 use crate::nifti_io;
@@ -119,7 +120,12 @@ pub(super) fn decode_case(
         check_pair(id, images[0].0.header(), l.voxels.header())?;
     }
     // The files may have changed since the key was computed: refuse to file them under it.
-    let hashes: Vec<blake3::Hash> = images.iter().map(|(_, st, _)| st.file_hash).collect();
+    let hashes = images
+        .iter()
+        .zip(&s.source.images)
+        .enumerate()
+        .map(|(k, ((_, st, _), p))| channel_hash(params, k, p, st.file_hash))
+        .collect::<Result<Vec<_>>>()?;
     let key = content_key(params, id, &hashes, label.as_ref().map(|l| &l.file.0));
     if key != job.key {
         return Err(Error::case(
@@ -200,6 +206,31 @@ pub(super) fn write_case(
         out_affine.axis_codes(),
     );
 
+    // A previous stage's channels all name one segmentation: its probabilities, if kept.
+    let previous = match s
+        .source
+        .images
+        .iter()
+        .enumerate()
+        .find_map(|(k, p)| previous_probabilities_of(params, k, p).map(|q| (p, q)))
+    {
+        Some((seg, probs)) => {
+            PreviousProbabilities::open(&probs, seg, zyx(h.shape_xyz), &h.affine.0)?
+        }
+        None => None,
+    };
+    let mut source = source;
+    if let Some(p) = &previous {
+        // The entry names what its channels were made from.
+        let (hash, bytes) = previous_probabilities::hash(p.path())?;
+        for (k, f) in source.images.iter_mut().enumerate() {
+            if previous_probabilities_of(params, k, &s.source.images[k]).is_some() {
+                f.file = file_name(p.path());
+                f.blake3 = hash.to_hex().to_string();
+                f.bytes = bytes;
+            }
+        }
+    }
     let tmp = cache.new_tmp_entry(key)?;
     let store = Arc::new(EntryStore::new(&tmp));
     let normalized: Vec<normalize::Normalized<'_, nifti_io::VoxelSource>> = channels
@@ -221,6 +252,7 @@ pub(super) fn write_case(
                 label: label
                     .as_ref()
                     .map(|l| (&l.voxels as &dyn VoxelRead, l.dtype)),
+                previous: previous.as_ref(),
                 in_shape_zyx: zyx(h.shape_xyz),
                 out_shape_zyx: zyx(out_xyz),
                 params,
@@ -294,13 +326,44 @@ pub(super) fn case_key(params: &OutputParams, s: &ScannedCase) -> Result<String>
     for (k, p) in s.source.images.iter().enumerate() {
         // The previous stage's channels repeat one file.
         let again = k > 0 && (s.source.packed || s.source.images[k] == s.source.images[k - 1]);
-        ih.push(if again { ih[k - 1] } else { hash_file(p)? });
+        ih.push(match again {
+            true => ih[k - 1],
+            false => channel_hash(params, k, p, hash_file(p)?)?,
+        });
     }
     let lh = match &s.source.label {
         Some(l) => Some(hash_file(l)?),
         None => None,
     };
     Ok(content_key(params, &s.source.id, &ih, lh.as_ref()))
+}
+
+/// What channel `k` (file `p`, whose bytes hash to `file`) adds to its case's key: the file's
+/// hash, and the probabilities the channel is made from when there are some.
+fn channel_hash(
+    params: &OutputParams,
+    k: usize,
+    p: &Path,
+    file: blake3::Hash,
+) -> Result<blake3::Hash> {
+    Ok(match previous_probabilities_of(params, k, p) {
+        None => file,
+        Some(probs) => {
+            let mut h = blake3::Hasher::new();
+            h.update(file.as_bytes());
+            h.update(previous_probabilities::hash(&probs)?.0.as_bytes());
+            h.finalize()
+        }
+    })
+}
+
+/// The first stage's probabilities beside channel `k`'s file `p`, when that channel is a previous
+/// stage's segmentation.
+fn previous_probabilities_of(params: &OutputParams, k: usize, p: &Path) -> Option<PathBuf> {
+    match params.channels.get(k).map(|c| c.normalization) {
+        Some(Normalization::Indicator(_)) => previous_probabilities::beside(p),
+        _ => None,
+    }
 }
 
 fn hash_file(path: &Path) -> Result<blake3::Hash> {

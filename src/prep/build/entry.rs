@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use zarrs::array::ArrayBuilder;
 use zarrs::group::GroupBuilder;
 
+use super::previous_probabilities::PreviousProbabilities;
 use crate::cache::fg_index::FgAccumulator;
 use crate::cache::store::EntryStore;
 use crate::cache::writer::{build_array, bytes_of, pad_block, short_hex, ArraySpec};
@@ -39,6 +40,9 @@ pub(super) struct EntryInput<'a> {
     /// Label voxels, C order (z, y, x) on the image grid, as f32 holding whole numbers, and the
     /// type they are cached as (u8 or u16); `None` for an unlabelled case.
     pub label: Option<(&'a dyn VoxelRead, Dtype)>,
+    /// The first stage's class probabilities, when the previous stage's channels are made
+    /// from them (argmax on this grid) rather than from its segmentation.
+    pub previous: Option<&'a PreviousProbabilities>,
     /// Input shape (z, y, x) in voxels.
     pub in_shape_zyx: [usize; 3],
     /// Output shape (z, y, x) in voxels.
@@ -114,6 +118,10 @@ pub(super) fn write_entry(
 
     all_blocks.par_iter().try_for_each(|b| -> Result<()> {
         let (idx, name) = block_key(b, write_block);
+        let previous = match input.previous {
+            Some(p) => Some(p.labels(&linear, *b)?),
+            None => None,
+        };
         for (c, image) in input.images.iter().enumerate() {
             let cidx: Vec<u64> = std::iter::once(c as u64)
                 .chain(idx.iter().copied())
@@ -124,9 +132,16 @@ pub(super) fn write_entry(
                     .join(format!("c/{}", cname.replace('.', "/")))
             };
             let mut img = vec![0.0f32; b.len()];
-            // A previous stage's segmentation channel is resampled as labels are: it stays 0/1.
-            match params.channels.get(c).map(|p| p.normalization) {
-                Some(Normalization::Indicator(_)) => nearest.fill_from(*image, *b, &mut img)?,
+            // A previous stage's channel: the argmax of its probabilities on this grid, or its
+            // segmentation resampled as labels are; either way it stays 0/1.
+            match (params.channels.get(c).map(|p| p.normalization), &previous) {
+                (Some(Normalization::Indicator(v)), Some(labels)) => img
+                    .iter_mut()
+                    .zip(labels)
+                    .for_each(|(o, &l)| *o = (l == v as f32) as u8 as f32),
+                (Some(Normalization::Indicator(_)), None) => {
+                    nearest.fill_from(*image, *b, &mut img)?
+                }
                 _ => linear.fill_from(*image, *b, &mut img)?,
             }
             let img = pad_block(img, b.size, write_block, 0.0f32);

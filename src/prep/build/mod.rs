@@ -8,6 +8,7 @@
 mod case;
 mod entry;
 pub mod previous;
+pub mod previous_probabilities;
 mod progress;
 mod run;
 

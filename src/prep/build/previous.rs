@@ -1,10 +1,12 @@
 //! The cascade's previous stage in a build (`--previous-stage DIR`): each case's segmentation
 //! by the first stage (`3d_lowres`), as `predict` or a fold's validation wrote it in the case's
-//! own geometry, becomes one more image channel per foreground label: 1 where the segmentation
-//! holds that label, 0 elsewhere, resampled to the cache's grid as labels are (so it stays 0/1;
-//! the trainer's spatial augmentation interpolates it, and takes it back to 0/1 at 0.5). The segmentation must lie on the case's grid: one made
-//! for another dataset fails its case, naming both files. A case with no segmentation fails
-//! alone, saying where it was looked for and how to make it.
+//! own geometry, becomes one more image channel per foreground label: 1 where it holds that
+//! label, 0 elsewhere (the trainer's spatial augmentation interpolates it, and takes it back to
+//! 0/1 at 0.5). On the cache's grid it is the argmax of the first stage's probabilities when
+//! they lie beside the segmentation ([`super::previous_probabilities`]), else the segmentation
+//! resampled as labels are. The segmentation must lie on the case's grid: one made for another
+//! dataset fails its case, naming both files. A case with no segmentation fails alone, saying
+//! where it was looked for and how to make it.
 
 use std::path::{Path, PathBuf};
 
