@@ -8,6 +8,7 @@ use super::remote::RemoteCache;
 
 use crate::error::{Error, Result};
 use crate::format::{ENTRIES_DIR, MANIFEST_FILE, TMP_DIR, ZARR_JSON};
+use crate::util::files::replace_via;
 use crate::util::sysinfo::{hostname, pid_alive};
 
 /// A cache folder; or, with `remote`, the local staging folder of a cache on S3: entries are
@@ -158,7 +159,7 @@ impl CacheDir {
             hostname(),
             std::process::id()
         ));
-        write_via(&tmp, &self.manifest_path(), bytes)
+        replace_via(&tmp, &self.manifest_path(), bytes)
     }
 
     /// Move a complete temporary entry into place with one rename; when staging for S3,
@@ -190,51 +191,6 @@ impl CacheDir {
             }
             Err(e) => Err(Error::io(&dest, e)),
         }
-    }
-}
-
-/// Write a file atomically: a temporary sibling unique to this process and call, fsync,
-/// rename, fsync of the folder (so the rename itself survives a power cut). A failed write
-/// removes its temporary file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
-    write_via(&tmp, path, bytes)
-}
-
-/// Write `bytes` to `tmp`, fsync, rename it to `path`, fsync `path`'s folder.
-fn write_via(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let tmp = tmp.to_path_buf();
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(&tmp, e));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => sync_dir(p),
-        _ => Ok(()),
-    }
-}
-
-/// fsync a folder so a rename or a new entry in it survives a power cut. Only possible (and
-/// only needed) on Unix.
-pub fn sync_dir(path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        std::fs::File::open(path)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(path, e))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        Ok(())
     }
 }
 

@@ -559,7 +559,7 @@ pub fn mirror(
             .and_then(|f| f.set_modified(std::time::SystemTime::now()));
     }
     if let Some(bytes) = remote.get_root_file(crate::format::SPLITS_FILE)? {
-        super::layout::write_atomic(&tier.join(crate::format::SPLITS_FILE), &bytes)?;
+        crate::util::files::write_atomic(&tier.join(crate::format::SPLITS_FILE), &bytes)?;
     }
     local.write_manifest(&manifest.to_json())?;
     sweep_parts(&local.entries_dir());

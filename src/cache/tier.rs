@@ -398,7 +398,7 @@ pub fn claim(dir: &Path, url: &str, holds: Holds, given: bool) -> Result<()> {
         holds: holds.name().to_string(),
     })
     .map_err(|e| Error::Config(e.to_string()))?;
-    super::layout::write_atomic(&mark, &json)
+    crate::util::files::write_atomic(&mark, &json)
 }
 
 /// Remove partial downloads under `dir` that a process which ended left behind.

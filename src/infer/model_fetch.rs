@@ -203,7 +203,7 @@ pub fn fetch_model(url: &S3Url, opts: &RemoteOptions, which: &Which) -> Result<F
         report.bytes += o.size;
     }
     let json = serde_json::to_vec_pretty(&etags).map_err(|e| Error::Config(e.to_string()))?;
-    crate::cache::layout::write_atomic(&etags_path, &json)?;
+    crate::util::files::write_atomic(&etags_path, &json)?;
     Ok(report)
 }
 

@@ -10,14 +10,14 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{Device, Tensor};
 
-pub(crate) use crate::cache::layout::sync_dir;
 use crate::error::{Error, Result};
+pub(crate) use crate::util::files::sync_dir;
+use crate::util::files::{sync_file, write_synced};
 
 /// The weights of a checkpoint folder.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -297,19 +297,10 @@ fn write_files(
         .map_err(|e| Error::Train(format!("{}: {e}", opt_path.display())))?;
     sync_file(&opt_path)?;
     if let Some(bytes) = record {
-        let p = dir.join(crate::format::run::RUN_FILE);
-        let mut f = fs::File::create(&p).map_err(|e| Error::io(&p, e))?;
-        f.write_all(bytes)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| Error::io(&p, e))?;
+        write_synced(&dir.join(crate::format::run::RUN_FILE), bytes)?;
     }
     // state.json last: a folder with it is complete.
-    let state_path = dir.join(STATE_FILE);
-    let json = state.to_json();
-    let mut f = fs::File::create(&state_path).map_err(|e| Error::io(&state_path, e))?;
-    f.write_all(&json)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| Error::io(&state_path, e))?;
+    write_synced(&dir.join(STATE_FILE), &state.to_json())?;
     sync_dir(dir)
 }
 
@@ -388,12 +379,6 @@ fn load_tensors(path: &Path, device: &Device) -> Result<HashMap<String, Tensor>>
             path.display()
         ))
     })
-}
-
-fn sync_file(path: &Path) -> Result<()> {
-    fs::File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(path, e))
 }
 
 #[cfg(test)]

@@ -27,7 +27,6 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 
 mod render;
-mod rng;
 mod tumour;
 mod vessels;
 mod write;
@@ -37,7 +36,7 @@ pub use tumour::{generate_tumour_case, CONTRASTS};
 pub use vessels::VesselStyle;
 pub use write::{write_dataset, write_dataset_as};
 
-use rng::{mix, Rng};
+use crate::util::rng::xoshiro::{mix, Xoshiro};
 
 /// What a synthetic case is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,7 +207,7 @@ const OUTLIER_SHAPE: [usize; 3] = [512, 512, 61];
 /// The cases of a preset. Deterministic in `seed`; ids are `vessels_000`, `vessels_001`, ...
 /// (the Outlier preset's single case is `vessels_outlier`).
 pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
-    let mut rng = Rng::new(mix(seed, TAG_PRESET ^ preset as u64));
+    let mut rng = Xoshiro::new(mix(seed, TAG_PRESET ^ preset as u64));
     let mut specs: Vec<([usize; 3], [f64; 3])> = Vec::new();
     match preset {
         SynthPreset::Minivess => {

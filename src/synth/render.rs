@@ -1,9 +1,9 @@
 //! Render one case: tubes drawn until the vessel fraction reaches its target, then the image as
 //! background plus vessel signal, attenuated with depth, plus Gaussian noise.
 
-use super::rng::{fnv1a, mix, Rng};
 use super::vessels::{Grid, Tube};
 use super::{SynthCaseSpec, TAG_CASE, TAG_NOISE};
+use crate::util::rng::xoshiro::{fnv1a, mix, Xoshiro};
 
 /// Background level of the image.
 const BACKGROUND: f64 = 100.0;
@@ -40,7 +40,7 @@ pub fn generate_case(spec: &SynthCaseSpec, seed: u64) -> (Vec<i16>, Vec<u8>) {
     }
 
     let case_seed = mix(mix(seed, TAG_CASE), fnv1a(spec.id.as_bytes()));
-    let mut rng = Rng::new(case_seed);
+    let mut rng = Xoshiro::new(case_seed);
     let grid = Grid {
         n: [nx, ny, nz],
         sp,
@@ -87,7 +87,7 @@ pub fn generate_case(spec: &SynthCaseSpec, seed: u64) -> (Vec<i16>, Vec<u8>) {
 
     // Image = (background + vessel signal) attenuated with depth, plus Gaussian noise.
     let atten_len_um = rng.range_f64(800.0, 1600.0);
-    let mut noise = Rng::new(mix(case_seed, TAG_NOISE));
+    let mut noise = Xoshiro::new(mix(case_seed, TAG_NOISE));
     let plane = nx * ny;
     for (z, slab) in signal.chunks_exact_mut(plane).enumerate() {
         let depth = z as f64 * sp[2];
@@ -124,7 +124,7 @@ pub(super) const IGNORE_VALUE: u8 = 3;
 pub fn second_channel(spec: &SynthCaseSpec, seed: u64, label: &mut [u8]) -> Vec<i16> {
     let [nx, ny, nz] = spec.shape_xyz;
     let plane = nx * ny;
-    let mut noise = Rng::new(mix(mix(seed, TAG_SECOND), fnv1a(spec.id.as_bytes())));
+    let mut noise = Xoshiro::new(mix(mix(seed, TAG_SECOND), fnv1a(spec.id.as_bytes())));
     let ignored_from = if nz > 1 { nz - (nz / 5).max(1) } else { nz };
     let mut ct = Vec::with_capacity(label.len());
     for (i, l) in label.iter_mut().enumerate() {

@@ -7,8 +7,8 @@
 //! quadratic and linear terms, so only square roots are computed (no libm: the same seed gives
 //! the same bytes everywhere, as for the vessels).
 
-use super::rng::{fnv1a, mix, Rng};
 use super::SynthCaseSpec;
+use crate::util::rng::xoshiro::{fnv1a, mix, Xoshiro};
 
 /// Stream tags of the tumour cases.
 const TAG_TUMOUR: u64 = 0x7475_6d6f_7572_0005;
@@ -41,7 +41,7 @@ struct Blob {
 }
 
 impl Blob {
-    fn random(rng: &mut Rng, centre: [f64; 3], r: f64) -> Blob {
+    fn random(rng: &mut Xoshiro, centre: [f64; 3], r: f64) -> Blob {
         let mut quad = [([0.0; 3], 0.0); 3];
         for q in &mut quad {
             *q = (rng.unit_vector(), rng.range_f64(-0.25, 0.25));
@@ -79,7 +79,7 @@ pub fn generate_tumour_case(spec: &SynthCaseSpec, seed: u64) -> (Vec<Vec<i16>>, 
     let [nx, ny, nz] = spec.shape_xyz;
     let sp = spec.spacing_xyz;
     let case_seed = mix(mix(seed, TAG_TUMOUR), fnv1a(spec.id.as_bytes()));
-    let mut rng = Rng::new(case_seed);
+    let mut rng = Xoshiro::new(case_seed);
     let extent = [nx as f64 * sp[0], ny as f64 * sp[1], nz as f64 * sp[2]];
     let mid = extent.map(|e| e / 2.0);
     // The head fills most of the field of view; the tumour sits inside it, off centre.
@@ -110,7 +110,7 @@ pub fn generate_tumour_case(spec: &SynthCaseSpec, seed: u64) -> (Vec<Vec<i16>>, 
     let n = nx * ny * nz;
     let mut label = vec![0u8; n];
     let mut images: Vec<Vec<i16>> = (0..CONTRASTS.len()).map(|_| vec![0i16; n]).collect();
-    let mut noise = Rng::new(mix(case_seed, TAG_TUMOUR_NOISE));
+    let mut noise = Xoshiro::new(mix(case_seed, TAG_TUMOUR_NOISE));
     for z in 0..nz {
         for y in 0..ny {
             for x in 0..nx {

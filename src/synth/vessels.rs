@@ -1,7 +1,7 @@
 //! Vessel geometry: tubes along smooth random 3D curves in micrometers, and their
 //! rasterization (signal and label) onto the voxel grid.
 
-use super::rng::Rng;
+use crate::util::rng::xoshiro::Xoshiro;
 
 /// Step of the curve random walk in micrometers.
 const WALK_STEP: f64 = 1.0;
@@ -95,7 +95,7 @@ impl Walk {
         grid: &Grid,
         start: [f64; 3],
         dir: [f64; 3],
-        rng: &mut Rng,
+        rng: &mut Xoshiro,
     ) -> Vec<([f64; 3], f64)> {
         let (rmin, rmax) = self.style.radii();
         let r0 = self.r0;
@@ -148,7 +148,7 @@ pub(super) struct Tube {
 impl Tube {
     /// A smooth random curve through a random point of the field of view, walked both ways until
     /// it leaves the field of view. All lengths are in micrometers.
-    pub(super) fn random(grid: &Grid, rng: &mut Rng, style: VesselStyle) -> Tube {
+    pub(super) fn random(grid: &Grid, rng: &mut Xoshiro, style: VesselStyle) -> Tube {
         let (rmin, rmax) = style.radii();
         let u = rng.uniform();
         // Mostly capillary-sized, sometimes larger vessels.
@@ -192,7 +192,12 @@ impl Tube {
 
     /// A branch: leaves this vessel at one of its vertices inside the field of view, at 30 to
     /// 80 degrees from its course, no thicker than it, and runs one way for 15 to 60 um.
-    pub(super) fn branch(&self, grid: &Grid, rng: &mut Rng, style: VesselStyle) -> Option<Tube> {
+    pub(super) fn branch(
+        &self,
+        grid: &Grid,
+        rng: &mut Xoshiro,
+        style: VesselStyle,
+    ) -> Option<Tube> {
         let inside: Vec<usize> = (1..self.points.len())
             .filter(|&i| grid.contains(self.points[i], 0.0))
             .collect();

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::split::Split;
 use crate::error::{Error, Result};
 use crate::util::files::read_capped;
-use crate::util::numpy_random::LegacyRandomState;
+use crate::util::rng::numpy::LegacyRandomState;
 
 /// nnU-Net's number of folds and the seed of its shuffle.
 pub const NNUNET_FOLDS: usize = 5;

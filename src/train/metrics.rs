@@ -169,7 +169,7 @@ impl MetricsLog {
                 None => whole_lines.to_vec(),
             };
             if kept.len() != bytes.len() {
-                write_atomically(path, &kept)?;
+                crate::util::files::write_atomic(path, &kept)?;
             }
         }
         let file = fs::OpenOptions::new()
@@ -243,8 +243,6 @@ fn lines_up_to(path: &Path, whole_lines: &[u8], resume_step: u64) -> Result<Vec<
     }
     Ok(kept)
 }
-
-pub(crate) use crate::cache::layout::write_atomic as write_atomically;
 
 #[cfg(test)]
 mod tests {

@@ -6,8 +6,9 @@
 
 use std::path::Path;
 
-use super::metrics::{write_atomically, Record};
+use super::metrics::Record;
 use crate::error::{Error, Result};
+use crate::util::files::write_atomic;
 
 /// Width of the curves image in pixels.
 pub const WIDTH: usize = 900;
@@ -64,7 +65,7 @@ pub fn plot_curves(records: &[Record], out_png: &Path) -> Result<()> {
     }
 
     let png = canvas.encode_png(out_png)?;
-    write_atomically(out_png, &png)
+    write_atomic(out_png, &png)
 }
 
 fn min_max(acc: Option<(f64, f64)>, v: f64) -> Option<(f64, f64)> {

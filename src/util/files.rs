@@ -74,3 +74,57 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::NotFound);
     }
 }
+
+/// Create `path` with `bytes` and fsync it (a file inside a folder that is itself renamed into
+/// place when complete, so the file needs no rename of its own).
+pub fn write_synced(path: &Path, bytes: &[u8]) -> crate::error::Result<()> {
+    use std::io::Write;
+    std::fs::File::create(path)
+        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
+        .map_err(|e| crate::error::Error::io(path, e))
+}
+
+/// fsync a file written by another writer (a library that takes a path).
+pub fn sync_file(path: &Path) -> crate::error::Result<()> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| crate::error::Error::io(path, e))
+}
+
+/// fsync a folder so a rename or a new entry in it survives a power cut. Only possible (and
+/// only needed) on Unix.
+pub fn sync_dir(path: &Path) -> crate::error::Result<()> {
+    #[cfg(unix)]
+    {
+        sync_file(path)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
+/// Write a file atomically: a temporary sibling unique to this process and call, fsync,
+/// rename, fsync of the folder (so the rename itself survives a power cut). A failed write
+/// removes its temporary file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> crate::error::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
+    replace_via(&tmp, path, bytes)
+}
+
+/// [`write_atomic`] through the temporary file `tmp` the caller names (one its sweeps know).
+pub fn replace_via(tmp: &Path, path: &Path, bytes: &[u8]) -> crate::error::Result<()> {
+    if let Err(e) = write_synced(tmp, bytes) {
+        let _ = std::fs::remove_file(tmp);
+        return Err(e);
+    }
+    std::fs::rename(tmp, path).map_err(|e| crate::error::Error::io(path, e))?;
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => sync_dir(p),
+        _ => Ok(()),
+    }
+}

@@ -2,9 +2,9 @@
 //! run never continues under settings other than its own.
 
 use super::RunOptions;
-use crate::cache::layout::write_atomic;
 use crate::error::{Error, Result};
 use crate::format::run::{RunRecord, RUN_FILE};
+use crate::util::files::write_atomic;
 
 /// "key: was X, now Y" for each differing part of two run identities.
 fn identity_differences(old: &RunRecord, new: &RunRecord) -> Vec<String> {

@@ -1,37 +1,38 @@
-//! Deterministic randomness (no libm: bit-identical on every platform): seed mixing, the
-//! xoshiro256++ generator, Gaussians by polar Box-Muller, and a hand-written logarithm.
+//! The synthetic datasets' generator (no libm: bit-identical on every platform): seed mixing,
+//! xoshiro256++ seeded through SplitMix64 (this family's [`super::Rng`]), Gaussians by polar
+//! Box-Muller, and a hand-written logarithm. Its long period and 256-bit state suit drawing
+//! whole volumes; the trainer's per-purpose streams use the one-word [`super::Rng`].
 
-use super::vessels::normalize;
-
+/// One SplitMix64 step: the value [`super::Rng::next_u64`] gives from `state`.
 fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    let mut r = super::Rng::from_state(*state);
+    let v = r.next_u64();
+    *state = r.state();
+    v
 }
 
 /// Combine two 64-bit values into a well-mixed seed.
-pub(super) fn mix(a: u64, b: u64) -> u64 {
+pub fn mix(a: u64, b: u64) -> u64 {
     let mut s = a ^ b.rotate_left(32);
     splitmix64(&mut s) ^ b
 }
 
 /// FNV-1a hash, to derive a case seed from its id.
-pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
     })
 }
 
 /// xoshiro256++ seeded through splitmix64.
-pub(super) struct Rng {
+pub struct Xoshiro {
     s: [u64; 4],
     spare: Option<f64>,
 }
 
-impl Rng {
-    pub(super) fn new(seed: u64) -> Rng {
+impl Xoshiro {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Xoshiro {
         let mut sm = seed;
         let s = [
             splitmix64(&mut sm),
@@ -39,7 +40,7 @@ impl Rng {
             splitmix64(&mut sm),
             splitmix64(&mut sm),
         ];
-        Rng { s, spare: None }
+        Xoshiro { s, spare: None }
     }
 
     fn next_u64(&mut self) -> u64 {
@@ -56,21 +57,23 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
-    pub(super) fn uniform(&mut self) -> f64 {
+    pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
-    pub(super) fn range_f64(&mut self, lo: f64, hi: f64) -> f64 {
+    /// Uniform in [lo, hi).
+    pub fn range_f64(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * self.uniform()
     }
 
     /// Uniform integer in lo..=hi.
-    pub(super) fn range_usize(&mut self, lo: usize, hi: usize) -> usize {
+    pub fn range_usize(&mut self, lo: usize, hi: usize) -> usize {
         let span = (hi - lo) as u64 + 1;
         lo + ((self.next_u64() as u128 * span as u128) >> 64) as usize
     }
 
-    pub(super) fn shuffle<T>(&mut self, items: &mut [T]) {
+    /// Shuffle `items` in place (Fisher-Yates, from the last item down).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
             let j = self.range_usize(0, i);
             items.swap(i, j);
@@ -78,7 +81,7 @@ impl Rng {
     }
 
     /// Two independent standard normal values (polar Box-Muller).
-    pub(super) fn gaussian_pair(&mut self) -> (f64, f64) {
+    pub fn gaussian_pair(&mut self) -> (f64, f64) {
         loop {
             let u = 2.0 * self.uniform() - 1.0;
             let v = 2.0 * self.uniform() - 1.0;
@@ -90,7 +93,8 @@ impl Rng {
         }
     }
 
-    pub(super) fn gaussian(&mut self) -> f64 {
+    /// One standard normal value (the pair's second is kept for the next call).
+    pub fn gaussian(&mut self) -> f64 {
         if let Some(g) = self.spare.take() {
             return g;
         }
@@ -99,11 +103,13 @@ impl Rng {
         a
     }
 
-    pub(super) fn unit_vector(&mut self) -> [f64; 3] {
+    /// A direction uniform on the sphere (three Gaussians, normalized; redrawn when too short).
+    pub fn unit_vector(&mut self) -> [f64; 3] {
         loop {
             let v = [self.gaussian(), self.gaussian(), self.gaussian()];
-            if let Some(u) = normalize(v) {
-                return u;
+            let n = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
+            if n > 1e-12 {
+                return [v[0] / n, v[1] / n, v[2] / n];
             }
         }
     }
@@ -148,7 +154,7 @@ mod tests {
 
     #[test]
     fn gaussian_moments() {
-        let mut rng = Rng::new(7);
+        let mut rng = Xoshiro::new(7);
         let n = 200_000;
         let (mut s1, mut s2) = (0.0, 0.0);
         for _ in 0..n {
@@ -164,7 +170,7 @@ mod tests {
 
     #[test]
     fn range_usize_is_inclusive() {
-        let mut rng = Rng::new(1);
+        let mut rng = Xoshiro::new(1);
         let mut seen = [false; 4];
         for _ in 0..1000 {
             seen[rng.range_usize(5, 8) - 5] = true;

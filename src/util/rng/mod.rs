@@ -1,9 +1,15 @@
-//! A small, serializable random number generator.
+//! The random generators, one family. [`Rng`] (SplitMix64) is the small, serializable one
+//! every draw of training comes from; [`xoshiro::Xoshiro`] draws the synthetic datasets (it
+//! seeds itself through [`Rng`]); [`numpy::LegacyRandomState`] is numpy's MT19937, kept to
+//! reproduce nnU-Net's folds.
 //!
 //! Training must be reproducible and resumable: every random draw of a step comes from a
 //! generator seeded by `(run seed, step, purpose)`, so a resumed run draws exactly what the
 //! uninterrupted run drew, whatever the number of loader threads. SplitMix64 is enough for
 //! that: its whole state is one `u64` (trivial to checkpoint) and it passes BigCrush.
+
+pub mod numpy;
+pub mod xoshiro;
 
 /// SplitMix64.
 #[derive(Clone, Debug, PartialEq, Eq)]
