@@ -730,7 +730,33 @@ fn labels_that_skip_values_train_as_consecutive_classes_and_the_ignore_label_is_
 fn benchmark_times_steps_and_keeps_no_run_folder() {
     let t = tempfile::tempdir().unwrap();
     let run_dir = t.path().join("run");
+    // --out is refused: a benchmark keeps no run folder.
     let out = train_cmd(&run_dir, &["--benchmark", "3"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("--out does not apply to train --benchmark"),
+        "{said}"
+    );
+    // Without it, from an empty folder (a run would go to runs/ there).
+    let work = t.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_train"))
+        .arg("--cache-dir")
+        .arg(cache())
+        .args([
+            "--patch",
+            "8,32,32",
+            "--base-channels",
+            "4",
+            "--stages",
+            "3",
+        ])
+        .args(["--norm", "group:2", "--val-fraction", "0", "--no-progress"])
+        .args(["--benchmark", "3"])
+        .current_dir(&work)
+        .output()
+        .unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -745,9 +771,10 @@ fn benchmark_times_steps_and_keeps_no_run_folder() {
     ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
     }
-    assert!(
-        !run_dir.exists(),
-        "--benchmark must not create the run folder"
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "--benchmark must not create a run folder"
     );
 
     // The library report: 3 measured steps of 2 patches, plausible rates.

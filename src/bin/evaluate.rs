@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::modes::evaluate::{check, EvaluateMode};
+use voxcache::config::modes::Given;
 use voxcache::config::remote::local_path;
 use voxcache::config::Exit;
 use voxcache::evaluate::best::{find_best, BestOptions};
@@ -31,6 +33,10 @@ use voxcache::util::sysinfo::human_bytes;
 /// both directions' distances. A class absent from both files has no Dice ("-", null in JSON);
 /// absent from one, Dice 0 and infinite distances ("inf", null in JSON). Means are over the
 /// cases where a value is defined.
+///
+/// Modes: PRED GT (not --out or --no-postprocessing), --cv RUN... (not --labels or
+/// --dataset-json: the classes are the runs'), --best CONFIG... (neither, nor
+/// --no-postprocessing). An option refused is named with its mode (exit 2).
 #[derive(Parser, Debug)]
 #[command(name = "evaluate", version, after_help = EXIT_STATUS_HELP)]
 struct Cli {
@@ -44,13 +50,13 @@ struct Cli {
     /// Cross-validation: score the fold runs' validation predictions together (fold run
     /// folders, or a folder holding them, as `train --fold 0,1,2,3,4 --out DIR` makes), decide
     /// nnU-Net's postprocessing on them and write the decision beside each fold's model.
-    #[arg(long, value_name = "RUN", num_args = 1.., conflicts_with_all = ["predictions", "reference", "labels", "dataset_json"])]
+    #[arg(long, value_name = "RUN", num_args = 1.., conflicts_with_all = ["predictions", "reference"])]
     cv: Option<Vec<PathBuf>>,
     /// Best configuration: one folder of fold runs per configuration (as `train --fold
     /// 0,1,2,3,4 --out DIR` makes); each is cross-validated, each pair ensembled from the folds'
     /// kept validation probabilities, all ranked by mean foreground Dice; prints the winner's
     /// postprocessing and its predict command.
-    #[arg(long, value_name = "CONFIG", num_args = 1.., conflicts_with_all = ["predictions", "reference", "labels", "dataset_json", "cv"])]
+    #[arg(long, value_name = "CONFIG", num_args = 1.., conflicts_with_all = ["predictions", "reference", "cv"])]
     best: Option<Vec<PathBuf>>,
     /// With --cv: the folder for its summary.json, postprocessing.json and postprocessed
     /// predictions [default: crossval/ beside the folds]. With --best: the folder for the
@@ -58,13 +64,15 @@ struct Cli {
     #[arg(long, value_parser = local_path)]
     out: Option<PathBuf>,
     /// With --cv: score only; decide no postprocessing.
-    #[arg(long, requires = "cv")]
+    #[arg(long)]
     no_postprocessing: bool,
     /// dataset.json naming the classes, regions and ignore label (default: one found in the
     /// reference folder or the folder above it; without one, every non-zero value is a class).
+    /// Not with --cv or --best.
     #[arg(long)]
     dataset_json: Option<PathBuf>,
     /// Classes to measure: values, regions as 1+2+3, optionally named: `vessel=1,tumour=1+2`.
+    /// Not with --cv or --best.
     #[arg(long)]
     labels: Option<String>,
     /// Print the report as JSON instead of the table.
@@ -87,11 +95,20 @@ struct Cli {
 
 fn main() -> ExitCode {
     voxcache::config::exit::quiet_on_closed_pipe();
-    let cli = Cli::parse();
-    voxcache::config::exit::finish(real_main(cli))
+    let cmd = Cli::command();
+    let matches = cmd.clone().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = Given::of(&cmd, &matches);
+    voxcache::config::exit::finish(real_main(cli, &given))
 }
 
-fn real_main(cli: Cli) -> Result<Exit> {
+fn real_main(cli: Cli, given: &Given) -> Result<Exit> {
+    let mode = match (&cli.cv, &cli.best) {
+        (Some(_), _) => EvaluateMode::Cv,
+        (None, Some(_)) => EvaluateMode::Best,
+        (None, None) => EvaluateMode::Pairs,
+    };
+    check(given, mode)?;
     let labels = cli
         .labels
         .as_deref()
@@ -104,10 +121,6 @@ fn real_main(cli: Cli) -> Result<Exit> {
     if let Some(configs) = cli.best.clone() {
         return best_main(&cli, configs);
     }
-    anyhow::ensure!(
-        cli.out.is_none() && !cli.no_postprocessing,
-        "--out and --no-postprocessing go with --cv or --best"
-    );
     let (Some(predictions), Some(reference)) = (cli.predictions.clone(), cli.reference.clone())
     else {
         anyhow::bail!("give the predictions and the references (or --cv RUN...)");

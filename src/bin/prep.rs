@@ -136,16 +136,18 @@ struct BuildArgs {
     /// Worker threads (default: one per core).
     #[arg(long, short = 'j', default_value_t = 0)]
     jobs: usize,
-    /// Build only part I of N (0-based), e.g. one part per Slurm array task.
+    /// Build only part I of N (0-based), e.g. one part per Slurm array task. Not with
+    /// --dry-run (it plans every case).
     #[arg(long, value_name = "I/N", value_parser = parse_part)]
     part: Option<(usize, usize)>,
-    /// Print the plan (the table `prep inspect DATA` forecasts) without writing anything.
+    /// Print the plan (the table `prep inspect DATA` forecasts) without writing anything; with
+    /// neither --part, -q, --s3-endpoint nor --local-cache.
     #[arg(long)]
     dry_run: bool,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// No progress bar.
+    /// No progress bar. Not with --dry-run.
     #[arg(long, short = 'q')]
     quiet: bool,
 }
@@ -197,13 +199,15 @@ fn print_summary(r: &BuildReport) {
     println!("layout {}", r.layout);
 }
 
-fn run_build(args: BuildArgs) -> Result<Exit> {
+fn run_build(args: BuildArgs, given: &Given) -> Result<Exit> {
+    // An option the build does not take is refused before anything is read.
+    voxcache::config::modes::build::check(given, args.dry_run)?;
+    let remote = args.s3.options_for(&args.cache_dir, false)?;
     let settings = resolve(&args.settings)?;
     let source = dataset_source(args.data, args.images, args.labels)?;
     if !args.dry_run {
         cache_apart(&args.cache_dir, &source, args.previous_stage.as_deref())?;
     }
-    let remote = args.s3.options_for(&args.cache_dir, false)?;
     let opts = BuildOptions {
         source,
         cache_dir: args.cache_dir,
@@ -451,12 +455,16 @@ fn main() -> ExitCode {
     let cmd = Cli::command();
     let matches = cmd.clone().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    let given = match (matches.subcommand(), cmd.find_subcommand("inspect")) {
-        (Some(("inspect", sub)), Some(c)) => Given::of(c, sub),
-        _ => Given::default(),
+    // What was typed of the subcommand's own options.
+    let given = match matches.subcommand() {
+        Some((name, sub)) => cmd
+            .find_subcommand(name)
+            .map(|c| Given::of(c, sub))
+            .unwrap_or_default(),
+        None => Given::default(),
     };
     let result = match cli.command {
-        Command::BuildCache(a) => run_build(*a),
+        Command::BuildCache(a) => run_build(*a, &given),
         Command::Synth(a) => run_synth(a),
         Command::Inspect(a) => run_inspect(*a, &given),
         Command::Plan(a) => run_plan(a),

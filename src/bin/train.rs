@@ -10,8 +10,10 @@ use voxcache::config::remote::local_path;
 use voxcache::config::remote::{local_for_reading, S3Flags};
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::modes::train::{check, TrainMode};
+use voxcache::config::modes::Given;
 use voxcache::config::run_dir::run_dir;
 use voxcache::config::{train, Exit, TrainFlags};
 use voxcache::train::benchmark::{benchmark, WARMUP_STEPS};
@@ -24,6 +26,14 @@ use voxcache::util::sysinfo::human_bytes;
 /// Options come from the pipeline's [train] table, then these flags. The run folder gets
 /// checkpoints (every --checkpoint-every steps, at the end, on Ctrl-C, and the best by
 /// validation Dice), metrics.jsonl and curves.png. Re-run with --resume after a crash.
+///
+/// Modes: a new run, or --resume (the same options, checked against the run's record);
+/// --benchmark (no --out, --resume, --val-every, --checkpoint-every, --log-every or fold
+/// validation options); --validate-only (only --fold, --dataset, --out, the cache and its S3
+/// options, --device, -j, --no-progress, --validation-data and --validation-mirror). Without a
+/// fold, --splits and the fold validation options are refused; with one, --val-fraction; with
+/// --fold all, --splits and the fold validation options too. An option refused is named with
+/// its mode (exit 2).
 #[derive(Parser, Debug)]
 #[command(name = "train", version, after_help = EXIT_STATUS_HELP)]
 struct Cli {
@@ -33,11 +43,12 @@ struct Cli {
     cache_dir: PathBuf,
     #[command(flatten)]
     s3: S3Flags,
-    /// Run folder [default: runs/DATASET, or runs/DATASET-2, -3... when taken].
+    /// Run folder [default: runs/DATASET, or runs/DATASET-2, -3... when taken]. Not with
+    /// --benchmark.
     #[arg(long, value_parser = local_path)]
     out: Option<PathBuf>,
     /// Continue a run from its latest checkpoint: the one in --out, else the newest
-    /// runs/DATASET*.
+    /// runs/DATASET*. Not with --benchmark or --validate-only.
     #[arg(long)]
     resume: bool,
     /// cpu, cuda or cuda:N (cuda needs a build with --features cuda).
@@ -55,14 +66,14 @@ struct Cli {
     /// before the least recently used maps hand theirs back. Default: no limit; mapped pages
     /// are clean page cache the kernel reclaims under pressure. Use it where page cache is
     /// billed to the job (a container whose scheduler evicts on the working set, such as
-    /// Kubernetes): see docs/usage.md, "Memory".
+    /// Kubernetes): see docs/usage.md, "Memory". Not with --validate-only.
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
     mapped_mib: Option<u64>,
     /// Time STEPS training steps (default 20, after 3 warm-up steps) of this configuration on
     /// this cache and device, print step time, patches/s, data wait and peak memory, and
-    /// exit: no run folder is kept.
-    #[arg(long, value_name = "STEPS", num_args = 0..=1, default_missing_value = "20",
-          conflicts_with = "resume")]
+    /// exit: no run folder is kept. One fold at most; not with --out, --resume, --val-every,
+    /// --checkpoint-every, --log-every or the fold validation options.
+    #[arg(long, value_name = "STEPS", num_args = 0..=1, default_missing_value = "20")]
     benchmark: Option<u64>,
     /// With --fold: where the dataset's files are, when not where the cache recorded them at
     /// build time (a fold ends by predicting its held-out cases from their own files).
@@ -77,16 +88,20 @@ struct Cli {
     #[arg(long)]
     no_fold_validation: bool,
     /// With --fold: train nothing; run the final validation of the fold runs already there
-    /// (as nnU-Net's --val).
-    #[arg(long, requires = "fold", conflicts_with_all = ["no_fold_validation", "benchmark"])]
+    /// (as nnU-Net's --val). Takes only --fold, --dataset, --out, --cache-dir and its S3
+    /// options, --device, -j, --no-progress, --validation-data and --validation-mirror.
+    #[arg(long, requires = "fold")]
     validate_only: bool,
 }
 
 fn main() -> ExitCode {
     voxcache::config::exit::quiet_on_closed_pipe();
     voxcache::model::device::default_cpu_threads();
-    let cli = Cli::parse();
-    voxcache::config::exit::finish(real_main(cli))
+    let cmd = Cli::command();
+    let matches = cmd.clone().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = Given::of(&cmd, &matches);
+    voxcache::config::exit::finish(real_main(cli, &given))
 }
 
 fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Exit> {
@@ -146,7 +161,19 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
     Ok(Exit::Success)
 }
 
-fn real_main(mut cli: Cli) -> Result<Exit> {
+fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
+    let (mut config, plan) = train::resolve_planned(&cli.options)?;
+    // One run per fold (`--fold 0,1,2,3,4`): each run's memory is released before the next.
+    let folds = train::folds(&cli.options, &config);
+    // An option the mode does not take is refused before anything is read.
+    check(
+        given,
+        &TrainMode {
+            validate_only: cli.validate_only,
+            benchmark: cli.benchmark.is_some(),
+            folds: &folds,
+        },
+    )?;
     // A cache on S3 is trained from its local tier, fetched first where it lacks entries.
     let view = local_for_reading(
         &cli.cache_dir,
@@ -164,9 +191,9 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
             .build_global()
             .context("setting the thread count")?;
     }
-    let (mut config, plan) = train::resolve_planned(&cli.options)?;
-    // Planned again on --resume: the plan depends only on the cache and the machine's memory.
-    if plan {
+    // Planned again on --resume: the plan depends only on the cache and the machine's memory
+    // (--validate-only trains nothing: nothing to plan).
+    if plan && !cli.validate_only {
         let text = voxcache::config::autoplan::plan_from_cache(
             &mut config,
             &cli.cache_dir,
@@ -205,8 +232,6 @@ fn real_main(mut cli: Cli) -> Result<Exit> {
         .context("installing the Ctrl-C handler")?;
     }
 
-    // One run per fold (`--fold 0,1,2,3,4`): each run's memory is released before the next.
-    let folds = train::folds(&cli.options, &config);
     let several = folds.len() > 1;
     for fold in folds {
         config.fold = fold;

@@ -2,11 +2,19 @@
 //! apply only when another flag chose a mode (`predict --model` or `--nnunet-model`; a cache on
 //! S3 or in a folder): an option given where it does not apply is refused, naming it and the
 //! mode, never dropped without a word. Only what the user typed counts (a default never does).
+//!
+//! [`Given`] is how a binary tells what was typed; each command's rules (which options each of
+//! its modes refuses) are in a submodule: [`train`], [`evaluate`], [`build`] (`prep
+//! build-cache`). `predict` and `prep inspect` keep theirs beside their arguments.
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Command};
 
 use crate::error::{Error, Result};
+
+pub mod build;
+pub mod evaluate;
+pub mod train;
 
 /// The options given on the command line (not defaults), each with its spelling.
 #[derive(Clone, Debug, Default)]

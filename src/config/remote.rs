@@ -21,7 +21,8 @@ pub struct S3Flags {
     pub local_cache: Option<PathBuf>,
     /// For an `s3://` cache: the most the local folder may hold, in GiB; entries of other
     /// caches are removed (least recently used first) to stay under it, and `train` removes
-    /// the chunk files it read least recently when the cache itself is larger.
+    /// the chunk files it read least recently when the cache itself is larger. Not with `prep
+    /// build-cache`, which reads through no tier.
     #[arg(long, value_name = "GB")]
     pub local_cache_gb: Option<f64>,
 }
@@ -36,12 +37,18 @@ impl S3Flags {
             ("--local-cache", self.local_cache.is_some()),
             ("--local-cache-gb", self.local_cache_gb.is_some()),
         ];
-        let on_s3 = matches!(Location::parse(location), Ok(Location::S3(_)));
-        if let (false, Some((flag, _))) = (on_s3, typed.iter().find(|t| t.1)) {
-            return Err(Error::Config(format!(
-                "{flag} does not apply to {}: it is for caches on S3 (s3://BUCKET/PREFIX)",
-                location.display()
-            )));
+        if let Some((flag, _)) = typed.iter().find(|t| t.1) {
+            // A malformed s3:// URL is named as such, not taken for a local path.
+            if let Location::Local(_) = Location::parse(location)? {
+                let path = match location.as_os_str().is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", location.display()),
+                };
+                return Err(Error::Config(format!(
+                    "{flag} does not apply to a local path{path}: it is for caches on S3 \
+                     (s3://BUCKET/PREFIX)"
+                )));
+            }
         }
         if !reads && self.local_cache_gb.is_some() {
             return Err(Error::Config(

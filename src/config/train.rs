@@ -76,24 +76,26 @@ pub struct TrainFlags {
     /// Deep supervision: on or off.
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     pub deep_supervision: Option<bool>,
-    /// Share of cases held out for validation (0 = none).
+    /// Share of cases held out for validation (0 = none). Not with --fold (the fold holds out
+    /// its own cases).
     #[arg(long)]
     pub val_fraction: Option<f64>,
     /// Cross-validation fold: 0..4 (nnU-Net's five folds, the same cases as nnU-Net's), or
     /// all (every case trains, none validates); several (0,1,2,3,4) train one after the other.
     #[arg(long, value_name = "K|all[,K...]", allow_hyphen_values = true)]
     pub fold: Option<FoldList>,
-    /// nnU-Net's splits_final.json to take the fold from (default: the cache folder's
-    /// splits_final.json if there is one, else nnU-Net's folds of the cache's cases).
+    /// With --fold: nnU-Net's splits_final.json to take the fold from (default: the cache
+    /// folder's splits_final.json if there is one, else nnU-Net's folds of the cache's cases).
     #[arg(long, value_name = "FILE")]
     pub splits: Option<PathBuf>,
-    /// Validate every N optimizer steps (and at the end; 0 = only at the end).
+    /// Validate every N optimizer steps (and at the end; 0 = only at the end). Not with
+    /// --benchmark.
     #[arg(long)]
     pub val_every: Option<u64>,
-    /// Checkpoint every N steps (and at the end and on Ctrl-C).
+    /// Checkpoint every N steps (and at the end and on Ctrl-C). Not with --benchmark.
     #[arg(long)]
     pub checkpoint_every: Option<u64>,
-    /// Log a metrics line every N steps.
+    /// Log a metrics line every N steps. Not with --benchmark (it logs every step).
     #[arg(long)]
     pub log_every: Option<u64>,
     /// Loader threads.

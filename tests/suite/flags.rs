@@ -9,24 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::common::fixtures::{s, text};
-
-/// The long options a binary's `--help` lists (with the subcommand's arguments before it).
-fn help_options(exe: &str, sub: &[&str]) -> Vec<String> {
-    let o = Command::new(exe).args(sub).arg("--help").output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let mut out: Vec<String> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| l.trim_start().starts_with('-'))
-        .filter_map(|l| {
-            l.split([' ', ',', '='])
-                .find(|w| w.starts_with("--"))
-                .map(str::to_string)
-        })
-        .filter(|o| o != "--help" && o != "--version")
-        .collect();
-    out.dedup();
-    out
-}
+use crate::modes_walk::help_options;
 
 /// How an option fares in one mode.
 #[derive(Clone, Copy, Debug, PartialEq)]
