@@ -1,14 +1,35 @@
-//! The shape of the house: every `crate::` path in src/ goes down the layer list (README, "Code
-//! map"), so there is no cycle between top-level modules; no source file is over 700 lines;
+//! The shape of the house: every `crate::` path in src/ goes down the layer list (src/lib.rs,
+//! which README's "Code map" follows), so there is no cycle between top-level modules; no source file is over 700 lines;
 //! the on-disk names are spelled only in `format`.
 
 use std::path::{Path, PathBuf};
 
-/// Bottom to top: a module may name only modules before it.
-const LAYERS: &[&str] = &[
-    "error", "util", "remote", "format", "geometry", "nifti_io", "cache", "prep", "synth", "model",
-    "planner", "infer", "evaluate", "train", "inspect", "config",
-];
+/// The layer list, bottom to top, as src/lib.rs numbers it (`//! N. [`module`]...`): a module
+/// may name only modules before it. Its numbering must run 1, 2, 3... without a gap.
+fn layers() -> Vec<String> {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs");
+    let text = std::fs::read_to_string(lib).unwrap();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("//! ") else {
+            continue;
+        };
+        let Some((n, item)) = rest.split_once(". [`") else {
+            continue;
+        };
+        let Ok(n) = n.parse::<usize>() else {
+            continue;
+        };
+        assert_eq!(
+            n,
+            out.len() + 1,
+            "src/lib.rs's layer list skips a number: {line}"
+        );
+        out.push(item.split('`').next().unwrap().to_string());
+    }
+    assert!(out.len() > 10, "src/lib.rs lists no layers: {out:?}");
+    out
+}
 
 const MAX_LINES: usize = 700;
 
@@ -123,7 +144,8 @@ fn named_modules(line: &str) -> Vec<String> {
 
 #[test]
 fn imports_only_go_down_the_layers() {
-    let rank = |m: &str| LAYERS.iter().position(|l| *l == m);
+    let layers = layers();
+    let rank = |m: &str| layers.iter().position(|l| l == m);
     let mut bad = Vec::new();
     for (rel, path) in src_files() {
         let Some(module) = module_of(&rel) else {
@@ -207,5 +229,33 @@ fn on_disk_names_are_spelled_only_in_format() {
         spelled.is_empty(),
         "\"zarr.json\" spelled outside format/ in:\n{}",
         spelled.join("\n")
+    );
+}
+
+#[test]
+fn the_readme_code_map_follows_the_layer_list() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let map = readme
+        .split("## Code map")
+        .nth(1)
+        .expect("README has a Code map");
+    let map = map.split("\n## ").next().unwrap();
+    let rows: Vec<String> = map
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" | ").nth(1))
+        .filter_map(|cell| {
+            let name = cell.trim_matches('`');
+            let name = name
+                .strip_suffix('/')
+                .or_else(|| name.strip_suffix(".rs"))?;
+            (name != "bin").then(|| name.to_string())
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        layers(),
+        "README's Code map rows against src/lib.rs's layer list"
     );
 }
