@@ -445,7 +445,10 @@ fn the_small_preset_reproduces_the_bundled_data() {
     let (made, want) = (read_tree(out.path()), read_tree(&bundled));
     for (name, bytes) in &want {
         if name.ends_with(".nii.gz") {
-            assert!(made.get(name) == Some(bytes), "{name} differs from the bundled file");
+            assert!(
+                made.get(name) == Some(bytes),
+                "{name} differs from the bundled file"
+            );
         }
     }
     assert_eq!(
