@@ -49,10 +49,12 @@ impl DatasetJson {
     }
 }
 
-/// What a user's `dataset.json` says, read from either layout voxcache meets: nnU-Net v2
+/// What a `dataset.json` says, read from either layout voxcache meets: nnU-Net v2
 /// (`channel_names`, `labels` name -> value or region list, `file_ending`, `numTraining`) or the
 /// Medical Segmentation Decathlon's (`modality`, `labels` value -> name, `training` pairs,
-/// `test`). Everything voxcache does not use is ignored; what it uses is checked.
+/// `test`). Everything voxcache does not use is ignored; what it uses is checked. The one
+/// reader of the file: a dataset's and a trained nnU-Net model's
+/// ([`super::nnunet::NnunetDataset`]) go through the same rules.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DatasetDescription {
     /// "nnU-Net v2" or "Medical Segmentation Decathlon".

@@ -37,8 +37,8 @@ fn probabilities(shape: [usize; 3], phase: f32) -> Vec<Vec<f32>> {
             })
             .collect();
         let sum: f32 = w.iter().sum();
-        for c in 0..4 {
-            p[c][i] = w[c] / sum;
+        for (pc, wc) in p.iter_mut().zip(&w) {
+            pc[i] = wc / sum;
         }
     }
     p

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{bad, read_json};
 use crate::error::Result;
-use crate::format::dataset_json::{check_region_labels, LabelClass};
+use crate::format::dataset_json::{DatasetDescription, LabelClass};
 
 /// What the network's outputs mean.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,139 +119,97 @@ pub struct NnunetDataset {
 }
 
 impl NnunetDataset {
-    /// Read a results folder's `dataset.json`.
+    /// Read a results folder's `dataset.json`: the rules of every dataset.json
+    /// ([`DatasetDescription`]), and what a model's must have besides: channel names, and
+    /// class values without a gap.
     pub fn read(path: &Path) -> Result<NnunetDataset> {
         let v = read_json(path)?;
-        let ch = v
-            .get("channel_names")
-            .or_else(|| v.get("modality"))
-            .and_then(Value::as_object)
-            .ok_or_else(|| bad(path, "no channel_names"))?;
-        let mut chans: Vec<(usize, String)> = Vec::new();
-        for (k, n) in ch {
-            let i = k.parse::<usize>().map_err(|_| {
-                bad(
-                    path,
-                    format!("channel_names key {k:?} is not a channel index"),
-                )
-            })?;
-            chans.push((i, n.as_str().unwrap_or("").to_string()));
+        let d = DatasetDescription::from_value(&v).map_err(|e| bad(path, e))?;
+        if d.channels.is_empty() {
+            return Err(bad(path, "no channel_names"));
         }
-        chans.sort();
-        if chans.iter().enumerate().any(|(i, (k, _))| i != *k) {
-            return Err(bad(
-                path,
-                "channel_names must number the channels 0, 1, 2... without gaps",
-            ));
-        }
-        let labels = v
-            .get("labels")
-            .and_then(Value::as_object)
-            .ok_or_else(|| bad(path, "no labels"))?;
-        let value = |name: &str, x: &Value| -> Result<u16> {
-            x.as_u64()
-                .and_then(|n| u16::try_from(n).ok())
-                .ok_or_else(|| {
-                    bad(
-                        path,
-                        format!("label {name:?}: {x} is not a label value 0..65535"),
-                    )
-                })
-        };
-        let mut ignore_label = None;
-        let mut entries: Vec<(String, Vec<u16>)> = Vec::new();
-        for (name, x) in labels {
-            if name == "ignore" {
-                ignore_label = Some(value(name, x)?);
-                continue;
-            }
-            let vals = match x {
-                Value::Array(a) => a
-                    .iter()
-                    .map(|e| value(name, e))
-                    .collect::<Result<Vec<_>>>()?,
-                _ => vec![value(name, x)?],
-            };
-            if vals.is_empty() {
-                return Err(bad(path, format!("label {name:?} lists no label values")));
-            }
-            entries.push((name.clone(), vals));
-        }
-        let order: Option<Vec<u16>> = match v.get("regions_class_order") {
-            None | Some(Value::Null) => None,
-            Some(o) => Some(
-                serde_json::from_value(o.clone())
-                    .map_err(|e| bad(path, format!("regions_class_order: {e}")))?,
-            ),
-        };
-        let region_based = entries.iter().any(|(_, v)| v.len() > 1) || order.is_some();
-        let outputs = if region_based {
+        let outputs = if d.has_regions() {
+            d.check_regions().map_err(|e| bad(path, e))?;
             // Regions: every label but background, in the file's order (nnU-Net's).
-            let regions: Vec<(String, Vec<u16>)> =
-                entries.into_iter().filter(|(_, v)| v != &[0]).collect();
-            let order = order.ok_or_else(|| {
-                bad(
-                    path,
-                    "labels are regions (lists) but regions_class_order is missing",
-                )
-            })?;
-            if order.len() != regions.len() {
-                return Err(bad(
-                    path,
-                    format!(
-                        "regions_class_order has {} entries for {} regions",
-                        order.len(),
-                        regions.len()
-                    ),
-                ));
-            }
-            let classes: Vec<LabelClass> = regions
-                .iter()
-                .map(|(name, values)| LabelClass {
-                    name: name.clone(),
-                    values: values.clone(),
-                })
-                .collect();
-            check_region_labels(&classes).map_err(|e| bad(path, e))?;
+            let regions: Vec<&LabelClass> = d.labels.iter().filter(|c| c.values != [0]).collect();
             Outputs::Regions {
-                order,
-                names: regions.iter().map(|(n, _)| n.clone()).collect(),
-                labels: regions.into_iter().map(|(_, v)| v).collect(),
+                order: d.regions_class_order.clone().unwrap_or_default(),
+                names: regions.iter().map(|c| c.name.clone()).collect(),
+                labels: regions.iter().map(|c| c.values.clone()).collect(),
             }
         } else {
-            let mut classes: Vec<(u16, String)> =
-                entries.into_iter().map(|(n, v)| (v[0], n)).collect();
-            classes.sort();
-            let values: Vec<u16> = classes.iter().map(|c| c.0).collect();
-            // nnU-Net requires consecutive labels from 0.
-            if values.iter().enumerate().any(|(i, &v)| usize::from(v) != i) {
+            // A model's outputs are its label values 0, 1, 2... (nnU-Net refuses a dataset with
+            // a gap, so its models never have one; ours map any values through run.json).
+            if d.labels
+                .iter()
+                .enumerate()
+                .any(|(i, c)| c.values != [i as u16])
+            {
+                let values: Vec<u16> = d.labels.iter().map(|c| c.values[0]).collect();
                 return Err(bad(
                     path,
                     format!("label values {values:?} are not 0, 1, 2... (nnU-Net's requirement)"),
                 ));
             }
             Outputs::Classes {
-                values,
-                names: classes.into_iter().map(|c| c.1).collect(),
+                values: d.labels.iter().map(|c| c.values[0]).collect(),
+                names: d.labels.iter().map(|c| c.name.clone()).collect(),
             }
         };
-        if outputs.heads() < 1 {
-            return Err(bad(path, "no labels to predict"));
-        }
         Ok(NnunetDataset {
             path: path.to_path_buf(),
-            channels: chans.into_iter().map(|c| c.1).collect(),
+            channels: d.channels,
             outputs,
-            file_ending: v
-                .get("file_ending")
-                .and_then(Value::as_str)
-                .unwrap_or(".nii.gz")
-                .to_string(),
-            ignore_label,
+            file_ending: d.file_ending.unwrap_or_else(|| ".nii.gz".to_string()),
+            ignore_label: d.ignore_label,
             reader: v
                 .get("overwrite_image_reader_writer")
                 .and_then(Value::as_str)
                 .map(str::to_string),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(v: serde_json::Value) -> std::result::Result<NnunetDataset, String> {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("dataset.json");
+        std::fs::write(&p, v.to_string()).unwrap();
+        NnunetDataset::read(&p).map_err(|e| e.to_string())
+    }
+
+    /// A model's dataset.json meets every rule of a dataset's (one reader), and a model's own.
+    #[test]
+    fn a_models_dataset_json_has_the_rules_of_every_dataset_json() {
+        let ch = json!({"0": "CT"});
+        let ok =
+            read(json!({"channel_names": ch, "labels": {"background": 0, "liver": 1}})).unwrap();
+        assert_eq!(ok.outputs.heads(), 2);
+        // The dataset reader's rules: the ignore label above every class, no doubled value.
+        let e =
+            read(json!({"channel_names": ch, "labels": {"background": 0, "a": 2, "ignore": 1}}));
+        assert!(e.unwrap_err().contains("ignore label"));
+        let e = read(json!({"channel_names": ch, "labels": {"background": 0, "a": 1, "b": 1}}));
+        assert!(e.unwrap_err().contains("twice"));
+        // Regions: an order that would not write each label back as itself.
+        let e = read(json!({"channel_names": ch,
+            "labels": {"background": 0, "whole": [1, 2], "core": [2]},
+            "regions_class_order": [2, 1]}));
+        assert!(e.unwrap_err().contains("disagree"));
+        let r = read(json!({"channel_names": ch,
+            "labels": {"background": 0, "whole": [1, 2], "core": [2]},
+            "regions_class_order": [1, 2]}))
+        .unwrap();
+        assert!(r.outputs.is_regions());
+        // A model's own: channel names, and classes without a gap.
+        assert!(read(json!({"labels": {"background": 0}}))
+            .unwrap_err()
+            .contains("channel_names"));
+        let e = read(json!({"channel_names": ch, "labels": {"background": 0, "a": 2}}));
+        assert!(e.unwrap_err().contains("0, 1, 2"));
     }
 }

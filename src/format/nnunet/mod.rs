@@ -44,18 +44,13 @@ fn bad(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
-/// Read a JSON file (size bounded), naming it on any failure.
+/// Read a JSON file (a regular file of bounded size: [`crate::util::files::read_capped`]),
+/// naming it on any failure.
 fn read_json(path: &Path) -> Result<Value> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(bad(path, "not a regular file"));
-    }
-    if meta.len() > MAX_JSON_BYTES {
-        return Err(bad(
-            path,
-            format!("{} bytes: too large for a JSON record", meta.len()),
-        ));
-    }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes =
+        crate::util::files::read_capped(path, MAX_JSON_BYTES).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => bad(path, e.to_string()),
+            _ => Error::io(path, e),
+        })?;
     serde_json::from_slice(&bytes).map_err(|e| bad(path, format!("not valid JSON: {e}")))
 }

@@ -60,12 +60,15 @@ pub fn hash(dir: &Path) -> Result<(blake3::Hash, u64)> {
     Ok((h.finalize(), bytes))
 }
 
+/// Slabs held: (class, first slice) and the slab's values.
+type Slabs = VecDeque<((usize, usize), Arc<Vec<f32>>)>;
+
 /// A first stage's class probabilities on a case's grid, read a slab at a time.
 pub struct PreviousProbabilities {
     reader: ProbabilityReader,
     path: PathBuf,
-    /// Recently read slabs: (class, first slice) and its values.
-    slabs: Mutex<VecDeque<((usize, usize), Arc<Vec<f32>>)>>,
+    /// Recently read slabs.
+    slabs: Mutex<Slabs>,
 }
 
 impl PreviousProbabilities {
