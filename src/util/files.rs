@@ -54,27 +54,6 @@ pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn devices_folders_and_large_files_are_refused() {
-        let t = tempfile::tempdir().unwrap();
-        let e = read_capped(t.path(), 10).unwrap_err();
-        assert!(e.to_string().contains("a folder"), "{e}");
-        let e = read_capped(Path::new("/dev/zero"), 10).unwrap_err();
-        assert!(e.to_string().contains("not a regular file"), "{e}");
-        let f = t.path().join("r.json");
-        std::fs::write(&f, b"0123456789abc").unwrap();
-        let e = read_capped(&f, 10).unwrap_err();
-        assert!(e.to_string().contains("13 bytes"), "{e}");
-        assert_eq!(read_capped(&f, 13).unwrap().len(), 13);
-        let e = read_capped(&t.path().join("none"), 10).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::NotFound);
-    }
-}
-
 /// Create `path` with `bytes` and fsync it (a file inside a folder that is itself renamed into
 /// place when complete, so the file needs no rename of its own).
 pub fn write_synced(path: &Path, bytes: &[u8]) -> crate::error::Result<()> {
@@ -126,5 +105,26 @@ pub fn replace_via(tmp: &Path, path: &Path, bytes: &[u8]) -> crate::error::Resul
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => sync_dir(p),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_folders_and_large_files_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let e = read_capped(t.path(), 10).unwrap_err();
+        assert!(e.to_string().contains("a folder"), "{e}");
+        let e = read_capped(Path::new("/dev/zero"), 10).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let f = t.path().join("r.json");
+        std::fs::write(&f, b"0123456789abc").unwrap();
+        let e = read_capped(&f, 10).unwrap_err();
+        assert!(e.to_string().contains("13 bytes"), "{e}");
+        assert_eq!(read_capped(&f, 13).unwrap().len(), 13);
+        let e = read_capped(&t.path().join("none"), 10).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
     }
 }
