@@ -99,7 +99,11 @@ fn table() -> Vec<Row> {
                 R(NO_FOLD),
             ],
         ),
-        row("--val-every", Some("10"), &cadence),
+        row(
+            "--val-every",
+            Some("10"),
+            &[U, U, U, U, R(FOLD_ALL), R(VALIDATE_ONLY), R(BENCHMARK)],
+        ),
         row("--checkpoint-every", Some("10"), &cadence),
         row("--log-every", Some("10"), &cadence),
         row("--workers", Some("1"), &training),

@@ -10,8 +10,8 @@
 //!   list of several folds (it times one run).
 //! - Without a fold (neither `--fold` nor the pipeline's `fold`): `--splits` and the
 //!   fold-validation options are refused. With one: `--val-fraction` (the fold holds out its own
-//!   cases); with `--fold all` only, `--splits` and the fold-validation options (every case
-//!   trains, none is held out).
+//!   cases); with `--fold all` only, `--splits`, `--val-every` and the fold-validation options
+//!   (every case trains, none is held out).
 //!
 //! `--resume` takes every option a new run takes (it refuses, naming them, settings that differ
 //! from the run's record: [`crate::train::trainer`]). The S3 options are refused for a cache in
@@ -134,7 +134,7 @@ pub fn check(given: &Given, mode: &TrainMode) -> Result<()> {
         Some("the fold holds out its own validation cases".into())
     })?;
     if all {
-        let mut ids = vec!["splits"];
+        let mut ids = vec!["splits", "val_every"];
         ids.extend(FOLD_VALIDATION);
         given.refuse(&ids, FOLD_ALL, |id| {
             Some(
