@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser};
-use voxcache::cache::remote::RemoteOptions;
+use voxcache::cache::s3::RemoteOptions;
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::location::{local_models, local_path};
 use voxcache::config::modes::Given;
-use voxcache::config::remote::{local_models, local_path};
 use voxcache::config::Exit;
 use voxcache::infer::model_dir::Which;
 use voxcache::infer::nnunet::{predict_nnunet, NnunetPredictOptions};

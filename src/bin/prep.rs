@@ -8,11 +8,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use voxcache::cache::remote::Fill;
+use voxcache::cache::s3::Fill;
 use voxcache::config::exit::EXIT_STATUS_HELP;
+use voxcache::config::location::local_path;
+use voxcache::config::location::{local_for_reading, S3Flags};
 use voxcache::config::modes::Given;
-use voxcache::config::remote::local_path;
-use voxcache::config::remote::{local_for_reading, S3Flags};
 use voxcache::config::settings::{dataset_source, resolve};
 use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use voxcache::cache::remote::Fill;
-use voxcache::config::remote::local_path;
-use voxcache::config::remote::{local_for_reading, S3Flags};
+use voxcache::cache::s3::Fill;
+use voxcache::config::location::local_path;
+use voxcache::config::location::{local_for_reading, S3Flags};
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};

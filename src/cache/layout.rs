@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::remote::RemoteCache;
+use super::s3::RemoteCache;
 
 use crate::error::{Error, Result};
 use crate::format::{ENTRIES_DIR, MANIFEST_FILE, TMP_DIR, ZARR_JSON};

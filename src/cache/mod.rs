@@ -13,7 +13,7 @@ pub mod layout;
 pub mod manifest;
 pub mod probabilities;
 pub mod reader;
-pub mod remote;
+pub mod s3;
 pub mod source;
 pub mod store;
 pub mod tier;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rayon::prelude::*;
 
-use super::remote::RemoteCache;
+use super::s3::RemoteCache;
 use crate::error::{Error, Result};
 use crate::format::ENTRIES_DIR;
 

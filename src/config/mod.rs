@@ -18,7 +18,8 @@
 //! - [`settings`]: the cache parameters ([`Settings`]) and their flags ([`PrepFlags`]).
 //! - [`train`]: the training flags ([`TrainFlags`]) over the pipeline's `[train]` table.
 //! - [`values`]: the text parsers both layers use (three numbers, shard, part).
-//! - [`remote`]: the flags of caches on S3 and the local folder that serves their reads.
+//! - [`location`]: where a path given on the command line lives (a local folder or `s3://`),
+//!   the flags of caches on S3 and the local folder that serves their reads.
 //! - [`run_dir`]: where a training run's folder goes.
 //! - [`exit`]: the exit statuses of both binaries.
 //! - [`modes`]: options that apply to one mode of a command, refused in the others.
@@ -26,9 +27,9 @@
 pub mod autoplan;
 pub mod configurations;
 pub mod exit;
+pub mod location;
 pub mod modes;
 pub mod pipeline;
-pub mod remote;
 pub mod run_dir;
 pub mod settings;
 pub mod train;

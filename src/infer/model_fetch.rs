@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::model_dir::Which;
-use crate::cache::remote::{url_folder, RemoteOptions};
+use crate::cache::s3::{url_folder, RemoteOptions};
 use crate::error::{Error, Result};
 use crate::format::crossval::POSTPROCESSING_FILE;
 use crate::format::run::RUN_FILE;

@@ -5,7 +5,7 @@
 //!   quiet), `--s3-endpoint` and `--local-cache` (nothing is staged or uploaded) are refused;
 //! - a cache in a local folder refuses the S3 options, and every build `--local-cache-gb` (it
 //!   bounds the tier that reads go through):
-//!   [`crate::config::remote::S3Flags::options_for`].
+//!   [`crate::config::location::S3Flags::options_for`].
 //!
 //! The cache options (pipeline, spacing, layout...), DATA or `--images`/`--labels`, `--name`,
 //! `--previous-stage`, `-j` and `--json` apply to every mode. `prep plan` and `prep synth` have

@@ -15,7 +15,7 @@
 //!
 //! `--resume` takes every option a new run takes (it refuses, naming them, settings that differ
 //! from the run's record: [`crate::train::trainer`]). The S3 options are refused for a cache in
-//! a local folder by [`crate::config::remote::S3Flags::options_for`].
+//! a local folder by [`crate::config::location::S3Flags::options_for`].
 
 use clap::Args;
 

@@ -21,7 +21,7 @@ use serde::Serialize;
 use self::case::{case_key, Job};
 use self::progress::make_progress;
 use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
-use crate::cache::remote::{RemoteCache, RemoteOptions};
+use crate::cache::s3::{RemoteCache, RemoteOptions};
 use crate::cache::writer::configure_zarrs;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
@@ -307,7 +307,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     // In a bucket, what killed uploads left (one LIST; part 0 of a --part build does it).
     // Best effort: a server or a role that cannot list uploads or delete must not stop a build.
     if let (Some(remote), None | Some((0, _))) = (&cache.remote, opts.part) {
-        match remote.sweep_orphans(crate::cache::remote::ORPHAN_AGE) {
+        match remote.sweep_orphans(crate::cache::s3::ORPHAN_AGE) {
             Ok(o) if o.entries + o.uploads > 0 => eprintln!(
                 "removed what interrupted uploads left in {} over a day ago: {} uncommitted \
                  entries ({} objects, {}), {} unfinished multipart uploads",

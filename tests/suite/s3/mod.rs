@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use voxcache::cache::reader::CacheReader;
-use voxcache::cache::remote::{mirror, Fill, RemoteCache};
+use voxcache::cache::s3::{fill_tier, Fill, RemoteCache};
 use voxcache::remote::s3::{Client, Condition, Config};
 use voxcache::remote::Location;
 use voxcache::train::augment::AugmentConfig;

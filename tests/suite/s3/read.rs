@@ -135,7 +135,8 @@ fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
     let t = tempfile::tempdir().unwrap();
     let (url, remote) = built_remote(&srv, "on-read", t.path());
     let dir = t.path().join("tier");
-    let (rep, tier) = mirror(&remote, &dir, true, None, Fill::OnRead { prefetch: false }).unwrap();
+    let (rep, tier) =
+        fill_tier(&remote, &dir, true, None, Fill::OnRead { prefetch: false }).unwrap();
     assert_eq!((rep.fetched, rep.reused), (10, 0));
     let total = rep.pending;
     assert!(total >= 10, "{rep:?}");
@@ -194,12 +195,12 @@ fn a_tier_smaller_than_the_cache_evicts_the_least_recently_used_files() {
     let t = tempfile::tempdir().unwrap();
     let (_, remote) = built_remote(&srv, "budget", t.path());
     let fill = Fill::OnRead { prefetch: false };
-    let (sizes, probe) = mirror(&remote, &t.path().join("probe"), true, None, fill).unwrap();
+    let (sizes, probe) = fill_tier(&remote, &t.path().join("probe"), true, None, fill).unwrap();
     probe.close();
     // Room for the metadata and two fifths of the chunk files.
     let budget = sizes.bytes + sizes.pending_bytes * 2 / 5;
     let dir = t.path().join("tier");
-    let (_, tier) = mirror(&remote, &dir, true, Some(budget), fill).unwrap();
+    let (_, tier) = fill_tier(&remote, &dir, true, Some(budget), fill).unwrap();
     let got = CacheReader::open(&dir).unwrap();
     let want = CacheReader::open(local()).unwrap();
     let (a, b) = (open_entries(&got), open_entries(&want));

@@ -225,7 +225,7 @@ fn interrupted_uploads_are_swept_once_old_and_never_while_young() {
         Some(&srv.endpoint),
     )
     .unwrap();
-    let day = voxcache::cache::remote::ORPHAN_AGE;
+    let day = voxcache::cache::s3::ORPHAN_AGE;
     // Under a day old: perhaps another builder's upload in progress, left alone.
     let young = remote.sweep_orphans(day).unwrap();
     assert_eq!((young.entries, young.uploads, young.recent), (0, 0, 1));

@@ -10,7 +10,7 @@
 //! (`If-None-Match: *` when there is none yet); a conflict re-reads and merges again, so
 //! concurrent `--part` builders each land their cases.
 //!
-//! Reading: [`mirror`] brings a cache's manifest and its entries' metadata into a local tier
+//! Reading: [`fill_tier`] brings a cache's manifest and its entries' metadata into a local tier
 //! (a local cache folder keyed by content, so a file once fetched is never fetched again),
 //! which the reader memory-maps as any local cache. Chunk and shard files come on first read
 //! or from a background prefetch ([`super::tier`]), or all before the command reads
@@ -384,9 +384,9 @@ pub struct Orphans {
     pub recent: usize,
 }
 
-/// What a [`mirror`] did.
+/// What a [`fill_tier`] did.
 #[derive(Clone, Debug, Default)]
-pub struct MirrorReport {
+pub struct TierReport {
     /// Entries brought into the tier now (their metadata; all their files with
     /// [`Fill::Whole`]).
     pub fetched: usize,
@@ -433,13 +433,13 @@ fn on_read(rel: &str) -> bool {
 /// recently used first, to make room; a cache larger than the budget is refused, with figures.
 /// `tier` must be new, empty or marked as this URL's ([`super::tier::claim`]; `given`: the
 /// user named it).
-pub fn mirror(
+pub fn fill_tier(
     remote: &Arc<RemoteCache>,
     tier: &Path,
     given: bool,
     budget: Option<u64>,
     fill: Fill,
-) -> Result<(MirrorReport, Arc<Tier>)> {
+) -> Result<(TierReport, Arc<Tier>)> {
     let url = remote.url().to_string();
     let manifest = remote.manifest()?.ok_or_else(|| {
         Error::remote(
@@ -461,12 +461,12 @@ pub fn mirror(
         .collect();
     let wanted: BTreeSet<String> = cases.keys().map(|k| k.to_string()).collect();
     let objects = remote.entry_objects()?;
-    let mut report = MirrorReport {
+    let mut report = TierReport {
         uncommitted: objects
             .values()
             .filter(|objs| !objs.iter().any(|(r, _)| r == ZARR_JSON))
             .count(),
-        ..MirrorReport::default()
+        ..TierReport::default()
     };
     // Per entry the tier lacks: its metadata files; over all entries: the files to come.
     let mut missing: Vec<(&String, Files, u64)> = Vec::new();

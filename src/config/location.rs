@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cache::remote::{mirror, Fill, MirrorReport, RemoteCache, RemoteOptions};
+use crate::cache::s3::{fill_tier, Fill, RemoteCache, RemoteOptions, TierReport};
 use crate::cache::tier::Tier;
 use crate::error::{Error, Result};
 use crate::remote::Location;
@@ -95,7 +95,7 @@ pub struct LocalView {
     /// The folder to read.
     pub path: PathBuf,
     /// For `s3://`: the URL, and what was fetched to bring the folder up to date.
-    pub fetched: Option<(String, MirrorReport)>,
+    pub fetched: Option<(String, TierReport)>,
     /// Removed when the view is dropped (a fresh download for `--verify`).
     temporary: bool,
     /// The tier's registration, closed with the view.
@@ -191,7 +191,7 @@ pub fn local_for_reading(
             // On failure the view is dropped: a fresh download leaves nothing behind.
             let fill = if fresh { Fill::Whole } else { fill };
             let given = opts.local.is_some() || fresh;
-            let (report, tier) = mirror(&remote, &view.path, given, opts.budget, fill)?;
+            let (report, tier) = fill_tier(&remote, &view.path, given, opts.budget, fill)?;
             view.tier = Some(tier);
             view.fetched = Some((url.to_string(), report));
             Ok(view)
