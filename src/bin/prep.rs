@@ -17,7 +17,7 @@ use voxcache::config::settings::{dataset_source, resolve};
 use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};
 use voxcache::inspect::dataset_report::render_plan;
-use voxcache::prep::build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
+use voxcache::prep::cache_build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
 use voxcache::prep::dataset::DatasetSource;
 use voxcache::synth;
 use voxcache::util::sysinfo::human_bytes;

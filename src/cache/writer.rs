@@ -1,6 +1,6 @@
 //! The low-level pieces of writing an entry's Zarr arrays: codecs, array metadata, padded edge
 //! blocks and the short hashes recorded per chunk. What an entry holds is written by
-//! [`crate::prep::build`].
+//! [`crate::prep::cache_build`].
 
 use std::path::Path;
 use std::sync::Arc;

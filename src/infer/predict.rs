@@ -2,7 +2,7 @@
 //! its input's own geometry.
 //!
 //! The stages, each the same code as elsewhere: the inputs are preprocessed by the build
-//! ([`crate::prep::build::build_cache`] with the model's recorded parameters) into a scratch cache
+//! ([`crate::prep::cache_build::build_cache`] with the model's recorded parameters) into a scratch cache
 //! removed at the end; the sliding window ([`super::sliding`]) makes each volume's class
 //! probabilities final a slab at a time into scratch files ([`super::probs`]); the export
 //! ([`super::export`]) resamples them back to the input's grid, takes the argmax and streams the
@@ -28,7 +28,9 @@ use crate::format::nnunet::Outputs;
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
-use crate::prep::build::{build_cache, previous as previous_stage, BuildOptions, CaseOutcome};
+use crate::prep::cache_build::{
+    build_cache, previous as previous_stage, BuildOptions, CaseOutcome,
+};
 use crate::prep::dataset::{self, CaseSource, DatasetSource};
 
 /// What the user asked for.

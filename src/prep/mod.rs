@@ -7,10 +7,10 @@
 //! - [`normalize`]: intensity normalization schemes.
 //! - [`resample`]: fill one output block from the input (linear for images, nearest for labels).
 //! - [`derived`]: label-derived arrays (distance maps, skeletons), built chunk by chunk.
-//! - [`build`]: the `build-cache` job, an orchestrator over the steps above.
+//! - [`cache_build`]: the `build-cache` job, an orchestrator over the steps above.
 //! - [`nnunet`]: nnU-Net v2's own inference preprocessing, for its trained models.
 
-pub mod build;
+pub mod cache_build;
 pub mod dataset;
 pub mod derived;
 pub mod nnunet;

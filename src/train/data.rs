@@ -30,7 +30,7 @@ impl Data {
     /// How many of the image channels, at the end, are a cascade's previous-stage
     /// segmentation (one a label; `prep build-cache --previous-stage`).
     pub(crate) fn previous_stage_channels(&self) -> usize {
-        crate::prep::build::previous::indicator_values(&self.preprocessing.params).len()
+        crate::prep::cache_build::previous::indicator_values(&self.preprocessing.params).len()
     }
 }
 
@@ -136,7 +136,7 @@ pub(crate) fn open_data(
         unit,
     };
     if let Some(first) = &cfg.previous_stage_of {
-        if crate::prep::build::previous::indicator_values(&preprocessing.params).is_empty() {
+        if crate::prep::cache_build::previous::indicator_values(&preprocessing.params).is_empty() {
             return Err(Error::cache(
                 cache_dir,
                 format!("dataset {dataset:?}: the configuration is a cascade's second stage after {first}, but the cache holds no previous stage's segmentation: build it with prep build-cache --previous-stage (the {first} run folder)"),

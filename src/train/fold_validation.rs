@@ -24,7 +24,7 @@ use crate::format::run::{RunRecord, RUN_FILE};
 use crate::infer::model_dir::Which;
 use crate::infer::postprocess::PostprocessingChoice;
 use crate::infer::predict::{predict, PredictOptions, PredictOutcome};
-use crate::prep::build::previous;
+use crate::prep::cache_build::previous;
 use crate::prep::dataset::{discover, origin::source_of, CaseSource, DatasetSource};
 
 /// A case that could not be validated, and why.

@@ -371,7 +371,7 @@ fn a_decathlon_folder_of_4d_multimodal_images_builds_as_its_nnunet_layout_does()
 /// out as the training cache's images, bit for bit, with the same keys for the same files.
 #[test]
 fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
-    use voxcache::prep::build::{build_cache, BuildOptions};
+    use voxcache::prep::cache_build::{build_cache, BuildOptions};
     use voxcache::prep::dataset::{CaseSource, DatasetSource};
     let t = tempfile::tempdir().unwrap();
     let data = synth(t.path());
