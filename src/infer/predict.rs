@@ -28,9 +28,7 @@ use crate::format::nnunet::Outputs;
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
-use crate::prep::cache_build::{
-    build_cache, previous as previous_stage, BuildOptions, CaseOutcome,
-};
+use crate::prep::cache_build::{build_cache, previous, BuildOptions, CaseOutcome};
 use crate::prep::dataset::{self, CaseSource, DatasetSource};
 
 /// What the user asked for.
@@ -259,11 +257,11 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let mut results: Vec<PredictCase> = Vec::new();
     let fail = failed;
     // A cascade's second stage takes the first stage's segmentations as its last channels.
-    let previous = previous_stage::indicator_values(&m.preprocessing.params);
-    let found = input_cases(&opts.inputs, channels - previous.len(), &mut results)?;
-    let (mut found, problems) = previous_stage::for_model(
+    let indicators = previous::indicator_values(&m.preprocessing.params);
+    let found = input_cases(&opts.inputs, channels - indicators.len(), &mut results)?;
+    let (mut found, problems) = previous::for_model(
         &opts.models[0],
-        &previous,
+        &indicators,
         opts.previous_stage.as_deref(),
         found,
     )?;
