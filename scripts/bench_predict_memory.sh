@@ -17,9 +17,10 @@
 # names its nnUNetv2_predict_from_modelfolder (from a separate venv with torch and nnunetv2
 # from PyPI; never CI's); then the segmentations are compared voxel for voxel with that venv's
 # python (numpy, nibabel). The nnU-Net runs read copies of the inputs whose header unit is mm
-# (prep synth writes um; nnU-Net's SimpleITK reader scales um to mm/1000, predict --nnunet-model
-# takes pixdim as it is): a CT set in mm, as the model must be trained on (the same copies of
-# the preset's cases; docs/benchmarks.md, "Predict at a real plan", has the steps).
+# (prep synth writes its CT-like spacings, 0.6 to 1 in plane, with the unit um, which nnU-Net's
+# SimpleITK reader and predict --nnunet-model both turn into mm/1000): a CT set in mm, as the
+# model must be trained on (the same copies of the preset's cases; docs/benchmarks.md, "Predict
+# at a real plan", has the steps).
 # GNU time's maximum RSS is the largest single process's; nnUNetv2_predict is several, so its
 # run also prints the peak PSS summed over its process tree (sampled from /proc once a second:
 # the sampler takes a few % of a core).

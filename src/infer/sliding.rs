@@ -228,8 +228,8 @@ pub struct Tile {
 pub type TileSink<'a> = dyn FnMut(Tile, &[f32]) -> Result<()> + 'a;
 
 /// Bands along y for [`Predictor::predict_tiled`]: (output rows y0..y1, the y starts of the
-/// windows that touch them). As many window rows a band as keep its slab (up to two patch
-/// depths of slices, the band's window span, every x, classes + 1 floats) under `budget`; one
+/// windows that touch them). As many window rows a band as keep its slab (a patch depth of
+/// slices, the band's window span, every x, classes + 1 floats; one slice more) under `budget`; one
 /// band of the whole plane when it fits, one window row a band at least.
 pub fn y_bands(
     ys: &[usize],
@@ -261,7 +261,10 @@ pub fn y_bands(
             .iter()
             .map(|(_, w)| {
                 let span = w.last().map_or(0, |&y| (y + patch[1]).min(shape[1])) - w[0];
-                2 * patch[0].min(shape[0]) * span * shape[2] * (classes + 1) * 4
+                // The slab (one patch depth of rows, scores and weight a voxel) and one final
+                // slice being handed over.
+                let slab = patch[0].min(shape[0]) * span * shape[2] * (classes + 1);
+                (slab + span * shape[2] * classes) * 4
             })
             .max()
             .unwrap_or(0)
@@ -274,6 +277,21 @@ pub fn y_bands(
         }
         k = k.div_ceil(2).min(k - 1);
     }
+}
+
+/// Window rows run over the y starts `ys` once [`y_bands`] has cut the plane into bands
+/// under `budget` (a window touching two bands runs for each).
+pub fn banded_rows(
+    ys: &[usize],
+    shape: [usize; 3],
+    patch: [usize; 3],
+    classes: usize,
+    budget: usize,
+) -> usize {
+    y_bands(ys, shape, patch, classes, budget)
+        .iter()
+        .map(|(_, w)| w.len())
+        .sum()
 }
 
 /// A sliding-window predictor.
@@ -324,16 +342,13 @@ impl Predictor<'_> {
     pub fn window_count(&self, shape_zyx: [usize; 3], budget: usize) -> usize {
         let starts = |a: usize| self.starts(a, shape_zyx[a]);
         let classes = self.model.config().num_classes;
-        let rows: usize = y_bands(
+        let rows = banded_rows(
             &band_starts(&starts(1)),
             shape_zyx,
             self.patch,
             classes,
             budget,
-        )
-        .iter()
-        .map(|(_, w)| w.len())
-        .sum();
+        );
         starts(0).len() * rows * starts(2).len()
     }
 
@@ -524,9 +539,9 @@ impl Predictor<'_> {
                 .min(shape[0]);
             if done_to > slab_z0 {
                 let rows = done_to - slab_z0;
-                done.clear();
-                done.reserve(rows * (oy1 - oy0) * nx * classes);
+                // One slice a tile: the handed-over copy stays one slice, not a patch depth.
                 for z in 0..rows {
+                    done.clear();
                     let from = (z * plane + (oy0 - y0) * nx) * stride;
                     let to = (z * plane + (oy1 - y0) * nx) * stride;
                     for v in slab[from..to].chunks_exact(stride) {
@@ -537,14 +552,14 @@ impl Predictor<'_> {
                             done.extend(v[..classes].iter().map(|s| s / w));
                         }
                     }
+                    let tile = Tile {
+                        z0: slab_z0 + z,
+                        rows: 1,
+                        y0: oy0,
+                        height: oy1 - oy0,
+                    };
+                    on_tile(tile, &done)?;
                 }
-                let tile = Tile {
-                    z0: slab_z0,
-                    rows,
-                    y0: oy0,
-                    height: oy1 - oy0,
-                };
-                on_tile(tile, &done)?;
                 slab.drain(..rows * plane * stride);
                 slab_z0 = done_to;
             }
@@ -606,7 +621,8 @@ mod tests {
         // Whole slices fit: one band of everything.
         let one = y_bands(&ys, shape, patch, 2, usize::MAX);
         assert_eq!(one, vec![((0, 200), ys.clone())]);
-        for budget in [0, 1 << 20, 1_500_000] {
+        // The whole plane takes 8 x 200 x 50 x 3 + 200 x 50 x 2 floats (1.04 MB).
+        for budget in [0, 500_000, 1_000_000] {
             let bands = y_bands(&ys, shape, patch, 2, budget);
             assert!(bands.len() > 1, "budget {budget}");
             // Output ranges tile 0..200 in order.

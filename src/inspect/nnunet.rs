@@ -12,8 +12,9 @@ use crate::error::Result;
 use crate::format::nnunet::Outputs;
 use crate::infer::nnunet::budget::check_memory;
 use crate::infer::nnunet::model::NnunetModel;
-use crate::infer::sliding::nnunet_window_count;
+use crate::infer::sliding::{banded_rows, nnunet_starts, nnunet_window_count};
 use crate::prep::dataset;
+use crate::prep::nnunet::reader_spacing_zyx;
 use crate::prep::nnunet::sizes::case_sizes;
 
 /// One input's forecast (the crop to the nonzero region is not known before reading the
@@ -97,7 +98,8 @@ pub fn inspect_nnunet(
     let heads = m.dataset.outputs.heads();
     // The forecast first: a patch no machine here could hold is refused before the timed pass
     // allocates it.
-    let memory_bytes = check_memory(&m, 2, window_memory)?;
+    // One window a pass, predict's default.
+    let memory_bytes = check_memory(&m, 1, window_memory)?;
     let dev = candle_core::Device::Cpu;
     let net = m.fold_network(0, &dev)?;
     let t = Instant::now();
@@ -121,8 +123,7 @@ pub fn inspect_nnunet(
     for case in dataset::cases_from_files(files, m.plans.channels()).cases {
         let h = crate::nifti_io::read_header(case.image())?;
         let shape_zyx = crate::geometry::zyx(h.shape_xyz);
-        let s = h.spacing_xyz;
-        let spacing_zyx = [s[2], s[1], s[0]];
+        let spacing_zyx = reader_spacing_zyx(&h, &m.reader);
         let sizes = case_sizes(&m.plans, case.image(), shape_zyx, spacing_zyx, heads)?;
         let new = sizes.new_shape;
         // Counted, not placed: a huge grid has too many starts to list.
@@ -133,8 +134,16 @@ pub fn inspect_nnunet(
                 nnunet_window_count(new[a].max(patch[a]), patch[a], 0.5)
             }
         };
+        // Rows along y as predict's bands run them under `window_memory` (a window on a band
+        // border runs once for each band); nnU-Net pads an axis shorter than the patch.
+        let rows_y = if new[1] <= patch[1] {
+            1
+        } else {
+            let ys = nnunet_starts(new[1], patch[1], 0.5);
+            banded_rows(&ys, new, patch, heads, window_memory)
+        };
         let windows = starts(0)
-            .saturating_mul(starts(1))
+            .saturating_mul(rows_y)
             .saturating_mul(starts(2));
         let scratch_bytes = sizes.scratch_bytes;
         forecast.push(CaseForecast {

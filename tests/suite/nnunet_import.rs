@@ -609,3 +609,58 @@ fn inspect_reports_the_plans_figures() {
         }
     }
 }
+
+/// `path` (a gzipped NIfTI-1 in mm) rewritten uncompressed to `to` in micrometres: pixdim,
+/// the quaternion offsets and the sform times 1000, xyzt_units NIFTI_UNITS_MICRON.
+fn to_micrometres(path: &Path, to: &Path) {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut bytes)
+        .unwrap();
+    assert_eq!(i32::from_le_bytes(bytes[..4].try_into().unwrap()), 348);
+    assert_eq!(bytes[123] & 7, 2, "{}: not in mm", path.display());
+    let scale = |b: &mut [u8], at: usize| {
+        let v = f32::from_le_bytes(b[at..at + 4].try_into().unwrap()) * 1000.0;
+        b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    };
+    let fields = (1..4).map(|i| 76 + 4 * i).chain([268, 272, 276]);
+    let srows = (0..3).flat_map(|r| (0..4).map(move |c| 280 + 16 * r + 4 * c));
+    for at in fields.chain(srows) {
+        scale(&mut bytes, at);
+    }
+    bytes[123] = (bytes[123] & !7) | 3;
+    std::fs::write(to, bytes).unwrap();
+}
+
+#[test]
+fn micrometre_headers_are_read_in_mm_as_simpleitk_reads_them() {
+    // nnU-Net's default reader, SimpleITK, converts a header's unit to mm: the same image in
+    // um must give the same segmentation and probabilities as in mm.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = results_dir("ct3d");
+    let plans = std::fs::read_to_string(dir.join("plans.json")).unwrap();
+    assert!(plans.contains("\"SimpleITKIO\""), "the fixture's reader");
+    let (mm, um) = (tmp.path().join("mm"), tmp.path().join("um"));
+    std::fs::create_dir_all(&mm).unwrap();
+    std::fs::create_dir_all(&um).unwrap();
+    let name = "ct_coarse_0000.nii.gz";
+    let input = fixtures().join("ct3d/inputs").join(name);
+    std::fs::copy(&input, mm.join(name)).unwrap();
+    to_micrometres(&input, &um.join("ct_coarse_0000.nii"));
+    let um_header = voxcache::nifti_io::read_header(&um.join("ct_coarse_0000.nii")).unwrap();
+    assert_eq!(um_header.unit, "um");
+    let mut o = options(&dir, Some(&["0"]), &mm, &tmp.path().join("out_mm"));
+    o.mirror = false;
+    predict_nnunet(&o).unwrap();
+    o.inputs = vec![um.clone()];
+    o.out = tmp.path().join("out_um");
+    let report = predict_nnunet(&o).unwrap();
+    assert_eq!(report.predicted, 1, "{:?}", report.cases);
+    let a = voxcache::nifti_io::read_volume(&tmp.path().join("out_mm/ct_coarse.nii.gz")).unwrap();
+    let b = voxcache::nifti_io::read_volume(&tmp.path().join("out_um/ct_coarse.nii.gz")).unwrap();
+    assert_eq!(a.data, b.data, "the segmentation depends on the header's unit");
+    let pa = read_npz(&tmp.path().join("out_mm/ct_coarse.npz"));
+    let pb = read_npz(&tmp.path().join("out_um/ct_coarse.npz"));
+    assert_eq!(pa, pb, "the probabilities depend on the header's unit");
+}

@@ -243,7 +243,9 @@ fn file_slice<T: Elem>(
 fn properties(reader: &str, geo: &CaseGeometry, input: &Path) -> Result<PyValue> {
     let header = crate::nifti_io::read_header(input)?;
     let m = header.affine.0;
-    let spacing = header.spacing_exact_xyz();
+    // SimpleITK gives the spacing in mm whatever the header's unit; the origin as stored.
+    let k = crate::prep::nnunet::reader_unit_scale(&header, reader);
+    let spacing = header.spacing_exact_xyz().map(|s| s * k);
     let reader_geometry = if reader == "NibabelIO" {
         let affine = m.iter().map(|r| PyValue::floats(r)).collect();
         (

@@ -27,7 +27,7 @@ use crate::geometry::components::Connectivity;
 use crate::prep::dataset::CaseSource;
 use crate::prep::nnunet::sizes::{case_sizes, check_case};
 use crate::prep::nnunet::volume::Scratch;
-use crate::prep::nnunet::{preprocess, Preprocessed};
+use crate::prep::nnunet::{preprocess, reader_spacing_zyx, Preprocessed};
 use model::NnunetModel;
 
 /// What the user asked for.
@@ -288,8 +288,7 @@ fn predict_case(
     // Sized from the header before a voxel is read or a scratch file made.
     let (first, frame) = case.channel(0);
     let h = crate::nifti_io::read_frame_header(first, frame)?;
-    let s = h.spacing_xyz;
-    let spacing_zyx = [s[2], s[1], s[0]];
+    let spacing_zyx = reader_spacing_zyx(&h, &model.reader);
     let heads = model.dataset.outputs.heads();
     let sizes = case_sizes(
         &model.plans,
@@ -299,7 +298,7 @@ fn predict_case(
         heads,
     )?;
     check_case(&model.plans, first, spacing_zyx, &sizes, scratch)?;
-    let Preprocessed { data, geometry } = preprocess(case, &model.plans, scratch)?;
+    let Preprocessed { data, geometry } = preprocess(case, &model.plans, &model.reader, scratch)?;
     let shape = data.zyx();
     let logits: Scratch<f16> = Scratch::new(scratch, [heads, shape[0], shape[1], shape[2]])?;
     let source = Volume {

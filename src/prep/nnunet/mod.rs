@@ -22,7 +22,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::format::nnunet::{Plans, Resampling};
-use crate::nifti_io::{SourceOptions, VoxelSource};
+use crate::nifti_io::{HeaderInfo, SourceOptions, VoxelSource};
 use crate::prep::dataset::CaseSource;
 
 pub use crop::Cropped;
@@ -95,7 +95,33 @@ pub fn plan_resampling(
 }
 
 /// Preprocess `case` as nnU-Net would for `plans`' configuration, into scratch files in `tmp`.
-pub fn preprocess(case: &CaseSource, plans: &Plans, tmp: &Path) -> Result<Preprocessed> {
+/// The scale from the header's spatial unit to what nnU-Net's `reader` gives: SimpleITK (ITK's
+/// NIfTI reader) converts to mm (um x 1e-3, m x 1e3; mm and an unknown unit as stored);
+/// nibabel gives pixdim as stored.
+pub fn reader_unit_scale(h: &HeaderInfo, reader: &str) -> f64 {
+    match (reader, h.unit) {
+        ("SimpleITKIO", "um") => 1e-3,
+        ("SimpleITKIO", "m") => 1e3,
+        _ => 1.0,
+    }
+}
+
+/// The spacing (z, y, x) nnU-Net's `reader` gives for the header `h`
+/// ([`reader_unit_scale`]).
+pub fn reader_spacing_zyx(h: &HeaderInfo, reader: &str) -> [f64; 3] {
+    let k = reader_unit_scale(h, reader);
+    let s = h.spacing_xyz;
+    [s[2] * k, s[1] * k, s[0] * k]
+}
+
+/// `reader`: nnU-Net's image reader the model was trained with (its spacing,
+/// [`reader_spacing_zyx`]).
+pub fn preprocess(
+    case: &CaseSource,
+    plans: &Plans,
+    reader: &str,
+    tmp: &Path,
+) -> Result<Preprocessed> {
     let channels = plans.channels();
     if case.images.len() != channels {
         return Err(Error::case(
@@ -137,8 +163,7 @@ pub fn preprocess(case: &CaseSource, plans: &Plans, tmp: &Path) -> Result<Prepro
         }
     }
     let shape_zyx = crate::geometry::zyx(h0.shape_xyz);
-    let s = h0.spacing_xyz;
-    let spacing_zyx = [s[2], s[1], s[0]];
+    let spacing_zyx = reader_spacing_zyx(&h0, reader);
     let tf = plans.transpose_forward;
     let cropped = crop::crop(
         &case.id,
