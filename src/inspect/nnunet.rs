@@ -142,9 +142,7 @@ pub fn inspect_nnunet(
             let ys = nnunet_starts(new[1], patch[1], 0.5);
             banded_rows(&ys, new, patch, heads, window_memory)
         };
-        let windows = starts(0)
-            .saturating_mul(rows_y)
-            .saturating_mul(starts(2));
+        let windows = starts(0).saturating_mul(rows_y).saturating_mul(starts(2));
         let scratch_bytes = sizes.scratch_bytes;
         forecast.push(CaseForecast {
             id: case.id.clone(),

@@ -659,7 +659,10 @@ fn micrometre_headers_are_read_in_mm_as_simpleitk_reads_them() {
     assert_eq!(report.predicted, 1, "{:?}", report.cases);
     let a = voxcache::nifti_io::read_volume(&tmp.path().join("out_mm/ct_coarse.nii.gz")).unwrap();
     let b = voxcache::nifti_io::read_volume(&tmp.path().join("out_um/ct_coarse.nii.gz")).unwrap();
-    assert_eq!(a.data, b.data, "the segmentation depends on the header's unit");
+    assert_eq!(
+        a.data, b.data,
+        "the segmentation depends on the header's unit"
+    );
     let pa = read_npz(&tmp.path().join("out_mm/ct_coarse.npz"));
     let pb = read_npz(&tmp.path().join("out_um/ct_coarse.npz"));
     assert_eq!(pa, pb, "the probabilities depend on the header's unit");
