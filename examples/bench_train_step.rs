@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use candle_core::Tensor;
+use voxcache::model::config::NetworkOptions;
 use voxcache::model::device::{gpu_memory, reset_gpu_peak};
 use voxcache::train::config::TrainConfig;
 use voxcache::train::loss::{dice_ce, one_hot};
@@ -32,15 +33,18 @@ fn main() -> voxcache::Result<()> {
     let max_channels: usize = arg(6, "128").parse().expect("max_channels");
     let precision: voxcache::model::config::Precision = arg(7, "f32").parse()?;
     let cfg = TrainConfig {
-        patch,
+        network: NetworkOptions {
+            patch,
+            base_channels: base,
+            stages,
+            max_channels,
+            precision,
+            // scripts/torch_unet_step.py's network has no deep-supervision heads, and this loss
+            // reads only the full-resolution output: heads would get no gradient.
+            deep_supervision: false,
+            ..NetworkOptions::default()
+        },
         batch_size: batch,
-        base_channels: base,
-        stages,
-        max_channels,
-        precision,
-        // scripts/torch_unet_step.py's network has no deep-supervision heads, and this loss
-        // reads only the full-resolution output: heads would get no gradient.
-        deep_supervision: false,
         ..TrainConfig::default()
     };
     let model = cfg.network().build(1, 2, &dev)?;

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
+use voxcache::model::config::NetworkOptions;
 use voxcache::train::config::TrainConfig;
 use voxcache::train::loss::{dice_ce, one_hot};
 use voxcache::util::rng::Rng;
@@ -38,11 +39,14 @@ fn main() -> voxcache::Result<()> {
     let batch = 2;
 
     let cfg = TrainConfig {
-        patch,
+        network: NetworkOptions {
+            patch,
+            base_channels: base,
+            stages,
+            seed: 7,
+            ..NetworkOptions::default()
+        },
         batch_size: batch,
-        base_channels: base,
-        stages,
-        seed: 7,
         ..TrainConfig::default()
     };
     let dev = Device::Cpu;
@@ -50,7 +54,7 @@ fn main() -> voxcache::Result<()> {
     let params = model.params();
 
     // Perturb biases and norm weights (initially 0 and 1) so their mapping is checked too.
-    let mut prng = Rng::derive(cfg.seed, &[0xc0ffee]);
+    let mut prng = Rng::derive(cfg.network.seed, &[0xc0ffee]);
     for (_, var) in &params {
         if var.rank() == 1 {
             let vals: Vec<f32> = var
@@ -64,7 +68,7 @@ fn main() -> voxcache::Result<()> {
     }
 
     let v: usize = patch.iter().product();
-    let mut rng = Rng::derive(cfg.seed, &[0x1abe1]);
+    let mut rng = Rng::derive(cfg.network.seed, &[0x1abe1]);
     let image: Vec<f32> = (0..batch * v).map(|_| rng.normal() as f32).collect();
     let labels: Vec<u16> = (0..batch * v)
         .map(|_| rng.below(classes as u64) as u16)

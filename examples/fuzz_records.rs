@@ -22,7 +22,6 @@ use voxcache::format::crossval::Postprocessing;
 use voxcache::format::dataset_json::DatasetDescription;
 use voxcache::format::run::RunRecord;
 use voxcache::format::{EntryAttrs, Manifest};
-use voxcache::model::config::NetworkOptions;
 use voxcache::util::rng::Rng;
 
 #[derive(Parser)]
@@ -67,10 +66,9 @@ fn load(kind: Kind, bytes: &[u8], scratch: &Path) {
         Kind::Run => {
             if let Ok(r) = serde_json::from_slice::<RunRecord>(bytes) {
                 if r.check(path).is_ok() {
-                    if let Ok(n) = serde_json::from_value::<NetworkOptions>(r.config.clone()) {
-                        if let Ok(c) = n.unet_config(r.channels.len().max(1), r.num_classes) {
-                            let _ = c.validate();
-                        }
+                    let n = r.config.network();
+                    if let Ok(c) = n.unet_config(r.channels.len().max(1), r.num_classes) {
+                        let _ = c.validate();
                     }
                 }
             }

@@ -43,7 +43,7 @@ fn main() -> Result<()> {
         label: None,
         packed: false,
     };
-    let p = preprocess(&case, &plans, &tmp)?;
+    let p = preprocess(&case, &plans, &plans.image_reader_writer, &tmp)?;
     let [c, d, h, w] = p.data.shape;
     // The array, as .npy (version 1.0, little-endian float32, C order).
     let mut header =

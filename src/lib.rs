@@ -9,8 +9,8 @@
 //! 2. [`util`]: the random generators, vector dispatch, fast math, atomic file writes, memory
 //!    figures, progress bars.
 //! 3. [`remote`]: where a cache lives (a folder, or `s3://`), and a blocking S3 client.
-//! 4. [`format`](mod@format): the on-disk schema (entry attributes, manifest, run records,
-//!    dataset.json), the only code that names the files.
+//! 4. [`format`](mod@format): the on-disk schema (entry attributes, manifest, run records and
+//!    the training options they hold, dataset.json), the only code that names the files.
 //! 5. [`geometry`]: affines, the output-grid convention, blocks, `VoxelRead`, mirroring.
 //! 6. [`nifti_io`]: read, stream and write NIfTI.
 //! 7. [`cache`]: store, content keys, array writing pieces, reader, manifest, fg index.

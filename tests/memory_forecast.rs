@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use candle_core::{Device, Tensor};
 use common::fixtures::bundled_cache;
-use voxcache::model::config::{Encoder, Norm, UNetConfig, Upsampling};
+use voxcache::model::config::{Encoder, NetworkOptions, Norm, UNetConfig, Upsampling};
 use voxcache::model::memory::inference_pass;
 use voxcache::model::unet::UNet;
 use voxcache::train::config::{OptimizerName, TrainConfig};
@@ -98,23 +98,26 @@ fn measure(config: TrainConfig) -> (u64, u64, String) {
 fn plan(patch: [usize; 3], batch: usize, features: Vec<usize>, encoder: Encoder) -> TrainConfig {
     let stages = features.len();
     TrainConfig {
-        patch,
+        network: NetworkOptions {
+            patch,
+            stages,
+            base_channels: features[0],
+            max_channels: *features.iter().max().unwrap(),
+            features,
+            blocks: match encoder {
+                Encoder::Plain => vec![],
+                Encoder::Residual => (0..stages).map(|s| [1, 3, 4, 6][s.min(3)]).collect(),
+            },
+            decoder_blocks: match encoder {
+                Encoder::Plain => vec![],
+                Encoder::Residual => vec![1; stages - 1],
+            },
+            encoder,
+            norm: Norm::Instance,
+            ..NetworkOptions::default()
+        },
         batch_size: batch,
         steps: 3,
-        stages,
-        base_channels: features[0],
-        max_channels: *features.iter().max().unwrap(),
-        features,
-        blocks: match encoder {
-            Encoder::Plain => vec![],
-            Encoder::Residual => (0..stages).map(|s| [1, 3, 4, 6][s.min(3)]).collect(),
-        },
-        decoder_blocks: match encoder {
-            Encoder::Plain => vec![],
-            Encoder::Residual => vec![1; stages - 1],
-        },
-        encoder,
-        norm: Norm::Instance,
         optimizer: OptimizerName::Sgd,
         val_every: 0,
         val_fraction: 0.0,
@@ -140,7 +143,7 @@ fn forecast_is_within_15_percent_of_the_measured_peak() {
     for p in plans {
         let what = format!(
             "{:?} x{} {:?} {}",
-            p.patch, p.batch_size, p.features, p.encoder
+            p.network.patch, p.batch_size, p.network.features, p.network.encoder
         );
         let (forecast, measured, parts) = measure(p);
         let ratio = forecast as f64 / measured as f64;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use common::fixtures::bundled_cache;
 use voxcache::cache::reader::CacheReader;
-use voxcache::model::config::Norm;
+use voxcache::model::config::{NetworkOptions, Norm};
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::config::TrainConfig;
 use voxcache::train::loader::{Loader, LoaderConfig};
@@ -32,13 +32,16 @@ fn cache() -> &'static Path {
 /// A small, fast configuration.
 fn tiny() -> TrainConfig {
     TrainConfig {
-        patch: [8, 32, 32],
+        network: NetworkOptions {
+            patch: [8, 32, 32],
+            base_channels: 4,
+            max_channels: 16,
+            stages: 3,
+            norm: Norm::Group(2),
+            ..NetworkOptions::default()
+        },
         batch_size: 2,
         steps: 12,
-        base_channels: 4,
-        max_channels: 16,
-        stages: 3,
-        norm: Norm::Group(2),
         lr: 3e-3,
         val_every: 0,
         val_fraction: 0.0,
@@ -110,7 +113,7 @@ fn a_tiny_unet_overfits_one_case() {
         std::slice::from_ref(&entry),
         vec![1.0],
         SamplerConfig {
-            patch_zyx: cfg.patch,
+            patch_zyx: cfg.network.patch,
             batch_size: cfg.batch_size,
             fg_fraction: cfg.fg_fraction,
             seed: 3,
@@ -136,7 +139,7 @@ fn a_tiny_unet_overfits_one_case() {
     let mut losses = Vec::new();
     for _ in 0..80 {
         let (b, _) = loader.next().unwrap();
-        let p = cfg.patch;
+        let p = cfg.network.patch;
         let x = Tensor::from_vec(b.image, (b.batch_size, 1, p[0], p[1], p[2]), &dev).unwrap();
         let t = one_hot(&b.label, b.batch_size, 2, p, &dev).unwrap();
         let l = dice_ce(&model.forward(&x).unwrap(), &t).unwrap();
@@ -154,7 +157,7 @@ fn a_tiny_unet_overfits_one_case() {
     let v = SlidingWindow {
         model: &model,
         device: &dev,
-        patch: cfg.patch,
+        patch: cfg.network.patch,
         overlap: 0.5,
         batch: 2,
         classes: &voxcache::train::classes::ClassMap::new(&[0, 1].into(), None, "test").unwrap(),
@@ -367,10 +370,13 @@ fn a_fold_trains_on_nnunets_split_or_the_given_file() {
 fn a_residual_encoder_trains_resumes_and_predicts() {
     use voxcache::model::config::Encoder;
     let residual = TrainConfig {
-        encoder: Encoder::Residual,
-        features: vec![4, 8, 16],
-        blocks: vec![1, 2, 2],
-        decoder_blocks: vec![1, 1],
+        network: NetworkOptions {
+            encoder: Encoder::Residual,
+            features: vec![4, 8, 16],
+            blocks: vec![1, 2, 2],
+            decoder_blocks: vec![1, 1],
+            ..tiny().network
+        },
         ..tiny()
     };
     let t = tempfile::tempdir().unwrap();

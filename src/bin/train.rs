@@ -110,8 +110,8 @@ fn benchmark_main(opts: &RunOptions, steps: u64, stop: &AtomicBool) -> Result<Ex
         "train --benchmark: {steps} steps after {WARMUP_STEPS} warm-up, batch {} x patch {:?} \
          ({} precision), cache {}, device {}",
         c.batch_size,
-        c.patch,
-        c.precision,
+        c.network.patch,
+        c.network.precision,
         opts.cache_dir.display(),
         opts.device
     );

@@ -47,7 +47,12 @@ pub fn plan_from_cache(
     let mut plans = plan_experiment(&fp, Preset::Default)?;
     let dev = device::select(device_name)?;
     let (budget, precision, overhead, on) = match device::gpu_memory(&dev) {
-        Some(g) => (g.device_total, cfg.precision, GPU_OVERHEAD, "the GPU's"),
+        Some(g) => (
+            g.device_total,
+            cfg.network.precision,
+            GPU_OVERHEAD,
+            "the GPU's",
+        ),
         None => {
             let total = sysinfo::total_memory_bytes().unwrap_or(8 << 30);
             let limit = sysinfo::cgroup_memory_limit().map_or(total, |l| l.min(total));

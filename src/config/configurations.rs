@@ -144,19 +144,20 @@ impl ConfigurationTable {
         settings.spacing = SpacingChoice::Explicit(self.spacing);
         settings.previous_stage_of = self.previous_stage.clone();
         train.previous_stage_of = self.previous_stage.clone();
-        train.patch = self.patch;
+        train.network.patch = self.patch;
         train.batch_size = self.batch_size;
-        train.stages = stages;
-        train.strides = self.strides[1..].to_vec();
-        train.kernels = self.kernels.clone();
-        train.features = self.features.clone();
-        train.max_channels = train
+        train.network.stages = stages;
+        train.network.strides = self.strides[1..].to_vec();
+        train.network.kernels = self.kernels.clone();
+        train.network.features = self.features.clone();
+        train.network.max_channels = train
+            .network
             .max_channels
             .max(self.features.iter().copied().max().unwrap_or(0));
-        train.base_channels = self.features[0];
-        train.blocks = self.blocks.clone();
-        train.decoder_blocks = self.decoder_blocks.clone();
-        train.encoder = self.encoder;
+        train.network.base_channels = self.features[0];
+        train.network.blocks = self.blocks.clone();
+        train.network.decoder_blocks = self.decoder_blocks.clone();
+        train.network.encoder = self.encoder;
         train.validate().or_else(|e| bad(e.to_string()))?;
         // The network itself checks the patch against the strides when built; check here so
         // that a hand-edited plan is refused before any work.

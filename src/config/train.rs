@@ -115,21 +115,27 @@ impl TrainFlags {
         set!(
             steps,
             batch_size,
-            patch,
             lr,
             optimizer,
             accumulate,
             fg_fraction,
+            val_fraction,
+            val_every,
+            checkpoint_every,
+            log_every,
+            workers
+        );
+        // The network's options, in the table they are recorded in.
+        macro_rules! set_network {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.network.$f = v; } )* };
+        }
+        set_network!(
+            patch,
             base_channels,
             stages,
             norm,
             upsampling,
             precision,
-            val_fraction,
-            val_every,
-            checkpoint_every,
-            log_every,
-            workers,
             seed,
             deep_supervision
         );
@@ -250,11 +256,11 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.steps, 7);
-        assert_eq!(c.norm, Norm::Group(4));
+        assert_eq!(c.network.norm, Norm::Group(4));
         assert!(!c.augment);
         // From the minivess [train] table.
         assert_eq!(c.optimizer, OptimizerName::Sgd);
-        assert_eq!(c.patch, [16, 128, 128]);
+        assert_eq!(c.network.patch, [16, 128, 128]);
 
         let e = resolve(&TrainFlags {
             lr: Some(-1.0),
@@ -282,7 +288,7 @@ mod tests {
         assert_eq!(c.augmentation.intensity.gamma_range, [0.8, 1.2]);
         assert_eq!(c.augmentation.mirror_prob, 0.0);
         assert_eq!(c.augmentation.spatial.rotation_prob, 0.2);
-        assert!(!c.deep_supervision);
+        assert!(!c.network.deep_supervision);
         for (bad, says) in [
             ("spatial.rotaton_prob=0.1", "rotaton_prob"),
             ("spatial.rotation_prob=2", "rotation_prob"),
@@ -303,7 +309,7 @@ mod tests {
     fn the_default_pipeline_spells_out_the_augmentation_defaults() {
         let c = resolve(&TrainFlags::default()).unwrap();
         assert_eq!(c.augmentation, AugmentConfig::default());
-        assert!(c.deep_supervision && c.augment);
+        assert!(c.network.deep_supervision && c.augment);
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod ome;
 pub mod params;
 pub mod probabilities;
 pub mod run;
+pub mod training;
 
 use std::path::Path;
 
@@ -43,7 +44,9 @@ pub use manifest::{
     entry_rel, key_is_valid, rel_path_is_plain, Manifest, ManifestCase, ManifestDataset,
     ENTRIES_DIR, MANIFEST_FILE, MANIFEST_LOCK, SPLITS_FILE, TMP_DIR,
 };
-pub use normalization::{AppliedNormalization, ForegroundStats, IntensityStats, Normalization};
+pub use normalization::{
+    AppliedNormalization, ForegroundStats, IntensityStats, Normalization, SchemeStatistics,
+};
 pub use params::{
     ChannelParams, ChunkLayout, Compression, DerivedArrays, ImageDtype, OutputParams,
 };

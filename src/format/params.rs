@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::dtype::Dtype;
-use super::normalization::{ForegroundStats, Normalization};
+use super::normalization::{ForegroundStats, Normalization, SchemeStatistics};
 use crate::error::{Error, Result};
 
 /// Element type of the cached image.
@@ -223,7 +223,8 @@ pub struct ChannelParams {
 impl OutputParams {
     /// What every reader relies on: a positive finite target spacing, chunk and shard sides
     /// that are positive (a shard a whole number of chunks), one to [`super::entry::MAX_CHANNELS`]
-    /// channels, the CT scheme with its statistics. `path` and `field` name the record.
+    /// channels, schemes a build applies (not nnU-Net's rescale or RGB), the CT scheme with its
+    /// statistics. `path` and `field` name the record.
     pub fn check(&self, path: &std::path::Path, field: &str) -> crate::Result<()> {
         let bad = |m: String| {
             Err(crate::Error::Config(format!(
@@ -263,7 +264,15 @@ impl OutputParams {
             ));
         }
         for (k, ch) in self.channels.iter().enumerate() {
-            if ch.normalization == Normalization::Ct && ch.dataset_foreground.is_none() {
+            if !ch.normalization.built() {
+                return bad(format!(
+                    "channels[{k}]: {} normalization is applied to nnU-Net models' inputs only",
+                    ch.normalization.name()
+                ));
+            }
+            if ch.normalization.statistics() == SchemeStatistics::DatasetForeground
+                && ch.dataset_foreground.is_none()
+            {
                 return bad(format!(
                     "channels[{k}]: CT normalization without the dataset's foreground statistics"
                 ));

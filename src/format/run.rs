@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::dataset_json::LabelClass;
 use super::nnunet::Outputs;
+use super::training::TrainConfig;
 use crate::error::{Error, Result};
 use crate::util::files::read_capped;
 
@@ -53,8 +54,9 @@ pub struct RunRecord {
     /// made before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preprocessing: Option<Preprocessing>,
-    /// The training options that shape the weights (`TrainConfig::weight_shaping`).
-    pub config: serde_json::Value,
+    /// The run's training options (records written before they were typed hold only those
+    /// that shape the weights; the others read as their defaults).
+    pub config: TrainConfig,
     /// Which cases train and which validate.
     pub split: Split,
 }
@@ -104,8 +106,8 @@ pub struct TrainState {
     pub best_metric: Option<f64>,
     /// The step that reached `best_metric`.
     pub best_step: Option<u64>,
-    /// The whole training configuration (`TrainConfig`).
-    pub config: serde_json::Value,
+    /// The whole training configuration.
+    pub config: TrainConfig,
     /// Dataset and class count (absent in older states).
     #[serde(default)]
     pub extra: StateExtra,
@@ -124,6 +126,16 @@ fn pretty<T: Serialize>(v: &T) -> Vec<u8> {
 const MAX_RECORD_BYTES: u64 = 64 << 20;
 
 impl RunRecord {
+    /// Whether `other` is the same run for `--resume`: equal in everything but the training
+    /// options that do not shape the weights ([`TrainConfig::weight_shaping`]).
+    pub fn same_run(&self, other: &RunRecord) -> bool {
+        let rest = |r: &RunRecord| RunRecord {
+            config: TrainConfig::default(),
+            ..r.clone()
+        };
+        rest(self) == rest(other) && self.config.weight_shaping() == other.config.weight_shaping()
+    }
+
     /// Read `path`; `Ok(None)` when there is no such file.
     pub fn read(path: &Path) -> Result<Option<RunRecord>> {
         match read_capped(path, MAX_RECORD_BYTES) {
@@ -260,5 +272,59 @@ impl TrainState {
     /// Pretty JSON, as written to `state.json`.
     pub fn to_json(&self) -> Vec<u8> {
         pretty(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::training::network::Norm;
+
+    /// A run.json written before the training options were typed (only those that shape the
+    /// weights, as a JSON object), kept as a fixture.
+    const BEFORE: &str = include_str!("../../tests/fixtures/records/run.json");
+
+    #[test]
+    fn a_record_from_before_the_typed_options_still_reads() {
+        let r: RunRecord = serde_json::from_str(BEFORE).unwrap();
+        let c = &r.config;
+        assert_eq!(c.network.patch, [16, 48, 48]);
+        assert_eq!(c.network.norm, Norm::Instance);
+        assert_eq!((c.network.stages, c.network.seed), (4, 1234));
+        assert!(c.augment && c.augmentation.mirrors());
+        assert_eq!((c.steps, c.fg_fraction), (20, 0.333));
+        assert!(c.unknown_keys.0.is_empty(), "{:?}", c.unknown_keys);
+        // Keys it did not record read as their defaults.
+        assert_eq!(c.val_every, TrainConfig::default().val_every);
+        // Written again, it reads back the same, and the options sit at the top level of
+        // `config`, as before.
+        let again: RunRecord = serde_json::from_slice(&pretty(&r)).unwrap();
+        assert_eq!(again, r);
+        let v: serde_json::Value = serde_json::from_slice(&pretty(&r)).unwrap();
+        assert_eq!(v["config"]["patch"], serde_json::json!([16, 48, 48]));
+        assert_eq!(v["config"]["augmentation"]["mirror_prob"], 0.5);
+        assert!(v["config"].get("network").is_none() && v["config"].get("unknown_keys").is_none());
+    }
+
+    #[test]
+    fn resume_compares_only_what_shapes_the_weights() {
+        let r: RunRecord = serde_json::from_str(BEFORE).unwrap();
+        let mut other = r.clone();
+        other.config.val_every = 7;
+        other.config.workers = 9;
+        assert!(r.same_run(&other));
+        other.config.lr *= 2.0;
+        assert!(!r.same_run(&other));
+        let mut other = r.clone();
+        other.config.network.features = vec![8, 16, 32, 64];
+        assert!(!r.same_run(&other));
+        // A key of another version's record is kept out of the comparison and the rewrite.
+        let mut v: serde_json::Value = serde_json::from_str(BEFORE).unwrap();
+        v["config"]["from_a_later_version"] = 3.into();
+        let later: RunRecord = serde_json::from_value(v).unwrap();
+        assert!(later.config.unknown_keys.0.contains("from_a_later_version"));
+        assert!(!String::from_utf8(pretty(&later))
+            .unwrap()
+            .contains("from_a_later"));
     }
 }

@@ -13,7 +13,6 @@ use crate::cache::reader::EntryReader;
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::format::nnunet::Outputs;
-use crate::format::AppliedNormalization;
 
 /// A box of the entry's grid: `origin .. origin + size` (z, y, x).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,15 +26,6 @@ pub struct Box3 {
 /// Voxels read at a time while the box is looked for.
 const SCAN_VOXELS: usize = 4 << 20;
 
-/// The value a raw zero has after `n`.
-fn zero_value(n: &AppliedNormalization) -> f32 {
-    if n.only_nonzero {
-        return 0.0;
-    }
-    let x = n.clip.map_or(0.0, |[lo, hi]| 0.0f64.clamp(lo, hi));
-    ((x - n.shift) / n.scale) as f32
-}
-
 /// The box of the voxels where any image channel is not what a raw zero became, one voxel
 /// wider on each side; `None` when that is the whole volume or nothing, or when the entry
 /// does not record a normalization for each channel.
@@ -48,7 +38,7 @@ pub fn nonzero_box(entry: &EntryReader) -> Result<Option<Box3>> {
     if norm.len() != ch || plane == 0 || nz == 0 {
         return Ok(None);
     }
-    let zero: Vec<f32> = norm.iter().map(zero_value).collect();
+    let zero: Vec<f32> = norm.iter().map(|n| n.zero_value()).collect();
     let slab = (SCAN_VOXELS / (plane * ch)).clamp(1, nz);
     let mut buf = vec![0f32; slab * plane * ch];
     let (mut lo, mut hi) = ([usize::MAX; 3], [0usize; 3]);

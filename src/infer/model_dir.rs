@@ -77,12 +77,7 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
             record_path.display()
         ))
     })?;
-    let network: NetworkOptions = serde_json::from_value(record.config.clone()).map_err(|e| {
-        Error::Config(format!(
-            "{}: the recorded training options do not read: {e}",
-            record_path.display()
-        ))
-    })?;
+    let network: NetworkOptions = record.config.network();
     let ck_dir = match (which, own_weights) {
         (Which::Path(p), _) => p.clone(),
         (_, true) => dir.to_path_buf(),
@@ -107,7 +102,7 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
             latest.dir
         }
     };
-    let mirrored = trained_mirrored(&record.config);
+    let mirrored = record.config.augment && record.config.augmentation.mirrors();
     let model = with_weights(&record, &record_path, &network, &ck_dir, device)?;
     let weights = ck_dir.join(MODEL_FILE);
     let mut h = blake3::Hasher::new();
@@ -180,22 +175,6 @@ impl LoadedModel {
             device,
         )
     }
-}
-
-/// Whether the recorded training options mirrored patches (`augment` on and a mirroring
-/// probability above 0). A record that does not say is taken as not mirrored.
-fn trained_mirrored(config: &serde_json::Value) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Augmentation {
-        mirror_prob: f64,
-    }
-    #[derive(serde::Deserialize)]
-    struct Recorded {
-        augment: bool,
-        augmentation: Augmentation,
-    }
-    serde_json::from_value::<Recorded>(config.clone())
-        .is_ok_and(|r| r.augment && r.augmentation.mirror_prob > 0.0)
 }
 
 /// The members of an ensemble: each opened as [`load_model`] does, all checked, before any

@@ -203,7 +203,7 @@ pub fn inspect_nnunet(
             .iter()
             .zip(&cfg.normalization_schemes)
             .zip(&cfg.use_mask_for_norm)
-            .map(|((n, s), k)| (n.clone(), s.clone(), *k))
+            .map(|((n, s), k)| (n.clone(), s.nnunet_name().unwrap_or(s.name()).into(), *k))
             .collect(),
         outputs: outputs.into(),
         labels,

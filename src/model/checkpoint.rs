@@ -392,7 +392,7 @@ mod tests {
             seed: 42,
             best_metric: Some(0.75),
             best_step: Some(step),
-            config: serde_json::to_value(crate::model::config::NetworkOptions::default()).unwrap(),
+            config: crate::format::training::TrainConfig::default(),
             extra: StateExtra {
                 dataset: Some("vessels".into()),
                 num_classes: Some(3),

@@ -2,7 +2,9 @@
 //! with the statistics recorded in the cache entry.
 
 use crate::error::{Error, Result};
-pub use crate::format::{AppliedNormalization, ForegroundStats, IntensityStats, Normalization};
+pub use crate::format::{
+    AppliedNormalization, ForegroundStats, IntensityStats, Normalization, SchemeStatistics,
+};
 use crate::geometry::VoxelRead;
 use rayon::prelude::*;
 
@@ -213,6 +215,13 @@ pub fn plan_normalization(
             clip: None,
             only_nonzero: false,
         },
+        Normalization::RescaleTo01 | Normalization::RgbTo01 => {
+            return Err(Error::Config(format!(
+                "{} normalization is nnU-Net's {}: it is applied to nnU-Net models' inputs only, not in a cache build",
+                scheme.name(),
+                scheme.nnunet_name().unwrap_or_default()
+            )))
+        }
     })
 }
 

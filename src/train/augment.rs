@@ -7,80 +7,9 @@
 //! the image only. Every draw comes from the `Rng` passed in, which the loader derives from
 //! `(seed, step, sample)`, so augmentation is reproducible and resumable.
 
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
-use crate::train::intensity::{self, IntensityConfig};
-use crate::train::spatial::SpatialConfig;
+pub use crate::format::training::augmentation::AugmentConfig;
+use crate::train::intensity;
 use crate::util::rng::Rng;
-
-/// Every augmentation option: the `[train.augmentation]` table of a pipeline file (with its
-/// `spatial` and `intensity` sub-tables), nnU-Net v2's defaults where nothing is said.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AugmentConfig {
-    /// Probability of mirroring each axis (z, y, x independently; nnU-Net: 0.5).
-    pub mirror_prob: f64,
-    /// Rotate by k * 90 degrees in the (y, x) plane, k uniform in 0..4, when the patch is
-    /// square in-plane; by 0 or 180 degrees otherwise. Off in nnU-Net's defaults.
-    pub rot90: bool,
-    /// Rotation, scaling and elastic deformation.
-    pub spatial: SpatialConfig,
-    /// Noise, blur, brightness, contrast, low resolution and gamma.
-    pub intensity: IntensityConfig,
-}
-
-impl AugmentConfig {
-    /// No augmentation at all: patches come out exactly as read.
-    pub fn none() -> Self {
-        AugmentConfig {
-            mirror_prob: 0.0,
-            rot90: false,
-            spatial: SpatialConfig::none(),
-            intensity: IntensityConfig::none(),
-        }
-    }
-
-    /// Every transform of nnU-Net's list on every patch (mirroring each axis, rotation,
-    /// scaling, every intensity transform), ranges as in the defaults: for benchmarks and tests.
-    pub fn every() -> Self {
-        let d = AugmentConfig::default();
-        AugmentConfig {
-            mirror_prob: 1.0,
-            spatial: d.spatial.every(),
-            intensity: d.intensity.every(),
-            ..d
-        }
-    }
-
-    /// Check every probability and range.
-    pub fn validate(&self) -> Result<()> {
-        if !(0.0..=1.0).contains(&self.mirror_prob) {
-            return Err(Error::Config(format!(
-                "augmentation: mirror_prob {} is not between 0 and 1",
-                self.mirror_prob
-            )));
-        }
-        self.spatial.validate()?;
-        self.intensity.validate()
-    }
-
-    /// Whether the model learns mirrored patches (then test-time mirroring makes sense).
-    pub fn mirrors(&self) -> bool {
-        self.mirror_prob > 0.0
-    }
-}
-
-impl Default for AugmentConfig {
-    fn default() -> Self {
-        AugmentConfig {
-            mirror_prob: 0.5,
-            rot90: false,
-            spatial: SpatialConfig::default(),
-            intensity: IntensityConfig::default(),
-        }
-    }
-}
 
 /// Augment one patch in place (after its spatial transform). `image` holds one or more
 /// channels of `size_zyx` voxels, C order (c, z, y, x), and `label` one, C order (z, y, x);
@@ -260,6 +189,8 @@ fn quarter_turn_square<T>(p: &mut [T], n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::intensity::IntensityConfig;
+    use crate::train::spatial::SpatialConfig;
 
     const SIZE: [usize; 3] = [3, 5, 5];
 

@@ -38,7 +38,7 @@ impl Data {
 /// cache folder's splits_final.json, else nnU-Net's folds), else the seeded fraction split.
 fn choose_split(cache_dir: &Path, cfg: &TrainConfig, ids: &[String]) -> Result<Split> {
     let Some(fold) = cfg.fold else {
-        return Ok(split_cases(ids, cfg.val_fraction, cfg.seed));
+        return Ok(split_cases(ids, cfg.val_fraction, cfg.network.seed));
     };
     let beside = cache_dir.join(SPLITS_FILE);
     // A splits file beside the cache that is there but not a regular file (a link to a device,

@@ -6,8 +6,6 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use super::split::Split;
 use crate::error::{Error, Result};
 use crate::util::files::read_capped;
@@ -21,35 +19,7 @@ pub use crate::format::SPLITS_FILE;
 /// The largest splits file read (a list of case ids: a few MiB is tens of thousands of cases).
 const MAX_SPLITS_BYTES: u64 = 64 << 20;
 
-/// Which fold a run trains: one of the splits, or every case (`all`, no validation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FoldChoice {
-    /// Fold K: its `train` cases train, its `val` cases validate.
-    Index(usize),
-    /// Every labelled case trains; none validates (nnU-Net's `all`).
-    All,
-}
-
-impl std::str::FromStr for FoldChoice {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim() {
-            "all" => Ok(FoldChoice::All),
-            t => t.parse().map(FoldChoice::Index).map_err(|_| {
-                Error::Config(format!("fold {s:?}: give a fold number (0..4) or all"))
-            }),
-        }
-    }
-}
-
-impl std::fmt::Display for FoldChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FoldChoice::Index(k) => write!(f, "{k}"),
-            FoldChoice::All => f.write_str("all"),
-        }
-    }
-}
+pub use crate::format::training::FoldChoice;
 
 /// `--fold 0,1,2,3,4`: folds trained one after the other by one process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,32 +39,6 @@ impl std::str::FromStr for FoldList {
             folds.push(f);
         }
         Ok(FoldList(folds))
-    }
-}
-
-/// A pipeline writes `fold = 0` or `fold = "all"`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum FoldSpelling {
-    Index(usize),
-    Text(String),
-}
-
-impl Serialize for FoldChoice {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        match self {
-            FoldChoice::Index(k) => s.serialize_u64(*k as u64),
-            FoldChoice::All => s.serialize_str("all"),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for FoldChoice {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        match FoldSpelling::deserialize(d)? {
-            FoldSpelling::Index(k) => Ok(FoldChoice::Index(k)),
-            FoldSpelling::Text(t) => t.parse().map_err(serde::de::Error::custom),
-        }
     }
 }
 

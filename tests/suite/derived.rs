@@ -13,7 +13,7 @@ use common::fixtures::{
 };
 use common::Lcg;
 use voxcache::cache::reader::CacheReader;
-use voxcache::model::config::Norm;
+use voxcache::model::config::{NetworkOptions, Norm};
 use voxcache::prep::derived::edt::signed_distance;
 use voxcache::prep::derived::thinning::skeletonize;
 use voxcache::train::config::TrainConfig;
@@ -202,13 +202,16 @@ fn train_options(cache: &Path, run_dir: &Path, config: TrainConfig) -> RunOption
 
 fn small_run() -> TrainConfig {
     TrainConfig {
-        patch: [8, 32, 32],
+        network: NetworkOptions {
+            patch: [8, 32, 32],
+            base_channels: 4,
+            max_channels: 16,
+            stages: 3,
+            norm: Norm::Group(2),
+            ..NetworkOptions::default()
+        },
         batch_size: 2,
         steps: 8,
-        base_channels: 4,
-        max_channels: 16,
-        stages: 3,
-        norm: Norm::Group(2),
         val_every: 0,
         val_fraction: 0.0,
         checkpoint_every: 4,

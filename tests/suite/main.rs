@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cache_keys;
 mod cascade;
 mod cascade_probabilities;
 mod crossval;

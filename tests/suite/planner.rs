@@ -191,11 +191,11 @@ fn prep_plan_writes_a_pipeline_that_build_cache_and_train_take() {
     prep_plan(&data, &out);
     let spec = out.to_str().unwrap();
     let p = Pipeline::load(spec).unwrap();
-    assert_eq!(p.train.patch, [20, 64, 64]);
+    assert_eq!(p.train.network.patch, [20, 64, 64]);
     assert_eq!(p.train.batch_size, 2);
-    assert_eq!(p.train.stages, 5);
-    assert_eq!(p.train.kernels[0], [1, 3, 3]);
-    assert_eq!(p.train.features, vec![32, 64, 128, 256, 320]);
+    assert_eq!(p.train.network.stages, 5);
+    assert_eq!(p.train.network.kernels[0], [1, 3, 3]);
+    assert_eq!(p.train.network.features, vec![32, 64, 128, 256, 320]);
     assert_eq!(
         p.settings.spacing,
         SpacingChoice::Explicit([0.99, 0.99, 2.9])
@@ -210,8 +210,8 @@ fn prep_plan_writes_a_pipeline_that_build_cache_and_train_take() {
         vec![[1, 2, 2], [2, 2, 2], [2, 2, 2], [1, 2, 2]]
     );
     let two_d = Pipeline::load_configured(spec, Some("2d")).unwrap();
-    assert_eq!(two_d.train.patch, [1, 64, 64]);
-    assert!(two_d.train.kernels.iter().all(|k| k[0] == 1));
+    assert_eq!(two_d.train.network.patch, [1, 64, 64]);
+    assert!(two_d.train.network.kernels.iter().all(|k| k[0] == 1));
     two_d
         .train
         .network()
@@ -299,8 +299,8 @@ fn an_exact_ratio_of_three_is_anisotropic_as_in_nnunet() {
     prep_plan(&data, &out);
     let p = Pipeline::load(out.to_str().unwrap()).unwrap();
     assert_eq!(p.settings.spacing, SpacingChoice::Explicit([0.8, 0.8, 1.2]));
-    assert_eq!(p.train.patch, [32, 96, 96]);
-    assert!(p.train.kernels.iter().all(|k| *k == [3, 3, 3]));
+    assert_eq!(p.train.network.patch, [32, 96, 96]);
+    assert!(p.train.network.kernels.iter().all(|k| *k == [3, 3, 3]));
 }
 
 /// `--gpu-memory-gb`: nnU-Net's reference scaled to the memory, then every configuration
@@ -379,10 +379,10 @@ fn train_without_a_patch_plans_from_the_cache() {
     let text = plan_from_cache(&mut cfg, cache, "cpu", None).unwrap();
     assert!(text.contains("3d_fullres"), "{text}");
     assert_eq!(
-        (cfg.patch, cfg.batch_size, cfg.stages),
+        (cfg.network.patch, cfg.batch_size, cfg.network.stages),
         ([20, 64, 64], 2, 5)
     );
-    assert_eq!(cfg.features, vec![32, 64, 128, 256, 320]);
+    assert_eq!(cfg.network.features, vec![32, 64, 128, 256, 320]);
     assert_eq!(cfg.steps, 10, "the pipeline's other keys stay");
     assert!(cfg.planned.as_deref().unwrap().contains("10 cases"));
     let net = cfg

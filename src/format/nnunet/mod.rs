@@ -24,9 +24,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 pub use dataset::{NnunetDataset, Outputs};
-pub use plans::{
-    Architecture, Configuration, IntensityProperties, Plans, Resampling, NORMALIZATIONS,
-};
+pub use plans::{Architecture, Configuration, IntensityProperties, Plans, Resampling};
 pub use results::{results_dir, NnunetPostprocessing, ResultsFolder};
 
 /// The checkpoint nnU-Net writes at the end of training.

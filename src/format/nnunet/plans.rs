@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::{bad, read_json};
 use crate::error::Result;
+use crate::format::normalization::{Normalization, SchemeStatistics};
 
 /// How nnU-Net resamples one kind of array (`resampling_fn_*` and its kwargs).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -62,8 +63,9 @@ pub struct Configuration {
     pub patch_size: Vec<usize>,
     /// Target spacing, as long as `patch_size`.
     pub spacing: Vec<f64>,
-    /// Normalization scheme per channel (`CTNormalization`, `ZScoreNormalization`, ...).
-    pub normalization_schemes: Vec<String>,
+    /// Normalization scheme per channel, one of nnU-Net's five
+    /// ([`Normalization::from_nnunet`]).
+    pub normalization_schemes: Vec<Normalization>,
     /// Per channel: normalize inside the nonzero mask only.
     pub use_mask_for_norm: Vec<bool>,
     /// How images are resampled to the target spacing.
@@ -98,15 +100,6 @@ pub struct Plans {
     /// Every configuration the plans hold (for messages).
     pub configuration_names: Vec<String>,
 }
-
-/// The normalization schemes nnU-Net ships and we reproduce.
-pub const NORMALIZATIONS: &[&str] = &[
-    "CTNormalization",
-    "ZScoreNormalization",
-    "NoNormalization",
-    "RescaleTo01Normalization",
-    "RGBTo01Normalization",
-];
 
 fn permutation(path: &Path, key: &str, v: Option<&Value>) -> Result<[usize; 3]> {
     let p: Vec<usize> = v
@@ -376,7 +369,7 @@ impl Plans {
         let arch = architecture(path, &c, cfg)?;
         let patch_size: Vec<usize> = field(path, &c, cfg, "patch_size")?;
         let spacing: Vec<f64> = field(path, &c, cfg, "spacing")?;
-        let normalization_schemes: Vec<String> = field(path, &c, cfg, "normalization_schemes")?;
+        let scheme_names: Vec<String> = field(path, &c, cfg, "normalization_schemes")?;
         let use_mask_for_norm: Vec<bool> = field(path, &c, cfg, "use_mask_for_norm")?;
         for (key, fun) in [
             ("resampling_fn_data", "resample_data_or_seg_to_shape"),
@@ -404,23 +397,24 @@ impl Plans {
             return Err(bad(path, format!("configuration {cfg}: resampling orders above 3 (in plane) or 1 (separate axis) are not reproduced")));
         }
         check_sizes(path, cfg, &arch, &patch_size, &spacing)?;
-        if normalization_schemes.is_empty()
-            || normalization_schemes.len() != use_mask_for_norm.len()
-        {
+        if scheme_names.is_empty() || scheme_names.len() != use_mask_for_norm.len() {
             return Err(bad(path, format!("configuration {cfg}: normalization_schemes and use_mask_for_norm must name each channel once")));
         }
-        if let Some(s) = normalization_schemes
+        let normalization_schemes = scheme_names
             .iter()
-            .find(|s| !NORMALIZATIONS.contains(&s.as_str()))
-        {
-            return Err(bad(
-                path,
-                format!(
-                    "configuration {cfg}: normalization {s:?} is not one nnU-Net ships ({})",
-                    NORMALIZATIONS.join(", ")
-                ),
-            ));
-        }
+            .enumerate()
+            .map(|(i, s)| {
+                Normalization::from_nnunet(s).ok_or_else(|| {
+                    bad(
+                        path,
+                        format!(
+                            "configuration {cfg}: channel {i}: normalization {s:?} is not one nnU-Net ships ({})",
+                            Normalization::nnunet_names()
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut intensity_properties = vec![None; normalization_schemes.len()];
         if let Some(props) = v
             .get("foreground_intensity_properties_per_channel")
@@ -435,7 +429,9 @@ impl Plans {
             }
         }
         for (i, s) in normalization_schemes.iter().enumerate() {
-            if s == "CTNormalization" && intensity_properties[i].is_none() {
+            if s.statistics() == SchemeStatistics::DatasetForeground
+                && intensity_properties[i].is_none()
+            {
                 return Err(bad(path, format!("channel {i} is CT-normalized but foreground_intensity_properties_per_channel has no mean, std and percentiles for it")));
             }
         }
@@ -473,5 +469,56 @@ impl Plans {
     /// Image channels the model takes.
     pub fn channels(&self) -> usize {
         self.configuration.normalization_schemes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ct3d fixture's plans with 3d_fullres's `normalization_schemes` set to `schemes`
+    /// (one channel each, no mask), written in `dir`.
+    fn plans_with(dir: &Path, schemes: &[&str]) -> PathBuf {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "tests/fixtures/nnunet_models/ct3d/nnUNetTrainer__nnUNetPlans__3d_fullres/plans.json",
+        );
+        let mut v: Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+        let c = &mut v["configurations"]["3d_fullres"];
+        c["normalization_schemes"] = serde_json::json!(schemes);
+        c["use_mask_for_norm"] = serde_json::json!(vec![false; schemes.len()]);
+        let path = dir.join("plans.json");
+        std::fs::write(&path, v.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn schemes_are_read_typed_and_an_unknown_one_is_refused_naming_file_and_channel() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "CTNormalization",
+            "ZScoreNormalization",
+            "NoNormalization",
+            "RescaleTo01Normalization",
+            "RGBTo01Normalization",
+        ];
+        let path = plans_with(dir.path(), &names);
+        let p = Plans::read(&path, "3d_fullres").unwrap();
+        let read: Vec<_> = p
+            .configuration
+            .normalization_schemes
+            .iter()
+            .map(|s| s.nnunet_name().unwrap())
+            .collect();
+        assert_eq!(read, names);
+        let path = plans_with(dir.path(), &["CTNormalization", "MyNormalization"]);
+        let e = Plans::read(&path, "3d_fullres").unwrap_err().to_string();
+        for part in [
+            path.display().to_string().as_str(),
+            "channel 1",
+            "\"MyNormalization\"",
+            "RGBTo01Normalization",
+        ] {
+            assert!(e.contains(part), "{part} not in {e}");
+        }
     }
 }

@@ -31,7 +31,7 @@ use crate::geometry::zyx;
 use crate::nifti_io::SourceOptions;
 use crate::prep::dataset::scan::{scan, ScannedCase};
 use crate::prep::dataset::{discover, DatasetSource};
-use crate::prep::normalize::{self, Normalization};
+use crate::prep::normalize::{self, Normalization, SchemeStatistics};
 use crate::prep::plan::{
     dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision,
 };
@@ -533,7 +533,7 @@ fn derive_params(
         previous_values,
     );
     for (c, scheme) in schemes.into_iter().enumerate() {
-        let dataset_foreground = if scheme == Normalization::Ct {
+        let dataset_foreground = if scheme.statistics() == SchemeStatistics::DatasetForeground {
             Some(pool.install(|| dataset_foreground(ok, c, source))?)
         } else {
             None

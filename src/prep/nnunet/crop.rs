@@ -12,6 +12,7 @@ use std::path::Path;
 use super::volume::Scratch;
 use crate::error::{Error, Result};
 use crate::format::nnunet::Plans;
+use crate::format::{Normalization, SchemeStatistics};
 use crate::geometry::components::{Components, Connectivity};
 use crate::nifti_io::VoxelSource;
 
@@ -229,8 +230,9 @@ pub(super) fn normalize(
             };
             Ok((v, m))
         };
-        let norm = match cfg.normalization_schemes[ch].as_str() {
-            "CTNormalization" => {
+        let scheme = cfg.normalization_schemes[ch];
+        let norm = match scheme.statistics() {
+            SchemeStatistics::DatasetForeground => {
                 let p = plans.intensity_properties[ch].ok_or_else(|| Error::Model {
                     path: plans.path.clone(),
                     message: format!("channel {ch}: no intensity properties for CT normalization"),
@@ -242,7 +244,7 @@ pub(super) fn normalize(
                     std: p.std.max(1e-8) as f32,
                 }
             }
-            "ZScoreNormalization" => {
+            SchemeStatistics::ImageMoments => {
                 let (mean, std, n) = moments(&slices, dc)?;
                 if n == 0 {
                     return Err(Error::case(
@@ -256,7 +258,8 @@ pub(super) fn normalize(
                     masked,
                 }
             }
-            "RescaleTo01Normalization" => {
+            SchemeStatistics::ImageRange => {
+                // NaN voxels were refused as the case was read, so min and max see them all.
                 let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
                 for k in 0..dc {
                     for &x in &c.slice(src, k)? {
@@ -264,30 +267,26 @@ pub(super) fn normalize(
                         max = max.max(x);
                     }
                 }
-                Norm::Rescale {
-                    min,
-                    max: (max - min).max(1e-8),
-                }
-            }
-            "RGBTo01Normalization" => {
-                for k in 0..dc {
-                    if let Some(x) = c
-                        .slice(src, k)?
-                        .into_iter()
-                        .find(|x| !(0.0..=255.0).contains(x))
-                    {
+                if scheme == Normalization::RgbTo01 {
+                    if min < 0.0 || max > 255.0 {
                         return Err(Error::case(
                             id,
                             format!(
-                                "channel {ch} is RGB-normalized (0..255) but holds {x}: {}",
+                                "channel {ch} is RGB-normalized (0..255) but holds values from {min} to {max}: {}",
                                 src.header().path.display()
                             ),
                         ));
                     }
+                    Norm::Rgb
+                } else {
+                    Norm::Rescale {
+                        min,
+                        max: (max - min).max(1e-8),
+                    }
                 }
-                Norm::Rgb
             }
-            _ => Norm::Identity,
+            // NoNormalization: the plans hold nnU-Net's five schemes only.
+            SchemeStatistics::Fixed => Norm::Identity,
         };
         for k in 0..dc {
             let (mut v, m) = slices(k)?;

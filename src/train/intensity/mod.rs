@@ -10,12 +10,11 @@
 //!
 //! One file per transform family (`noise`, `blur`, `brightness` with contrast, `lowres`,
 //! `gamma`), the one-pass statistics contrast and gamma share in `moments`, the options in
-//! `config`; this file draws each transform's parameters in nnU-Net's order and picks the
+//! [`crate::format::training::augmentation`]; this file draws each transform's parameters in nnU-Net's order and picks the
 //! vector build ([`apply`]).
 
 mod blur;
 mod brightness;
-mod config;
 mod gamma;
 mod lowres;
 mod moments;
@@ -24,9 +23,9 @@ mod scratch;
 #[cfg(test)]
 mod tests;
 
+pub use crate::format::training::augmentation::IntensityConfig;
 pub use blur::gaussian_blur;
 pub use brightness::contrast;
-pub use config::IntensityConfig;
 pub use gamma::gamma;
 pub use lowres::low_resolution;
 

@@ -33,7 +33,8 @@
 //! builds are picked by [`crate::util::simd`]; AVX-512 CPUs take the AVX2 paths (wider twins
 //! measured only a few percent on their own loops, short of what the end-to-end rule asks).
 //!
-//! Files: `config` (the options and the draw of one patch's map), `transform` (the map),
+//! Files: `config` (the draw of one patch's map from the options of
+//! [`crate::format::training::augmentation`]), `transform` (the map),
 //! `footprint` (the source box and the parts of it a map reads), `reader` (the reader and its
 //! choice of path), `sample`, `in_plane`, `columns`, `separable` and `gather` (the paths),
 //! `label` (the label's majority), `derived` (distance maps and skeleton through the same

@@ -26,10 +26,10 @@ impl Session<'_> {
         let state = TrainState {
             step,
             optimizer_steps: self.optimizer.steps_taken(),
-            seed: cfg.seed,
+            seed: cfg.network.seed,
             best_metric: self.best.map(|b| b.0),
             best_step: self.best.map(|b| b.1),
-            config: serde_json::to_value(cfg).unwrap_or_default(),
+            config: cfg.clone(),
             extra: StateExtra {
                 dataset: Some(self.data.dataset.clone()),
                 num_classes: Some(self.data.num_classes),

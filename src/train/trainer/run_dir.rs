@@ -42,9 +42,10 @@ fn identity_differences(old: &RunRecord, new: &RunRecord) -> Vec<String> {
         );
     }
     let empty = serde_json::Map::new();
+    let (old_config, new_config) = (old.config.weight_shaping(), new.config.weight_shaping());
     let (a, b) = (
-        old.config.as_object().unwrap_or(&empty),
-        new.config.as_object().unwrap_or(&empty),
+        old_config.as_object().unwrap_or(&empty),
+        new_config.as_object().unwrap_or(&empty),
     );
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
@@ -74,7 +75,7 @@ pub(super) fn prepare_run_dir(opts: &RunOptions, identity: &RunRecord) -> Result
             if recorded_before {
                 new.preprocessing = None;
             }
-            if old != new {
+            if !old.same_run(&new) {
                 return Err(Error::Train(format!(
                     "{}: --resume with settings that differ from the run's: {}; resume with the run's options or start a new --out",
                     path.display(),

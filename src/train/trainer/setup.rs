@@ -76,8 +76,13 @@ impl<'a> Session<'a> {
 
         let params = model.params();
         let mut optimizer = Optimizer::new(params.clone(), optimizer_kind(cfg))?;
-        let objective =
-            LossObjective::new(&cfg.loss, model.config(), &data.classes, cfg.patch, &dev);
+        let objective = LossObjective::new(
+            &cfg.loss,
+            model.config(),
+            &data.classes,
+            cfg.network.patch,
+            &dev,
+        );
         // Every checkpoint carries the run's record: a checkpoint folder copied alone predicts.
         let checkpointer =
             Checkpointer::new(&opts.run_dir, cfg.keep_last)?.with_record(identity.to_json());
@@ -164,7 +169,7 @@ fn identity(data: &Data, cfg: &TrainConfig) -> RunRecord {
         ignore_label: data.classes.ignore(),
         channels: data.channels.clone(),
         preprocessing: Some(data.preprocessing.clone()),
-        config: cfg.weight_shaping(),
+        config: cfg.clone(),
         split,
     }
 }
@@ -265,10 +270,10 @@ fn start_loader(cfg: &TrainConfig, data: &Data, start_step: u64) -> Result<Loade
         &train_entries,
         weights,
         SamplerConfig {
-            patch_zyx: cfg.patch,
+            patch_zyx: cfg.network.patch,
             batch_size: cfg.batch_size,
             fg_fraction: cfg.fg_fraction,
-            seed: cfg.seed,
+            seed: cfg.network.seed,
             skip_class: data.classes.ignore(),
         },
     )?;

@@ -95,7 +95,7 @@ impl Session<'_> {
         if window.started.is_none() {
             window.started = Some(Instant::now());
         }
-        let (accumulate, patch) = (cfg.accumulate as u64, cfg.patch);
+        let (accumulate, patch) = (cfg.accumulate as u64, cfg.network.patch);
         let in_channels = self.data.channels.len();
         let mut grads: Option<Vec<Tensor>> = None;
         for _ in 0..accumulate {

@@ -20,7 +20,7 @@ impl Session<'_> {
         let v = SlidingWindow {
             model: &self.model,
             device: &self.dev,
-            patch: cfg.patch,
+            patch: cfg.network.patch,
             overlap: cfg.val_overlap,
             batch: cfg.batch_size,
             classes: &data.classes,
