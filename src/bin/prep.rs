@@ -13,12 +13,12 @@ use voxcache::config::exit::EXIT_STATUS_HELP;
 use voxcache::config::location::local_path;
 use voxcache::config::location::{local_for_reading, S3Flags};
 use voxcache::config::modes::Given;
-use voxcache::config::settings::{dataset_source, resolve};
+use voxcache::config::settings::{cache_apart, dataset_source, resolve};
 use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};
 use voxcache::inspect::dataset_report::render_plan;
 use voxcache::prep::cache_build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
-use voxcache::prep::dataset::DatasetSource;
+
 use voxcache::synth;
 use voxcache::util::sysinfo::human_bytes;
 
@@ -234,34 +234,6 @@ fn run_build(args: BuildArgs, given: &Given) -> Result<Exit> {
         print_summary(&report);
     }
     Ok(Exit::unless_failed(report.failed > 0))
-}
-
-/// Refuse a cache folder that is, holds or is inside the data it is built from.
-fn cache_apart(
-    cache: &std::path::Path,
-    source: &DatasetSource,
-    previous: Option<&std::path::Path>,
-) -> Result<()> {
-    // A glob's folder: the part of the pattern before its first wildcard.
-    let glob_dir = |g: &str| -> PathBuf {
-        std::path::Path::new(g)
-            .components()
-            .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
-            .collect()
-    };
-    let mut read: Vec<(&str, PathBuf)> = match source {
-        DatasetSource::Folder(d) => vec![("the data folder", d.clone())],
-        DatasetSource::Globs { images, labels } => std::iter::once(("--images", images))
-            .chain(labels.iter().map(|l| ("--labels", l)))
-            .map(|(f, g)| (f, glob_dir(g)))
-            .filter(|(_, d)| !d.as_os_str().is_empty())
-            .collect(),
-        DatasetSource::Cases(_) => Vec::new(),
-    };
-    read.extend(previous.map(|p| ("--previous-stage", p.to_path_buf())));
-    let read: Vec<(&str, &std::path::Path)> = read.iter().map(|(f, p)| (*f, p.as_path())).collect();
-    voxcache::util::paths::refuse_overlap("--cache-dir", cache, &read)?;
-    Ok(())
 }
 
 fn run_synth(args: SynthArgs) -> Result<Exit> {

@@ -186,6 +186,34 @@ pub fn dataset_source(
     })
 }
 
+/// Refuse a cache folder that is, holds or is inside the data it is built from.
+pub fn cache_apart(
+    cache: &std::path::Path,
+    source: &DatasetSource,
+    previous: Option<&std::path::Path>,
+) -> Result<()> {
+    // A glob's folder: the part of the pattern before its first wildcard.
+    let glob_dir = |g: &str| -> PathBuf {
+        std::path::Path::new(g)
+            .components()
+            .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+            .collect()
+    };
+    let mut read: Vec<(&str, PathBuf)> = match source {
+        DatasetSource::Folder(d) => vec![("the data folder", d.clone())],
+        DatasetSource::Globs { images, labels } => std::iter::once(("--images", images))
+            .chain(labels.iter().map(|l| ("--labels", l)))
+            .map(|(f, g)| (f, glob_dir(g)))
+            .filter(|(_, d)| !d.as_os_str().is_empty())
+            .collect(),
+        DatasetSource::Cases(_) => Vec::new(),
+    };
+    read.extend(previous.map(|p| ("--previous-stage", p.to_path_buf())));
+    let read: Vec<(&str, &std::path::Path)> = read.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    crate::util::paths::refuse_overlap("--cache-dir", cache, &read)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

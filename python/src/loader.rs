@@ -1,0 +1,199 @@
+//! The trainer's own patch loader from Python: `PatchLoader` starts the library's `Loader`
+//! (worker threads, a bounded queue, batches in step order), so the batches are the trainer's
+//! for the same seed and settings, whatever the number of threads. Each batch's buffers are
+//! handed to numpy without a copy; the GIL is released while waiting for one.
+
+use std::sync::Mutex;
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use voxcache::cache::reader::EntryReader;
+use voxcache::train::augment::AugmentConfig;
+use voxcache::train::loader::{Loader, LoaderConfig};
+use voxcache::train::sampler::{Sampler, SamplerConfig};
+
+use crate::cache::Cache;
+use crate::errors::to_py;
+
+/// Batches of patches drawn from a cache's cases.
+#[pyclass(module = "voxcache")]
+pub(crate) struct PatchLoader {
+    loader: Mutex<Loader>,
+    ids: Vec<String>,
+    patch: [usize; 3],
+    batch: usize,
+    channels: usize,
+    /// Batches an iteration yields (`None`: without end).
+    steps: Option<u64>,
+    first_step: u64,
+}
+
+#[pymethods]
+impl PatchLoader {
+    /// `augment`: `None` for raw patches, else the `[train.augmentation]` table as JSON
+    /// (`"{}"` for nnU-Net's defaults). `cases`: the case ids to draw from (default: every
+    /// labelled case of the dataset).
+    #[new]
+    #[pyo3(signature = (cache, patch_size, batch_size, augment = None, threads = 2,
+        seed = 1234, dataset = None, cases = None, fg_fraction = 1.0 / 3.0, queue_depth = 4,
+        steps = None, first_step = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        cache: &Cache,
+        patch_size: [usize; 3],
+        batch_size: usize,
+        augment: Option<&str>,
+        threads: usize,
+        seed: u64,
+        dataset: Option<&str>,
+        cases: Option<Vec<String>>,
+        fg_fraction: f64,
+        queue_depth: usize,
+        steps: Option<u64>,
+        first_step: u64,
+    ) -> PyResult<Self> {
+        let augment = match augment {
+            None => AugmentConfig::none(),
+            Some(json) => serde_json::from_str::<AugmentConfig>(json)
+                .map_err(|e| crate::errors::ConfigError::new_err(format!("augment: {e}")))?,
+        };
+        let name = cache.dataset_name(dataset).map_err(to_py)?;
+        let reader = cache.reader.clone();
+        let (loader, ids, channels) = py
+            .detach(move || -> voxcache::Result<(Loader, Vec<String>, usize)> {
+                let all = reader.cases(&name)?;
+                let explicit = cases.is_some();
+                let chosen: Vec<String> = match cases {
+                    Some(ids) => {
+                        for id in &ids {
+                            if !all.iter().any(|c| &c.case_id == id) {
+                                return Err(voxcache::Error::Config(format!(
+                                    "case {id:?} is not in dataset {name}"
+                                )));
+                            }
+                        }
+                        ids
+                    }
+                    None => all.into_iter().map(|c| c.case_id).collect(),
+                };
+                let mut entries: Vec<EntryReader> = Vec::with_capacity(chosen.len());
+                let mut ids = Vec::with_capacity(chosen.len());
+                for id in chosen {
+                    let e = reader.open_entry(&name, &id)?;
+                    // Unlabelled cases are left out unless asked for by name (then the
+                    // loader refuses them, naming the case).
+                    if e.label_dtype().is_some() || explicit {
+                        entries.push(e);
+                        ids.push(id);
+                    }
+                }
+                if entries.is_empty() {
+                    return Err(voxcache::Error::Config(format!(
+                        "dataset {name}: no labelled case to draw patches from"
+                    )));
+                }
+                let channels = entries[0].channels();
+                let sampler = Sampler::new(
+                    &entries,
+                    Vec::new(),
+                    SamplerConfig {
+                        fg_fraction,
+                        ..SamplerConfig::new(patch_size, batch_size, seed)
+                    },
+                )?;
+                let cfg = LoaderConfig {
+                    workers: threads,
+                    queue_depth,
+                    augment,
+                    ..LoaderConfig::default()
+                };
+                let loader = Loader::start(entries, sampler, cfg, first_step)?;
+                Ok((loader, ids, channels))
+            })
+            .map_err(to_py)?;
+        Ok(PatchLoader {
+            loader: Mutex::new(loader),
+            ids,
+            patch: patch_size,
+            batch: batch_size,
+            channels,
+            steps,
+            first_step,
+        })
+    }
+
+    /// The case ids patches are drawn from, in the order `case` indexes.
+    #[getter]
+    fn case_ids(&self) -> Vec<String> {
+        self.ids.clone()
+    }
+
+    /// The step of the next batch.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.lock().next_step()
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch: a dict of `image` float32 (B, C, z, y, x), `label` uint16 (B, z, y,
+    /// x) with the label values as cached, `case` (the case ids), `origin` int64 (B, 3):
+    /// each patch's first voxel (z, y, x) in its case's cached grid (before augmentation;
+    /// negative where the patch reaches outside), and `step`.
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if let Some(n) = self.steps {
+            if self.lock().next_step() >= self.first_step + n {
+                return Ok(None);
+            }
+        }
+        // Waiting for the workers, and Ctrl-C: checked between short waits.
+        let batch = loop {
+            let ready = py.detach(|| {
+                let l = self.lock();
+                l.ready_ahead() > 0
+            });
+            if ready {
+                break py.detach(|| self.lock().next()).map_err(to_py)?.0;
+            }
+            py.check_signals()?;
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(2)));
+        };
+        let [z, y, x] = self.patch;
+        let b = self.batch;
+        let d = PyDict::new(py);
+        d.set_item(
+            "image",
+            PyArray1::from_vec(py, batch.image).reshape([b, self.channels, z, y, x])?,
+        )?;
+        d.set_item(
+            "label",
+            PyArray1::from_vec(py, batch.label).reshape([b, z, y, x])?,
+        )?;
+        let cases: Vec<&str> = batch
+            .choices
+            .iter()
+            .map(|c| self.ids[c.case].as_str())
+            .collect();
+        d.set_item("case", cases)?;
+        let origin: Vec<i64> = batch.choices.iter().flat_map(|c| c.start_zyx).collect();
+        d.set_item("origin", PyArray1::from_vec(py, origin).reshape([b, 3])?)?;
+        d.set_item("step", batch.step)?;
+        Ok(Some(d))
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        self.steps.map(|n| n as usize).ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err("the loader has no length: give steps= for one")
+        })
+    }
+}
+
+impl PatchLoader {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Loader> {
+        self.loader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

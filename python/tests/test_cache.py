@@ -1,0 +1,154 @@
+"""The cache from Python: build, inspect, open, read; checked against zarr-python's reading of
+the same entries and against the library's own reader through another path."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import voxcache
+
+zarr = pytest.importorskip("zarr")
+
+
+def zarr_box(array, start, size):
+    """A box of a zarr array (z, y, x on its last three axes), zero outside the grid."""
+    shape = array.shape[-3:]
+    out = np.zeros(tuple(array.shape[:-3]) + tuple(size), dtype=array.dtype)
+    src, dst = [], []
+    for s, n, dim in zip(start, size, shape):
+        lo, hi = max(s, 0), min(s + n, dim)
+        if hi <= lo:
+            return out
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - s, hi - s))
+    lead = (slice(None),) * (array.ndim - 3)
+    out[lead + tuple(dst)] = array[lead + tuple(src)]
+    return out
+
+
+def entry_arrays(cache_dir, case_id):
+    manifest = json.load(open(os.path.join(cache_dir, "manifest.json")))
+    (dataset,) = manifest["datasets"].values()
+    entry = os.path.join(cache_dir, dataset["cases"][case_id]["entry"])
+    return zarr.open_array(os.path.join(entry, "image"), mode="r"), zarr.open_array(
+        os.path.join(entry, "label"), mode="r"
+    )
+
+
+def test_cases_and_geometry(cache, cache_dir):
+    assert cache.datasets == ["vessels"]
+    assert len(cache) == 10 and cache.cases()[0] == "vessels_000"
+    report = voxcache.inspect(cache_dir)
+    assert report["kind"] == "cache"
+    case = cache["vessels_003"]
+    image, label = entry_arrays(cache_dir, "vessels_003")
+    assert tuple(case.shape) == image.shape[1:] == label.shape
+    assert case.channels == image.shape[0] == 1
+    assert case.unit == "um" and case.has_label and len(case.key) == 64
+
+
+def test_slicing_equals_zarr_python(cache, cache_dir):
+    image, label = entry_arrays(cache_dir, "vessels_001")
+    case = cache["vessels_001"]
+    z, y, x = case.shape
+    got = case.image[0, 3 : z - 2, 5:17, :]
+    assert got.dtype == np.float32 and got.shape == (z - 5, 12, x)
+    np.testing.assert_array_equal(got, image[0, 3 : z - 2, 5:17, :])
+    np.testing.assert_array_equal(case.label[...], label[...].astype(np.uint16))
+    np.testing.assert_array_equal(case.label[-1], label[-1].astype(np.uint16))
+    # A box reaching outside the grid reads zero there.
+    start, size = (-4, y - 10, -3), (12, 20, 9)
+    np.testing.assert_array_equal(case.read_image(start, size), zarr_box(image, start, size))
+
+
+def test_raw_batches_equal_zarr_python_at_their_origins(cache, cache_dir):
+    loader = voxcache.PatchLoader(cache, patch_size=(16, 48, 48), batch_size=3, steps=6, seed=0)
+    assert len(loader) == 6
+    seen = 0
+    for b in loader:
+        assert b["image"].shape == (3, 1, 16, 48, 48) and b["image"].dtype == np.float32
+        assert b["label"].shape == (3, 16, 48, 48) and b["label"].dtype == np.uint16
+        assert b["origin"].shape == (3, 3) and b["origin"].dtype == np.int64
+        for i, case in enumerate(b["case"]):
+            image, label = entry_arrays(cache_dir, case)
+            o = b["origin"][i].tolist()
+            np.testing.assert_array_equal(b["image"][i], zarr_box(image, o, (16, 48, 48)))
+            np.testing.assert_array_equal(
+                b["label"][i], zarr_box(label, o, (16, 48, 48)).astype(np.uint16)
+            )
+            seen += 1
+    assert seen == 18
+
+
+def test_batches_depend_on_the_seed_not_the_threads(cache):
+    def batches(threads, seed):
+        out = []
+        for b in voxcache.PatchLoader(
+            cache, (16, 32, 32), 2, augment="default", threads=threads, seed=seed, steps=4
+        ):
+            out.append((b["image"].copy(), b["label"].copy(), b["origin"].copy(), b["case"]))
+        return out
+
+    one, three = batches(1, 7), batches(3, 7)
+    for a, b in zip(one, three):
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        np.testing.assert_array_equal(a[2], b[2])
+        assert a[3] == b[3]
+    other = batches(1, 8)
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(one, other))
+    # Augmented patches are not the raw boxes (the default mirrors, rotates, adds noise...).
+    assert any(b[0].std() > 0 for b in one)
+
+
+def test_a_fold_draws_only_its_cases(cache):
+    ids = ["vessels_002", "vessels_007"]
+    loader = voxcache.PatchLoader(cache, (8, 32, 32), 4, cases=ids, steps=5)
+    assert loader.case_ids == ids
+    assert {c for b in loader for c in b["case"]} <= set(ids)
+
+
+def test_bad_arguments_are_clear_errors(cache, cache_dir, tmp_path):
+    with pytest.raises(voxcache.CacheError, match="not found"):
+        voxcache.open(tmp_path / "nothing")
+    with pytest.raises(voxcache.ConfigError, match="spacing"):
+        voxcache.build_cache(cache_dir, tmp_path / "c", spacing="x")
+    with pytest.raises(voxcache.ConfigError, match="unexpected argument"):
+        voxcache.build_cache(cache_dir, tmp_path / "c", no_such_option=3)
+    with pytest.raises(voxcache.ConfigError, match="ghost"):
+        voxcache.PatchLoader(cache, (8, 32, 32), 2, cases=["ghost"])
+    with pytest.raises(voxcache.ConfigError, match="patch_size"):
+        voxcache.PatchLoader(cache, (32, 32), 2)
+    with pytest.raises(voxcache.ConfigError, match="rotation_prob"):
+        voxcache.PatchLoader(cache, (8, 32, 32), 2, augment={"spatial": {"rotation_prob": 2}})
+    with pytest.raises(IndexError):
+        cache["vessels_000"].image[0, ::2]
+    with pytest.raises(voxcache.VoxcacheError):
+        cache.case("ghost")
+
+
+def test_a_damaged_chunk_is_named(cache_dir, tmp_path):
+    copy = tmp_path / "cache"
+    shutil.copytree(cache_dir, copy)
+    manifest = json.load(open(copy / "manifest.json"))
+    entry = copy / manifest["datasets"]["vessels"]["cases"]["vessels_004"]["entry"]
+    chunk = next(p for p in (entry / "image").rglob("*") if p.is_file() and p.name != "zarr.json")
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    case = voxcache.open(copy)["vessels_004"]
+    with pytest.raises(voxcache.VoxcacheError) as e:
+        case.image[...]
+    message = str(e.value)
+    assert "vessels_004" in message and "corrupt" in message, message
+    assert os.path.relpath(chunk, entry) in message, message
+
+
+def test_loaders_come_and_go(cache):
+    for _ in range(50):
+        loader = voxcache.PatchLoader(cache, (8, 32, 32), 2, threads=2, steps=1)
+        next(iter(loader))
+        del loader
