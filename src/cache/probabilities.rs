@@ -49,6 +49,7 @@ impl ProbabilityReader {
         if shape.len() != 4
             || chunk.len() != 4
             || shape[0] as usize != attrs.values.len()
+            || attrs.classes.len() != attrs.values.len()
             || !(attrs.regions.is_empty() || attrs.regions.len() == attrs.values.len())
         {
             return Err(bad(format!(

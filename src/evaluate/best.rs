@@ -94,7 +94,7 @@ fn fold_of_cases(folds: &[PathBuf]) -> Result<BTreeMap<String, PathBuf>> {
 /// or regions over 0.5 in order) written as a segmentation in the cases' own geometry (`template`'s header).
 fn ensemble_case(a: &Path, b: &Path, template: &Path, out: &Path) -> Result<()> {
     let (ra, rb) = (ProbabilityReader::open(a)?, ProbabilityReader::open(b)?);
-    if ra.shape != rb.shape || ra.attrs.outputs() != rb.attrs.outputs() {
+    if ra.shape != rb.shape || !ra.attrs.labels().same_outputs(&rb.attrs.labels()) {
         return Err(Error::Config(format!(
             "{} and {}: probabilities of different shapes or classes ({:?} {:?} vs {:?} {:?})",
             a.display(),
@@ -106,7 +106,7 @@ fn ensemble_case(a: &Path, b: &Path, template: &Path, out: &Path) -> Result<()> 
         )));
     }
     let [heads, nz, ny, nx] = ra.shape;
-    let outputs = ra.attrs.outputs();
+    let outputs = ra.attrs.labels();
     let max = outputs.max_value();
     let mut w = LabelWriter::create(
         out,

@@ -84,26 +84,7 @@ pub fn find_folds(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 /// The classes of a run, as [`ClassTable`] rows (background left out).
 pub fn run_classes(record: &RunRecord) -> Vec<LabelClass> {
-    if !record.regions.is_empty() {
-        return record.regions.clone();
-    }
-    if record.classes.is_empty() {
-        return (1..record.num_classes as u16)
-            .map(|v| LabelClass {
-                name: format!("class {v}"),
-                values: vec![v],
-            })
-            .collect();
-    }
-    record
-        .classes
-        .iter()
-        .skip(1)
-        .map(|c| LabelClass {
-            name: c.name.clone(),
-            values: vec![c.value],
-        })
-        .collect()
+    record.labels().foreground()
 }
 
 /// The folds' records (all of one dataset, classes and channels) and their validation cases

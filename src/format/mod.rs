@@ -10,6 +10,7 @@
 //! - [`params`]: the parameters that shape an entry's bytes ([`OutputParams`]).
 //! - [`array`](mod@array): an array's `zarr.json` reduced to what the reader needs ([`ArrayLayout`]).
 //! - [`dtype`]: the one table of stored element types ([`Dtype`]).
+//! - [`labels`]: classes or regions and the ignore label, as every command reads them ([`Labels`]).
 //! - [`run`]: a training run folder's `run.json` and checkpoints' `state.json`.
 //! - [`crossval`]: a fold's validation folder, cross-validation summaries, postprocessing.
 //! - [`probabilities`]: the class probabilities `predict --save-probabilities` writes.
@@ -23,6 +24,7 @@ pub mod crossval;
 pub mod dataset_json;
 pub mod dtype;
 pub mod entry;
+pub mod labels;
 pub mod manifest;
 pub mod nnunet;
 pub mod normalization;
@@ -40,6 +42,7 @@ pub use array::{ArrayLayout, Encoding, ZARR_JSON};
 pub use checksums::{ChunkChecksums, CHECKSUMS_AT};
 pub use dtype::Dtype;
 pub use entry::{EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY};
+pub use labels::Labels;
 pub use manifest::{
     entry_rel, key_is_valid, rel_path_is_plain, Manifest, ManifestCase, ManifestDataset,
     ENTRIES_DIR, MANIFEST_FILE, MANIFEST_LOCK, SPLITS_FILE, TMP_DIR,

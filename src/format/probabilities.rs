@@ -38,18 +38,27 @@ pub struct ProbabilityAttrs {
 }
 
 impl ProbabilityAttrs {
-    /// What the heads stand for.
-    pub fn outputs(&self) -> super::nnunet::Outputs {
+    /// What the heads stand for (no ignore label: it is never predicted). Unchecked: a reader
+    /// checks the lengths.
+    pub fn labels(&self) -> super::labels::Labels {
+        use super::labels::{ClassInfo, Labels};
         match self.regions.is_empty() {
-            true => super::nnunet::Outputs::Classes {
-                values: self.values.clone(),
-                names: self.classes.clone(),
-            },
-            false => super::nnunet::Outputs::Regions {
-                order: self.values.clone(),
-                labels: self.regions.clone(),
-                names: self.classes.clone(),
-            },
+            true => {
+                let classes = self.values.iter().zip(&self.classes);
+                let classes = classes.map(|(&value, name)| ClassInfo {
+                    value,
+                    name: name.clone(),
+                });
+                Labels::unchecked_classes(classes.collect(), None)
+            }
+            false => {
+                let regions = self.regions.iter().zip(&self.classes);
+                let regions = regions.map(|(values, name)| super::dataset_json::LabelClass {
+                    name: name.clone(),
+                    values: values.clone(),
+                });
+                Labels::unchecked_regions(regions.collect(), self.values.clone(), None)
+            }
         }
     }
 }

@@ -6,7 +6,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::dataset_json::LabelClass;
-use super::nnunet::Outputs;
+pub use super::labels::ClassInfo;
+use super::labels::Labels;
 use super::training::TrainConfig;
 use crate::error::{Error, Result};
 use crate::util::files::read_capped;
@@ -72,15 +73,6 @@ pub struct Preprocessing {
     /// inputs' headers said: an input in another unit is converted, not taken as the same
     /// numbers.
     pub unit: String,
-}
-
-/// One output class of a run: the label-file value it stands for and its name.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ClassInfo {
-    /// The value label files hold for it.
-    pub value: u16,
-    /// Its name (from dataset.json, else "class V").
-    pub name: String,
 }
 
 /// What a checkpoint records besides the optimizer counters.
@@ -175,31 +167,14 @@ impl RunRecord {
                     self.num_classes
                 ));
             }
-            let mut values: Vec<u16> = self.classes.iter().map(|c| c.value).collect();
-            values.sort_unstable();
-            if values.windows(2).any(|w| w[0] == w[1]) {
-                return bad(format!(
-                    "classes: label values {:?} repeat a value",
-                    self.classes.iter().map(|c| c.value).collect::<Vec<_>>()
-                ));
-            }
-            if let Some(i) = self
-                .ignore_label
-                .filter(|i| values.binary_search(i).is_ok())
-            {
-                return bad(format!("ignore_label {i} is also a class"));
+            if let Err(e) = Labels::of_classes(self.classes.clone(), self.ignore_label) {
+                return bad(e);
             }
         }
         if !self.regions.is_empty() {
-            if let Err(e) = super::dataset_json::check_region_labels(&self.regions) {
+            let (regions, order) = (self.regions.clone(), self.regions_class_order.clone());
+            if let Err(e) = Labels::of_regions(regions, order, self.ignore_label) {
                 return bad(e);
-            }
-            if self.regions_class_order.len() != self.regions.len() {
-                return bad(format!(
-                    "regions_class_order has {} values for {} regions",
-                    self.regions_class_order.len(),
-                    self.regions.len()
-                ));
             }
             let values: Vec<u16> = self.classes.iter().map(|c| c.value).collect();
             let known = |v: &u16| *v != 0 && values.contains(v);
@@ -234,27 +209,18 @@ impl RunRecord {
 
 impl RunRecord {
     /// What the network's outputs stand for: a softmax over the classes, or one sigmoid per
-    /// region.
-    pub fn outputs(&self) -> Outputs {
+    /// region; and the ignore label. Runs made before classes were recorded: values 0..n.
+    pub fn labels(&self) -> Labels {
         if !self.regions.is_empty() {
-            return Outputs::Regions {
-                order: self.regions_class_order.clone(),
-                labels: self.regions.iter().map(|r| r.values.clone()).collect(),
-                names: self.regions.iter().map(|r| r.name.clone()).collect(),
-            };
+            return Labels::unchecked_regions(
+                self.regions.clone(),
+                self.regions_class_order.clone(),
+                self.ignore_label,
+            );
         }
         match self.classes.is_empty() {
-            // Runs made before classes were recorded: values 0..n.
-            true => Outputs::Classes {
-                values: (0..self.num_classes as u16).collect(),
-                names: (0..self.num_classes)
-                    .map(|v| format!("class {v}"))
-                    .collect(),
-            },
-            false => Outputs::Classes {
-                values: self.classes.iter().map(|c| c.value).collect(),
-                names: self.classes.iter().map(|c| c.name.clone()).collect(),
-            },
+            true => Labels::consecutive(self.num_classes, self.ignore_label),
+            false => Labels::unchecked_classes(self.classes.clone(), self.ignore_label),
         }
     }
 }

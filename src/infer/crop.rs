@@ -12,7 +12,7 @@ use super::sliding::Predictor;
 use crate::cache::reader::EntryReader;
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::format::nnunet::Outputs;
+use crate::format::labels::Labels;
 
 /// A box of the entry's grid: `origin .. origin + size` (z, y, x).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,20 +69,6 @@ pub fn nonzero_box(entry: &EntryReader) -> Result<Option<Box3>> {
     Ok((size != shape).then_some(Box3 { origin, size }))
 }
 
-/// What a voxel outside the box holds: all background (softmax), or no region.
-fn background(outputs: &Outputs) -> Vec<f32> {
-    match outputs {
-        Outputs::Classes { values, .. } => {
-            let mut v = vec![0.0; values.len()];
-            if let Some(first) = v.first_mut() {
-                *first = 1.0;
-            }
-            v
-        }
-        Outputs::Regions { order, .. } => vec![0.0; order.len()],
-    }
-}
-
 /// An entry seen through a box of it.
 struct CropView<'a> {
     entry: &'a EntryReader,
@@ -132,10 +118,10 @@ pub struct Crop {
 
 impl Crop {
     /// The nonzero box of `entry` ([`nonzero_box`]) for a model with `outputs`.
-    pub fn of(entry: &EntryReader, outputs: &Outputs) -> Result<Crop> {
+    pub fn of(entry: &EntryReader, outputs: &Labels) -> Result<Crop> {
         Ok(Crop {
             within: nonzero_box(entry)?,
-            background: background(outputs),
+            background: outputs.background_probabilities(),
         })
     }
 

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use super::prob_zarr::ProbabilityZarr;
 use super::probs::ProbVolume;
 use crate::error::Result;
-use crate::format::nnunet::Outputs;
+use crate::format::labels::Labels;
 use crate::geometry::Block;
 use crate::nifti_io::{LabelType, LabelWriter};
 use crate::prep::resample::LinearResampler;
@@ -28,7 +28,7 @@ pub struct Export<'a> {
     /// The input's grid (z, y, x): the output's.
     pub input_shape_zyx: [usize; 3],
     /// What each output stands for: classes (argmax) or regions (over 0.5, in order).
-    pub outputs: &'a Outputs,
+    pub outputs: &'a Labels,
     /// The input file whose header (geometry) the output takes.
     pub input: &'a Path,
     /// Where the resampled probabilities go too (`--save-probabilities`).
@@ -132,10 +132,11 @@ mod tests {
         )
         .unwrap();
         let values = [0u16, 3, 7];
-        let outputs = Outputs::Classes {
-            values: values.to_vec(),
-            names: vec![String::new(); 3],
+        let class = |value| crate::format::labels::ClassInfo {
+            value,
+            name: String::new(),
         };
+        let outputs = Labels::of_classes(values.map(class).to_vec(), None).unwrap();
         let e = Export {
             probs: &volumes,
             model_shape_zyx: model,
@@ -174,11 +175,12 @@ mod tests {
         w.append(&scaled).unwrap();
         let volumes = w.finish().unwrap();
         let order = [4u16, 2, 9];
-        let regions = Outputs::Regions {
-            order: order.to_vec(),
-            labels: vec![vec![2, 4, 9], vec![2, 9], vec![9]],
-            names: vec![String::new(); 3],
+        let region = |values: &[u16]| crate::format::dataset_json::LabelClass {
+            name: String::new(),
+            values: values.to_vec(),
         };
+        let sets = vec![region(&[2, 4, 9]), region(&[2, 9]), region(&[9])];
+        let regions = Labels::of_regions(sets, order.to_vec(), None).unwrap();
         let e = Export {
             probs: &volumes,
             outputs: &regions,

@@ -136,7 +136,7 @@ fn with_weights(
         ..network.clone()
     };
     let model = bare
-        .build(channels, record.outputs().heads(), device)
+        .build(channels, record.labels().heads(), device)
         .map_err(|e| Error::Config(format!("{}: config: {e}", record_path.display())))?;
     let weights = ck_dir.join(MODEL_FILE);
     model.load(&ck.model).map_err(|e| {
@@ -186,11 +186,11 @@ pub fn load_models(dirs: &[PathBuf], which: &Which, device: &Device) -> Result<V
         let m = load_model(dir, which, device)?;
         if let Some(first) = models.first() {
             let (a, b) = (&first.record, &m.record);
-            let differs = if a.outputs() != b.outputs() {
+            let differs = if !a.labels().same_outputs(&b.labels()) {
                 Some(format!(
                     "outputs ({} vs {})",
-                    describe_outputs(a),
-                    describe_outputs(b)
+                    a.labels().describe(),
+                    b.labels().describe()
                 ))
             } else if a.channels != b.channels {
                 Some(format!("channels ({:?} vs {:?})", a.channels, b.channels))
@@ -223,29 +223,4 @@ pub fn load_models(dirs: &[PathBuf], which: &Which, device: &Device) -> Result<V
         return Err(Error::Config("no model given".into()));
     }
     Ok(models)
-}
-
-/// "3 classes, label values [0, 1, 2]" or "3 regions 1+2+3, 2+3, 3 written as [1, 2, 3]".
-fn describe_outputs(r: &RunRecord) -> String {
-    match r.outputs() {
-        crate::format::nnunet::Outputs::Classes { values, .. } => {
-            format!("{} classes, label values {values:?}", values.len())
-        }
-        crate::format::nnunet::Outputs::Regions { order, labels, .. } => {
-            let regions: Vec<String> = labels
-                .iter()
-                .map(|l| {
-                    l.iter()
-                        .map(|v| v.to_string())
-                        .collect::<Vec<_>>()
-                        .join("+")
-                })
-                .collect();
-            format!(
-                "{} regions {} written as {order:?}",
-                regions.len(),
-                regions.join(", ")
-            )
-        }
-    }
 }

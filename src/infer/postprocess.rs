@@ -71,14 +71,9 @@ pub fn chosen(
     let Some((path, pp)) = chosen else {
         return Ok(None);
     };
-    let scored: Vec<Vec<u16>> = models[0]
-        .record
-        .outputs()
-        .scored()
-        .into_iter()
-        .map(|(_, v)| v)
-        .collect();
-    let regions = models[0].record.outputs().is_regions();
+    let labels = models[0].record.labels();
+    let scored: Vec<Vec<u16>> = labels.foreground().into_iter().map(|c| c.values).collect();
+    let regions = labels.is_regions();
     for v in &pp.classes {
         // A region model's classes are the label values it writes.
         let known = match regions {

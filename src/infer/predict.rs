@@ -24,7 +24,6 @@ use super::sliding::{Flavour, Predictor};
 use crate::cache::reader::CacheReader;
 use crate::error::{Error, Result};
 use crate::format::crossval::Postprocessing;
-use crate::format::nnunet::Outputs;
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
@@ -449,7 +448,7 @@ fn predict_group(
         },
     )?;
     let m = &models[0];
-    let outputs = m.record.outputs();
+    let outputs = m.record.labels();
     let first = m
         .model
         .as_ref()
@@ -594,7 +593,7 @@ fn predict_group(
                     &tmp,
                 )?;
                 if let Some(pp) = postprocessing.filter(|p| !p.is_none()) {
-                    let regions = postprocess::regions(pp, &foreground_values(&outputs));
+                    let regions = postprocess::regions(pp, &outputs.foreground_values());
                     postprocess::apply_file(&tmp, &tmp, &regions, postprocess::connectivity(pp))?;
                 }
                 // Probabilities first: a segmentation in place means both are complete.
@@ -670,7 +669,7 @@ fn predictor<'a>(
             Vec::new()
         },
         on_windows,
-        flavour: Flavour::ours(!member.record.regions.is_empty()),
+        flavour: Flavour::ours(member.record.labels().is_regions()),
     }
 }
 
@@ -689,12 +688,4 @@ fn window_bar(enabled: bool, windows: u64) -> ProgressBar {
             )
         },
     )
-}
-
-/// Every foreground label value a model writes (the foreground filter's values).
-fn foreground_values(outputs: &Outputs) -> Vec<u16> {
-    let mut v: Vec<u16> = outputs.scored().into_iter().flat_map(|(_, v)| v).collect();
-    v.sort_unstable();
-    v.dedup();
-    v
 }

@@ -10,7 +10,7 @@ use zarrs::array::{Array, ArrayBuilder};
 
 use crate::cache::store::EntryStore;
 use crate::error::{Error, Result};
-use crate::format::nnunet::Outputs;
+use crate::format::labels::Labels;
 use crate::format::probabilities::{ProbabilityAttrs, PROBABILITIES_VERSION};
 use crate::format::Dtype;
 use crate::nifti_io::HeaderInfo;
@@ -31,26 +31,22 @@ impl ProbabilityZarr {
     pub fn create(
         tmp: &Path,
         input: &HeaderInfo,
-        outputs: &Outputs,
+        outputs: &Labels,
         rows: usize,
     ) -> Result<ProbabilityZarr> {
         let _ = std::fs::remove_dir_all(tmp);
         std::fs::create_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
         let [nx, ny, nz] = input.shape_xyz;
-        let (kind, names, values, regions) = match outputs {
-            Outputs::Classes { values, names } => {
-                ("class probabilities", names, values, Vec::new())
-            }
-            Outputs::Regions {
-                order,
-                labels,
-                names,
-            } => ("region probabilities", names, order, labels.clone()),
+        let kind = match outputs.is_regions() {
+            false => "class probabilities",
+            true => "region probabilities",
         };
+        let (names, values) = (outputs.head_names(), outputs.head_values());
+        let regions = outputs.regions().iter().map(|r| r.values.clone()).collect();
         let attrs = ProbabilityAttrs {
             version: PROBABILITIES_VERSION,
             kind: kind.into(),
-            classes: names.clone(),
+            classes: names,
             values: values.clone(),
             regions,
             source: input.path.display().to_string(),

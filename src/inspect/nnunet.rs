@@ -9,7 +9,6 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::format::nnunet::Outputs;
 use crate::infer::nnunet::budget::check_memory;
 use crate::infer::nnunet::model::NnunetModel;
 use crate::infer::sliding::{banded_rows, nnunet_starts, nnunet_window_count};
@@ -95,7 +94,7 @@ pub fn inspect_nnunet(
     let cfg = &m.plans.configuration;
     let a = &cfg.architecture;
     let patch = m.patch();
-    let heads = m.dataset.outputs.heads();
+    let heads = m.dataset.labels.heads();
     // The forecast first: a patch no machine here could hold is refused before the timed pass
     // allocates it.
     // One window a pass, predict's default.
@@ -155,26 +154,21 @@ pub fn inspect_nnunet(
             seconds: windows.saturating_mul(passes) as f64 * seconds_per_pass,
         });
     }
-    let (outputs, labels) = match &m.dataset.outputs {
-        Outputs::Classes { values, names } => (
+    let l = &m.dataset.labels;
+    let (outputs, labels) = match l.is_regions() {
+        false => (
             "classes",
-            names
+            l.classes()
                 .iter()
-                .zip(values)
-                .map(|(n, v)| format!("{v} {n}"))
+                .map(|c| format!("{} {}", c.value, c.name))
                 .collect(),
         ),
-        Outputs::Regions {
-            order,
-            labels,
-            names,
-        } => (
+        true => (
             "regions",
-            names
+            l.regions()
                 .iter()
-                .zip(labels)
-                .zip(order)
-                .map(|((n, l), o)| format!("{n} = labels {l:?}, written as {o}"))
+                .zip(l.regions_class_order())
+                .map(|(r, o)| format!("{} = labels {:?}, written as {o}", r.name, r.values))
                 .collect(),
         ),
     };

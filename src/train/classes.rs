@@ -5,8 +5,8 @@
 //! (nnU-Net's semantics).
 
 use crate::error::{Error, Result};
-use crate::format::dataset_json::{DatasetDescription, LabelClass};
-use crate::format::nnunet::Outputs;
+use crate::format::dataset_json::DatasetDescription;
+use crate::format::labels::Labels;
 pub use crate::format::run::ClassInfo;
 
 /// A label voxel that no class stands for (the ignore label) after [`ClassMap::map`].
@@ -20,15 +20,12 @@ pub const MAX_CLASSES: usize = 64;
 #[derive(Clone, Debug)]
 pub struct ClassMap {
     classes: Vec<ClassInfo>,
-    ignore: Option<u16>,
+    /// What the heads stand for, in label-file values, and the ignore label.
+    labels: Labels,
     /// Value -> class index, or [`IGNORE`]; values no class stands for map to `None`.
     table: Vec<Option<u16>>,
-    /// A region dataset's regions (label values), in output order.
-    regions: Vec<LabelClass>,
-    /// The same regions as class indices.
+    /// A region dataset's regions as class indices.
     region_classes: Vec<Vec<u16>>,
-    /// The label value each region is written as (`regions_class_order`).
-    order: Vec<u16>,
 }
 
 impl ClassMap {
@@ -99,7 +96,9 @@ impl ClassMap {
                 classes.iter().take(8).map(|c| c.value.to_string()).collect::<Vec<_>>().join(", ")
             )));
         }
-        Self::with_table(classes, ignore, (Vec::new(), Vec::new()), present, where_)
+        let labels = Labels::of_classes(classes.clone(), ignore)
+            .map_err(|e| Error::Config(format!("{where_}: {e}")))?;
+        Self::with_table(classes, labels, present, where_)
     }
 
     /// A region dataset's map: the label values its regions hold are the classes labels map
@@ -109,18 +108,10 @@ impl ClassMap {
         d: &DatasetDescription,
         where_: &str,
     ) -> Result<Self> {
-        d.check_regions()
+        let labels = Labels::from_description(d)
             .map_err(|e| Error::Config(format!("{where_}: dataset.json: {e}")))?;
-        let regions: Vec<LabelClass> = d
-            .labels
-            .iter()
-            .filter(|c| c.values != [0])
-            .cloned()
-            .collect();
-        let mut values: Vec<u16> = regions.iter().flat_map(|r| r.values.clone()).collect();
-        values.push(0);
-        values.sort_unstable();
-        values.dedup();
+        let mut values: Vec<u16> = labels.foreground_values();
+        values.insert(0, 0);
         let classes = values
             .into_iter()
             .map(|v| ClassInfo {
@@ -131,14 +122,12 @@ impl ClassMap {
                 },
             })
             .collect();
-        let order = d.regions_class_order.clone().unwrap_or_default();
-        Self::with_table(classes, d.ignore_label, (regions, order), present, where_)
+        Self::with_table(classes, labels, present, where_)
     }
 
     fn with_table(
         classes: Vec<ClassInfo>,
-        ignore: Option<u16>,
-        (regions, order): (Vec<LabelClass>, Vec<u16>),
+        labels: Labels,
         present: &std::collections::BTreeSet<u16>,
         where_: &str,
     ) -> Result<Self> {
@@ -146,25 +135,24 @@ impl ClassMap {
         for (i, c) in classes.iter().enumerate() {
             table[c.value as usize] = Some(i as u16);
         }
-        if let Some(i) = ignore {
+        if let Some(i) = labels.ignore() {
             table[i as usize] = Some(IGNORE);
         }
-        let region_classes = regions
+        let region_classes = labels
+            .regions()
             .iter()
             .map(|r| r.values.iter().filter_map(|&v| table[v as usize]).collect())
             .collect();
         let map = ClassMap {
             classes,
-            ignore,
+            labels,
             table,
-            regions,
             region_classes,
-            order,
         };
         if let Some(v) = present.iter().find(|&&v| map.table[v as usize].is_none()) {
-            let what = match map.regions.is_empty() {
-                true => "classes",
-                false => "regions' labels",
+            let what = match map.labels.is_regions() {
+                false => "classes",
+                true => "regions' labels",
             };
             return Err(Error::Config(format!(
                 "{where_}: label value {v} is in the cache but not among dataset.json's {what}"
@@ -173,46 +161,23 @@ impl ClassMap {
         Ok(map)
     }
 
-    /// The regions of a region dataset, in dataset.json's order (empty otherwise).
-    pub fn regions(&self) -> &[LabelClass] {
-        &self.regions
-    }
-
     /// Each region's classes (indices into [`Self::classes`]), as [`Self::map`] maps labels.
     pub fn region_classes(&self) -> &[Vec<u16>] {
         &self.region_classes
     }
 
-    /// The network's outputs: one per class, or one per region.
-    pub fn heads(&self) -> usize {
-        match self.regions.is_empty() {
-            true => self.classes.len(),
-            false => self.regions.len(),
-        }
-    }
-
     /// What the outputs stand for, in label-file values (regions written in the dataset's
-    /// `regions_class_order`).
-    pub fn outputs(&self) -> Outputs {
-        match self.regions.is_empty() {
-            true => Outputs::Classes {
-                values: self.classes.iter().map(|c| c.value).collect(),
-                names: self.classes.iter().map(|c| c.name.clone()).collect(),
-            },
-            false => Outputs::Regions {
-                order: self.order.clone(),
-                labels: self.regions.iter().map(|r| r.values.clone()).collect(),
-                names: self.regions.iter().map(|r| r.name.clone()).collect(),
-            },
-        }
+    /// `regions_class_order`), and the ignore label.
+    pub fn labels(&self) -> &Labels {
+        &self.labels
     }
 
     /// Names of what is scored, in output order: the classes after background, or the
     /// regions.
     pub fn scored_names(&self) -> Vec<String> {
-        match self.regions.is_empty() {
-            true => self.foreground_names(),
-            false => self.regions.iter().map(|r| r.name.clone()).collect(),
+        match self.labels.is_regions() {
+            false => self.foreground_names(),
+            true => self.labels.head_names(),
         }
     }
 
@@ -234,11 +199,6 @@ impl ClassMap {
     /// Never: there are at least two classes.
     pub fn is_empty(&self) -> bool {
         self.classes.is_empty()
-    }
-
-    /// The ignore label's file value, if the dataset has one.
-    pub fn ignore(&self) -> Option<u16> {
-        self.ignore
     }
 
     /// Label-file values to class indices in place; the ignore label becomes [`IGNORE`]. A
@@ -292,16 +252,16 @@ mod tests {
         let mut l = vec![9, 3, 1, 0];
         m.map(&mut l).unwrap();
         assert_eq!(l, [IGNORE, 2, 1, 0]);
-        assert_eq!(m.ignore(), Some(9));
+        assert_eq!(m.labels().ignore(), Some(9));
         let region = DatasetDescription::from_value(&serde_json::json!({
             "labels": {"background": 0, "tumour": [1, 2], "core": 2},
             "regions_class_order": [1, 2]
         }))
         .unwrap();
         let m = ClassMap::new(&[0, 1, 2].into(), Some(&region), "d").unwrap();
-        assert_eq!((m.len(), m.heads()), (3, 2));
+        assert_eq!((m.len(), m.labels().heads()), (3, 2));
         assert_eq!(m.region_classes(), [vec![1, 2], vec![2]]);
-        let o = m.outputs();
+        let o = m.labels();
         assert_eq!(o.label(&[0.9, 0.2]), 1);
         assert_eq!(o.label(&[0.9, 0.7]), 2);
         assert_eq!(o.label(&[0.1, 0.2]), 0);

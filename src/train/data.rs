@@ -145,7 +145,7 @@ pub(crate) fn open_data(
     }
     let described = reader.dataset(&dataset)?.dataset_json.as_ref();
     let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
-    if !classes.regions().is_empty() {
+    if classes.labels().is_regions() {
         let w = &cfg.loss;
         let on: Vec<&str> = [
             ("skeleton recall", w.skeleton_recall),

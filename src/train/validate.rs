@@ -116,7 +116,7 @@ impl SlidingWindow<'_> {
     fn case_counts<S: PatchSource>(&self, entry: &S) -> Result<(Counts, Vec<CentrelineCounts>)> {
         let heads = self.model.config().num_classes;
         let sets = scored_sets(self.classes);
-        let outputs = self.classes.outputs();
+        let outputs = self.classes.labels();
         let shape = entry.shape_zyx();
         let plane = shape[1] * shape[2];
         let mut counts = Counts::new(&sets, self.classes.len());

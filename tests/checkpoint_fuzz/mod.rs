@@ -78,7 +78,7 @@ impl Target {
             let config = unet_config(
                 &plans.configuration.architecture,
                 plans.channels(),
-                ds.outputs.heads(),
+                ds.labels.heads(),
             );
             (plans, config)
         })

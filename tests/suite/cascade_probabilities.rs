@@ -10,7 +10,7 @@ use std::path::Path;
 
 use common::fixtures::{prep, s, text};
 use voxcache::cache::reader::CacheReader;
-use voxcache::format::nnunet::Outputs;
+use voxcache::format::labels::{ClassInfo, Labels};
 use voxcache::geometry::Block;
 use voxcache::infer::prob_zarr::ProbabilityZarr;
 use voxcache::nifti_io::{read_header, read_volume};
@@ -48,10 +48,12 @@ fn probabilities(shape: [usize; 3], phase: f32) -> Vec<Vec<f32>> {
 fn write_probabilities(image: &Path, p: &[Vec<f32>], dest: &Path, shape_zyx: [usize; 3]) {
     let mut header = read_header(image).unwrap();
     header.shape_xyz = [shape_zyx[2], shape_zyx[1], shape_zyx[0]];
-    let outputs = Outputs::Classes {
-        values: vec![0, 1, 2, 3],
-        names: ["background", "a", "b", "c"].map(String::from).to_vec(),
-    };
+    let names = ["background", "a", "b", "c"];
+    let classes = (0..4).map(|v| ClassInfo {
+        value: v,
+        name: names[v as usize].into(),
+    });
+    let outputs = Labels::of_classes(classes.collect(), None).unwrap();
     let rows = 5;
     let tmp = dest.with_extension("tmp");
     let z = ProbabilityZarr::create(&tmp, &header, &outputs, rows).unwrap();

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
-pub use dataset::{NnunetDataset, Outputs};
+pub use dataset::NnunetDataset;
 pub use plans::{Architecture, Configuration, IntensityProperties, Plans, Resampling};
 pub use results::{results_dir, NnunetPostprocessing, ResultsFolder};
 

@@ -12,7 +12,6 @@ use half::f16;
 use super::model::NnunetModel;
 use crate::error::Result;
 use crate::format::nnunet::output::{write_npz, write_pickle, PyValue};
-use crate::format::nnunet::Outputs;
 use crate::nifti_io::{LabelType, LabelWriter};
 use crate::prep::nnunet::resample::{is_identity, resample};
 use crate::prep::nnunet::volume::{Elem, Scratch};
@@ -34,51 +33,6 @@ fn mean_of_folds(logits: &Scratch<f16>, members: usize) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The probabilities of one voxel from its heads' logits, as nnU-Net's `apply_inference_nonlin`
-/// computes them (float32 softmax over classes, or each region's sigmoid), into `p`.
-fn probabilities(outputs: &Outputs, v: &[f16], p: &mut [f32]) {
-    match outputs {
-        Outputs::Classes { .. } => {
-            let max = v.iter().map(|x| f32::from(*x)).fold(f32::MIN, f32::max);
-            let mut sum = 0f32;
-            for (o, x) in p.iter_mut().zip(v) {
-                *o = (f32::from(*x) - max).exp();
-                sum += *o;
-            }
-            p.iter_mut().for_each(|o| *o /= sum);
-        }
-        Outputs::Regions { .. } => {
-            for (o, x) in p.iter_mut().zip(v) {
-                *o = 1.0 / (1.0 + (-f32::from(*x)).exp());
-            }
-        }
-    }
-}
-
-/// The label of one voxel from its heads' logits: numpy's argmax over classes (the first of
-/// equal maxima), or the last region in `regions_class_order` whose sigmoid passes 0.5.
-fn label(outputs: &Outputs, v: &[f16]) -> u16 {
-    match outputs {
-        Outputs::Classes { values, .. } => {
-            let mut best = 0;
-            for (i, x) in v.iter().enumerate() {
-                if f32::from(*x) > f32::from(v[best]) {
-                    best = i;
-                }
-            }
-            values[best]
-        }
-        Outputs::Regions { .. } => {
-            let (mut best, mut label) = (f32::NEG_INFINITY, 0);
-            for (head, x) in v.iter().enumerate() {
-                let p = 1.0f32 / (1.0 + (-f32::from(*x)).exp());
-                outputs.vote(head, p, &mut best, &mut label);
-            }
-            label
-        }
-    }
 }
 
 /// Where the probabilities go (`--save-probabilities`): nnU-Net's `CASE.npz` and `CASE.pkl`.
@@ -126,8 +80,9 @@ pub fn export(
         Some(_) => Some(Scratch::new(tmp, [heads, dc, hc, wc])?),
         None => None,
     };
-    let outputs = &model.dataset.outputs;
-    let mut v = vec![f16::ZERO; heads];
+    let labels = &model.dataset.labels;
+    // Each voxel's logits, exactly as float32 (the labels' rules take float32).
+    let mut v = vec![0f32; heads];
     let mut p = vec![0f32; heads];
     for z in 0..dc {
         let slices: Vec<Vec<f16>> = (0..heads)
@@ -137,15 +92,15 @@ pub fn export(
         let labels: Vec<u16> = (0..hc * wc)
             .map(|i| {
                 for (c, s) in slices.iter().enumerate() {
-                    v[c] = s[i];
+                    v[c] = f32::from(s[i]);
                 }
                 if !ps.is_empty() {
-                    probabilities(outputs, &v, &mut p);
+                    labels.probabilities_of_logits(&v, &mut p);
                     for (c, s) in ps.iter_mut().enumerate() {
                         s[i] = p[c];
                     }
                 }
-                label(outputs, &v)
+                labels.label_of_logits(&v)
             })
             .collect();
         seg.write_rows(0, z, 0, &labels)?;
@@ -159,7 +114,7 @@ pub fn export(
     let tf = model.plans.transpose_forward;
     if let (Some(files), Some(prob)) = (probs, &prob) {
         let [d, h, w] = geo.shape_zyx;
-        let classes = matches!(outputs, Outputs::Classes { .. });
+        let classes = !labels.is_regions();
         write_npz(files.npz, [heads, d, h, w], |c, z, s| {
             // Outside the box nnU-Net's probabilities say background for classes, 0 for regions.
             let fill = if classes && c == 0 { 1.0 } else { 0.0 };
@@ -172,7 +127,7 @@ pub fn export(
         out,
         input,
         (d * h * w) as u64,
-        LabelType::for_max(outputs.max_value()),
+        LabelType::for_max(labels.max_value()),
     )?;
     let mut slice = vec![0u16; h * w];
     for z in 0..d {

@@ -22,7 +22,7 @@ use super::predict::{failed, input_cases, PredictCase, PredictOutcome, PredictRe
 use super::sliding::{Flavour, Predictor, Tile};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
-use crate::format::nnunet::{NnunetPostprocessing, Outputs};
+use crate::format::nnunet::NnunetPostprocessing;
 use crate::geometry::components::Connectivity;
 use crate::prep::dataset::CaseSource;
 use crate::prep::nnunet::sizes::{case_sizes, check_case};
@@ -251,17 +251,7 @@ fn postprocessing(
 ) -> Result<Option<NnunetPostprocessing>> {
     // The label values the segmentations hold (a region model writes its order's values;
     // nnU-Net's region filters name the regions' labels).
-    let mut predicted: Vec<u16> = match &model.dataset.outputs {
-        Outputs::Classes { values, .. } => values.clone(),
-        Outputs::Regions { order, labels, .. } => order
-            .iter()
-            .chain(labels.iter().flatten())
-            .copied()
-            .collect(),
-    };
-    predicted.retain(|&v| v != 0);
-    predicted.sort_unstable();
-    predicted.dedup();
+    let predicted = model.dataset.labels.segmentation_values();
     Ok(match choice {
         PostprocessingChoice::Off => None,
         PostprocessingChoice::Recorded => model
@@ -289,7 +279,7 @@ fn predict_case(
     let (first, frame) = case.channel(0);
     let h = crate::nifti_io::read_frame_header(first, frame)?;
     let spacing_zyx = reader_spacing_zyx(&h, &model.reader);
-    let heads = model.dataset.outputs.heads();
+    let heads = model.dataset.labels.heads();
     let sizes = case_sizes(
         &model.plans,
         first,

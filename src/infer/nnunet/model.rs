@@ -107,7 +107,7 @@ impl NnunetModel {
                 ),
             ));
         }
-        let heads = dataset.outputs.heads();
+        let heads = dataset.labels.heads();
         let network = unet_config(&plans.configuration.architecture, plans.channels(), heads);
         network
             .validate()

@@ -68,9 +68,9 @@ impl<'a> Session<'a> {
         let dev = device::select(&opts.device)?;
         let data = open_data(&opts.cache_dir, cfg, opts.mapped_mib)?;
         let base_memory = sysinfo::MemoryUse::now();
-        let model = cfg
-            .network()
-            .build(data.channels.len(), data.classes.heads(), &dev)?;
+        let model =
+            cfg.network()
+                .build(data.channels.len(), data.classes.labels().heads(), &dev)?;
         let identity = identity(&data, cfg);
         prepare_run_dir(opts, &identity)?;
 
@@ -161,12 +161,9 @@ fn identity(data: &Data, cfg: &TrainConfig) -> RunRecord {
         dataset: data.dataset.clone(),
         num_classes: data.num_classes,
         classes: data.classes.classes().to_vec(),
-        regions: data.classes.regions().to_vec(),
-        regions_class_order: match data.classes.outputs() {
-            crate::format::nnunet::Outputs::Regions { order, .. } => order,
-            _ => Vec::new(),
-        },
-        ignore_label: data.classes.ignore(),
+        regions: data.classes.labels().regions().to_vec(),
+        regions_class_order: data.classes.labels().regions_class_order().to_vec(),
+        ignore_label: data.classes.labels().ignore(),
         channels: data.channels.clone(),
         preprocessing: Some(data.preprocessing.clone()),
         config: cfg.clone(),
@@ -227,7 +224,7 @@ fn resume(
 /// "U-Net: 1 image channel (CT), 5 stages, ...": the network and the classes it learns.
 fn network_notice(data: &Data, model: &UNet) -> String {
     let in_channels = data.channels.len();
-    let names: Vec<String> = match data.classes.regions() {
+    let names: Vec<String> = match data.classes.labels().regions() {
         [] => data
             .classes
             .classes()
@@ -236,9 +233,9 @@ fn network_notice(data: &Data, model: &UNet) -> String {
             .collect(),
         regions => regions.iter().map(|r| r.to_string()).collect(),
     };
-    let what = match data.classes.regions().is_empty() {
-        true => "classes",
-        false => "sigmoid regions",
+    let what = match data.classes.labels().is_regions() {
+        false => "classes",
+        true => "sigmoid regions",
     };
     format!(
         "U-Net: {} image channel{} ({}), {} stages, strides {:?}, {} parameters, {} {what}: {}{}",
@@ -248,9 +245,10 @@ fn network_notice(data: &Data, model: &UNet) -> String {
         model.config().strides.len() + 1,
         model.config().strides,
         model.num_parameters(),
-        data.classes.heads(),
+        data.classes.labels().heads(),
         names.join(", "),
         data.classes
+            .labels()
             .ignore()
             .map(|i| format!("; label {i} ignored"))
             .unwrap_or_default()
@@ -274,7 +272,7 @@ fn start_loader(cfg: &TrainConfig, data: &Data, start_step: u64) -> Result<Loade
             batch_size: cfg.batch_size,
             fg_fraction: cfg.fg_fraction,
             seed: cfg.network.seed,
-            skip_class: data.classes.ignore(),
+            skip_class: data.classes.labels().ignore(),
         },
     )?;
     let augment = if cfg.augment {
