@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::{Client, Limits};
-use super::config::Config;
+use super::credentials::Config;
 
 /// A server on loopback: each connection's request is read, counted, then `answer` writes
 /// what it likes. At most 8 connections; each answer stops after 20 s.

@@ -4,14 +4,14 @@
 mod client;
 #[cfg(test)]
 mod client_tests;
-mod config;
+mod credentials;
 mod sign;
 mod xml;
 
 use std::fmt;
 
 pub use client::{Client, Condition, Limits, Listed, Object, Put, Upload};
-pub use config::{Config, Credentials};
+pub use credentials::{Config, Credentials};
 
 use crate::error::{Error, Result};
 

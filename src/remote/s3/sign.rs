@@ -3,7 +3,7 @@
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use super::config::Credentials;
+use super::credentials::Credentials;
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -33,7 +33,7 @@
 //! builds are picked by [`crate::util::simd`]; AVX-512 CPUs take the AVX2 paths (wider twins
 //! measured only a few percent on their own loops, short of what the end-to-end rule asks).
 //!
-//! Files: `config` (the draw of one patch's map from the options of
+//! Files: `draw` (the draw of one patch's map from the options of
 //! [`crate::format::training::augmentation`]), `transform` (the map),
 //! `footprint` (the source box and the parts of it a map reads), `reader` (the reader and its
 //! choice of path), `sample`, `in_plane`, `columns`, `separable` and `gather` (the paths),
@@ -42,8 +42,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod columns;
-mod config;
 mod derived;
+mod draw;
 mod footprint;
 #[cfg(target_arch = "x86_64")]
 mod gather;
@@ -57,7 +57,7 @@ mod separable;
 mod tests;
 mod transform;
 
-pub use config::{SpatialConfig, IN_PLANE_RATIO};
+pub use draw::{SpatialConfig, IN_PLANE_RATIO};
 pub use reader::TransformedReader;
 pub use transform::{rotation_zyx, ElasticField, Transform};
 

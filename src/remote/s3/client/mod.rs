@@ -19,7 +19,7 @@ use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::config::Config;
+use super::credentials::Config;
 use super::sign::{amz_date, authorization, canonical_query, sha256_hex, uri_encode, Signable};
 use super::xml;
 use crate::error::{Error, Result};
