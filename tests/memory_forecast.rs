@@ -86,6 +86,7 @@ fn measure(config: TrainConfig) -> (u64, u64, String) {
         final_validation: true,
         benchmark: true,
         mapped_mib: None,
+        blocks: Default::default(),
     };
     let base = LIVE.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);

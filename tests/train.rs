@@ -65,6 +65,7 @@ fn options(run_dir: &Path, config: TrainConfig) -> RunOptions {
         final_validation: true,
         benchmark: false,
         mapped_mib: None,
+        blocks: Default::default(),
     }
 }
 
@@ -118,6 +119,7 @@ fn a_tiny_unet_overfits_one_case() {
             fg_fraction: cfg.fg_fraction,
             seed: 3,
             skip_class: None,
+            shard: Default::default(),
         },
     )
     .unwrap();

@@ -155,7 +155,7 @@ impl Cache {
     fn new(py: Python<'_>, location: PathBuf, flags: Vec<String>) -> PyResult<Self> {
         py.detach(move || -> voxcache::Result<Cache> {
             let view = open_view(&location, &flags, false)?;
-            let reader = CacheReader::open(&view.path)?;
+            let reader = CacheReader::open_with(&view.path, view.reader_options())?;
             Ok(Cache {
                 reader,
                 _view: view,

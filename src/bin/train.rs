@@ -199,6 +199,7 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
             &cli.cache_dir,
             &cli.device,
             cli.mapped_mib,
+            view.blocks(),
         )?;
         eprint!("{text}");
     }
@@ -271,6 +272,7 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
             // (predict's `--checkpoint best` then takes the final weights too).
             final_validation: !(fold.is_some() && !cli.no_fold_validation && config.val_every == 0),
             mapped_mib: cli.mapped_mib,
+            blocks: view.blocks(),
         };
         if let Some(steps) = cli.benchmark {
             return benchmark_main(&opts, steps.max(1), &stop);

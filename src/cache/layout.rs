@@ -1,52 +1,57 @@
-//! Paths inside a cache folder, temporary folders and the atomic commit of an entry.
+//! Paths inside a cache folder, temporary folders, and the cache folder as its own storage
+//! backend ([`LocalFolder`]: an entry committed by one rename, the manifest merged under a lock).
 
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::s3::RemoteCache;
-
+use super::store::Backend;
+pub use super::store::Commit;
 use crate::error::{Error, Result};
-use crate::format::{ENTRIES_DIR, MANIFEST_FILE, TMP_DIR, ZARR_JSON};
+use crate::format::{
+    Manifest, ManifestDataset, ENTRIES_DIR, MANIFEST_FILE, MANIFEST_LOCK, TMP_DIR, ZARR_JSON,
+};
 use crate::util::files::replace_via;
 use crate::util::sysinfo::{hostname, pid_alive};
 
-/// A cache folder; or, with `remote`, the local staging folder of a cache on S3: entries are
-/// built here, then uploaded at commit and removed.
+/// A cache folder: where entries are built (`tmp/`), and, as its [`Backend`] says, where they
+/// are committed: into the folder itself ([`LocalFolder`]), or into a bucket it stages for.
 #[derive(Clone, Debug)]
 pub struct CacheDir {
-    /// The cache folder itself.
+    /// The folder.
     pub root: PathBuf,
-    /// The cache on S3 this folder stages for.
-    pub remote: Option<Arc<RemoteCache>>,
+    backend: Arc<dyn Backend>,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// What happened when an entry was committed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Commit {
-    /// Ours was renamed into place.
-    Placed,
-    /// Another builder placed the same key first; ours was discarded (same content).
-    AlreadyThere,
-}
 
 impl CacheDir {
     /// The cache folder at `root` (nothing is created before [`CacheDir::prepare`]).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         CacheDir {
             root: root.into(),
-            remote: None,
+            backend: Arc::new(LocalFolder),
         }
     }
 
-    /// The staging folder `root` of the cache on S3 `remote`.
-    pub fn staging(root: impl Into<PathBuf>, remote: Arc<RemoteCache>) -> Self {
+    /// The folder `root`, committing its entries and manifest into `backend` (the staging
+    /// folder of a cache on S3, say).
+    pub fn with_backend(root: impl Into<PathBuf>, backend: Arc<dyn Backend>) -> Self {
         CacheDir {
             root: root.into(),
-            remote: Some(remote),
+            backend,
         }
+    }
+
+    /// Where committed entries and the manifest live.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    /// Where the entries live, for messages: the folder, or the bucket's URL.
+    pub fn location(&self) -> String {
+        self.backend.location(&self.root)
     }
 
     /// `ROOT/manifest.json`.
@@ -84,14 +89,19 @@ impl CacheDir {
         crate::format::entry_rel(key).unwrap_or_else(|| format!("{ENTRIES_DIR}/invalid-key"))
     }
 
-    /// Whether the entry of `key` is complete (its group `zarr.json` is written last). On S3,
-    /// whether its commit object exists; an unanswered question counts as "no" (the build then
-    /// fails at the upload, naming the problem).
+    /// Whether the entry of `key` is committed ([`Backend::has_entry`]).
     pub fn has_entry(&self, key: &str) -> bool {
-        match &self.remote {
-            Some(r) => r.has_entry(key).unwrap_or(false),
-            None => self.entry_path(key).join(ZARR_JSON).is_file(),
-        }
+        self.backend.has_entry(&self.root, key)
+    }
+
+    /// Commit the complete temporary entry `tmp` as `key` ([`Backend::commit`]).
+    pub fn commit(&self, tmp: &Path, key: &str) -> Result<Commit> {
+        self.backend.commit(&self.root, tmp, key)
+    }
+
+    /// Merge one build's result for dataset `name` into the manifest ([`Backend::record`]).
+    pub fn record(&self, name: &str, dataset: ManifestDataset) -> Result<Manifest> {
+        self.backend.record(&self.root, name, dataset)
     }
 
     /// Create the folders and prove we can write there, before any work is done.
@@ -161,17 +171,30 @@ impl CacheDir {
         ));
         replace_via(&tmp, &self.manifest_path(), bytes)
     }
+}
 
-    /// Move a complete temporary entry into place with one rename; when staging for S3,
-    /// upload it (its commit object last) and remove the local copy.
-    pub fn commit(&self, tmp: &Path, key: &str) -> Result<Commit> {
-        if let Some(remote) = &self.remote {
-            let done = remote.upload_entry(tmp, key);
-            std::fs::remove_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
-            return done;
-        }
-        let dest = self.entry_path(key);
-        let parent = dest.parent().unwrap_or(&self.root);
+/// The cache folder as its own backend: an entry is committed by one rename into
+/// `entries/`, and the manifest is merged under an exclusive lock on `manifest.lock` (several
+/// builders, one per array job say, may finish at once) and replaced atomically.
+#[derive(Debug, Default)]
+pub struct LocalFolder;
+
+impl Backend for LocalFolder {
+    fn location(&self, root: &Path) -> String {
+        root.display().to_string()
+    }
+
+    /// Complete when its group `zarr.json` is there (written last, and renamed in with it).
+    fn has_entry(&self, root: &Path, key: &str) -> bool {
+        CacheDir::new(root)
+            .entry_path(key)
+            .join(ZARR_JSON)
+            .is_file()
+    }
+
+    fn commit(&self, root: &Path, tmp: &Path, key: &str) -> Result<Commit> {
+        let dest = CacheDir::new(root).entry_path(key);
+        let parent = dest.parent().unwrap_or(root);
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         if dest.exists() {
             std::fs::remove_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
@@ -191,6 +214,33 @@ impl CacheDir {
             }
             Err(e) => Err(Error::io(&dest, e)),
         }
+    }
+
+    fn record(&self, root: &Path, name: &str, dataset: ManifestDataset) -> Result<Manifest> {
+        let cache = CacheDir::new(root);
+        let lock_path = root.join(MANIFEST_LOCK);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::io(&lock_path, e))?;
+        lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+        let mut m = Manifest::read(&cache.manifest_path())?.unwrap_or_default();
+        m.merge(name, dataset);
+        std::fs::create_dir_all(cache.tmp_dir()).map_err(|e| Error::io(cache.tmp_dir(), e))?;
+        cache.write_manifest(&m.to_json())?;
+        drop(lock);
+        Ok(m)
+    }
+
+    fn holds_entries(&self) -> bool {
+        true
+    }
+
+    /// Temporary folders of dead builders are swept per host ([`CacheDir::sweep_tmp`]).
+    fn sweep_abandoned(&self) -> Result<Option<String>> {
+        Ok(None)
     }
 }
 

@@ -16,9 +16,25 @@ pub mod reader;
 pub mod s3;
 pub mod source;
 pub mod store;
-pub mod tier;
 pub mod writer;
 
 pub use key::content_key;
 pub use layout::CacheDir;
 pub use source::PatchSource;
+
+/// The folder a build writes the cache at `location` in: the cache folder itself, or for
+/// `s3://` a staging folder that commits each entry to the bucket. Staging holds only the
+/// build's temporary entries (each removed once uploaded), nothing from the bucket, so one
+/// folder may stage for several caches.
+pub fn open_for_build(
+    location: &std::path::Path,
+    remote: &s3::RemoteOptions,
+) -> crate::Result<CacheDir> {
+    Ok(match crate::remote::Location::parse(location)? {
+        crate::remote::Location::Local(p) => CacheDir::new(p),
+        crate::remote::Location::S3(url) => {
+            let bucket = s3::RemoteCache::connect(&url, remote.endpoint.as_deref())?;
+            CacheDir::with_backend(remote.staging_for(&url), std::sync::Arc::new(bucket))
+        }
+    })
+}

@@ -27,8 +27,9 @@ pub fn plan_from_cache(
     cache_dir: &Path,
     device_name: &str,
     mapped_mib: Option<u64>,
+    blocks: crate::cache::store::Blocks,
 ) -> Result<String> {
-    let data = open_data(cache_dir, cfg, mapped_mib)?;
+    let data = open_data(cache_dir, cfg, mapped_mib, blocks)?;
     let unit = data.preprocessing.unit.clone();
     let mm = unit_in_mm(&unit).unwrap_or(1.0);
     let [x, y, z] = data.preprocessing.params.target_spacing_xyz;

@@ -3,8 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cache::s3::{fill_tier, Fill, RemoteCache, RemoteOptions, TierReport};
-use crate::cache::tier::Tier;
+use crate::cache::reader::ReaderOptions;
+use crate::cache::s3::{fill_tier, Fill, RemoteCache, RemoteOptions, Tier, TierReport};
+use crate::cache::store::Blocks;
 use crate::error::{Error, Result};
 use crate::remote::Location;
 
@@ -98,11 +99,28 @@ pub struct LocalView {
     pub fetched: Option<(String, TierReport)>,
     /// Removed when the view is dropped (a fresh download for `--verify`).
     temporary: bool,
-    /// The tier's registration, closed with the view.
+    /// The tier, closed with the view (its prefetch stops).
     tier: Option<std::sync::Arc<Tier>>,
 }
 
 impl LocalView {
+    /// Where the view's readers get a block file the folder lacks: the tier's bucket, for a
+    /// cache on S3 whose files come on first read; nowhere for a complete folder.
+    pub fn blocks(&self) -> Blocks {
+        match &self.tier {
+            Some(t) => Blocks::new(t.clone()),
+            None => Blocks::default(),
+        }
+    }
+
+    /// Reader options for this view: the defaults with its block source.
+    pub fn reader_options(&self) -> ReaderOptions {
+        ReaderOptions {
+            blocks: self.blocks(),
+            ..ReaderOptions::default()
+        }
+    }
+
     /// A line for the command to print about what was fetched (`None` for a local cache).
     pub fn describe(&self) -> Option<String> {
         let (url, r) = self.fetched.as_ref()?;

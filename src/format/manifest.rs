@@ -136,6 +136,24 @@ pub fn rel_path_is_plain(rel: &str) -> bool {
 }
 
 impl Manifest {
+    /// Merge one build's result for dataset `name`: cases join those built with the same
+    /// parameters; other parameters replace the dataset.
+    pub fn merge(&mut self, name: &str, dataset: ManifestDataset) {
+        match self.datasets.get_mut(name) {
+            Some(existing) if existing.params_key == dataset.params_key => {
+                existing.cases.extend(dataset.cases);
+                existing.pipeline = dataset.pipeline;
+                existing.dataset_json = dataset.dataset_json;
+                if dataset.origin.is_some() {
+                    existing.origin = dataset.origin;
+                }
+            }
+            _ => {
+                self.datasets.insert(name.to_string(), dataset);
+            }
+        }
+    }
+
     /// Parse a manifest's bytes (`path` names it in errors).
     pub fn from_json(path: &Path, bytes: &[u8]) -> Result<Manifest> {
         let value: serde_json::Value = serde_json::from_slice(bytes)

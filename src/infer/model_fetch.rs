@@ -145,10 +145,10 @@ pub fn fetch_model(url: &S3Url, opts: &RemoteOptions, which: &Which) -> Result<F
         Some(d) => url_folder(d, url),
         None => opts.staging_for(url),
     };
-    crate::cache::tier::claim(
+    crate::cache::s3::claim(
         &dir,
         &url.to_string(),
-        crate::cache::tier::Holds::Model,
+        crate::cache::s3::Holds::Model,
         opts.local.is_some(),
     )?;
     let etags_path = dir.join(ETAGS_FILE);
@@ -229,7 +229,7 @@ fn remove_unwanted(dir: &Path, wanted: &[(&String, &Listed)]) -> Result<()> {
                 folders.push(p);
             } else if !keep.contains(rel.as_str())
                 && rel != ETAGS_FILE
-                && rel != crate::cache::tier::LOCAL_COPY_MARK
+                && rel != crate::cache::s3::LOCAL_COPY_MARK
             {
                 std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
             }

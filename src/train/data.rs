@@ -54,14 +54,17 @@ fn choose_split(cache_dir: &Path, cfg: &TrainConfig, ids: &[String]) -> Result<S
     fold_split(ids, fold, splits)
 }
 
-/// `mapped_mib`: the reader's strict-mode budget of mapped pages (`None`: the kernel's).
+/// `mapped_mib`: the reader's strict-mode budget of mapped pages (`None`: the kernel's);
+/// `blocks`: where a block file the folder lacks comes from.
 pub(crate) fn open_data(
     cache_dir: &Path,
     cfg: &TrainConfig,
     mapped_mib: Option<u64>,
+    blocks: crate::cache::store::Blocks,
 ) -> Result<Data> {
     let options = ReaderOptions {
         mapped_resident_bytes: mapped_mib.map(|mib| mib.saturating_mul(1 << 20)),
+        blocks,
         ..ReaderOptions::default()
     };
     let reader = CacheReader::open_with(cache_dir, options)?;

@@ -463,13 +463,16 @@ fn build_batch(
     let pieces = image
         .chunks_exact_mut(channels * n)
         .zip(label.chunks_exact_mut(n));
+    // Draws are keyed by the sample's index in the whole step (every rank's share).
+    let first = cfg.first_sample() as u64;
     for (i, (c, (img, lab))) in choices.iter().zip(pieces).enumerate() {
         let entry = &job.entries[c.case];
+        let sample = first + i as u64;
         // The spatial transform is drawn first, then (in `augment`) the rest, all from the
         // sample's own stream.
-        let mut rng = Rng::derive(cfg.seed, &[AUGMENT_STREAM, step, i as u64]);
+        let mut rng = Rng::derive(cfg.seed, &[AUGMENT_STREAM, step, sample]);
         let transform = job.augment.spatial.draw(patch, &mut rng);
-        let mut moves_rng = Rng::derive(cfg.seed, &[MOVES_STREAM, step, i as u64]);
+        let mut moves_rng = Rng::derive(cfg.seed, &[MOVES_STREAM, step, sample]);
         let moves = draw_moves(patch, &job.augment, &mut moves_rng);
         reader
             .read_mirrored(
@@ -508,7 +511,7 @@ fn build_batch(
         let fixed = job.cascade.as_ref().map_or(0, |c| c.channels);
         augment_mirrored(img, lab, patch, &job.augment, &mut rng, &moves, fixed);
         if let Some(c) = &job.cascade {
-            let mut crng = Rng::derive(cfg.seed, &[CASCADE_STREAM, step, i as u64]);
+            let mut crng = Rng::derive(cfg.seed, &[CASCADE_STREAM, step, sample]);
             let from = img.len() - c.channels * n;
             previous_stage(&mut img[from..], patch, c.augment.as_ref(), &mut crng)?;
         }

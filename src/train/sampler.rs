@@ -34,6 +34,29 @@ pub struct SamplerConfig {
     pub seed: u64,
     /// A label value never sampled as foreground (the ignore label).
     pub skip_class: Option<u16>,
+    /// Which share of each step's samples this process draws (several processes training
+    /// one model, as torch.distributed ranks): `batch_size` is per rank.
+    pub shard: Shard,
+}
+
+/// One rank's share of every step: of the step's `batch_size x ranks` samples (what one
+/// process with that batch would draw), those `rank x batch_size ..` on, so the ranks
+/// together see exactly the one process's batches. Each sample's draws (case, box, its
+/// augmentation) come from (seed, step, its index in that whole batch), and the foreground
+/// share is that of the whole batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This process's rank, from 0.
+    pub rank: usize,
+    /// How many ranks share each step.
+    pub ranks: usize,
+}
+
+impl Default for Shard {
+    /// One process draws the whole batch.
+    fn default() -> Self {
+        Shard { rank: 0, ranks: 1 }
+    }
 }
 
 impl SamplerConfig {
@@ -45,12 +68,24 @@ impl SamplerConfig {
             fg_fraction: 1.0 / 3.0,
             seed,
             skip_class: None,
+            shard: Shard::default(),
         }
     }
 
-    /// Samples per batch that are forced onto foreground (the last ones of the batch).
+    /// Samples per step over every rank (the batch of one process standing for them all).
+    pub fn whole_batch(&self) -> usize {
+        self.batch_size.saturating_mul(self.shard.ranks)
+    }
+
+    /// Samples per step (over every rank) that are forced onto foreground: the last ones.
     pub fn forced_per_batch(&self) -> usize {
-        ((self.batch_size as f64 * self.fg_fraction).round() as usize).min(self.batch_size)
+        let b = self.whole_batch();
+        ((b as f64 * self.fg_fraction).round() as usize).min(b)
+    }
+
+    /// Index in the whole step's batch of this rank's first sample.
+    pub fn first_sample(&self) -> usize {
+        self.shard.rank * self.batch_size
     }
 
     /// Check the patch size, batch size and foreground share.
@@ -68,6 +103,13 @@ impl SamplerConfig {
         }
         if self.batch_size == 0 {
             return Err(Error::Config("batch size must be at least 1".into()));
+        }
+        let Shard { rank, ranks } = self.shard;
+        if ranks == 0 || rank >= ranks || ranks > 1 << 16 {
+            return Err(Error::Config(format!(
+                "rank {rank} of a world of {ranks}: the world size must be 1 to 65536 and the \
+                 rank below it"
+            )));
         }
         if !(0.0..=1.0).contains(&self.fg_fraction) {
             return Err(Error::Config(format!(
@@ -170,11 +212,11 @@ impl Sampler {
             .is_some_and(|c| !c.fg_by_class.is_empty())
     }
 
-    /// The patches of batch `step`. Pure: same inputs, same answer.
+    /// The patches of batch `step` (this rank's share). Pure: same inputs, same answer.
     pub fn choose(&self, step: u64) -> Vec<PatchChoice> {
-        let b = self.cfg.batch_size;
-        let first_forced = b - self.cfg.forced_per_batch();
-        (0..b)
+        let first_forced = self.cfg.whole_batch() - self.cfg.forced_per_batch();
+        let first = self.cfg.first_sample();
+        (first..first + self.cfg.batch_size)
             .map(|i| {
                 let mut rng = Rng::derive(self.cfg.seed, &[SAMPLE_STREAM, step, i as u64]);
                 let case = rng.weighted(&self.weights);

@@ -197,6 +197,7 @@ fn train_options(cache: &Path, run_dir: &Path, config: TrainConfig) -> RunOption
         final_validation: true,
         benchmark: false,
         mapped_mib: None,
+        blocks: Default::default(),
     }
 }
 

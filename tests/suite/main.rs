@@ -32,6 +32,7 @@ mod predict;
 mod regions;
 mod resample_properties;
 mod s3;
+mod store_conformance;
 mod synth;
 mod train_norm;
 mod train_ops;

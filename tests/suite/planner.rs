@@ -376,7 +376,7 @@ fn train_without_a_patch_plans_from_the_cache() {
 
     let (mut cfg, _) = resolve_planned(&flags(Some(bare), None, None)).unwrap();
     let cache = common::fixtures::bundled_cache("default", &[]);
-    let text = plan_from_cache(&mut cfg, cache, "cpu", None).unwrap();
+    let text = plan_from_cache(&mut cfg, cache, "cpu", None, Default::default()).unwrap();
     assert!(text.contains("3d_fullres"), "{text}");
     assert_eq!(
         (cfg.network.patch, cfg.batch_size, cfg.network.stages),

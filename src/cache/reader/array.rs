@@ -18,7 +18,8 @@ pub(crate) use self::mapped::MappedBlock;
 pub(crate) use self::packed::InnerCodecs;
 pub(crate) use self::recorded::Recorded;
 use super::sample::StoredDtype;
-use crate::cache::store::ReadStore;
+use super::ReaderOptions;
+use crate::cache::store::{Blocks, ReadStore};
 use crate::error::{Error, Result};
 use crate::format::{ArrayLayout, Encoding, ZARR_JSON};
 
@@ -112,6 +113,8 @@ pub(crate) struct ArrayReader {
     recorded: Recorded,
     /// Decoded (compressed) shards already checked against `recorded`.
     verified: std::sync::Mutex<std::collections::HashSet<[usize; 3]>>,
+    /// Where a block file the folder lacks comes from.
+    pub(crate) blocks: Blocks,
 }
 
 pub(crate) fn ravel(idx: [usize; 3], dims: [usize; 3]) -> usize {
@@ -132,7 +135,7 @@ impl ArrayReader {
         first_id: u16,
         expect_shape: [usize; 3],
         channels: Option<usize>,
-        mmap: bool,
+        opts: &ReaderOptions,
     ) -> Result<Vec<ArrayReader>> {
         let meta_path = entry.join(name).join(ZARR_JSON);
         let first = Self::open(
@@ -140,7 +143,7 @@ impl ArrayReader {
             name,
             first_id,
             expect_shape,
-            mmap,
+            opts,
             channels.map(|_| 0),
         )?;
         let got = first.layout.channels;
@@ -163,7 +166,7 @@ impl ArrayReader {
             let id = first_id
                 .checked_add(u16::try_from(c).unwrap_or(u16::MAX))
                 .ok_or_else(|| Error::cache(&meta_path, format!("{name}: too many channels")))?;
-            all.push(Self::open(entry, name, id, expect_shape, mmap, Some(c))?);
+            all.push(Self::open(entry, name, id, expect_shape, opts, Some(c))?);
         }
         if all.len() > 1 {
             for (c, a) in all.iter_mut().enumerate() {
@@ -179,9 +182,10 @@ impl ArrayReader {
         name: &'static str,
         id: u16,
         expect_shape: [usize; 3],
-        mmap: bool,
+        opts: &ReaderOptions,
         channel: Option<usize>,
     ) -> Result<ArrayReader> {
+        let mmap = opts.mmap;
         let dir = entry.join(name);
         let meta_path = dir.join(ZARR_JSON);
         let layout = ArrayLayout::read(&dir).map_err(|e| match e {
@@ -264,6 +268,7 @@ impl ArrayReader {
             source,
             recorded: Recorded::default(),
             verified: Default::default(),
+            blocks: opts.blocks.clone(),
         })
     }
 
@@ -324,7 +329,7 @@ impl ArrayReader {
         if !unsharded {
             self.verify_shard(array, self.block_of(c).0)?;
             // zarrs would read a shard evicted from a budgeted tier as fill values.
-            crate::cache::tier::in_use(&path())?;
+            self.blocks.ensure(&path())?;
         }
         if unsharded {
             self.block_present(c, &path())?;

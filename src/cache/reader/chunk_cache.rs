@@ -27,6 +27,9 @@ pub struct ReaderOptions {
     /// whatever the cache's size, at the cost of faulting pages in again (a patch read from a
     /// cache larger than the budget spends about half its time in the kernel).
     pub mapped_resident_bytes: Option<u64>,
+    /// Where a block file the cache folder lacks comes from: nowhere for a complete folder
+    /// (the default), the bucket for the local tier of a cache on S3.
+    pub blocks: crate::cache::store::Blocks,
 }
 
 impl Default for ReaderOptions {
@@ -36,6 +39,7 @@ impl Default for ReaderOptions {
             max_maps: 4096,
             decoded_cache_bytes: 256 << 20,
             mapped_resident_bytes: None,
+            blocks: Default::default(),
         }
     }
 }

@@ -43,13 +43,13 @@ impl EntryReader {
         let attrs = EntryAttrs::from_group_json(&meta_path, &bytes)?;
         let bad = |msg: String| Error::cache(&meta_path, msg);
         let shape = attrs.output.shape_zyx;
-        let mmap = cache.options().mmap;
+        let opts = cache.options();
         // What the build recorded per block: a chunk that differs or is missing is refused.
         let sums = &attrs.chunk_checksums;
         // Ids: the label 0, image channels 1.., then derived arrays (they key the shared chunk
         // caches).
         let mut image =
-            ArrayReader::open_channels(&dir, IMAGE_ARRAY, 1, shape, Some(attrs.channels()), mmap)?;
+            ArrayReader::open_channels(&dir, IMAGE_ARRAY, 1, shape, Some(attrs.channels()), opts)?;
         for ch in &mut image {
             let r = Recorded::new(sums, IMAGE_ARRAY, ch.channel, ch.block_bytes());
             ch.set_recorded(r);
@@ -80,7 +80,7 @@ impl EntryReader {
             None => None,
             Some(info) => {
                 let mut l =
-                    ArrayReader::open_channels(&dir, LABEL_ARRAY, 0, shape, None, mmap)?.remove(0);
+                    ArrayReader::open_channels(&dir, LABEL_ARRAY, 0, shape, None, opts)?.remove(0);
                 laid_out(LABEL_ARRAY, &l)?;
                 l.set_recorded(Recorded::new(sums, LABEL_ARRAY, None, l.block_bytes()));
                 if !matches!(l.dtype, StoredDtype::Uint8 | StoredDtype::Uint16)
@@ -105,7 +105,7 @@ impl EntryReader {
                     next_id,
                     shape,
                     Some(d.classes.len()),
-                    mmap,
+                    opts,
                 )?;
                 next_id += d.classes.len() as u16;
                 for ch in &mut v {
@@ -125,7 +125,7 @@ impl EntryReader {
         let skeleton = match (&attrs.derived.skeleton, &label) {
             (Some(_), Some(l)) => {
                 let mut s =
-                    ArrayReader::open_channels(&dir, SKELETON_ARRAY, next_id, shape, None, mmap)?
+                    ArrayReader::open_channels(&dir, SKELETON_ARRAY, next_id, shape, None, opts)?
                         .remove(0);
                 s.set_recorded(Recorded::new(sums, SKELETON_ARRAY, None, s.block_bytes()));
                 if s.dtype != l.dtype {

@@ -11,6 +11,7 @@ pub mod previous;
 pub mod previous_probabilities;
 mod progress;
 mod run;
+mod steps;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -20,24 +21,21 @@ use serde::Serialize;
 
 use self::case::{case_key, Job};
 use self::progress::make_progress;
-use crate::cache::manifest::{self, params_key, ManifestCase, ManifestDataset};
-use crate::cache::s3::{RemoteCache, RemoteOptions};
+use crate::cache::manifest::{params_key, ManifestDataset};
+use crate::cache::s3::RemoteOptions;
 use crate::cache::writer::configure_zarrs;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
-use crate::format::manifest::DatasetOrigin;
 use crate::format::{ChannelParams, Compression, ImageDtype, OutputParams};
-use crate::geometry::zyx;
 use crate::nifti_io::SourceOptions;
 use crate::prep::dataset::scan::{scan, ScannedCase};
 use crate::prep::dataset::{discover, DatasetSource};
-use crate::prep::normalize::{self, Normalization, SchemeStatistics};
+use crate::prep::normalize::{self, SchemeStatistics};
 use crate::prep::plan::{
     dataset_foreground, decide_spacing, plan_scanned, CasePlan, SpacingDecision,
 };
-use crate::prep::settings::{Layout, Settings, AUTO_PACKED_ABOVE_BYTES};
-use crate::remote::Location;
-use crate::util::sysinfo::{human_bytes, peak_rss_bytes};
+use crate::prep::settings::{Layout, Settings};
+use crate::util::sysinfo::peak_rss_bytes;
 
 /// What the user asked for.
 #[derive(Clone, Debug)]
@@ -140,24 +138,17 @@ pub struct BuildReport {
     pub peak_rss_bytes: Option<u64>,
 }
 
-/// Run the whole job.
+/// Run the whole job: scan the cases, decide the spacing, the layout and the parameters,
+/// key each case, build the entries not in the cache yet, record them in the manifest.
 pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     let started = Instant::now();
     opts.settings.validate()?;
     configure_zarrs();
+    steps::check_cascade(opts)?;
     let name = opts
         .name
         .clone()
         .unwrap_or_else(|| crate::prep::dataset::default_name(&opts.source));
-    if let (Some(first), None, None) = (
-        &opts.settings.previous_stage_of,
-        &opts.previous_stage,
-        &opts.fixed_params,
-    ) {
-        return Err(Error::Config(format!(
-            "the configuration is a cascade's second stage after {first}: give --previous-stage, the {first} run folder whose folds' validation holds every case's segmentation"
-        )));
-    }
     let mut found = discover(&opts.source)?;
     // The label values dataset.json allows, when there is one: a label holding another fails
     // its case (a mislabelled file, or a dataset.json that forgot a class).
@@ -181,50 +172,9 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     let mut reports: Vec<CaseReport> = found
         .problems
         .into_iter()
-        .map(|p| CaseReport {
-            id: p.id,
-            key: None,
-            outcome: CaseOutcome::Failed {
-                error: p.error.to_string(),
-            },
-        })
+        .map(|p| failed(p.id, None, &p.error))
         .collect();
-    let mut ok: Vec<&ScannedCase> = Vec::new();
-    for (c, r) in &scanned_all {
-        match r {
-            Ok(s) => ok.push(s),
-            Err(e) => reports.push(CaseReport {
-                id: c.id.clone(),
-                key: None,
-                outcome: CaseOutcome::Failed {
-                    error: e.to_string(),
-                },
-            }),
-        }
-    }
-    for r in &reports {
-        if let CaseOutcome::Failed { error } = &r.outcome {
-            eprintln!("error: {error}");
-        }
-    }
-    for s in &ok {
-        let headers = std::iter::once(&s.image)
-            .chain(&s.other_channels)
-            .chain(s.label.as_ref());
-        for h in headers {
-            if let Some(w) = &h.affine_warning {
-                eprintln!("warning: {}: {w}", h.path.display());
-            }
-        }
-    }
-    if ok.is_empty() {
-        // Every case failed (each error is printed above): say so plainly, not by what cannot
-        // be planned without one.
-        return Err(Error::Dataset(format!(
-            "none of the {} cases can be built (the errors above say why): nothing to do",
-            reports.len()
-        )));
-    }
+    let ok = steps::readable(&scanned_all, &mut reports)?;
     let decision = match &opts.fixed_params {
         Some(p) => SpacingDecision {
             target_xyz: p.target_spacing_xyz,
@@ -234,36 +184,8 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         },
         None => decide_spacing(opts.settings.spacing, &ok)?,
     };
-    // `layout = auto`: decided on the whole dataset's forecast (every --part alike).
-    let decided;
-    let (opts, layout) = match opts.settings.layout {
-        Layout::Auto if opts.fixed_params.is_none() => {
-            // Cases too large to build fail on their own later: they do not decide the layout.
-            let raw = plan_scanned(&ok, decision.target_xyz, ImageDtype::Float32)
-                .iter()
-                .filter(|p| p.size_problem(opts.settings.max_case_gib).is_none())
-                .fold(0u64, |t, p| t.saturating_add(p.out_bytes));
-            let mut o = opts.clone();
-            let (pick, side) = if raw > AUTO_PACKED_ABOVE_BYTES {
-                (Layout::Packed, "over")
-            } else {
-                (Layout::Raw, "under")
-            };
-            pick.apply_to(&mut o.settings);
-            if o.settings.normalization == Normalization::None {
-                // Intensities kept as they are may pass float16's range (16-bit microscopy).
-                o.settings.image_dtype = ImageDtype::Float32;
-            }
-            decided = o;
-            let why = format!(
-                "auto: {} uncompressed, {side} {}",
-                human_bytes(raw),
-                human_bytes(AUTO_PACKED_ABOVE_BYTES)
-            );
-            (&decided, describe_layout(&decided.settings, Some(why)))
-        }
-        _ => (opts, describe_layout(&opts.settings, None)),
-    };
+    let (decided, layout) = steps::choose_layout(opts, &ok, &decision);
+    let opts = decided.as_ref().unwrap_or(opts);
     let plans = plan_scanned(&ok, decision.target_xyz, opts.settings.image_dtype);
 
     let mut report = BuildReport {
@@ -288,187 +210,56 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         return Ok(report);
     }
 
-    let cache = match Location::parse(&opts.cache_dir)? {
-        Location::Local(p) => CacheDir::new(p),
-        Location::S3(url) => {
-            let remote = RemoteCache::connect(&url, opts.remote.endpoint.as_deref())?;
-            // Staging holds only this build's temporary entries (each removed once uploaded),
-            // nothing from the bucket: one folder may stage for several caches.
-            CacheDir::staging(opts.remote.staging_for(&url), std::sync::Arc::new(remote))
-        }
-    };
-    cache.prepare()?;
-    for p in cache.sweep_tmp()? {
-        eprintln!(
-            "removed a stale temporary entry left by an interrupted build: {}",
-            p.display()
-        );
-    }
-    // In a bucket, what killed uploads left (one LIST; part 0 of a --part build does it).
-    // Best effort: a server or a role that cannot list uploads or delete must not stop a build.
-    if let (Some(remote), None | Some((0, _))) = (&cache.remote, opts.part) {
-        match remote.sweep_orphans(crate::cache::s3::ORPHAN_AGE) {
-            Ok(o) if o.entries + o.uploads > 0 => eprintln!(
-                "removed what interrupted uploads left in {} over a day ago: {} uncommitted \
-                 entries ({} objects, {}), {} unfinished multipart uploads",
-                remote.url(),
-                o.entries,
-                o.objects,
-                crate::util::sysinfo::human_bytes(o.bytes),
-                o.uploads
-            ),
-            Ok(_) => {}
-            Err(e) => eprintln!("warning: what interrupted uploads left was not swept: {e}"),
-        }
-    }
-
-    // This build's share of the cases (all of them unless --part).
-    let mine: Vec<usize> = (0..ok.len())
-        .filter(|i| opts.part.is_none_or(|(k, n)| i % n == k))
-        .collect();
+    let cache = steps::open_cache(opts)?;
     // Large inputs are inflated into tmp/ and read from there (unlinked at once: a killed
     // build leaves nothing behind).
     let source = SourceOptions {
         ram_limit_bytes: opts.settings.input_ram_mib.saturating_mul(1 << 20),
         scratch_dir: cache.tmp_dir(),
     };
-    let n_channels = crate::prep::dataset::common_channels(ok.iter().map(|s| &s.source))?;
-    let mut channel_names = crate::prep::dataset::channel_names(
-        description.as_ref(),
-        n_channels - previous_values.len(),
-    );
-    channel_names.extend(previous_values.iter().map(|&v| previous::channel_name(v)));
-    let params = match &opts.fixed_params {
-        Some(p) if p.channels.len() != n_channels => {
-            return Err(Error::Dataset(format!(
-                "the cases have {n_channels} image channel{} but the parameters given are for {}",
-                if n_channels == 1 { "" } else { "s" },
-                p.channels.len()
-            )))
-        }
-        Some(p) => p.clone(),
-        None => {
-            let mut p = derive_params(
-                opts,
-                &ok,
-                (&channel_names, &previous_values),
-                decision.target_xyz,
-                &pool,
-                &source,
-            )?;
-            if p.derived.any() {
-                p.derived.ignore_label = description.as_ref().and_then(|d| d.ignore_label);
-            }
-            p
-        }
-    };
+    let (params, channel_names) = steps::output_params(
+        opts,
+        &ok,
+        (description.as_ref(), &previous_values),
+        &decision,
+        &pool,
+        &source,
+    )?;
 
-    // Keys first (hashing is cheap), so we know what is cached before any heavy work.
+    // This build's share of the cases (all of them unless --part); keys first (hashing is
+    // cheap), so we know what is cached before any heavy work.
+    let mine: Vec<usize> = (0..ok.len())
+        .filter(|i| opts.part.is_none_or(|(k, n)| i % n == k))
+        .collect();
     let keyed: Vec<(usize, Result<String>)> = pool.install(|| {
         mine.par_iter()
             .map(|&i| (i, case_key(&params, ok[i])))
             .collect()
     });
-
-    let mut jobs: Vec<Job> = Vec::new();
-    let mut manifest_cases = std::collections::BTreeMap::new();
-    for (i, k) in keyed {
-        let s = ok[i];
-        match k {
-            Err(e) => {
-                eprintln!("error: {e}");
-                reports.push(CaseReport {
-                    id: s.source.id.clone(),
-                    key: None,
-                    outcome: CaseOutcome::Failed {
-                        error: e.to_string(),
-                    },
-                });
-            }
-            Ok(key) if cache.has_entry(&key) => {
-                manifest_cases.insert(
-                    s.source.id.clone(),
-                    ManifestCase {
-                        key: key.clone(),
-                        entry: CacheDir::entry_rel(&key),
-                        out_shape_zyx: zyx(plans[i].out_shape_xyz),
-                    },
-                );
-                reports.push(CaseReport {
-                    id: s.source.id.clone(),
-                    key: Some(key),
-                    outcome: CaseOutcome::Cached,
-                });
-            }
-            Ok(key) => match plans[i].size_problem(opts.settings.max_case_gib) {
-                Some(why) => {
-                    // The image's header holds the spacing and the dimensions to fix: name it.
-                    let e = Error::nifti(s.source.image(), why);
-                    eprintln!("error: {e}");
-                    reports.push(CaseReport {
-                        id: s.source.id.clone(),
-                        key: Some(key),
-                        outcome: CaseOutcome::Failed {
-                            error: e.to_string(),
-                        },
-                    });
-                }
-                None => jobs.push(Job {
-                    scanned: s,
-                    plan: &plans[i],
-                    key,
-                    label_values: label_values.as_ref(),
-                }),
-            },
-        }
-    }
+    let (jobs, mut manifest_cases) = steps::sort_cases(
+        &cache,
+        keyed,
+        (&ok, &plans),
+        opts.settings.max_case_gib,
+        label_values.as_ref(),
+        &mut reports,
+    );
     let jobs = admit_by_space(&cache, jobs, &params, &mut reports);
 
     let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
     let bar = make_progress(opts.progress, total_voxels);
     let outcomes = run::run_jobs(&pool, &cache, &jobs, &params, &source, &bar, opts.quiet);
-    let settled: std::collections::BTreeSet<usize> = outcomes.iter().map(|o| o.0).collect();
-    for (i, job) in jobs.iter().enumerate() {
-        if !settled.contains(&i) {
-            reports.push(CaseReport {
-                id: job.scanned.source.id.clone(),
-                key: Some(job.key.clone()),
-                outcome: CaseOutcome::Skipped,
-            });
-        }
-    }
-    for (i, seconds, r) in outcomes {
-        let job = &jobs[i];
-        let id = job.scanned.source.id.clone();
-        let outcome = match r {
-            Ok(bytes) => {
-                report.bytes_written += bytes;
-                report.voxels_built += job.plan.out_voxels;
-                manifest_cases.insert(
-                    id.clone(),
-                    ManifestCase {
-                        key: job.key.clone(),
-                        entry: CacheDir::entry_rel(&job.key),
-                        out_shape_zyx: zyx(job.plan.out_shape_xyz),
-                    },
-                );
-                CaseOutcome::Built { bytes, seconds }
-            }
-            Err(e) => CaseOutcome::Failed {
-                error: e.to_string(),
-            },
-        };
-        reports.push(CaseReport {
-            id,
-            key: Some(job.key.clone()),
-            outcome,
-        });
-    }
+    steps::settle(
+        &jobs,
+        outcomes,
+        &mut report,
+        &mut reports,
+        &mut manifest_cases,
+    );
     bar.finish_and_clear();
 
     if !manifest_cases.is_empty() {
-        manifest::record(
-            &cache,
+        cache.record(
             &name,
             ManifestDataset {
                 pipeline: opts.settings.pipeline.clone(),
@@ -479,15 +270,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                 channels: channel_names,
                 cases: manifest_cases,
                 dataset_json: description,
-                origin: crate::prep::dataset::origin::origin_of(&opts.source).map(|o| {
-                    DatasetOrigin {
-                        previous_stage: opts
-                            .previous_stage
-                            .as_ref()
-                            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
-                        ..o
-                    }
-                }),
+                origin: steps::origin(opts),
             },
         )?;
     }
@@ -495,7 +278,17 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     Ok(report)
 }
 
-/// "raw: float32, uncompressed 32x128x128 chunks (why)".
+/// The report of a case that failed with `error`.
+fn failed(id: String, key: Option<String>, error: &dyn std::fmt::Display) -> CaseReport {
+    CaseReport {
+        id,
+        key,
+        outcome: CaseOutcome::Failed {
+            error: error.to_string(),
+        },
+    }
+}
+
 fn describe_layout(s: &Settings, why: Option<String>) -> String {
     let [z, y, x] = s.chunk_zyx;
     let codec = match s.compression {
@@ -557,7 +350,7 @@ fn admit_by_space<'a>(
     reports: &mut Vec<CaseReport>,
 ) -> Vec<Job<'a>> {
     // On S3, entries pass through the staging folder one at a time: no forecast to make.
-    if params.compression != crate::format::Compression::None || cache.remote.is_some() {
+    if params.compression != crate::format::Compression::None || !cache.backend().holds_entries() {
         return jobs;
     }
     let Some(mut left) = crate::util::sysinfo::free_bytes(&cache.root) else {
@@ -594,13 +387,11 @@ fn admit_by_space<'a>(
                 }
             ),
         );
-        reports.push(CaseReport {
-            id: job.scanned.source.id.clone(),
-            key: Some(job.key.clone()),
-            outcome: CaseOutcome::Failed {
-                error: e.to_string(),
-            },
-        });
+        reports.push(failed(
+            job.scanned.source.id.clone(),
+            Some(job.key.clone()),
+            &e,
+        ));
     }
     kept
 }

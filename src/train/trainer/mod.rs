@@ -58,6 +58,9 @@ pub struct RunOptions {
     /// recently used maps hand theirs back (`ReaderOptions::mapped_resident_bytes`); `None`
     /// (the default): the pages are the kernel's to manage.
     pub mapped_mib: Option<u64>,
+    /// Where a block file the cache folder lacks comes from (the local tier's bucket for a
+    /// cache on S3; `Default`: a complete folder).
+    pub blocks: crate::cache::store::Blocks,
 }
 
 /// What a run did.

@@ -66,7 +66,7 @@ impl<'a> Session<'a> {
         let cfg = &opts.config;
         cfg.validate()?;
         let dev = device::select(&opts.device)?;
-        let data = open_data(&opts.cache_dir, cfg, opts.mapped_mib)?;
+        let data = open_data(&opts.cache_dir, cfg, opts.mapped_mib, opts.blocks.clone())?;
         let base_memory = sysinfo::MemoryUse::now();
         let model =
             cfg.network()
@@ -273,6 +273,7 @@ fn start_loader(cfg: &TrainConfig, data: &Data, start_step: u64) -> Result<Loade
             fg_fraction: cfg.fg_fraction,
             seed: cfg.network.seed,
             skip_class: data.classes.labels().ignore(),
+            shard: Default::default(),
         },
     )?;
     let augment = if cfg.augment {

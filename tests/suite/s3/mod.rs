@@ -15,8 +15,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use voxcache::cache::reader::CacheReader;
-use voxcache::cache::s3::{fill_tier, Fill, RemoteCache};
+use voxcache::cache::reader::{CacheReader, ReaderOptions};
+use voxcache::cache::s3::{fill_tier, Fill, RemoteCache, Tier};
+use voxcache::cache::store::Blocks;
 use voxcache::remote::s3::{Client, Condition, Config};
 use voxcache::remote::Location;
 use voxcache::train::augment::AugmentConfig;
@@ -242,6 +243,7 @@ fn remote_entries(
     out
 }
 
+mod conformance;
 mod failures;
 mod hostile;
 mod read;

@@ -117,6 +117,14 @@ fn whole_case(e: &voxcache::cache::reader::EntryReader) -> voxcache::Result<(Vec
     Ok((img.iter().map(|v| v.to_bits()).collect(), lab))
 }
 
+/// Reader options whose block source is `tier`.
+fn through(tier: &Arc<Tier>) -> ReaderOptions {
+    ReaderOptions {
+        blocks: Blocks::new(tier.clone()),
+        ..ReaderOptions::default()
+    }
+}
+
 /// The bundled data built into a prefix of its own under `t`, and a client of that cache.
 fn built_remote(srv: &Server, test: &str, t: &Path) -> (String, Arc<RemoteCache>) {
     let url = srv.url(test);
@@ -142,7 +150,15 @@ fn a_tier_fetches_chunk_files_on_first_read_and_checks_them() {
     assert!(total >= 10, "{rep:?}");
     // Metadata only: no chunk file yet, and the cache opens.
     assert!(block_files(&dir).is_empty());
-    let got = CacheReader::open(&dir).unwrap();
+    // A reader not given the tier fetches nothing (no process-wide registry): a chunk that is
+    // not there is damage.
+    let plain = CacheReader::open(&dir).unwrap();
+    let msg = whole_case(&open_entries(&plain)[0])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("missing"), "{msg}");
+    assert!(block_files(&dir).is_empty());
+    let got = CacheReader::open_with(&dir, through(&tier)).unwrap();
     let want = CacheReader::open(local()).unwrap();
     let (a, b) = (open_entries(&got), open_entries(&want));
     // Reading one case brings its files, and only its; the voxels are the local build's.
@@ -201,7 +217,7 @@ fn a_tier_smaller_than_the_cache_evicts_the_least_recently_used_files() {
     let budget = sizes.bytes + sizes.pending_bytes * 2 / 5;
     let dir = t.path().join("tier");
     let (_, tier) = fill_tier(&remote, &dir, true, Some(budget), fill).unwrap();
-    let got = CacheReader::open(&dir).unwrap();
+    let got = CacheReader::open_with(&dir, through(&tier)).unwrap();
     let want = CacheReader::open(local()).unwrap();
     let (a, b) = (open_entries(&got), open_entries(&want));
     let read = |e| whole_case(e).unwrap();

@@ -137,7 +137,7 @@ impl ArrayReader {
             // Evicted from a budgeted tier since it was checked: fetched again.
             Err(e)
                 if e.kind() == std::io::ErrorKind::NotFound
-                    && crate::cache::tier::fetch_missing(&path)? =>
+                    && self.blocks.fetch_missing(&path)? =>
             {
                 File::open(&path)
             }

@@ -87,13 +87,13 @@ impl ArrayReader {
                 "a symbolic link inside a cache entry: refused (the cache holds its own files)",
             )),
             Ok(_) => {
-                crate::cache::tier::touch(path);
+                self.blocks.touch(path);
                 Ok(true)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // In a tier filled on first read (a cache on S3) the block comes now; one the
                 // build recorded as all fill value was never stored, so none is asked for.
-                if !self.recorded_fill(b) && crate::cache::tier::fetch_missing(path)? {
+                if !self.recorded_fill(b) && self.blocks.fetch_missing(path)? {
                     return Ok(true);
                 }
                 self.absent(b, path)?;

@@ -13,23 +13,30 @@
 //! Reading: [`fill_tier`] brings a cache's manifest and its entries' metadata into a local tier
 //! (a local cache folder keyed by content, so a file once fetched is never fetched again),
 //! which the reader memory-maps as any local cache. Chunk and shard files come on first read
-//! or from a background prefetch ([`super::tier`]), or all before the command reads
-//! ([`Fill::Whole`]); a budget bounds the tier's size.
+//! (the [`Tier`] is the reader's [`super::store::BlockSource`]) or from a background prefetch,
+//! or all before the command reads ([`Fill::Whole`]); a budget bounds the tier's size.
+//!
+//! [`RemoteCache`] is the [`Backend`] of a build's staging folder: the build code is the same
+//! for a local cache and a bucket.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use rayon::prelude::*;
 
-use super::layout::{dir_bytes, CacheDir, Commit};
-use super::tier::{sweep_parts, Tier};
+mod fill;
+mod local_copy;
+mod tier;
+
+pub use self::fill::{fill_tier, Fill, TierReport};
+pub use self::local_copy::{claim, Holds, LOCAL_COPY_MARK};
+pub use self::tier::{Tier, TierStats};
+
+use super::layout::CacheDir;
+use super::store::{Backend, Commit};
 use crate::error::{Error, Result};
-use crate::format::{
-    Manifest, ManifestDataset, DISTANCE_ARRAY, ENTRIES_DIR, IMAGE_ARRAY, LABEL_ARRAY,
-    MANIFEST_FILE, SKELETON_ARRAY, ZARR_JSON,
-};
+use crate::format::{Manifest, ManifestDataset, ENTRIES_DIR, MANIFEST_FILE, ZARR_JSON};
 use crate::remote::s3::{Client, Condition, Listed, Put};
 use crate::remote::S3Url;
 
@@ -80,7 +87,7 @@ pub fn url_folder(base: &Path, url: &S3Url) -> PathBuf {
 /// Objects under `entries/` per entry key (each with its path in the entry as its key).
 type Listing = BTreeMap<String, Vec<Listed>>;
 /// Files of an entry: path in the entry, bytes.
-type Files = Vec<(String, u64)>;
+pub(crate) type Files = Vec<(String, u64)>;
 
 /// A cache prefix in a bucket, and a client for it.
 pub struct RemoteCache {
@@ -103,7 +110,7 @@ fn pool() -> Result<rayon::ThreadPool> {
 }
 
 /// The `/`-separated paths of the files under `dir`, sorted.
-fn files_under(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn files_under(dir: &Path) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -141,15 +148,15 @@ impl RemoteCache {
     }
 
     /// Whether the entry of `key` is committed (its group `zarr.json` exists).
-    pub fn has_entry(&self, key: &str) -> Result<bool> {
+    pub fn committed(&self, key: &str) -> Result<bool> {
         Ok(self.client.head(&self.entry_key(key, ZARR_JSON))?.is_some())
     }
 
     /// Upload the complete local entry at `dir` as `key`: every object but the group's
     /// `zarr.json`, then that one, written only if absent (another builder may have placed
     /// the same content first).
-    pub fn upload_entry(&self, dir: &Path, key: &str) -> Result<Commit> {
-        if self.has_entry(key)? {
+    fn upload_entry(&self, dir: &Path, key: &str) -> Result<Commit> {
+        if self.committed(key)? {
             return Ok(Commit::AlreadyThere);
         }
         let files = files_under(dir)?;
@@ -192,14 +199,14 @@ impl RemoteCache {
     }
 
     /// Merge one build's cases for `name` into the manifest by compare-and-swap.
-    pub fn record(&self, name: &str, dataset: &ManifestDataset) -> Result<Manifest> {
+    fn merge_manifest(&self, name: &str, dataset: &ManifestDataset) -> Result<Manifest> {
         let key = self.url.key(MANIFEST_FILE);
         for attempt in 0..64u32 {
             let (mut m, etag) = match self.manifest_with_etag()? {
                 Some((m, etag)) => (m, etag),
                 None => (Manifest::default(), None),
             };
-            super::manifest::merge(&mut m, name, dataset.clone());
+            m.merge(name, dataset.clone());
             let cond = match &etag {
                 Some(e) => Condition::Matches(e),
                 None => Condition::Absent,
@@ -355,6 +362,48 @@ impl RemoteCache {
     }
 }
 
+/// A bucket as the backend of a build's staging folder: each entry is uploaded at its commit
+/// (its group `zarr.json` last) and its local copy removed; the manifest is merged by
+/// compare-and-swap.
+impl Backend for RemoteCache {
+    fn location(&self, _root: &Path) -> String {
+        self.url.to_string()
+    }
+
+    fn has_entry(&self, _root: &Path, key: &str) -> bool {
+        self.committed(key).unwrap_or(false)
+    }
+
+    fn commit(&self, _root: &Path, tmp: &Path, key: &str) -> Result<Commit> {
+        let done = self.upload_entry(tmp, key);
+        std::fs::remove_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
+        done
+    }
+
+    fn record(&self, _root: &Path, name: &str, dataset: ManifestDataset) -> Result<Manifest> {
+        self.merge_manifest(name, &dataset)
+    }
+
+    fn holds_entries(&self) -> bool {
+        false
+    }
+
+    fn sweep_abandoned(&self) -> Result<Option<String>> {
+        let o = self.sweep_orphans(ORPHAN_AGE)?;
+        Ok((o.entries + o.uploads > 0).then(|| {
+            format!(
+                "removed what interrupted uploads left in {} over a day ago: {} uncommitted \
+                 entries ({} objects, {}), {} unfinished multipart uploads",
+                self.url,
+                o.entries,
+                o.objects,
+                crate::util::sysinfo::human_bytes(o.bytes),
+                o.uploads
+            )
+        }))
+    }
+}
+
 /// The error for a listed object whose key cannot name a file of an entry.
 fn bad_key(url: &str) -> Error {
     Error::remote(
@@ -382,282 +431,4 @@ pub struct Orphans {
     pub uploads: usize,
     /// Uncommitted entries too recent to remove (perhaps being uploaded now).
     pub recent: usize,
-}
-
-/// What a [`fill_tier`] did.
-#[derive(Clone, Debug, Default)]
-pub struct TierReport {
-    /// Entries brought into the tier now (their metadata; all their files with
-    /// [`Fill::Whole`]).
-    pub fetched: usize,
-    /// Entries the tier already held.
-    pub reused: usize,
-    /// Bytes fetched.
-    pub bytes: u64,
-    /// Entries removed to stay within the budget.
-    pub evicted: usize,
-    /// Chunk and shard files still to come (on first read or by the prefetch).
-    pub pending: usize,
-    /// Their bytes.
-    pub pending_bytes: u64,
-    /// Entries in the bucket with objects but no commit (interrupted uploads).
-    pub uncommitted: usize,
-}
-
-/// How a tier gets an entry's chunk and shard files.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fill {
-    /// All of them before the command reads (`prep inspect`, which also reads files directly).
-    Whole,
-    /// On first read (`train` starts at once); `prefetch`: meanwhile all of them, several at
-    /// a time, in the background.
-    OnRead {
-        /// Fetch the rest in the background.
-        prefetch: bool,
-    },
-}
-
-/// Whether an entry's file (its path in the entry) is a chunk or shard of an array the reader
-/// fetches on first read; everything else (metadata, the small foreground index) comes first.
-fn on_read(rel: &str) -> bool {
-    let mut parts = rel.split('/');
-    let array = parts.next().unwrap_or_default();
-    [IMAGE_ARRAY, LABEL_ARRAY, DISTANCE_ARRAY, SKELETON_ARRAY].contains(&array)
-        && parts.next() == Some("c")
-}
-
-/// Bring the cache at `remote` into the local cache folder `tier`: its manifest (always
-/// fresh), its `splits_final.json` when there is one, and what the tier lacks of the entries
-/// the manifest names, as `fill` says. The tier is registered for this process's readers
-/// (close it when done). With `budget`, entries the manifest does not name are removed, least
-/// recently used first, to make room; a cache larger than the budget is refused, with figures.
-/// `tier` must be new, empty or marked as this URL's ([`super::tier::claim`]; `given`: the
-/// user named it).
-pub fn fill_tier(
-    remote: &Arc<RemoteCache>,
-    tier: &Path,
-    given: bool,
-    budget: Option<u64>,
-    fill: Fill,
-) -> Result<(TierReport, Arc<Tier>)> {
-    let url = remote.url().to_string();
-    let manifest = remote.manifest()?.ok_or_else(|| {
-        Error::remote(
-            &url,
-            format!(
-                "no cache here: {MANIFEST_FILE} is missing (build one with \
-                 `prep build-cache DATA --cache-dir {url}`)"
-            ),
-        )
-    })?;
-    super::tier::claim(tier, &url, super::tier::Holds::Cache, given)?;
-    let local = CacheDir::new(tier);
-    local.prepare()?;
-    let _ = local.sweep_tmp();
-    let cases: BTreeMap<&String, &String> = manifest
-        .datasets
-        .values()
-        .flat_map(|d| d.cases.iter().map(|(id, c)| (&c.key, id)))
-        .collect();
-    let wanted: BTreeSet<String> = cases.keys().map(|k| k.to_string()).collect();
-    let objects = remote.entry_objects()?;
-    let mut report = TierReport {
-        uncommitted: objects
-            .values()
-            .filter(|objs| !objs.iter().any(|(r, _)| r == ZARR_JSON))
-            .count(),
-        ..TierReport::default()
-    };
-    // Per entry the tier lacks: its metadata files; over all entries: the files to come.
-    let mut missing: Vec<(&String, Files, u64)> = Vec::new();
-    let mut pending: Vec<(PathBuf, u64)> = Vec::new();
-    // Every chunk and shard file the tier may fetch, with its listed size: nothing else is
-    // fetched, and nothing past that size is written.
-    let mut listed: HashMap<PathBuf, u64> = HashMap::new();
-    for k in &wanted {
-        let objs = objects.get(k).map(Vec::as_slice).unwrap_or(&[]);
-        let present = local.has_entry(k);
-        let dir = local.entry_path(k);
-        listed.extend(
-            objs.iter()
-                .filter(|(r, _)| on_read(r))
-                .map(|(r, n)| (dir.join(r), *n)),
-        );
-        let todo: Vec<&(String, u64)> = objs
-            .iter()
-            .filter(|(r, _)| !present || (on_read(r) && !dir.join(r).exists()))
-            .collect();
-        let committed = objs.iter().any(|(r, _)| r == ZARR_JSON);
-        if (!present || !todo.is_empty()) && !committed {
-            return Err(Error::remote(
-                &url,
-                format!(
-                    "case {}: its entry {} is in the manifest but not complete in the bucket \
-                     (no {ZARR_JSON}); build the cache again to restore it",
-                    cases.get(k).map(|s| s.as_str()).unwrap_or_default(),
-                    CacheDir::entry_rel(k)
-                ),
-            ));
-        }
-        let (later, now): (Vec<_>, Vec<_>) = todo.into_iter().partition(|(r, _)| on_read(r));
-        pending.extend(later.iter().map(|(r, n)| (dir.join(r), *n)));
-        if present {
-            report.reused += 1;
-        } else {
-            let bytes = now.iter().map(|(_, n)| n).sum();
-            missing.push((k, now.into_iter().cloned().collect(), bytes));
-        }
-    }
-    let meta: u64 = missing.iter().map(|m| m.2).sum();
-    let blocks: u64 = pending.iter().map(|p| p.1).sum();
-    // The chunk and shard files of the entries in use the tier holds now: with a budget and
-    // files fetched on read, what may go (oldest first) when others come.
-    let mut held_blocks = if budget.is_some() {
-        local_blocks(&local, &wanted)
-    } else {
-        Vec::new()
-    };
-    if let Some(budget) = budget {
-        let held: u64 = wanted
-            .iter()
-            .filter(|k| local.has_entry(k))
-            .map(|k| dir_bytes(&local.entry_path(k)))
-            .sum();
-        // What must fit at once: every file when the tier is filled whole, else the metadata.
-        let floor = match fill {
-            Fill::Whole => meta + blocks + held,
-            Fill::OnRead { .. } => meta + held - held_blocks.iter().map(|b| b.1).sum::<u64>(),
-        };
-        let h = crate::util::sysinfo::human_bytes;
-        if floor > budget {
-            return Err(Error::remote(
-                &url,
-                format!(
-                    "the cache's {} take {} and the local tier's budget is {}: raise \
-                     --local-cache-gb",
-                    if fill == Fill::Whole {
-                        "entries"
-                    } else {
-                        "metadata"
-                    },
-                    h(floor),
-                    h(budget)
-                ),
-            ));
-        }
-        // Entries no cache in use names go first.
-        report.evicted = evict(&local, &wanted, budget.saturating_sub(meta + blocks + held))?;
-    }
-    for (k, rels, bytes) in missing {
-        remote.fetch_entry(&local, k, &rels)?;
-        report.fetched += 1;
-        report.bytes += bytes;
-    }
-    // Mark what this run uses, for the least-recently-used order of later evictions.
-    for k in &wanted {
-        let _ = std::fs::File::open(local.entry_path(k).join(ZARR_JSON))
-            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-    }
-    if let Some(bytes) = remote.get_root_file(crate::format::SPLITS_FILE)? {
-        crate::util::files::write_atomic(&tier.join(crate::format::SPLITS_FILE), &bytes)?;
-    }
-    local.write_manifest(&manifest.to_json())?;
-    sweep_parts(&local.entries_dir());
-    let bytes = blocks;
-    let files = pending;
-    let filled = match (fill, budget) {
-        (Fill::OnRead { .. }, Some(_)) => {
-            held_blocks.sort_by_key(|b| b.2);
-            let evictable = held_blocks.into_iter().map(|(p, n, _)| (p, n)).collect();
-            Tier::open(
-                tier,
-                remote.clone(),
-                budget,
-                dir_bytes(&local.entries_dir()),
-                evictable,
-                listed,
-            )
-        }
-        // Filled whole, the budget was checked above.
-        _ => Tier::open(tier, remote.clone(), None, 0, Vec::new(), listed),
-    };
-    match fill {
-        Fill::Whole => {
-            if let Err(e) = filled.prefetch(files, true) {
-                filled.close();
-                return Err(e);
-            }
-            report.bytes += bytes;
-        }
-        Fill::OnRead { prefetch } => {
-            report.pending = files.len();
-            report.pending_bytes = bytes;
-            if prefetch {
-                if let Err(e) = filled.prefetch(files, false) {
-                    filled.close();
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok((report, filled))
-}
-
-/// The chunk and shard files of the tier's entries in `keys`: path, bytes, last change.
-fn local_blocks(
-    local: &CacheDir,
-    keys: &BTreeSet<String>,
-) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
-    let mut out = Vec::new();
-    for k in keys {
-        let dir = local.entry_path(k);
-        for rel in files_under(&dir).unwrap_or_default() {
-            if !on_read(&rel) || rel.contains(".part-") {
-                continue;
-            }
-            let p = dir.join(&rel);
-            if let Ok(m) = std::fs::metadata(&p) {
-                let t = m.modified().unwrap_or(std::time::UNIX_EPOCH);
-                out.push((p, m.len(), t));
-            }
-        }
-    }
-    out
-}
-
-/// Remove tier entries not in `keep`, oldest use first, until the others take at most `room`.
-fn evict(tier: &CacheDir, keep: &BTreeSet<String>, room: u64) -> Result<usize> {
-    let mut others: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
-    let Ok(rd) = std::fs::read_dir(tier.entries_dir()) else {
-        return Ok(0);
-    };
-    for shard in rd.flatten() {
-        for e in std::fs::read_dir(shard.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let key = e.file_name().to_string_lossy().to_string();
-            if keep.contains(&key) {
-                continue;
-            }
-            let p = e.path();
-            let used = std::fs::metadata(p.join(ZARR_JSON))
-                .and_then(|m| m.modified())
-                .unwrap_or(std::time::UNIX_EPOCH);
-            others.push((used, dir_bytes(&p), p));
-        }
-    }
-    others.sort();
-    let mut total: u64 = others.iter().map(|o| o.1).sum();
-    let mut n = 0;
-    for (_, bytes, p) in others {
-        if total <= room {
-            break;
-        }
-        std::fs::remove_dir_all(&p).map_err(|e| Error::io(&p, e))?;
-        total -= bytes;
-        n += 1;
-    }
-    Ok(n)
 }

@@ -2,11 +2,11 @@
 //!
 //! The tier is a local cache folder (manifest, entries by content key) whose entries may lack
 //! some of their chunk and shard files: those are fetched from the bucket the first time a
-//! reader needs one, or earlier by a background prefetch. Readers need not know: a tier is
-//! registered for the process, and a reader that finds a block file missing asks
-//! [`fetch_missing`] before it concludes that the block is all fill value. Each file is
-//! downloaded beside its place and renamed into it, so a reader sees a whole file or none,
-//! and two processes filling one tier at once only repeat each other's work.
+//! reader needs one, or earlier by a background prefetch. Readers need not know: the tier is
+//! the [`BlockSource`] they are given, and a reader that finds a block file missing asks it
+//! before it concludes that the block is all fill value. Each file is downloaded beside its
+//! place and renamed into it, so a reader sees a whole file or none, and two processes filling
+//! one tier at once only repeat each other's work.
 //!
 //! With a budget smaller than the cache, the tier evicts chunk and shard files least recently
 //! used first as it fetches (a reader's block check counts as a use), never the most recent
@@ -16,29 +16,21 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rayon::prelude::*;
 
-use super::s3::RemoteCache;
+use super::RemoteCache;
+use crate::cache::store::BlockSource;
 use crate::error::{Error, Result};
 use crate::format::ENTRIES_DIR;
-
-/// Tiers registered in this process.
-static TIERS: RwLock<Vec<Arc<Tier>>> = RwLock::new(Vec::new());
 
 /// Downloads a prefetch runs at once (they wait on the network, not the CPU).
 const PREFETCHES: usize = 8;
 
-/// A partial download older than this is left over from a process that ended.
-const STALE_PART: std::time::Duration = std::time::Duration::from_secs(3600);
-
 /// The most recently used files (this many, at most a quarter of those tracked) are never
 /// evicted: a reader may be about to open them.
 const PROTECTED: u64 = 256;
-
-/// Tiers registered: lets readers of local caches skip the registry's lock.
-static REGISTERED: AtomicU64 = AtomicU64::new(0);
 
 /// The files a budgeted tier may evict, by last use.
 #[derive(Default)]
@@ -144,8 +136,8 @@ pub struct TierStats {
 }
 
 impl Tier {
-    /// A tier at `root` (a cache folder) filled from `remote`, registered for this process's
-    /// readers until [`Tier::close`]. With `budget`: `held` bytes are there already, of which
+    /// A tier at `root` (a cache folder) filled from `remote`, for readers given it as their
+    /// block source (`Blocks::new(tier)`). With `budget`: `held` bytes are there already, of which
     /// `evictable` (chunk and shard files, oldest use first) may be removed to make room.
     /// `listed`: the files the bucket holds for the entries in use, with their sizes.
     pub fn open(
@@ -163,7 +155,7 @@ impl Tier {
             }
             usage.bytes = held.max(usage.bytes);
         }
-        let tier = Arc::new(Tier {
+        Arc::new(Tier {
             entries: root.join(ENTRIES_DIR),
             remote,
             inflight: Mutex::new(HashMap::new()),
@@ -175,24 +167,13 @@ impl Tier {
             budget,
             usage: Mutex::new(usage),
             listed,
-        });
-        TIERS
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(tier.clone());
-        REGISTERED.fetch_add(1, Ordering::Relaxed);
-        tier
+        })
     }
 
-    /// Stop prefetching and unregister: readers no longer fetch into this tier.
-    pub fn close(self: &Arc<Self>) {
-        if !self.stop.swap(true, Ordering::Relaxed) {
-            REGISTERED.fetch_sub(1, Ordering::Relaxed);
-        }
-        TIERS
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|t| !Arc::ptr_eq(t, self));
+    /// Stop prefetching; readers still holding the tier no longer fetch into it (a block
+    /// missing then is reported as missing).
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 
     /// What was fetched so far.
@@ -213,6 +194,9 @@ impl Tier {
     /// Bring the file at `path` (under the tier's entries) from the bucket. `Ok(false)`: the
     /// bucket listed no such object (a block that is all fill value has none).
     pub fn fetch(&self, path: &Path) -> Result<bool> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
         let Ok(rel) = path.strip_prefix(&self.entries) else {
             return Ok(false);
         };
@@ -312,159 +296,28 @@ impl Tier {
     }
 }
 
-/// The file that marks a folder as voxcache's local copy of one URL (a cache's tier and
-/// staging folder, or a model's folder): `{"url": ..., "holds": ...}`.
-pub const LOCAL_COPY_MARK: &str = ".voxcache-local-copy.json";
+/// The tier as a reader's block source: a missing block file the bucket lists is fetched into
+/// its place; with a budget, each use is counted for the least-recently-used order.
+impl BlockSource for Tier {
+    fn fetch_missing(&self, path: &Path) -> Result<bool> {
+        self.fetch(path)
+    }
 
-/// What a local copy is of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Holds {
-    /// A cache on S3 (its tier, where reads come from, and its staging, where builds write).
-    Cache,
-    /// A model on S3 (`predict --model s3://...`).
-    Model,
-}
-
-impl Holds {
-    fn name(self) -> &'static str {
-        match self {
-            Holds::Cache => "cache",
-            Holds::Model => "model",
+    fn touch(&self, path: &Path) {
+        if self.budget.is_some() {
+            lock(&self.usage).touch(path);
         }
     }
-}
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Mark {
-    url: String,
-    holds: String,
-}
-
-/// Make `dir` the local copy of `url` before anything is written or removed there: a new or
-/// empty folder is marked as such; a marked one must be `url`'s, of the same kind; any other
-/// folder is refused, since the tier replaces its manifest and evicts its entries. With
-/// `given` false (the default location, under voxcache's own folder and named after the URL)
-/// an unmarked folder from before marks were written is taken over.
-pub fn claim(dir: &Path, url: &str, holds: Holds, given: bool) -> Result<()> {
-    let mark = dir.join(LOCAL_COPY_MARK);
-    let refuse = |why: String| {
-        Error::cache(
-            dir,
-            format!(
-                "--local-cache: {why}; voxcache writes the local copy of {url} only into a new \
-                 or empty folder, or one it marked for {url} ({LOCAL_COPY_MARK}): give another"
-            ),
-        )
-    };
-    match std::fs::symlink_metadata(dir) {
-        Ok(m) if !m.is_dir() => return Err(refuse("not a folder".into())),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(dir, e)),
-    }
-    match crate::util::files::read_capped(&mark, 1 << 16) {
-        Ok(bytes) => {
-            let m: Mark = serde_json::from_slice(&bytes)
-                .map_err(|e| Error::cache(&mark, format!("not a mark voxcache wrote: {e}")))?;
-            if m.url != url || m.holds != holds.name() {
-                return Err(refuse(format!(
-                    "this folder is the local copy of the {} at {}",
-                    m.holds, m.url
-                )));
-            }
+    /// Only a budgeted tier removes files after they were checked: fetched again then.
+    fn ensure(&self, path: &Path) -> Result<()> {
+        if self.budget.is_none() {
             return Ok(());
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(&mark, e)),
-    }
-    let mut others = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().to_string())
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    if !others.is_empty() && given {
-        others.sort();
-        others.truncate(4);
-        return Err(refuse(format!(
-            "this folder is not empty ({}) and is not marked as a local copy",
-            others.join(", ")
-        )));
-    }
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let json = serde_json::to_vec_pretty(&Mark {
-        url: url.to_string(),
-        holds: holds.name().to_string(),
-    })
-    .map_err(|e| Error::Config(e.to_string()))?;
-    crate::util::files::write_atomic(&mark, &json)
-}
-
-/// Remove partial downloads under `dir` that a process which ended left behind.
-pub fn sweep_parts(dir: &Path) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        let Ok(ft) = e.file_type() else { continue };
-        if ft.is_dir() {
-            sweep_parts(&p);
-        } else if e.file_name().to_string_lossy().contains(".part-") {
-            let old = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > STALE_PART);
-            if old {
-                let _ = std::fs::remove_file(&p);
-            }
+        if std::fs::symlink_metadata(path).is_err() {
+            self.fetch(path)?;
         }
+        lock(&self.usage).touch(path);
+        Ok(())
     }
-}
-
-/// The registered tier `path` lies in.
-fn tier_of(path: &Path) -> Option<Arc<Tier>> {
-    if REGISTERED.load(Ordering::Relaxed) == 0 {
-        return None;
-    }
-    TIERS
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .find(|t| path.starts_with(&t.entries))
-        .cloned()
-}
-
-/// A block file a reader found missing: fetched into its place when it lies in a registered
-/// tier and the bucket holds it (`Ok(true)`); `Ok(false)` otherwise.
-pub(crate) fn fetch_missing(path: &Path) -> Result<bool> {
-    match tier_of(path) {
-        Some(t) => t.fetch(path),
-        None => Ok(false),
-    }
-}
-
-/// A reader is about to use the block file at `path`: in a budgeted tier, its use is
-/// recorded (the least recently used files go first).
-pub(crate) fn touch(path: &Path) {
-    if let Some(t) = tier_of(path).filter(|t| t.budget.is_some()) {
-        lock(&t.usage).touch(path);
-    }
-}
-
-/// A reader is about to read the block file at `path` through a store that would take a
-/// missing file for fill values: in a budgeted tier, fetched again if it was evicted, and its
-/// use recorded. Nothing for other caches.
-pub(crate) fn in_use(path: &Path) -> Result<()> {
-    let Some(t) = tier_of(path).filter(|t| t.budget.is_some()) else {
-        return Ok(());
-    };
-    if std::fs::symlink_metadata(path).is_err() {
-        t.fetch(path)?;
-    }
-    lock(&t.usage).touch(path);
-    Ok(())
 }
