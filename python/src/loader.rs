@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 use voxcache::cache::reader::EntryReader;
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::loader::{Loader, LoaderConfig};
-use voxcache::train::sampler::{Sampler, SamplerConfig};
+use voxcache::train::sampler::{Sampler, SamplerConfig, Shard};
 
 use crate::cache::Cache;
 use crate::errors::to_py;
@@ -37,7 +37,7 @@ impl PatchLoader {
     #[new]
     #[pyo3(signature = (cache, patch_size, batch_size, augment = None, threads = 2,
         seed = 1234, dataset = None, cases = None, fg_fraction = 1.0 / 3.0, queue_depth = 4,
-        steps = None, first_step = 0))]
+        steps = None, first_step = 0, rank = 0, world_size = 1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -53,6 +53,8 @@ impl PatchLoader {
         queue_depth: usize,
         steps: Option<u64>,
         first_step: u64,
+        rank: usize,
+        world_size: usize,
     ) -> PyResult<Self> {
         let augment = match augment {
             None => AugmentConfig::none(),
@@ -100,6 +102,10 @@ impl PatchLoader {
                     Vec::new(),
                     SamplerConfig {
                         fg_fraction,
+                        shard: Shard {
+                            rank,
+                            ranks: world_size,
+                        },
                         ..SamplerConfig::new(patch_size, batch_size, seed)
                     },
                 )?;

@@ -104,6 +104,37 @@ def test_batches_depend_on_the_seed_not_the_threads(cache):
     assert any(b[0].std() > 0 for b in one)
 
 
+def test_ranks_together_draw_one_processs_batches(cache, monkeypatch):
+    """Two ranks of batch 3 (as under torchrun) see, step by step, the batch of 6 one process
+    draws: the same cases, origins, augmented voxels and foreground share."""
+
+    def batches(batch, **shard):
+        out = []
+        for b in voxcache.PatchLoader(
+            cache, (16, 32, 32), batch, augment="default", threads=2, seed=5, steps=3, **shard
+        ):
+            out.append((b["image"].copy(), b["label"].copy(), b["origin"].copy(), b["case"]))
+        return out
+
+    whole = batches(6)
+    ranks = [batches(3, rank=r, world_size=2) for r in range(2)]
+    for step, w in enumerate(whole):
+        np.testing.assert_array_equal(np.concatenate([r[step][0] for r in ranks]), w[0])
+        np.testing.assert_array_equal(np.concatenate([r[step][1] for r in ranks]), w[1])
+        np.testing.assert_array_equal(np.concatenate([r[step][2] for r in ranks]), w[2])
+        assert ranks[0][step][3] + ranks[1][step][3] == w[3]
+    # The ranks do not repeat each other.
+    assert not np.array_equal(ranks[0][0][0], ranks[1][0][0])
+    # torchrun's environment is read when the rank is not given.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = voxcache.PatchLoader(cache, (16, 32, 32), 3, augment="default", seed=5, steps=1)
+    assert (loader.rank, loader.world_size) == (1, 2)
+    np.testing.assert_array_equal(next(iter(loader))["origin"], ranks[1][0][2])
+    with pytest.raises(voxcache.ConfigError, match="rank 2 of a world of 2"):
+        voxcache.PatchLoader(cache, (16, 32, 32), 3, rank=2, world_size=2)
+
+
 def test_a_fold_draws_only_its_cases(cache):
     ids = ["vessels_002", "vessels_007"]
     loader = voxcache.PatchLoader(cache, (8, 32, 32), 4, cases=ids, steps=5)

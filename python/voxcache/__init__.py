@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _voxcache
@@ -210,6 +211,26 @@ def open(location: PathLike, **s3_options: Any) -> Cache:  # noqa: A001 (as zarr
     return Cache(location, **s3_options)
 
 
+def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """The rank and world size given, else torch.distributed's (when it is initialized), else
+    torchrun's environment, else a single process."""
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    found = None
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        found = (dist.get_rank(), dist.get_world_size())
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            found = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+        except ValueError:
+            raise ConfigError(
+                f"RANK={os.environ['RANK']!r}, WORLD_SIZE={os.environ['WORLD_SIZE']!r}: not integers"
+            ) from None
+    r, w = found or (0, 1)
+    return (r if rank is None else int(rank)), (w if world_size is None else int(world_size))
+
+
 class PatchLoader:
     """The trainer's patch loader: batches of ``batch_size`` patches of ``patch_size`` (z, y, x)
     from a cache's labelled cases, built by ``threads`` Rust threads (no worker processes).
@@ -227,7 +248,14 @@ class PatchLoader:
       case. ``dataset``: when the cache holds several.
     - ``fg_fraction``: the share of each batch centred on foreground (nnU-Net's 1/3).
     - ``steps``: batches an iteration gives (then ``len()`` works); default without end.
-    - ``first_step``: the step to start at (to resume)."""
+    - ``first_step``: the step to start at (to resume).
+    - ``rank``, ``world_size``: several processes training one model (torch.distributed,
+      torchrun): ``batch_size`` is per rank, and rank ``r`` gets samples ``r*batch_size ..``
+      of the batch of ``batch_size * world_size`` that one process would draw at each step,
+      so the ranks together see exactly that process's batches. Default: the process group's
+      when torch.distributed is initialized, else torchrun's ``RANK`` and ``WORLD_SIZE``, else
+      one process. Each rank opens the cache itself; its pages are shared through the page
+      cache, not copied per rank."""
 
     def __init__(
         self,
@@ -243,7 +271,10 @@ class PatchLoader:
         queue_depth: int = 4,
         steps: Optional[int] = None,
         first_step: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
     ):
+        rank, world_size = _rank_and_world(rank, world_size)
         if not isinstance(cache, Cache):
             cache = open(cache)
         if augment is None or augment is False:
@@ -272,7 +303,10 @@ class PatchLoader:
             queue_depth,
             steps,
             first_step,
+            rank,
+            world_size,
         )
+        self.rank, self.world_size = rank, world_size
 
     @property
     def case_ids(self) -> List[str]:
