@@ -596,10 +596,21 @@ fn predict_group(
                     let regions = postprocess::regions(pp, &outputs.foreground_values());
                     postprocess::apply_file(&tmp, &tmp, &regions, postprocess::connectivity(pp))?;
                 }
-                // Probabilities first: a segmentation in place means both are complete.
+                // Probabilities first, then the record (of the bytes about to be renamed
+                // into place), then the segmentation: one under its final name has both. A
+                // kill before the rename leaves a record that matches no output: redone.
                 if let Some(p) = prob_out {
                     p.finish(&prob_path)?;
                 }
+                let rec_tmp = record_path.with_extension("json.tmp");
+                let record = OutputRecord {
+                    output_blake3: file_hash(&tmp).unwrap_or_default(),
+                    ..record
+                };
+                let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                std::fs::write(&rec_tmp, bytes)
+                    .and_then(|()| std::fs::rename(&rec_tmp, &record_path))
+                    .map_err(|e| Error::io(&record_path, e))?;
                 std::fs::rename(&tmp, &output).map_err(|e| Error::io(&output, e))
             })();
             if let Err(e) = written {
@@ -607,15 +618,6 @@ fn predict_group(
                 let _ = std::fs::remove_dir_all(&prob_tmp);
                 return Err(e);
             }
-            let rec_tmp = record_path.with_extension("json.tmp");
-            let record = OutputRecord {
-                output_blake3: file_hash(&output).unwrap_or_default(),
-                ..record
-            };
-            let bytes = serde_json::to_vec(&record).unwrap_or_default();
-            std::fs::write(&rec_tmp, bytes)
-                .and_then(|()| std::fs::rename(&rec_tmp, &record_path))
-                .map_err(|e| Error::io(&record_path, e))?;
             Ok(shape.iter().map(|&v| v as u64).product())
         })();
         match one {
