@@ -7,28 +7,23 @@
 //! probabilities final a slab at a time into scratch files ([`super::probs`]); the export
 //! ([`super::export`]) resamples them back to the input's grid, takes the argmax and streams the
 //! label NIfTI. Each output is written under a temporary name and renamed; beside it, a small
-//! record of its key (input bytes, weights, parameters) lets a re-run skip it.
+//! record of its key (input bytes, weights, parameters) lets a re-run skip it (one group of
+//! inputs at a time: [`super::group`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use indicatif::ProgressBar;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::export::{slab_rows, write_segmentation, Export};
+use super::group::{predict_group, Job, Totals};
 use super::model_dir::{load_models, LoadedModel, Which};
 use super::postprocess::{self, PostprocessingChoice};
-use super::prob_zarr::ProbabilityZarr;
-use super::probs::ProbWriter;
-use super::sliding::{Flavour, Predictor};
-use crate::cache::reader::CacheReader;
 use crate::error::{Error, Result};
 use crate::format::crossval::Postprocessing;
-use crate::format::probabilities::PROBABILITIES_SUFFIX;
 use crate::format::OutputParams;
 use crate::nifti_io;
-use crate::prep::cache_build::{build_cache, previous, BuildOptions, CaseOutcome};
-use crate::prep::dataset::{self, CaseSource, DatasetSource};
+use crate::prep::cache_build::previous;
+use crate::prep::dataset::{self, CaseSource};
 
 /// What the user asked for.
 #[derive(Clone, Debug)]
@@ -142,23 +137,6 @@ pub struct PredictReport {
     pub peak_file_bytes: Option<u64>,
 }
 
-/// The record kept beside an output: what it was made from.
-#[derive(Serialize, Deserialize, PartialEq)]
-struct OutputRecord {
-    key: String,
-    checkpoint: String,
-    /// blake3 of the segmentation written: a file damaged since is predicted again.
-    #[serde(default)]
-    output_blake3: String,
-}
-
-/// blake3 of a file, hex; `None` when it cannot be read.
-fn file_hash(path: &Path) -> Option<String> {
-    let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
-    Some(h.finalize().to_hex().to_string())
-}
-
 /// A failed case's line.
 pub(crate) fn failed(id: &str, e: &Error) -> PredictCase {
     PredictCase {
@@ -197,7 +175,7 @@ pub(crate) fn input_cases(
 /// Name start of a predict's scratch folder in `--out` (then `HOST.PID`).
 const SCRATCH_PREFIX: &str = ".voxcache-predict.";
 /// Between an output's name and `HOST.PID` while it is written.
-const TMP_INFIX: &str = ".tmp.";
+pub(super) const TMP_INFIX: &str = ".tmp.";
 
 /// Remove from `out` the scratch folders and half-written outputs of predicts on this host whose
 /// process is gone (a kill or a crash); returns what was removed. Others' are left alone: the
@@ -311,21 +289,17 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
         crate::util::sysinfo::hostname(),
         std::process::id()
     ));
+    let job = Job {
+        opts,
+        models: &models,
+        postprocessing: postprocessing.as_ref(),
+        device: &device,
+    };
     let run = (|| -> Result<Totals> {
         let mut totals = Totals::default();
         for (unit, cases) in groups {
             let params = params_for_unit(m, &unit, opts.quiet);
-            predict_group(
-                opts,
-                &models,
-                postprocessing.as_ref(),
-                &device,
-                params,
-                cases,
-                &scratch,
-                &mut results,
-                &mut totals,
-            )?;
+            predict_group(&job, params, cases, &scratch, &mut results, &mut totals)?;
         }
         Ok(totals)
     })();
@@ -381,313 +355,4 @@ fn params_for_unit(m: &LoadedModel, unit: &str, quiet: bool) -> OutputParams {
         }
     }
     p
-}
-
-/// What the predicted cases add up to.
-#[derive(Default)]
-struct Totals {
-    voxels: u64,
-    windows: u64,
-    window_seconds: f64,
-}
-
-/// Preprocess and predict the cases of one unit.
-#[allow(clippy::too_many_arguments)] // the job's parts, passed down once
-fn predict_group(
-    opts: &PredictOptions,
-    models: &[LoadedModel],
-    postprocessing: Option<&Postprocessing>,
-    device: &candle_core::Device,
-    params: OutputParams,
-    cases: Vec<CaseSource>,
-    scratch: &Path,
-    results: &mut Vec<PredictCase>,
-    totals: &mut Totals,
-) -> Result<()> {
-    let settings = crate::prep::settings::Settings {
-        input_ram_mib: 256,
-        ..Default::default()
-    };
-    let cache = scratch.join("cache");
-    let report = build_cache(&BuildOptions {
-        source: DatasetSource::Cases(cases.clone()),
-        cache_dir: cache.clone(),
-        remote: Default::default(),
-        name: Some("predict".into()),
-        settings,
-        jobs: opts.jobs.max(1),
-        dry_run: false,
-        part: None,
-        progress: !opts.quiet,
-        quiet: true,
-        fixed_params: Some(params),
-        previous_stage: None,
-    })?;
-    // No case preprocessed: each failure is the case's own (the scratch cache has no
-    // manifest to open, and that is not the user's problem).
-    if report
-        .cases
-        .iter()
-        .all(|r| matches!(r.outcome, CaseOutcome::Failed { .. }))
-    {
-        for r in report.cases {
-            if let CaseOutcome::Failed { error } = r.outcome {
-                results.push(PredictCase {
-                    id: r.id,
-                    outcome: PredictOutcome::Failed { error },
-                });
-            }
-        }
-        return Ok(());
-    }
-    let reader = CacheReader::open_with(
-        &cache,
-        crate::cache::reader::ReaderOptions {
-            mapped_resident_bytes: opts.mapped_mib.map(|m| m.saturating_mul(1 << 20)),
-            ..Default::default()
-        },
-    )?;
-    let m = &models[0];
-    let outputs = m.record.labels();
-    let first = m
-        .model
-        .as_ref()
-        .ok_or_else(|| Error::Config("the first model has no weights loaded".into()))?;
-    // One bar over every window of the group's cases, within the crops kept for predicting.
-    let mut crops = std::collections::HashMap::new();
-    let windows: usize = report
-        .cases
-        .iter()
-        .filter(|r| !matches!(r.outcome, CaseOutcome::Failed { .. }))
-        .filter_map(|r| Some((r, reader.open_entry("predict", &r.id).ok()?)))
-        .map(|(r, e)| {
-            let (crop, shape) = (super::crop::Crop::of(&e, &outputs).ok(), e.shape_zyx());
-            let extent = crop.as_ref().map_or(shape, |c| c.extent(shape));
-            crops.extend(crop.map(|c| (r.id.clone(), c)));
-            models
-                .iter()
-                .map(|member| {
-                    predictor(opts, device, member, first, None)
-                        .window_count(extent, opts.window_memory)
-                })
-                .sum::<usize>()
-        })
-        .sum();
-    let bar = window_bar(!opts.quiet, windows as u64);
-    // Windows run, as the sliding window reports them (band borders run twice).
-    let ran = std::sync::atomic::AtomicU64::new(0);
-    let tick = |n: usize| {
-        bar.inc(n as u64);
-        ran.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-    };
-    let mirrored = !predictor(opts, device, m, first, None)
-        .mirror_axes
-        .is_empty();
-    for r in report.cases {
-        let Some(c) = cases.iter().find(|c| c.id == r.id) else {
-            continue;
-        };
-        if let CaseOutcome::Failed { error } = &r.outcome {
-            results.push(PredictCase {
-                id: r.id.clone(),
-                outcome: PredictOutcome::Failed {
-                    error: error.clone(),
-                },
-            });
-            continue;
-        }
-        let output = opts.out.join(format!("{}.nii.gz", c.id));
-        let record = OutputRecord {
-            key: format!(
-                "{}-{}-{}-{}-{}",
-                r.key.clone().unwrap_or_default(),
-                models
-                    .iter()
-                    .map(|m| m.weights_hash.as_str())
-                    .collect::<Vec<_>>()
-                    .join("+"),
-                opts.overlap,
-                mirrored,
-                postprocessing.map_or("none".into(), Postprocessing::key)
-            ),
-            checkpoint: models
-                .iter()
-                .map(|m| m.checkpoint.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            output_blake3: String::new(),
-        };
-        let record_path = opts.out.join(format!(".{}.voxcache.json", c.id));
-        let same = std::fs::read(&record_path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<OutputRecord>(&b).ok())
-            .is_some_and(|old| {
-                old.key == record.key && file_hash(&output).is_some_and(|h| h == old.output_blake3)
-            });
-        let prob_path = opts.out.join(format!("{}{PROBABILITIES_SUFFIX}", c.id));
-        if same && output.is_file() && (!opts.save_probabilities || prob_path.is_dir()) {
-            results.push(PredictCase {
-                id: c.id.clone(),
-                outcome: PredictOutcome::Existing { output },
-            });
-            continue;
-        }
-        let t = Instant::now();
-        bar.set_message(c.id.clone());
-        let one = (|| -> Result<u64> {
-            let entry = reader.open_entry("predict", &c.id)?;
-            let shape = entry.shape_zyx();
-            let mut probs = ProbWriter::ensemble(outputs.heads(), shape, scratch, models.len())?;
-            let crop = (crops.remove(&c.id).map(Ok))
-                .unwrap_or_else(|| super::crop::Crop::of(&entry, &outputs))?;
-            let sliding = Instant::now();
-            for (k, member) in models.iter().enumerate() {
-                if k > 0 {
-                    probs.next_member()?;
-                }
-                let reloaded;
-                let net = match &member.model {
-                    Some(n) => n,
-                    None => {
-                        reloaded = member.reload(device)?;
-                        &reloaded
-                    }
-                };
-                let p = predictor(opts, device, member, net, Some(&tick));
-                crop.predict(&p, &entry, opts.window_memory, &mut probs)?;
-            }
-            totals.window_seconds += sliding.elapsed().as_secs_f64();
-
-            let probs = probs.finish()?;
-            let (path, frame) = c.channel(0);
-            let h = nifti_io::read_frame_header(path, frame)?;
-            let owner = format!(
-                "{}.{}",
-                crate::util::sysinfo::hostname(),
-                std::process::id()
-            );
-            let tmp = opts.out.join(format!(".{}.nii.gz{TMP_INFIX}{owner}", c.id));
-            let prob_tmp = opts
-                .out
-                .join(format!(".{}{PROBABILITIES_SUFFIX}{TMP_INFIX}{owner}", c.id));
-            let input_shape = crate::geometry::zyx(h.shape_xyz);
-            let written = (|| -> Result<()> {
-                let prob_out = match opts.save_probabilities {
-                    true => Some(ProbabilityZarr::create(
-                        &prob_tmp,
-                        &h,
-                        &outputs,
-                        slab_rows(input_shape),
-                    )?),
-                    false => None,
-                };
-                write_segmentation(
-                    &Export {
-                        probs: &probs,
-                        model_shape_zyx: shape,
-                        input_shape_zyx: input_shape,
-                        outputs: &outputs,
-                        input: path,
-                        probabilities: prob_out.as_ref(),
-                    },
-                    &tmp,
-                )?;
-                if let Some(pp) = postprocessing.filter(|p| !p.is_none()) {
-                    let regions = postprocess::regions(pp, &outputs.foreground_values());
-                    postprocess::apply_file(&tmp, &tmp, &regions, postprocess::connectivity(pp))?;
-                }
-                // Probabilities first, then the record (of the bytes about to be renamed
-                // into place), then the segmentation: one under its final name has both. A
-                // kill before the rename leaves a record that matches no output: redone.
-                if let Some(p) = prob_out {
-                    p.finish(&prob_path)?;
-                }
-                let rec_tmp = record_path.with_extension("json.tmp");
-                let record = OutputRecord {
-                    output_blake3: file_hash(&tmp).unwrap_or_default(),
-                    ..record
-                };
-                let bytes = serde_json::to_vec(&record).unwrap_or_default();
-                std::fs::write(&rec_tmp, bytes)
-                    .and_then(|()| std::fs::rename(&rec_tmp, &record_path))
-                    .map_err(|e| Error::io(&record_path, e))?;
-                std::fs::rename(&tmp, &output).map_err(|e| Error::io(&output, e))
-            })();
-            if let Err(e) = written {
-                let _ = std::fs::remove_file(&tmp);
-                let _ = std::fs::remove_dir_all(&prob_tmp);
-                return Err(e);
-            }
-            Ok(shape.iter().map(|&v| v as u64).product())
-        })();
-        match one {
-            Ok(n) => {
-                totals.voxels += n;
-                if !opts.quiet {
-                    bar.suspend(|| eprintln!("{}: {}", c.id, output.display()));
-                }
-                results.push(PredictCase {
-                    id: c.id.clone(),
-                    outcome: PredictOutcome::Predicted {
-                        output,
-                        seconds: t.elapsed().as_secs_f64(),
-                    },
-                });
-            }
-            Err(e) => {
-                results.push(PredictCase {
-                    id: c.id.clone(),
-                    outcome: PredictOutcome::Failed {
-                        error: e.to_string(),
-                    },
-                });
-            }
-        }
-    }
-    bar.finish_and_clear();
-    // Each --mirror flip is a window too.
-    let passes = if mirrored { 8 } else { 1 };
-    totals.windows += ran.load(std::sync::atomic::Ordering::Relaxed) * passes;
-    Ok(())
-}
-
-/// The sliding window of one model (an ensemble member) with `net`, its weights.
-fn predictor<'a>(
-    opts: &PredictOptions,
-    device: &'a candle_core::Device,
-    member: &LoadedModel,
-    net: &'a crate::model::unet::UNet,
-    on_windows: Option<&'a (dyn Fn(usize) + Sync)>,
-) -> Predictor<'a> {
-    Predictor {
-        model: net,
-        device,
-        patch: member.network.patch,
-        overlap: opts.overlap,
-        batch: opts.batch.max(1),
-        mirror_axes: if opts.mirror && member.trained_mirrored {
-            vec![0, 1, 2]
-        } else {
-            Vec::new()
-        },
-        on_windows,
-        flavour: Flavour::ours(member.record.labels().is_regions()),
-    }
-}
-
-/// The windows bar (on a terminal, unless quiet): windows done of all, windows a second.
-fn window_bar(enabled: bool, windows: u64) -> ProgressBar {
-    crate::util::progress::bar(
-        enabled,
-        windows,
-        "predict [{bar:24}] {pos}/{len} windows {rate} eta {eta} {msg}",
-        |s| {
-            s.with_key(
-                "rate",
-                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                    let _ = write!(w, "{:.1} windows/s", s.per_sec());
-                },
-            )
-        },
-    )
 }

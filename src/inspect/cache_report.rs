@@ -263,6 +263,14 @@ fn check_array_metadata(root: &Path, m: &EntryMeta) -> Vec<Problem> {
         .collect()
 }
 
+/// Which datasets name each entry key, and what each says the entry holds (dataset, case,
+/// shape), from the manifest.
+#[derive(Default)]
+struct Claims {
+    refs: BTreeMap<String, Vec<String>>,
+    holds: BTreeMap<String, Vec<(String, String, [usize; 3])>>,
+}
+
 /// Inspect a cache folder (and re-hash every block with `verify`).
 pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
     let cache = CacheDir::new(root);
@@ -295,212 +303,26 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
     }
     let parsed: Vec<Found<EntryMeta>> = dirs.par_iter().map(|d| read_entry(root, d)).collect();
 
-    // Which datasets refer to which key, and what they say the entry holds.
-    let mut refs: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut claims: BTreeMap<String, Vec<(String, String, [usize; 3])>> = BTreeMap::new();
-    let mut datasets = Vec::new();
-    for (name, d) in manifest.iter().flat_map(|m| m.datasets.iter()) {
-        // The parameters hash to the key builds merged on: an edited parameter (derived
-        // arrays, normalization statistics) no longer does.
-        if crate::format::manifest::params_key(&d.params) != d.params_key {
-            problems.push(
-                Problem::error(
-                    "manifest",
-                    format!(
-                        "dataset {name}: its params do not hash to its params_key {}: the manifest was edited after the build",
-                        short_key(&d.params_key)
-                    ),
-                )
-                .path(MANIFEST_FILE),
-            );
-        }
-        let mut missing = Vec::new();
-        for (case, c) in &d.cases {
-            refs.entry(c.key.clone()).or_default().push(name.clone());
-            claims.entry(c.key.clone()).or_default().push((
-                name.clone(),
-                case.clone(),
-                c.out_shape_zyx,
-            ));
-            if c.entry != CacheDir::entry_rel_checked(&c.key).unwrap_or_default() {
-                problems.push(
-                    Problem::error(
-                        "manifest",
-                        format!(
-                            "dataset {name} places entry {} at {:?}, not where its key puts it",
-                            short_key(&c.key),
-                            c.entry
-                        ),
-                    )
-                    .case(case)
-                    .path(MANIFEST_FILE),
-                );
-            }
-            let there = entry_dir(root, &c.key).is_some_and(|p| p.join(ZARR_JSON).is_file());
-            if !there {
-                missing.push(case.clone());
-                problems.push(
-                    Problem::error(
-                        "missing-entry",
-                        format!(
-                            "dataset {name} names entry {} for this case, and it is not there",
-                            short_key(&c.key)
-                        ),
-                    )
-                    .case(case)
-                    .path(c.entry.clone()),
-                );
-            }
-        }
-        let p = &d.params;
-        datasets.push(DatasetInfo {
-            name: name.clone(),
-            pipeline: d.pipeline.clone(),
-            params_key: d.params_key.clone(),
-            target_spacing_xyz: p.target_spacing_xyz,
-            spacing_rule: d.spacing_rule.clone(),
-            spacing_reason: d.spacing_reason.clone(),
-            channels: d.channels.clone(),
-            normalization: p
-                .channels
-                .iter()
-                .map(|c| c.normalization.name().to_string())
-                .collect(),
-            image_dtype: p.image_dtype,
-            chunk_zyx: p.chunk_zyx,
-            shard_zyx: p.shard_zyx,
-            compression: codec_name(&p.compression),
-            cases: d.cases.len(),
-            classes: d
-                .dataset_json
-                .iter()
-                .flat_map(|j| j.labels.iter())
-                .map(|c| c.to_string())
-                .collect(),
-            ignore_label: d.dataset_json.as_ref().and_then(|j| j.ignore_label),
-            missing_entries: missing,
-        });
-    }
+    let mut claims = Claims::default();
+    let datasets: Vec<DatasetInfo> = manifest
+        .iter()
+        .flat_map(|m| m.datasets.iter())
+        .map(|(name, d)| dataset_info(root, name, d, &mut claims, &mut problems))
+        .collect();
 
     let mut entries = Vec::new();
     let mut metas = Vec::new();
     for r in parsed {
-        let m = match r {
-            Ok(m) => m,
-            Err(p) => {
-                problems.push(*p);
-                continue;
+        match r {
+            Ok(m) => {
+                entries.push(entry_info(root, &m, &claims, have_manifest, &mut problems));
+                metas.push(m);
             }
-        };
-        let folder = m.dir.file_name().map(|n| n.to_string_lossy().to_string());
-        if folder.as_deref() != Some(m.key.as_str()) {
-            problems.push(
-                Problem::error(
-                    "metadata",
-                    format!(
-                        "the entry says its key is {}, but its folder is named otherwise",
-                        short_key(&m.key)
-                    ),
-                )
-                .case(&m.case_id)
-                .path(format!("{}/{ZARR_JSON}", m.rel)),
-            );
+            Err(p) => problems.push(*p),
         }
-        problems.extend(check_array_metadata(root, &m));
-        problems.extend(check_no_links(root, &m));
-        for (name, case, shape) in folder
-            .as_ref()
-            .and_then(|f| claims.get(f))
-            .into_iter()
-            .flatten()
-        {
-            if *case != m.case_id {
-                problems.push(
-                    Problem::error(
-                        "manifest",
-                        format!(
-                            "dataset {name} files case {case} under this entry, which holds case {}: entries swapped or edited",
-                            m.case_id
-                        ),
-                    )
-                    .case(case)
-                    .path(m.rel.clone()),
-                );
-            }
-            if *shape != m.shape_zyx {
-                problems.push(
-                    Problem::error(
-                        "manifest",
-                        format!(
-                            "dataset {name} says the entry is {shape:?} voxels (z, y, x); it is {:?}",
-                            m.shape_zyx
-                        ),
-                    )
-                    .case(case)
-                    .path(MANIFEST_FILE),
-                );
-            }
-        }
-        let names = folder
-            .as_ref()
-            .and_then(|f| refs.get(f))
-            .cloned()
-            .unwrap_or_default();
-        let orphan = have_manifest && names.is_empty();
-        if orphan {
-            problems.push(
-                Problem::warning(
-                    "orphan",
-                    "no dataset in the manifest refers to this entry (a rebuild with other parameters replaced it); it is safe to delete",
-                )
-                .case(&m.case_id)
-                .path(m.rel.clone()),
-            );
-        }
-        let bytes_on_disk = dir_bytes(&m.dir);
-        let decoded = decoded_bytes(&m);
-        entries.push(EntryInfo {
-            key: m.key.clone(),
-            path: m.rel.clone(),
-            case_id: m.case_id.clone(),
-            datasets: names,
-            orphan,
-            shape_zyx: m.shape_zyx,
-            spacing_xyz: m.spacing_xyz,
-            unit: m.unit.clone(),
-            image_dtype: m.image_dtype,
-            label_dtype: m.label_dtype,
-            chunk_zyx: m.chunk_zyx,
-            shard_zyx: m.shard_zyx,
-            codec: m.codec.clone(),
-            bytes_on_disk,
-            decoded_bytes: decoded,
-            compression_ratio: if bytes_on_disk > 0 {
-                decoded as f64 / bytes_on_disk as f64
-            } else {
-                0.0
-            },
-            label_classes: m.classes.clone(),
-        });
-        metas.push(m);
     }
     entries.sort_by(|a, b| (&a.case_id, &a.key).cmp(&(&b.case_id, &b.key)));
-
-    let verify = verify.then(|| {
-        // One entry at a time: blocks are checked in parallel within it, and a shard can be
-        // a gigabyte decoded.
-        let results: Vec<(VerifySummary, Vec<Problem>)> =
-            metas.iter().map(|m| verify_entry(root, m)).collect();
-        let mut total = VerifySummary {
-            entries: metas.len(),
-            ..VerifySummary::default()
-        };
-        for (s, p) in results {
-            total.add(&s);
-            problems.extend(p);
-        }
-        total
-    });
+    let verify = verify.then(|| verify_all(root, &metas, &mut problems));
 
     let tmp = tmp_leftovers(root, &mut problems);
     let totals = CacheTotals {
@@ -524,4 +346,216 @@ pub fn build(root: &Path, verify: bool) -> Result<(CacheReport, Vec<Problem>)> {
         },
         problems,
     ))
+}
+
+/// One dataset of the manifest: its summary, its problems (parameters edited after the
+/// build, an entry placed where its key does not put it, a missing entry), and its claims.
+fn dataset_info(
+    root: &Path,
+    name: &str,
+    d: &crate::format::ManifestDataset,
+    claims: &mut Claims,
+    problems: &mut Vec<Problem>,
+) -> DatasetInfo {
+    // The parameters hash to the key builds merged on: an edited parameter (derived arrays,
+    // normalization statistics) no longer does.
+    if crate::format::manifest::params_key(&d.params) != d.params_key {
+        problems.push(
+            Problem::error(
+                "manifest",
+                format!(
+                    "dataset {name}: its params do not hash to its params_key {}: the manifest was edited after the build",
+                    short_key(&d.params_key)
+                ),
+            )
+            .path(MANIFEST_FILE),
+        );
+    }
+    let mut missing = Vec::new();
+    for (case, c) in &d.cases {
+        claims
+            .refs
+            .entry(c.key.clone())
+            .or_default()
+            .push(name.to_string());
+        claims.holds.entry(c.key.clone()).or_default().push((
+            name.to_string(),
+            case.clone(),
+            c.out_shape_zyx,
+        ));
+        if c.entry != CacheDir::entry_rel_checked(&c.key).unwrap_or_default() {
+            problems.push(
+                Problem::error(
+                    "manifest",
+                    format!(
+                        "dataset {name} places entry {} at {:?}, not where its key puts it",
+                        short_key(&c.key),
+                        c.entry
+                    ),
+                )
+                .case(case)
+                .path(MANIFEST_FILE),
+            );
+        }
+        let there = entry_dir(root, &c.key).is_some_and(|p| p.join(ZARR_JSON).is_file());
+        if !there {
+            missing.push(case.clone());
+            problems.push(
+                Problem::error(
+                    "missing-entry",
+                    format!(
+                        "dataset {name} names entry {} for this case, and it is not there",
+                        short_key(&c.key)
+                    ),
+                )
+                .case(case)
+                .path(c.entry.clone()),
+            );
+        }
+    }
+    let p = &d.params;
+    DatasetInfo {
+        name: name.to_string(),
+        pipeline: d.pipeline.clone(),
+        params_key: d.params_key.clone(),
+        target_spacing_xyz: p.target_spacing_xyz,
+        spacing_rule: d.spacing_rule.clone(),
+        spacing_reason: d.spacing_reason.clone(),
+        channels: d.channels.clone(),
+        normalization: p
+            .channels
+            .iter()
+            .map(|c| c.normalization.name().to_string())
+            .collect(),
+        image_dtype: p.image_dtype,
+        chunk_zyx: p.chunk_zyx,
+        shard_zyx: p.shard_zyx,
+        compression: codec_name(&p.compression),
+        cases: d.cases.len(),
+        classes: d
+            .dataset_json
+            .iter()
+            .flat_map(|j| j.labels.iter())
+            .map(|c| c.to_string())
+            .collect(),
+        ignore_label: d.dataset_json.as_ref().and_then(|j| j.ignore_label),
+        missing_entries: missing,
+    }
+}
+
+/// One entry folder: its summary and its problems (a folder named for another key, its
+/// arrays' metadata, links, what the manifest says it holds, no dataset naming it while a
+/// manifest exists: `orphan_possible`).
+fn entry_info(
+    root: &Path,
+    m: &EntryMeta,
+    claims: &Claims,
+    orphan_possible: bool,
+    problems: &mut Vec<Problem>,
+) -> EntryInfo {
+    let folder = m.dir.file_name().map(|n| n.to_string_lossy().to_string());
+    if folder.as_deref() != Some(m.key.as_str()) {
+        problems.push(
+            Problem::error(
+                "metadata",
+                format!(
+                    "the entry says its key is {}, but its folder is named otherwise",
+                    short_key(&m.key)
+                ),
+            )
+            .case(&m.case_id)
+            .path(format!("{}/{ZARR_JSON}", m.rel)),
+        );
+    }
+    problems.extend(check_array_metadata(root, m));
+    problems.extend(check_no_links(root, m));
+    for (name, case, shape) in folder
+        .as_ref()
+        .and_then(|f| claims.holds.get(f))
+        .into_iter()
+        .flatten()
+    {
+        if *case != m.case_id {
+            problems.push(
+                Problem::error(
+                    "manifest",
+                    format!(
+                        "dataset {name} files case {case} under this entry, which holds case {}: entries swapped or edited",
+                        m.case_id
+                    ),
+                )
+                .case(case)
+                .path(m.rel.clone()),
+            );
+        }
+        if *shape != m.shape_zyx {
+            problems.push(
+                Problem::error(
+                    "manifest",
+                    format!(
+                        "dataset {name} says the entry is {shape:?} voxels (z, y, x); it is {:?}",
+                        m.shape_zyx
+                    ),
+                )
+                .case(case)
+                .path(MANIFEST_FILE),
+            );
+        }
+    }
+    let names = folder
+        .as_ref()
+        .and_then(|f| claims.refs.get(f))
+        .cloned()
+        .unwrap_or_default();
+    let orphan = orphan_possible && names.is_empty();
+    if orphan {
+        problems.push(
+            Problem::warning(
+                "orphan",
+                "no dataset in the manifest refers to this entry (a rebuild with other parameters replaced it); it is safe to delete",
+            )
+            .case(&m.case_id)
+            .path(m.rel.clone()),
+        );
+    }
+    let bytes_on_disk = dir_bytes(&m.dir);
+    let decoded = decoded_bytes(m);
+    EntryInfo {
+        key: m.key.clone(),
+        path: m.rel.clone(),
+        case_id: m.case_id.clone(),
+        datasets: names,
+        orphan,
+        shape_zyx: m.shape_zyx,
+        spacing_xyz: m.spacing_xyz,
+        unit: m.unit.clone(),
+        image_dtype: m.image_dtype,
+        label_dtype: m.label_dtype,
+        chunk_zyx: m.chunk_zyx,
+        shard_zyx: m.shard_zyx,
+        codec: m.codec.clone(),
+        bytes_on_disk,
+        decoded_bytes: decoded,
+        compression_ratio: if bytes_on_disk > 0 {
+            decoded as f64 / bytes_on_disk as f64
+        } else {
+            0.0
+        },
+        label_classes: m.classes.clone(),
+    }
+}
+
+/// Re-hash every block of every entry. One entry at a time: blocks are checked in parallel
+/// within it, and a shard can be a gigabyte decoded.
+fn verify_all(root: &Path, metas: &[EntryMeta], problems: &mut Vec<Problem>) -> VerifySummary {
+    let mut total = VerifySummary {
+        entries: metas.len(),
+        ..VerifySummary::default()
+    };
+    for m in metas {
+        let (s, p) = verify_entry(root, m);
+        total.add(&s);
+        problems.extend(p);
+    }
+    total
 }

@@ -4,6 +4,7 @@
 //! does not write such blocks.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -178,6 +179,55 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         problems: Vec::new(),
         case: &m.case_id,
     };
+    let sums_rel = rel_path(root, &m.dir.join(ZARR_JSON));
+    let Some(sums) = entry_checksums(root, m, &mut acc) else {
+        return acc.done();
+    };
+    let store = match open_readable(&m.dir) {
+        Ok(s) => s,
+        Err(e) => {
+            acc.other(
+                Problem::error("metadata", format!("cannot open the entry: {e}"))
+                    .path(m.rel.clone()),
+            );
+            return acc.done();
+        }
+    };
+    // (name, type, channels: the image has a leading channel axis)
+    let mut arrays = vec![(crate::format::IMAGE_ARRAY, m.image_dtype, Some(m.channels))];
+    if let Some(l) = m.label_dtype {
+        arrays.push((crate::format::LABEL_ARRAY, l, None));
+        if m.skeleton {
+            arrays.push((crate::format::SKELETON_ARRAY, l, None));
+        }
+    }
+    if let Some(c) = m.distance_channels.filter(|&c| c > 0) {
+        arrays.push((crate::format::DISTANCE_ARRAY, Dtype::Float32, Some(c)));
+    }
+    let entry = EntryCheck {
+        root,
+        meta: m,
+        store: &store,
+        sums: &sums,
+        sums_rel: &sums_rel,
+    };
+    for (name, dtype, channels) in arrays {
+        entry.verify_array(name, dtype, channels, &mut acc);
+    }
+    // Foreground rows are checked against the label only when the label itself verified.
+    let label_ok = acc
+        .problems
+        .iter()
+        .all(|p| p.array.as_deref() != Some(crate::format::LABEL_ARRAY));
+    if m.fg_rows > 0 {
+        entry.verify_fg(label_ok, &mut acc);
+    }
+    acc.done()
+}
+
+/// The entry's recorded checksums, their block shape checked against its layout; `None`
+/// (the problem recorded) when they cannot be used.
+fn entry_checksums(root: &Path, m: &EntryMeta, acc: &mut Acc) -> Option<ChunkChecksums> {
     // The checksums are in the group's attributes, read again here rather than kept in every
     // entry's `EntryMeta` (a report holds all entries' at once).
     let sums_path = m.dir.join(ZARR_JSON);
@@ -193,7 +243,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         Ok(v) => v,
         Err(msg) => {
             acc.other(Problem::error("metadata", msg).path(sums_rel));
-            return acc.done();
+            return None;
         }
     };
     let block_shape = m.shard_zyx.unwrap_or(m.chunk_zyx);
@@ -208,31 +258,32 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
             )
             .path(sums_rel),
         );
-        return acc.done();
+        return None;
     }
-    let store = match open_readable(&m.dir) {
-        Ok(s) => s,
-        Err(e) => {
-            acc.other(
-                Problem::error("metadata", format!("cannot open the entry: {e}"))
-                    .path(m.rel.clone()),
-            );
-            return acc.done();
-        }
-    };
+    Some(sums)
+}
 
-    // (name, type, channels: the image has a leading channel axis)
-    let mut arrays = vec![(crate::format::IMAGE_ARRAY, m.image_dtype, Some(m.channels))];
-    if let Some(l) = m.label_dtype {
-        arrays.push((crate::format::LABEL_ARRAY, l, None));
-        if m.skeleton {
-            arrays.push((crate::format::SKELETON_ARRAY, l, None));
-        }
-    }
-    if let Some(c) = m.distance_channels.filter(|&c| c > 0) {
-        arrays.push((crate::format::DISTANCE_ARRAY, Dtype::Float32, Some(c)));
-    }
-    for (name, dtype, channels) in arrays {
+/// One entry being verified: its metadata, its store and its recorded checksums.
+struct EntryCheck<'a> {
+    root: &'a Path,
+    meta: &'a EntryMeta,
+    store: &'a Arc<ReadStore>,
+    sums: &'a ChunkChecksums,
+    sums_rel: &'a str,
+}
+
+impl EntryCheck<'_> {
+    /// Every block of array `name` against its recorded hash, after its metadata (type,
+    /// shape, chunk grid) against the entry's.
+    fn verify_array(
+        &self,
+        name: &'static str,
+        dtype: Dtype,
+        channels: Option<usize>,
+        acc: &mut Acc,
+    ) {
+        let (root, m) = (self.root, self.meta);
+        let block_shape = m.shard_zyx.unwrap_or(m.chunk_zyx);
         let meta_path = m.dir.join(name).join(ZARR_JSON);
         let meta_rel = rel_path(root, &meta_path);
         let layout = std::fs::read(&meta_path)
@@ -244,7 +295,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         match layout {
             Err(msg) => {
                 acc.other(Problem::error("metadata", msg).path(meta_rel));
-                continue;
+                return;
             }
             Ok(l) if l.dtype != dtype => {
                 acc.other(
@@ -254,18 +305,18 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                     )
                     .path(meta_rel),
                 );
-                continue;
+                return;
             }
             Ok(_) => {}
         }
-        let array = match Array::open(store.clone(), &format!("/{name}")) {
+        let array = match Array::open(self.store.clone(), &format!("/{name}")) {
             Ok(a) => a,
             Err(e) => {
                 acc.other(
                     Problem::error("metadata", format!("not a readable Zarr array: {e}"))
                         .path(meta_rel),
                 );
-                continue;
+                return;
             }
         };
         let lead: Vec<u64> = channels.map(|c| c as u64).into_iter().collect();
@@ -294,12 +345,11 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                 )
                 .path(meta_rel),
             );
-            continue;
+            return;
         }
-        let bpe = dtype.size();
         let empty = std::collections::BTreeMap::new();
-        let recorded = sums.of(name).unwrap_or(&empty);
-        let block_len = block_shape.iter().product::<usize>() * bpe;
+        let recorded = self.sums.of(name).unwrap_or(&empty);
+        let block_len = block_shape.iter().product::<usize>() * dtype.size();
         let check = ArrayCheck {
             root,
             meta: m,
@@ -319,7 +369,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                         "metadata",
                         format!("{CHECKSUMS_AT} records {name} block {k}, outside the array"),
                     )
-                    .path(sums_rel.clone()),
+                    .path(self.sums_rel.to_string()),
                 );
             }
         }
@@ -346,13 +396,12 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         }
     }
 
-    // Foreground rows are checked against the label only when the label itself verified.
-    let label_ok = acc
-        .problems
-        .iter()
-        .all(|p| p.array.as_deref() != Some(crate::format::LABEL_ARRAY));
-    if m.fg_rows > 0 {
-        let fg = Array::open(store.clone(), &format!("/{FG_ARRAY}"))
+    /// The fg array decodes, holds the rows the entry records, and (when the label verified:
+    /// `label_ok`) each row is foreground of its class.
+    fn verify_fg(&self, label_ok: bool, acc: &mut Acc) {
+        let (root, m) = (self.root, self.meta);
+        let fg_rel = || rel_path(root, &m.dir.join(FG_ARRAY));
+        let fg = Array::open(self.store.clone(), &format!("/{FG_ARRAY}"))
             .map_err(|e| e.to_string())
             .and_then(|a| {
                 let subset = zarrs::array::ArraySubset::new_with_shape(a.shape().to_vec());
@@ -363,10 +412,7 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
             Ok(rows) if rows.len() as u64 == m.fg_rows * 4 => {
                 let checked = if label_ok { check_fg_rows(m) } else { Ok(()) };
                 if let Err(msg) = checked {
-                    acc.other(
-                        Problem::error("corrupt-chunk", msg)
-                            .path(rel_path(root, &m.dir.join(FG_ARRAY))),
-                    );
+                    acc.other(Problem::error("corrupt-chunk", msg).path(fg_rel()));
                 }
             }
             Ok(rows) => acc.other(
@@ -378,15 +424,14 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
                         m.fg_rows
                     ),
                 )
-                .path(rel_path(root, &m.dir.join(FG_ARRAY))),
+                .path(fg_rel()),
             ),
             Err(e) => acc.other(
                 Problem::error("corrupt-chunk", format!("the fg array does not read: {e}"))
-                    .path(rel_path(root, &m.dir.join(FG_ARRAY))),
+                    .path(fg_rel()),
             ),
         }
     }
-    acc.done()
 }
 
 /// Every index of a chunk grid, in C order.

@@ -69,6 +69,162 @@ fn block_key(b: &Block, write_block: [usize; 3]) -> (Vec<u64>, String) {
     (idx, name)
 }
 
+/// Checksums of written blocks, by block name.
+type Sums = Mutex<BTreeMap<String, String>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What writing one block of an entry needs: the arrays, the resamplers, and where the
+/// checksums and the foreground index go.
+struct BlockWriter<'a> {
+    input: &'a EntryInput<'a>,
+    dir: &'a Path,
+    write_block: [usize; 3],
+    image: zarrs::array::Array<EntryStore>,
+    label: Option<zarrs::array::Array<EntryStore>>,
+    linear: LinearResampler,
+    nearest: NearestResampler,
+    fg: Mutex<FgAccumulator>,
+    image_sums: Sums,
+    label_sums: Sums,
+}
+
+impl BlockWriter<'_> {
+    /// Block `b` of every array: resampled, hashed, encoded, written.
+    fn block(&self, b: &Block) -> Result<()> {
+        let (idx, name) = block_key(b, self.write_block);
+        let previous = match self.input.previous {
+            Some(p) => Some(p.labels(&self.linear, *b)?),
+            None => None,
+        };
+        for (c, image) in self.input.images.iter().enumerate() {
+            self.image_block(b, (c, *image), &idx, &name, previous.as_deref())?;
+        }
+        if let (Some(arr), Some(label)) = (&self.label, self.input.label) {
+            self.label_block(b, arr, label, &idx, name)?;
+        }
+        Ok(())
+    }
+
+    /// Channel `c` of the image in block `b`.
+    fn image_block(
+        &self,
+        b: &Block,
+        (c, image): (usize, &dyn VoxelRead),
+        idx: &[u64],
+        name: &str,
+        previous: Option<&[f32]>,
+    ) -> Result<()> {
+        let params = self.input.params;
+        let cidx: Vec<u64> = std::iter::once(c as u64)
+            .chain(idx.iter().copied())
+            .collect();
+        let cname = format!("{c}.{name}");
+        let chunk_path = || {
+            self.dir
+                .join(IMAGE_ARRAY)
+                .join(format!("c/{}", cname.replace('.', "/")))
+        };
+        let mut img = vec![0.0f32; b.len()];
+        // A previous stage's channel: the argmax of its probabilities on this grid, or its
+        // segmentation resampled as labels are; either way it stays 0/1.
+        match (params.channels.get(c).map(|p| p.normalization), previous) {
+            (Some(Normalization::Indicator(v)), Some(labels)) => img
+                .iter_mut()
+                .zip(labels)
+                .for_each(|(o, &l)| *o = (l == v as f32) as u8 as f32),
+            (Some(Normalization::Indicator(_)), None) => {
+                self.nearest.fill_from(image, *b, &mut img)?
+            }
+            _ => self.linear.fill_from(image, *b, &mut img)?,
+        }
+        let img = pad_block(img, b.size, self.write_block, 0.0f32);
+        let hash = match params.image_dtype {
+            ImageDtype::Float32 => {
+                let h = blake3::hash(bytes_of(&img));
+                self.image
+                    .store_chunk(&cidx, img.as_slice())
+                    .map_err(|e| Error::zarr(chunk_path(), e))?;
+                h
+            }
+            ImageDtype::Float16 => {
+                // Past float16's range a value would be stored as an infinity (and the reader
+                // refuses those as damage): refuse the case here, saying why.
+                if let Some(v) = img.iter().find(|v| v.abs() > half::f16::MAX.to_f32()) {
+                    return Err(Error::Dataset(format!(
+                        "case {}: image value {v} is beyond float16's range (65504): build it with --image-dtype float32 (or --layout raw), or normalize the intensities",
+                        self.input.case_id
+                    )));
+                }
+                let half: Vec<half::f16> = img.iter().map(|&v| half::f16::from_f32(v)).collect();
+                let h = blake3::hash(bytes_of(&half));
+                self.image
+                    .store_chunk(&cidx, half.as_slice())
+                    .map_err(|e| Error::zarr(chunk_path(), e))?;
+                h
+            }
+        };
+        lock(&self.image_sums).insert(cname, short_hex(&hash));
+        Ok(())
+    }
+
+    /// The label in block `b`, and its foreground into the index.
+    fn label_block(
+        &self,
+        b: &Block,
+        arr: &zarrs::array::Array<EntryStore>,
+        (label, dtype): (&dyn VoxelRead, Dtype),
+        idx: &[u64],
+        name: String,
+    ) -> Result<()> {
+        let mut local = lock(&self.fg).child();
+        let mut labf = vec![0.0f32; b.len()];
+        self.nearest.fill_from(label, *b, &mut labf)?;
+        let at = |e| Error::zarr(self.dir.join(LABEL_ARRAY), e);
+        // Values were checked to be whole numbers that fit the label's type.
+        let hash = match dtype {
+            Dtype::Uint8 => {
+                let lab: Vec<u8> = labf.iter().map(|&v| v as u8).collect();
+                local.observe(*b, &lab);
+                let lab = pad_block(lab, b.size, self.write_block, 0u8);
+                arr.store_chunk(idx, lab.as_slice()).map_err(at)?;
+                blake3::hash(&lab)
+            }
+            _ => {
+                let lab: Vec<u16> = labf.iter().map(|&v| v as u16).collect();
+                local.observe(*b, &lab);
+                let lab = pad_block(lab, b.size, self.write_block, 0u16);
+                arr.store_chunk(idx, lab.as_slice()).map_err(at)?;
+                blake3::hash(bytes_of(&lab))
+            }
+        };
+        lock(&self.label_sums).insert(name, short_hex(&hash));
+        lock(&self.fg).merge(local);
+        Ok(())
+    }
+}
+
+/// Write the foreground index's rows (class, z, y, x) as the `fg` array.
+fn write_fg(store: &Arc<EntryStore>, dir: &Path, rows: &[u32]) -> Result<()> {
+    let n_rows = rows.len() / 4;
+    let store_fg = |e: crate::error::BoxError| Error::zarr(dir.join(FG_ARRAY), e);
+    let mut b = ArrayBuilder::new(
+        vec![n_rows as u64, 4],
+        vec![n_rows as u64, 4],
+        Dtype::Uint32.zarrs(),
+        Dtype::Uint32.zero_fill(),
+    );
+    b.dimension_names(Some(["sample", "class_z_y_x"]));
+    let arr = b
+        .build(store.clone(), &format!("/{FG_ARRAY}"))
+        .map_err(|e| store_fg(e.into()))?;
+    arr.store_metadata().map_err(|e| store_fg(e.into()))?;
+    arr.store_chunk(&[0, 0], rows)
+        .map_err(|e| store_fg(e.into()))
+}
+
 /// Write the entry's arrays and metadata into `store` (a fresh temporary folder `dir`). Nothing
 /// is synced here: the caller makes it durable (`EntryStore::sync_all`) before the commit.
 pub(super) fn write_entry(
@@ -89,145 +245,54 @@ pub(super) fn write_entry(
             params.channels.len()
         )));
     }
-    let image_array = array(ArraySpec {
-        name: IMAGE_ARRAY,
-        dtype: params.image_dtype.dtype(),
-        channels: Some(channels),
-    })?;
     let label_dtype = input.label.map(|l| l.1);
-    let label_array = match label_dtype {
-        None => None,
-        Some(dtype) => Some(array(ArraySpec {
-            name: LABEL_ARRAY,
-            dtype,
-            channels: None,
-        })?),
-    };
-
     let write_block = layout.write_block_zyx();
-    let linear = LinearResampler::new(input.in_shape_zyx, out_shape);
-    let nearest = NearestResampler::new(input.in_shape_zyx, out_shape);
-    let fg = Mutex::new(FgAccumulator::new(
-        params.fg_samples,
-        params.seed,
-        out_shape,
-    ));
-    let image_sums = Mutex::new(BTreeMap::new());
-    let label_sums = Mutex::new(BTreeMap::new());
-    let all_blocks = blocks(out_shape, write_block);
-
-    all_blocks.par_iter().try_for_each(|b| -> Result<()> {
-        let (idx, name) = block_key(b, write_block);
-        let previous = match input.previous {
-            Some(p) => Some(p.labels(&linear, *b)?),
+    let writer = BlockWriter {
+        input: &input,
+        dir,
+        write_block,
+        image: array(ArraySpec {
+            name: IMAGE_ARRAY,
+            dtype: params.image_dtype.dtype(),
+            channels: Some(channels),
+        })?,
+        label: match label_dtype {
             None => None,
-        };
-        for (c, image) in input.images.iter().enumerate() {
-            let cidx: Vec<u64> = std::iter::once(c as u64)
-                .chain(idx.iter().copied())
-                .collect();
-            let cname = format!("{c}.{name}");
-            let chunk_path = || {
-                dir.join(IMAGE_ARRAY)
-                    .join(format!("c/{}", cname.replace('.', "/")))
-            };
-            let mut img = vec![0.0f32; b.len()];
-            // A previous stage's channel: the argmax of its probabilities on this grid, or its
-            // segmentation resampled as labels are; either way it stays 0/1.
-            match (params.channels.get(c).map(|p| p.normalization), &previous) {
-                (Some(Normalization::Indicator(v)), Some(labels)) => img
-                    .iter_mut()
-                    .zip(labels)
-                    .for_each(|(o, &l)| *o = (l == v as f32) as u8 as f32),
-                (Some(Normalization::Indicator(_)), None) => {
-                    nearest.fill_from(*image, *b, &mut img)?
-                }
-                _ => linear.fill_from(*image, *b, &mut img)?,
-            }
-            let img = pad_block(img, b.size, write_block, 0.0f32);
-            let hash = match params.image_dtype {
-                ImageDtype::Float32 => {
-                    let h = blake3::hash(bytes_of(&img));
-                    image_array
-                        .store_chunk(&cidx, img.as_slice())
-                        .map_err(|e| Error::zarr(chunk_path(), e))?;
-                    h
-                }
-                ImageDtype::Float16 => {
-                    // Past float16's range a value would be stored as an infinity (and the
-                    // reader refuses those as damage): refuse the case here, saying why.
-                    if let Some(v) = img.iter().find(|v| v.abs() > half::f16::MAX.to_f32()) {
-                        return Err(Error::Dataset(format!(
-                            "case {}: image value {v} is beyond float16's range (65504): build it with --image-dtype float32 (or --layout raw), or normalize the intensities",
-                            input.case_id
-                        )));
-                    }
-                    let half: Vec<half::f16> =
-                        img.iter().map(|&v| half::f16::from_f32(v)).collect();
-                    let h = blake3::hash(bytes_of(&half));
-                    image_array
-                        .store_chunk(&cidx, half.as_slice())
-                        .map_err(|e| Error::zarr(chunk_path(), e))?;
-                    h
-                }
-            };
-            image_sums
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(cname, short_hex(&hash));
-        }
-
-        if let (Some(arr), Some(label)) = (&label_array, input.label) {
-            let mut local = fg.lock().unwrap_or_else(|p| p.into_inner()).child();
-            let mut labf = vec![0.0f32; b.len()];
-            nearest.fill_from(label.0, *b, &mut labf)?;
-            // Values were checked to be whole numbers that fit the label's type.
-            let hash = match label.1 {
-                Dtype::Uint8 => {
-                    let lab: Vec<u8> = labf.iter().map(|&v| v as u8).collect();
-                    local.observe(*b, &lab);
-                    let lab = pad_block(lab, b.size, write_block, 0u8);
-                    arr.store_chunk(&idx, lab.as_slice())
-                        .map_err(|e| Error::zarr(dir.join(LABEL_ARRAY), e))?;
-                    blake3::hash(&lab)
-                }
-                _ => {
-                    let lab: Vec<u16> = labf.iter().map(|&v| v as u16).collect();
-                    local.observe(*b, &lab);
-                    let lab = pad_block(lab, b.size, write_block, 0u16);
-                    arr.store_chunk(&idx, lab.as_slice())
-                        .map_err(|e| Error::zarr(dir.join(LABEL_ARRAY), e))?;
-                    blake3::hash(bytes_of(&lab))
-                }
-            };
-            label_sums
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name, short_hex(&hash));
-            fg.lock().unwrap_or_else(|p| p.into_inner()).merge(local);
-        }
-        on_voxels(b.len() as u64);
-        Ok(())
-    })?;
+            Some(dtype) => Some(array(ArraySpec {
+                name: LABEL_ARRAY,
+                dtype,
+                channels: None,
+            })?),
+        },
+        linear: LinearResampler::new(input.in_shape_zyx, out_shape),
+        nearest: NearestResampler::new(input.in_shape_zyx, out_shape),
+        fg: Mutex::new(FgAccumulator::new(
+            params.fg_samples,
+            params.seed,
+            out_shape,
+        )),
+        image_sums: Default::default(),
+        label_sums: Default::default(),
+    };
+    blocks(out_shape, write_block)
+        .par_iter()
+        .try_for_each(|b| -> Result<()> {
+            writer.block(b)?;
+            on_voxels(b.len() as u64);
+            Ok(())
+        })?;
+    let BlockWriter {
+        fg,
+        image_sums,
+        label_sums,
+        ..
+    } = writer;
 
     let fg = fg.into_inner().unwrap_or_else(|p| p.into_inner()).finish();
     let (rows, ranges) = fg.rows();
     let n_rows = rows.len() / 4;
     if n_rows > 0 {
-        let store_fg = |e: crate::error::BoxError| Error::zarr(dir.join(FG_ARRAY), e);
-        let mut b = ArrayBuilder::new(
-            vec![n_rows as u64, 4],
-            vec![n_rows as u64, 4],
-            Dtype::Uint32.zarrs(),
-            Dtype::Uint32.zero_fill(),
-        );
-        b.dimension_names(Some(["sample", "class_z_y_x"]));
-        let arr = b
-            .build(store.clone(), &format!("/{FG_ARRAY}"))
-            .map_err(|e| store_fg(e.into()))?;
-        arr.store_metadata().map_err(|e| store_fg(e.into()))?;
-        arr.store_chunk(&[0, 0], rows.as_slice())
-            .map_err(|e| store_fg(e.into()))?;
+        write_fg(store, dir, &rows)?;
     }
 
     // The label is complete: the arrays derived from it are read back from it.
