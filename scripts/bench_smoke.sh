@@ -49,7 +49,7 @@ step() {
 covered+=(bench_augment bench_patches bench_train_step export_forward)
 
 echo "== Python scripts: byte-compiled (the PyTorch ones cannot run here)"
-step py_compile env PYTHONPYCACHEPREFIX="$tmp/pycache" "$PY" -m py_compile scripts/*.py
+step py_compile env PYTHONPYCACHEPREFIX="$tmp/pycache" "$PY" -m py_compile scripts/*.py python/examples/*.py
 
 echo "== caches of the bundled data (plain, and with distance maps and skeletons)"
 step cache "$DEBUG/prep" build-cache data/vessels --cache-dir "$tmp/cache" -q

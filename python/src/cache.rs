@@ -39,7 +39,41 @@ struct BuildArgs {
 fn clap_message(e: &clap::Error) -> String {
     let text = e.render().to_string();
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    first.trim_start_matches("error: ").trim().to_string()
+    as_keywords(first.trim_start_matches("error: ").trim())
+}
+
+/// A command-line message spoken in Python's terms: each flag (`--local-cache <DIR>`) named as
+/// the keyword that gives it (`local_cache=`).
+fn as_keywords(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("--") {
+        let after = &rest[at + 2..];
+        let name_len = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .unwrap_or(after.len());
+        let starts_word = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !c.is_alphanumeric());
+        if name_len == 0 || !starts_word {
+            out.push_str(&rest[..at + 2]);
+            rest = after;
+            continue;
+        }
+        out.push_str(&rest[..at]);
+        out.push_str(&after[..name_len].replace('-', "_"));
+        out.push('=');
+        rest = &after[name_len..];
+        // The value's placeholder (` <DIR>`) goes with the flag.
+        if let Some(tail) = rest.strip_prefix(" <") {
+            if let Some(end) = tail.find('>') {
+                rest = &tail[end + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Options spelled as flags (`["--spacing", "1,1,2"]`) parsed as `prep build-cache` parses them.
@@ -60,8 +94,13 @@ pub(crate) fn build_cache(
 ) -> PyResult<String> {
     let args: BuildArgs = parse_flags(flags)?;
     py.detach(move || -> voxcache::Result<String> {
-        let remote = args.s3.options_for(&cache_dir, false)?;
-        let settings = resolve(&args.settings)?;
+        // The options' own checks name them as the keywords that gave them.
+        let keywords = |e: voxcache::Error| match e {
+            voxcache::Error::Config(m) => voxcache::Error::Config(as_keywords(&m)),
+            other => other,
+        };
+        let remote = args.s3.options_for(&cache_dir, false).map_err(keywords)?;
+        let settings = resolve(&args.settings).map_err(keywords)?;
         let source = dataset_source(Some(data), None, None)?;
         cache_apart(&cache_dir, &source, args.previous_stage.as_deref())?;
         let opts = BuildOptions {
@@ -113,7 +152,10 @@ fn open_view(location: &Path, flags: &[String], fresh: bool) -> voxcache::Result
     }
     let remote =
         Remote::try_parse_from(flags).map_err(|e| voxcache::Error::Config(clap_message(&e)))?;
-    let opts = remote.s3.options_for(location, true)?;
+    let opts = remote.s3.options_for(location, true).map_err(|e| match e {
+        voxcache::Error::Config(m) => voxcache::Error::Config(as_keywords(&m)),
+        other => other,
+    })?;
     local_for_reading(location, &opts, fresh, Fill::Whole)
 }
 

@@ -147,8 +147,14 @@ def test_bad_arguments_are_clear_errors(cache, cache_dir, tmp_path):
         voxcache.open(tmp_path / "nothing")
     with pytest.raises(voxcache.ConfigError, match="spacing"):
         voxcache.build_cache(cache_dir, tmp_path / "c", spacing="x")
-    with pytest.raises(voxcache.ConfigError, match="unexpected argument"):
+    # Options are named as the keywords that give them, not as command-line flags.
+    with pytest.raises(voxcache.ConfigError, match="unexpected argument 'no_such_option='"):
         voxcache.build_cache(cache_dir, tmp_path / "c", no_such_option=3)
+    with pytest.raises(voxcache.ConfigError, match="for 'jobs='") as e:
+        voxcache.build_cache(cache_dir, tmp_path / "c", jobs="many")
+    assert "--" not in str(e.value)
+    with pytest.raises(voxcache.ConfigError, match="local_cache_gb= does not apply to a local path"):
+        voxcache.build_cache(cache_dir, tmp_path / "c", local_cache_gb=3)
     with pytest.raises(voxcache.ConfigError, match="ghost"):
         voxcache.PatchLoader(cache, (8, 32, 32), 2, cases=["ghost"])
     with pytest.raises(voxcache.ConfigError, match="patch_size"):
