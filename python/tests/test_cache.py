@@ -1,8 +1,10 @@
 """The cache from Python: build, inspect, open, read; checked against zarr-python's reading of
 the same entries and against the library's own reader through another path."""
 
+import gc
 import json
 import os
+import pathlib
 import shutil
 
 import numpy as np
@@ -184,8 +186,33 @@ def test_a_damaged_chunk_is_named(cache_dir, tmp_path):
     assert os.path.relpath(chunk, entry) in message, message
 
 
+def _rss_and_threads():
+    """This process's resident memory (bytes) and thread count, from /proc (Linux)."""
+    status = pathlib.Path("/proc/self/status").read_text()
+    rss = int(next(l.split()[1] for l in status.splitlines() if l.startswith("VmRSS:")))
+    return rss * 1024, len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc (Linux)")
 def test_loaders_come_and_go(cache):
-    for _ in range(50):
-        loader = voxcache.PatchLoader(cache, (8, 32, 32), 2, threads=2, steps=1)
-        next(iter(loader))
-        del loader
+    """Loaders made and dropped by the hundred (as a notebook or a DataLoader re-iterated per
+    epoch does) leave no thread behind and no growing memory; batches kept alive stay valid."""
+
+    def churn(n):
+        kept = None
+        for _ in range(n):
+            loader = voxcache.PatchLoader(cache, (8, 32, 32), 2, augment="default", threads=2, steps=2)
+            kept = next(iter(loader))
+            del loader
+        return kept
+
+    churn(20)
+    gc.collect()
+    rss0, threads0 = _rss_and_threads()
+    kept = churn(200)
+    gc.collect()
+    rss1, threads1 = _rss_and_threads()
+    assert threads1 == threads0, (threads0, threads1)
+    assert rss1 - rss0 < 32 << 20, f"resident memory grew by {(rss1 - rss0) >> 20} MiB over 200 loaders"
+    # The last batch outlives its loader: numpy owns its buffer.
+    assert kept["image"].shape == (2, 1, 8, 32, 32) and np.isfinite(kept["image"]).all()
