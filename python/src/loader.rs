@@ -8,8 +8,10 @@ use std::sync::Mutex;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use voxcache::cache::reader::CacheReader;
 use voxcache::cache::reader::EntryReader;
 use voxcache::train::augment::AugmentConfig;
+use voxcache::train::classes::{ClassMap, IGNORE};
 use voxcache::train::loader::{Loader, LoaderConfig};
 use voxcache::train::sampler::{Sampler, SamplerConfig, Shard};
 
@@ -27,6 +29,32 @@ pub(crate) struct PatchLoader {
     /// Batches an iteration yields (`None`: without end).
     steps: Option<u64>,
     first_step: u64,
+    /// With `targets`: the trainer's label-value-to-class mapping.
+    classes: Option<ClassMap>,
+}
+
+/// Where a voxel of the ignore label lands in `target`: PyTorch's default `ignore_index`.
+const IGNORE_INDEX: i64 = -100;
+
+/// The trainer's classes of dataset `name`: the values every labelled case holds, named and
+/// completed by its dataset.json, in value order (as `train` maps them).
+fn dataset_classes(reader: &CacheReader, name: &str) -> voxcache::Result<ClassMap> {
+    let mut present = std::collections::BTreeSet::from([0u16]);
+    for c in reader.cases(name)? {
+        let e = reader.open_entry(name, &c.case_id)?;
+        if e.label_dtype().is_some() {
+            present.extend(e.classes());
+        }
+    }
+    let described = reader.dataset(name)?.dataset_json.as_ref();
+    let map = ClassMap::new(&present, described, &format!("dataset {name:?}"))?;
+    if map.labels().is_regions() {
+        return Err(voxcache::Error::Config(format!(
+            "dataset {name:?} is labelled in regions: targets=True gives class indices, which \
+             regions do not have; use the label values (batch[\"label\"])"
+        )));
+    }
+    Ok(map)
 }
 
 #[pymethods]
@@ -37,7 +65,7 @@ impl PatchLoader {
     #[new]
     #[pyo3(signature = (cache, patch_size, batch_size, augment = None, threads = 2,
         seed = 1234, dataset = None, cases = None, fg_fraction = 1.0 / 3.0, queue_depth = 4,
-        steps = None, first_step = 0, rank = 0, world_size = 1))]
+        steps = None, first_step = 0, rank = 0, world_size = 1, targets = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -55,6 +83,7 @@ impl PatchLoader {
         first_step: u64,
         rank: usize,
         world_size: usize,
+        targets: bool,
     ) -> PyResult<Self> {
         let augment = match augment {
             None => AugmentConfig::none(),
@@ -63,61 +92,67 @@ impl PatchLoader {
         };
         let name = cache.dataset_name(dataset).map_err(to_py)?;
         let reader = cache.reader.clone();
-        let (loader, ids, channels) = py
-            .detach(move || -> voxcache::Result<(Loader, Vec<String>, usize)> {
-                let all = reader.cases(&name)?;
-                let explicit = cases.is_some();
-                let chosen: Vec<String> = match cases {
-                    Some(ids) => {
-                        for id in &ids {
-                            if !all.iter().any(|c| &c.case_id == id) {
-                                return Err(voxcache::Error::Config(format!(
-                                    "case {id:?} is not in dataset {name}"
-                                )));
+        let (loader, ids, channels, classes) = py
+            .detach(
+                move || -> voxcache::Result<(Loader, Vec<String>, usize, Option<ClassMap>)> {
+                    let classes = match targets {
+                        true => Some(dataset_classes(&reader, &name)?),
+                        false => None,
+                    };
+                    let all = reader.cases(&name)?;
+                    let explicit = cases.is_some();
+                    let chosen: Vec<String> = match cases {
+                        Some(ids) => {
+                            for id in &ids {
+                                if !all.iter().any(|c| &c.case_id == id) {
+                                    return Err(voxcache::Error::Config(format!(
+                                        "case {id:?} is not in dataset {name}"
+                                    )));
+                                }
                             }
+                            ids
                         }
-                        ids
+                        None => all.into_iter().map(|c| c.case_id).collect(),
+                    };
+                    let mut entries: Vec<EntryReader> = Vec::with_capacity(chosen.len());
+                    let mut ids = Vec::with_capacity(chosen.len());
+                    for id in chosen {
+                        let e = reader.open_entry(&name, &id)?;
+                        // Unlabelled cases are left out unless asked for by name (then the
+                        // loader refuses them, naming the case).
+                        if e.label_dtype().is_some() || explicit {
+                            entries.push(e);
+                            ids.push(id);
+                        }
                     }
-                    None => all.into_iter().map(|c| c.case_id).collect(),
-                };
-                let mut entries: Vec<EntryReader> = Vec::with_capacity(chosen.len());
-                let mut ids = Vec::with_capacity(chosen.len());
-                for id in chosen {
-                    let e = reader.open_entry(&name, &id)?;
-                    // Unlabelled cases are left out unless asked for by name (then the
-                    // loader refuses them, naming the case).
-                    if e.label_dtype().is_some() || explicit {
-                        entries.push(e);
-                        ids.push(id);
+                    if entries.is_empty() {
+                        return Err(voxcache::Error::Config(format!(
+                            "dataset {name}: no labelled case to draw patches from"
+                        )));
                     }
-                }
-                if entries.is_empty() {
-                    return Err(voxcache::Error::Config(format!(
-                        "dataset {name}: no labelled case to draw patches from"
-                    )));
-                }
-                let channels = entries[0].channels();
-                let sampler = Sampler::new(
-                    &entries,
-                    Vec::new(),
-                    SamplerConfig {
-                        fg_fraction,
-                        shard: Shard {
-                            rank,
-                            ranks: world_size,
+                    let channels = entries[0].channels();
+                    let sampler = Sampler::new(
+                        &entries,
+                        Vec::new(),
+                        SamplerConfig {
+                            fg_fraction,
+                            shard: Shard {
+                                rank,
+                                ranks: world_size,
+                            },
+                            ..SamplerConfig::new(patch_size, batch_size, seed)
                         },
-                        ..SamplerConfig::new(patch_size, batch_size, seed)
-                    },
-                )?;
-                let cfg = LoaderConfig {
-                    workers: threads,
-                    queue_depth,
-                    augment,
-                    ..LoaderConfig::default()
-                };
-                let loader = Loader::start(entries, sampler, cfg, first_step)?;
-                Ok((loader, ids, channels))
-            })
+                    )?;
+                    let cfg = LoaderConfig {
+                        workers: threads,
+                        queue_depth,
+                        augment,
+                        ..LoaderConfig::default()
+                    };
+                    let loader = Loader::start(entries, sampler, cfg, first_step)?;
+                    Ok((loader, ids, channels, classes))
+                },
+            )
             .map_err(to_py)?;
         Ok(PatchLoader {
             loader: Mutex::new(loader),
@@ -127,6 +162,18 @@ impl PatchLoader {
             channels,
             steps,
             first_step,
+            classes,
+        })
+    }
+
+    /// With `targets=True`: the classes `target` indexes, in order: `(label value, name)`.
+    #[getter]
+    fn classes(&self) -> Option<Vec<(u16, String)>> {
+        self.classes.as_ref().map(|m| {
+            m.classes()
+                .iter()
+                .map(|c| (c.value, c.name.clone()))
+                .collect()
         })
     }
 
@@ -163,14 +210,27 @@ impl PatchLoader {
                 l.ready_ahead() > 0
             });
             if ready {
-                break py.detach(|| self.lock().next()).map_err(to_py)?.0;
+                break py
+                    .detach(|| -> voxcache::Result<_> {
+                        let batch = self.lock().next()?.0;
+                        let target = match &self.classes {
+                            Some(map) => Some(class_indices(map, &batch.label)?),
+                            None => None,
+                        };
+                        Ok((batch, target))
+                    })
+                    .map_err(to_py)?;
             }
             py.check_signals()?;
             py.detach(|| std::thread::sleep(std::time::Duration::from_millis(2)));
         };
+        let (batch, target) = batch;
         let [z, y, x] = self.patch;
         let b = self.batch;
         let d = PyDict::new(py);
+        if let Some(t) = target {
+            d.set_item("target", PyArray1::from_vec(py, t).reshape([b, z, y, x])?)?;
+        }
         d.set_item(
             "image",
             PyArray1::from_vec(py, batch.image).reshape([b, self.channels, z, y, x])?,
@@ -202,4 +262,17 @@ impl PatchLoader {
     fn lock(&self) -> std::sync::MutexGuard<'_, Loader> {
         self.loader.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Label values as the trainer's class indices, the ignore label as [`IGNORE_INDEX`].
+fn class_indices(map: &ClassMap, label: &[u16]) -> voxcache::Result<Vec<i64>> {
+    let mut mapped = label.to_vec();
+    map.map(&mut mapped)?;
+    Ok(mapped
+        .into_iter()
+        .map(|c| match c {
+            IGNORE => IGNORE_INDEX,
+            c => i64::from(c),
+        })
+        .collect())
 }

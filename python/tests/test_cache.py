@@ -137,6 +137,40 @@ def test_ranks_together_draw_one_processs_batches(cache, monkeypatch):
         voxcache.PatchLoader(cache, (16, 32, 32), 3, rank=2, world_size=2)
 
 
+def test_targets_are_the_trainers_class_indices(tmp_path):
+    """Labels 0, 2, 5 and an ignore label 9: ``target`` holds classes 0, 1, 2 and -100 where
+    the label does, as the trainer maps them."""
+    nib = pytest.importorskip("nibabel")
+    data = tmp_path / "data"
+    (data / "imagesTr").mkdir(parents=True)
+    (data / "labelsTr").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        image = rng.normal(size=(40, 40, 20)).astype(np.float32)
+        label = np.zeros((40, 40, 20), np.uint8)
+        label[5:20, 5:20, 2:10] = 2
+        label[20:35, 10:30, 8:16] = 5
+        label[0:4, :, :] = 9
+        affine = np.diag([1.0, 1.0, 2.0, 1.0])
+        nib.save(nib.Nifti1Image(image, affine), data / "imagesTr" / f"c_{i:03d}_0000.nii.gz")
+        nib.save(nib.Nifti1Image(label, affine), data / "labelsTr" / f"c_{i:03d}.nii.gz")
+    (data / "dataset.json").write_text(json.dumps({
+        "channel_names": {"0": "noise"},
+        "labels": {"background": 0, "a": 2, "b": 5, "ignore": 9},
+        "numTraining": 2, "file_ending": ".nii.gz"}))
+    voxcache.build_cache(data, tmp_path / "cache")
+    loader = voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 4, targets=True, steps=6, seed=1)
+    assert loader.classes == [(0, "background"), (2, "a"), (5, "b")]
+    seen = set()
+    for b in loader:
+        want = np.select([b["label"] == 2, b["label"] == 5, b["label"] == 9], [1, 2, -100], 0)
+        assert b["target"].dtype == np.int64
+        np.testing.assert_array_equal(b["target"], want)
+        seen |= set(np.unique(b["target"]).tolist())
+    assert seen == {-100, 0, 1, 2}
+    assert voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 4, steps=1).classes is None
+
+
 def test_a_fold_draws_only_its_cases(cache):
     ids = ["vessels_002", "vessels_007"]
     loader = voxcache.PatchLoader(cache, (8, 32, 32), 4, cases=ids, steps=5)

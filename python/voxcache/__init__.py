@@ -255,7 +255,12 @@ class PatchLoader:
       so the ranks together see exactly that process's batches. Default: the process group's
       when torch.distributed is initialized, else torchrun's ``RANK`` and ``WORLD_SIZE``, else
       one process. Each rank opens the cache itself; its pages are shared through the page
-      cache, not copied per rank."""
+      cache, not copied per rank.
+    - ``targets``: also give ``target`` int64 (B, z, y, x), the label values as the trainer's
+      class indices: every value the dataset's labelled cases hold (named and completed by its
+      dataset.json) in value order, background 0, so 0, 2, 5 train as classes 0, 1, 2; the
+      ignore label as -100 (PyTorch's ``ignore_index``). ``classes`` lists ``(value, name)`` per
+      index. For class datasets (regions have no class index)."""
 
     def __init__(
         self,
@@ -273,6 +278,7 @@ class PatchLoader:
         first_step: int = 0,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        targets: bool = False,
     ):
         rank, world_size = _rank_and_world(rank, world_size)
         if not isinstance(cache, Cache):
@@ -305,6 +311,7 @@ class PatchLoader:
             first_step,
             rank,
             world_size,
+            bool(targets),
         )
         self.rank, self.world_size = rank, world_size
 
@@ -315,6 +322,11 @@ class PatchLoader:
     @property
     def step(self) -> int:
         return self._inner.step
+
+    @property
+    def classes(self) -> Optional[List[Tuple[int, str]]]:
+        """With ``targets=True``: ``(label value, name)`` of each class index, in order."""
+        return self._inner.classes
 
     def __iter__(self):
         return self._inner
