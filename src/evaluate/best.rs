@@ -236,7 +236,7 @@ pub fn find_best(opts: &BestOptions) -> Result<BestReport> {
                 .out
                 .join(format!("ensemble_{}+{}", name_of(&a.dir), name_of(&b.dir)));
             let pairs = ensemble(&a.folds, &b.folds, &a.pairs, &folder)?;
-            let table = ClassTable::fixed(run_classes(&a.record), a.record.ignore_label);
+            let table = ClassTable::of_labels(&a.record.labels());
             let r = evaluate_pairs(pairs.clone(), &table, opts.cldice, opts.jobs, opts.progress)?;
             write_json(&folder.join(SUMMARY_FILE), &r)?;
             ensembles.insert(ranking.len(), (pairs, table));

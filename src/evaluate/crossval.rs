@@ -182,7 +182,7 @@ pub fn cross_validate(opts: &CrossValOptions) -> Result<CrossValidation> {
         .clone()
         .unwrap_or_else(|| default_out(opts, &folds));
     std::fs::create_dir_all(&out).map_err(|e| Error::io(&out, e))?;
-    let table = ClassTable::fixed(run_classes(&record), record.ignore_label);
+    let table = ClassTable::of_labels(&record.labels());
     let report = evaluate_pairs(pairs.clone(), &table, opts.cldice, opts.jobs, opts.progress)?;
     write_json(&out.join(SUMMARY_FILE), &report)?;
     let mut cv = CrossValidation {

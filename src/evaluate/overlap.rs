@@ -16,6 +16,7 @@ use std::sync::mpsc;
 use crate::error::{Error, Result};
 use crate::evaluate::centreline::scratch::ScratchLabels;
 use crate::format::dataset_json::LabelClass;
+use crate::format::labels::Labels;
 use crate::nifti_io::stream_label_slices;
 
 /// The classes measured and, for every label value, the classes it belongs to.
@@ -45,6 +46,12 @@ impl ClassTable {
             discover: false,
             ignore,
         }
+    }
+
+    /// What a model's or a dataset's labels score: each foreground class or region, and the
+    /// ignore label.
+    pub fn of_labels(labels: &Labels) -> ClassTable {
+        ClassTable::fixed(labels.foreground(), labels.ignore())
     }
 
     /// Every non-zero label value met in either file is a class of its own.

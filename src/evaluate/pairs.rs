@@ -13,6 +13,7 @@ use super::overlap::ClassTable;
 use super::EvaluateOptions;
 use crate::error::{Error, Result};
 use crate::format::dataset_json::{DatasetDescription, LabelClass};
+use crate::format::labels::Labels;
 use crate::prep::dataset::{nifti_files, strip_nifti_ext};
 
 /// A prediction and its reference (`None`: none was found, an error of that case).
@@ -142,21 +143,22 @@ fn description(opts: &EvaluateOptions) -> Result<Option<DatasetDescription>> {
     found.map(|p| DatasetDescription::read(&p)).transpose()
 }
 
-/// The classes to measure (background excluded) and the ignore label.
+/// The classes to measure (background excluded) and the ignore label: `--labels` (each a
+/// class or a region, checked when parsed), else what the dataset.json scores
+/// ([`Labels::scored_in`]), else every value met.
 pub fn class_table(opts: &EvaluateOptions) -> Result<ClassTable> {
-    let description = description(opts)?;
-    let ignore = description.as_ref().and_then(|d| d.ignore_label);
-    let classes: Option<Vec<LabelClass>> = opts
-        .labels
-        .clone()
-        .or_else(|| description.map(|d| d.labels));
-    if let Some(c) = &classes {
-        crate::format::dataset_json::check_region_labels(c.iter().filter(|c| c.values.len() > 1))
-            .map_err(Error::Config)?;
-    }
-    Ok(match classes {
-        Some(c) => ClassTable::fixed(c.into_iter().filter(|c| c.values != [0]).collect(), ignore),
-        None => ClassTable::discovered(ignore),
+    let scored = description(opts)?
+        .map(|d| Labels::scored_in(&d))
+        .transpose()
+        .map_err(|e| Error::Config(format!("dataset.json: {e}")))?;
+    let ignore = scored.as_ref().and_then(|s| s.1);
+    Ok(match (&opts.labels, scored) {
+        (Some(c), _) => ClassTable::fixed(
+            c.iter().filter(|c| c.values != [0]).cloned().collect(),
+            ignore,
+        ),
+        (None, Some((classes, _))) => ClassTable::fixed(classes, ignore),
+        (None, None) => ClassTable::discovered(ignore),
     })
 }
 

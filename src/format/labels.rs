@@ -107,6 +107,20 @@ impl Labels {
         Labels::of_classes(classes.collect(), d.ignore_label)
     }
 
+    /// What a dataset.json's labels score, background left out: its classes (one value each)
+    /// or its regions, with the region rules; and its ignore label. Unlike
+    /// [`Self::from_description`] no `regions_class_order` is needed: scoring writes nothing.
+    pub fn scored_in(d: &DatasetDescription) -> Result<(Vec<LabelClass>, Option<u16>), String> {
+        let scored: Vec<LabelClass> = d
+            .labels
+            .iter()
+            .filter(|c| c.values != [0])
+            .cloned()
+            .collect();
+        check_region_labels(scored.iter().filter(|c| c.values.len() > 1))?;
+        Ok((scored, d.ignore_label))
+    }
+
     /// Without the checks: for records checked when read (run.json) or made from checked
     /// labels. Every method copes with what they may lack (lengths that differ, no head).
     pub(crate) fn unchecked_classes(classes: Vec<ClassInfo>, ignore: Option<u16>) -> Labels {

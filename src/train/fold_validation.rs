@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::reader::CacheReader;
 use crate::error::{Error, Result};
-use crate::evaluate::crossval::run_classes;
 use crate::evaluate::pairs::{CasePair, Pairs};
 use crate::evaluate::report::EvaluationReport;
 use crate::evaluate::{evaluate_pairs, ClassTable};
@@ -228,7 +227,7 @@ pub fn validate_fold(opts: &FoldValidationOptions) -> Result<FoldValidation> {
     }
     let report = evaluate_pairs(
         pairs,
-        &ClassTable::fixed(run_classes(&record), record.ignore_label),
+        &ClassTable::of_labels(&record.labels()),
         opts.cldice,
         opts.jobs,
         !opts.quiet,
