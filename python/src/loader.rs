@@ -12,6 +12,7 @@ use voxcache::cache::reader::CacheReader;
 use voxcache::cache::reader::EntryReader;
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::classes::{ClassMap, IGNORE};
+use voxcache::train::deep_supervision::downsample_labels;
 use voxcache::train::loader::{Loader, LoaderConfig};
 use voxcache::train::sampler::{Sampler, SamplerConfig, Shard};
 
@@ -31,6 +32,8 @@ pub(crate) struct PatchLoader {
     first_step: u64,
     /// With `targets`: the trainer's label-value-to-class mapping.
     classes: Option<ClassMap>,
+    /// Deep-supervision targets: each one's downsampling factor (z, y, x) from the patch.
+    deep_supervision: Vec<[usize; 3]>,
 }
 
 /// Where a voxel of the ignore label lands in `target`: PyTorch's default `ignore_index`.
@@ -65,7 +68,8 @@ impl PatchLoader {
     #[new]
     #[pyo3(signature = (cache, patch_size, batch_size, augment = None, threads = 2,
         seed = 1234, dataset = None, cases = None, fg_fraction = 1.0 / 3.0, queue_depth = 4,
-        steps = None, first_step = 0, rank = 0, world_size = 1, targets = false))]
+        steps = None, first_step = 0, rank = 0, world_size = 1, targets = false,
+        deep_supervision = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -84,7 +88,16 @@ impl PatchLoader {
         rank: usize,
         world_size: usize,
         targets: bool,
+        deep_supervision: Vec<[usize; 3]>,
     ) -> PyResult<Self> {
+        for f in &deep_supervision {
+            if (0..3).any(|a| f[a] == 0 || !patch_size[a].is_multiple_of(f[a])) || !targets {
+                return Err(crate::errors::ConfigError::new_err(format!(
+                    "deep_supervision factor {f:?}: each must divide the patch {patch_size:?} \
+                     (z, y, x), and the targets are class indices: give targets=True"
+                )));
+            }
+        }
         let augment = match augment {
             None => AugmentConfig::none(),
             Some(json) => serde_json::from_str::<AugmentConfig>(json)
@@ -163,6 +176,7 @@ impl PatchLoader {
             steps,
             first_step,
             classes,
+            deep_supervision,
         })
     }
 
@@ -214,7 +228,7 @@ impl PatchLoader {
                     .detach(|| -> voxcache::Result<_> {
                         let batch = self.lock().next()?.0;
                         let target = match &self.classes {
-                            Some(map) => Some(class_indices(map, &batch.label)?),
+                            Some(map) => Some(self.targets(map, &batch.label)?),
                             None => None,
                         };
                         Ok((batch, target))
@@ -228,8 +242,20 @@ impl PatchLoader {
         let [z, y, x] = self.patch;
         let b = self.batch;
         let d = PyDict::new(py);
-        if let Some(t) = target {
-            d.set_item("target", PyArray1::from_vec(py, t).reshape([b, z, y, x])?)?;
+        if let Some(mut t) = target {
+            let full = t.remove(0);
+            d.set_item(
+                "target",
+                PyArray1::from_vec(py, full).reshape([b, z, y, x])?,
+            )?;
+            if !self.deep_supervision.is_empty() {
+                let mut levels = Vec::with_capacity(t.len());
+                for (coarse, f) in t.into_iter().zip(&self.deep_supervision) {
+                    let shape = [b, z / f[0], y / f[1], x / f[2]];
+                    levels.push(PyArray1::from_vec(py, coarse).reshape(shape)?);
+                }
+                d.set_item("target_ds", levels)?;
+            }
         }
         d.set_item(
             "image",
@@ -259,20 +285,32 @@ impl PatchLoader {
 }
 
 impl PatchLoader {
+    /// The batch's labels as the trainer's targets: class indices at the patch's resolution,
+    /// then at each deep-supervision factor (pooled as the trainer pools them).
+    fn targets(&self, map: &ClassMap, label: &[u16]) -> voxcache::Result<Vec<Vec<i64>>> {
+        let mut mapped = label.to_vec();
+        map.map(&mut mapped)?;
+        let mut out = Vec::with_capacity(1 + self.deep_supervision.len());
+        for &f in &self.deep_supervision {
+            let (coarse, _) = downsample_labels(&mapped, self.batch, self.patch, f);
+            out.push(as_index(coarse));
+        }
+        out.insert(0, as_index(mapped));
+        Ok(out)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Loader> {
         self.loader.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Label values as the trainer's class indices, the ignore label as [`IGNORE_INDEX`].
-fn class_indices(map: &ClassMap, label: &[u16]) -> voxcache::Result<Vec<i64>> {
-    let mut mapped = label.to_vec();
-    map.map(&mut mapped)?;
-    Ok(mapped
+/// Class indices (the ignore label [`IGNORE`]) as int64, the ignore label [`IGNORE_INDEX`].
+fn as_index(classes: Vec<u16>) -> Vec<i64> {
+    classes
         .into_iter()
         .map(|c| match c {
             IGNORE => IGNORE_INDEX,
             c => i64::from(c),
         })
-        .collect())
+        .collect()
 }

@@ -170,6 +170,32 @@ def test_targets_are_the_trainers_class_indices(tmp_path):
     assert seen == {-100, 0, 1, 2}
     assert voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 4, steps=1).classes is None
 
+    # Deep-supervision targets: the pooling rule, computed here another way.
+    def pooled(t, f):
+        b, z, y, x = t.shape
+        blocks = t.reshape(b, z // f[0], f[0], y // f[1], f[1], x // f[2], f[2])
+        blocks = blocks.transpose(0, 1, 3, 5, 2, 4, 6).reshape(b, z // f[0], y // f[1], x // f[2], -1)
+        out = np.zeros(blocks.shape[:4], np.int64)
+        for idx in np.ndindex(*blocks.shape[:4]):
+            v = blocks[idx]
+            fg = v[v > 0]
+            if fg.size:
+                counts = np.bincount(fg)
+                out[idx] = int(np.argmax(counts))  # ties to the lower class
+            elif (v == -100).all():
+                out[idx] = -100
+        return out
+
+    factors = [(1, 2, 2), (2, 4, 4)]
+    loader = voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 2, targets=True, steps=3,
+                                  seed=2, deep_supervision=factors)
+    for b in loader:
+        assert [t.shape for t in b["target_ds"]] == [(2, 8, 12, 12), (2, 4, 6, 6)]
+        for t, f in zip(b["target_ds"], factors):
+            np.testing.assert_array_equal(t, pooled(b["target"], f))
+    with pytest.raises(voxcache.ConfigError, match="divide the patch"):
+        voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 2, targets=True, deep_supervision=[(3, 2, 2)])
+
 
 def test_a_fold_draws_only_its_cases(cache):
     ids = ["vessels_002", "vessels_007"]

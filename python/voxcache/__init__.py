@@ -260,7 +260,11 @@ class PatchLoader:
       class indices: every value the dataset's labelled cases hold (named and completed by its
       dataset.json) in value order, background 0, so 0, 2, 5 train as classes 0, 1, 2; the
       ignore label as -100 (PyTorch's ``ignore_index``). ``classes`` lists ``(value, name)`` per
-      index. For class datasets (regions have no class index)."""
+      index. For class datasets (regions have no class index).
+    - ``deep_supervision``: with ``targets``, factors (z, y, x) that each divide the patch,
+      e.g. ``[(1, 2, 2), (2, 4, 4)]``: ``target_ds`` holds the target at each, pooled as the
+      trainer pools it (a coarse voxel is foreground when any fine voxel is, the class most of
+      them hold; ignored only when all are), for a network's deep-supervision outputs."""
 
     def __init__(
         self,
@@ -279,6 +283,7 @@ class PatchLoader:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         targets: bool = False,
+        deep_supervision: Sequence[Sequence[int]] = (),
     ):
         rank, world_size = _rank_and_world(rank, world_size)
         if not isinstance(cache, Cache):
@@ -312,6 +317,7 @@ class PatchLoader:
             rank,
             world_size,
             bool(targets),
+            [[int(v) for v in f] for f in deep_supervision],
         )
         self.rank, self.world_size = rank, world_size
 
