@@ -95,13 +95,16 @@ impl std::str::FromStr for Normalization {
 
 impl Normalization {
     /// The scheme nnU-Net gives a channel of this dataset.json name, when the name picks one:
-    /// "CT" the CT scheme, "noNorm" none, "zscore" z-score over all voxels (any case). Other
+    /// "CT" the CT scheme, "noNorm" none, "zscore" z-score over all voxels, "rescale_to_0_1"
+    /// the image's range to [0, 1], "rgb_to_0_1" 8-bit values to [0, 1] (any case). Other
     /// names (MRI sequences...) get the configured scheme.
     pub fn for_channel_name(name: &str) -> Option<Normalization> {
         match name.to_ascii_lowercase().as_str() {
             "ct" => Some(Normalization::Ct),
             "nonorm" => Some(Normalization::None),
             "zscore" => Some(Normalization::Zscore),
+            "rescale_to_0_1" => Some(Normalization::RescaleTo01),
+            "rgb_to_0_1" => Some(Normalization::RgbTo01),
             _ => None,
         }
     }

@@ -215,12 +215,19 @@ pub fn plan_normalization(
             clip: None,
             only_nonzero: false,
         },
-        Normalization::RescaleTo01 | Normalization::RgbTo01 => {
-            return Err(Error::Config(format!(
-                "{} normalization is nnU-Net's {}: it is applied to nnU-Net models' inputs only, not in a cache build",
-                scheme.name(),
-                scheme.nnunet_name().unwrap_or_default()
-            )))
+        // nnU-Net's RescaleTo01Normalization: the image's own range to [0, 1].
+        Normalization::RescaleTo01 => applied(stats.min, stats.max - stats.min, None, false),
+        // nnU-Net's RGBTo01Normalization: 8-bit values to [0, 1]; others are refused, as
+        // nnU-Net asserts.
+        Normalization::RgbTo01 => {
+            if stats.min < 0.0 || stats.max > 255.0 {
+                return Err(Error::Dataset(format!(
+                    "rgb-to-01 normalization takes 8-bit values (0 to 255); this image holds \
+                     {} to {}",
+                    stats.min, stats.max
+                )));
+            }
+            applied(0.0, 255.0, None, false)
         }
     })
 }
@@ -364,6 +371,43 @@ pub fn foreground_stats(mut samples: Vec<f32>) -> Option<ForegroundStats> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nnunets_rescale_and_rgb_schemes_as_nnunet_computes_them() {
+        // RescaleTo01Normalization: (x - min) / (max - min).
+        let raw = vec![-20.0f32, 0.0, 30.0, 80.0];
+        let mut v = raw.clone();
+        let n = plan_normalization(Normalization::RescaleTo01, &intensity_stats(&v), None).unwrap();
+        apply(&mut v, &n);
+        let want: Vec<f32> = raw.iter().map(|x| (x + 20.0) / 100.0).collect();
+        assert!(
+            v.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6),
+            "{v:?}"
+        );
+        // RGBTo01Normalization: x / 255, 8-bit values only.
+        let mut v = vec![0.0f32, 51.0, 255.0];
+        let n = plan_normalization(Normalization::RgbTo01, &intensity_stats(&v), None).unwrap();
+        apply(&mut v, &n);
+        // Multiplied by 1/255 (one rounding from nnU-Net's division at most).
+        assert!(v.iter().zip([0.0, 0.2, 1.0]).all(|(a, b)| (a - b).abs() < 1e-6), "{v:?}");
+        let err = plan_normalization(
+            Normalization::RgbTo01,
+            &intensity_stats(&[0.0, 300.0]),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("0 to 300"), "{err}");
+        // dataset.json's channel names pick them, as nnU-Net's mapping does.
+        assert_eq!(
+            Normalization::for_channel_name("rescale_to_0_1"),
+            Some(Normalization::RescaleTo01)
+        );
+        assert_eq!(
+            Normalization::for_channel_name("RGB_to_0_1"),
+            Some(Normalization::RgbTo01)
+        );
+    }
 
     #[test]
     fn zscore_nonzero_keeps_zeros_and_standardizes_the_rest() {
