@@ -389,7 +389,12 @@ mod tests {
         let n = plan_normalization(Normalization::RgbTo01, &intensity_stats(&v), None).unwrap();
         apply(&mut v, &n);
         // Multiplied by 1/255 (one rounding from nnU-Net's division at most).
-        assert!(v.iter().zip([0.0, 0.2, 1.0]).all(|(a, b)| (a - b).abs() < 1e-6), "{v:?}");
+        assert!(
+            v.iter()
+                .zip([0.0, 0.2, 1.0])
+                .all(|(a, b)| (a - b).abs() < 1e-6),
+            "{v:?}"
+        );
         let err = plan_normalization(
             Normalization::RgbTo01,
             &intensity_stats(&[0.0, 300.0]),
