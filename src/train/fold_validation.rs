@@ -85,9 +85,15 @@ fn same_files(case: &CaseSource, sources: &Sources) -> std::result::Result<(), S
         (Some(_), None) => return Err("its cache entry was built without a label".into()),
     }
     for (path, recorded) in pairs {
-        if name(path).as_deref() != Some(recorded.file.as_str())
-            || size(path) != Some(recorded.bytes)
-        {
+        // A first stage's segmentation with its probabilities beside it: the entry was built
+        // from those (and names them), as the fold validation's predict builds it again.
+        let probabilities = crate::prep::cache_build::previous_probabilities::beside(path)
+            .filter(|p| name(p).as_deref() == Some(recorded.file.as_str()));
+        let (path, bytes) = match &probabilities {
+            Some(p) => (p.as_path(), Some(crate::cache::layout::dir_bytes(p))),
+            None => (path, size(path)),
+        };
+        if name(path).as_deref() != Some(recorded.file.as_str()) || bytes != Some(recorded.bytes) {
             return Err(format!(
                 "{} is not the file its cache entry was built from ({}, {} bytes)",
                 path.display(),

@@ -195,3 +195,60 @@ fn previous_stage_probabilities_are_resampled_and_their_argmax_cached() {
     let o = build();
     assert!(text(&o).contains("1 built, 11 cached"), "{}", text(&o));
 }
+
+/// A second stage trained on a cache built from the first stage's probabilities validates its
+/// fold: the held-out cases' entries name the probabilities, and the fold validation (which
+/// builds them again from the same folder) takes those as the files the entries were built from.
+#[test]
+fn a_second_stage_built_from_probabilities_validates_its_fold() {
+    let t = tempfile::tempdir().unwrap();
+    let (data, prev, cache, run) = (
+        t.path().join("brats"),
+        t.path().join("prev"),
+        t.path().join("cache"),
+        t.path().join("run"),
+    );
+    let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::create_dir_all(&prev).unwrap();
+    for i in 0..12 {
+        let id = format!("brats_{i:03}");
+        std::fs::copy(
+            data.join(format!("labelsTr/{id}.nii.gz")),
+            prev.join(format!("{id}.nii.gz")),
+        )
+        .unwrap();
+        let image = data.join(format!("imagesTr/{id}_0000.nii.gz"));
+        let [x, y, z] = read_header(&image).unwrap().shape_xyz;
+        let dest = prev.join(format!("{id}.probabilities.zarr"));
+        write_probabilities(
+            &image,
+            &probabilities([z, y, x], i as f32),
+            &dest,
+            [z, y, x],
+        );
+    }
+    let o = prep(&[
+        "build-cache",
+        s(&data),
+        "--cache-dir",
+        s(&cache),
+        "--previous-stage",
+        s(&prev),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["--cache-dir", s(&cache), "--out", s(&run), "--fold", "0"])
+        .args(["--patch", "16,32,32", "--batch-size", "2", "--steps", "2"])
+        .args(["--base-channels", "4", "--stages", "3", "--no-progress"])
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(!out.contains("is not the file"), "{out}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("validation/summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["failed"], 0, "{summary}");
+    assert!(summary["evaluated"].as_u64().unwrap() > 0, "{summary}");
+}
