@@ -67,25 +67,29 @@ fn write_probabilities(image: &Path, p: &[Vec<f32>], dest: &Path, shape_zyx: [us
     z.finish(dest).unwrap();
 }
 
-#[test]
-fn previous_stage_probabilities_are_resampled_and_their_argmax_cached() {
-    let t = tempfile::tempdir().unwrap();
-    let (data, prev, cache) = (
-        t.path().join("brats"),
-        t.path().join("prev"),
-        t.path().join("cache"),
-    );
+/// The brats-like preset in `dir/brats`, and `dir/prev`, a first stage's folder holding its
+/// labels as the segmentations (12 cases).
+fn brats_and_previous(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (data, prev) = (dir.join("brats"), dir.join("prev"));
     let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
     assert!(o.status.success(), "{}", text(&o));
     std::fs::create_dir_all(&prev).unwrap();
-    let ids: Vec<String> = (0..12).map(|i| format!("brats_{i:03}")).collect();
-    for id in &ids {
+    for i in 0..12 {
+        let id = format!("brats_{i:03}");
         std::fs::copy(
             data.join(format!("labelsTr/{id}.nii.gz")),
             prev.join(format!("{id}.nii.gz")),
         )
         .unwrap();
     }
+    (data, prev)
+}
+
+#[test]
+fn previous_stage_probabilities_are_resampled_and_their_argmax_cached() {
+    let t = tempfile::tempdir().unwrap();
+    let (data, prev) = brats_and_previous(t.path());
+    let cache = t.path().join("cache");
     let image = |id: &str| data.join(format!("imagesTr/{id}_0000.nii.gz"));
     let shape_of = |id: &str| {
         let [x, y, z] = read_header(&image(id)).unwrap().shape_xyz;
@@ -202,22 +206,10 @@ fn previous_stage_probabilities_are_resampled_and_their_argmax_cached() {
 #[test]
 fn a_second_stage_built_from_probabilities_validates_its_fold() {
     let t = tempfile::tempdir().unwrap();
-    let (data, prev, cache, run) = (
-        t.path().join("brats"),
-        t.path().join("prev"),
-        t.path().join("cache"),
-        t.path().join("run"),
-    );
-    let o = prep(&["synth", "--preset", "brats-like", "--out", s(&data)]);
-    assert!(o.status.success(), "{}", text(&o));
-    std::fs::create_dir_all(&prev).unwrap();
+    let (data, prev) = brats_and_previous(t.path());
+    let (cache, run) = (t.path().join("cache"), t.path().join("run"));
     for i in 0..12 {
         let id = format!("brats_{i:03}");
-        std::fs::copy(
-            data.join(format!("labelsTr/{id}.nii.gz")),
-            prev.join(format!("{id}.nii.gz")),
-        )
-        .unwrap();
         let image = data.join(format!("imagesTr/{id}_0000.nii.gz"));
         let [x, y, z] = read_header(&image).unwrap().shape_xyz;
         let dest = prev.join(format!("{id}.probabilities.zarr"));

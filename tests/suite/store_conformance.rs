@@ -103,7 +103,7 @@ fn vessels(reader: &CacheReader) -> Vec<EntryReader> {
 }
 
 /// A case's whole image (as bits) and label.
-fn whole_case(e: &EntryReader) -> voxcache::Result<(Vec<u32>, Vec<u8>)> {
+pub(crate) fn whole_case(e: &EntryReader) -> voxcache::Result<(Vec<u32>, Vec<u8>)> {
     let sh = e.shape_zyx();
     let n = sh.iter().product::<usize>();
     let mut img = vec![0f32; n * e.channels()];

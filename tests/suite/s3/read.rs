@@ -1,6 +1,7 @@
 //! Reading a cache (and a model) on S3: build, verify and train round trips; the local tier.
 
 use super::*;
+use crate::store_conformance::whole_case;
 
 #[test]
 #[ignore = "needs an S3 server: SeaweedFS (bash scripts/python_env.sh; the test starts it) or VOXCACHE_TEST_S3_ENDPOINT; cargo test --test suite s3:: -- --ignored"]
@@ -105,16 +106,6 @@ fn block_files(tier: &Path) -> Vec<std::path::PathBuf> {
             ["/image/c/", "/label/c/"].iter().any(|a| rel.contains(a))
         })
         .collect()
-}
-
-/// A case's whole image (as bits) and label.
-fn whole_case(e: &voxcache::cache::reader::EntryReader) -> voxcache::Result<(Vec<u32>, Vec<u8>)> {
-    let sh = e.shape_zyx();
-    let mut img = vec![0f32; sh.iter().product::<usize>() * e.channels()];
-    let mut lab = vec![0u8; sh.iter().product::<usize>()];
-    e.read_image([0, 0, 0], sh, &mut img)?;
-    e.read_label([0, 0, 0], sh, &mut lab)?;
-    Ok((img.iter().map(|v| v.to_bits()).collect(), lab))
 }
 
 /// Reader options whose block source is `tier`.
