@@ -37,7 +37,7 @@ impl<'a> Planes<'a> {
     }
 
     /// Channel `c`'s plane.
-    fn channel(&self, c: usize) -> &'a [f32] {
+    pub(super) fn channel(&self, c: usize) -> &'a [f32] {
         let (src, c) = match c.checked_sub(self.first_channels) {
             Some(k) => (self.second, k),
             None => (self.first, c),

@@ -8,6 +8,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape,
 
 use super::blocks::BlockPlan;
 use super::columns::{ColumnGather, Planes};
+use super::direct;
 use super::geometry::ConvGeom;
 use super::matmul::{matmul, SharedOut, View};
 
@@ -65,6 +66,9 @@ fn forward_planes<'a>(
     sample: impl Fn(usize) -> Planes<'a> + Sync,
     w: &[f32],
 ) -> Vec<f32> {
+    if direct::applies(g) {
+        return direct::forward(g, sample, w);
+    }
     let gather = ColumnGather::forward(g);
     let k = gather.rows();
     let (grid_rows, row_len) = gather.grid_rows();
@@ -104,6 +108,9 @@ fn forward_planes<'a>(
 pub fn grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
     if g.is_non_overlapping() {
         return scatter_grad_input_cpu(g, dy, w);
+    }
+    if direct::applies(g) {
+        return direct::grad_input(g, dy, w);
     }
     let (vi, vo) = (g.input_voxels(), g.output_voxels());
     let [_, ih, iw] = g.input;
@@ -236,6 +243,11 @@ fn scatter_grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
 
 /// `dw` from `x` and `dy`: sum over blocks of dy (Cout x cols) @ columns(x)^T (cols x Cin*k^3).
 pub fn grad_weight_cpu(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    if direct::applies(g) {
+        if let Some(dw) = direct::grad_weight(g, x, dy) {
+            return dw;
+        }
+    }
     let gather = ColumnGather::forward(g);
     let k = gather.rows();
     let (grid_rows, row_len) = gather.grid_rows();

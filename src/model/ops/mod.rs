@@ -23,6 +23,7 @@ pub mod columns;
 pub mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod direct;
 pub mod generic;
 pub mod geometry;
 pub mod launch_plan;

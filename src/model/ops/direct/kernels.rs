@@ -1,0 +1,191 @@
+//! The register-tiled inner loops of the direct convolution, and the choice of instruction set.
+
+use super::{Pass, Workspace, TILE};
+
+/// The instruction set the kernel was compiled for, chosen once per pass.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Portable,
+}
+
+impl Kernel {
+    pub(super) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+                return Self::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Self::Avx2;
+            }
+        }
+        Self::Portable
+    }
+
+    /// All tiles of the output planes `o0..o0 + co` (`co <= CO_MAX`) into `ws.out`.
+    pub(super) fn block(self, p: &Pass, ws: &mut Workspace, packed: &[f32], o0: usize, co: usize) {
+        macro_rules! by_width {
+            ($f:ident) => {
+                match co {
+                    1 => $f::<1>(p, ws, packed, o0),
+                    2 => $f::<2>(p, ws, packed, o0),
+                    3 => $f::<3>(p, ws, packed, o0),
+                    4 => $f::<4>(p, ws, packed, o0),
+                    5 => $f::<5>(p, ws, packed, o0),
+                    _ => $f::<6>(p, ws, packed, o0),
+                }
+            };
+        }
+        match self {
+            // SAFETY: the CPU has the features these were compiled for (detected above).
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => unsafe { by_width!(block_avx512) },
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => unsafe { by_width!(block_avx2) },
+            Self::Portable => by_width!(block_tiles),
+        }
+    }
+}
+
+/// Adds one plane's weight gradient of `CO` channels (`ws.out`'s rows) to `dw`, laid out
+/// (channel of the block, source channel, tap): for every source channel and tap row (a, b),
+/// `CO x KW` vector accumulators swept along the plane, then each summed across its lanes.
+/// Written with AVX-512 intrinsics: the compiler left the portable form of this loop scalar
+/// (23x slower), so other CPUs keep the column path for this gradient.
+///
+/// # Safety
+/// The CPU has AVX-512F; `ws` was loaded for `p` (the ring for this plane, `CO` rows of `dy`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
+    p: &Pass,
+    ws: &Workspace,
+    dw: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let [kd, kh, _] = p.kernel;
+    let taps = p.taps();
+    let rows = ws.out.as_ptr();
+    for i in 0..p.src_ch {
+        for (a, &slot) in ws.order[..kd].iter().enumerate() {
+            let plane = &ws.ring[(i * kd + slot) * p.plane..][..p.plane];
+            for b in 0..kh {
+                // Reads reach b * wp + q_pad - 1 + KW - 1, inside the plane's slot.
+                let row = plane.as_ptr().add(b * p.wp);
+                let mut acc = [[_mm512_setzero_ps(); KW]; CO];
+                for q in (0..p.q_pad).step_by(16) {
+                    let mut d = [_mm512_setzero_ps(); CO];
+                    for (k, v) in d.iter_mut().enumerate() {
+                        *v = _mm512_loadu_ps(rows.add(k * p.q_pad + q));
+                    }
+                    for c in 0..KW {
+                        let x = _mm512_loadu_ps(row.add(q + c));
+                        for (acc, &d) in acc.iter_mut().zip(&d) {
+                            acc[c] = _mm512_fmadd_ps(d, x, acc[c]);
+                        }
+                    }
+                }
+                for (k, acc) in acc.iter().enumerate() {
+                    for (c, &lanes) in acc.iter().enumerate() {
+                        dw[(k * p.src_ch + i) * taps + (a * kh + b) * KW + c] +=
+                            _mm512_reduce_add_ps(lanes);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`grad_weight_avx512`] for `co` channels of a kernel `p.kernel[2]` (1 or 3) wide.
+///
+/// # Safety
+/// As [`grad_weight_avx512`].
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn grad_weight_plane(p: &Pass, ws: &Workspace, co: usize, dw: &mut [f32]) {
+    macro_rules! by_width {
+        ($kw:literal) => {
+            match co {
+                1 => grad_weight_avx512::<1, $kw>(p, ws, dw),
+                2 => grad_weight_avx512::<2, $kw>(p, ws, dw),
+                3 => grad_weight_avx512::<3, $kw>(p, ws, dw),
+                4 => grad_weight_avx512::<4, $kw>(p, ws, dw),
+                5 => grad_weight_avx512::<5, $kw>(p, ws, dw),
+                _ => grad_weight_avx512::<6, $kw>(p, ws, dw),
+            }
+        };
+    }
+    match p.kernel[2] {
+        1 => by_width!(1),
+        _ => by_width!(3),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn block_avx512<const CO: usize>(p: &Pass, ws: &mut Workspace, w: &[f32], o0: usize) {
+    block_tiles::<CO>(p, ws, w, o0)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2<const CO: usize>(p: &Pass, ws: &mut Workspace, w: &[f32], o0: usize) {
+    block_tiles::<CO>(p, ws, w, o0)
+}
+
+/// Every tile of one block, chunk by chunk of source channels (a chunk's weights stay in L1).
+#[inline(always)]
+fn block_tiles<const CO: usize>(p: &Pass, ws: &mut Workspace, packed: &[f32], o0: usize) {
+    let taps = p.taps();
+    let block = &packed[o0 * p.src_ch * taps..][..CO * p.src_ch * taps];
+    for i0 in (0..p.src_ch).step_by(p.chunk) {
+        let i1 = (i0 + p.chunk).min(p.src_ch);
+        let weights = &block[i0 * taps * CO..i1 * taps * CO];
+        for q0 in (0..p.q_pad).step_by(TILE) {
+            tile::<CO>(p, ws, i0..i1, q0, weights, i0 > 0);
+        }
+    }
+}
+
+/// `CO` output channels x [`TILE`] positions from `q0`, summed over source channels `chans`
+/// and every tap, added to `ws.out` when `accumulate` (later chunks) or written.
+#[inline(always)]
+fn tile<const CO: usize>(
+    p: &Pass,
+    ws: &mut Workspace,
+    chans: std::ops::Range<usize>,
+    q0: usize,
+    weights: &[f32],
+    accumulate: bool,
+) {
+    let [kd, kh, kw] = p.kernel;
+    let mut acc = [[0f32; TILE]; CO];
+    if accumulate {
+        for (co, a) in acc.iter_mut().enumerate() {
+            a.copy_from_slice(&ws.out[co * p.q_pad + q0..][..TILE]);
+        }
+    }
+    let mut w = weights.chunks_exact(CO);
+    for i in chans {
+        for &slot in &ws.order[..kd] {
+            let plane = &ws.ring[(i * kd + slot) * p.plane + q0..];
+            for b in 0..kh {
+                for c in 0..kw {
+                    let x: &[f32; TILE] = plane[b * p.wp + c..][..TILE].try_into().unwrap();
+                    let wt = w.next().unwrap();
+                    for (a, &wv) in acc.iter_mut().zip(wt) {
+                        for (s, &v) in a.iter_mut().zip(x) {
+                            *s = wv.mul_add(v, *s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (co, a) in acc.iter().enumerate() {
+        ws.out[co * p.q_pad + q0..][..TILE].copy_from_slice(a);
+    }
+}

@@ -1,0 +1,159 @@
+//! The direct passes against a naive f64 convolution, on every instruction set this CPU runs,
+//! and bit for bit across thread counts.
+
+use super::kernels::Kernel;
+use super::{forward_with, grad_input_with, grad_weight};
+use crate::model::ops::columns::Planes;
+use crate::model::ops::geometry::ConvGeom;
+use crate::util::rng::Rng;
+
+fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.normal() as f32).collect()
+}
+
+/// Calls `f(x index, w index, y index)` for every product of the convolution.
+fn each_term(g: &ConvGeom, mut f: impl FnMut(usize, usize, usize)) {
+    let [d, h, w] = g.input;
+    let [od, oh, ow] = g.output;
+    let [kd, kh, kw] = g.kernel;
+    let p = g.padding.map(|v| v as isize);
+    for n in 0..g.batch {
+        for co in 0..g.cout {
+            for z in 0..od {
+                for y in 0..oh {
+                    for x in 0..ow {
+                        let yi = (((n * g.cout + co) * od + z) * oh + y) * ow + x;
+                        for ci in 0..g.cin {
+                            for (a, b, c) in
+                                (0..kd * kh * kw).map(|t| (t / (kh * kw), t / kw % kh, t % kw))
+                            {
+                                let s = [z + a, y + b, x + c].map(|v| v as isize);
+                                let s = [s[0] - p[0], s[1] - p[1], s[2] - p[2]];
+                                if (0..3).any(|k| s[k] < 0 || s[k] >= [d, h, w][k] as isize) {
+                                    continue;
+                                }
+                                let [sz, sy, sx] = s.map(|v| v as usize);
+                                let xi = (((n * g.cin + ci) * d + sz) * h + sy) * w + sx;
+                                let wi = ((co * g.cin + ci) * kd + a) * kh * kw + b * kw + c;
+                                f(xi, wi, yi);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn assert_close(got: &[f32], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-4 * w.abs().max(rms).max(1e-12);
+        assert!(
+            (g as f64 - w).abs() <= tol,
+            "{what}[{i}]: got {g}, want {w}"
+        );
+    }
+}
+
+fn kernels() -> Vec<Kernel> {
+    let mut all = vec![Kernel::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            all.push(Kernel::Avx2);
+        }
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            all.push(Kernel::Avx512);
+        }
+    }
+    all
+}
+
+/// Forward, input gradient and (where it applies) weight gradient of one shape.
+fn check(seed: u64, x: [usize; 5], w: [usize; 5], padding: [usize; 3]) {
+    let g = ConvGeom::new(&x, &w, padding, [1; 3]).unwrap();
+    assert!(super::applies(&g), "{g:?}");
+    let mut rng = Rng::new(seed);
+    let xs = random(&mut rng, x.iter().product());
+    let ws = random(&mut rng, w.iter().product());
+    let dy = random(&mut rng, g.batch * g.cout * g.output_voxels());
+    let (mut y, mut dx, mut dw) = (
+        vec![0f64; dy.len()],
+        vec![0f64; xs.len()],
+        vec![0f64; ws.len()],
+    );
+    each_term(&g, |xi, wi, yi| {
+        y[yi] += xs[xi] as f64 * ws[wi] as f64;
+        dx[xi] += ws[wi] as f64 * dy[yi] as f64;
+        dw[wi] += xs[xi] as f64 * dy[yi] as f64;
+    });
+    let vi = g.input_voxels();
+    for k in kernels() {
+        let what = format!("{k:?} x{x:?} w{w:?} p{padding:?}");
+        let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
+        assert_close(&forward_with(k, &g, sample, &ws), &y, &format!("{what} y"));
+        assert_close(
+            &grad_input_with(k, &g, &dy, &ws),
+            &dx,
+            &format!("{what} dx"),
+        );
+    }
+    if let Some(got) = grad_weight(&g, &xs, &dy) {
+        assert_close(&got, &dw, &format!("x{x:?} w{w:?} p{padding:?} dw"));
+    }
+}
+
+#[test]
+fn same_padding_odd_sizes_and_channel_counts_off_the_block() {
+    check(1, [1, 3, 5, 6, 7], [4, 3, 3, 3, 3], [1; 3]);
+    check(2, [2, 5, 4, 9, 17], [13, 5, 3, 3, 3], [1; 3]);
+    check(3, [1, 7, 3, 5, 70], [7, 7, 3, 3, 3], [1; 3]);
+}
+
+#[test]
+fn valid_padding_anisotropic_and_pointwise_kernels() {
+    check(4, [1, 2, 5, 6, 7], [3, 2, 3, 3, 3], [0; 3]);
+    check(5, [2, 3, 4, 8, 9], [5, 3, 1, 3, 3], [0, 1, 1]);
+    check(6, [1, 6, 3, 4, 5], [2, 6, 1, 1, 1], [0; 3]);
+    check(7, [1, 2, 5, 5, 6], [3, 2, 3, 1, 3], [1, 0, 2]);
+    // A kernel two wide: forward and input gradient only (the weight gradient takes columns).
+    check(8, [1, 2, 4, 5, 6], [3, 2, 2, 2, 2], [1; 3]);
+}
+
+#[test]
+fn one_voxel_axes_and_many_weight_chunks() {
+    check(9, [2, 3, 1, 1, 1], [2, 3, 3, 3, 3], [1; 3]);
+    check(10, [1, 2, 1, 1, 9], [4, 2, 1, 1, 3], [0, 0, 1]);
+    // 70 channels x 27 taps x 6 outputs is several L1 chunks of packed weights.
+    check(11, [1, 70, 2, 3, 4], [8, 70, 3, 3, 3], [1; 3]);
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let g = ConvGeom::new(&[2, 9, 6, 10, 12], &[11, 9, 3, 3, 3], [1; 3], [1; 3]).unwrap();
+    let mut rng = Rng::new(12);
+    let xs = random(&mut rng, g.batch * g.cin * g.input_voxels());
+    let ws = random(&mut rng, g.cout * g.cin * g.taps());
+    let dy = random(&mut rng, g.batch * g.cout * g.output_voxels());
+    let vi = g.input_voxels();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
+            (
+                super::forward(&g, sample, &ws),
+                super::grad_input(&g, &dy, &ws),
+                grad_weight(&g, &xs, &dy),
+            )
+        })
+    };
+    let one = run(1);
+    for threads in [2, 3, 5] {
+        assert!(run(threads) == one, "{threads} threads differ from one");
+    }
+}
