@@ -170,6 +170,22 @@ fn passes(
         "  passes x{x:?} w{w:?} s{s:?} (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
         fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
     );
+    // The same passes on bf16 data where this CPU has the bf16 kernels.
+    let b = |v: &[f32]| {
+        v.iter()
+            .map(|&f| half::bf16::from_f32(f))
+            .collect::<Vec<_>>()
+    };
+    let (xb, wb, dyb) = (b(&xs), b(&ws), b(&dy));
+    if ops::direct::forward_bf16(&g, &xb, &wb).is_some() {
+        let fwd = median_ms(runs, || drop(ops::direct::forward_bf16(&g, &xb, &wb)));
+        let gi = median_ms(runs, || drop(ops::direct::grad_input_bf16(&g, &dyb, &wb)));
+        let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xb, &dyb)));
+        println!(
+            "  bf16 passes (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
+            fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
+        );
+    }
     Ok(())
 }
 

@@ -44,6 +44,9 @@ fn main() -> voxcache::Result<()> {
             base_channels: base,
             stages,
             seed: 7,
+            // scripts/torch_crosscheck.py builds the network without deep-supervision heads,
+            // and this loss reads only the full-resolution output.
+            deep_supervision: false,
             ..NetworkOptions::default()
         },
         batch_size: batch,

@@ -798,16 +798,13 @@ fn benchmark_times_steps_and_keeps_no_run_folder() {
     assert_eq!(r.gpu_peak_mb, None);
     assert!(!run_dir.exists());
 
-    // bf16 is for a GPU: refused on the CPU with the reason.
-    let e = train_error(&[
-        "--cache-dir",
-        cache().to_str().unwrap(),
-        "--out",
-        t.path().join("bf").to_str().unwrap(),
-        "--precision",
-        "bf16",
-    ]);
-    assert!(e.contains("bf16") && e.contains("GPU"), "{e}");
+    // bf16 on the CPU: bf16 convolution kernels where the CPU has AVX512-BF16, the f32 ones on
+    // widened values elsewhere; the steps run and learn nothing undefined.
+    let mut bf = tiny();
+    bf.network.precision = voxcache::model::config::Precision::Bf16;
+    let opts = options(&run_dir, bf);
+    let r = voxcache::train::benchmark::benchmark(&opts, 2, &AtomicBool::new(false)).unwrap();
+    assert!(r.steps == 2 && r.step_s > 0.0, "{r:?}");
     let e = train_error(&["--precision", "f16"]);
     assert!(e.contains("loss scaling"), "{e}");
 }

@@ -299,12 +299,6 @@ impl NetworkOptions {
     /// its seeded initial weights.
     pub fn build(&self, in_channels: usize, num_classes: usize, dev: &Device) -> Result<UNet> {
         let ucfg = self.unet_config(in_channels, num_classes)?;
-        if self.precision != Precision::F32 && dev.is_cpu() {
-            return Err(Error::Config(format!(
-                "precision {} is for a GPU (--device cuda): the CPU kernels compute in f32",
-                self.precision
-            )));
-        }
         let mut model = UNet::new(ucfg, self.seed, dev)?;
         model.set_precision(self.precision);
         Ok(model)

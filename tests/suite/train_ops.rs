@@ -381,3 +381,73 @@ fn shape_errors_are_errors_not_panics() {
     assert!(conv_transpose3d(&x, &wt, [2, 2, 2]).is_ok());
     assert!(upsample_nearest3d(&x, [0, 1, 1]).is_err());
 }
+
+/// bf16 tensors on the CPU: the bf16 direct kernels where the CPU has AVX512-BF16 (f32 sums of
+/// bf16 products, each result rounded once), the f32 pass on widened values elsewhere; both
+/// within bf16's rounding of a naive f64 convolution of the same (bf16) values.
+fn check_conv_bf16(seed: u64, xd: Dims, wd: Dims, p: [usize; 3], s: [usize; 3]) {
+    use candle_core::DType;
+    let mut rng = Rng::new(seed);
+    let round = |v: Vec<f32>| -> Vec<f32> {
+        v.into_iter()
+            .map(|x| half::bf16::from_f32(x).to_f32())
+            .collect()
+    };
+    let bf16_var = |data: &[f32], d: Dims| {
+        let t = Tensor::from_vec(data.to_vec(), d.to_vec(), &Device::Cpu).unwrap();
+        Var::from_tensor(&t.to_dtype(DType::BF16).unwrap()).unwrap()
+    };
+    let x = round(random(&mut rng, numel(xd)));
+    let w = round(random(&mut rng, numel(wd)));
+    let (xv, wv) = (bf16_var(&x, xd), bf16_var(&w, wd));
+    let out = conv3d(xv.as_tensor(), wv.as_tensor(), p, s).unwrap();
+    assert_eq!(out.dtype(), DType::BF16);
+    let yd: Dims = out.dims().try_into().unwrap();
+    let r = round(random(&mut rng, numel(yd)));
+    let rt = Tensor::from_vec(r.clone(), yd.to_vec(), &Device::Cpu).unwrap();
+    let rt = rt.to_dtype(DType::BF16).unwrap();
+    let grads = (&out * rt).unwrap().sum_all().unwrap().backward().unwrap();
+    let (mut y, mut dx, mut dw) = (
+        vec![0f64; numel(yd)],
+        vec![0f64; x.len()],
+        vec![0f64; w.len()],
+    );
+    for_each_conv_term(xd, wd, p, s, |xi, wi, yi| {
+        y[yi] += x[xi] as f64 * w[wi] as f64;
+        dx[xi] += w[wi] as f64 * r[yi] as f64;
+        dw[wi] += x[xi] as f64 * r[yi] as f64;
+    });
+    let f32s = |t: &Tensor| values(&t.to_dtype(DType::F32).unwrap());
+    let close = |got: Vec<f32>, want: &[f64], what: &str| {
+        let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            // One rounding to bf16 (2^-9 relative) and f32 sums of exact products.
+            let tol = 5e-3 * w.abs().max(rms);
+            assert!(
+                (g as f64 - w).abs() <= tol,
+                "{what}[{i}]: got {g}, want {w}"
+            );
+        }
+    };
+    let what = format!("bf16 x{xd:?} w{wd:?} p{p:?} s{s:?}");
+    close(f32s(&out), &y, &format!("{what} y"));
+    close(
+        f32s(grads.get(xv.as_tensor()).unwrap()),
+        &dx,
+        &format!("{what} dx"),
+    );
+    close(
+        f32s(grads.get(wv.as_tensor()).unwrap()),
+        &dw,
+        &format!("{what} dw"),
+    );
+}
+
+#[test]
+fn conv3d_on_bf16_tensors_matches_naive_within_bf16_rounding() {
+    check_conv_bf16(30, [2, 5, 4, 7, 9], [7, 5, 3, 3, 3], [1; 3], [1; 3]);
+    check_conv_bf16(31, [1, 4, 3, 6, 40], [13, 4, 1, 3, 3], [0, 1, 1], [1; 3]);
+    check_conv_bf16(32, [1, 3, 3, 4, 5], [2, 3, 1, 1, 1], [0; 3], [1; 3]);
+    // Strided: the f32 pass on widened values inside the op.
+    check_conv_bf16(33, [1, 3, 6, 8, 8], [4, 3, 3, 3, 3], [1; 3], [2; 3]);
+}

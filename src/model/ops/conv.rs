@@ -5,6 +5,7 @@
 //! whose kernel equals its stride.
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use half::bf16;
 
 use super::blocks::BlockPlan;
 use super::columns::{ColumnGather, Planes};
@@ -12,7 +13,18 @@ use super::direct;
 use super::geometry::ConvGeom;
 use super::matmul::{matmul, SharedOut, View};
 
-/// The contiguous f32 data of a custom-op argument (callers make arguments contiguous).
+/// The contiguous data of a custom-op argument (callers make arguments contiguous).
+fn slice<'a, T>(data: &'a [T], layout: &Layout, expect: &[usize], what: &str) -> Result<&'a [T]> {
+    if layout.dims() != expect {
+        bail!("{what}: shape {:?}, expected {expect:?}", layout.dims());
+    }
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => bail!("{what}: argument must be contiguous"),
+    }
+}
+
+/// The contiguous f32 data of a custom-op argument.
 fn f32_data<'a>(
     storage: &'a CpuStorage,
     layout: &Layout,
@@ -20,14 +32,41 @@ fn f32_data<'a>(
     what: &str,
 ) -> Result<&'a [f32]> {
     let CpuStorage::F32(data) = storage else {
-        bail!("{what}: only f32 tensors are supported")
+        bail!("{what}: only f32 and bf16 tensors are supported")
     };
-    if layout.dims() != expect {
-        bail!("{what}: shape {:?}, expected {expect:?}", layout.dims());
-    }
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => bail!("{what}: argument must be contiguous"),
+    slice(data, layout, expect, what)
+}
+
+/// The three passes of one convolution on its two arguments (`a`, `b`) with the shapes
+/// `ea`, `eb`: f32 as they are; bf16 through the bf16 direct kernels where this CPU has them
+/// and they apply, else through the f32 pass on the widened values, rounded once.
+#[allow(clippy::too_many_arguments)]
+fn either_precision(
+    (s1, l1, ea): (&CpuStorage, &Layout, [usize; 5]),
+    (s2, l2, eb): (&CpuStorage, &Layout, [usize; 5]),
+    out: [usize; 5],
+    what: &str,
+    f32_pass: impl Fn(&[f32], &[f32]) -> Vec<f32>,
+    bf16_pass: impl Fn(&[bf16], &[bf16]) -> Option<Vec<bf16>>,
+) -> Result<(CpuStorage, Shape)> {
+    let shape = Shape::from(out.to_vec());
+    match (s1, s2) {
+        (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
+            let (a, b) = (slice(a, l1, &ea, what)?, slice(b, l2, &eb, what)?);
+            let y = bf16_pass(a, b).unwrap_or_else(|| {
+                let widen = |v: &[bf16]| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+                f32_pass(&widen(a), &widen(b))
+                    .into_iter()
+                    .map(bf16::from_f32)
+                    .collect()
+            });
+            Ok((CpuStorage::BF16(y), shape))
+        }
+        _ => {
+            let a = f32_data(s1, l1, &ea, what)?;
+            let b = f32_data(s2, l2, &eb, what)?;
+            Ok((CpuStorage::F32(f32_pass(a, b)), shape))
+        }
     }
 }
 
@@ -320,12 +359,14 @@ impl CustomOp2 for Conv3dForward {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let g = &self.0;
-        let x = f32_data(s1, l1, &g.x_dims(), "conv3d x")?;
-        let w = f32_data(s2, l2, &g.w_dims(), "conv3d w")?;
-        Ok((
-            CpuStorage::F32(forward_cpu(g, x, w)),
-            Shape::from(g.y_dims().to_vec()),
-        ))
+        either_precision(
+            (s1, l1, g.x_dims()),
+            (s2, l2, g.w_dims()),
+            g.y_dims(),
+            "conv3d",
+            |x, w| forward_cpu(g, x, w),
+            |x, w| direct::forward_bf16(g, x, w),
+        )
     }
 
     #[cfg(feature = "cuda")]
@@ -413,12 +454,17 @@ impl CustomOp2 for Conv3dGradInput {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let g = &self.0;
-        let dy = f32_data(s1, l1, &g.y_dims(), "conv3d grad-input dy")?;
-        let w = f32_data(s2, l2, &g.w_dims(), "conv3d grad-input w")?;
-        Ok((
-            CpuStorage::F32(grad_input_cpu(g, dy, w)),
-            Shape::from(g.x_dims().to_vec()),
-        ))
+        either_precision(
+            (s1, l1, g.y_dims()),
+            (s2, l2, g.w_dims()),
+            g.x_dims(),
+            "conv3d grad-input",
+            |dy, w| grad_input_cpu(g, dy, w),
+            |dy, w| match g.is_non_overlapping() {
+                true => None,
+                false => direct::grad_input_bf16(g, dy, w),
+            },
+        )
     }
 
     // dx = A(w) dy is linear in each argument: its adjoints are the forward conv (for dy) and
@@ -469,12 +515,17 @@ impl CustomOp2 for Conv3dGradWeight {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let g = &self.0;
-        let x = f32_data(s1, l1, &g.x_dims(), "conv3d grad-weight x")?;
-        let dy = f32_data(s2, l2, &g.y_dims(), "conv3d grad-weight dy")?;
-        Ok((
-            CpuStorage::F32(grad_weight_cpu(g, x, dy)),
-            Shape::from(g.w_dims().to_vec()),
-        ))
+        either_precision(
+            (s1, l1, g.x_dims()),
+            (s2, l2, g.y_dims()),
+            g.w_dims(),
+            "conv3d grad-weight",
+            |x, dy| grad_weight_cpu(g, x, dy),
+            |x, dy| {
+                let dw = direct::grad_weight_bf16(g, x, dy)?;
+                Some(dw.into_iter().map(bf16::from_f32).collect())
+            },
+        )
     }
 
     #[cfg(feature = "cuda")]

@@ -35,19 +35,25 @@ impl View {
 }
 
 /// A raw output pointer that blocks writing disjoint regions may share across threads.
-#[derive(Clone, Copy)]
-pub struct SharedOut(pub *mut f32);
+pub struct SharedOut<T = f32>(pub *mut T);
 // SAFETY: every user writes disjoint elements (distinct grid rows / samples).
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
+unsafe impl<T> Send for SharedOut<T> {}
+unsafe impl<T> Sync for SharedOut<T> {}
 
-impl SharedOut {
+impl<T> Clone for SharedOut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedOut<T> {}
+
+impl<T> SharedOut<T> {
     /// The element `offset` past the start (a method, so closures capture the whole wrapper).
     ///
     /// # Safety
     /// `offset` must lie inside the buffer.
     #[inline]
-    pub unsafe fn at(self, offset: usize) -> *mut f32 {
+    pub unsafe fn at(self, offset: usize) -> *mut T {
         self.0.add(offset)
     }
 }

@@ -1,16 +1,19 @@
 //! 3D convolution, transposed convolution, pooling and upsampling for candle, with gradients.
 //!
 //! Tensors are NCDHW, weights laid out as in PyTorch. Each op is a custom op with a CPU
-//! implementation (f32; the convolutions are blocked im2col + `gemm`, workspace bounded per
-//! worker; see [`conv`] for the family) and, in a `cuda` build, a CUDA one (f32 and bf16:
-//! cuDNN for the convolutions, our kernels for the rest; see `cuda`). bf16 where no bf16
-//! implementation exists runs widened to f32 (f32 op, result rounded); other devices and types fall
-//! back to compositions of candle's built-in ops ([`conv3d_generic`]). The signatures mirror
-//! what a future `Tensor::conv3d` would take.
+//! implementation and, in a `cuda` build, a CUDA one (f32 and bf16: cuDNN for the
+//! convolutions, our kernels for the rest; see `cuda`). On the CPU, stride-1 convolutions are
+//! computed directly from the input planes ([`direct`]: f32, and bf16 with f32 sums on CPUs
+//! with AVX512-BF16); the others are blocked im2col + `gemm` with a workspace bounded per
+//! worker ([`conv`] holds the family). bf16 where no bf16 implementation exists runs widened to
+//! f32 (f32 op, result rounded); other devices and types fall back to compositions of candle's
+//! built-in ops ([`conv3d_generic`]). The signatures mirror what a future `Tensor::conv3d`
+//! would take.
 //!
 //! - [`geometry`]: shapes and per-axis tap index maps;
 //! - [`columns`]: blocks of the column (im2col) matrix; [`blocks`]: block plan and workers;
-//! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops;
+//! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops; [`direct`]: stride-1
+//!   convolutions without columns (f32, and bf16 on CPUs with AVX512-BF16);
 //! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling;
 //! - [`norm`]: group/instance norm fused with LeakyReLU; [`bias`]: per-channel bias add;
 //! - [`activation`]: the residual block's sum and LeakyReLU in one op;
@@ -69,6 +72,13 @@ pub(crate) fn native(ts: &[&Tensor]) -> bool {
     fast_path(ts) || (cfg!(feature = "cuda") && ts.iter().all(cuda_bf16))
 }
 
+/// bf16 tensors on the CPU: the convolution ops take them as they are (bf16 kernels where the
+/// CPU has them, else the f32 pass on widened values inside the op, rounded once).
+fn cpu_bf16(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| t.dtype() == DType::BF16 && t.device().is_cpu())
+}
+
 pub(crate) fn in_f32(
     ts: &[&Tensor],
     op: impl FnOnce(&[Tensor]) -> Result<Tensor>,
@@ -82,10 +92,10 @@ pub(crate) fn in_f32(
 
 /// x: (N, Cin, D, H, W), w: (Cout, Cin, kd, kh, kw); zero padding and stride per axis (d, h, w).
 pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -> Result<Tensor> {
-    if !native(&[x, w]) && widened_bf16(&[x, w]) {
+    if !native(&[x, w]) && !cpu_bf16(&[x, w]) && widened_bf16(&[x, w]) {
         return in_f32(&[x, w], |t| conv3d(&t[0], &t[1], padding, stride));
     }
-    if !native(&[x, w]) {
+    if !native(&[x, w]) && !cpu_bf16(&[x, w]) {
         return conv3d_generic(x, w, padding, stride);
     }
     let geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
@@ -125,10 +135,10 @@ pub fn conv3d_concat(
 /// Transposed conv with kernel == stride (nnU-Net's up path): x (N, Cin, D, H, W),
 /// w (Cin, Cout, sd, sh, sw) -> (N, Cout, D*sd, H*sh, W*sw).
 pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Tensor> {
-    if !native(&[x, w]) && widened_bf16(&[x, w]) {
+    if !native(&[x, w]) && !cpu_bf16(&[x, w]) && widened_bf16(&[x, w]) {
         return in_f32(&[x, w], |t| conv_transpose3d(&t[0], &t[1], stride));
     }
-    if !native(&[x, w]) {
+    if !native(&[x, w]) && !cpu_bf16(&[x, w]) {
         return conv_transpose3d_generic(x, w, stride);
     }
     let (n, cin, d, h, wd) = x.dims5()?;

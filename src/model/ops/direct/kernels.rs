@@ -27,16 +27,24 @@ impl Kernel {
     }
 
     /// All tiles of the output planes `o0..o0 + co` (`co <= CO_MAX`) into `ws.out`.
-    pub(super) fn block(self, p: &Pass, ws: &mut Workspace, packed: &[f32], o0: usize, co: usize) {
+    pub(super) fn block(
+        self,
+        p: &Pass,
+        ws: &mut Workspace<f32>,
+        chunk: usize,
+        packed: &[f32],
+        o0: usize,
+        co: usize,
+    ) {
         macro_rules! by_width {
             ($f:ident) => {
                 match co {
-                    1 => $f::<1>(p, ws, packed, o0),
-                    2 => $f::<2>(p, ws, packed, o0),
-                    3 => $f::<3>(p, ws, packed, o0),
-                    4 => $f::<4>(p, ws, packed, o0),
-                    5 => $f::<5>(p, ws, packed, o0),
-                    _ => $f::<6>(p, ws, packed, o0),
+                    1 => $f::<1>(p, ws, chunk, packed, o0),
+                    2 => $f::<2>(p, ws, chunk, packed, o0),
+                    3 => $f::<3>(p, ws, chunk, packed, o0),
+                    4 => $f::<4>(p, ws, chunk, packed, o0),
+                    5 => $f::<5>(p, ws, chunk, packed, o0),
+                    _ => $f::<6>(p, ws, chunk, packed, o0),
                 }
             };
         }
@@ -51,7 +59,7 @@ impl Kernel {
     }
 }
 
-/// Adds one plane's weight gradient of `CO` channels (`ws.out`'s rows) to `dw`, laid out
+/// Adds one plane's weight gradient of `CO` channels (`ws.rows`) to `dw`, laid out
 /// (channel of the block, source channel, tap): for every source channel and tap row (a, b),
 /// `CO x KW` vector accumulators swept along the plane, then each summed across its lanes.
 /// Written with AVX-512 intrinsics: the compiler left the portable form of this loop scalar
@@ -63,16 +71,16 @@ impl Kernel {
 #[target_feature(enable = "avx512f")]
 unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
     p: &Pass,
-    ws: &Workspace,
+    ws: &Workspace<f32>,
     dw: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let [kd, kh, _] = p.kernel;
+    let [_, kh, _] = p.kernel;
     let taps = p.taps();
-    let rows = ws.out.as_ptr();
+    let rows = ws.rows.as_ptr();
     for i in 0..p.src_ch {
-        for (a, &slot) in ws.order[..kd].iter().enumerate() {
-            let plane = &ws.ring[(i * kd + slot) * p.plane..][..p.plane];
+        for (a, &slot) in ws.ring.order.iter().enumerate() {
+            let plane = ws.ring.at(i, slot);
             for b in 0..kh {
                 // Reads reach b * wp + q_pad - 1 + KW - 1, inside the plane's slot.
                 let row = plane.as_ptr().add(b * p.wp);
@@ -105,7 +113,7 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
 /// # Safety
 /// As [`grad_weight_avx512`].
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn grad_weight_plane(p: &Pass, ws: &Workspace, co: usize, dw: &mut [f32]) {
+pub(super) unsafe fn grad_weight_plane(p: &Pass, ws: &Workspace<f32>, co: usize, dw: &mut [f32]) {
     macro_rules! by_width {
         ($kw:literal) => {
             match co {
@@ -126,23 +134,41 @@ pub(super) unsafe fn grad_weight_plane(p: &Pass, ws: &Workspace, co: usize, dw: 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn block_avx512<const CO: usize>(p: &Pass, ws: &mut Workspace, w: &[f32], o0: usize) {
-    block_tiles::<CO>(p, ws, w, o0)
+unsafe fn block_avx512<const CO: usize>(
+    p: &Pass,
+    ws: &mut Workspace<f32>,
+    chunk: usize,
+    w: &[f32],
+    o0: usize,
+) {
+    block_tiles::<CO>(p, ws, chunk, w, o0)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2<const CO: usize>(p: &Pass, ws: &mut Workspace, w: &[f32], o0: usize) {
-    block_tiles::<CO>(p, ws, w, o0)
+unsafe fn block_avx2<const CO: usize>(
+    p: &Pass,
+    ws: &mut Workspace<f32>,
+    chunk: usize,
+    w: &[f32],
+    o0: usize,
+) {
+    block_tiles::<CO>(p, ws, chunk, w, o0)
 }
 
 /// Every tile of one block, chunk by chunk of source channels (a chunk's weights stay in L1).
 #[inline(always)]
-fn block_tiles<const CO: usize>(p: &Pass, ws: &mut Workspace, packed: &[f32], o0: usize) {
+fn block_tiles<const CO: usize>(
+    p: &Pass,
+    ws: &mut Workspace<f32>,
+    chunk: usize,
+    packed: &[f32],
+    o0: usize,
+) {
     let taps = p.taps();
     let block = &packed[o0 * p.src_ch * taps..][..CO * p.src_ch * taps];
-    for i0 in (0..p.src_ch).step_by(p.chunk) {
-        let i1 = (i0 + p.chunk).min(p.src_ch);
+    for i0 in (0..p.src_ch).step_by(chunk) {
+        let i1 = (i0 + chunk).min(p.src_ch);
         let weights = &block[i0 * taps * CO..i1 * taps * CO];
         for q0 in (0..p.q_pad).step_by(TILE) {
             tile::<CO>(p, ws, i0..i1, q0, weights, i0 > 0);
@@ -155,13 +181,13 @@ fn block_tiles<const CO: usize>(p: &Pass, ws: &mut Workspace, packed: &[f32], o0
 #[inline(always)]
 fn tile<const CO: usize>(
     p: &Pass,
-    ws: &mut Workspace,
+    ws: &mut Workspace<f32>,
     chans: std::ops::Range<usize>,
     q0: usize,
     weights: &[f32],
     accumulate: bool,
 ) {
-    let [kd, kh, kw] = p.kernel;
+    let [_, kh, kw] = p.kernel;
     let mut acc = [[0f32; TILE]; CO];
     if accumulate {
         for (co, a) in acc.iter_mut().enumerate() {
@@ -170,8 +196,8 @@ fn tile<const CO: usize>(
     }
     let mut w = weights.chunks_exact(CO);
     for i in chans {
-        for &slot in &ws.order[..kd] {
-            let plane = &ws.ring[(i * kd + slot) * p.plane + q0..];
+        for &slot in &ws.ring.order {
+            let plane = &ws.ring.at(i, slot)[q0..];
             for b in 0..kh {
                 for c in 0..kw {
                     let x: &[f32; TILE] = plane[b * p.wp + c..][..TILE].try_into().unwrap();

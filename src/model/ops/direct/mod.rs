@@ -7,15 +7,19 @@
 //! offset `b * wp + c` from every position: contiguous loads and no index arithmetic per voxel.
 //! A register tile of `CO` output channels x [`TILE`] positions sums every source channel and
 //! tap before it is stored once. The input gradient of a stride-1 convolution is the same pass
-//! over the output gradient with the weights transposed and flipped.
+//! over the output gradient with the weights transposed and flipped; the weight gradient sweeps
+//! the plane once per (source channel, tap row) with the output gradient's rows.
 //!
-//! One kernel, written over plain arrays, is compiled three times: with AVX-512, with AVX2 and
-//! FMA (chosen at run time), and for the build's own target (every other CPU).
+//! f32: one kernel, written over plain arrays, compiled with AVX-512, with AVX2 and FMA (chosen
+//! at run time) and for the build's own target ([`kernels`]). bf16 tensors on CPUs with
+//! AVX512-BF16: products of bf16 values summed in f32 (`bf16.rs`).
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod bf16;
 mod kernels;
 #[cfg(test)]
 mod tests;
@@ -58,9 +62,8 @@ fn forward_with<'a>(
     sample: impl Fn(usize) -> Planes<'a> + Sync,
     w: &[f32],
 ) -> Vec<f32> {
-    let (taps, cin) = (g.taps(), g.cin);
-    let pass = Pass::new(g.batch, cin, g.cout, g.input, g.kernel, g.padding);
-    let packed = pass.pack(|o, i, t| w[(o * cin + i) * taps + t]);
+    let pass = Pass::forward(g);
+    let packed = pass.pack(g.cin, |o, i, t| forward_weight(g, w, o, i, t));
     pass.run(kernel, sample, &packed)
 }
 
@@ -71,11 +74,8 @@ pub fn grad_input(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
 }
 
 fn grad_input_with(kernel: Kernel, g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
-    let taps = g.taps();
-    let cin = g.cin;
-    let pad = [0, 1, 2].map(|a| g.kernel[a] - 1 - g.padding[a]);
-    let pass = Pass::new(g.batch, g.cout, g.cin, g.output, g.kernel, pad);
-    let packed = pass.pack(|o, i, t| w[(i * cin + o) * taps + (taps - 1 - t)]);
+    let pass = Pass::input_gradient(g);
+    let packed = pass.pack(g.cout, |o, i, t| input_gradient_weight(g, w, o, i, t));
     let vo = g.output_voxels();
     pass.run(
         kernel,
@@ -84,15 +84,74 @@ fn grad_input_with(kernel: Kernel, g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f
     )
 }
 
-/// `dw` from `x` and `dy` of a stride-1 convolution ([`applies`]) whose kernel is 1 or 3 wide
-/// (None otherwise): per block of output channels, every (input channel, tap) is one sweep of
-/// the output plane that multiplies `dy`'s rows by the padded input shifted by the tap. Each
-/// weight is summed over samples, planes and positions in one fixed order by one worker.
+/// The forward pass's weight of destination `o`, source `i`, tap `t`.
+fn forward_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: usize) -> T {
+    w[(o * g.cin + i) * g.taps() + t]
+}
+
+/// The input gradient's weight: `w` transposed and flipped.
+fn input_gradient_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: usize) -> T {
+    let taps = g.taps();
+    w[(i * g.cin + o) * taps + (taps - 1 - t)]
+}
+
+/// `dw` from `x` and `dy` of a stride-1 convolution ([`applies`]) whose kernel is 1 or 3 wide,
+/// on CPUs with AVX-512 (None otherwise: the column path computes it).
 pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     if matches!(Kernel::detect(), Kernel::Avx512) && [1, 3].contains(&g.kernel[2]) {
-        let pass = Pass::new(g.batch, g.cin, g.cout, g.input, g.kernel, g.padding);
-        return Some(pass.run_grad_weight(x, dy));
+        let pass = Pass::forward(g);
+        let vi = g.input_voxels();
+        let dw = pass.weight_items(pass.plane, |ws, n, blocks, mine| {
+            let src = Planes::one(&x[n * g.cin * vi..][..g.cin * vi], vi);
+            for z in 0..pass.dst[0] {
+                ws.ring.load(&pass, z, g.cin, |i, s, slot| {
+                    pass.fill_plane(src.channel(i), s, slot, |v| v)
+                });
+                for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
+                    pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z, |v| v);
+                    // SAFETY: AVX-512 was detected; the ring holds this plane, rows co rows.
+                    unsafe { grad_weight_plane(&pass, ws, co, out) };
+                }
+            }
+        });
+        return Some(dw);
+    }
+    let _ = (g, x, dy);
+    None
+}
+
+/// The forward pass on bf16 tensors where this CPU has the bf16 kernels and the convolution
+/// [`applies`] (None otherwise).
+pub fn forward_bf16(g: &ConvGeom, x: &[half::bf16], w: &[half::bf16]) -> Option<Vec<half::bf16>> {
+    #[cfg(target_arch = "x86_64")]
+    if applies(g) && bf16::available() {
+        return Some(bf16::forward(g, x, w));
+    }
+    let _ = (g, x, w);
+    None
+}
+
+/// The input gradient on bf16 tensors, as [`forward_bf16`].
+pub fn grad_input_bf16(
+    g: &ConvGeom,
+    dy: &[half::bf16],
+    w: &[half::bf16],
+) -> Option<Vec<half::bf16>> {
+    #[cfg(target_arch = "x86_64")]
+    if applies(g) && bf16::available() {
+        return Some(bf16::grad_input(g, dy, w));
+    }
+    let _ = (g, dy, w);
+    None
+}
+
+/// The weight gradient on bf16 tensors (f32 sums), as [`forward_bf16`], for kernels 1 or 3
+/// wide.
+pub fn grad_weight_bf16(g: &ConvGeom, x: &[half::bf16], dy: &[half::bf16]) -> Option<Vec<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if applies(g) && bf16::available() {
+        return bf16::grad_weight(g, x, dy);
     }
     let _ = (g, x, dy);
     None
@@ -124,30 +183,24 @@ struct Pass {
     dst: [usize; 3],
     /// Padded row length.
     wp: usize,
-    /// Floats of one padded plane's slot, with the slack the last tile reads past its end.
+    /// Elements of one padded plane's slot, with the slack the last tile reads past its end.
     plane: usize,
     /// Positions of one output plane in padded-row order, rounded up to whole tiles.
     q_pad: usize,
-    /// Source channels per weight chunk.
-    chunk: usize,
 }
 
 impl Pass {
     fn new(
         batch: usize,
-        src_ch: usize,
-        dst_ch: usize,
+        [src_ch, dst_ch]: [usize; 2],
         src: [usize; 3],
         kernel: [usize; 3],
         pad: [usize; 3],
     ) -> Self {
         let [hp, wp] = [1, 2].map(|a| src[a] + 2 * pad[a]);
         let dst = [0, 1, 2].map(|a| src[a] + 2 * pad[a] + 1 - kernel[a]);
-        let taps: usize = kernel.iter().product();
         // Tile reads reach `q_pad - 1 + (kh - 1) * wp + kw - 1 < hp * wp + TILE + kw`.
-        let plane = (hp * wp + kernel[2] + TILE).next_multiple_of(16);
-        let q_pad = (dst[1] * wp).next_multiple_of(TILE);
-        let chunks = (src_ch * taps * CO_MAX).div_ceil(CHUNK_WEIGHTS).max(1);
+        let plane = (hp * wp + kernel[2] + TILE).next_multiple_of(32);
         Self {
             batch,
             src_ch,
@@ -158,41 +211,57 @@ impl Pass {
             dst,
             wp,
             plane,
-            q_pad,
-            chunk: src_ch.div_ceil(chunks),
+            q_pad: (dst[1] * wp).next_multiple_of(TILE),
         }
     }
 
-    /// The weights `weight(o, i, t)` per block of [`CO_MAX`] destination channels `o0..`, laid
-    /// out (source channel, tap, channel of the block).
-    fn pack(&self, weight: impl Fn(usize, usize, usize) -> f32) -> Vec<f32> {
-        let (taps, src_ch) = (self.taps(), self.src_ch);
-        let mut packed = Vec::with_capacity(self.dst_ch * src_ch * taps);
-        for (o0, co) in (0..block_count(self.dst_ch)).map(|b| block(self.dst_ch, b)) {
-            for i in 0..src_ch {
-                for t in 0..taps {
-                    packed.extend((o0..o0 + co).map(|o| weight(o, i, t)));
-                }
-            }
-        }
-        packed
+    /// The convolution itself (source `x`, destination `y`).
+    fn forward(g: &ConvGeom) -> Self {
+        Self::new(g.batch, [g.cin, g.cout], g.input, g.kernel, g.padding)
+    }
+
+    /// Its input gradient (source `dy`, destination `dx`).
+    fn input_gradient(g: &ConvGeom) -> Self {
+        let pad = [0, 1, 2].map(|a| g.kernel[a] - 1 - g.padding[a]);
+        Self::new(g.batch, [g.cout, g.cin], g.output, g.kernel, pad)
     }
 
     fn taps(&self) -> usize {
         self.kernel.iter().product()
     }
 
-    /// The whole pass; each output value is summed by one worker in one fixed order, so the
-    /// result does not depend on the thread count.
-    fn run<'a>(
+    /// Source units (channels, or pairs of them) per chunk of packed weights.
+    fn chunk(&self, units: usize) -> usize {
+        let chunks = (units * self.taps() * CO_MAX)
+            .div_ceil(CHUNK_WEIGHTS)
+            .max(1);
+        units.div_ceil(chunks)
+    }
+
+    /// The weights `weight(o, u, t)` of `units` source units per block of destination
+    /// channels, laid out (unit, tap, channel of the block).
+    fn pack<T>(&self, units: usize, weight: impl Fn(usize, usize, usize) -> T) -> Vec<T> {
+        let taps = self.taps();
+        let mut packed = Vec::with_capacity(self.dst_ch * units * taps);
+        for (o0, co) in (0..block_count(self.dst_ch)).map(|b| block(self.dst_ch, b)) {
+            for u in 0..units {
+                for t in 0..taps {
+                    packed.extend((o0..o0 + co).map(|o| weight(o, u, t)));
+                }
+            }
+        }
+        packed
+    }
+
+    /// Runs `body(workspace, n, blocks, planes)` over items that split the destination by
+    /// sample, depth and block of channels (enough items for every worker). Each destination
+    /// value belongs to one item and is summed in one fixed order, whatever the thread count.
+    fn plane_items<T: Copy + Default + Send>(
         &self,
-        kernel: Kernel,
-        sample: impl Fn(usize) -> Planes<'a> + Sync,
-        packed: &[f32],
-    ) -> Vec<f32> {
-        let [dd, dh, dw] = self.dst;
-        let mut out = vec![0f32; self.batch * self.dst_ch * dd * dh * dw];
-        let shared = SharedOut(out.as_mut_ptr());
+        slot: usize,
+        body: impl Fn(&mut Workspace<T>, usize, Range<usize>, Range<usize>) + Sync,
+    ) {
+        let dd = self.dst[0];
         let blocks = block_count(self.dst_ch);
         let planes = self.batch * dd;
         let want = 4 * rayon::current_num_threads();
@@ -204,62 +273,108 @@ impl Pass {
         let depth = (planes * groups).div_ceil(want).clamp(1, dd);
         let per_sample = groups * dd.div_ceil(depth);
         (0..self.batch * per_sample).into_par_iter().for_each_init(
-            || Workspace::new(self),
+            || Workspace::new(self, slot),
             |ws, item| {
                 let (n, rest) = (item / per_sample, item % per_sample);
                 let (group, z0) = (rest % groups, (rest / groups) * depth);
-                let blocks = group * blocks / groups..(group + 1) * blocks / groups;
-                ws.held.fill(usize::MAX);
-                let src = sample(n);
-                for z in z0..(z0 + depth).min(dd) {
-                    ws.load_planes(self, &src, z);
-                    for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
-                        kernel.block(self, ws, packed, o0, co);
-                        // SAFETY: item (n, group, z range) alone writes these channels' planes.
-                        unsafe { self.store(ws, shared, n, o0..o0 + co, z) };
-                    }
-                }
+                ws.ring.reset();
+                let mine = group * blocks / groups..(group + 1) * blocks / groups;
+                body(ws, n, mine, z0..(z0 + depth).min(dd));
             },
         );
+    }
+
+    /// The f32 pass over the sources `sample(n)`.
+    fn run<'a>(
+        &self,
+        kernel: Kernel,
+        sample: impl Fn(usize) -> Planes<'a> + Sync,
+        packed: &[f32],
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; self.batch * self.dst_ch * self.dst.iter().product::<usize>()];
+        let shared = SharedOut(out.as_mut_ptr());
+        let chunk = self.chunk(self.src_ch);
+        self.plane_items(self.plane, |ws, n, blocks, planes| {
+            let src = sample(n);
+            for z in planes {
+                ws.ring.load(self, z, self.src_ch, |i, s, slot| {
+                    self.fill_plane(src.channel(i), s, slot, |v| v)
+                });
+                for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
+                    kernel.block(self, ws, chunk, packed, o0, co);
+                    self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
+                        // SAFETY: this item alone writes these channels' planes z.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(row.as_ptr(), shared.at(at), row.len())
+                        }
+                    });
+                }
+            }
+        });
         out
     }
 
-    /// Copies the valid columns of the tile buffer's planes into `out` at (n, o0.., z).
-    ///
-    /// # Safety
-    /// `out` holds the whole destination, and no other worker writes these planes.
-    unsafe fn store(
+    /// Hands `put(offset, row)` the valid columns of the accumulated planes of channels
+    /// `chans` (each `q_pad` apart in `buf`), each row with its offset in the destination.
+    fn store(
         &self,
-        ws: &Workspace,
-        out: SharedOut,
+        buf: &[f32],
         n: usize,
         chans: Range<usize>,
         z: usize,
+        mut put: impl FnMut(usize, &[f32]),
     ) {
         let [dd, dh, dw] = self.dst;
         for (k, o) in chans.enumerate() {
-            let buf = &ws.out[k * self.q_pad..];
             let base = ((n * self.dst_ch + o) * dd + z) * dh * dw;
             for r in 0..dh {
-                let src = &buf[r * self.wp..][..dw];
-                std::ptr::copy_nonoverlapping(src.as_ptr(), out.at(base + r * dw), dw);
+                put(base + r * dw, &buf[k * self.q_pad + r * self.wp..][..dw]);
             }
         }
     }
-}
 
-impl Pass {
-    /// The weight gradient, items being groups of [`CO_MAX`]-channel blocks of `dy`.
-    #[cfg(target_arch = "x86_64")]
-    fn run_grad_weight(&self, x: &[f32], dy: &[f32]) -> Vec<f32> {
-        let taps = self.taps();
-        let (vi, vo) = (
-            self.src.iter().product::<usize>(),
-            self.dst.iter().product::<usize>(),
-        );
-        let len = self.dst_ch * self.src_ch * taps;
-        // One gradient per sample, summed in sample order at the end: the result does not
-        // depend on how the items fall on workers.
+    /// Source plane `source` (None: a padding plane) of one channel into a ring slot, zero
+    /// padded, each value through `cast`.
+    fn fill_plane<S: Copy, T: Copy + Default>(
+        &self,
+        channel: &[S],
+        source: Option<usize>,
+        slot: &mut [T],
+        cast: impl Fn(S) -> T,
+    ) {
+        let [_, sh, sw] = self.src;
+        let Some(s) = source else {
+            slot.fill(T::default());
+            return;
+        };
+        // Zero only what no row covers: the padding around the rows and the slack.
+        let mut start = self.pad[1] * self.wp + self.pad[2];
+        slot[..start].fill(T::default());
+        for r in 0..sh {
+            let from = &channel[(s * sh + r) * sw..][..sw];
+            for (d, &v) in slot[start..start + sw].iter_mut().zip(from) {
+                *d = cast(v);
+            }
+            let next = if r + 1 < sh {
+                start + self.wp
+            } else {
+                slot.len()
+            };
+            slot[start + sw..next].fill(T::default());
+            start = next;
+        }
+    }
+
+    /// The weight gradient: `body(workspace, n, blocks, gradient of those blocks' channels)`
+    /// per item (sample, group of blocks). One gradient per sample, summed in sample order at
+    /// the end, so the result does not depend on how items fall on workers.
+    fn weight_items<T: Copy + Default + Send>(
+        &self,
+        slot: usize,
+        body: impl Fn(&mut Workspace<T>, usize, Range<usize>, &mut [f32]) + Sync,
+    ) -> Vec<f32> {
+        let per_channel = self.src_ch * self.taps();
+        let len = self.dst_ch * per_channel;
         let mut parts = vec![0f32; self.batch * len];
         let shared = SharedOut(parts.as_mut_ptr());
         let blocks = block_count(self.dst_ch);
@@ -268,28 +383,18 @@ impl Pass {
             .div_ceil(self.batch)
             .min(blocks);
         (0..self.batch * groups).into_par_iter().for_each_init(
-            || Workspace::new(self),
+            || Workspace::new(self, slot),
             |ws, item| {
                 let (n, group) = (item / groups, item % groups);
                 let (b0, b1) = (group * blocks / groups, (group + 1) * blocks / groups);
                 let (o0, o1) = (block(self.dst_ch, b0).0, block(self.dst_ch, b1).0);
                 // SAFETY: item (n, group) alone writes sample n's gradients of channels o0..o1.
                 let mine = unsafe {
-                    let at = n * len + o0 * self.src_ch * taps;
-                    std::slice::from_raw_parts_mut(shared.at(at), (o1 - o0) * self.src_ch * taps)
+                    let at = shared.at(n * len + o0 * per_channel);
+                    std::slice::from_raw_parts_mut(at, (o1 - o0) * per_channel)
                 };
-                ws.held.fill(usize::MAX);
-                let src = Planes::one(&x[n * self.src_ch * vi..][..self.src_ch * vi], vi);
-                let grad = &dy[n * self.dst_ch * vo..][..self.dst_ch * vo];
-                for z in 0..self.dst[0] {
-                    ws.load_planes(self, &src, z);
-                    for (b, co) in (b0..b1).map(|k| block(self.dst_ch, k)) {
-                        self.load_rows(ws, grad, b..b + co, z);
-                        let out = &mut mine[(b - o0) * self.src_ch * taps..];
-                        // SAFETY: AVX-512 was detected; ws holds this plane and co rows.
-                        unsafe { grad_weight_plane(self, ws, co, out) };
-                    }
-                }
+                ws.ring.reset();
+                body(ws, n, b0..b1, mine);
             },
         );
         let mut parts = parts.chunks_exact(len);
@@ -300,49 +405,115 @@ impl Pass {
         dw
     }
 
-    #[cfg(target_arch = "x86_64")]
-    /// `dy`'s planes `z` of channels `chans` into `ws.out` in padded-row order, zero in the
-    /// thrown-away columns and past the last row (so those positions add nothing).
-    fn load_rows(&self, ws: &mut Workspace, dy: &[f32], chans: std::ops::Range<usize>, z: usize) {
+    /// The blocks `blocks` of an item's gradient `mine` (which starts at the first block):
+    /// (first channel, width, that block's part).
+    fn weight_blocks<'m>(
+        &self,
+        blocks: Range<usize>,
+        mine: &'m mut [f32],
+    ) -> Vec<(usize, usize, &'m mut [f32])> {
+        let per_channel = self.src_ch * self.taps();
+        let mut rest = mine;
+        let mut parts = Vec::with_capacity(blocks.len());
+        for k in blocks {
+            let (o0, co) = block(self.dst_ch, k);
+            let (part, tail) = rest.split_at_mut(co * per_channel);
+            parts.push((o0, co, part));
+            rest = tail;
+        }
+        parts
+    }
+
+    /// `dy`'s planes `z` of sample `n`, channels `chans`, into `rows` in padded-row order
+    /// (`q_pad` apart), zero in the thrown-away columns and past the last row (so those
+    /// positions add nothing).
+    fn load_rows<S: Copy, T: Copy + Default>(
+        &self,
+        rows: &mut [T],
+        dy: &[S],
+        n: usize,
+        chans: Range<usize>,
+        z: usize,
+        cast: impl Fn(S) -> T,
+    ) {
         let [dd, dh, dw] = self.dst;
         for (k, o) in chans.enumerate() {
-            let rows = &mut ws.out[k * self.q_pad..][..self.q_pad];
-            rows.fill(0.0);
-            let plane = &dy[(o * dd + z) * dh * dw..][..dh * dw];
+            let dst = &mut rows[k * self.q_pad..][..self.q_pad];
+            dst.fill(T::default());
+            let plane = &dy[((n * self.dst_ch + o) * dd + z) * dh * dw..][..dh * dw];
             for (r, src) in plane.chunks_exact(dw).enumerate() {
-                rows[r * self.wp..][..dw].copy_from_slice(src);
+                for (d, &v) in dst[r * self.wp..][..dw].iter_mut().zip(src) {
+                    *d = cast(v);
+                }
             }
         }
     }
 }
 
-/// One worker's buffers: the ring of padded source planes and one block's output planes.
-struct Workspace {
-    /// Slot `s` of channel `i` at `(i * kd + s) * plane`.
-    ring: Vec<f32>,
+/// One worker's buffers: the ring of padded source planes, one block's accumulated output
+/// planes, and one block's rows of the output gradient (weight gradient).
+struct Workspace<T> {
+    ring: Ring<T>,
+    /// [`CO_MAX`] planes of f32 sums in padded-row order, `q_pad` apart.
+    out: Vec<f32>,
+    /// [`CO_MAX`] rows of the output gradient in padded-row order, `q_pad` apart.
+    rows: Vec<T>,
+}
+
+impl<T: Copy + Default> Workspace<T> {
+    /// Buffers for a pass whose ring slots hold `slot` elements.
+    fn new(p: &Pass, slot: usize) -> Self {
+        Self {
+            ring: Ring::new(p.kernel[0], slot),
+            out: vec![0f32; CO_MAX * p.q_pad],
+            rows: vec![T::default(); CO_MAX * p.q_pad],
+        }
+    }
+}
+
+/// Per source unit (a channel, or a pair of them), the `kd` padded planes the current output
+/// plane reads, in slots that are reused as the plane moves deeper.
+struct Ring<T> {
+    data: Vec<T>,
+    /// Elements of one slot.
+    slot: usize,
     /// The padded depth index each slot holds (`usize::MAX`: none yet).
     held: Vec<usize>,
     /// Slot of kernel depth tap `a` for the current output plane.
     order: Vec<usize>,
-    /// [`CO_MAX`] output planes in padded-row order, `q_pad` floats apart.
-    out: Vec<f32>,
 }
 
-impl Workspace {
-    fn new(p: &Pass) -> Self {
-        let kd = p.kernel[0];
+impl<T: Copy + Default> Ring<T> {
+    fn new(kd: usize, slot: usize) -> Self {
         Self {
-            ring: vec![0f32; p.src_ch * kd * p.plane],
+            data: Vec::new(),
+            slot,
             held: vec![usize::MAX; kd],
             order: vec![0; kd],
-            out: vec![0f32; CO_MAX * p.q_pad],
         }
     }
 
-    /// Makes the ring hold the padded planes `z..z + kd` that output plane `z` reads.
-    fn load_planes(&mut self, p: &Pass, src: &Planes<'_>, z: usize) {
-        let [kd, _, _] = p.kernel;
-        let [sd, sh, sw] = p.src;
+    /// Forgets what the slots hold (a new sample or a new range of planes).
+    fn reset(&mut self) {
+        self.held.fill(usize::MAX);
+    }
+
+    /// Unit `u`'s slot `s`.
+    fn at(&self, u: usize, s: usize) -> &[T] {
+        &self.data[(u * self.held.len() + s) * self.slot..][..self.slot]
+    }
+
+    /// Makes the ring hold the padded planes `z..z + kd` of `units` units that output plane
+    /// `z` reads, calling `fill(unit, source plane or None for padding, slot)` for new ones.
+    fn load(
+        &mut self,
+        p: &Pass,
+        z: usize,
+        units: usize,
+        mut fill: impl FnMut(usize, Option<usize>, &mut [T]),
+    ) {
+        let kd = self.held.len();
+        self.data.resize(units * kd * self.slot, T::default());
         for a in 0..kd {
             let (depth, slot) = (z + a, (z + a) % kd);
             self.order[a] = slot;
@@ -350,24 +521,10 @@ impl Workspace {
                 continue;
             }
             self.held[slot] = depth;
-            let source = depth.checked_sub(p.pad[0]).filter(|&s| s < sd);
-            for i in 0..p.src_ch {
-                let dst = &mut self.ring[(i * kd + slot) * p.plane..][..p.plane];
-                let Some(s) = source else {
-                    dst.fill(0.0);
-                    continue;
-                };
-                // Zero only what no row covers: the padding around the rows and the slack.
-                let channel = src.channel(i);
-                let mut start = p.pad[1] * p.wp + p.pad[2];
-                dst[..start].fill(0.0);
-                for r in 0..sh {
-                    let from = &channel[(s * sh + r) * sw..][..sw];
-                    dst[start..start + sw].copy_from_slice(from);
-                    let next = if r + 1 < sh { start + p.wp } else { p.plane };
-                    dst[start + sw..next].fill(0.0);
-                    start = next;
-                }
+            let source = depth.checked_sub(p.pad[0]).filter(|&s| s < p.src[0]);
+            for u in 0..units {
+                let at = (u * kd + slot) * self.slot;
+                fill(u, source, &mut self.data[at..at + self.slot]);
             }
         }
     }

@@ -1,0 +1,270 @@
+//! The direct passes on bf16 tensors, on CPUs with AVX512-BF16: operands stored and multiplied
+//! in bf16, sums kept in f32 (`vdpbf16ps`: two products a lane each step, twice the f32 rate),
+//! each result rounded to bf16 once. The forward pass and the input gradient pair source
+//! channels (a lane holds channels 2k and 2k + 1 of one position, and the weights of both);
+//! the weight gradient pairs neighbouring positions of one channel.
+
+use std::arch::x86_64::*;
+
+use half::bf16;
+
+use super::{block, forward_weight, input_gradient_weight, Pass, Workspace, TILE};
+use crate::model::ops::geometry::ConvGeom;
+use crate::model::ops::matmul::SharedOut;
+
+/// Whether this CPU runs the bf16 kernels.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+}
+
+/// `y = conv3d(x, w)` of a stride-1 convolution ([`super::applies`]); the CPU must be
+/// [`available`].
+pub(super) fn forward(g: &ConvGeom, x: &[bf16], w: &[bf16]) -> Vec<bf16> {
+    let vi = g.input_voxels();
+    Pass::forward(g).run_pairs(
+        |n, i| &x[(n * g.cin + i) * vi..][..vi],
+        |o, i, t| forward_weight(g, w, o, i, t),
+    )
+}
+
+/// `dx` from `dy` of a stride-1 convolution ([`super::applies`]); the CPU must be
+/// [`available`].
+pub(super) fn grad_input(g: &ConvGeom, dy: &[bf16], w: &[bf16]) -> Vec<bf16> {
+    let vo = g.output_voxels();
+    Pass::input_gradient(g).run_pairs(
+        |n, i| &dy[(n * g.cout + i) * vo..][..vo],
+        |o, i, t| input_gradient_weight(g, w, o, i, t),
+    )
+}
+
+/// `dw` (f32 sums) from `x` and `dy` of a stride-1 convolution ([`super::applies`]) whose
+/// kernel is 1 or 3 wide (None otherwise); the CPU must be [`available`].
+pub(super) fn grad_weight(g: &ConvGeom, x: &[bf16], dy: &[bf16]) -> Option<Vec<f32>> {
+    if ![1, 3].contains(&g.kernel[2]) {
+        return None;
+    }
+    let pass = Pass::forward(g);
+    let vi = g.input_voxels();
+    Some(pass.weight_items(pass.plane, |ws, n, blocks, mine| {
+        for z in 0..pass.dst[0] {
+            ws.ring.load(&pass, z, g.cin, |i, s, slot| {
+                pass.fill_plane(&x[(n * g.cin + i) * vi..][..vi], s, slot, |v| v)
+            });
+            for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
+                pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z, |v| v);
+                // SAFETY: the caller checked the CPU; the ring holds this plane, rows co rows.
+                unsafe { weight_plane(&pass, ws, co, out) };
+            }
+        }
+    }))
+}
+
+impl Pass {
+    /// The pass over bf16 sources `channel(n, i)` with weights `weight(o, i, t)`.
+    fn run_pairs<'a>(
+        &self,
+        channel: impl Fn(usize, usize) -> &'a [bf16] + Sync,
+        weight: impl Fn(usize, usize, usize) -> bf16,
+    ) -> Vec<bf16> {
+        let pairs = self.src_ch.div_ceil(2);
+        let packed = self.pack(pairs, |o, k, t| {
+            let hi = match 2 * k + 1 < self.src_ch {
+                true => weight(o, 2 * k + 1, t).to_bits(),
+                false => 0,
+            };
+            u32::from(weight(o, 2 * k, t).to_bits()) | u32::from(hi) << 16
+        });
+        let chunk = self.chunk(pairs);
+        let len = self.batch * self.dst_ch * self.dst.iter().product::<usize>();
+        let mut out = vec![bf16::ZERO; len];
+        let shared = SharedOut(out.as_mut_ptr());
+        self.plane_items(2 * self.plane, |ws, n, blocks, planes| {
+            for z in planes {
+                ws.ring.load(self, z, pairs, |k, s, slot| {
+                    let second = (2 * k + 1 < self.src_ch).then(|| channel(n, 2 * k + 1));
+                    self.fill_pair(channel(n, 2 * k), second, s, slot)
+                });
+                for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
+                    // SAFETY: the caller checked the CPU; the ring holds this plane's pairs.
+                    unsafe { block_pairs(self, ws, chunk, &packed, o0, co) };
+                    self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
+                        for (j, &v) in row.iter().enumerate() {
+                            // SAFETY: this item alone writes these channels' planes z.
+                            unsafe { *shared.at(at + j) = bf16::from_f32(v) };
+                        }
+                    });
+                }
+            }
+        });
+        out
+    }
+
+    /// Source plane `source` of channels `a` and `b` (absent: zero) interleaved into a slot.
+    fn fill_pair(&self, a: &[bf16], b: Option<&[bf16]>, source: Option<usize>, slot: &mut [bf16]) {
+        slot.fill(bf16::ZERO);
+        let Some(s) = source else { return };
+        let [_, sh, sw] = self.src;
+        for r in 0..sh {
+            let start = 2 * ((self.pad[1] + r) * self.wp + self.pad[2]);
+            let row = &mut slot[start..start + 2 * sw];
+            for (d, &v) in row.iter_mut().step_by(2).zip(&a[(s * sh + r) * sw..][..sw]) {
+                *d = v;
+            }
+            if let Some(b) = b {
+                for (d, &v) in row[1..]
+                    .iter_mut()
+                    .step_by(2)
+                    .zip(&b[(s * sh + r) * sw..][..sw])
+                {
+                    *d = v;
+                }
+            }
+        }
+    }
+}
+
+/// [`tiles`] for a block of `co` channels.
+///
+/// # Safety
+/// The CPU is [`available`]; the ring holds the current plane's pairs.
+unsafe fn block_pairs(
+    p: &Pass,
+    ws: &mut Workspace<bf16>,
+    chunk: usize,
+    packed: &[u32],
+    o0: usize,
+    co: usize,
+) {
+    match co {
+        1 => tiles::<1>(p, ws, chunk, packed, o0),
+        2 => tiles::<2>(p, ws, chunk, packed, o0),
+        3 => tiles::<3>(p, ws, chunk, packed, o0),
+        4 => tiles::<4>(p, ws, chunk, packed, o0),
+        5 => tiles::<5>(p, ws, chunk, packed, o0),
+        _ => tiles::<6>(p, ws, chunk, packed, o0),
+    }
+}
+
+fn as_bh(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64 bytes of plain lanes.
+    unsafe { std::mem::transmute(v) }
+}
+
+/// Every tile of one block: `CO` channels x [`TILE`] positions, summed over the pairs of a
+/// chunk (weights in L1) and every tap, into `ws.out` (f32).
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn tiles<const CO: usize>(
+    p: &Pass,
+    ws: &mut Workspace<bf16>,
+    chunk: usize,
+    packed: &[u32],
+    o0: usize,
+) {
+    let [kd, kh, kw] = p.kernel;
+    let (taps, pairs) = (p.taps(), p.src_ch.div_ceil(2));
+    let block = &packed[o0 * pairs * taps..][..CO * pairs * taps];
+    let ring = ws.ring.data.as_ptr() as *const u16;
+    let out = ws.out.as_mut_ptr();
+    for k0 in (0..pairs).step_by(chunk) {
+        let k1 = (k0 + chunk).min(pairs);
+        for q0 in (0..p.q_pad).step_by(TILE) {
+            let mut acc = [[_mm512_setzero_ps(); 4]; CO];
+            if k0 > 0 {
+                for (c, acc) in acc.iter_mut().enumerate() {
+                    for (v, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_loadu_ps(out.add(c * p.q_pad + q0 + 16 * v));
+                    }
+                }
+            }
+            let mut w = block.as_ptr().add(k0 * taps * CO);
+            for k in k0..k1 {
+                for &slot in &ws.ring.order {
+                    // Reads reach 2 * (q_pad + (kh - 1) * wp + kw - 1) < 2 * plane.
+                    let base = ring.add((k * kd + slot) * ws.ring.slot + 2 * q0);
+                    for b in 0..kh {
+                        for c in 0..kw {
+                            let src = base.add(2 * (b * p.wp + c)) as *const __m512i;
+                            let x = [0, 1, 2, 3].map(|v| as_bh(_mm512_loadu_si512(src.add(v))));
+                            for (co, acc) in acc.iter_mut().enumerate() {
+                                let wv = as_bh(_mm512_set1_epi32(*w.add(co) as i32));
+                                for (a, &xv) in acc.iter_mut().zip(&x) {
+                                    *a = _mm512_dpbf16_ps(*a, xv, wv);
+                                }
+                            }
+                            w = w.add(CO);
+                        }
+                    }
+                }
+            }
+            for (c, acc) in acc.iter().enumerate() {
+                for (v, &a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.add(c * p.q_pad + q0 + 16 * v), a);
+                }
+            }
+        }
+    }
+}
+
+/// [`weight_rows`] for `co` channels of a kernel `p.kernel[2]` (1 or 3) wide.
+///
+/// # Safety
+/// The CPU is [`available`]; the ring holds this plane and `ws.rows` `co` rows of `dy`.
+unsafe fn weight_plane(p: &Pass, ws: &Workspace<bf16>, co: usize, dw: &mut [f32]) {
+    macro_rules! by_width {
+        ($kw:literal) => {
+            match co {
+                1 => weight_rows::<1, $kw>(p, ws, dw),
+                2 => weight_rows::<2, $kw>(p, ws, dw),
+                3 => weight_rows::<3, $kw>(p, ws, dw),
+                4 => weight_rows::<4, $kw>(p, ws, dw),
+                5 => weight_rows::<5, $kw>(p, ws, dw),
+                _ => weight_rows::<6, $kw>(p, ws, dw),
+            }
+        };
+    }
+    match p.kernel[2] {
+        1 => by_width!(1),
+        _ => by_width!(3),
+    }
+}
+
+/// Adds one plane's weight gradient of `CO` channels to `dw` (channel of the block, source
+/// channel, tap): per source channel and tap row, `CO x KW` accumulators swept along the
+/// plane 32 positions a step (pairs of neighbours in each lane), then summed across lanes.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn weight_rows<const CO: usize, const KW: usize>(
+    p: &Pass,
+    ws: &Workspace<bf16>,
+    dw: &mut [f32],
+) {
+    let [_, kh, _] = p.kernel;
+    let taps = p.taps();
+    let rows = ws.rows.as_ptr() as *const u16;
+    for i in 0..p.src_ch {
+        for (a, &slot) in ws.ring.order.iter().enumerate() {
+            let plane = ws.ring.at(i, slot).as_ptr() as *const u16;
+            for b in 0..kh {
+                // Reads reach b * wp + q_pad - 1 + KW - 1, inside the plane's slot.
+                let row = plane.add(b * p.wp);
+                let mut acc = [[_mm512_setzero_ps(); KW]; CO];
+                for q in (0..p.q_pad).step_by(32) {
+                    let d: [__m512bh; CO] = std::array::from_fn(|k| {
+                        as_bh(_mm512_loadu_si512(rows.add(k * p.q_pad + q) as *const _))
+                    });
+                    for c in 0..KW {
+                        let x = as_bh(_mm512_loadu_si512(row.add(q + c) as *const _));
+                        for (acc, &d) in acc.iter_mut().zip(&d) {
+                            acc[c] = _mm512_dpbf16_ps(acc[c], d, x);
+                        }
+                    }
+                }
+                for (k, acc) in acc.iter().enumerate() {
+                    for (c, &lanes) in acc.iter().enumerate() {
+                        dw[(k * p.src_ch + i) * taps + (a * kh + b) * KW + c] +=
+                            _mm512_reduce_add_ps(lanes);
+                    }
+                }
+            }
+        }
+    }
+}
