@@ -179,10 +179,26 @@ fn passes(
     let (xb, wb, dyb) = (b(&xs), b(&ws), b(&dy));
     if ops::direct::forward_bf16(&g, &xb, &wb).is_some() {
         let fwd = median_ms(runs, || drop(ops::direct::forward_bf16(&g, &xb, &wb)));
-        let gi = median_ms(runs, || drop(ops::direct::grad_input_bf16(&g, &dyb, &wb)));
+        let gi = median_ms(runs, || {
+            drop(ops::direct::grad_input_bf16::<_, half::bf16>(&g, &dyb, &wb))
+        });
         let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xb, &dyb)));
         println!(
             "  bf16 passes (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
+            fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
+        );
+        // f32 data, bf16 products (what `--precision bf16` runs on the CPU).
+        let vi = g.input_voxels();
+        let sample = |n: usize| ops::columns::Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
+        let fwd = median_ms(runs, || {
+            drop(ops::direct::forward_bf16_products(&g, sample, &ws))
+        });
+        let gi = median_ms(runs, || {
+            drop(ops::direct::grad_input_bf16::<_, f32>(&g, &dy, &ws))
+        });
+        let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xs, &dy)));
+        println!(
+            "  bf16-product passes on f32 data (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
             fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
         );
     }

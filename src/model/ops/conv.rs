@@ -10,7 +10,7 @@ use half::bf16;
 use super::blocks::BlockPlan;
 use super::columns::{ColumnGather, Planes};
 use super::direct;
-use super::geometry::ConvGeom;
+use super::geometry::{ConvGeom, Products};
 use super::matmul::{matmul, SharedOut, View};
 
 /// The contiguous data of a custom-op argument (callers make arguments contiguous).
@@ -105,6 +105,11 @@ fn forward_planes<'a>(
     sample: impl Fn(usize) -> Planes<'a> + Sync,
     w: &[f32],
 ) -> Vec<f32> {
+    if g.products == Products::Bf16 {
+        if let Some(y) = direct::forward_bf16_products(g, &sample, w) {
+            return y;
+        }
+    }
     if direct::applies(g) {
         return direct::forward(g, sample, w);
     }
@@ -147,6 +152,11 @@ fn forward_planes<'a>(
 pub fn grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
     if g.is_non_overlapping() {
         return scatter_grad_input_cpu(g, dy, w);
+    }
+    if g.products == Products::Bf16 {
+        if let Some(dx) = direct::grad_input_bf16(g, dy, w) {
+            return dx;
+        }
     }
     if direct::applies(g) {
         return direct::grad_input(g, dy, w);
@@ -282,6 +292,11 @@ fn scatter_grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
 
 /// `dw` from `x` and `dy`: sum over blocks of dy (Cout x cols) @ columns(x)^T (cols x Cin*k^3).
 pub fn grad_weight_cpu(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    if g.products == Products::Bf16 {
+        if let Some(dw) = direct::grad_weight_bf16(g, x, dy) {
+            return dw;
+        }
+    }
     if direct::applies(g) {
         if let Some(dw) = direct::grad_weight(g, x, dy) {
             return dw;

@@ -4,6 +4,17 @@
 
 use candle_core::{bail, Result};
 
+/// What a CPU convolution on f32 tensors multiplies in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Products {
+    /// f32 products and sums.
+    #[default]
+    F32,
+    /// Operands rounded to bf16, products and sums in f32 (oneDNN's "bf16 fpmath" mode),
+    /// where the CPU has AVX512-BF16 and the direct kernels apply; f32 elsewhere.
+    Bf16,
+}
+
 /// Everything needed to index one 3D convolution `y = conv3d(x, w)`, with `x` (N, Cin, D, H, W)
 /// and `w` (Cout, Cin, kd, kh, kw).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,6 +35,8 @@ pub struct ConvGeom {
     pub stride: [usize; 3],
     /// Output size (z, y, x).
     pub output: [usize; 3],
+    /// What the CPU passes multiply in (f32 tensors).
+    pub products: Products,
 }
 
 impl ConvGeom {
@@ -64,6 +77,7 @@ impl ConvGeom {
             padding,
             stride,
             output,
+            products: Products::F32,
         })
     }
 

@@ -44,6 +44,7 @@ pub use pool3d::{avg_pool3d, max_pool3d_generic};
 
 use conv::{Conv3dForward, Conv3dForwardPair, Conv3dGradInput};
 use geometry::ConvGeom;
+pub use geometry::Products;
 
 /// Whether the custom ops (CPU, or CUDA in a `cuda` build) can run on these tensors.
 pub(crate) fn fast_path(ts: &[&Tensor]) -> bool {
@@ -92,13 +93,25 @@ pub(crate) fn in_f32(
 
 /// x: (N, Cin, D, H, W), w: (Cout, Cin, kd, kh, kw); zero padding and stride per axis (d, h, w).
 pub fn conv3d(x: &Tensor, w: &Tensor, padding: [usize; 3], stride: [usize; 3]) -> Result<Tensor> {
+    conv3d_in(x, w, padding, stride, Products::F32)
+}
+
+/// [`conv3d`] whose CPU passes on f32 tensors multiply in `products` (and its gradients too).
+pub fn conv3d_in(
+    x: &Tensor,
+    w: &Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+    products: Products,
+) -> Result<Tensor> {
     if !native(&[x, w]) && !cpu_bf16(&[x, w]) && widened_bf16(&[x, w]) {
         return in_f32(&[x, w], |t| conv3d(&t[0], &t[1], padding, stride));
     }
     if !native(&[x, w]) && !cpu_bf16(&[x, w]) {
         return conv3d_generic(x, w, padding, stride);
     }
-    let geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
+    let mut geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
+    geom.products = products;
     x.contiguous()?
         .apply_op2(&w.contiguous()?, Conv3dForward(geom))
 }
@@ -114,9 +127,21 @@ pub fn conv3d_concat(
     padding: [usize; 3],
     stride: [usize; 3],
 ) -> Result<Tensor> {
+    conv3d_concat_in(a, b, w, padding, stride, Products::F32)
+}
+
+/// [`conv3d_concat`] whose CPU pass multiplies in `products`.
+pub fn conv3d_concat_in(
+    a: &Tensor,
+    b: &Tensor,
+    w: &Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+    products: Products,
+) -> Result<Tensor> {
     let untracked = [a, b, w].iter().all(|t| !t.track_op());
     if !(untracked && fast_path(&[a, b, w]) && a.device().is_cpu()) {
-        return conv3d(&Tensor::cat(&[a, b], 1)?, w, padding, stride);
+        return conv3d_in(&Tensor::cat(&[a, b], 1)?, w, padding, stride, products);
     }
     let (n, ca, d, h, wd) = a.dims5()?;
     let (nb, cb, db, hb, wb) = b.dims5()?;
@@ -127,7 +152,8 @@ pub fn conv3d_concat(
             b.dims()
         );
     }
-    let geom = ConvGeom::new(&[n, ca + cb, d, h, wd], w.dims(), padding, stride)?;
+    let mut geom = ConvGeom::new(&[n, ca + cb, d, h, wd], w.dims(), padding, stride)?;
+    geom.products = products;
     a.contiguous()?
         .apply_op3_no_bwd(&b.contiguous()?, &w.contiguous()?, &Conv3dForwardPair(geom))
 }

@@ -15,7 +15,7 @@ pub(super) fn cast(t: &Tensor, dt: DType) -> Result<Tensor> {
 
 /// What a pass is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Pass {
+pub(super) enum Mode {
     /// Training: every op records its inputs for the backward pass (the parameters are
     /// variables), so every activation stays alive until the graph is dropped.
     Train,
@@ -24,20 +24,28 @@ pub(super) enum Pass {
     Infer,
 }
 
+/// One pass through the network: what it is for, and what its convolutions multiply in on
+/// the CPU (bf16 precision there keeps f32 tensors and multiplies in bf16 inside them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Pass {
+    pub(super) mode: Mode,
+    pub(super) products: ops::Products,
+}
+
 impl Pass {
     /// Parameter `t` as this pass reads it (detached: no graph when inferring).
     fn param(self, t: &Tensor, dt: DType) -> Result<Tensor> {
-        match self {
-            Pass::Train => cast(t, dt),
-            Pass::Infer => cast(&t.detach(), dt),
+        match self.mode {
+            Mode::Train => cast(t, dt),
+            Mode::Infer => cast(&t.detach(), dt),
         }
     }
 
     /// `y + b[c]`, into `y` itself when inferring (`y` is the fresh output of a conv).
     fn add_bias(self, y: Tensor, b: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            Pass::Train => ops::add_channel_bias(&y, b)?,
-            Pass::Infer => ops::add_channel_bias_owned(y, b)?,
+        Ok(match self.mode {
+            Mode::Train => ops::add_channel_bias(&y, b)?,
+            Mode::Infer => ops::add_channel_bias_owned(y, b)?,
         })
     }
 }
@@ -145,7 +153,8 @@ impl Conv {
 
     pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let dt = x.dtype();
-        let y = ops::conv3d(x, &pass.param(&self.weight, dt)?, self.padding, self.stride)?;
+        let w = pass.param(&self.weight, dt)?;
+        let y = ops::conv3d_in(x, &w, self.padding, self.stride, pass.products)?;
         self.finish(y, pass)
     }
 
@@ -154,9 +163,10 @@ impl Conv {
     fn forward_pair(&self, a: &Tensor, b: &Tensor, pass: Pass) -> Result<Tensor> {
         let dt = a.dtype();
         let w = pass.param(&self.weight, dt)?;
-        let y = match pass {
-            Pass::Train => ops::conv3d(&Tensor::cat(&[a, b], 1)?, &w, self.padding, self.stride)?,
-            Pass::Infer => ops::conv3d_concat(a, b, &w, self.padding, self.stride)?,
+        let (p, s, products) = (self.padding, self.stride, pass.products);
+        let y = match pass.mode {
+            Mode::Train => ops::conv3d_in(&Tensor::cat(&[a, b], 1)?, &w, p, s, products)?,
+            Mode::Infer => ops::conv3d_concat_in(a, b, &w, p, s, products)?,
         };
         self.finish(y, pass)
     }
@@ -245,10 +255,10 @@ impl Block {
             pass.param(&self.norm_weight, dt)?,
             pass.param(&self.norm_bias, dt)?,
         );
-        Ok(match pass {
-            Pass::Train => ops::group_norm_leaky_relu(&y, &w, &b, self.groups, 1e-5, self.slope)?,
+        Ok(match pass.mode {
+            Mode::Train => ops::group_norm_leaky_relu(&y, &w, &b, self.groups, 1e-5, self.slope)?,
             // The conv's output is ours alone: normalized where it lies.
-            Pass::Infer => {
+            Mode::Infer => {
                 ops::group_norm_leaky_relu_owned(y, &w, &b, self.groups, 1e-5, self.slope)?
             }
         })

@@ -17,6 +17,7 @@
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::config::{Encoder, Precision, UNetConfig, Upsampling, DS_PREFIX};
+use super::ops;
 use crate::error::{Error, Result};
 use crate::util::rng::Rng;
 
@@ -25,7 +26,7 @@ mod shapes;
 
 pub use shapes::parameter_shapes;
 
-use layers::{cast, is_ds_param, Block, Conv, Layer, ParamStore, Pass, ResBlock, Up};
+use layers::{cast, is_ds_param, Block, Conv, Layer, Mode, ParamStore, Pass, ResBlock, Up};
 
 /// The U-Net with its parameters.
 pub struct UNet {
@@ -230,7 +231,7 @@ impl UNet {
     /// Logits (N, num_classes, D, H, W) of an input (N, in_channels, D, H, W), recorded for a
     /// backward pass: every activation stays alive as long as the result (see [`Self::infer`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut out = self.run(x, false, Pass::Train)?;
+        let mut out = self.run(x, false, self.pass(Mode::Train, x))?;
         Ok(out.swap_remove(0))
     }
 
@@ -239,7 +240,7 @@ impl UNet {
     /// the decoder has used them), so the pass holds a few activations at once instead of all
     /// of them. What prediction and validation use; the values are the same bit for bit.
     pub fn infer(&self, x: &Tensor) -> Result<Tensor> {
-        let mut out = self.run(&x.detach(), false, Pass::Infer)?;
+        let mut out = self.run(&x.detach(), false, self.pass(Mode::Infer, x))?;
         Ok(out.swap_remove(0))
     }
 
@@ -247,12 +248,26 @@ impl UNet {
     /// [`UNetConfig::supervised_levels`]); the full-resolution one alone without deep
     /// supervision.
     pub fn forward_all(&self, x: &Tensor) -> Result<Vec<Tensor>> {
-        self.run(x, true, Pass::Train)
+        self.run(x, true, self.pass(Mode::Train, x))
+    }
+
+    /// A pass of `mode` on `x`: bf16 on the CPU keeps f32 tensors, with bf16 products inside
+    /// the convolutions (the other CPU ops have no bf16 arithmetic to gain from).
+    fn pass(&self, mode: Mode, x: &Tensor) -> Pass {
+        let products = match (self.precision, x.device().is_cpu()) {
+            (Precision::Bf16, true) => ops::Products::Bf16,
+            _ => ops::Products::F32,
+        };
+        Pass { mode, products }
     }
 
     fn run(&self, x: &Tensor, all_levels: bool, pass: Pass) -> Result<Vec<Tensor>> {
         let mut skips = Vec::with_capacity(self.encoder.len());
-        let mut h = cast(x, self.precision.dtype())?;
+        let dtype = match pass.products {
+            ops::Products::Bf16 => DType::F32,
+            ops::Products::F32 => self.precision.dtype(),
+        };
+        let mut h = cast(x, dtype)?;
         if let Some(stem) = &self.stem {
             h = stem.forward(&h, pass)?;
         }

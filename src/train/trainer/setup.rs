@@ -103,7 +103,12 @@ impl<'a> Session<'a> {
             notices.push("no validation cases (val_fraction 0 or a single labelled case): no validation Dice and no best checkpoint".into());
         }
         notices.push(network_notice(&data, &model));
-        let forecast = memory::training_step(model.config(), &cfg.step_shape());
+        let mut shape = cfg.step_shape();
+        if dev.is_cpu() {
+            // bf16 on the CPU keeps f32 tensors (bf16 products inside the convolutions only).
+            shape.precision = crate::model::config::Precision::F32;
+        }
+        let forecast = memory::training_step(model.config(), &shape);
         let metrics_path = opts.run_dir.join("metrics.jsonl");
         // A fresh run also truncates: a folder without checkpoints may hold an abandoned log.
         let log = MetricsLog::open(&metrics_path, Some(start_step))?;

@@ -1,6 +1,7 @@
-//! The direct passes on bf16 tensors, on CPUs with AVX512-BF16: operands stored and multiplied
-//! in bf16, sums kept in f32 (`vdpbf16ps`: two products a lane each step, twice the f32 rate),
-//! each result rounded to bf16 once. The forward pass and the input gradient pair source
+//! The direct passes with bf16 products, on CPUs with AVX512-BF16: operands multiplied in bf16
+//! (bf16 tensors as they are, f32 ones rounded as the ring is filled), sums kept in f32
+//! (`vdpbf16ps`: two products a lane each step, twice the f32 rate), each result stored once
+//! (rounded to bf16 for bf16 tensors). The forward pass and the input gradient pair source
 //! channels (a lane holds channels 2k and 2k + 1 of one position, and the weights of both);
 //! the weight gradient pairs neighbouring positions of one channel.
 
@@ -8,7 +9,10 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::{block, forward_weight, input_gradient_weight, Pass, Workspace, TILE};
+use super::{
+    block, forward_weight, input_gradient_weight, interleave_scalar, Operand, Output, Pass,
+    Workspace, TILE,
+};
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
@@ -17,41 +21,45 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
 }
 
-/// `y = conv3d(x, w)` of a stride-1 convolution ([`super::applies`]); the CPU must be
-/// [`available`].
-pub(super) fn forward(g: &ConvGeom, x: &[bf16], w: &[bf16]) -> Vec<bf16> {
-    let vi = g.input_voxels();
-    Pass::forward(g).run_pairs(
-        |n, i| &x[(n * g.cin + i) * vi..][..vi],
-        |o, i, t| forward_weight(g, w, o, i, t),
-    )
+/// `y = conv3d(x, w)` of a stride-1 convolution ([`super::applies`]), the source channels given
+/// by `channel(n, i)`; the CPU must be [`available`].
+pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
+    g: &ConvGeom,
+    channel: impl Fn(usize, usize) -> &'a [S] + Sync,
+    w: &[S],
+) -> Vec<O> {
+    Pass::forward(g).run_pairs(channel, |o, i, t| forward_weight(g, w, o, i, t).bf16())
 }
 
 /// `dx` from `dy` of a stride-1 convolution ([`super::applies`]); the CPU must be
 /// [`available`].
-pub(super) fn grad_input(g: &ConvGeom, dy: &[bf16], w: &[bf16]) -> Vec<bf16> {
+pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Vec<O> {
     let vo = g.output_voxels();
     Pass::input_gradient(g).run_pairs(
         |n, i| &dy[(n * g.cout + i) * vo..][..vo],
-        |o, i, t| input_gradient_weight(g, w, o, i, t),
+        |o, i, t| input_gradient_weight(g, w, o, i, t).bf16(),
     )
 }
 
-/// `dw` (f32 sums) from `x` and `dy` of a stride-1 convolution ([`super::applies`]) whose
-/// kernel is 1 or 3 wide (None otherwise); the CPU must be [`available`].
-pub(super) fn grad_weight(g: &ConvGeom, x: &[bf16], dy: &[bf16]) -> Option<Vec<f32>> {
+/// `dw` (f32 sums) from `x` (its channels given by `channel(n, i)`) and `dy` of a stride-1
+/// convolution ([`super::applies`]) whose kernel is 1 or 3 wide (None otherwise); the CPU must
+/// be [`available`].
+pub(super) fn grad_weight<'a, S: Operand + 'a>(
+    g: &ConvGeom,
+    channel: impl Fn(usize, usize) -> &'a [S] + Sync,
+    dy: &[S],
+) -> Option<Vec<f32>> {
     if ![1, 3].contains(&g.kernel[2]) {
         return None;
     }
     let pass = Pass::forward(g);
-    let vi = g.input_voxels();
     Some(pass.weight_items(pass.plane, |ws, n, blocks, mine| {
         for z in 0..pass.dst[0] {
             ws.ring.load(&pass, z, g.cin, |i, s, slot| {
-                pass.fill_plane(&x[(n * g.cin + i) * vi..][..vi], s, slot, |v| v)
+                pass.fill_plane(channel(n, i), s, slot, S::bf16)
             });
             for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
-                pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z, |v| v);
+                pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z, S::bf16);
                 // SAFETY: the caller checked the CPU; the ring holds this plane, rows co rows.
                 unsafe { weight_plane(&pass, ws, co, out) };
             }
@@ -60,12 +68,12 @@ pub(super) fn grad_weight(g: &ConvGeom, x: &[bf16], dy: &[bf16]) -> Option<Vec<f
 }
 
 impl Pass {
-    /// The pass over bf16 sources `channel(n, i)` with weights `weight(o, i, t)`.
-    fn run_pairs<'a>(
+    /// The pass over sources `channel(n, i)` with weights `weight(o, i, t)`.
+    fn run_pairs<'a, S: Operand + 'a, O: Output>(
         &self,
-        channel: impl Fn(usize, usize) -> &'a [bf16] + Sync,
+        channel: impl Fn(usize, usize) -> &'a [S] + Sync,
         weight: impl Fn(usize, usize, usize) -> bf16,
-    ) -> Vec<bf16> {
+    ) -> Vec<O> {
         let pairs = self.src_ch.div_ceil(2);
         let packed = self.pack(pairs, |o, k, t| {
             let hi = match 2 * k + 1 < self.src_ch {
@@ -76,7 +84,7 @@ impl Pass {
         });
         let chunk = self.chunk(pairs);
         let len = self.batch * self.dst_ch * self.dst.iter().product::<usize>();
-        let mut out = vec![bf16::ZERO; len];
+        let mut out = vec![O::default(); len];
         let shared = SharedOut(out.as_mut_ptr());
         self.plane_items(2 * self.plane, |ws, n, blocks, planes| {
             for z in planes {
@@ -90,7 +98,7 @@ impl Pass {
                     self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
                         for (j, &v) in row.iter().enumerate() {
                             // SAFETY: this item alone writes these channels' planes z.
-                            unsafe { *shared.at(at + j) = bf16::from_f32(v) };
+                            unsafe { *shared.at(at + j) = O::of_sum(v) };
                         }
                     });
                 }
@@ -100,27 +108,52 @@ impl Pass {
     }
 
     /// Source plane `source` of channels `a` and `b` (absent: zero) interleaved into a slot.
-    fn fill_pair(&self, a: &[bf16], b: Option<&[bf16]>, source: Option<usize>, slot: &mut [bf16]) {
+    fn fill_pair<S: Operand>(
+        &self,
+        a: &[S],
+        b: Option<&[S]>,
+        source: Option<usize>,
+        slot: &mut [bf16],
+    ) {
         slot.fill(bf16::ZERO);
         let Some(s) = source else { return };
         let [_, sh, sw] = self.src;
         for r in 0..sh {
             let start = 2 * ((self.pad[1] + r) * self.wp + self.pad[2]);
-            let row = &mut slot[start..start + 2 * sw];
-            for (d, &v) in row.iter_mut().step_by(2).zip(&a[(s * sh + r) * sw..][..sw]) {
-                *d = v;
-            }
-            if let Some(b) = b {
-                for (d, &v) in row[1..]
-                    .iter_mut()
-                    .step_by(2)
-                    .zip(&b[(s * sh + r) * sw..][..sw])
-                {
-                    *d = v;
-                }
-            }
+            let row = (s * sh + r) * sw..(s * sh + r + 1) * sw;
+            S::interleave(
+                &a[row.clone()],
+                b.map(|b| &b[row]),
+                &mut slot[start..start + 2 * sw],
+            );
         }
     }
+}
+
+/// `out[2j] = a[j]`, `out[2j + 1] = b[j]` (zero without `b`), rounded to bf16 sixteen at a
+/// time (`vcvtneps2bf16`, round to nearest even like `bf16::from_f32`).
+pub(super) fn interleave_f32(a: &[f32], b: Option<&[f32]>, out: &mut [bf16]) {
+    assert!(out.len() >= 2 * a.len() && b.is_none_or(|b| b.len() == a.len()));
+    // SAFETY: AVX512-BF16 checked; the lengths were checked above.
+    match available() {
+        true => unsafe { interleave_avx512(a, b, out) },
+        false => interleave_scalar(a, b, out),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn interleave_avx512(a: &[f32], b: Option<&[f32]>, out: &mut [bf16]) {
+    let whole = a.len() / 16 * 16;
+    for j in (0..whole).step_by(16) {
+        let bits = |v: &[f32]| {
+            let h = _mm512_cvtneps_pbh(_mm512_loadu_ps(v.as_ptr().add(j)));
+            _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(h))
+        };
+        let high = b.map_or(_mm512_setzero_si512(), |b| _mm512_slli_epi32(bits(b), 16));
+        let pairs = _mm512_or_si512(bits(a), high);
+        _mm512_storeu_si512(out.as_mut_ptr().add(2 * j) as *mut __m512i, pairs);
+    }
+    interleave_scalar(&a[whole..], b.map(|b| &b[whole..]), &mut out[2 * whole..]);
 }
 
 /// [`tiles`] for a block of `co` channels.

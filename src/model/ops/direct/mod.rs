@@ -121,39 +121,124 @@ pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
     None
 }
 
+/// A value the bf16 kernels multiply: bf16 as it is, f32 rounded to bf16 as it is read.
+pub trait Operand: Copy + Sync {
+    /// The value as the kernels multiply it.
+    fn bf16(self) -> half::bf16;
+
+    /// `out[2j] = a[j]` and `out[2j + 1] = b[j]` (zero without `b`) as bf16: two source
+    /// channels side by side, as the forward kernels read them.
+    fn interleave(a: &[Self], b: Option<&[Self]>, out: &mut [half::bf16]) {
+        interleave_scalar(a, b, out)
+    }
+}
+
+/// [`Operand::interleave`] one value at a time.
+fn interleave_scalar<S: Operand>(a: &[S], b: Option<&[S]>, out: &mut [half::bf16]) {
+    for (j, &v) in a.iter().enumerate() {
+        out[2 * j] = v.bf16();
+        out[2 * j + 1] = b.map_or(half::bf16::ZERO, |b| b[j].bf16());
+    }
+}
+
+impl Operand for half::bf16 {
+    fn bf16(self) -> half::bf16 {
+        self
+    }
+}
+
+impl Operand for f32 {
+    fn bf16(self) -> half::bf16 {
+        half::bf16::from_f32(self)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn interleave(a: &[Self], b: Option<&[Self]>, out: &mut [half::bf16]) {
+        bf16::interleave_f32(a, b, out)
+    }
+}
+
+/// What a bf16 pass stores: its f32 sums as they are, or rounded to bf16.
+pub trait Output: Copy + Default + Send + Sync {
+    /// One stored value from its sum.
+    fn of_sum(v: f32) -> Self;
+}
+
+impl Output for half::bf16 {
+    fn of_sum(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+}
+
+impl Output for f32 {
+    fn of_sum(v: f32) -> Self {
+        v
+    }
+}
+
+/// Whether this CPU has the bf16 kernels (AVX512-BF16).
+pub fn bf16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        bf16::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the bf16 kernels compute this convolution on this CPU.
+fn bf16_kernels(g: &ConvGeom) -> bool {
+    applies(g) && bf16_available()
+}
+
 /// The forward pass on bf16 tensors where this CPU has the bf16 kernels and the convolution
 /// [`applies`] (None otherwise).
 pub fn forward_bf16(g: &ConvGeom, x: &[half::bf16], w: &[half::bf16]) -> Option<Vec<half::bf16>> {
+    let vi = g.input_voxels();
     #[cfg(target_arch = "x86_64")]
-    if applies(g) && bf16::available() {
-        return Some(bf16::forward(g, x, w));
+    if bf16_kernels(g) {
+        return Some(bf16::forward(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], w));
     }
-    let _ = (g, x, w);
+    let _ = (g, x, w, vi);
     None
 }
 
-/// The input gradient on bf16 tensors, as [`forward_bf16`].
-pub fn grad_input_bf16(
+/// The forward pass on f32 tensors with bf16 products and f32 sums, as [`forward_bf16`].
+pub fn forward_bf16_products<'a>(
     g: &ConvGeom,
-    dy: &[half::bf16],
-    w: &[half::bf16],
-) -> Option<Vec<half::bf16>> {
+    sample: impl Fn(usize) -> Planes<'a> + Sync,
+    w: &[f32],
+) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if applies(g) && bf16::available() {
+    if bf16_kernels(g) {
+        return Some(bf16::forward(g, |n, i| sample(n).channel(i), w));
+    }
+    let _ = (g, sample, w);
+    None
+}
+
+/// The input gradient with bf16 products, on bf16 tensors (`O` bf16) or f32 ones (`O` f32),
+/// as [`forward_bf16`].
+pub fn grad_input_bf16<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Option<Vec<O>> {
+    #[cfg(target_arch = "x86_64")]
+    if bf16_kernels(g) {
         return Some(bf16::grad_input(g, dy, w));
     }
     let _ = (g, dy, w);
     None
 }
 
-/// The weight gradient on bf16 tensors (f32 sums), as [`forward_bf16`], for kernels 1 or 3
-/// wide.
-pub fn grad_weight_bf16(g: &ConvGeom, x: &[half::bf16], dy: &[half::bf16]) -> Option<Vec<f32>> {
+/// The weight gradient with bf16 products (f32 sums), on bf16 or f32 tensors, as
+/// [`forward_bf16`], for kernels 1 or 3 wide.
+pub fn grad_weight_bf16<S: Operand>(g: &ConvGeom, x: &[S], dy: &[S]) -> Option<Vec<f32>> {
+    let vi = g.input_voxels();
     #[cfg(target_arch = "x86_64")]
-    if applies(g) && bf16::available() {
-        return bf16::grad_weight(g, x, dy);
+    if bf16_kernels(g) {
+        return bf16::grad_weight(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], dy);
     }
-    let _ = (g, x, dy);
+    let _ = (g, x, dy, vi);
     None
 }
 

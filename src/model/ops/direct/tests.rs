@@ -157,3 +157,53 @@ fn results_do_not_depend_on_the_thread_count() {
         assert!(run(threads) == one, "{threads} threads differ from one");
     }
 }
+
+/// f32 tensors with bf16 products: against the naive convolution of the bf16-rounded values
+/// (the products are exact in f32 and nothing is rounded after the sums) where the CPU has
+/// AVX512-BF16; None elsewhere, so the callers take the f32 passes.
+#[test]
+fn bf16_products_on_f32_data_equal_f32_sums_of_rounded_values() {
+    use super::{forward_bf16_products, grad_input_bf16, grad_weight_bf16};
+    for (seed, x, w, padding) in [
+        (20, [2, 5, 4, 7, 40], [7, 5, 3, 3, 3], [1; 3]),
+        (21, [1, 4, 3, 6, 9], [13, 4, 1, 3, 3], [0, 1, 1]),
+        (22, [1, 3, 2, 3, 17], [2, 3, 1, 1, 1], [0; 3]),
+    ] {
+        let g = ConvGeom::new(&x, &w, padding, [1; 3]).unwrap();
+        let mut rng = Rng::new(seed);
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter()
+                .map(|f| half::bf16::from_f32(f).to_f32())
+                .collect()
+        };
+        let xs = random(&mut rng, x.iter().product());
+        let ws = random(&mut rng, w.iter().product());
+        let dy = random(&mut rng, g.batch * g.cout * g.output_voxels());
+        let (xr, wr, dyr) = (round(xs.clone()), round(ws.clone()), round(dy.clone()));
+        let (mut y, mut dx, mut dw) = (
+            vec![0f64; dy.len()],
+            vec![0f64; xs.len()],
+            vec![0f64; ws.len()],
+        );
+        each_term(&g, |xi, wi, yi| {
+            y[yi] += xr[xi] as f64 * wr[wi] as f64;
+            dx[xi] += wr[wi] as f64 * dyr[yi] as f64;
+            dw[wi] += xr[xi] as f64 * dyr[yi] as f64;
+        });
+        let vi = g.input_voxels();
+        let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
+        let got = (
+            forward_bf16_products(&g, sample, &ws),
+            grad_input_bf16::<f32, f32>(&g, &dy, &ws),
+            grad_weight_bf16(&g, &xs, &dy),
+        );
+        if !super::bf16_available() {
+            assert!(got.0.is_none() && got.1.is_none() && got.2.is_none());
+            continue;
+        }
+        let what = format!("x{x:?} w{w:?} p{padding:?}");
+        assert_close(&got.0.unwrap(), &y, &format!("{what} y"));
+        assert_close(&got.1.unwrap(), &dx, &format!("{what} dx"));
+        assert_close(&got.2.unwrap(), &dw, &format!("{what} dw"));
+    }
+}
