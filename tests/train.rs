@@ -805,6 +805,19 @@ fn benchmark_times_steps_and_keeps_no_run_folder() {
     let opts = options(&run_dir, bf);
     let r = voxcache::train::benchmark::benchmark(&opts, 2, &AtomicBool::new(false)).unwrap();
     assert!(r.steps == 2 && r.step_s > 0.0, "{r:?}");
+    // Validations with no case held out would do nothing: refused, naming the option.
+    let e = train_error(&[
+        "--cache-dir",
+        cache().to_str().unwrap(),
+        "--out",
+        t.path().join("nv").to_str().unwrap(),
+        "--val-fraction",
+        "0",
+        "--val-every",
+        "5",
+    ]);
+    assert!(e.contains("--val-every 5") && e.contains("held out"), "{e}");
+    assert!(!t.path().join("nv").exists());
     let e = train_error(&["--precision", "f16"]);
     assert!(e.contains("loss scaling"), "{e}");
 }

@@ -157,6 +157,17 @@ impl TrainFlags {
         if !self.loss_options.is_empty() {
             c.loss = set_options("--loss", &c.loss, &self.loss_options)?;
         }
+        // Validations where the fraction split holds out no case would do nothing (`--fold
+        // all` is refused with its mode, config::modes::train).
+        if let Some(n) = self.val_every.filter(|&n| n > 0) {
+            if c.fold.is_none() && c.val_fraction == 0.0 {
+                return Err(Error::Config(format!(
+                    "--val-every {n}: no case is held out for validation (the validation \
+                     fraction is 0); leave it out, or hold cases out with --val-fraction or \
+                     --fold K"
+                )));
+            }
+        }
         Ok(())
     }
 }
