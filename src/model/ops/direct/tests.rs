@@ -45,6 +45,21 @@ fn each_term(g: &ConvGeom, mut f: impl FnMut(usize, usize, usize)) {
     }
 }
 
+/// The output, input gradient and weight gradient of the convolution, summed in f64.
+fn naive(g: &ConvGeom, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f64>; 3] {
+    let (mut y, mut dx, mut dw) = (
+        vec![0f64; dy.len()],
+        vec![0f64; x.len()],
+        vec![0f64; w.len()],
+    );
+    each_term(g, |xi, wi, yi| {
+        y[yi] += x[xi] as f64 * w[wi] as f64;
+        dx[xi] += w[wi] as f64 * dy[yi] as f64;
+        dw[wi] += x[xi] as f64 * dy[yi] as f64;
+    });
+    [y, dx, dw]
+}
+
 fn assert_close(got: &[f32], want: &[f64], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len().max(1) as f64).sqrt();
@@ -79,16 +94,7 @@ fn check(seed: u64, x: [usize; 5], w: [usize; 5], padding: [usize; 3]) {
     let xs = random(&mut rng, x.iter().product());
     let ws = random(&mut rng, w.iter().product());
     let dy = random(&mut rng, g.batch * g.cout * g.output_voxels());
-    let (mut y, mut dx, mut dw) = (
-        vec![0f64; dy.len()],
-        vec![0f64; xs.len()],
-        vec![0f64; ws.len()],
-    );
-    each_term(&g, |xi, wi, yi| {
-        y[yi] += xs[xi] as f64 * ws[wi] as f64;
-        dx[xi] += ws[wi] as f64 * dy[yi] as f64;
-        dw[wi] += xs[xi] as f64 * dy[yi] as f64;
-    });
+    let [y, dx, dw] = naive(&g, &xs, &ws, &dy);
     let vi = g.input_voxels();
     for k in kernels() {
         let what = format!("{k:?} x{x:?} w{w:?} p{padding:?}");
@@ -180,16 +186,7 @@ fn bf16_products_on_f32_data_equal_f32_sums_of_rounded_values() {
         let ws = random(&mut rng, w.iter().product());
         let dy = random(&mut rng, g.batch * g.cout * g.output_voxels());
         let (xr, wr, dyr) = (round(xs.clone()), round(ws.clone()), round(dy.clone()));
-        let (mut y, mut dx, mut dw) = (
-            vec![0f64; dy.len()],
-            vec![0f64; xs.len()],
-            vec![0f64; ws.len()],
-        );
-        each_term(&g, |xi, wi, yi| {
-            y[yi] += xr[xi] as f64 * wr[wi] as f64;
-            dx[xi] += wr[wi] as f64 * dyr[yi] as f64;
-            dw[wi] += xr[xi] as f64 * dyr[yi] as f64;
-        });
+        let [y, dx, dw] = naive(&g, &xr, &wr, &dyr);
         let vi = g.input_voxels();
         let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
         let got = (
