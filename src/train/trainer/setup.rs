@@ -15,6 +15,7 @@ use crate::cache::reader::EntryReader;
 use crate::error::{Error, Result};
 use crate::format::run::{RunRecord, Split};
 use crate::model::checkpoint::Checkpointer;
+use crate::model::config::Precision;
 use crate::model::device;
 use crate::model::memory;
 use crate::model::unet::UNet;
@@ -104,9 +105,16 @@ impl<'a> Session<'a> {
         }
         notices.push(network_notice(&data, &model));
         let mut shape = cfg.step_shape();
-        if dev.is_cpu() {
+        if dev.is_cpu() && shape.precision == Precision::Bf16 {
             // bf16 on the CPU keeps f32 tensors (bf16 products inside the convolutions only).
-            shape.precision = crate::model::config::Precision::F32;
+            shape.precision = Precision::F32;
+            if !crate::model::ops::direct::bf16_available() {
+                notices.push(
+                    "precision bf16: this CPU has no AVX512-BF16, so its convolutions compute \
+                     in f32"
+                        .into(),
+                );
+            }
         }
         let forecast = memory::training_step(model.config(), &shape);
         let metrics_path = opts.run_dir.join("metrics.jsonl");
