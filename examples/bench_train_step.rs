@@ -18,6 +18,8 @@ use voxcache::util::rng::Rng;
 
 fn main() -> voxcache::Result<()> {
     voxcache::model::device::default_cpu_threads();
+    // As `train` does.
+    voxcache::util::sysinfo::reuse_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, d: &str| args.get(i).cloned().unwrap_or_else(|| d.to_string());
     let patch: Vec<usize> = arg(0, "32,64,64")

@@ -97,6 +97,9 @@ struct Cli {
 fn main() -> ExitCode {
     voxcache::config::exit::quiet_on_closed_pipe();
     voxcache::model::device::default_cpu_threads();
+    // Every step frees and allocates the same tensors: keep their pages (about 15% of a CPU
+    // step went to page faults), for about 9% more peak memory.
+    voxcache::util::sysinfo::reuse_freed_memory();
     let cmd = Cli::command();
     let matches = cmd.clone().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

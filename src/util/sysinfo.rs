@@ -8,6 +8,27 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Keeps freed memory in the process for the next allocation instead of handing it back to
+/// the kernel. glibc maps every block over its threshold afresh and the kernel zeroes each of
+/// its pages on first touch: a training step, which frees and allocates the same tensors
+/// every step, spent about 15% of its time in page faults. Returns whether the allocator took
+/// the setting (glibc on Linux only; elsewhere nothing changes).
+pub fn reuse_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only sets the allocator's parameters; called before other threads
+        // allocate much, and glibc takes its own lock anyway.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, i32::MAX) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX) == 1
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 /// This host's name, for naming temporary folders that other machines may see.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

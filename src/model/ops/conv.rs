@@ -110,7 +110,7 @@ fn forward_planes<'a>(
             return y;
         }
     }
-    if direct::applies(g) {
+    if direct::reads_directly(g) {
         return direct::forward(g, sample, w);
     }
     let gather = ColumnGather::forward(g);
@@ -297,7 +297,7 @@ pub fn grad_weight_cpu(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Vec<f32> {
             return dw;
         }
     }
-    if direct::applies(g) {
+    if direct::reads_directly(g) {
         if let Some(dw) = direct::grad_weight(g, x, dy) {
             return dw;
         }

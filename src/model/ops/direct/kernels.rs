@@ -82,16 +82,16 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
         for (a, &slot) in ws.ring.order.iter().enumerate() {
             let plane = ws.ring.at(i, slot);
             for b in 0..kh {
-                // Reads reach b * wp + q_pad - 1 + KW - 1, inside the plane's slot.
-                let row = plane.as_ptr().add(b * p.wp);
+                // Reads reach offset + q_pad - 1, inside the plane's slot.
+                let offsets = &p.offsets[b * KW..][..KW];
                 let mut acc = [[_mm512_setzero_ps(); KW]; CO];
                 for q in (0..p.q_pad).step_by(16) {
                     let mut d = [_mm512_setzero_ps(); CO];
                     for (k, v) in d.iter_mut().enumerate() {
                         *v = _mm512_loadu_ps(rows.add(k * p.q_pad + q));
                     }
-                    for c in 0..KW {
-                        let x = _mm512_loadu_ps(row.add(q + c));
+                    for (c, &off) in offsets.iter().enumerate() {
+                        let x = _mm512_loadu_ps(plane.as_ptr().add(off + q));
                         for (acc, &d) in acc.iter_mut().zip(&d) {
                             acc[c] = _mm512_fmadd_ps(d, x, acc[c]);
                         }
@@ -108,7 +108,7 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
     }
 }
 
-/// [`grad_weight_avx512`] for `co` channels of a kernel `p.kernel[2]` (1 or 3) wide.
+/// [`grad_weight_avx512`] for `co` channels of a kernel `p.kernel[2]` (1 to 3) wide.
 ///
 /// # Safety
 /// As [`grad_weight_avx512`].
@@ -128,6 +128,7 @@ pub(super) unsafe fn grad_weight_plane(p: &Pass, ws: &Workspace<f32>, co: usize,
     }
     match p.kernel[2] {
         1 => by_width!(1),
+        2 => by_width!(2),
         _ => by_width!(3),
     }
 }
@@ -187,7 +188,6 @@ fn tile<const CO: usize>(
     weights: &[f32],
     accumulate: bool,
 ) {
-    let [_, kh, kw] = p.kernel;
     let mut acc = [[0f32; TILE]; CO];
     if accumulate {
         for (co, a) in acc.iter_mut().enumerate() {
@@ -198,14 +198,12 @@ fn tile<const CO: usize>(
     for i in chans {
         for &slot in &ws.ring.order {
             let plane = &ws.ring.at(i, slot)[q0..];
-            for b in 0..kh {
-                for c in 0..kw {
-                    let x: &[f32; TILE] = plane[b * p.wp + c..][..TILE].try_into().unwrap();
-                    let wt = w.next().unwrap();
-                    for (a, &wv) in acc.iter_mut().zip(wt) {
-                        for (s, &v) in a.iter_mut().zip(x) {
-                            *s = wv.mul_add(v, *s);
-                        }
+            for &off in &p.offsets {
+                let x: &[f32; TILE] = plane[off..][..TILE].try_into().unwrap();
+                let wt = w.next().unwrap();
+                for (a, &wv) in acc.iter_mut().zip(wt) {
+                    for (s, &v) in a.iter_mut().zip(x) {
+                        *s = wv.mul_add(v, *s);
                     }
                 }
             }

@@ -43,11 +43,17 @@ const CHUNK_WEIGHTS: usize = 6144;
 /// Whether the direct pass computes this convolution and its input gradient: stride 1, and
 /// padding below the kernel size (so the gradient's padding `k - 1 - p` exists).
 pub fn applies(g: &ConvGeom) -> bool {
-    g.stride == [1; 3] && (0..3).all(|a| g.padding[a] < g.kernel[a])
+    g.stride == [1; 3] && reads_directly(g)
 }
 
-/// `y = conv3d(x, w)` of a stride-1 convolution ([`applies`]), the sources of sample `n` given
-/// by `sample(n)` (one tensor's channels, or two side by side).
+/// Whether the direct f32 pass computes this convolution's forward pass and weight gradient,
+/// at any stride: padding below the kernel size on every axis.
+pub fn reads_directly(g: &ConvGeom) -> bool {
+    (0..3).all(|a| g.padding[a] < g.kernel[a])
+}
+
+/// `y = conv3d(x, w)` of a convolution the direct pass reads ([`reads_directly`]), the sources
+/// of sample `n` given by `sample(n)` (one tensor's channels, or two side by side).
 pub fn forward<'a>(
     g: &ConvGeom,
     sample: impl Fn(usize) -> Planes<'a> + Sync,
@@ -95,11 +101,14 @@ fn input_gradient_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: 
     w[(i * g.cin + o) * taps + (taps - 1 - t)]
 }
 
-/// `dw` from `x` and `dy` of a stride-1 convolution ([`applies`]) whose kernel is 1 or 3 wide,
-/// on CPUs with AVX-512 (None otherwise: the column path computes it).
+/// `dw` from `x` and `dy` of a convolution the direct pass reads ([`reads_directly`]) whose
+/// kernel is 1 to 3 wide, on CPUs with AVX-512 (None otherwise: the column path computes it).
 pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if matches!(Kernel::detect(), Kernel::Avx512) && [1, 3].contains(&g.kernel[2]) {
+    if matches!(Kernel::detect(), Kernel::Avx512)
+        && (1..=3).contains(&g.kernel[2])
+        && reads_directly(g)
+    {
         let pass = Pass::forward(g);
         let vi = g.input_voxels();
         let dw = pass.weight_items(pass.plane, |ws, n, blocks, mine| {
@@ -255,7 +264,12 @@ fn block(channels: usize, k: usize) -> (usize, usize) {
     (k * base + k.min(extra), base + usize::from(k < extra))
 }
 
-/// One stride-1 pass: `dst[n, o] = sum over (i, t) of weight(o, i, t) * src[n, i] at tap t`.
+/// One pass: `dst[n, o] = sum over (i, t) of weight(o, i, t) * src[n, i] at tap t`.
+///
+/// With an in-plane stride (sh, sw) a padded plane is kept as `sh x sw` phase planes (phase
+/// (r, s) holds the padded values at rows `r + sh * j`, columns `s + sw * k`), so that tap
+/// (b, c) still reads one contiguous run: phase (b % sh, c % sw) from (b / sh, c / sw) on.
+/// Stride 1 is the single phase.
 struct Pass {
     batch: usize,
     src_ch: usize,
@@ -264,10 +278,15 @@ struct Pass {
     src: [usize; 3],
     kernel: [usize; 3],
     pad: [usize; 3],
+    stride: [usize; 3],
     /// Destination size (D, H, W).
     dst: [usize; 3],
-    /// Padded row length.
+    /// Row length of a phase plane: destination rows lie `wp` positions apart.
     wp: usize,
+    /// Elements of one phase plane.
+    phase: usize,
+    /// Per in-plane tap (b, c), row-major: where it reads in a slot, from a position.
+    offsets: Vec<usize>,
     /// Elements of one padded plane's slot, with the slack the last tile reads past its end.
     plane: usize,
     /// Positions of one output plane in padded-row order, rounded up to whole tiles.
@@ -281,11 +300,22 @@ impl Pass {
         src: [usize; 3],
         kernel: [usize; 3],
         pad: [usize; 3],
+        stride: [usize; 3],
     ) -> Self {
         let [hp, wp] = [1, 2].map(|a| src[a] + 2 * pad[a]);
-        let dst = [0, 1, 2].map(|a| src[a] + 2 * pad[a] + 1 - kernel[a]);
-        // Tile reads reach `q_pad - 1 + (kh - 1) * wp + kw - 1 < hp * wp + TILE + kw`.
-        let plane = (hp * wp + kernel[2] + TILE).next_multiple_of(32);
+        let dst = [0, 1, 2].map(|a| (src[a] + 2 * pad[a] - kernel[a]) / stride[a] + 1);
+        let [sh, sw] = [stride[1], stride[2]];
+        let (hq, wq) = (hp.div_ceil(sh), wp.div_ceil(sw));
+        let phase = hq * wq;
+        let offsets = (0..kernel[1])
+            .flat_map(|b| {
+                (0..kernel[2])
+                    .map(move |c| ((b % sh) * sw + c % sw) * phase + (b / sh) * wq + c / sw)
+            })
+            .collect();
+        // Tile reads reach `q_pad - 1 + offset < sh * sw * phase + TILE + kw`: the last
+        // phase's rows past the destination's (`dst_h + (kh - 1) / sh <= hq`).
+        let plane = (sh * sw * phase + kernel[2] + TILE).next_multiple_of(32);
         Self {
             batch,
             src_ch,
@@ -293,22 +323,34 @@ impl Pass {
             src,
             kernel,
             pad,
+            stride,
             dst,
-            wp,
+            wp: wq,
+            phase,
+            offsets,
             plane,
-            q_pad: (dst[1] * wp).next_multiple_of(TILE),
+            q_pad: (dst[1] * wq).next_multiple_of(TILE),
         }
     }
 
     /// The convolution itself (source `x`, destination `y`).
     fn forward(g: &ConvGeom) -> Self {
-        Self::new(g.batch, [g.cin, g.cout], g.input, g.kernel, g.padding)
+        let pass = Self::new(
+            g.batch,
+            [g.cin, g.cout],
+            g.input,
+            g.kernel,
+            g.padding,
+            g.stride,
+        );
+        debug_assert_eq!(pass.dst, g.output);
+        pass
     }
 
-    /// Its input gradient (source `dy`, destination `dx`).
+    /// Its input gradient (source `dy`, destination `dx`) at stride 1.
     fn input_gradient(g: &ConvGeom) -> Self {
         let pad = [0, 1, 2].map(|a| g.kernel[a] - 1 - g.padding[a]);
-        Self::new(g.batch, [g.cout, g.cin], g.output, g.kernel, pad)
+        Self::new(g.batch, [g.cout, g.cin], g.output, g.kernel, pad, [1; 3])
     }
 
     fn taps(&self) -> usize {
@@ -432,6 +474,9 @@ impl Pass {
             slot.fill(T::default());
             return;
         };
+        if self.stride[1..] != [1, 1] {
+            return self.fill_phases(&channel[s * sh * sw..][..sh * sw], slot, cast);
+        }
         // Zero only what no row covers: the padding around the rows and the slack.
         let mut start = self.pad[1] * self.wp + self.pad[2];
         slot[..start].fill(T::default());
@@ -448,6 +493,32 @@ impl Pass {
             slot[start + sw..next].fill(T::default());
             start = next;
         }
+    }
+
+    /// One source plane into the phase planes of a strided pass (see [`Pass`]).
+    fn fill_phases<S: Copy, T: Copy + Default>(
+        &self,
+        plane: &[S],
+        slot: &mut [T],
+        cast: impl Fn(S) -> T,
+    ) {
+        let [_, h, w] = self.src;
+        let [_, sh, sw] = self.stride;
+        slot.fill(T::default());
+        for (r, row) in plane.chunks_exact(w).enumerate() {
+            let pr = r + self.pad[1];
+            let base = (pr % sh) * sw * self.phase + (pr / sh) * self.wp;
+            // Columns of one phase land side by side: the row's values `sw` apart.
+            for s in 0..sw {
+                let first = (s + sw - self.pad[2] % sw) % sw;
+                let at = base + s * self.phase + (first + self.pad[2]) / sw;
+                let dst = &mut slot[at..];
+                for (d, &v) in dst.iter_mut().zip(row[first.min(w)..].iter().step_by(sw)) {
+                    *d = cast(v);
+                }
+            }
+        }
+        debug_assert!(h * w == plane.len());
     }
 
     /// The weight gradient: `body(workspace, n, blocks, gradient of those blocks' channels)`
@@ -600,7 +671,8 @@ impl<T: Copy + Default> Ring<T> {
         let kd = self.held.len();
         self.data.resize(units * kd * self.slot, T::default());
         for a in 0..kd {
-            let (depth, slot) = (z + a, (z + a) % kd);
+            let depth = z * p.stride[0] + a;
+            let slot = depth % kd;
             self.order[a] = slot;
             if self.held[slot] == depth {
                 continue;

@@ -16,6 +16,7 @@ fn each_term(g: &ConvGeom, mut f: impl FnMut(usize, usize, usize)) {
     let [d, h, w] = g.input;
     let [od, oh, ow] = g.output;
     let [kd, kh, kw] = g.kernel;
+    let [sd, sh, sw] = g.stride;
     let p = g.padding.map(|v| v as isize);
     for n in 0..g.batch {
         for co in 0..g.cout {
@@ -27,7 +28,7 @@ fn each_term(g: &ConvGeom, mut f: impl FnMut(usize, usize, usize)) {
                             for (a, b, c) in
                                 (0..kd * kh * kw).map(|t| (t / (kh * kw), t / kw % kh, t % kw))
                             {
-                                let s = [z + a, y + b, x + c].map(|v| v as isize);
+                                let s = [z * sd + a, y * sh + b, x * sw + c].map(|v| v as isize);
                                 let s = [s[0] - p[0], s[1] - p[1], s[2] - p[2]];
                                 if (0..3).any(|k| s[k] < 0 || s[k] >= [d, h, w][k] as isize) {
                                     continue;
@@ -88,8 +89,13 @@ fn kernels() -> Vec<Kernel> {
 
 /// Forward, input gradient and (where it applies) weight gradient of one shape.
 fn check(seed: u64, x: [usize; 5], w: [usize; 5], padding: [usize; 3]) {
-    let g = ConvGeom::new(&x, &w, padding, [1; 3]).unwrap();
-    assert!(super::applies(&g), "{g:?}");
+    check_strided(seed, x, w, padding, [1; 3])
+}
+
+/// As [`check`] at a stride: the input gradient only at stride 1 (others take the columns).
+fn check_strided(seed: u64, x: [usize; 5], w: [usize; 5], padding: [usize; 3], stride: [usize; 3]) {
+    let g = ConvGeom::new(&x, &w, padding, stride).unwrap();
+    assert!(super::reads_directly(&g), "{g:?}");
     let mut rng = Rng::new(seed);
     let xs = random(&mut rng, x.iter().product());
     let ws = random(&mut rng, w.iter().product());
@@ -97,17 +103,23 @@ fn check(seed: u64, x: [usize; 5], w: [usize; 5], padding: [usize; 3]) {
     let [y, dx, dw] = naive(&g, &xs, &ws, &dy);
     let vi = g.input_voxels();
     for k in kernels() {
-        let what = format!("{k:?} x{x:?} w{w:?} p{padding:?}");
+        let what = format!("{k:?} x{x:?} w{w:?} p{padding:?} s{stride:?}");
         let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
         assert_close(&forward_with(k, &g, sample, &ws), &y, &format!("{what} y"));
-        assert_close(
-            &grad_input_with(k, &g, &dy, &ws),
-            &dx,
-            &format!("{what} dx"),
-        );
+        if super::applies(&g) {
+            let got = grad_input_with(k, &g, &dy, &ws);
+            assert_close(&got, &dx, &format!("{what} dx"));
+        }
     }
-    if let Some(got) = grad_weight(&g, &xs, &dy) {
-        assert_close(&got, &dw, &format!("x{x:?} w{w:?} p{padding:?} dw"));
+    let got = grad_weight(&g, &xs, &dy);
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(got.is_some(), is_x86_feature_detected!("avx512f"), "{g:?}");
+    if let Some(got) = got {
+        assert_close(
+            &got,
+            &dw,
+            &format!("x{x:?} w{w:?} p{padding:?} s{stride:?} dw"),
+        );
     }
 }
 
@@ -124,8 +136,22 @@ fn valid_padding_anisotropic_and_pointwise_kernels() {
     check(5, [2, 3, 4, 8, 9], [5, 3, 1, 3, 3], [0, 1, 1]);
     check(6, [1, 6, 3, 4, 5], [2, 6, 1, 1, 1], [0; 3]);
     check(7, [1, 2, 5, 5, 6], [3, 2, 3, 1, 3], [1, 0, 2]);
-    // A kernel two wide: forward and input gradient only (the weight gradient takes columns).
     check(8, [1, 2, 4, 5, 6], [3, 2, 2, 2, 2], [1; 3]);
+}
+
+#[test]
+fn strided_forward_and_weight_gradient() {
+    // nnU-Net's down-sampling convolutions: 3x3x3 (or 1x3x3) at stride 2 (or 1x2x2), odd
+    // and even sizes, so the last phase row or column is short.
+    check_strided(13, [1, 3, 5, 7, 9], [7, 3, 3, 3, 3], [1; 3], [2; 3]);
+    check_strided(14, [2, 4, 4, 8, 10], [5, 4, 1, 3, 3], [0, 1, 1], [1, 2, 2]);
+    check_strided(15, [1, 2, 6, 6, 11], [4, 2, 3, 3, 3], [1; 3], [2, 2, 3]);
+    // The transposed convolution's gradients: kernel = stride, no padding.
+    check_strided(16, [2, 5, 4, 6, 8], [3, 5, 2, 2, 2], [0; 3], [2; 3]);
+    check_strided(17, [1, 3, 3, 4, 6], [6, 3, 1, 2, 2], [0; 3], [1, 2, 2]);
+    // A pointwise projection at stride 2 (the residual encoder's), and a 1-voxel plane.
+    check_strided(18, [1, 8, 5, 5, 7], [9, 8, 1, 1, 1], [0; 3], [2; 3]);
+    check_strided(19, [1, 3, 3, 1, 1], [2, 3, 3, 3, 3], [1; 3], [2; 3]);
 }
 
 #[test]
