@@ -10,6 +10,7 @@
 //! pass's are measured constants (see `tests/memory_forecast.rs`).
 
 use super::config::{Encoder, Precision, UNetConfig};
+use super::ops::direct;
 
 /// Tensors kept per class and output voxel by the Dice + cross-entropy loss of one output
 /// (one-hot target, log-softmax's intermediates, probabilities, their products and the
@@ -208,9 +209,11 @@ impl PassMemory {
 /// The forecast of one prediction pass of `batch` windows of `patch` (z, y, x) through
 /// `config`'s network in f32, `workers` convolution threads. The pass keeps no graph: its peak
 /// is the largest of the points it goes through, each the skip connections still held plus the
-/// layer at work (its input, the tensors it makes, its output); a decoder's first block reads
-/// the upsampled tensor and the skip side by side (never concatenated). The peak therefore
-/// follows the largest level, not the network's depth.
+/// layer at work (its input, the tensors it makes, its output). A plain block after a stage's
+/// first writes over its input (odd kernels keep the size); a decoder's first block after a
+/// transposed convolution computes the upsampled planes it reads and writes over the skip
+/// (else it reads the upsampled tensor and the skip side by side, never concatenated). The
+/// peak therefore follows the largest level, not the network's depth.
 pub fn inference_pass(
     config: &UNetConfig,
     patch: [usize; 3],
@@ -224,20 +227,51 @@ pub fn inference_pass(
     };
     let size = |c: usize, level: usize| c as u64 * voxels(level);
     let residual = config.encoder == Encoder::Residual;
-    // Elements per sample: skips held, the current tensor when it is not one of them, the peak.
-    let (mut skips, mut cur, mut peak) = (0u64, 0u64, 0u64);
-    let mut at = |live: u64| peak = peak.max(live);
+    let n = batch.max(1) as u64;
+    let scratch = Scratch {
+        config,
+        patch,
+        batch: n,
+        workers: workers.max(1),
+    };
+    // Whether a stride-1 convolution of `level` keeps the size (and so may write in place).
+    let same = |level: usize| config.kernel(level).iter().all(|v| v % 2 == 1);
+    // Elements per sample: skips held, the current tensor when it is not one of them; the
+    // peak of those and the bytes of the peak with the convolution's scratch at that point.
+    let (mut skips, mut cur, mut peak, mut peak_bytes) = (0u64, 0u64, 0u64, 0u64);
+    let mut at = |live: u64, scratch: u64| {
+        peak = peak.max(live);
+        peak_bytes = peak_bytes.max(4 * n * live + scratch);
+    };
     if residual {
         // The stem reads the input (counted in `io`).
         cur = size(config.channels(0), 0);
-        at(cur);
+        at(cur, scratch.ring(config.in_channels, 0, None));
     }
     for s in 0..depth {
         let cout = config.channels(s);
         let out = size(cout, s);
+        // A stage's first convolution reads the level above at its stride.
+        let first = match s {
+            0 => scratch.ring(config.in_channels, 0, None),
+            _ => scratch.ring(config.channels(s - 1), s, Some(config.strides[s - 1])),
+        };
         for b in 0..config.encoder_blocks(s) {
             if !residual {
-                at(skips + cur + out);
+                match b > 0 && same(s) {
+                    true => at(
+                        skips + cur,
+                        scratch.ring(cout, s, None) + scratch.aside(cout, s),
+                    ),
+                    false => at(
+                        skips + cur + out,
+                        if b == 0 {
+                            first
+                        } else {
+                            scratch.ring(cout, s, None)
+                        },
+                    ),
+                }
                 cur = out;
                 continue;
             }
@@ -251,7 +285,8 @@ pub fn inference_pass(
             // The skip path's own tensor (none when it is the input itself).
             let side = if proj > 0 { proj } else { pool };
             // Pooled input and its projection, then two convs beside it, then their sum.
-            at(skips + cur + (pool + proj).max(side + 2 * out));
+            let ring = first.max(scratch.ring(cout, s, None));
+            at(skips + cur + (pool + proj).max(side + 2 * out), ring);
             cur = out;
         }
         if s + 1 < depth {
@@ -263,33 +298,86 @@ pub fn inference_pass(
         let c = config.channels(level);
         let up = size(c, level);
         // Nearest upsampling makes the deep tensor's copy at this level before its 1x1 conv.
-        let widened = match config.upsampling {
-            super::config::Upsampling::Transpose => 0,
-            super::config::Upsampling::Nearest => size(config.channels(level + 1), level),
+        let (widened, up_ring) = match config.upsampling {
+            super::config::Upsampling::Transpose => (0, 0),
+            super::config::Upsampling::Nearest => (
+                size(config.channels(level + 1), level),
+                scratch.pointwise(config.channels(level + 1), level),
+            ),
         };
-        at(skips + cur + widened + up);
-        // The deep tensor is freed; the first block reads the upsampled one and the skip.
         let skip = size(c, level);
-        match config.decoder_blocks(level) {
-            0 => at(skips + up + 2 * up),
-            n => {
-                at(skips + up + up);
-                for _ in 1..n {
-                    at(skips - skip + 2 * up);
+        let (pair, aside) = (scratch.ring(2 * c, level, None), scratch.aside(c, level));
+        let later = match same(level) {
+            true => (up, scratch.ring(c, level, None) + aside),
+            false => (2 * up, scratch.ring(c, level, None)),
+        };
+        match (config.upsampling, config.decoder_blocks(level)) {
+            (super::config::Upsampling::Transpose, 1..) if same(level) => {
+                // Over the skip, beside the deep tensor; later blocks over their input.
+                at(skips + cur, pair + aside);
+                at(skips - skip + later.0, later.1);
+            }
+            (_, blocks) => {
+                at(skips + cur + widened + up, up_ring);
+                // The deep tensor is freed; the first block reads the upsampled one and the
+                // skip (their concatenation when the level has no block).
+                at(skips + up + if blocks == 0 { 2 * up } else { up }, pair);
+                if blocks > 1 {
+                    at(skips - skip + later.0, later.1);
                 }
             }
         }
         skips -= skip;
         cur = up;
     }
-    at(cur + size(config.num_classes, 0));
-    let n = batch.max(1) as u64;
+    at(cur + size(config.num_classes, 0), 0);
     let per_window = voxels(0) * (2 * config.in_channels + 2 * config.num_classes) as u64;
     PassMemory {
         weights: 4 * parameter_count(config),
         activations: 4 * n * peak,
         io: 4 * n * per_window,
-        workspace: WORKSPACE_BYTES * workers.max(1) as u64,
+        workspace: peak_bytes - 4 * n * peak,
+    }
+}
+
+/// The scratch of the inference pass's convolutions, which read the input planes directly.
+struct Scratch<'a> {
+    config: &'a UNetConfig,
+    patch: [usize; 3],
+    batch: u64,
+    workers: usize,
+}
+
+impl Scratch<'_> {
+    fn dims(&self, level: usize) -> [usize; 3] {
+        let t = self.config.level_stride(level);
+        [0, 1, 2].map(|a| self.patch[a] / t[a].max(1))
+    }
+
+    /// Every worker's ring of padded planes for a convolution of `level` over `src` channels,
+    /// read at `stride` from the level above (None: stride 1 at the level).
+    fn ring(&self, src: usize, level: usize, stride: Option<[usize; 3]>) -> u64 {
+        let k = self.config.kernel(level);
+        let pad = k.map(|v| v / 2);
+        let one = match stride {
+            Some(s) => direct::worker_bytes(src, self.dims(level - 1), k, pad, s),
+            None => direct::worker_bytes(src, self.dims(level), k, pad, [1; 3]),
+        };
+        one * self.workers as u64
+    }
+
+    /// Every worker's ring for a 1x1x1 convolution of `level` over `src` channels.
+    fn pointwise(&self, src: usize, level: usize) -> u64 {
+        let one = direct::worker_bytes(src, self.dims(level), [1; 3], [0; 3], [1; 3]);
+        one * self.workers as u64
+    }
+
+    /// What a convolution written over its `c` channels at `level` holds aside where workers
+    /// meet: `kd - 1` planes a meeting.
+    fn aside(&self, c: usize, level: usize) -> u64 {
+        let [_, h, w] = self.dims(level);
+        let planes = (self.config.kernel(level)[0] - 1) * (self.workers - 1);
+        4 * self.batch * (planes * c * h * w) as u64
     }
 }
 

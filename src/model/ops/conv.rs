@@ -1,6 +1,7 @@
 //! The CPU convolution family as candle custom ops. Forward, input gradient and weight
-//! gradient are each a blocked "gather columns, then one matrix product"; each op's backward is
-//! expressed with the other two, so gradients (even second order) flow through any of them.
+//! gradient are each computed from the input planes where the direct passes apply, else a
+//! blocked "gather columns, then one matrix product"; each op's backward is expressed with the
+//! other two, so gradients (even second order) flow through any of them.
 //! The transposed convolution of the up path is exactly the input gradient of a convolution
 //! whose kernel equals its stride.
 
@@ -25,7 +26,7 @@ fn slice<'a, T>(data: &'a [T], layout: &Layout, expect: &[usize], what: &str) ->
 }
 
 /// The contiguous f32 data of a custom-op argument.
-fn f32_data<'a>(
+pub(super) fn f32_data<'a>(
     storage: &'a CpuStorage,
     layout: &Layout,
     expect: &[usize],
@@ -232,62 +233,18 @@ fn phase_weights(g: &ConvGeom, w: &[f32], taps: &[Vec<usize>; 3]) -> Vec<f32> {
 }
 
 /// Kernel == stride, no padding: every input voxel gets exactly one (output voxel, tap)
-/// contribution, so compute the per-tap products densely and place them (no zero columns).
+/// contribution: the transposed convolution of the up path, plane by plane.
 fn scatter_grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
-    let taps = g.taps();
-    let rows = g.cin * taps;
-    let [od, oh, ow] = g.output;
-    let [_, ih, iw] = g.input;
-    let [kd, kh, kw] = g.kernel;
-    let (vi, vo) = (g.input_voxels(), g.output_voxels());
-    let plan = BlockPlan::new(g.batch, od * oh, ow, rows);
-    let mut dx = vec![0f32; g.batch * g.cin * vi];
-    let out = SharedOut(dx.as_mut_ptr());
-    plan.run(
-        || (),
-        |ws, _, b, par| {
-            let cols = (b.r1 - b.r0) * ow;
-            // ws[(ci, t), col] = sum_co w[co, ci, t] * dy[co, col]
-            // SAFETY: the views stay inside w, dy and the workspace.
-            unsafe {
-                let lhs = View {
-                    ptr: w.as_ptr(),
-                    rs: 1,
-                    cs: rows as isize,
-                };
-                let rhs = View::rows(dy.as_ptr().add(b.n * g.cout * vo + b.r0 * ow), vo);
-                matmul(
-                    rows,
-                    cols,
-                    g.cout,
-                    ws.as_mut_ptr(),
-                    cols,
-                    false,
-                    lhs,
-                    rhs,
-                    par,
-                );
-            }
-            for ci in 0..g.cin {
-                for (t, tap_row) in ws[ci * taps * cols..][..taps * cols]
-                    .chunks_exact(cols)
-                    .enumerate()
-                {
-                    let (td, th, tw) = (t / (kh * kw), (t / kw) % kh, t % kw);
-                    for (r, src) in (b.r0..b.r1).zip(tap_row.chunks_exact(ow)) {
-                        let (d, h) = ((r / oh) * kd + td, (r % oh) * kh + th);
-                        let base = b.n * g.cin * vi + ci * vi + (d * ih + h) * iw + tw;
-                        for (o, &v) in src.iter().enumerate() {
-                            // SAFETY: distinct blocks own distinct output rows, hence distinct
-                            // input voxels (kernel == stride); the index is inside dx.
-                            unsafe { *out.at(base + o * kw) = v };
-                        }
-                    }
-                }
-            }
-        },
-    );
-    dx
+    let up = direct::Upsampling {
+        low: dy,
+        low_ch: g.cout,
+        low_size: g.output,
+        weight: w,
+        up_ch: g.cin,
+        stride: g.stride,
+        bias: None,
+    };
+    direct::transpose(&up, g.batch, g.input)
 }
 
 /// `dw` from `x` and `dy`: sum over blocks of dy (Cout x cols) @ columns(x)^T (cols x Cin*k^3).

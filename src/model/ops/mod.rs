@@ -2,9 +2,10 @@
 //!
 //! Tensors are NCDHW, weights laid out as in PyTorch. Each op is a custom op with a CPU
 //! implementation and, in a `cuda` build, a CUDA one (f32 and bf16: cuDNN for the
-//! convolutions, our kernels for the rest; see `cuda`). On the CPU, stride-1 convolutions are
-//! computed directly from the input planes ([`direct`]: f32, and bf16 with f32 sums on CPUs
-//! with AVX512-BF16); the others are blocked im2col + `gemm` with a workspace bounded per
+//! convolutions, our kernels for the rest; see `cuda`). On the CPU, convolutions are computed
+//! directly from the input planes ([`direct`]: f32 at any stride, bf16 with f32 sums at stride
+//! 1 on CPUs with AVX512-BF16; the up path's transposed convolution plane by plane); the input
+//! gradient of a strided convolution is blocked im2col + `gemm` with a workspace bounded per
 //! worker ([`conv`] holds the family). bf16 where no bf16 implementation exists runs widened to
 //! f32 (f32 op, result rounded); other devices and types fall back to compositions of candle's
 //! built-in ops ([`conv3d_generic`]). The signatures mirror what a future `Tensor::conv3d`
@@ -12,9 +13,11 @@
 //!
 //! - [`geometry`]: shapes and per-axis tap index maps;
 //! - [`columns`]: blocks of the column (im2col) matrix; [`blocks`]: block plan and workers;
-//! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops; [`direct`]: stride-1
-//!   convolutions without columns (f32, and bf16 on CPUs with AVX512-BF16);
+//! - [`matmul`]: strided `gemm` wrapper; [`conv`]: the custom ops; [`direct`]: convolutions
+//!   without columns (f32, and bf16 on CPUs with AVX512-BF16);
 //! - [`generic`]: device-independent fallbacks; [`pool3d`]: pooling;
+//! - [`infer`]: what only inference runs: convolutions written over their input, and the
+//!   decoder's first convolution computing its upsampled planes;
 //! - [`norm`]: group/instance norm fused with LeakyReLU; [`bias`]: per-channel bias add;
 //! - [`activation`]: the residual block's sum and LeakyReLU in one op;
 //! - [`launch_plan`]: launch sizes of the CUDA kernels (plain arithmetic, tested on the CPU).
@@ -29,6 +32,7 @@ pub mod cuda;
 pub mod direct;
 pub mod generic;
 pub mod geometry;
+pub mod infer;
 pub mod launch_plan;
 pub mod matmul;
 pub mod norm;
@@ -39,6 +43,7 @@ use candle_core::{bail, DType, Result, Tensor};
 pub use activation::add_leaky_relu;
 pub use bias::{add_channel_bias, add_channel_bias_owned};
 pub use generic::{conv3d_generic, conv_transpose3d_generic};
+pub use infer::{conv3d_owned, conv3d_up_concat};
 pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic, group_norm_leaky_relu_owned};
 pub use pool3d::{avg_pool3d, max_pool3d_generic};
 

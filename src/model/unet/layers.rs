@@ -248,6 +248,52 @@ impl Block {
         self.norm(y, pass)
     }
 
+    /// Inferring, the decoder's first block on `up(low)` then `skip` (consumed) with the
+    /// upsampled tensor never built ([`ops::conv3d_up_concat`]): `Ok(Err(skip))` where that
+    /// does not apply (the caller upsamples, then calls [`Self::forward_pair`]).
+    pub(super) fn forward_up_pair(
+        &self,
+        low: &Tensor,
+        up: &Up,
+        skip: Tensor,
+        pass: Pass,
+    ) -> Result<std::result::Result<Tensor, Tensor>> {
+        let Up::Transpose {
+            weight,
+            bias,
+            stride,
+        } = up
+        else {
+            return Ok(Err(skip));
+        };
+        let conv = &self.conv;
+        let plain = matches!(pass.mode, Mode::Infer)
+            && pass.products == ops::Products::F32
+            && conv.stride == [1; 3];
+        if !plain {
+            return Ok(Err(skip));
+        }
+        let dt = low.dtype();
+        let (uw, ub) = (pass.param(weight, dt)?, pass.param(bias, dt)?);
+        let w = pass.param(&conv.weight, dt)?;
+        match ops::conv3d_up_concat(low, &uw, Some(&ub), *stride, skip, &w, conv.padding)? {
+            Ok(y) => Ok(Ok(self.norm(conv.finish(y, pass)?, pass)?)),
+            Err(skip) => Ok(Err(skip)),
+        }
+    }
+
+    /// [`Self::forward`] consuming `x`: inferring, the convolution may write over it
+    /// ([`ops::conv3d_owned`]). `x` must not be shared.
+    pub(super) fn forward_owned(&self, x: Tensor, pass: Pass) -> Result<Tensor> {
+        let conv = &self.conv;
+        if !matches!(pass.mode, Mode::Infer) || conv.stride != [1; 3] {
+            return self.forward(&x, pass);
+        }
+        let w = pass.param(&conv.weight, x.dtype())?;
+        let y = ops::conv3d_owned(x, &w, conv.padding, pass.products)?;
+        self.norm(conv.finish(y, pass)?, pass)
+    }
+
     /// The norm and activation of the conv's output `y`.
     fn norm(&self, y: Tensor, pass: Pass) -> Result<Tensor> {
         let dt = y.dtype();
@@ -345,6 +391,15 @@ impl Layer {
         match self {
             Layer::Plain(b) => b.forward(x, pass),
             Layer::Residual(b) => b.forward(x, pass),
+        }
+    }
+
+    /// [`Self::forward`] consuming `x` (see [`Block::forward_owned`]; a residual block keeps
+    /// its input for its sum).
+    pub(super) fn forward_owned(&self, x: Tensor, pass: Pass) -> Result<Tensor> {
+        match self {
+            Layer::Plain(b) => b.forward_owned(x, pass),
+            Layer::Residual(b) => b.forward(&x, pass),
         }
     }
 }

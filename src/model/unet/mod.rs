@@ -272,8 +272,13 @@ impl UNet {
             h = stem.forward(&h, pass)?;
         }
         for blocks in &self.encoder {
-            for b in blocks {
-                h = b.forward(&h, pass)?;
+            for (k, b) in blocks.iter().enumerate() {
+                // A stage's first block reads the tensor the skips also hold; the others read
+                // their predecessor's output alone (inferring, they may write over it).
+                h = match k {
+                    0 => b.forward(&h, pass)?,
+                    _ => b.forward_owned(h, pass)?,
+                };
             }
             skips.push(h.clone());
         }
@@ -283,21 +288,32 @@ impl UNet {
             let skip = skips
                 .pop()
                 .ok_or_else(|| Error::Train("U-Net: decoder deeper than encoder".into()))?;
-            let upsampled = up.forward(&h, pass)?;
-            drop(h);
-            // The first block reads the upsampled tensor and the skip side by side (inferring,
-            // their concatenation is never built); both are freed once it has run.
-            h = match blocks.split_first() {
-                Some((first, rest)) => {
-                    let mut h = first.forward_pair(&upsampled, &skip, pass)?;
-                    drop((upsampled, skip));
-                    for b in rest {
-                        h = b.forward(&h, pass)?;
-                    }
-                    h
+            // Inferring, the first block computes the upsampled planes it reads (the
+            // upsampled tensor is never built) and writes over the skip; else it reads the
+            // upsampled tensor and the skip side by side (inferring, their concatenation is
+            // never built). Both are freed once it has run; later blocks may write over
+            // their input.
+            let rest = blocks.get(1..).unwrap_or_default();
+            let next = match blocks.first() {
+                Some(first) => {
+                    let y = match first.forward_up_pair(&h, up, skip, pass)? {
+                        Ok(y) => {
+                            drop(h);
+                            y
+                        }
+                        Err(skip) => {
+                            let upsampled = up.forward(&h, pass)?;
+                            drop(h);
+                            let y = first.forward_pair(&upsampled, &skip, pass)?;
+                            drop((upsampled, skip));
+                            y
+                        }
+                    };
+                    rest.iter().try_fold(y, |h, b| b.forward_owned(h, pass))?
                 }
-                None => Tensor::cat(&[&upsampled, &skip], 1)?,
+                None => Tensor::cat(&[&up.forward(&h, pass)?, &skip], 1)?,
             };
+            h = next;
             // The level this decoder stage ends at is the number of skips left.
             let level = skips.len();
             if all_levels && level >= 1 && level <= self.ds_heads.len() {

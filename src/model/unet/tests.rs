@@ -320,9 +320,10 @@ fn per_stage_kernels_features_and_blocks_shape_the_network() -> Result<()> {
     Ok(())
 }
 
-/// Prediction's pass (no graph, biases and norms in place, the decoder's concatenation never
-/// built) gives the training pass's logits bit for bit, for every layer kind, and records
-/// nothing: its result holds no activation alive.
+/// Prediction's pass (no graph; biases, norms and same-size convolutions written in place;
+/// the decoder's upsampled tensor and concatenation never built) gives the training pass's
+/// logits bit for bit, for every layer kind, and records nothing: its result holds no
+/// activation alive.
 #[test]
 fn infer_equals_forward_bit_for_bit_without_a_graph() -> Result<()> {
     let cases = [

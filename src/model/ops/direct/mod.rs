@@ -1,4 +1,4 @@
-//! Stride-1 convolutions computed straight from the input planes, with no column matrix.
+//! Convolutions computed straight from the input planes, with no column matrix.
 //!
 //! Each worker keeps, per source channel, the `kd` zero-padded planes that the current output
 //! plane reads (a ring: one plane deeper pads one new plane per channel). The positions of an
@@ -8,7 +8,10 @@
 //! A register tile of `CO` output channels x [`TILE`] positions sums every source channel and
 //! tap before it is stored once. The input gradient of a stride-1 convolution is the same pass
 //! over the output gradient with the weights transposed and flipped; the weight gradient sweeps
-//! the plane once per (source channel, tap row) with the output gradient's rows.
+//! the plane once per (source channel, tap row) with the output gradient's rows
+//! (`weights.rs`). A strided pass keeps each padded plane as phase planes, so its taps are
+//! contiguous runs too (see `Pass`); the up path's transposed convolution is computed a plane
+//! at a time, alone or inside the decoder's first convolution (`up.rs`).
 //!
 //! f32: one kernel, written over plain arrays, compiled with AVX-512, with AVX2 and FMA (chosen
 //! at run time) and for the build's own target ([`kernels`]). bf16 tensors on CPUs with
@@ -20,16 +23,20 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod bf16;
+mod in_place;
 mod kernels;
 #[cfg(test)]
 mod tests;
+mod up;
+mod weights;
 
 use super::columns::Planes;
 use super::geometry::ConvGeom;
 use super::matmul::SharedOut;
-#[cfg(target_arch = "x86_64")]
-use kernels::grad_weight_plane;
+pub use in_place::forward_in_place;
 use kernels::Kernel;
+pub use up::{forward_up_pair, forward_up_pair_in_place, transpose, Upsampling};
+pub use weights::grad_weight;
 
 /// Positions of one register tile (four AVX-512 vectors).
 pub(crate) const TILE: usize = 64;
@@ -90,6 +97,19 @@ fn grad_input_with(kernel: Kernel, g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f
     )
 }
 
+/// Bytes of one worker's buffers in a direct pass over `src_ch` channels of `size` (its ring
+/// of padded planes, one block's sums and rows): what a memory forecast counts per worker.
+pub fn worker_bytes(
+    src_ch: usize,
+    size: [usize; 3],
+    kernel: [usize; 3],
+    padding: [usize; 3],
+    stride: [usize; 3],
+) -> u64 {
+    let p = Pass::new(1, [src_ch, 1], size, kernel, padding, stride);
+    4 * (src_ch * kernel[0] * p.plane + 2 * CO_MAX * p.q_pad) as u64
+}
+
 /// The forward pass's weight of destination `o`, source `i`, tap `t`.
 fn forward_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: usize) -> T {
     w[(o * g.cin + i) * g.taps() + t]
@@ -99,35 +119,6 @@ fn forward_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: usize) 
 fn input_gradient_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: usize) -> T {
     let taps = g.taps();
     w[(i * g.cin + o) * taps + (taps - 1 - t)]
-}
-
-/// `dw` from `x` and `dy` of a convolution the direct pass reads ([`reads_directly`]) whose
-/// kernel is 1 to 3 wide, on CPUs with AVX-512 (None otherwise: the column path computes it).
-pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(Kernel::detect(), Kernel::Avx512)
-        && (1..=3).contains(&g.kernel[2])
-        && reads_directly(g)
-    {
-        let pass = Pass::forward(g);
-        let vi = g.input_voxels();
-        let dw = pass.weight_items(pass.plane, |ws, n, blocks, mine| {
-            let src = Planes::one(&x[n * g.cin * vi..][..g.cin * vi], vi);
-            for z in 0..pass.dst[0] {
-                ws.ring.load(&pass, z, g.cin, |i, s, slot| {
-                    pass.fill_plane(src.channel(i), s, slot, |v| v)
-                });
-                for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
-                    pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z, |v| v);
-                    // SAFETY: AVX-512 was detected; the ring holds this plane, rows co rows.
-                    unsafe { grad_weight_plane(&pass, ws, co, out) };
-                }
-            }
-        });
-        return Some(dw);
-    }
-    let _ = (g, x, dy);
-    None
 }
 
 /// A value the bf16 kernels multiply: bf16 as it is, f32 rounded to bf16 as it is read.
@@ -418,15 +409,27 @@ impl Pass {
         sample: impl Fn(usize) -> Planes<'a> + Sync,
         packed: &[f32],
     ) -> Vec<f32> {
+        self.run_filled(
+            kernel,
+            |n, i, source, slot| self.fill_plane(sample(n).channel(i), source, slot, |v| v),
+            packed,
+        )
+    }
+
+    /// The f32 pass whose ring slots `fill(n, channel, source plane or None, slot)` fills.
+    fn run_filled(
+        &self,
+        kernel: Kernel,
+        fill: impl Fn(usize, usize, Option<usize>, &mut [f32]) + Sync,
+        packed: &[f32],
+    ) -> Vec<f32> {
         let mut out = vec![0f32; self.batch * self.dst_ch * self.dst.iter().product::<usize>()];
         let shared = SharedOut(out.as_mut_ptr());
         let chunk = self.chunk(self.src_ch);
         self.plane_items(self.plane, |ws, n, blocks, planes| {
-            let src = sample(n);
             for z in planes {
-                ws.ring.load(self, z, self.src_ch, |i, s, slot| {
-                    self.fill_plane(src.channel(i), s, slot, |v| v)
-                });
+                ws.ring
+                    .load(self, z, self.src_ch, |i, s, slot| fill(n, i, s, slot));
                 for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
                     kernel.block(self, ws, chunk, packed, o0, co);
                     self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
@@ -519,90 +522,6 @@ impl Pass {
             }
         }
         debug_assert!(h * w == plane.len());
-    }
-
-    /// The weight gradient: `body(workspace, n, blocks, gradient of those blocks' channels)`
-    /// per item (sample, group of blocks). One gradient per sample, summed in sample order at
-    /// the end, so the result does not depend on how items fall on workers.
-    fn weight_items<T: Copy + Default + Send>(
-        &self,
-        slot: usize,
-        body: impl Fn(&mut Workspace<T>, usize, Range<usize>, &mut [f32]) + Sync,
-    ) -> Vec<f32> {
-        let per_channel = self.src_ch * self.taps();
-        let len = self.dst_ch * per_channel;
-        let mut parts = vec![0f32; self.batch * len];
-        let shared = SharedOut(parts.as_mut_ptr());
-        let blocks = block_count(self.dst_ch);
-        // Each item pads its sample's whole input once: few items, one per worker at least.
-        let groups = rayon::current_num_threads()
-            .div_ceil(self.batch)
-            .min(blocks);
-        (0..self.batch * groups).into_par_iter().for_each_init(
-            || Workspace::new(self, slot),
-            |ws, item| {
-                let (n, group) = (item / groups, item % groups);
-                let (b0, b1) = (group * blocks / groups, (group + 1) * blocks / groups);
-                let (o0, o1) = (block(self.dst_ch, b0).0, block(self.dst_ch, b1).0);
-                // SAFETY: item (n, group) alone writes sample n's gradients of channels o0..o1.
-                let mine = unsafe {
-                    let at = shared.at(n * len + o0 * per_channel);
-                    std::slice::from_raw_parts_mut(at, (o1 - o0) * per_channel)
-                };
-                ws.ring.reset();
-                body(ws, n, b0..b1, mine);
-            },
-        );
-        let mut parts = parts.chunks_exact(len);
-        let mut dw = parts.next().map(<[f32]>::to_vec).unwrap_or_default();
-        for part in parts {
-            dw.iter_mut().zip(part).for_each(|(a, b)| *a += b);
-        }
-        dw
-    }
-
-    /// The blocks `blocks` of an item's gradient `mine` (which starts at the first block):
-    /// (first channel, width, that block's part).
-    fn weight_blocks<'m>(
-        &self,
-        blocks: Range<usize>,
-        mine: &'m mut [f32],
-    ) -> Vec<(usize, usize, &'m mut [f32])> {
-        let per_channel = self.src_ch * self.taps();
-        let mut rest = mine;
-        let mut parts = Vec::with_capacity(blocks.len());
-        for k in blocks {
-            let (o0, co) = block(self.dst_ch, k);
-            let (part, tail) = rest.split_at_mut(co * per_channel);
-            parts.push((o0, co, part));
-            rest = tail;
-        }
-        parts
-    }
-
-    /// `dy`'s planes `z` of sample `n`, channels `chans`, into `rows` in padded-row order
-    /// (`q_pad` apart), zero in the thrown-away columns and past the last row (so those
-    /// positions add nothing).
-    fn load_rows<S: Copy, T: Copy + Default>(
-        &self,
-        rows: &mut [T],
-        dy: &[S],
-        n: usize,
-        chans: Range<usize>,
-        z: usize,
-        cast: impl Fn(S) -> T,
-    ) {
-        let [dd, dh, dw] = self.dst;
-        for (k, o) in chans.enumerate() {
-            let dst = &mut rows[k * self.q_pad..][..self.q_pad];
-            dst.fill(T::default());
-            let plane = &dy[((n * self.dst_ch + o) * dd + z) * dh * dw..][..dh * dw];
-            for (r, src) in plane.chunks_exact(dw).enumerate() {
-                for (d, &v) in dst[r * self.wp..][..dw].iter_mut().zip(src) {
-                    *d = cast(v);
-                }
-            }
-        }
     }
 }
 

@@ -230,3 +230,139 @@ fn bf16_products_on_f32_data_equal_f32_sums_of_rounded_values() {
         assert_close(&got.2.unwrap(), &dw, &format!("{what} dw"));
     }
 }
+
+/// The up path's transposed convolution against its definition, and the decoder's fused
+/// first convolution bit for bit against the upsampled tensor built, biased, concatenated and
+/// convolved.
+#[test]
+fn upsampling_planes_equal_the_transposed_convolution_and_its_concatenation() {
+    use super::{forward_up_pair, forward_with, transpose, Upsampling};
+    for (seed, low, up_ch, stride, skip_ch) in [
+        (30, [2, 5, 3, 4, 5], 3, [2, 2, 2], 3),
+        (31, [1, 7, 2, 9, 13], 4, [1, 2, 2], 4),
+        (32, [1, 3, 2, 3, 70], 2, [2, 1, 3], 5),
+    ] {
+        let [n, cl, ld, lh, lw] = low;
+        let mut rng = Rng::new(seed);
+        let xs = random(&mut rng, low.iter().product());
+        let taps: usize = stride.iter().product();
+        let wu = random(&mut rng, cl * up_ch * taps);
+        let bias = random(&mut rng, up_ch);
+        let u = Upsampling {
+            low: &xs,
+            low_ch: cl,
+            low_size: [ld, lh, lw],
+            weight: &wu,
+            up_ch,
+            stride,
+            bias: None,
+        };
+        let size = u.up_size();
+        let vu: usize = size.iter().product();
+        let got = transpose(&u, n, size);
+        for (i, &g) in got.iter().enumerate() {
+            let (nn, o, v) = (i / (up_ch * vu), (i / vu) % up_ch, i % vu);
+            let p = [v / (size[1] * size[2]), v / size[2] % size[1], v % size[2]];
+            let [q, r] = [
+                [0, 1, 2].map(|a| p[a] / stride[a]),
+                [0, 1, 2].map(|a| p[a] % stride[a]),
+            ];
+            let t = (r[0] * stride[1] + r[1]) * stride[2] + r[2];
+            let want: f64 = (0..cl)
+                .map(|j| {
+                    let x = xs[(((nn * cl + j) * ld + q[0]) * lh + q[1]) * lw + q[2]];
+                    x as f64 * wu[(j * up_ch + o) * taps + t] as f64
+                })
+                .sum();
+            assert!(
+                (g as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "{i}: {g} {want}"
+            );
+        }
+        // Built: upsampled + bias, then the skip's channels, then the convolution.
+        let skip = random(&mut rng, n * skip_ch * vu);
+        let cin = up_ch + skip_ch;
+        let w = random(&mut rng, 4 * cin * 27);
+        let mut cat = Vec::with_capacity(n * cin * vu);
+        for nn in 0..n {
+            for o in 0..up_ch {
+                let plane = &got[(nn * up_ch + o) * vu..][..vu];
+                cat.extend(plane.iter().map(|v| v + bias[o]));
+            }
+            cat.extend_from_slice(&skip[nn * skip_ch * vu..][..skip_ch * vu]);
+        }
+        let g = ConvGeom::new(
+            &[n, cin, size[0], size[1], size[2]],
+            &[4, cin, 3, 3, 3],
+            [1; 3],
+            [1; 3],
+        )
+        .unwrap();
+        let sample = |nn: usize| Planes::one(&cat[nn * cin * vu..][..cin * vu], vu);
+        let built = forward_with(Kernel::detect(), &g, sample, &w);
+        let biased = Upsampling {
+            bias: Some(&bias),
+            ..u
+        };
+        let fused = forward_up_pair(&g, &biased, &skip, &w);
+        assert!(fused == built, "seed {seed}: fused and built differ");
+    }
+}
+
+/// Written over its input, a pass gives the same values bit for bit as into a new buffer, at
+/// every thread count (items meet at different planes) and depth reach of the kernel.
+#[test]
+fn in_place_passes_equal_the_passes_into_new_buffers() {
+    use super::{forward_in_place, forward_up_pair, forward_up_pair_in_place, Upsampling};
+    for (seed, x, k, pad) in [
+        (40, [2, 5, 7, 6, 9], [3, 3, 3], [1, 1, 1]),
+        (41, [1, 4, 5, 8, 5], [1, 3, 3], [0, 1, 1]),
+        (42, [1, 3, 9, 4, 6], [5, 3, 1], [2, 1, 0]),
+        (43, [1, 6, 2, 3, 3], [3, 3, 3], [1, 1, 1]),
+    ] {
+        let c = x[1];
+        let g = ConvGeom::new(&x, &[c, c, k[0], k[1], k[2]], pad, [1; 3]).unwrap();
+        let mut rng = Rng::new(seed);
+        let xs = random(&mut rng, x.iter().product());
+        let ws = random(&mut rng, c * c * k.iter().product::<usize>());
+        let vi = g.input_voxels();
+        let sample = |n: usize| Planes::one(&xs[n * c * vi..][..c * vi], vi);
+        let want = super::forward(&g, sample, &ws);
+        // The decoder's form: a low-resolution tensor upsampled by 1x1x1 (so any size fits)
+        // beside a skip of c channels, written over the skip.
+        let low = random(&mut rng, x[0] * 2 * vi);
+        let wu = random(&mut rng, 2 * 2);
+        let up = Upsampling {
+            low: &low,
+            low_ch: 2,
+            low_size: g.input,
+            weight: &wu,
+            up_ch: 2,
+            stride: [1; 3],
+            bias: None,
+        };
+        let gp = ConvGeom::new(
+            &[x[0], c + 2, x[2], x[3], x[4]],
+            &[c, c + 2, k[0], k[1], k[2]],
+            pad,
+            [1; 3],
+        )
+        .unwrap();
+        let wp = random(&mut rng, c * (c + 2) * k.iter().product::<usize>());
+        let want_pair = forward_up_pair(&gp, &up, &xs, &wp);
+        for threads in [1, 2, 3, 5] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut got = xs.clone();
+            // SAFETY: `got` is ours alone.
+            pool.install(|| unsafe { forward_in_place(&g, got.as_mut_ptr(), &ws) });
+            assert!(got == want, "seed {seed}, {threads} threads");
+            let mut got = xs.clone();
+            // SAFETY: as above.
+            pool.install(|| unsafe { forward_up_pair_in_place(&gp, &up, got.as_mut_ptr(), &wp) });
+            assert!(got == want_pair, "seed {seed}, {threads} threads, pair");
+        }
+    }
+}
