@@ -112,8 +112,12 @@ fn check_strided(seed: u64, x: [usize; 5], w: [usize; 5], padding: [usize; 3], s
         }
     }
     let got = grad_weight(&g, &xs, &dy);
+    // Strided weight gradients take the columns: in a whole training step they ran slower.
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(got.is_some(), is_x86_feature_detected!("avx512f"), "{g:?}");
+    {
+        let direct = is_x86_feature_detected!("avx512f") && super::applies(&g);
+        assert_eq!(got.is_some(), direct, "{g:?}");
+    }
     if let Some(got) = got {
         assert_close(
             &got,
@@ -140,15 +144,15 @@ fn valid_padding_anisotropic_and_pointwise_kernels() {
 }
 
 #[test]
-fn strided_forward_and_weight_gradient() {
+fn strided_forward_passes() {
     // nnU-Net's down-sampling convolutions: 3x3x3 (or 1x3x3) at stride 2 (or 1x2x2), odd
     // and even sizes, so the last phase row or column is short.
     check_strided(13, [1, 3, 5, 7, 9], [7, 3, 3, 3, 3], [1; 3], [2; 3]);
     check_strided(14, [2, 4, 4, 8, 10], [5, 4, 1, 3, 3], [0, 1, 1], [1, 2, 2]);
     check_strided(15, [1, 2, 6, 6, 11], [4, 2, 3, 3, 3], [1; 3], [2, 2, 3]);
-    // The transposed convolution's gradients: kernel = stride, no padding.
-    check_strided(16, [2, 5, 4, 6, 8], [3, 5, 2, 2, 2], [0; 3], [2; 3]);
-    check_strided(17, [1, 3, 3, 4, 6], [6, 3, 1, 2, 2], [0; 3], [1, 2, 2]);
+    // No padding, and taps two wide that meet the stride in plane only.
+    check_strided(16, [2, 5, 5, 7, 9], [3, 5, 3, 3, 3], [0; 3], [2; 3]);
+    check_strided(17, [1, 3, 3, 4, 6], [6, 3, 3, 2, 2], [1, 0, 0], [1, 2, 2]);
     // A pointwise projection at stride 2 (the residual encoder's), and a 1-voxel plane.
     check_strided(18, [1, 8, 5, 5, 7], [9, 8, 1, 1, 1], [0; 3], [2; 3]);
     check_strided(19, [1, 3, 3, 1, 1], [2, 3, 3, 3, 3], [1; 3], [2; 3]);

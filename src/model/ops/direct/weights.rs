@@ -7,19 +7,17 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::kernels::{grad_weight_plane, Kernel};
-use super::{block, block_count, reads_directly, Pass, Workspace};
+use super::{applies, block, block_count, Pass, Workspace};
 use crate::model::ops::columns::Planes;
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
-/// `dw` from `x` and `dy` of a convolution the direct pass reads ([`reads_directly`]) whose
-/// kernel is 1 to 3 wide, on CPUs with AVX-512 (None otherwise: the column path computes it).
+/// `dw` from `x` and `dy` of a stride-1 convolution ([`applies`]) whose kernel is 1 to 3 wide,
+/// on CPUs with AVX-512 (None otherwise: the column path computes it; at a stride the sweep
+/// ran slower than the columns in a whole training step).
 pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if matches!(Kernel::detect(), Kernel::Avx512)
-        && (1..=3).contains(&g.kernel[2])
-        && reads_directly(g)
-    {
+    if matches!(Kernel::detect(), Kernel::Avx512) && (1..=3).contains(&g.kernel[2]) && applies(g) {
         let pass = Pass::forward(g);
         let vi = g.input_voxels();
         let dw = pass.weight_items(pass.plane, |ws, n, blocks, mine| {
