@@ -9,7 +9,7 @@ use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor,
 };
 
-use super::norm::contiguous_f32;
+use super::norm::{contiguous_f32, contiguous_f32_mut};
 
 /// `y = x + bias[c]` for x (N, C, ...) and bias (C,).
 pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
@@ -138,14 +138,9 @@ impl InplaceOp2 for AddChannelBias {
         l2: &Layout,
     ) -> Result<()> {
         let b = contiguous_f32(s2, l2, InplaceOp2::name(self))?;
-        let CpuStorage::F32(data) = s1 else {
-            bail!("add_channel_bias_owned: only f32 tensors are supported")
-        };
-        let Some((start, end)) = l1.contiguous_offsets() else {
-            bail!("add_channel_bias_owned: argument must be contiguous")
-        };
+        let data = contiguous_f32_mut(s1, l1, "add_channel_bias_owned")?;
         let (_, c, v) = rows(l1.dims());
-        add_rows(&mut data[start..end], b, c, v);
+        add_rows(data, b, c, v);
         Ok(())
     }
 }

@@ -111,7 +111,7 @@ fn forward_planes<'a>(
             return y;
         }
     }
-    if direct::reads_directly(g) {
+    if direct::reads_directly(g) && (g.stride == [1; 3] || g.inferring) {
         return direct::forward(g, sample, w);
     }
     let gather = ColumnGather::forward(g);

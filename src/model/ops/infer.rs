@@ -14,6 +14,7 @@ use candle_core::{DType, Tensor};
 use super::conv::f32_data;
 use super::direct;
 use super::geometry::{ConvGeom, Products};
+use super::norm::contiguous_f32_mut;
 use super::{conv3d_in, fast_path, generic};
 
 /// `conv3d(x, w, padding)` (stride 1) consuming `x`: on the CPU (f32 tensors that record no
@@ -136,17 +137,6 @@ impl UpPair {
     }
 }
 
-/// The contiguous f32 data of an argument written in place.
-fn f32_data_mut<'a>(s: &'a mut CpuStorage, l: &Layout, what: &str) -> Result<&'a mut [f32]> {
-    let CpuStorage::F32(data) = s else {
-        bail!("{what}: only f32 tensors are supported")
-    };
-    let Some((start, end)) = l.contiguous_offsets() else {
-        bail!("{what}: argument must be contiguous")
-    };
-    Ok(&mut data[start..end])
-}
-
 impl InplaceOp2 for Conv3dInPlace {
     fn name(&self) -> &'static str {
         "conv3d-in-place"
@@ -161,7 +151,7 @@ impl InplaceOp2 for Conv3dInPlace {
     ) -> Result<()> {
         let g = &self.0;
         let w = f32_data(s2, l2, &g.w_dims(), "conv3d in place w")?;
-        let x = f32_data_mut(s1, l1, "conv3d in place x")?;
+        let x = contiguous_f32_mut(s1, l1, "conv3d in place x")?;
         if x.len() != g.x_dims().iter().product::<usize>() {
             bail!("conv3d in place: x {:?} is not {:?}", l1.dims(), g.x_dims());
         }
@@ -217,7 +207,7 @@ impl InplaceOp3 for UpPair {
         let low = f32_data(s2, l2, l2.dims(), "conv3d up-pair low")?;
         let up = self.upsampling(low, l2.dims())?;
         let wt = f32_data(s3, l3, &g.w_dims(), "conv3d up-pair w")?;
-        let skip = f32_data_mut(s1, l1, "conv3d up-pair skip")?;
+        let skip = contiguous_f32_mut(s1, l1, "conv3d up-pair skip")?;
         let [n, _, d, h, w] = g.x_dims();
         if skip.len() != n * g.cout * d * h * w {
             bail!(

@@ -117,6 +117,7 @@ pub fn conv3d_in(
     }
     let mut geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
     geom.products = products;
+    geom.inferring = !x.track_op() && !w.track_op();
     x.contiguous()?
         .apply_op2(&w.contiguous()?, Conv3dForward(geom))
 }
@@ -159,6 +160,7 @@ pub fn conv3d_concat_in(
     }
     let mut geom = ConvGeom::new(&[n, ca + cb, d, h, wd], w.dims(), padding, stride)?;
     geom.products = products;
+    geom.inferring = true;
     a.contiguous()?
         .apply_op3_no_bwd(&b.contiguous()?, &w.contiguous()?, &Conv3dForwardPair(geom))
 }

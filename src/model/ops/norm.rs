@@ -123,6 +123,21 @@ pub(crate) fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> R
     }
 }
 
+/// [`contiguous_f32`] of an argument an in-place op writes.
+pub(crate) fn contiguous_f32_mut<'a>(
+    s: &'a mut CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<&'a mut [f32]> {
+    let CpuStorage::F32(data) = s else {
+        bail!("{what}: only f32 tensors are supported")
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&mut data[a..b]),
+        None => bail!("{what}: argument must be contiguous"),
+    }
+}
+
 /// Forward custom op on (x, weight, bias), all contiguous f32.
 struct GroupNormLeakyRelu {
     groups: usize,
@@ -455,16 +470,10 @@ impl InplaceOp3 for GroupNormLeakyReluInPlace {
         let what = "group_norm_leaky_relu_owned";
         let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.0.groups)?;
         let (w, b) = (contiguous_f32(s2, l2, what)?, contiguous_f32(s3, l3, what)?);
-        let CpuStorage::F32(data) = s1 else {
-            bail!("{what}: only f32 tensors are supported")
-        };
-        let Some((start, end)) = l1.contiguous_offsets() else {
-            bail!("{what}: argument must be contiguous")
-        };
+        let data = contiguous_f32_mut(s1, l1, what)?;
         let (cg, slope) = (g.channels_per_group(), self.0.slope);
         if g.numel() > 0 {
-            data[start..end]
-                .par_chunks_mut(g.slab())
+            data.par_chunks_mut(g.slab())
                 .enumerate()
                 .for_each(|(i, s)| {
                     let (mean, rstd) = slab_stats(s, self.0.eps);
