@@ -13,10 +13,12 @@ predictions (each tool's own fold validation, in the cases' own geometry, no tes
 on either side) against the labels: Dice over the foreground classes, mean over the validation
 cases. It prints a table (configuration x tool) and writes every figure to WORK/results.json.
 
-Data: `prep synth --preset ct-like` (12 cases of 512x512x38..84, anisotropic), each cropped to
-the central `--crop` x `--crop` voxels in plane (default 160) so that two CPU cores can train
-seven networks per tool and predict at full resolution; the crop keeps each voxel where it was
-(the affine moves with it). nnU-Net's planner does not plan 3d_lowres for cases this small, so
+Data: `prep synth --preset PRESET`. The default, ct-like (12 cases of 512x512x38..84,
+anisotropic), is cropped to the central `--crop` x `--crop` voxels in plane (default 160) so that
+two CPU cores can train seven networks per tool and predict at full resolution; the crop keeps
+each voxel where it was (the affine moves with it). `--preset organs --crop 0` is the set made
+for the cascade: two organs wider than the fullres patch, classed only by a small core that the
+first stage's coarser patch sees (docs/usage.md, `prep synth`). nnU-Net's planner does not plan 3d_lowres for cases this small, so
 the script defines it for both tools: 3d_fullres's spacing times `--lowres-factor` (default 2)
 on every axis, with the topology nnU-Net's planner derives for `--lowres-patch`. 3d_fullres and
 3d_cascade_fullres use `--patch` and its topology; everything else is each tool's default, as in
@@ -32,6 +34,8 @@ Reproduce (from the repository root, after `cargo build --release`; nnU-Net 2.8.
 
     python3 scripts/cascade_match.py --nnunet-python /work/bench/nnunet/bin/python \
         --work /work/bench/cm --seeds 0
+    python3 scripts/cascade_match.py --nnunet-python /work/bench/nnunet/bin/python \
+        --work /work/bench/cm-organs --preset organs --crop 0 --seeds 0,1,2
 
 `--skip-nnunet` / `--skip-ours` reuse the other side's saved figures (WORK/results/).
 """
@@ -149,11 +153,14 @@ def prepare_data(a, work: Path, binp: Path) -> Path:
     data = work / "data"
     if (data / "dataset.json").is_file():
         return data
-    full = work / "ct-like"
+    full = work / a.preset
     if not (full / "dataset.json").is_file():
         shutil.rmtree(full, ignore_errors=True)
-        qm.run([binp / "prep", "synth", "--preset", "ct-like", "--out", full], work / "logs" / "synth.log")
+        qm.run([binp / "prep", "synth", "--preset", a.preset, "--out", full], work / "logs" / "synth.log")
     shutil.rmtree(data, ignore_errors=True)
+    if a.crop == 0:
+        shutil.copytree(full, data)
+        return data
     qm.run([a.nnunet_python, work / "nnunet_cm_driver.py", "crop", "--src", full, "--dst", data,
             "--size", a.crop], work / "logs" / "crop.log")
     return data
@@ -279,7 +286,8 @@ def main() -> int:
     ap.add_argument("--bin", default="target/release")
     ap.add_argument("--nnunet-python", default="python3")
     ap.add_argument("--seeds", default="0")
-    ap.add_argument("--crop", type=int, default=160, help="in-plane crop of the ct-like cases")
+    ap.add_argument("--preset", default="ct-like", help="prep synth preset (ct-like, organs, ...)")
+    ap.add_argument("--crop", type=int, default=160, help="in-plane crop of the cases (0: none)")
     ap.add_argument("--patch", type=int, nargs=3, default=[16, 48, 48], help="3d_fullres and cascade patch (z y x)")
     ap.add_argument("--lowres-patch", type=int, nargs=3, default=[16, 48, 48])
     ap.add_argument("--lowres-factor", type=float, default=2.0, help="3d_lowres spacing / 3d_fullres spacing")
@@ -295,7 +303,7 @@ def main() -> int:
     ap.add_argument("--skip-nnunet", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     a = ap.parse_args()
-    a.data, a.preset = None, "ct-like"
+    a.data = None
 
     work = Path(a.work).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -334,7 +342,7 @@ def main() -> int:
             print(f"| {OURS[config]} | {tool} | {seed} | {qm.fmt(r['scores'][config]['dice'])} |")
     out = {"work": str(work), "iterations": a.iterations, "lowres_iterations": a.lowres_iterations,
            "patch": a.patch, "lowres_patch": a.lowres_patch, "lowres_factor": a.lowres_factor,
-           "crop": a.crop, "validation_cases": val_ids, "plans": plans, "cascade_plans": cplans,
+           "preset": a.preset, "crop": a.crop, "validation_cases": val_ids, "plans": plans, "cascade_plans": cplans,
            "runs": {f"{t}/{s}": r for (t, s), r in rows.items()}, "wall_s": time.time() - t0}
     (work / "results.json").write_text(json.dumps(out, indent=2))
     qm.log(f"figures in {work / 'results.json'}; {time.time() - t0:.0f} s in all")

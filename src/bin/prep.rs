@@ -163,7 +163,9 @@ struct SynthArgs {
     /// thin (10 cases at 1 um of branching vessels one to three voxels across), ct-like (12
     /// cases of 512x512 at 0.62-0.98 and 30-90 slices of 2.5 or 5: mixed anisotropy, where
     /// nnU-Net plans 3d_lowres), mri-like (12 cases near 1 isotropic, 160-192 x 192-224 x
-    /// 140-176) or brats-like (12 cases of four contrasts and three nested tumour regions).
+    /// 140-176), brats-like (12 cases of four contrasts and three nested tumour regions) or
+    /// organs (12 cases of two organs wider than a small patch, classed by a small core: the
+    /// cascade's case).
     #[arg(long, default_value = "small")]
     preset: synth::SynthPreset,
     #[arg(long, default_value_t = 7)]

@@ -13,7 +13,7 @@ use super::overlap::ClassTable;
 use super::EvaluateOptions;
 use crate::error::{Error, Result};
 use crate::format::dataset_json::{DatasetDescription, LabelClass};
-use crate::format::labels::Labels;
+use crate::format::labels::FileLabels;
 use crate::prep::dataset::{nifti_files, strip_nifti_ext};
 
 /// A prediction and its reference (`None`: none was found, an error of that case).
@@ -145,12 +145,12 @@ fn description(opts: &EvaluateOptions) -> Result<Option<DatasetDescription>> {
 
 /// The classes to measure (background excluded) and the ignore label: `--labels` (each a
 /// class or a region, checked when parsed), else what the dataset.json scores
-/// ([`Labels::scored_in`]), else every value met.
+/// ([`FileLabels`]), else every value met.
 pub fn class_table(opts: &EvaluateOptions) -> Result<ClassTable> {
-    let scored = description(opts)?
-        .map(|d| Labels::scored_in(&d))
-        .transpose()
-        .map_err(|e| Error::Config(format!("dataset.json: {e}")))?;
+    let scored = description(opts)?.map(|d| {
+        let l = FileLabels::of(&d);
+        (l.scored().to_vec(), l.ignore())
+    });
     let ignore = scored.as_ref().and_then(|s| s.1);
     Ok(match (&opts.labels, scored) {
         (Some(c), _) => ClassTable::fixed(

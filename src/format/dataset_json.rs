@@ -100,17 +100,6 @@ impl std::fmt::Display for LabelClass {
 }
 
 impl DatasetDescription {
-    /// Every label value the file allows (classes and the ignore label).
-    pub fn label_values(&self) -> std::collections::BTreeSet<u16> {
-        let mut v: std::collections::BTreeSet<u16> = self
-            .labels
-            .iter()
-            .flat_map(|c| c.values.iter().copied())
-            .collect();
-        v.extend(self.ignore_label);
-        v
-    }
-
     /// Whether any class is a region (several values, as BraTS's whole tumour).
     pub fn has_regions(&self) -> bool {
         self.labels.iter().any(|c| c.values.len() > 1)
@@ -383,7 +372,10 @@ mod tests {
         assert_eq!(d.ignore_label, Some(4));
         assert!(d.has_regions());
         assert_eq!(
-            d.label_values().into_iter().collect::<Vec<_>>(),
+            crate::format::labels::FileLabels::of(&d)
+                .values()
+                .into_iter()
+                .collect::<Vec<_>>(),
             [0, 1, 2, 3, 4]
         );
         assert_eq!(
@@ -489,6 +481,12 @@ mod tests {
         let text = include_str!("../../data/vessels/dataset.json");
         let d = DatasetDescription::from_value(&serde_json::from_str(text).unwrap()).unwrap();
         assert_eq!(d.channels, ["two-photon"]);
-        assert_eq!(d.label_values().into_iter().collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(
+            crate::format::labels::FileLabels::of(&d)
+                .values()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [0, 1]
+        );
     }
 }

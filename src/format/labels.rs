@@ -30,6 +30,60 @@ enum Heads {
     },
 }
 
+/// What a dataset's label files hold, as its dataset.json says: the structures scored
+/// (classes, one value each, or regions), background left out, and the ignore label. What a
+/// build checks files against, inspection counts and evaluation scores; a model's outputs
+/// ([`Labels`]) add the order regions are written in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileLabels {
+    scored: Vec<LabelClass>,
+    ignore: Option<u16>,
+}
+
+impl FileLabels {
+    /// A dataset.json's labels. Its reader has checked them (regions hold only foreground
+    /// values), so no `regions_class_order` is needed: reading files writes nothing.
+    pub fn of(d: &DatasetDescription) -> FileLabels {
+        let scored = d.labels.iter().filter(|c| c.values != [0]).cloned();
+        FileLabels {
+            scored: scored.collect(),
+            ignore: d.ignore_label,
+        }
+    }
+
+    /// The structures scored, background left out, in the file's order.
+    pub fn scored(&self) -> &[LabelClass] {
+        &self.scored
+    }
+
+    /// The value left out of every count and score, if any.
+    pub fn ignore(&self) -> Option<u16> {
+        self.ignore
+    }
+
+    /// Every value a label file may hold: background, each structure's values, the ignore label.
+    pub fn values(&self) -> std::collections::BTreeSet<u16> {
+        let mut v: std::collections::BTreeSet<u16> = self.foreground_values().into_iter().collect();
+        v.insert(0);
+        v.extend(self.ignore);
+        v
+    }
+
+    /// The foreground values, each once, ascending, the ignore label left out: one channel
+    /// each when a segmentation is a cascade's input.
+    pub fn foreground_values(&self) -> Vec<u16> {
+        let mut v: Vec<u16> = self
+            .scored
+            .iter()
+            .flat_map(|c| c.values.iter().copied())
+            .collect();
+        v.retain(|&x| x != 0 && Some(x) != self.ignore);
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
 /// Classes or regions, in output order, and the ignore label.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Labels {
@@ -105,20 +159,6 @@ impl Labels {
             name: c.name.clone(),
         });
         Labels::of_classes(classes.collect(), d.ignore_label)
-    }
-
-    /// What a dataset.json's labels score, background left out: its classes (one value each)
-    /// or its regions, with the region rules; and its ignore label. Unlike
-    /// [`Self::from_description`] no `regions_class_order` is needed: scoring writes nothing.
-    pub fn scored_in(d: &DatasetDescription) -> Result<(Vec<LabelClass>, Option<u16>), String> {
-        let scored: Vec<LabelClass> = d
-            .labels
-            .iter()
-            .filter(|c| c.values != [0])
-            .cloned()
-            .collect();
-        check_region_labels(scored.iter().filter(|c| c.values.len() > 1))?;
-        Ok((scored, d.ignore_label))
     }
 
     /// Without the checks: for records checked when read (run.json) or made from checked
@@ -380,6 +420,32 @@ mod tests {
             name: name.into(),
             values: values.to_vec(),
         }
+    }
+
+    #[test]
+    fn a_datasets_files_hold_background_its_structures_and_the_ignore_label() {
+        let json = |v: serde_json::Value| DatasetDescription::from_value(&v).unwrap();
+        let brats = json(serde_json::json!({
+            "channel_names": {"0": "T1"},
+            "labels": {"background": 0, "whole tumor": [1, 2, 3], "tumor core": [2, 3],
+                       "enhancing tumor": 3, "ignore": 4},
+            "regions_class_order": [1, 2, 3], "file_ending": ".nii.gz"
+        }));
+        let l = FileLabels::of(&brats);
+        assert_eq!(l.values().into_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+        assert_eq!(l.foreground_values(), [1, 2, 3]);
+        assert_eq!(l.ignore(), Some(4));
+        assert_eq!(l.scored().len(), 3);
+        assert_eq!(l.scored()[0], region("whole tumor", &[1, 2, 3]));
+        // Classes with a gap: the values as declared, nothing invented between them.
+        let gap = json(serde_json::json!({
+            "channel_names": {"0": "CT"},
+            "labels": {"background": 0, "liver": 1, "tumour": 5},
+            "file_ending": ".nii.gz"
+        }));
+        let l = FileLabels::of(&gap);
+        assert_eq!(l.values().into_iter().collect::<Vec<_>>(), [0, 1, 5]);
+        assert_eq!((l.foreground_values(), l.ignore()), (vec![1, 5], None));
     }
 
     fn brats() -> Labels {

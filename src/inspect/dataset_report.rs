@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::{file_message, rel_message, rel_path, InspectOptions, Problem};
 use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
+use crate::format::labels::FileLabels;
 use crate::format::ImageDtype;
 use crate::nifti_io::{self, HeaderInfo};
 use crate::prep::dataset::scan::{scan, ScannedCase};
@@ -444,7 +445,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
     let found = discover(&DatasetSource::Folder(root.to_path_buf()))?;
     let cases = found.cases;
     let description = found.description;
-    let label_values = description.as_ref().map(|d| d.label_values());
+    let label_values = description.as_ref().map(|d| FileLabels::of(d).values());
     let mut problems: Vec<Problem> = found
         .problems
         .into_iter()

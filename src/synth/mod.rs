@@ -26,11 +26,13 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
+mod organs;
 mod render;
 mod tumour;
 mod vessels;
 mod write;
 
+pub use organs::generate_organs_case;
 pub use render::{generate_case, second_channel};
 pub use tumour::{generate_tumour_case, CONTRASTS};
 pub use vessels::VesselStyle;
@@ -50,6 +52,10 @@ pub enum SynthLayout {
     /// a tumour, labels 1 edema, 2 necrosis, 3 enhancing, and dataset.json regions whole
     /// tumour 1+2+3, tumour core 2+3, enhancing 3 (BraTS as nnU-Net trains it).
     Regions,
+    /// One channel (`_0000`, MRI-like int16) of a body holding two organs of one tissue,
+    /// labels 1 the organ with a bright core and 2 the one with a dark core: structures wider
+    /// than a small patch, classed only with context (the cascade's case).
+    Organs,
 }
 
 /// One synthetic case: its id (file stem), grid shape, voxel spacing in micrometers and the
@@ -98,11 +104,16 @@ pub enum SynthPreset {
     /// 72..88 x 56..72 voxels: four contrasts and three nested regions, trained as nnU-Net
     /// trains BraTS (one sigmoid output per region).
     BratsLike,
+    /// 12 cases at 1.0 isotropic (136..152 x 96..108 x 36..44 voxels) of a body holding two
+    /// organs of one tissue, each wider than 48 voxels, told apart only by a small core (bright
+    /// in label 1, dark in label 2) ([`SynthLayout::Organs`]): a voxel's class needs more
+    /// context than a small full-resolution patch holds, which a cascade's first stage sees.
+    Organs,
 }
 
 impl SynthPreset {
     /// Every preset, in the order they are listed to users.
-    pub const ALL: [SynthPreset; 8] = [
+    pub const ALL: [SynthPreset; 9] = [
         SynthPreset::Small,
         SynthPreset::Minivess,
         SynthPreset::Outlier,
@@ -111,6 +122,7 @@ impl SynthPreset {
         SynthPreset::CtLike,
         SynthPreset::MriLike,
         SynthPreset::BratsLike,
+        SynthPreset::Organs,
     ];
 
     /// The name used on the command line.
@@ -124,6 +136,7 @@ impl SynthPreset {
             SynthPreset::CtLike => "ct-like",
             SynthPreset::MriLike => "mri-like",
             SynthPreset::BratsLike => "brats-like",
+            SynthPreset::Organs => "organs",
         }
     }
 
@@ -132,6 +145,7 @@ impl SynthPreset {
         match self {
             SynthPreset::Multichannel => SynthLayout::MultiChannel,
             SynthPreset::BratsLike => SynthLayout::Regions,
+            SynthPreset::Organs => SynthLayout::Organs,
             _ => SynthLayout::Vessels,
         }
     }
@@ -263,6 +277,14 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
                 specs.push(([nx, ny, nz], [1.0, 1.0, 1.0]));
             }
         }
+        SynthPreset::Organs => {
+            for _ in 0..12 {
+                let nx = rng.range_usize(136, 152);
+                let ny = rng.range_usize(96, 108);
+                let nz = rng.range_usize(36, 44);
+                specs.push(([nx, ny, nz], [1.0, 1.0, 1.0]));
+            }
+        }
         SynthPreset::MriLike => {
             for i in 0..12 {
                 let sp = if i % 6 == 5 {
@@ -288,6 +310,7 @@ pub fn preset_cases(preset: SynthPreset, seed: u64) -> Vec<SynthCaseSpec> {
             id: match preset {
                 SynthPreset::Outlier => "vessels_outlier".to_string(),
                 SynthPreset::BratsLike => format!("brats_{i:03}"),
+                SynthPreset::Organs => format!("organs_{i:03}"),
                 _ => format!("vessels_{i:03}"),
             },
             shape_xyz,

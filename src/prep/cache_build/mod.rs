@@ -26,6 +26,7 @@ use crate::cache::s3::RemoteOptions;
 use crate::cache::writer::configure_zarrs;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
+use crate::format::labels::FileLabels;
 use crate::format::{ChannelParams, Compression, ImageDtype, OutputParams};
 use crate::nifti_io::SourceOptions;
 use crate::prep::dataset::scan::{scan, ScannedCase};
@@ -162,7 +163,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
             (cases, values)
         }
     };
-    let label_values = description.as_ref().map(|d| d.label_values());
+    let label_values = description.as_ref().map(|d| FileLabels::of(d).values());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs)
         .build()

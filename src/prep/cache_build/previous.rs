@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
+use crate::format::labels::FileLabels;
 use crate::format::{Normalization, OutputParams};
 use crate::prep::dataset::{CaseProblem, CaseSource};
 
@@ -29,13 +30,7 @@ pub fn labels(description: Option<&DatasetDescription>, dir: &Path) -> Result<Ve
             dir.display()
         ))
     })?;
-    let mut values: Vec<u16> = d
-        .label_values()
-        .into_iter()
-        .filter(|&v| v != 0 && Some(v) != d.ignore_label)
-        .collect();
-    values.sort_unstable();
-    Ok(values)
+    Ok(FileLabels::of(d).foreground_values())
 }
 
 /// Where a case's previous-stage segmentation is: `DIR/CASE.nii.gz`, else the one of

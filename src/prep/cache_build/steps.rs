@@ -10,6 +10,7 @@ use crate::cache::manifest::ManifestCase;
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
+use crate::format::labels::FileLabels;
 use crate::format::manifest::DatasetOrigin;
 use crate::format::{ImageDtype, OutputParams};
 use crate::geometry::zyx;
@@ -168,7 +169,7 @@ pub(super) fn output_params(
                 source,
             )?;
             if p.derived.any() {
-                p.derived.ignore_label = description.and_then(|d| d.ignore_label);
+                p.derived.ignore_label = description.and_then(|d| FileLabels::of(d).ignore());
             }
             p
         }
