@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use voxcache::cache::s3::Fill;
 use voxcache::config::location::local_path;
-use voxcache::config::location::{local_for_reading, S3Flags};
+use voxcache::config::location::{local_for_reading, LocalView, S3Flags};
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -16,9 +16,10 @@ use voxcache::config::modes::train::{check, TrainMode};
 use voxcache::config::modes::Given;
 use voxcache::config::run_dir::run_dir;
 use voxcache::config::{train, Exit, TrainFlags};
+use voxcache::format::training::FoldChoice;
 use voxcache::train::benchmark::{benchmark, WARMUP_STEPS};
 use voxcache::train::fold_validation::{validate_fold, FoldValidationOptions};
-use voxcache::train::trainer::{per_class, run, RunOptions};
+use voxcache::train::trainer::{per_class, run, RunOptions, RunSummary};
 use voxcache::util::sysinfo::human_bytes;
 
 /// Train a 3D U-Net (candle) on patches memory-mapped from a cache built by `prep build-cache`.
@@ -177,23 +178,8 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
             folds: &folds,
         },
     )?;
-    // A cache on S3 is trained from its local tier, fetched first where it lacks entries.
-    let view = local_for_reading(
-        &cli.cache_dir,
-        &cli.s3.options_for(&cli.cache_dir, true)?,
-        false,
-        Fill::OnRead { prefetch: true },
-    )?;
-    if let Some(line) = view.describe() {
-        eprintln!("{line}");
-    }
-    cli.cache_dir = view.path.clone();
-    if let Some(n) = cli.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global()
-            .context("setting the thread count")?;
-    }
+    let view = open_cache(&mut cli)?;
+    set_threads(cli.threads)?;
     // Planned again on --resume: the plan depends only on the cache and the machine's memory
     // (--validate-only trains nothing: nothing to plan).
     if plan && !cli.validate_only {
@@ -206,58 +192,13 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
         )?;
         eprint!("{text}");
     }
-    if let (None, Some(limit)) = (
-        cli.mapped_mib,
-        voxcache::util::sysinfo::cgroup_memory_limit(),
-    ) {
-        // Page cache counts toward a cgroup's limit; the kernel reclaims it first, but some
-        // schedulers evict on it before that.
-        eprintln!(
-            "note: a cgroup memory limit of {} applies; the cache's mapped pages count toward it \
-             as page cache. If your platform evicts on the working set (Kubernetes), pass \
-             --mapped-mib (docs/usage.md, \"Memory\").",
-            human_bytes(limit)
-        );
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let presses = Arc::new(AtomicUsize::new(0));
-    {
-        let (stop, presses) = (stop.clone(), presses.clone());
-        ctrlc::set_handler(move || {
-            if presses.fetch_add(1, Ordering::SeqCst) > 0 {
-                eprintln!("\nsecond Ctrl-C: exiting without a checkpoint");
-                std::process::exit(Exit::Interrupted.code().into());
-            }
-            eprintln!(
-                "\nCtrl-C: finishing this step and writing a checkpoint (Ctrl-C again to abort)"
-            );
-            stop.store(true, Ordering::SeqCst);
-        })
-        .context("installing the Ctrl-C handler")?;
-    }
+    note_cgroup_limit(cli.mapped_mib);
+    let stop = stop_on_ctrlc()?;
 
     let several = folds.len() > 1;
     for fold in folds {
         config.fold = fold;
-        let run_dir = run_dir(
-            cli.out.as_deref(),
-            config.dataset.as_deref(),
-            &cli.cache_dir,
-            cli.resume || cli.validate_only,
-            fold.map(|f| (f, several)),
-        )?;
-        let mut read = vec![("--cache-dir", cli.cache_dir.as_path())];
-        read.extend(
-            cli.validation_data
-                .iter()
-                .map(|d| ("--validation-data", d.as_path())),
-        );
-        let flag = if cli.out.is_some() {
-            "--out"
-        } else {
-            "the run folder"
-        };
-        voxcache::util::paths::refuse_overlap(flag, &run_dir, &read)?;
+        let run_dir = fold_run_dir(&cli, config.dataset.as_deref(), fold.map(|f| (f, several)))?;
         if cli.validate_only {
             fold_validation(&cli, &run_dir)?;
             continue;
@@ -287,48 +228,7 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
             opts.device
         );
         let s = run(&opts, &stop)?;
-        println!(
-            "dataset {}: {} train / {} validation cases, U-Net with {} parameters",
-            s.dataset, s.train_cases, s.val_cases, s.num_parameters
-        );
-        println!(
-            "steps {}..{} in {:.1} s: {:.1} patches/s, waiting for data {:.1}% of the time",
-            s.start_step,
-            s.steps_done,
-            s.seconds,
-            s.patches_per_s,
-            100.0 * s.data_wait_frac
-        );
-        if let (Some(a), Some(b)) = (s.first_loss, s.last_loss) {
-            println!("loss {a:.4} (first log window) -> {b:.4} (last)");
-        }
-        if let Some(v) = &s.last_validation {
-            println!(
-                "validation Dice {:.4} ({}); best {:.4}",
-                v.mean_dice,
-                per_class(&s.class_names, &v.dice_per_class),
-                s.best_dice.unwrap_or(f64::NAN)
-            );
-            if !v.cldice_per_class.is_empty() {
-                println!(
-                    "validation clDice {:.4} ({})",
-                    v.mean_cldice,
-                    per_class(&s.class_names, &v.cldice_per_class)
-                );
-            }
-        }
-        match (s.peak_memory, s.peak_rss) {
-            (Some(m), _) => println!(
-                "peak memory {} (mapped cache pages: page cache)",
-                m.describe()
-            ),
-            (None, Some(p)) => println!("peak memory {}", human_bytes(p)),
-            (None, None) => {}
-        }
-        println!(
-            "run folder {}: checkpoints/, metrics.jsonl, curves.png",
-            s.run_dir.display()
-        );
+        print_summary(&s);
         if s.interrupted {
             return Ok(Exit::Interrupted);
         }
@@ -337,6 +237,144 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
         }
     }
     Ok(Exit::Success)
+}
+
+/// The cache's local folder, made `cli.cache_dir`: a cache on S3 is trained from its local
+/// tier, fetched first where it lacks entries.
+fn open_cache(cli: &mut Cli) -> Result<LocalView> {
+    let view = local_for_reading(
+        &cli.cache_dir,
+        &cli.s3.options_for(&cli.cache_dir, true)?,
+        false,
+        Fill::OnRead { prefetch: true },
+    )?;
+    if let Some(line) = view.describe() {
+        eprintln!("{line}");
+    }
+    cli.cache_dir = view.path.clone();
+    Ok(view)
+}
+
+/// `-j`: the global compute thread pool's size (rayon's default, all cores, without it).
+fn set_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+            .context("setting the thread count")?;
+    }
+    Ok(())
+}
+
+/// Without --mapped-mib, point to it where a cgroup memory limit applies: page cache counts
+/// toward the limit; the kernel reclaims it first, but some schedulers evict on it before that.
+fn note_cgroup_limit(mapped_mib: Option<u64>) {
+    if let (None, Some(limit)) = (mapped_mib, voxcache::util::sysinfo::cgroup_memory_limit()) {
+        eprintln!(
+            "note: a cgroup memory limit of {} applies; the cache's mapped pages count toward it \
+             as page cache. If your platform evicts on the working set (Kubernetes), pass \
+             --mapped-mib (docs/usage.md, \"Memory\").",
+            human_bytes(limit)
+        );
+    }
+}
+
+/// The flag a first Ctrl-C sets (the run finishes its step and writes a checkpoint); a second
+/// one exits at once, without a checkpoint.
+fn stop_on_ctrlc() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let presses = Arc::new(AtomicUsize::new(0));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || {
+            if presses.fetch_add(1, Ordering::SeqCst) > 0 {
+                eprintln!("\nsecond Ctrl-C: exiting without a checkpoint");
+                std::process::exit(Exit::Interrupted.code().into());
+            }
+            eprintln!(
+                "\nCtrl-C: finishing this step and writing a checkpoint (Ctrl-C again to abort)"
+            );
+            stop.store(true, Ordering::SeqCst);
+        })
+        .context("installing the Ctrl-C handler")?;
+    }
+    Ok(stop)
+}
+
+/// The fold's run folder, refused where it overlaps a folder the run reads (the cache, the
+/// validation data). `fold`: the fold and whether there are several.
+fn fold_run_dir(
+    cli: &Cli,
+    dataset: Option<&str>,
+    fold: Option<(FoldChoice, bool)>,
+) -> Result<PathBuf> {
+    let run_dir = run_dir(
+        cli.out.as_deref(),
+        dataset,
+        &cli.cache_dir,
+        cli.resume || cli.validate_only,
+        fold,
+    )?;
+    let mut read = vec![("--cache-dir", cli.cache_dir.as_path())];
+    read.extend(
+        cli.validation_data
+            .iter()
+            .map(|d| ("--validation-data", d.as_path())),
+    );
+    let flag = if cli.out.is_some() {
+        "--out"
+    } else {
+        "the run folder"
+    };
+    voxcache::util::paths::refuse_overlap(flag, &run_dir, &read)?;
+    Ok(run_dir)
+}
+
+/// A finished (or interrupted) run's summary on stdout: cases, speed, loss, validation,
+/// memory and where its files are.
+fn print_summary(s: &RunSummary) {
+    println!(
+        "dataset {}: {} train / {} validation cases, U-Net with {} parameters",
+        s.dataset, s.train_cases, s.val_cases, s.num_parameters
+    );
+    println!(
+        "steps {}..{} in {:.1} s: {:.1} patches/s, waiting for data {:.1}% of the time",
+        s.start_step,
+        s.steps_done,
+        s.seconds,
+        s.patches_per_s,
+        100.0 * s.data_wait_frac
+    );
+    if let (Some(a), Some(b)) = (s.first_loss, s.last_loss) {
+        println!("loss {a:.4} (first log window) -> {b:.4} (last)");
+    }
+    if let Some(v) = &s.last_validation {
+        println!(
+            "validation Dice {:.4} ({}); best {:.4}",
+            v.mean_dice,
+            per_class(&s.class_names, &v.dice_per_class),
+            s.best_dice.unwrap_or(f64::NAN)
+        );
+        if !v.cldice_per_class.is_empty() {
+            println!(
+                "validation clDice {:.4} ({})",
+                v.mean_cldice,
+                per_class(&s.class_names, &v.cldice_per_class)
+            );
+        }
+    }
+    match (s.peak_memory, s.peak_rss) {
+        (Some(m), _) => println!(
+            "peak memory {} (mapped cache pages: page cache)",
+            m.describe()
+        ),
+        (None, Some(p)) => println!("peak memory {}", human_bytes(p)),
+        (None, None) => {}
+    }
+    println!(
+        "run folder {}: checkpoints/, metrics.jsonl, curves.png",
+        s.run_dir.display()
+    );
 }
 
 /// A fold's final validation: its held-out cases predicted in their own geometry and scored.

@@ -1,8 +1,13 @@
 //! The dataset report as text: the case, file, intensity and spacing tables, the target spacing
 //! decision, and the forecast table that `prep build-cache --dry-run` prints too.
 
-use super::dataset_report::DatasetReport;
+use std::collections::BTreeMap;
+
+use super::dataset_report::{
+    CaseInfo, DatasetReport, ForecastTotals, IntensityFacts, SpacingReport,
+};
 use super::table::{count, num, shape3, spacing3, value, wrap, Align, Table};
+use crate::format::dataset_json::DatasetDescription;
 use crate::format::ImageDtype;
 use crate::prep::plan::{CasePlan, SpacingDecision, OUTLIER_FACTOR};
 use crate::prep::settings::AUTO_PACKED_ABOVE_BYTES;
@@ -159,26 +164,56 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
         dtype_name(r.image_dtype)
     );
     if let Some(d) = &r.dataset_json {
-        let classes: Vec<String> = d.labels.iter().map(|c| c.to_string()).collect();
+        out.push_str(&dataset_json_line(d));
+    }
+    out.push_str(&format!("\ncases\n{}", cases_table(&r.cases)));
+    out.push_str(&format!("\nfiles\n{}", files_table(&r.cases)));
+    if r.voxels_read {
         out.push_str(&format!(
-            "dataset.json ({}){}: channels {}; labels {}{}\n",
-            d.layout,
-            d.name
-                .as_ref()
-                .map(|n| format!(" {n:?}"))
-                .unwrap_or_default(),
-            if d.channels.is_empty() {
-                "not named".to_string()
-            } else {
-                d.channels.join(", ")
-            },
-            classes.join(", "),
-            d.ignore_label
-                .map(|i| format!(", ignore {i}"))
-                .unwrap_or_default()
+            "\nintensities and labels\n{}",
+            intensities_table(&r.cases)
         ));
+    } else {
+        out.push_str("\nintensities and labels: not read (--headers-only)\n");
     }
 
+    let Some(sp) = &r.spacing else {
+        out.push_str("\nspacing: no readable case\n");
+        return out;
+    };
+    out.push_str(&spacing_tables(sp));
+    out.push_str(&target_lines(sp));
+    if let Some(f) = &r.forecast {
+        out.push('\n');
+        out.push_str(&case_forecast(r, f));
+    }
+    out
+}
+
+/// What the folder's dataset.json declares: its layout, name, channels and labels.
+fn dataset_json_line(d: &DatasetDescription) -> String {
+    let classes: Vec<String> = d.labels.iter().map(|c| c.to_string()).collect();
+    format!(
+        "dataset.json ({}){}: channels {}; labels {}{}\n",
+        d.layout,
+        d.name
+            .as_ref()
+            .map(|n| format!(" {n:?}"))
+            .unwrap_or_default(),
+        if d.channels.is_empty() {
+            "not named".to_string()
+        } else {
+            d.channels.join(", ")
+        },
+        classes.join(", "),
+        d.ignore_label
+            .map(|i| format!(", ignore {i}"))
+            .unwrap_or_default()
+    )
+}
+
+/// One row per case: what its image header says (and the label's datatype).
+fn cases_table(cases: &[CaseInfo]) -> String {
     let mut t = Table::new(&[
         ("case", Align::Left),
         ("shape (x,y,z)", Align::Right),
@@ -189,7 +224,7 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
         ("orient", Align::Left),
         ("qform/sform", Align::Right),
     ]);
-    for c in &r.cases {
+    for c in cases {
         match &c.header {
             Some(h) => t.row(vec![
                 c.id.clone(),
@@ -204,14 +239,17 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
             None => t.row(vec![c.id.clone(), "unreadable".into()]),
         }
     }
-    out.push_str(&format!("\ncases\n{}", t.render(W)));
+    t.render(W)
+}
 
+/// One row per case and further channel: the files it was found in.
+fn files_table(cases: &[CaseInfo]) -> String {
     let mut t = Table::new(&[
         ("case", Align::Left),
         ("image", Align::Left),
         ("label", Align::Left),
     ]);
-    for c in &r.cases {
+    for c in cases {
         t.row(vec![
             c.id.clone(),
             c.image.clone(),
@@ -225,66 +263,73 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
             ]);
         }
     }
-    out.push_str(&format!("\nfiles\n{}", t.render(W)));
+    t.render(W)
+}
 
-    if r.voxels_read {
-        let mut t = Table::new(&[
-            ("case", Align::Left),
-            ("min", Align::Right),
-            ("max", Align::Right),
-            ("mean", Align::Right),
-            ("non-finite", Align::Right),
-            ("label values (voxels)", Align::Left),
-        ]);
-        let opt = |v: Option<f64>| v.map(value).unwrap_or_else(|| "-".into());
-        let cells = |i: &Option<super::dataset_report::IntensityFacts>| match i {
-            Some(i) => (
-                opt(i.min),
-                opt(i.max),
-                opt(i.mean),
-                i.non_finite.to_string(),
-            ),
-            None => ("-".into(), "-".into(), "-".into(), "-".into()),
-        };
-        for c in &r.cases {
-            let (lo, hi, mean, bad) = cells(&c.intensity);
-            let labels = match &c.label_values {
-                Some(m) => {
-                    let mut v: Vec<(u32, u64)> = m
-                        .iter()
-                        .map(|(k, n)| (k.parse().unwrap_or(u32::MAX), *n))
-                        .collect();
-                    v.sort_unstable();
-                    v.iter()
-                        .map(|(k, n)| format!("{k}:{n}"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                }
-                None => "-".into(),
-            };
-            t.row(vec![c.id.clone(), lo, hi, mean, bad, labels]);
-            // Each further channel on its own row (channel 0 is the case's row).
-            for (k, ch) in c.other_channels.iter().enumerate() {
-                let (lo, hi, mean, bad) = cells(&ch.intensity);
-                t.row(vec![
-                    format!("{} ch{}", c.id, k + 1),
-                    lo,
-                    hi,
-                    mean,
-                    bad,
-                    String::new(),
-                ]);
-            }
+/// One row per case and further channel: its intensities, and the case's label values.
+fn intensities_table(cases: &[CaseInfo]) -> String {
+    let mut t = Table::new(&[
+        ("case", Align::Left),
+        ("min", Align::Right),
+        ("max", Align::Right),
+        ("mean", Align::Right),
+        ("non-finite", Align::Right),
+        ("label values (voxels)", Align::Left),
+    ]);
+    for c in cases {
+        let (lo, hi, mean, bad) = intensity_cells(&c.intensity);
+        let labels = label_values_cell(&c.label_values);
+        t.row(vec![c.id.clone(), lo, hi, mean, bad, labels]);
+        // Each further channel on its own row (channel 0 is the case's row).
+        for (k, ch) in c.other_channels.iter().enumerate() {
+            let (lo, hi, mean, bad) = intensity_cells(&ch.intensity);
+            t.row(vec![
+                format!("{} ch{}", c.id, k + 1),
+                lo,
+                hi,
+                mean,
+                bad,
+                String::new(),
+            ]);
         }
-        out.push_str(&format!("\nintensities and labels\n{}", t.render(W)));
-    } else {
-        out.push_str("\nintensities and labels: not read (--headers-only)\n");
     }
+    t.render(W)
+}
 
-    let Some(sp) = &r.spacing else {
-        out.push_str("\nspacing: no readable case\n");
-        return out;
-    };
+/// The min, max, mean and non-finite cells of one image; `-` where it was not read.
+fn intensity_cells(i: &Option<IntensityFacts>) -> (String, String, String, String) {
+    let opt = |v: Option<f64>| v.map(value).unwrap_or_else(|| "-".into());
+    match i {
+        Some(i) => (
+            opt(i.min),
+            opt(i.max),
+            opt(i.mean),
+            i.non_finite.to_string(),
+        ),
+        None => ("-".into(), "-".into(), "-".into(), "-".into()),
+    }
+}
+
+/// `0:1200 1:34`, by value (the report's keys are strings, so they sort as numbers here).
+fn label_values_cell(m: &Option<BTreeMap<String, u64>>) -> String {
+    match m {
+        Some(m) => {
+            let mut v: Vec<(u32, u64)> = m
+                .iter()
+                .map(|(k, n)| (k.parse().unwrap_or(u32::MAX), *n))
+                .collect();
+            v.sort_unstable();
+            v.iter()
+                .map(|(k, n)| format!("{k}:{n}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+        None => "-".into(),
+    }
+}
+
+/// The spacing distribution, then the per-axis percentiles the target is chosen from.
+fn spacing_tables(sp: &SpacingReport) -> String {
     let mut t = Table::new(&[
         ("spacing (x,y,z)", Align::Right),
         ("cases", Align::Right),
@@ -298,12 +343,12 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
             format!("{:.0}%", 100.0 * d.count as f64 / n.max(1) as f64),
         ]);
     }
-    out.push_str(&format!(
+    let mut out = format!(
         "\nspacing distribution ({} distinct, most common first; unit {})\n{}",
         sp.distinct.len(),
         sp.units.join(", "),
         t.render(W)
-    ));
+    );
     let mut t = Table::new(&[
         ("axis", Align::Left),
         ("min", Align::Right),
@@ -328,59 +373,57 @@ pub fn render(r: &DatasetReport, path: &str) -> String {
     }
     out.push('\n');
     out.push_str(&t.render(W));
-    match &sp.auto {
-        Some(a) if sp.target.rule == "explicit" => {
-            out.push_str(&format!(
-                "\ntarget spacing (x,y,z): {} (explicit: what if)\n{}",
-                spacing3(&sp.target.target_xyz),
-                render_decision("auto would choose", a)
-            ));
-        }
-        _ => {
-            out.push('\n');
-            out.push_str(&render_decision("target spacing (x,y,z)", &sp.target));
-        }
-    }
-
-    if let Some(f) = &r.forecast {
-        // The facts of each case's plan, as `build-cache` has them.
-        let plans: Vec<(&str, Option<CasePlan>)> = r
-            .cases
-            .iter()
-            .map(|c| {
-                let plan = match (&c.header, &c.forecast) {
-                    (Some(h), Some(p)) => Some(CasePlan {
-                        id: c.id.clone(),
-                        in_shape_xyz: h.shape_xyz,
-                        in_spacing_xyz: h.spacing_xyz,
-                        out_shape_xyz: p.out_shape_xyz,
-                        out_spacing_xyz: p.out_spacing_xyz,
-                        out_voxels: p.out_voxels,
-                        out_bytes: p.out_bytes,
-                        whole_volume_f32_bytes: p.whole_volume_f32_bytes,
-                        whole_volume_f64_bytes: p.whole_volume_f64_bytes,
-                        size_factor: p.size_factor,
-                        outlier: p.outlier,
-                    }),
-                    _ => None,
-                };
-                (c.id.as_str(), plan)
-            })
-            .collect();
-        let rows: Vec<ForecastRow> = plans
-            .iter()
-            .map(|(id, p)| match p {
-                Some(p) => ForecastRow::Planned(p),
-                None => ForecastRow::NotPlanned(id),
-            })
-            .collect();
-        out.push('\n');
-        out.push_str(&render_forecast(
-            &f.target_xyz,
-            f.image_dtype,
-            r.n_labelled > 0,
-            &rows,
-        ));
-    }
     out
+}
+
+/// The target spacing and why; an explicit one also shows what `auto` would have chosen.
+fn target_lines(sp: &SpacingReport) -> String {
+    match &sp.auto {
+        Some(a) if sp.target.rule == "explicit" => format!(
+            "\ntarget spacing (x,y,z): {} (explicit: what if)\n{}",
+            spacing3(&sp.target.target_xyz),
+            render_decision("auto would choose", a)
+        ),
+        _ => format!(
+            "\n{}",
+            render_decision("target spacing (x,y,z)", &sp.target)
+        ),
+    }
+}
+
+/// The forecast table of the report's cases: a row for each, planned or not.
+fn case_forecast(r: &DatasetReport, f: &ForecastTotals) -> String {
+    let plans: Vec<(&str, Option<CasePlan>)> = r
+        .cases
+        .iter()
+        .map(|c| (c.id.as_str(), case_plan(c)))
+        .collect();
+    let rows: Vec<ForecastRow> = plans
+        .iter()
+        .map(|(id, p)| match p {
+            Some(p) => ForecastRow::Planned(p),
+            None => ForecastRow::NotPlanned(id),
+        })
+        .collect();
+    render_forecast(&f.target_xyz, f.image_dtype, r.n_labelled > 0, &rows)
+}
+
+/// The facts of a case's plan, as `build-cache` has them; `None` when it was not planned.
+fn case_plan(c: &CaseInfo) -> Option<CasePlan> {
+    match (&c.header, &c.forecast) {
+        (Some(h), Some(p)) => Some(CasePlan {
+            id: c.id.clone(),
+            in_shape_xyz: h.shape_xyz,
+            in_spacing_xyz: h.spacing_xyz,
+            out_shape_xyz: p.out_shape_xyz,
+            out_spacing_xyz: p.out_spacing_xyz,
+            out_voxels: p.out_voxels,
+            out_bytes: p.out_bytes,
+            whole_volume_f32_bytes: p.whole_volume_f32_bytes,
+            whole_volume_f64_bytes: p.whole_volume_f64_bytes,
+            size_factor: p.size_factor,
+            outlier: p.outlier,
+        }),
+        _ => None,
+    }
 }

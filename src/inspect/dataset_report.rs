@@ -1,13 +1,15 @@
 //! The dataset report: per-case header facts and voxel statistics, the spacing distribution,
 //! the target spacing `auto` chooses and why, and each case's output size at the target.
-//! Its text form is drawn by `dataset_render` (re-exported here).
+//! Its voxel statistics are read by `dataset_voxels`; its text form is drawn by `dataset_render`
+//! (re-exported here).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::dataset_voxels::{read_voxels, VoxelFacts};
 use super::{file_message, rel_message, rel_path, InspectOptions, Problem};
 use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
@@ -200,175 +202,6 @@ pub struct DatasetReport {
     pub dataset_json: Option<DatasetDescription>,
 }
 
-/// Voxel facts of one case.
-#[derive(Default)]
-struct VoxelFacts {
-    intensity: Option<IntensityFacts>,
-    /// Channels 1..: `None` where unreadable.
-    other_intensity: Vec<Option<IntensityFacts>>,
-    label_values: Option<BTreeMap<String, u64>>,
-    problems: Vec<Problem>,
-}
-
-/// Range, mean and non-finite count of an image, streamed block by block (in file order, so
-/// the sum is the same however the file is read).
-fn intensity_of(path: &Path, frame: Option<usize>) -> Result<IntensityFacts> {
-    let mut fold = IntensityFold::default();
-    nifti_io::stream_f32_frame(path, frame, &mut |_, data| {
-        fold.add(data);
-        Ok(())
-    })?;
-    Ok(fold.finish())
-}
-
-/// The running sums behind [`IntensityFacts`].
-struct IntensityFold {
-    lo: f32,
-    hi: f32,
-    sum: f64,
-    n: u64,
-    bad: u64,
-}
-
-impl Default for IntensityFold {
-    fn default() -> Self {
-        IntensityFold {
-            lo: f32::INFINITY,
-            hi: f32::NEG_INFINITY,
-            sum: 0.0,
-            n: 0,
-            bad: 0,
-        }
-    }
-}
-
-impl IntensityFold {
-    fn add(&mut self, data: &[f32]) {
-        for &v in data {
-            if v.is_finite() {
-                self.lo = self.lo.min(v);
-                self.hi = self.hi.max(v);
-                self.sum += v as f64;
-                self.n += 1;
-            } else {
-                self.bad += 1;
-            }
-        }
-    }
-
-    fn finish(&self) -> IntensityFacts {
-        let n = self.n;
-        IntensityFacts {
-            min: (n > 0).then_some(self.lo as f64),
-            max: (n > 0).then_some(self.hi as f64),
-            mean: (n > 0).then(|| self.sum / n as f64),
-            non_finite: self.bad,
-        }
-    }
-}
-
-/// Voxels per label value, streamed. The outer error: the file cannot be read; the inner one:
-/// a value that is not a label (negative, fractional, over 65535), naming the file.
-fn label_counts(
-    path: &Path,
-    allowed: Option<&std::collections::BTreeSet<u16>>,
-) -> Result<Result<BTreeMap<String, u64>>> {
-    let mut counts = vec![0u64; 1 << 16];
-    let mut check = nifti_io::LabelCheck::new(path);
-    if let Some(v) = allowed {
-        check = check.allowing_only(v);
-    }
-    let mut bad = None;
-    let read = nifti_io::stream_f32(path, &mut |_, data| {
-        if let Err(e) = check.block(data) {
-            bad = Some(e);
-            return Err(Error::Dataset("label values refused".into()));
-        }
-        data.iter().for_each(|&c| counts[c as usize] += 1);
-        Ok(())
-    });
-    if let Some(e) = bad {
-        return Ok(Err(e));
-    }
-    read?;
-    Ok(Ok(counts
-        .iter()
-        .enumerate()
-        .filter(|(_, &n)| n > 0)
-        .map(|(c, &n)| (c.to_string(), n))
-        .collect()))
-}
-
-/// Read one case's voxels: the image, then (after the image is dropped) the label, so one
-/// worker holds about one volume at a time.
-fn read_voxels(
-    root: &Path,
-    c: &CaseSource,
-    image_ok: bool,
-    label_ok: bool,
-    allowed: Option<&std::collections::BTreeSet<u16>>,
-) -> VoxelFacts {
-    let mut f = VoxelFacts::default();
-    let unreadable = |p: &Path, e: Error| {
-        Problem::error("unreadable", file_message(root, p, &e.to_string()))
-            .case(&c.id)
-            .path(rel_path(root, p))
-    };
-    if image_ok {
-        for k in 0..c.images.len() {
-            let (path, frame) = c.channel(k);
-            let facts = match intensity_of(path, frame) {
-                Ok(facts) => {
-                    if facts.non_finite > 0 {
-                        f.problems.push(
-                            Problem::error(
-                                "non-finite",
-                                format!(
-                                    "{} voxels are NaN or infinite (build-cache refuses this image)",
-                                    facts.non_finite
-                                ),
-                            )
-                            .case(&c.id)
-                            .path(rel_path(root, path)),
-                        );
-                    }
-                    Some(facts)
-                }
-                Err(e) => {
-                    f.problems.push(unreadable(path, e));
-                    None
-                }
-            };
-            if k == 0 {
-                f.intensity = facts;
-            } else {
-                f.other_intensity.push(facts);
-            }
-        }
-    }
-    if let (Some(lp), true) = (&c.label, label_ok) {
-        match label_counts(lp, allowed) {
-            Ok(Ok(counts)) => {
-                if counts.keys().all(|k| k == "0") {
-                    f.problems.push(
-                        Problem::warning("empty-label", "the label has no foreground voxel")
-                            .case(&c.id)
-                            .path(rel_path(root, lp)),
-                    );
-                }
-                f.label_values = Some(counts);
-            }
-            Ok(Err(e)) => f.problems.push(
-                Problem::error("bad-label", file_message(root, lp, &e.to_string()))
-                    .case(&c.id)
-                    .path(rel_path(root, lp)),
-            ),
-            Err(e) => f.problems.push(unreadable(lp, e)),
-        }
-    }
-    f
-}
-
 fn axis_stats(v: &[f64]) -> AxisStats {
     AxisStats {
         min: v.iter().cloned().fold(f64::INFINITY, f64::min),
@@ -438,6 +271,9 @@ fn spacing_report(
     }))
 }
 
+/// A case's header reads: the image's, and the label's when it has one.
+type CaseHeaders = (Result<HeaderInfo>, Option<Result<HeaderInfo>>);
+
 /// Read headers (and voxels unless told not to), then plan every readable case.
 pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
     let root = opts.path.as_path();
@@ -456,7 +292,7 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
         .collect();
 
     // Header facts per file; scan() adds the image/label pair checks.
-    let headers: Vec<(Result<HeaderInfo>, Option<Result<HeaderInfo>>)> = cases
+    let headers: Vec<CaseHeaders> = cases
         .par_iter()
         .map(|c| {
             (
@@ -466,140 +302,20 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
         })
         .collect();
     let scanned = scan(&cases);
-
-    let jobs = if opts.jobs == 0 { 2 } else { opts.jobs };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(jobs)
-        .build()
-        .map_err(|e| Error::Config(format!("cannot start {jobs} worker threads: {e}")))?;
-    let voxels: Vec<VoxelFacts> = if opts.read_voxels {
-        pool.install(|| {
-            cases
-                .par_iter()
-                .zip(headers.par_iter())
-                .with_max_len(1)
-                .map(|(c, (ih, lh))| {
-                    let label_ok = lh.as_ref().is_some_and(|r| r.is_ok());
-                    read_voxels(root, c, ih.is_ok(), label_ok, label_values.as_ref())
-                })
-                .collect()
-        })
-    } else {
-        cases.iter().map(|_| VoxelFacts::default()).collect()
-    };
+    let voxels = voxel_facts(opts, &cases, &headers, label_values.as_ref())?;
 
     let mut infos = Vec::new();
-    for ((c, (ih, lh)), vf) in cases.iter().zip(headers).zip(voxels) {
-        if let Err(e) = &ih {
-            problems.push(
-                Problem::error("unreadable", file_message(root, c.image(), &e.to_string()))
-                    .case(&c.id)
-                    .path(rel_path(root, c.image())),
-            );
-        }
-        match (&lh, &c.label) {
-            (Some(Err(e)), Some(l)) => problems.push(
-                Problem::error("unreadable", file_message(root, l, &e.to_string()))
-                    .case(&c.id)
-                    .path(rel_path(root, l)),
-            ),
-            (None, _) => problems.push(
-                Problem::warning("missing-label", "no label file for this image")
-                    .case(&c.id)
-                    .path(rel_path(root, c.image())),
-            ),
-            _ => {}
-        }
-        let found = [ih.as_ref().ok(), lh.as_ref().and_then(|r| r.as_ref().ok())];
-        for h in found.into_iter().flatten() {
-            if let Some(w) = &h.affine_warning {
-                problems.push(
-                    Problem::warning("geometry", w.clone())
-                        .case(&c.id)
-                        .path(rel_path(root, &h.path)),
-                );
-            }
-        }
-        problems.extend(vf.problems);
-        infos.push(CaseInfo {
-            id: c.id.clone(),
-            image: rel_path(root, c.image()),
-            other_channels: c.images[1..]
-                .iter()
-                .enumerate()
-                .map(|(k, p)| ChannelFacts {
-                    image: rel_path(root, p),
-                    intensity: vf.other_intensity.get(k).cloned().flatten(),
-                })
-                .collect(),
-            label: c.label.as_ref().map(|l| rel_path(root, l)),
-            header: ih.as_ref().ok().map(HeaderFacts::of),
-            label_datatype: lh.and_then(|r| r.ok()).map(|h| h.datatype),
-            intensity: vf.intensity,
-            label_values: vf.label_values,
-            forecast: None,
-        });
+    for ((c, (ih, lh)), mut vf) in cases.iter().zip(headers).zip(voxels) {
+        header_problems(root, c, &ih, &lh, &mut problems);
+        problems.append(&mut vf.problems);
+        infos.push(case_info(root, c, &ih, &lh, vf));
     }
-    let mut ok: Vec<&ScannedCase> = Vec::new();
-    for (c, r) in &scanned {
-        match r {
-            Ok(s) => ok.push(s),
-            Err(e @ Error::Case { .. }) => problems.push(
-                Problem::error("mismatch", rel_message(root, &e.to_string()))
-                    .case(&c.id)
-                    .path(rel_path(root, c.label.as_deref().unwrap_or(c.image()))),
-            ),
-            // Unreadable files are already reported above, each by its own name.
-            Err(_) => {}
-        }
-    }
-    if ok.is_empty() {
-        problems.push(Problem::error(
-            "no-cases",
-            "no case has a readable image (and matching label): nothing to plan",
-        ));
-    }
+    let ok = plannable(root, &scanned, &mut problems);
 
     let spacing = spacing_report(&ok, settings.spacing, &mut problems)?;
-    let forecast = spacing.as_ref().map(|sp| {
-        let plans = plan_scanned(&ok, sp.target.target_xyz, settings.image_dtype);
-        let mut totals = ForecastTotals {
-            target_xyz: sp.target.target_xyz,
-            image_dtype: settings.image_dtype,
-            cases: plans.len(),
-            out_bytes: 0,
-            whole_volume_f32_bytes: 0,
-            whole_volume_f64_bytes: 0,
-            outliers: Vec::new(),
-            outlier_factor: OUTLIER_FACTOR,
-        };
-        for p in plans {
-            // Saturating: one absurd header must not wrap the totals around.
-            totals.out_bytes = totals.out_bytes.saturating_add(p.out_bytes);
-            totals.whole_volume_f32_bytes = totals
-                .whole_volume_f32_bytes
-                .saturating_add(p.whole_volume_f32_bytes);
-            totals.whole_volume_f64_bytes = totals
-                .whole_volume_f64_bytes
-                .saturating_add(p.whole_volume_f64_bytes);
-            if let Some(why) = p.size_problem(settings.max_case_gib) {
-                // The image's header holds the spacing and the dimensions to fix: name it.
-                let image = infos.iter().find(|i| i.id == p.id).map(|i| i.image.clone());
-                let problem = Problem::error("too-large", why).case(&p.id);
-                problems.push(match image {
-                    Some(f) => problem.path(f),
-                    None => problem,
-                });
-            }
-            if p.outlier {
-                totals.outliers.push(p.id.clone());
-            }
-            if let Some(info) = infos.iter_mut().find(|i| i.id == p.id) {
-                info.forecast = Some(p.clone());
-            }
-        }
-        totals
-    });
+    let forecast = spacing
+        .as_ref()
+        .map(|sp| forecast_cases(&ok, sp.target.target_xyz, opts, &mut infos, &mut problems));
 
     let report = DatasetReport {
         pipeline: settings.pipeline.clone(),
@@ -615,23 +331,181 @@ pub fn build(opts: &InspectOptions) -> Result<(DatasetReport, Vec<Problem>)> {
     Ok((report, problems))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Each case's voxel facts, read `opts.jobs` cases at a time (empty with `--headers-only`).
+fn voxel_facts(
+    opts: &InspectOptions,
+    cases: &[CaseSource],
+    headers: &[CaseHeaders],
+    label_values: Option<&BTreeSet<u16>>,
+) -> Result<Vec<VoxelFacts>> {
+    let root = opts.path.as_path();
+    let jobs = if opts.jobs == 0 { 2 } else { opts.jobs };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {jobs} worker threads: {e}")))?;
+    Ok(if opts.read_voxels {
+        pool.install(|| {
+            cases
+                .par_iter()
+                .zip(headers.par_iter())
+                .with_max_len(1)
+                .map(|(c, (ih, lh))| {
+                    let label_ok = lh.as_ref().is_some_and(|r| r.is_ok());
+                    read_voxels(root, c, ih.is_ok(), label_ok, label_values)
+                })
+                .collect()
+        })
+    } else {
+        cases.iter().map(|_| VoxelFacts::default()).collect()
+    })
+}
 
-    #[test]
-    fn intensities_skip_non_finite_voxels() {
-        let fold = |v: &[f32]| {
-            let mut f = IntensityFold::default();
-            f.add(v);
-            f.finish()
-        };
-        let f = fold(&[1.0, f32::NAN, 3.0, f32::INFINITY]);
-        assert_eq!(
-            (f.min, f.max, f.mean, f.non_finite),
-            (Some(1.0), Some(3.0), Some(2.0), 2)
+/// What a case's headers show: unreadable files, a missing label, a passed-over sform.
+fn header_problems(
+    root: &Path,
+    c: &CaseSource,
+    ih: &Result<HeaderInfo>,
+    lh: &Option<Result<HeaderInfo>>,
+    problems: &mut Vec<Problem>,
+) {
+    if let Err(e) = ih {
+        problems.push(
+            Problem::error("unreadable", file_message(root, c.image(), &e.to_string()))
+                .case(&c.id)
+                .path(rel_path(root, c.image())),
         );
-        let f = fold(&[f32::NAN]);
-        assert_eq!((f.min, f.non_finite), (None, 1));
     }
+    match (lh, &c.label) {
+        (Some(Err(e)), Some(l)) => problems.push(
+            Problem::error("unreadable", file_message(root, l, &e.to_string()))
+                .case(&c.id)
+                .path(rel_path(root, l)),
+        ),
+        (None, _) => problems.push(
+            Problem::warning("missing-label", "no label file for this image")
+                .case(&c.id)
+                .path(rel_path(root, c.image())),
+        ),
+        _ => {}
+    }
+    let found = [ih.as_ref().ok(), lh.as_ref().and_then(|r| r.as_ref().ok())];
+    for h in found.into_iter().flatten() {
+        if let Some(w) = &h.affine_warning {
+            problems.push(
+                Problem::warning("geometry", w.clone())
+                    .case(&c.id)
+                    .path(rel_path(root, &h.path)),
+            );
+        }
+    }
+}
+
+/// A case's facts from its files, headers and voxels; its forecast comes after planning.
+fn case_info(
+    root: &Path,
+    c: &CaseSource,
+    ih: &Result<HeaderInfo>,
+    lh: &Option<Result<HeaderInfo>>,
+    vf: VoxelFacts,
+) -> CaseInfo {
+    CaseInfo {
+        id: c.id.clone(),
+        image: rel_path(root, c.image()),
+        other_channels: c.images[1..]
+            .iter()
+            .enumerate()
+            .map(|(k, p)| ChannelFacts {
+                image: rel_path(root, p),
+                intensity: vf.other_intensity.get(k).cloned().flatten(),
+            })
+            .collect(),
+        label: c.label.as_ref().map(|l| rel_path(root, l)),
+        header: ih.as_ref().ok().map(HeaderFacts::of),
+        label_datatype: lh
+            .as_ref()
+            .and_then(|r| r.as_ref().ok())
+            .map(|h| h.datatype),
+        intensity: vf.intensity,
+        label_values: vf.label_values,
+        forecast: None,
+    }
+}
+
+/// The cases that can be planned; image and label on different grids are a problem, and so is
+/// having none.
+fn plannable<'a>(
+    root: &Path,
+    scanned: &'a [(CaseSource, Result<ScannedCase>)],
+    problems: &mut Vec<Problem>,
+) -> Vec<&'a ScannedCase> {
+    let mut ok: Vec<&ScannedCase> = Vec::new();
+    for (c, r) in scanned {
+        match r {
+            Ok(s) => ok.push(s),
+            Err(e @ Error::Case { .. }) => problems.push(
+                Problem::error("mismatch", rel_message(root, &e.to_string()))
+                    .case(&c.id)
+                    .path(rel_path(root, c.label.as_deref().unwrap_or(c.image()))),
+            ),
+            // Unreadable files are already reported by `header_problems`, each by its own name.
+            Err(_) => {}
+        }
+    }
+    if ok.is_empty() {
+        problems.push(Problem::error(
+            "no-cases",
+            "no case has a readable image (and matching label): nothing to plan",
+        ));
+    }
+    ok
+}
+
+/// Plan every case at the target: each case's forecast into its facts, the sums, and the
+/// cases over the size limits.
+fn forecast_cases(
+    ok: &[&ScannedCase],
+    target_xyz: [f64; 3],
+    opts: &InspectOptions,
+    infos: &mut [CaseInfo],
+    problems: &mut Vec<Problem>,
+) -> ForecastTotals {
+    let settings = &opts.settings;
+    let plans = plan_scanned(ok, target_xyz, settings.image_dtype);
+    let mut totals = ForecastTotals {
+        target_xyz,
+        image_dtype: settings.image_dtype,
+        cases: plans.len(),
+        out_bytes: 0,
+        whole_volume_f32_bytes: 0,
+        whole_volume_f64_bytes: 0,
+        outliers: Vec::new(),
+        outlier_factor: OUTLIER_FACTOR,
+    };
+    for p in plans {
+        // Saturating: one absurd header must not wrap the totals around.
+        totals.out_bytes = totals.out_bytes.saturating_add(p.out_bytes);
+        totals.whole_volume_f32_bytes = totals
+            .whole_volume_f32_bytes
+            .saturating_add(p.whole_volume_f32_bytes);
+        totals.whole_volume_f64_bytes = totals
+            .whole_volume_f64_bytes
+            .saturating_add(p.whole_volume_f64_bytes);
+        if let Some(why) = p.size_problem(settings.max_case_gib) {
+            // The image's header holds the spacing and the dimensions to fix: name it.
+            let image = infos.iter().find(|i| i.id == p.id).map(|i| i.image.clone());
+            let problem = Problem::error("too-large", why).case(&p.id);
+            problems.push(match image {
+                Some(f) => problem.path(f),
+                None => problem,
+            });
+        }
+        if p.outlier {
+            totals.outliers.push(p.id.clone());
+        }
+        if let Some(info) = infos.iter_mut().find(|i| i.id == p.id) {
+            info.forecast = Some(p.clone());
+        }
+    }
+    totals
 }

@@ -6,10 +6,11 @@
 //! Anything else is an error ("not a dataset or voxcache cache: ...").
 //!
 //! Modules (one job each): [`table`] renders aligned text tables; [`dataset_report`] reads
-//! headers and voxels and plans; `dataset_render` draws that report as text; [`cache_report`]
-//! lists a cache's datasets, entries, orphans and leftovers; [`entry_meta`] parses one entry's
-//! metadata; [`verify`] re-hashes every write block; [`preview`] draws the three middle slices
-//! with the label overlay into a PNG.
+//! headers and plans; `dataset_voxels` streams each case's voxels for its intensity and label
+//! statistics; `dataset_render` draws that report as text; [`cache_report`] lists a cache's
+//! datasets, entries, orphans and leftovers; [`entry_meta`] parses one entry's metadata;
+//! [`verify`] re-hashes every write block; [`preview`] draws the three middle slices with the
+//! label overlay into a PNG.
 //!
 //! # JSON shape (`prep inspect --json`)
 //!
@@ -90,6 +91,7 @@ mod cache_render;
 pub mod cache_report;
 mod dataset_render;
 pub mod dataset_report;
+mod dataset_voxels;
 pub mod entry_meta;
 pub mod nnunet;
 pub mod preview;

@@ -251,45 +251,7 @@ pub(super) fn parse_header_with(
     gzip: bool,
     allow_frames: bool,
 ) -> Result<HeaderInfo> {
-    if head.len() < NIFTI1_HEADER_BYTES {
-        return Err(Error::nifti(
-            path,
-            format!(
-                "not a NIfTI file: only {} bytes, a header needs {NIFTI1_HEADER_BYTES}",
-                head.len()
-            ),
-        ));
-    }
-    let mut raw = if is_nifti2(head) {
-        to_nifti1(head).map_err(|m| Error::nifti(path, m))?
-    } else {
-        let sizeof_le = i32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-        let sizeof_be = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
-        if sizeof_le != 348 && sizeof_be != 348 {
-            return Err(Error::nifti(
-                path,
-                "not a NIfTI file (sizeof_hdr is neither 348 nor 540)",
-            ));
-        }
-        let magic = &head[344..348];
-        if magic == b"ni1\0" {
-            return Err(Error::nifti(
-                path,
-                "NIfTI-1 .hdr/.img pairs are not supported; use single-file .nii or .nii.gz",
-            ));
-        }
-        if magic != b"n+1\0" {
-            return Err(Error::nifti(
-                path,
-                format!(
-                    "bad NIfTI-1 magic {:?} (expected \"n+1\")",
-                    String::from_utf8_lossy(magic)
-                ),
-            ));
-        }
-        NiftiHeader::from_reader(head)
-            .map_err(|e| Error::nifti(path, format!("invalid header: {e}")))?
-    };
+    let mut raw = decode_raw(path, head)?;
     // The byte order is the header's as a whole, decided by dim[0] (the nifti crate's rule and
     // nibabel's): a sizeof_hdr written the other way round must not flip the voxels' order.
     let big_endian = raw.endianness == nifti::Endianness::Big;
@@ -302,6 +264,107 @@ pub(super) fn parse_header_with(
         ));
     }
     let ndim = ndim as usize;
+    let shape = spatial_shape(path, &raw, ndim)?;
+    let frames = frame_count(path, &raw, ndim, allow_frames)?;
+    let datatype = raw
+        .data_type()
+        .ok()
+        .and_then(|t| datatype_facts(t).map(|f| (t, f)));
+    let Some((_, (datatype, bytes_per_voxel))) = datatype else {
+        return Err(Error::nifti(
+            path,
+            format!(
+                "unsupported NIfTI datatype code {} (supported: integer and float scalars)",
+                raw.datatype
+            ),
+        ));
+    };
+    let spacing = voxel_spacing(path, &raw, ndim)?;
+    if !raw.vox_offset.is_finite() || raw.vox_offset < 352.0 || raw.vox_offset > 1e9 {
+        return Err(Error::nifti(
+            path,
+            format!("invalid vox_offset {}", raw.vox_offset),
+        ));
+    }
+    let vox_offset = raw.vox_offset as usize;
+    // NIfTI: slope 0 means "no scaling"; a non-finite slope or intercept is treated the same
+    // rather than turning every voxel into NaN.
+    if !raw.scl_slope.is_finite() || !raw.scl_inter.is_finite() || raw.scl_slope == 0.0 {
+        raw.scl_slope = 0.0;
+        raw.scl_inter = 0.0;
+    }
+    let (affine, affine_source, affine_warning) =
+        header_affine(&raw, spacing).map_err(|m| Error::nifti(path, m))?;
+    if !affine.is_finite() {
+        return Err(Error::nifti(
+            path,
+            format!("the {affine_source} affine holds non-finite numbers"),
+        ));
+    }
+    Ok(HeaderInfo {
+        path: path.to_path_buf(),
+        shape_xyz: shape,
+        spacing_xyz: spacing,
+        affine,
+        affine_source,
+        affine_warning,
+        qform_code: raw.qform_code,
+        sform_code: raw.sform_code,
+        datatype,
+        bytes_per_voxel,
+        vox_offset,
+        big_endian,
+        gzip,
+        unit: spatial_unit(raw.xyzt_units),
+        frames,
+        raw,
+    })
+}
+
+/// The raw header fields of a single-file NIfTI-1 or NIfTI-2 header (NIfTI-2 read into
+/// NIfTI-1's), after its length, sizeof_hdr and magic are checked.
+fn decode_raw(path: &Path, head: &[u8]) -> Result<NiftiHeader> {
+    if head.len() < NIFTI1_HEADER_BYTES {
+        return Err(Error::nifti(
+            path,
+            format!(
+                "not a NIfTI file: only {} bytes, a header needs {NIFTI1_HEADER_BYTES}",
+                head.len()
+            ),
+        ));
+    }
+    if is_nifti2(head) {
+        return to_nifti1(head).map_err(|m| Error::nifti(path, m));
+    }
+    let sizeof_le = i32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let sizeof_be = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    if sizeof_le != 348 && sizeof_be != 348 {
+        return Err(Error::nifti(
+            path,
+            "not a NIfTI file (sizeof_hdr is neither 348 nor 540)",
+        ));
+    }
+    let magic = &head[344..348];
+    if magic == b"ni1\0" {
+        return Err(Error::nifti(
+            path,
+            "NIfTI-1 .hdr/.img pairs are not supported; use single-file .nii or .nii.gz",
+        ));
+    }
+    if magic != b"n+1\0" {
+        return Err(Error::nifti(
+            path,
+            format!(
+                "bad NIfTI-1 magic {:?} (expected \"n+1\")",
+                String::from_utf8_lossy(magic)
+            ),
+        ));
+    }
+    NiftiHeader::from_reader(head).map_err(|e| Error::nifti(path, format!("invalid header: {e}")))
+}
+
+/// Voxel counts along x, y, z: dim[1..=3] up to `ndim`, each in 1..=i16::MAX; 1 past it.
+fn spatial_shape(path: &Path, raw: &NiftiHeader, ndim: usize) -> Result<[usize; 3]> {
     let mut shape = [1usize; 3];
     for (a, s) in shape.iter_mut().enumerate() {
         if a < ndim {
@@ -315,6 +378,12 @@ pub(super) fn parse_header_with(
             *s = d as usize;
         }
     }
+    Ok(shape)
+}
+
+/// Volumes along the 4th dimension: 1, or dim[4] where `allow_frames` and the dimensions past
+/// it are 1. Any other extra dimension is refused.
+fn frame_count(path: &Path, raw: &NiftiHeader, ndim: usize, allow_frames: bool) -> Result<usize> {
     let mut frames = 1usize;
     if ndim > 3 {
         let extra: Vec<u16> = raw.dim[4..=ndim].to_vec();
@@ -343,19 +412,12 @@ pub(super) fn parse_header_with(
             ));
         }
     }
-    let datatype = raw
-        .data_type()
-        .ok()
-        .and_then(|t| datatype_facts(t).map(|f| (t, f)));
-    let Some((_, (datatype, bytes_per_voxel))) = datatype else {
-        return Err(Error::nifti(
-            path,
-            format!(
-                "unsupported NIfTI datatype code {} (supported: integer and float scalars)",
-                raw.datatype
-            ),
-        ));
-    };
+    Ok(frames)
+}
+
+/// pixdim[1..=3] as decimals, each positive and finite where its axis exists or it is set;
+/// 1 for an absent axis left at 0.
+fn voxel_spacing(path: &Path, raw: &NiftiHeader, ndim: usize) -> Result<[f64; 3]> {
     let mut spacing = [1.0f64; 3];
     for (a, s) in spacing.iter_mut().enumerate() {
         let p = raw.pixdim[a + 1];
@@ -372,51 +434,17 @@ pub(super) fn parse_header_with(
             *s = f32_to_f64_decimal(p);
         }
     }
-    if !raw.vox_offset.is_finite() || raw.vox_offset < 352.0 || raw.vox_offset > 1e9 {
-        return Err(Error::nifti(
-            path,
-            format!("invalid vox_offset {}", raw.vox_offset),
-        ));
-    }
-    let vox_offset = raw.vox_offset as usize;
-    // NIfTI: slope 0 means "no scaling"; a non-finite slope or intercept is treated the same
-    // rather than turning every voxel into NaN.
-    if !raw.scl_slope.is_finite() || !raw.scl_inter.is_finite() || raw.scl_slope == 0.0 {
-        raw.scl_slope = 0.0;
-        raw.scl_inter = 0.0;
-    }
-    let (affine, affine_source, affine_warning) =
-        header_affine(&raw, spacing).map_err(|m| Error::nifti(path, m))?;
-    if !affine.is_finite() {
-        return Err(Error::nifti(
-            path,
-            format!("the {affine_source} affine holds non-finite numbers"),
-        ));
-    }
-    let unit = match raw.xyzt_units & 0x07 {
+    Ok(spacing)
+}
+
+/// The spatial unit coded in xyzt_units' low three bits.
+fn spatial_unit(xyzt_units: u8) -> &'static str {
+    match xyzt_units & 0x07 {
         1 => "m",
         2 => "mm",
         3 => "um",
         _ => "unknown",
-    };
-    Ok(HeaderInfo {
-        path: path.to_path_buf(),
-        shape_xyz: shape,
-        spacing_xyz: spacing,
-        affine,
-        affine_source,
-        affine_warning,
-        qform_code: raw.qform_code,
-        sform_code: raw.sform_code,
-        datatype,
-        bytes_per_voxel,
-        vox_offset,
-        big_endian,
-        gzip,
-        unit,
-        frames,
-        raw,
-    })
+    }
 }
 
 /// Widen an f32 header field through its shortest decimal form, so 0.99f32 becomes 0.99 and

@@ -26,7 +26,7 @@ const CORE_DARK: f64 = 160.0;
 const NOISE_SD: f64 = 45.0;
 const TEXTURE: f64 = 40.0;
 /// The cores' radius, in physical units.
-const CORE_R: f64 = 3.5;
+const CORE_R: f64 = 5.0;
 
 /// An ellipsoid with axis-aligned semi-axes, its surface bent by a slow wave.
 struct Ellipsoid {
@@ -207,7 +207,7 @@ mod tests {
                 })
                 .count();
             assert!(
-                (60..600).contains(&core),
+                (200..900).contains(&core),
                 "organ {value}: {core} core voxels"
             );
         }

@@ -7,7 +7,7 @@ use super::classes::ClassMap;
 use super::config::TrainConfig;
 use super::folds::{fold_split, read_splits, SPLITS_FILE};
 use super::split::{split_cases, Split};
-use crate::cache::reader::{CacheReader, EntryReader, ReaderOptions};
+use crate::cache::reader::{CacheReader, CaseInfo, EntryReader, ReaderOptions};
 use crate::error::{Error, Result};
 
 /// Everything opened from the cache for a run.
@@ -54,6 +54,9 @@ fn choose_split(cache_dir: &Path, cfg: &TrainConfig, ids: &[String]) -> Result<S
     fold_split(ids, fold, splits)
 }
 
+/// A dataset's cases as opened entries, by case id.
+type Entries = Vec<(String, EntryReader)>;
+
 /// `mapped_mib`: the reader's strict-mode budget of mapped pages (`None`: the kernel's);
 /// `blocks`: where a block file the folder lacks comes from.
 pub(crate) fn open_data(
@@ -68,8 +71,60 @@ pub(crate) fn open_data(
         ..ReaderOptions::default()
     };
     let reader = CacheReader::open_with(cache_dir, options)?;
+    let dataset = pick_dataset(&reader, cache_dir, cfg)?;
+    let cases = reader.cases(&dataset)?;
+    if cases.is_empty() {
+        return Err(Error::cache(
+            cache_dir,
+            format!("dataset {dataset:?} has no cases"),
+        ));
+    }
+    let Labelled {
+        labelled,
+        unlabelled,
+        present,
+    } = open_labelled(&reader, &dataset, &cases)?;
+    // Before anything reads the first labelled case.
+    if labelled.is_empty() {
+        return Err(Error::cache(
+            cache_dir,
+            format!("dataset {dataset:?}: none of its {} cases has a label; training needs labelled cases", cases.len()),
+        ));
+    }
+    let channels = reader.dataset(&dataset)?.channels.clone();
+    check_channels(&labelled, &dataset, &channels)?;
+    let unit = shared_unit(&labelled)?;
+    let preprocessing = crate::format::run::Preprocessing {
+        params: reader.dataset(&dataset)?.params.clone(),
+        unit,
+    };
+    check_previous_stage(cache_dir, cfg, &dataset, &preprocessing)?;
+    let described = reader.dataset(&dataset)?.dataset_json.as_ref();
+    let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
+    if classes.labels().is_regions() {
+        check_region_losses(cfg, &dataset)?;
+    }
+    let num_classes = classes.len();
+    let ids: Vec<String> = labelled.iter().map(|c| c.0.clone()).collect();
+    let split = choose_split(cache_dir, cfg, &ids)?;
+    check_case_weights(cfg, &split, &labelled, &dataset)?;
+    let (train, val) = split_entries(labelled, &split);
+    Ok(Data {
+        dataset,
+        train,
+        val,
+        num_classes,
+        channels,
+        preprocessing,
+        classes,
+        unlabelled,
+    })
+}
+
+/// The dataset to train on: the configured one (checked to exist), else the cache's only one.
+fn pick_dataset(reader: &CacheReader, cache_dir: &Path, cfg: &TrainConfig) -> Result<String> {
     let names = reader.datasets();
-    let dataset = match (&cfg.dataset, names.as_slice()) {
+    Ok(match (&cfg.dataset, names.as_slice()) {
         (Some(name), _) => {
             reader.dataset(name)?;
             name.clone()
@@ -87,20 +142,25 @@ pub(crate) fn open_data(
                 many.join(", ")
             )))
         }
-    };
-    let cases = reader.cases(&dataset)?;
-    if cases.is_empty() {
-        return Err(Error::cache(
-            cache_dir,
-            format!("dataset {dataset:?} has no cases"),
-        ));
-    }
-    // Cases without a label (test cases) are skipped; they cannot be trained or validated on.
+    })
+}
+
+/// A dataset's cases sorted into those with a label and those without.
+struct Labelled {
+    labelled: Entries,
+    unlabelled: Vec<String>,
+    /// The label values the labelled cases hold, background included.
+    present: std::collections::BTreeSet<u16>,
+}
+
+/// Open every case's entry; cases without a label (test cases) are skipped, as they cannot be
+/// trained or validated on.
+fn open_labelled(reader: &CacheReader, dataset: &str, cases: &[CaseInfo]) -> Result<Labelled> {
     let mut present = std::collections::BTreeSet::from([0u16]);
-    let mut labelled: Vec<(String, EntryReader)> = Vec::with_capacity(cases.len());
+    let mut labelled: Entries = Vec::with_capacity(cases.len());
     let mut unlabelled = Vec::new();
-    for c in &cases {
-        let e = reader.open_entry(&dataset, &c.case_id)?;
+    for c in cases {
+        let e = reader.open_entry(dataset, &c.case_id)?;
         if e.label_dtype().is_none() {
             unlabelled.push(c.case_id.clone());
             continue;
@@ -108,8 +168,16 @@ pub(crate) fn open_data(
         present.extend(e.classes());
         labelled.push((c.case_id.clone(), e));
     }
-    let channels = reader.dataset(&dataset)?.channels.clone();
-    for (id, e) in &labelled {
+    Ok(Labelled {
+        labelled,
+        unlabelled,
+        present,
+    })
+}
+
+/// Every entry has as many image channels as its dataset names.
+fn check_channels(labelled: &Entries, dataset: &str, channels: &[String]) -> Result<()> {
+    for (id, e) in labelled {
         if e.channels() != channels.len() {
             return Err(Error::case(
                 id,
@@ -122,7 +190,11 @@ pub(crate) fn open_data(
             ));
         }
     }
-    // The spacing's unit, which every case must share (a mix would train on mismatched scales).
+    Ok(())
+}
+
+/// The spacing's unit, which every case must share (a mix would train on mismatched scales).
+fn shared_unit(labelled: &Entries) -> Result<String> {
     let unit = labelled[0].1.unit().to_string();
     if let Some((id, e)) = labelled.iter().find(|(_, e)| e.unit() != unit) {
         return Err(Error::case(
@@ -134,10 +206,16 @@ pub(crate) fn open_data(
             ),
         ));
     }
-    let preprocessing = crate::format::run::Preprocessing {
-        params: reader.dataset(&dataset)?.params.clone(),
-        unit,
-    };
+    Ok(unit)
+}
+
+/// A cascade's second stage needs a cache built with the previous stage's segmentation.
+fn check_previous_stage(
+    cache_dir: &Path,
+    cfg: &TrainConfig,
+    dataset: &str,
+    preprocessing: &crate::format::run::Preprocessing,
+) -> Result<()> {
     if let Some(first) = &cfg.previous_stage_of {
         if crate::prep::cache_build::previous::indicator_values(&preprocessing.params).is_empty() {
             return Err(Error::cache(
@@ -146,36 +224,38 @@ pub(crate) fn open_data(
             ));
         }
     }
-    let described = reader.dataset(&dataset)?.dataset_json.as_ref();
-    let classes = ClassMap::new(&present, described, &format!("dataset {dataset:?}"))?;
-    if classes.labels().is_regions() {
-        let w = &cfg.loss;
-        let on: Vec<&str> = [
-            ("skeleton recall", w.skeleton_recall),
-            ("clDice", w.cldice),
-            ("boundary", w.boundary),
-            ("surface", w.surface),
-        ]
-        .into_iter()
-        .filter(|(_, w)| *w > 0.0)
-        .map(|(n, _)| n)
-        .collect();
-        if !on.is_empty() {
-            return Err(Error::Config(format!(
-                "dataset {dataset:?} is trained on regions (sigmoid outputs, BCE + Dice); the {} loss is defined for classes only: leave it off",
-                on.join(", ")
-            )));
-        }
+    Ok(())
+}
+
+/// A dataset trained on regions takes none of the losses defined for classes only.
+fn check_region_losses(cfg: &TrainConfig, dataset: &str) -> Result<()> {
+    let w = &cfg.loss;
+    let on: Vec<&str> = [
+        ("skeleton recall", w.skeleton_recall),
+        ("clDice", w.cldice),
+        ("boundary", w.boundary),
+        ("surface", w.surface),
+    ]
+    .into_iter()
+    .filter(|(_, w)| *w > 0.0)
+    .map(|(n, _)| n)
+    .collect();
+    if !on.is_empty() {
+        return Err(Error::Config(format!(
+            "dataset {dataset:?} is trained on regions (sigmoid outputs, BCE + Dice); the {} loss is defined for classes only: leave it off",
+            on.join(", ")
+        )));
     }
-    let num_classes = classes.len();
-    if labelled.is_empty() {
-        return Err(Error::cache(
-            cache_dir,
-            format!("dataset {dataset:?}: none of its {} cases has a label; training needs labelled cases", cases.len()),
-        ));
-    }
-    let ids: Vec<String> = labelled.iter().map(|c| c.0.clone()).collect();
-    let split = choose_split(cache_dir, cfg, &ids)?;
+    Ok(())
+}
+
+/// Case weights name labelled training cases and are finite and not negative.
+fn check_case_weights(
+    cfg: &TrainConfig,
+    split: &Split,
+    labelled: &Entries,
+    dataset: &str,
+) -> Result<()> {
     for (id, w) in &cfg.case_weights {
         if split.val.contains(id) {
             return Err(Error::Config(format!(
@@ -193,6 +273,11 @@ pub(crate) fn open_data(
             )));
         }
     }
+    Ok(())
+}
+
+/// The labelled entries split into (train, validation) by `split`, in case order.
+fn split_entries(labelled: Entries, split: &Split) -> (Entries, Entries) {
     let (mut train, mut val) = (Vec::new(), Vec::new());
     for (id, e) in labelled {
         if split.val.contains(&id) {
@@ -201,14 +286,5 @@ pub(crate) fn open_data(
             train.push((id, e));
         }
     }
-    Ok(Data {
-        dataset,
-        train,
-        val,
-        num_classes,
-        channels,
-        preprocessing,
-        classes,
-        unlabelled,
-    })
+    (train, val)
 }

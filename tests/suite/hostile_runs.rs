@@ -277,3 +277,37 @@ fn a_mixed_byte_order_header_is_written_in_one_order_and_a_damaged_output_is_red
         [nx, ny, nz]
     );
 }
+
+#[test]
+fn a_cache_of_unlabelled_cases_is_refused_by_train_with_a_message() {
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("data");
+    std::fs::create_dir_all(data.join("imagesTr")).unwrap();
+    for id in ["vessels_003", "vessels_004"] {
+        let name = format!("{id}_0000.nii.gz");
+        std::fs::copy(
+            bundled_data().join("imagesTr").join(&name),
+            data.join("imagesTr").join(&name),
+        )
+        .unwrap();
+    }
+    let cache = t.path().join("cache");
+    common::fixtures::build(&data, &cache, &[]);
+    let out = t.path().join("run");
+    let o = common::fixtures::run(
+        "train",
+        &[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--no-progress",
+        ],
+    );
+    let said = text(&o);
+    // Refused as bad input (exit 2), not a panic (exit 101), naming the problem.
+    assert_eq!(o.status.code(), Some(2), "{said}");
+    assert!(said.contains("none of its 2 cases has a label"), "{said}");
+}
