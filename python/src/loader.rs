@@ -14,6 +14,7 @@ use voxcache::train::augment::AugmentConfig;
 use voxcache::train::classes::{ClassMap, IGNORE};
 use voxcache::train::deep_supervision::downsample_labels;
 use voxcache::train::loader::{Loader, LoaderConfig};
+use voxcache::train::loss::region_membership;
 use voxcache::train::sampler::{Sampler, SamplerConfig, Shard};
 
 use crate::cache::Cache;
@@ -40,7 +41,7 @@ pub(crate) struct PatchLoader {
 const IGNORE_INDEX: i64 = -100;
 
 /// The trainer's classes of dataset `name`: the values every labelled case holds, named and
-/// completed by its dataset.json, in value order (as `train` maps them).
+/// completed by its dataset.json, in value order (as `train` maps them); or its regions.
 fn dataset_classes(reader: &CacheReader, name: &str) -> voxcache::Result<ClassMap> {
     let mut present = std::collections::BTreeSet::from([0u16]);
     for c in reader.cases(name)? {
@@ -50,14 +51,7 @@ fn dataset_classes(reader: &CacheReader, name: &str) -> voxcache::Result<ClassMa
         }
     }
     let described = reader.dataset(name)?.dataset_json.as_ref();
-    let map = ClassMap::new(&present, described, &format!("dataset {name:?}"))?;
-    if map.labels().is_regions() {
-        return Err(voxcache::Error::Config(format!(
-            "dataset {name:?} is labelled in regions: targets=True gives class indices, which \
-             regions do not have; use the label values (batch[\"label\"])"
-        )));
-    }
-    Ok(map)
+    ClassMap::new(&present, described, &format!("dataset {name:?}"))
 }
 
 #[pymethods]
@@ -191,6 +185,20 @@ impl PatchLoader {
         })
     }
 
+    /// With `targets=True` on a dataset labelled in regions: the regions `target`'s channels
+    /// are, in order: `(name, label values)`.
+    #[getter]
+    fn regions(&self) -> Option<Vec<(String, Vec<u16>)>> {
+        let labels = self.classes.as_ref()?.labels();
+        labels.is_regions().then(|| {
+            labels
+                .regions()
+                .iter()
+                .map(|r| (r.name.clone(), r.values.clone()))
+                .collect()
+        })
+    }
+
     /// The case ids patches are drawn from, in the order `case` indexes.
     #[getter]
     fn case_ids(&self) -> Vec<String> {
@@ -242,19 +250,24 @@ impl PatchLoader {
         let [z, y, x] = self.patch;
         let b = self.batch;
         let d = PyDict::new(py);
-        if let Some(mut t) = target {
-            let full = t.remove(0);
-            d.set_item(
-                "target",
-                PyArray1::from_vec(py, full).reshape([b, z, y, x])?,
-            )?;
-            if !self.deep_supervision.is_empty() {
-                let mut levels = Vec::with_capacity(t.len());
-                for (coarse, f) in t.into_iter().zip(&self.deep_supervision) {
-                    let shape = [b, z / f[0], y / f[1], x / f[2]];
-                    levels.push(PyArray1::from_vec(py, coarse).reshape(shape)?);
-                }
-                d.set_item("target_ds", levels)?;
+        if let Some(t) = target {
+            let mut levels = Vec::with_capacity(t.len());
+            let factors = std::iter::once(&[1, 1, 1]).chain(&self.deep_supervision);
+            for (level, f) in t.into_iter().zip(factors) {
+                let spatial = [z / f[0], y / f[1], x / f[2]];
+                levels.push(match level {
+                    Target::Classes(v) => PyArray1::from_vec(py, v)
+                        .reshape([b, spatial[0], spatial[1], spatial[2]])?
+                        .into_any(),
+                    Target::Regions(v, c) => PyArray1::from_vec(py, v)
+                        .reshape([b, c, spatial[0], spatial[1], spatial[2]])?
+                        .into_any(),
+                });
+            }
+            let rest = levels.split_off(1);
+            d.set_item("target", levels.remove(0))?;
+            if !rest.is_empty() {
+                d.set_item("target_ds", rest)?;
             }
         }
         d.set_item(
@@ -285,23 +298,55 @@ impl PatchLoader {
 }
 
 impl PatchLoader {
-    /// The batch's labels as the trainer's targets: class indices at the patch's resolution,
-    /// then at each deep-supervision factor (pooled as the trainer pools them).
-    fn targets(&self, map: &ClassMap, label: &[u16]) -> voxcache::Result<Vec<Vec<i64>>> {
+    /// The batch's labels as the trainer's targets, at the patch's resolution, then at each
+    /// deep-supervision factor (pooled as the trainer pools them): class indices, or with
+    /// regions each region's membership.
+    fn targets(&self, map: &ClassMap, label: &[u16]) -> voxcache::Result<Vec<Target>> {
         let mut mapped = label.to_vec();
         map.map(&mut mapped)?;
         let mut out = Vec::with_capacity(1 + self.deep_supervision.len());
+        out.push(self.target(map, mapped.clone()));
         for &f in &self.deep_supervision {
             let (coarse, _) = downsample_labels(&mapped, self.batch, self.patch, f);
-            out.push(as_index(coarse));
+            out.push(self.target(map, coarse));
         }
-        out.insert(0, as_index(mapped));
         Ok(out)
+    }
+
+    /// One level's target from its class indices.
+    fn target(&self, map: &ClassMap, classes: Vec<u16>) -> Target {
+        if !map.labels().is_regions() {
+            return Target::Classes(as_index(classes));
+        }
+        // As nnU-Net's region targets: one channel per region, and with an ignore label a
+        // last channel marking it (its DC_and_BCE_loss takes the mask from there).
+        let regions = map.region_classes();
+        let (mut planes, _) = region_membership(&classes, self.batch, regions, Some(IGNORE));
+        let channels = regions.len() + usize::from(map.labels().ignore().is_some());
+        if channels > regions.len() {
+            let v = classes.len() / self.batch;
+            let r = regions.len();
+            let mut with_mask = Vec::with_capacity(self.batch * channels * v);
+            for (b, labels) in classes.chunks_exact(v).enumerate() {
+                with_mask.extend_from_slice(&planes[b * r * v..(b + 1) * r * v]);
+                with_mask.extend(labels.iter().map(|&c| u8::from(c == IGNORE)));
+            }
+            planes = with_mask;
+        }
+        Target::Regions(planes, channels)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Loader> {
         self.loader.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// One level's target.
+enum Target {
+    /// Class indices, int64, the ignore label [`IGNORE_INDEX`].
+    Classes(Vec<i64>),
+    /// Region membership, uint8, and its channels (the regions, then the ignore label's).
+    Regions(Vec<u8>, usize),
 }
 
 /// Class indices (the ignore label [`IGNORE`]) as int64, the ignore label [`IGNORE_INDEX`].

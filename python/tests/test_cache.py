@@ -197,6 +197,69 @@ def test_targets_are_the_trainers_class_indices(tmp_path):
         voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 2, targets=True, deep_supervision=[(3, 2, 2)])
 
 
+def test_region_targets_are_nnunets(tmp_path):
+    """A BraTS-style dataset (regions 1+2+3, 2+3, 3; ignore label 4): ``target`` is each
+    region's membership, then the ignore label's channel, at every deep-supervision level."""
+    nib = pytest.importorskip("nibabel")
+    data = tmp_path / "data"
+    (data / "imagesTr").mkdir(parents=True)
+    (data / "labelsTr").mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(2):
+        image = rng.normal(size=(32, 32, 16)).astype(np.float32)
+        label = np.zeros((32, 32, 16), np.uint8)
+        label[4:28, 4:28, 2:14] = 1
+        label[8:24, 8:24, 4:12] = 3
+        label[12:20, 12:20, 6:10] = 2
+        label[0:3, :, :] = 4
+        affine = np.eye(4)
+        nib.save(nib.Nifti1Image(image, affine), data / "imagesTr" / f"b_{i:03d}_0000.nii.gz")
+        nib.save(nib.Nifti1Image(label, affine), data / "labelsTr" / f"b_{i:03d}.nii.gz")
+    (data / "dataset.json").write_text(json.dumps({
+        "channel_names": {"0": "FLAIR"},
+        "labels": {"background": 0, "whole tumor": [1, 2, 3], "tumor core": [2, 3],
+                   "enhancing tumor": 3, "ignore": 4},
+        "regions_class_order": [1, 2, 3], "numTraining": 2, "file_ending": ".nii.gz"}))
+    voxcache.build_cache(data, tmp_path / "cache")
+    factors = [(1, 2, 2), (2, 4, 4)]
+    loader = voxcache.PatchLoader(tmp_path / "cache", (8, 16, 16), 3, targets=True, steps=4,
+                                  seed=3, deep_supervision=factors)
+    regions = [[1, 2, 3], [2, 3], [3]]
+    assert loader.regions == [("whole tumor", regions[0]), ("tumor core", regions[1]),
+                              ("enhancing tumor", regions[2])]
+
+    def membership(label, ignored):
+        planes = [np.isin(label, r) & ~ignored for r in regions] + [ignored]
+        return np.stack(planes, axis=1).astype(np.uint8)
+
+    def pooled(t, f):
+        """The trainer's pooling of class indices (here the label values), -100 ignored."""
+        b, z, y, x = t.shape
+        blocks = t.reshape(b, z // f[0], f[0], y // f[1], f[1], x // f[2], f[2])
+        blocks = blocks.transpose(0, 1, 3, 5, 2, 4, 6).reshape(b, z // f[0], y // f[1], x // f[2], -1)
+        out = np.zeros(blocks.shape[:4], np.int64)
+        for idx in np.ndindex(*blocks.shape[:4]):
+            v = blocks[idx]
+            fg = v[v > 0]
+            if fg.size:
+                out[idx] = int(np.argmax(np.bincount(fg)))
+            elif (v == -100).all():
+                out[idx] = -100
+        return out
+
+    seen = np.zeros(4, bool)
+    for b in loader:
+        label = b["label"].astype(np.int64)
+        assert b["target"].dtype == np.uint8 and b["target"].shape == (3, 4, 8, 16, 16)
+        np.testing.assert_array_equal(b["target"], membership(label, label == 4))
+        seen |= b["target"].any(axis=(0, 2, 3, 4))
+        classes = np.where(label == 4, -100, label)
+        for t, f in zip(b["target_ds"], factors):
+            p = pooled(classes, f)
+            np.testing.assert_array_equal(t, membership(p, p == -100))
+    assert seen.all()
+
+
 def test_a_fold_draws_only_its_cases(cache):
     ids = ["vessels_002", "vessels_007"]
     loader = voxcache.PatchLoader(cache, (8, 32, 32), 4, cases=ids, steps=5)

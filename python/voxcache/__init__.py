@@ -260,7 +260,11 @@ class PatchLoader:
       class indices: every value the dataset's labelled cases hold (named and completed by its
       dataset.json) in value order, background 0, so 0, 2, 5 train as classes 0, 1, 2; the
       ignore label as -100 (PyTorch's ``ignore_index``). ``classes`` lists ``(value, name)`` per
-      index. For class datasets (regions have no class index).
+      index. A dataset labelled in regions (dataset.json's BraTS-style label lists) gets
+      ``target`` uint8 (B, R, z, y, x) instead: 1 where a voxel's label is one of region r's,
+      for a sigmoid per region (``.float()`` for ``BCEWithLogitsLoss`` or MONAI's
+      ``DiceLoss(sigmoid=True)``); with an ignore label, a last channel marks it (0 in every
+      region there), as nnU-Net's region targets do. ``regions`` lists ``(name, values)``.
     - ``deep_supervision``: with ``targets``, factors (z, y, x) that each divide the patch,
       e.g. ``[(1, 2, 2), (2, 4, 4)]``: ``target_ds`` holds the target at each, pooled as the
       trainer pools it (a coarse voxel is foreground when any fine voxel is, the class most of
@@ -333,6 +337,12 @@ class PatchLoader:
     def classes(self) -> Optional[List[Tuple[int, str]]]:
         """With ``targets=True``: ``(label value, name)`` of each class index, in order."""
         return self._inner.classes
+
+    @property
+    def regions(self) -> Optional[List[Tuple[str, List[int]]]]:
+        """With ``targets=True`` on a dataset labelled in regions: ``(name, label values)`` of
+        each of ``target``'s region channels, in order."""
+        return self._inner.regions
 
     def __iter__(self):
         return self._inner

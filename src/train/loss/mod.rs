@@ -21,5 +21,5 @@ pub use distance::{
     boundary, predicted_distance_squared, surface, surface_composed, surface_weighted,
 };
 pub use objective::{LossObjective, LossValue};
-pub use regions::{bce_dice, region_targets};
+pub use regions::{bce_dice, region_membership, region_targets};
 pub use skeleton::{cldice, skeleton_recall, soft_skeleton, CLDICE_ITERATIONS};

@@ -11,6 +11,50 @@ use candle_core::{DType, Device, Tensor};
 use super::dice_ce::{batch_dice_loss, LossParts};
 use crate::error::{Error, Result};
 
+/// Region membership of `labels` (N patches of V voxels each, laid out (N, V)): (N, R, V), 1
+/// where a voxel's value is one of region r's, 0 elsewhere and wherever it holds `ignore`; and
+/// whether any voxel holds `ignore`. The targets of the loss, and of Python's loader.
+pub fn region_membership(
+    labels: &[u16],
+    n: usize,
+    regions: &[Vec<u16>],
+    ignore: Option<u16>,
+) -> (Vec<u8>, bool) {
+    let v = labels.len() / n.max(1);
+    let r = regions.len();
+    // Membership of every value met, looked up once per value.
+    let top = labels
+        .iter()
+        .copied()
+        .filter(|&l| Some(l) != ignore)
+        .max()
+        .unwrap_or(0) as usize;
+    let member: Vec<Vec<bool>> = (0..=top)
+        .map(|value| {
+            regions
+                .iter()
+                .map(|reg| reg.contains(&(value as u16)))
+                .collect()
+        })
+        .collect();
+    let mut out = vec![0u8; n * r * v];
+    let mut any_ignored = false;
+    for b in 0..n {
+        for (i, &l) in labels[b * v..(b + 1) * v].iter().enumerate() {
+            if Some(l) == ignore {
+                any_ignored = true;
+                continue;
+            }
+            for (k, &m) in member[l as usize].iter().enumerate() {
+                if m {
+                    out[(b * r + k) * v + i] = 1;
+                }
+            }
+        }
+    }
+    (out, any_ignored)
+}
+
 /// (N, R, D, H, W) targets of `labels` (raw label-file values, laid out (N, D, H, W)): 1 where
 /// a voxel's value is one of region r's. A voxel holding `ignore` is 0 in every region; the
 /// mask (N, 1, D, H, W), returned when any voxel is ignored, is 0 there.
@@ -30,36 +74,8 @@ pub fn region_targets(
         )));
     }
     let r = regions.len();
-    // Membership of every value met, looked up once per value.
-    let top = labels
-        .iter()
-        .copied()
-        .filter(|&l| Some(l) != ignore)
-        .max()
-        .unwrap_or(0) as usize;
-    let member: Vec<Vec<bool>> = (0..=top)
-        .map(|value| {
-            regions
-                .iter()
-                .map(|reg| reg.contains(&(value as u16)))
-                .collect()
-        })
-        .collect();
-    let mut out = vec![0f32; n * r * v];
-    let mut any_ignored = false;
-    for b in 0..n {
-        for (i, &l) in labels[b * v..(b + 1) * v].iter().enumerate() {
-            if Some(l) == ignore {
-                any_ignored = true;
-                continue;
-            }
-            for (k, &m) in member[l as usize].iter().enumerate() {
-                if m {
-                    out[(b * r + k) * v + i] = 1.0;
-                }
-            }
-        }
-    }
+    let (member, any_ignored) = region_membership(labels, n, regions, ignore);
+    let out: Vec<f32> = member.into_iter().map(f32::from).collect();
     let shape5 = |c: usize| (n, c, spatial[0], spatial[1], spatial[2]);
     let target = Tensor::from_vec(out, shape5(r), dev)?;
     let mask = match any_ignored {

@@ -47,6 +47,11 @@ fn resolve(module: &str, name: &str) -> Result<Callable, String> {
     })
 }
 
+/// Why an opcode is refused.
+fn refused_opcode(op: u8) -> String {
+    format!("opcode 0x{op:02x}: not one torch.save writes for a checkpoint")
+}
+
 pub(super) struct Parser<'a> {
     pub(super) data: &'a [u8],
     pub(super) pos: usize,
@@ -238,9 +243,21 @@ impl Parser<'_> {
             0x95 => {
                 self.bytes(8)?; // FRAME: a length hint only
             }
-            b'}' => self.make(Value::Dict(Vec::new()))?,
-            b']' => self.make(Value::List(Vec::new()))?,
-            b')' => self.make(Value::Tuple(Box::new([])))?,
+            b'(' | b'q' | b'r' | 0x94 | b'h' | b'j' | b'0' | b'1' | b'2' => self.stack_op(op)?,
+            b'J' | b'K' | b'M' | 0x8a | b'G' | b'N' | 0x88 | 0x89 => self.scalar_op(op)?,
+            0x8c | b'X' | 0x8d | b'C' | b'B' | 0x8e => self.string_op(op)?,
+            b'}' | b']' | b')' | 0x85..=0x87 | b't' | b'l' | b'd' => self.container_op(op)?,
+            b'a' | b'e' | b's' | b'u' => self.container_op(op)?,
+            b'c' | 0x93 | b'R' | 0x81 | b'b' | b'Q' => self.object_op(op)?,
+            b'.' => return self.pop().map(Some),
+            other => return Err(refused_opcode(other)),
+        }
+        Ok(None)
+    }
+
+    /// `MARK`, the memo, `POP` and `DUP`: opcodes that move ids and never make a value.
+    fn stack_op(&mut self, op: u8) -> Step<()> {
+        match op {
             b'(' => {
                 if self.marks.len() >= self.limits.max_depth {
                     return Err(format!(
@@ -250,6 +267,45 @@ impl Parser<'_> {
                 }
                 self.marks.push(self.stack.len());
             }
+            b'q' => {
+                let k = self.u8()?;
+                self.memo_put(k.into())?
+            }
+            b'r' => {
+                let k = self.u32()?;
+                self.memo_put(k)?
+            }
+            0x94 => {
+                let k = u32::try_from(self.memo.len()).map_err(|_| "memo too large")?;
+                self.memo_put(k)?
+            }
+            b'h' => {
+                let k = self.u8()?;
+                self.memo_get(k.into())?
+            }
+            b'j' => {
+                let k = self.u32()?;
+                self.memo_get(k)?
+            }
+            b'0' => {
+                self.pop()?;
+            }
+            b'1' => {
+                self.pop_mark()?;
+            }
+            b'2' => {
+                let id = self.top()?;
+                self.push(id)?
+            }
+            // `step` sends no other opcode here.
+            other => return Err(refused_opcode(other)),
+        }
+        Ok(())
+    }
+
+    /// Ints, floats, `None`, `True` and `False`.
+    fn scalar_op(&mut self, op: u8) -> Step<()> {
+        match op {
             b'J' => {
                 let v = i32::from_le_bytes(self.array()?);
                 self.make(Value::Int(v.into()))?
@@ -284,6 +340,15 @@ impl Parser<'_> {
             b'N' => self.make(Value::None)?,
             0x88 => self.make(Value::Bool(true))?,
             0x89 => self.make(Value::Bool(false))?,
+            // `step` sends no other opcode here.
+            other => return Err(refused_opcode(other)),
+        }
+        Ok(())
+    }
+
+    /// Text and bytes, each length checked against the input and the text budget.
+    fn string_op(&mut self, op: u8) -> Step<()> {
+        match op {
             0x8c => {
                 let n = self.u8()?;
                 let t = self.text(n.into())?;
@@ -314,6 +379,18 @@ impl Parser<'_> {
                 let b = self.raw_bytes(n)?;
                 self.make(Value::Bytes(b))?
             }
+            // `step` sends no other opcode here.
+            other => return Err(refused_opcode(other)),
+        }
+        Ok(())
+    }
+
+    /// Tuples, lists and dicts: made empty or from the stack, or filled by `APPEND`, `SETITEM`.
+    fn container_op(&mut self, op: u8) -> Step<()> {
+        match op {
+            b'}' => self.make(Value::Dict(Vec::new()))?,
+            b']' => self.make(Value::List(Vec::new()))?,
+            b')' => self.make(Value::Tuple(Box::new([])))?,
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
                 let mut items = vec![ObjId(0); n];
@@ -352,36 +429,15 @@ impl Parser<'_> {
                 let items = self.pop_mark()?;
                 self.set_items(items)?
             }
-            b'q' => {
-                let k = self.u8()?;
-                self.memo_put(k.into())?
-            }
-            b'r' => {
-                let k = self.u32()?;
-                self.memo_put(k)?
-            }
-            0x94 => {
-                let k = u32::try_from(self.memo.len()).map_err(|_| "memo too large")?;
-                self.memo_put(k)?
-            }
-            b'h' => {
-                let k = self.u8()?;
-                self.memo_get(k.into())?
-            }
-            b'j' => {
-                let k = self.u32()?;
-                self.memo_get(k)?
-            }
-            b'0' => {
-                self.pop()?;
-            }
-            b'1' => {
-                self.pop_mark()?;
-            }
-            b'2' => {
-                let id = self.top()?;
-                self.push(id)?
-            }
+            // `step` sends no other opcode here.
+            other => return Err(refused_opcode(other)),
+        }
+        Ok(())
+    }
+
+    /// Globals, calls (`REDUCE`, `NEWOBJ`), `BUILD` and persistent ids; nothing is run.
+    fn object_op(&mut self, op: u8) -> Step<()> {
+        match op {
             b'c' => {
                 let module = self.line()?;
                 let name = self.line()?;
@@ -428,14 +484,10 @@ impl Parser<'_> {
                 let s = self.persistent(pid)?;
                 self.make(Value::Storage(Box::new(s)))?
             }
-            b'.' => return self.pop().map(Some),
-            other => {
-                return Err(format!(
-                    "opcode 0x{other:02x}: not one torch.save writes for a checkpoint"
-                ))
-            }
+            // `step` sends no other opcode here.
+            other => return Err(refused_opcode(other)),
         }
-        Ok(None)
+        Ok(())
     }
 
     fn pairs(&self, items: Vec<ObjId>) -> Step<Vec<(ObjId, ObjId)>> {
