@@ -137,6 +137,24 @@ def test_ranks_together_draw_one_processs_batches(cache, monkeypatch):
         voxcache.PatchLoader(cache, (16, 32, 32), 3, rank=2, world_size=2)
 
 
+def pooled(t, f):
+    """The trainer's pooling of class indices (B, z, y, x; -100 ignored) by factors f, computed
+    another way: a coarse voxel takes the foreground class most of its fine voxels hold (ties to
+    the lower class), else -100 when all are ignored, else 0."""
+    b, z, y, x = t.shape
+    blocks = t.reshape(b, z // f[0], f[0], y // f[1], f[1], x // f[2], f[2])
+    blocks = blocks.transpose(0, 1, 3, 5, 2, 4, 6).reshape(b, z // f[0], y // f[1], x // f[2], -1)
+    out = np.zeros(blocks.shape[:4], np.int64)
+    for idx in np.ndindex(*blocks.shape[:4]):
+        v = blocks[idx]
+        fg = v[v > 0]
+        if fg.size:
+            out[idx] = int(np.argmax(np.bincount(fg)))
+        elif (v == -100).all():
+            out[idx] = -100
+    return out
+
+
 def test_targets_are_the_trainers_class_indices(tmp_path):
     """Labels 0, 2, 5 and an ignore label 9: ``target`` holds classes 0, 1, 2 and -100 where
     the label does, as the trainer maps them."""
@@ -171,21 +189,6 @@ def test_targets_are_the_trainers_class_indices(tmp_path):
     assert voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 4, steps=1).classes is None
 
     # Deep-supervision targets: the pooling rule, computed here another way.
-    def pooled(t, f):
-        b, z, y, x = t.shape
-        blocks = t.reshape(b, z // f[0], f[0], y // f[1], f[1], x // f[2], f[2])
-        blocks = blocks.transpose(0, 1, 3, 5, 2, 4, 6).reshape(b, z // f[0], y // f[1], x // f[2], -1)
-        out = np.zeros(blocks.shape[:4], np.int64)
-        for idx in np.ndindex(*blocks.shape[:4]):
-            v = blocks[idx]
-            fg = v[v > 0]
-            if fg.size:
-                counts = np.bincount(fg)
-                out[idx] = int(np.argmax(counts))  # ties to the lower class
-            elif (v == -100).all():
-                out[idx] = -100
-        return out
-
     factors = [(1, 2, 2), (2, 4, 4)]
     loader = voxcache.PatchLoader(tmp_path / "cache", (8, 24, 24), 2, targets=True, steps=3,
                                   seed=2, deep_supervision=factors)
@@ -231,21 +234,6 @@ def test_region_targets_are_nnunets(tmp_path):
     def membership(label, ignored):
         planes = [np.isin(label, r) & ~ignored for r in regions] + [ignored]
         return np.stack(planes, axis=1).astype(np.uint8)
-
-    def pooled(t, f):
-        """The trainer's pooling of class indices (here the label values), -100 ignored."""
-        b, z, y, x = t.shape
-        blocks = t.reshape(b, z // f[0], f[0], y // f[1], f[1], x // f[2], f[2])
-        blocks = blocks.transpose(0, 1, 3, 5, 2, 4, 6).reshape(b, z // f[0], y // f[1], x // f[2], -1)
-        out = np.zeros(blocks.shape[:4], np.int64)
-        for idx in np.ndindex(*blocks.shape[:4]):
-            v = blocks[idx]
-            fg = v[v > 0]
-            if fg.size:
-                out[idx] = int(np.argmax(np.bincount(fg)))
-            elif (v == -100).all():
-                out[idx] = -100
-        return out
 
     seen = np.zeros(4, bool)
     for b in loader:
