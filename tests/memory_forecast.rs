@@ -87,6 +87,7 @@ fn measure(config: TrainConfig) -> (u64, u64, String) {
         benchmark: true,
         mapped_mib: None,
         blocks: Default::default(),
+        batch_hashes: false,
     };
     let base = LIVE.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);

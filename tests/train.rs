@@ -66,6 +66,7 @@ fn options(run_dir: &Path, config: TrainConfig) -> RunOptions {
         benchmark: false,
         mapped_mib: None,
         blocks: Default::default(),
+        batch_hashes: false,
     }
 }
 

@@ -164,11 +164,21 @@ fn open_view(location: &Path, flags: &[String], fresh: bool) -> voxcache::Result
 pub(crate) struct Cache {
     pub(crate) reader: CacheReader,
     /// Kept while the cache is open: an S3 cache's local tier.
-    _view: LocalView,
+    view: LocalView,
     location: String,
 }
 
 impl Cache {
+    /// The cache's local folder (an S3 cache's local tier).
+    pub(crate) fn local_dir(&self) -> &std::path::Path {
+        &self.view.path
+    }
+
+    /// Where blocks the local folder lacks come from.
+    pub(crate) fn blocks(&self) -> voxcache::cache::store::Blocks {
+        self.view.blocks()
+    }
+
     /// The dataset `name`, or the only one.
     pub(crate) fn dataset_name(&self, name: Option<&str>) -> voxcache::Result<String> {
         let names = self.reader.datasets();
@@ -200,7 +210,7 @@ impl Cache {
             let reader = CacheReader::open_with(&view.path, view.reader_options())?;
             Ok(Cache {
                 reader,
-                _view: view,
+                view,
                 location: location.display().to_string(),
             })
         })

@@ -6,6 +6,7 @@
 mod cache;
 mod errors;
 mod loader;
+mod train_run;
 
 use pyo3::prelude::*;
 

@@ -35,6 +35,8 @@ pub(crate) struct PatchLoader {
     classes: Option<ClassMap>,
     /// Deep-supervision targets: each one's downsampling factor (z, y, x) from the patch.
     deep_supervision: Vec<[usize; 3]>,
+    /// The label values whose signed distance maps `distance` holds, in order.
+    distance: Vec<u16>,
 }
 
 /// Where a voxel of the ignore label lands in `target`: PyTorch's default `ignore_index`.
@@ -84,14 +86,7 @@ impl PatchLoader {
         targets: bool,
         deep_supervision: Vec<[usize; 3]>,
     ) -> PyResult<Self> {
-        for f in &deep_supervision {
-            if (0..3).any(|a| f[a] == 0 || !patch_size[a].is_multiple_of(f[a])) || !targets {
-                return Err(crate::errors::ConfigError::new_err(format!(
-                    "deep_supervision factor {f:?}: each must divide the patch {patch_size:?} \
-                     (z, y, x), and the targets are class indices: give targets=True"
-                )));
-            }
-        }
+        check_deep_supervision(&deep_supervision, patch_size, targets)?;
         let augment = match augment {
             None => AugmentConfig::none(),
             Some(json) => serde_json::from_str::<AugmentConfig>(json)
@@ -171,7 +166,67 @@ impl PatchLoader {
             first_step,
             classes,
             deep_supervision,
+            distance: Vec::new(),
         })
+    }
+
+    /// The batches the `train` run of `args` (train's options, e.g. `["--pipeline", "p.toml",
+    /// "--configuration", "3d_fullres", "--fold", "0", "--seed", "0"]`) draws from this cache:
+    /// its fold's cases, its sampler, augmentation, derived arrays and a cascade's channels,
+    /// batch for batch (`train --batch-hashes` records them to compare). `threads`: default the
+    /// run's `workers`; `steps`: default the run's batches (steps times accumulate);
+    /// `first_step`: the batch to start at; `device`: what a planned patch is planned for.
+    #[staticmethod]
+    #[pyo3(signature = (cache, args, threads = None, steps = None, first_step = 0,
+        targets = false, deep_supervision = Vec::new(), device = "cpu"))]
+    #[allow(clippy::too_many_arguments)]
+    fn for_train(
+        py: Python<'_>,
+        cache: &Cache,
+        args: Vec<String>,
+        threads: Option<usize>,
+        steps: Option<u64>,
+        first_step: u64,
+        targets: bool,
+        deep_supervision: Vec<[usize; 3]>,
+        device: &str,
+    ) -> PyResult<Self> {
+        let run = py
+            .detach(|| crate::train_run::open(cache, &args, threads, first_step, device))
+            .map_err(to_py)?;
+        check_deep_supervision(&deep_supervision, run.patch, targets)?;
+        let b = run.batches;
+        Ok(PatchLoader {
+            loader: Mutex::new(b.loader),
+            ids: b.train_ids,
+            patch: run.patch,
+            batch: run.batch_size,
+            channels: b.channels.len(),
+            steps: Some(steps.unwrap_or(run.total.saturating_sub(first_step))),
+            first_step,
+            classes: targets.then_some(b.classes),
+            deep_supervision,
+            distance: b.distance,
+        })
+    }
+
+    /// The patch size (z, y, x).
+    #[getter]
+    fn patch_size(&self) -> [usize; 3] {
+        self.patch
+    }
+
+    /// Patches a batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.batch
+    }
+
+    /// The label values whose signed distance maps `distance` holds, in order (a run whose
+    /// loss needs them).
+    #[getter]
+    fn distance_labels(&self) -> Vec<u16> {
+        self.distance.clone()
     }
 
     /// With `targets=True`: the classes `target` indexes, in order: `(label value, name)`.
@@ -286,6 +341,20 @@ impl PatchLoader {
         d.set_item("case", cases)?;
         let origin: Vec<i64> = batch.choices.iter().flat_map(|c| c.start_zyx).collect();
         d.set_item("origin", PyArray1::from_vec(py, origin).reshape([b, 3])?)?;
+        let n = z * y * x;
+        if !batch.distance.is_empty() {
+            let k = batch.distance.len() / (b * n);
+            let v = PyArray1::from_vec(py, batch.distance).reshape([b, k, z, y, x])?;
+            d.set_item("distance", v)?;
+        }
+        for (key, v) in [
+            ("skeleton", batch.skeleton),
+            ("centreline", batch.centreline),
+        ] {
+            if !v.is_empty() {
+                d.set_item(key, PyArray1::from_vec(py, v).reshape([b, z, y, x])?)?;
+            }
+        }
         d.set_item("step", batch.step)?;
         Ok(Some(d))
     }
@@ -339,6 +408,23 @@ impl PatchLoader {
     fn lock(&self) -> std::sync::MutexGuard<'_, Loader> {
         self.loader.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Deep-supervision factors must divide the patch, and come with targets.
+fn check_deep_supervision(
+    factors: &[[usize; 3]],
+    patch: [usize; 3],
+    targets: bool,
+) -> PyResult<()> {
+    for f in factors {
+        if (0..3).any(|a| f[a] == 0 || !patch[a].is_multiple_of(f[a])) || !targets {
+            return Err(crate::errors::ConfigError::new_err(format!(
+                "deep_supervision factor {f:?}: each must divide the patch {patch:?} (z, y, x), \
+                 and the targets are class indices: give targets=True"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One level's target.

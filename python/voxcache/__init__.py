@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -324,6 +325,59 @@ class PatchLoader:
             [[int(v) for v in f] for f in deep_supervision],
         )
         self.rank, self.world_size = rank, world_size
+
+    @classmethod
+    def for_train(
+        cls,
+        cache: Union[Cache, PathLike],
+        args: Union[str, Sequence[str]],
+        threads: Optional[int] = None,
+        steps: Optional[int] = None,
+        first_step: int = 0,
+        targets: bool = False,
+        deep_supervision: Sequence[Sequence[int]] = (),
+        device: str = "cpu",
+    ) -> "PatchLoader":
+        """The batches a ``train`` run with the options ``args`` draws from ``cache``: ``train``'s
+        own flags (a list, or one string split as a shell would), e.g. ``["--pipeline",
+        "pipeline.toml", "--configuration", "3d_fullres", "--fold", "0", "--seed", "0"]``,
+        parsed and resolved by the same code as the binary's. The run's fold (or split) chooses
+        the cases; its patch, batch size, sampler, augmentation, the derived arrays its loss
+        needs (``distance`` float32 (B, K, z, y, x) for ``distance_labels``, ``skeleton`` and
+        ``centreline`` uint16 (B, z, y, x)) and a cascade's previous-stage channels (the last
+        image channels) are the trainer's, batch for batch: ``train --batch-hashes`` records a
+        hash of each batch the trainer takes, to compare.
+
+        ``threads``: default the run's ``workers``. ``steps``: default the run's batches (its
+        steps times ``accumulate``). ``first_step``: the batch to start at. ``device``: what a
+        planned patch (a pipeline that leaves it to the planner) is planned for, as
+        ``train --device``. ``targets`` and ``deep_supervision`` as for ``PatchLoader``."""
+        if not isinstance(cache, Cache):
+            cache = open(cache)
+        if isinstance(args, str):
+            args = shlex.split(args)
+        self = cls.__new__(cls)
+        self._inner = _voxcache.PatchLoader.for_train(
+            cache._inner,
+            [os.fspath(a) for a in args],
+            threads,
+            steps,
+            first_step,
+            bool(targets),
+            [[int(v) for v in f] for f in deep_supervision],
+            device,
+        )
+        self.cache = cache
+        self.patch_size = tuple(self._inner.patch_size)
+        self.batch_size = self._inner.batch_size
+        self.rank, self.world_size = 0, 1
+        return self
+
+    @property
+    def distance_labels(self) -> List[int]:
+        """The label values whose signed distance maps ``distance`` holds, in order (a
+        ``for_train`` run whose loss needs them; else empty)."""
+        return self._inner.distance_labels
 
     @property
     def case_ids(self) -> List[str]:

@@ -93,6 +93,12 @@ struct Cli {
     /// options, --device, -j, --no-progress, --validation-data and --validation-mirror.
     #[arg(long, requires = "fold")]
     validate_only: bool,
+    /// Write batch_hashes.jsonl in the run folder: one line per batch, its number and a BLAKE3
+    /// hash of its image (f32) and label (u16) bytes, to check that another loader (the Python
+    /// package's `PatchLoader.for_train`) gives this run's batches. Not with --benchmark or
+    /// --validate-only.
+    #[arg(long)]
+    batch_hashes: bool,
 }
 
 fn main() -> ExitCode {
@@ -217,6 +223,7 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
             final_validation: !(fold.is_some() && !cli.no_fold_validation && config.val_every == 0),
             mapped_mib: cli.mapped_mib,
             blocks: view.blocks(),
+            batch_hashes: cli.batch_hashes,
         };
         if let Some(steps) = cli.benchmark {
             return benchmark_main(&opts, steps.max(1), &stop);

@@ -9,7 +9,9 @@
 //!
 //! Morphology by a ball is computed from exact distance transforms (a voxel is within r of a
 //! set when its distance to the set is at most r), so its cost does not grow with the radius.
-//! Outside the patch counts as background, as the binary operators' zero padding does.
+//! Beyond the patch counts as background for the dilation and as foreground for the erosion,
+//! as nnU-Net's operators have it (a zero-padded dilation, and the erosion as the dilation of
+//! the complement).
 
 use crate::error::Result;
 use crate::geometry::components::{Components, Connectivity};
@@ -63,27 +65,17 @@ fn dilate(mask: &[bool], shape: [usize; 3], r: f64) -> Vec<bool> {
     d.iter().map(|&v| v <= r * r).collect()
 }
 
-/// Voxels of `mask` farther than `r` from every voxel outside it, the outside of the patch
-/// included (erosion by a ball of radius `r` voxels).
+/// Voxels of `mask` farther than `r` from every voxel of the patch outside it (erosion by a ball
+/// of radius `r` voxels). Beyond the patch counts as inside, as in nnU-Net's erosion (the
+/// dilation of the complement, zero-padded): a label reaching the patch's edge is not eaten
+/// from there, which with radii up to 8 would empty most of a thin patch.
 fn erode(mask: &[bool], shape: [usize; 3], r: f64) -> Vec<bool> {
     let outside: Vec<bool> = mask.iter().map(|&m| !m).collect();
-    let d = squared_distance_to(&outside, shape, [1.0; 3]);
-    let [nz, ny, nx] = shape;
-    let mut out = vec![false; mask.len()];
-    let edge = |i: usize, n: usize| (i + 1).min(n - i) as f64;
-    for z in 0..nz {
-        for y in 0..ny {
-            for x in 0..nx {
-                let i = (z * ny + y) * nx + x;
-                if !mask[i] {
-                    continue;
-                }
-                let b = edge(z, nz).min(edge(y, ny)).min(edge(x, nx));
-                out[i] = d[i] > r * r && b * b > r * r;
-            }
-        }
+    if !outside.iter().any(|&o| o) {
+        return mask.to_vec();
     }
-    out
+    let d = squared_distance_to(&outside, shape, [1.0; 3]);
+    mask.iter().zip(&d).map(|(&m, &d)| m && d > r * r).collect()
 }
 
 /// `op` by a ball of radius `r` voxels.
@@ -202,7 +194,8 @@ pub fn previous_stage_channels(
 mod tests {
     use super::*;
 
-    /// Morphology by brute force: every voxel against every voxel (outside is background).
+    /// Morphology by brute force: every voxel against every voxel (beyond the patch: background
+    /// to the dilation, foreground to the erosion).
     fn brute(mask: &[bool], shape: [usize; 3], op: Morphology, r: f64) -> Vec<bool> {
         let [_, ny, nx] = shape;
         let at = |i: usize| [i / (ny * nx), (i / nx) % ny, i % nx];
@@ -231,8 +224,8 @@ mod tests {
                                     return true;
                                 }
                                 let inside = (0..3).all(|k| q[k] >= 0 && q[k] < shape[k] as i64);
-                                inside
-                                    && m[(q[0] as usize * ny + q[1] as usize) * nx + q[2] as usize]
+                                !inside
+                                    || m[(q[0] as usize * ny + q[1] as usize) * nx + q[2] as usize]
                             })
                         })
                     })
@@ -291,6 +284,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn erosion_does_not_eat_a_label_from_the_patch_edge() {
+        // A label filling the patch's first 6 slices: nnU-Net's erosion (the zero-padded
+        // dilation of the complement) eats it only from its inner face.
+        let shape = [16, 8, 8];
+        let m: Vec<bool> = (0..16 * 64).map(|i| i / 64 < 6).collect();
+        let e = morphology(&m, shape, Morphology::Erosion, 3.0);
+        let want: Vec<bool> = (0..16 * 64).map(|i| i / 64 < 3).collect();
+        assert_eq!(e, want);
+        // A patch of the label alone is left whole; opening it too.
+        let full = vec![true; 16 * 64];
+        assert_eq!(morphology(&full, shape, Morphology::Erosion, 8.0), full);
+        assert_eq!(morphology(&full, shape, Morphology::Opening, 8.0), full);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //!   resolution, gamma).
 //! - [`augment`]: the augmentation options; intensity, then mirroring, of a read patch.
 //! - [`loader`]: worker threads filling a bounded, ordered queue of batches.
+//! - [`batches`]: a run's batches: its training cases and the trainer's loader over them.
 //! - [`cascade`]: the previous stage's segmentation as input channels, perturbed as nnU-Net's
 //!   cascade perturbs it.
 //! - [`deep_supervision`]: the label patch pooled down to each supervised resolution.
@@ -28,6 +29,7 @@
 //! - [`benchmark`]: `train --benchmark`: step time, data wait and memory of a configuration.
 
 pub mod augment;
+pub mod batches;
 pub mod benchmark;
 pub mod cascade;
 pub mod classes;

@@ -198,6 +198,7 @@ fn train_options(cache: &Path, run_dir: &Path, config: TrainConfig) -> RunOption
         benchmark: false,
         mapped_mib: None,
         blocks: Default::default(),
+        batch_hashes: false,
     }
 }
 

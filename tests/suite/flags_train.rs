@@ -111,6 +111,7 @@ fn table() -> Vec<Row> {
         row("--threads", Some("1"), &all(U, n)),
         row("--no-progress", None, &all(U, n)),
         row("--mapped-mib", Some("64"), &training),
+        row("--batch-hashes", None, &cadence),
         row(
             "--benchmark",
             Some("1"),

@@ -3,11 +3,11 @@
 //! - `--validate-only` trains nothing: it takes `--fold`, `--dataset`, `--out`, the cache and its
 //!   S3 options, `--device`, `-j`, `--no-progress`, `--validation-data` and
 //!   `--validation-mirror`; every training option (the pipeline, the network, the schedule,
-//!   `--splits`...), `--resume`, `--benchmark`, `--no-fold-validation` and `--mapped-mib` are
-//!   refused. With `--fold all` (no held-out case) it is refused itself.
+//!   `--splits`...), `--resume`, `--benchmark`, `--no-fold-validation`, `--mapped-mib` and
+//!   `--batch-hashes` are refused. With `--fold all` (no held-out case) it is refused itself.
 //! - `--benchmark` times fresh weights in a scratch folder: `--resume`, `--out`, `--val-every`,
-//!   `--checkpoint-every`, `--log-every` and the fold-validation options are refused, as is a
-//!   list of several folds (it times one run).
+//!   `--checkpoint-every`, `--log-every`, `--batch-hashes` and the fold-validation options are
+//!   refused, as is a list of several folds (it times one run).
 //! - Without a fold (neither `--fold` nor the pipeline's `fold`): `--splits` and the
 //!   fold-validation options are refused. With one: `--val-fraction` (the fold holds out its own
 //!   cases); with `--fold all` only, `--splits`, `--val-every` and the fold-validation options
@@ -73,11 +73,17 @@ pub fn check(given: &Given, mode: &TrainMode) -> Result<()> {
             .map(String::as_str)
             .filter(|id| !["dataset", "fold"].contains(id))
             .collect();
-        ids.extend(["resume", "benchmark", "no_fold_validation", "mapped_mib"]);
+        ids.extend([
+            "resume",
+            "benchmark",
+            "no_fold_validation",
+            "mapped_mib",
+            "batch_hashes",
+        ]);
         given.refuse(&ids, VALIDATE_ONLY, |id| {
             Some(
                 match id {
-                    "resume" | "benchmark" => "it trains nothing; it validates the fold runs already there",
+                    "resume" | "benchmark" | "batch_hashes" => "it trains nothing; it validates the fold runs already there",
                     "no_fold_validation" => "it runs only the fold validation",
                     "mapped_mib" => "the fold validation predicts from the cases' own files, not the cache's maps",
                     _ => "it trains nothing; it validates the fold runs already there, with the options they were trained with",
@@ -99,13 +105,14 @@ pub fn check(given: &Given, mode: &TrainMode) -> Result<()> {
             "val_every",
             "checkpoint_every",
             "log_every",
+            "batch_hashes",
         ];
         ids.extend(FOLD_VALIDATION);
         given.refuse(&ids, BENCHMARK, |id| {
             Some(
                 match id {
                     "resume" => "it times fresh weights",
-                    "out" => "it keeps no run folder",
+                    "out" | "batch_hashes" => "it keeps no run folder",
                     "val_every" | "checkpoint_every" => {
                         "it neither validates nor writes checkpoints"
                     }

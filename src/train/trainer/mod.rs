@@ -61,6 +61,10 @@ pub struct RunOptions {
     /// Where a block file the cache folder lacks comes from (the local tier's bucket for a
     /// cache on S3; `Default`: a complete folder).
     pub blocks: crate::cache::store::Blocks,
+    /// Write `batch_hashes.jsonl` in the run folder: each batch's
+    /// [`batch_hash`](crate::train::batches::batch_hash), to check another loader against the
+    /// trainer's.
+    pub batch_hashes: bool,
 }
 
 /// What a run did.

@@ -11,7 +11,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::checkpoint::{check_resumable, remark_best_if_stale};
 use super::run_dir::prepare_run_dir;
 use super::{say, RunOptions};
-use crate::cache::reader::EntryReader;
 use crate::error::{Error, Result};
 use crate::format::run::{RunRecord, Split};
 use crate::model::checkpoint::Checkpointer;
@@ -19,15 +18,12 @@ use crate::model::config::Precision;
 use crate::model::device;
 use crate::model::memory;
 use crate::model::unet::UNet;
-use crate::train::augment::AugmentConfig;
-use crate::train::cascade::CascadeAugment;
 use crate::train::config::{OptimizerName, TrainConfig};
 use crate::train::data::{open_data, Data};
-use crate::train::loader::{CascadeInput, Loader, LoaderConfig};
+use crate::train::loader::Loader;
 use crate::train::loss::LossObjective;
 use crate::train::metrics::MetricsLog;
 use crate::train::optim::{Optimizer, OptimizerKind};
-use crate::train::sampler::{Sampler, SamplerConfig};
 use crate::util::sysinfo;
 
 /// Everything a run holds between its steps.
@@ -57,6 +53,8 @@ pub(super) struct Session<'a> {
     pub(super) base_memory: Option<sysinfo::MemoryUse>,
     /// The step's memory as counted from the network's layers.
     pub(super) forecast: memory::StepMemory,
+    /// `batch_hashes.jsonl`, when asked for.
+    pub(super) hashes: Option<std::io::BufWriter<std::fs::File>>,
 }
 
 impl<'a> Session<'a> {
@@ -120,8 +118,13 @@ impl<'a> Session<'a> {
         let metrics_path = opts.run_dir.join("metrics.jsonl");
         // A fresh run also truncates: a folder without checkpoints may hold an abandoned log.
         let log = MetricsLog::open(&metrics_path, Some(start_step))?;
-        let loader = start_loader(cfg, &data, start_step)?;
+        let first_batch = start_step * cfg.accumulate as u64;
+        let loader = crate::train::batches::start_loader(cfg, &data, first_batch)?;
 
+        let hashes = opts
+            .batch_hashes
+            .then(|| open_hashes(&opts.run_dir, start_step > 0))
+            .transpose()?;
         let bar = progress_bar(opts, start_step);
         for n in notices {
             say(&bar, n);
@@ -159,8 +162,25 @@ impl<'a> Session<'a> {
             peak_memory: sysinfo::PeakMemory::start(),
             base_memory,
             forecast,
+            hashes,
         })
     }
+}
+
+/// The run folder's `batch_hashes.jsonl`: appended to on a resumed run, else started anew.
+fn open_hashes(
+    run_dir: &std::path::Path,
+    resumed: bool,
+) -> Result<std::io::BufWriter<std::fs::File>> {
+    let path = run_dir.join("batch_hashes.jsonl");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(resumed)
+        .write(true)
+        .truncate(!resumed)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    Ok(std::io::BufWriter::new(file))
 }
 
 /// What the run folder records of the run: data, classes, channels, preprocessing, the options
@@ -265,61 +285,6 @@ fn network_notice(data: &Data, model: &UNet) -> String {
             .ignore()
             .map(|i| format!("; label {i} ignored"))
             .unwrap_or_default()
-    )
-}
-
-/// The loader's workers over the training cases, positioned at `start_step`'s first batch.
-fn start_loader(cfg: &TrainConfig, data: &Data, start_step: u64) -> Result<Loader> {
-    let accumulate = cfg.accumulate as u64;
-    let train_entries: Vec<EntryReader> = data.train.iter().map(|c| c.1.clone()).collect();
-    let weights: Vec<f64> = data
-        .train
-        .iter()
-        .map(|(id, _)| cfg.case_weights.get(id).copied().unwrap_or(1.0))
-        .collect();
-    let sampler = Sampler::new(
-        &train_entries,
-        weights,
-        SamplerConfig {
-            patch_zyx: cfg.network.patch,
-            batch_size: cfg.batch_size,
-            fg_fraction: cfg.fg_fraction,
-            seed: cfg.network.seed,
-            skip_class: data.classes.labels().ignore(),
-            shard: Default::default(),
-        },
-    )?;
-    let augment = if cfg.augment {
-        cfg.augmentation.clone()
-    } else {
-        AugmentConfig::none()
-    };
-    Loader::start(
-        train_entries,
-        sampler,
-        LoaderConfig {
-            workers: cfg.workers,
-            queue_depth: cfg.queue_depth,
-            augment,
-            skeleton: cfg.loss.skeleton_recall > 0.0,
-            centreline: cfg.loss.cldice > 0.0,
-            distance: if cfg.loss.needs_distance() {
-                data.classes.classes()[1..]
-                    .iter()
-                    .map(|c| c.value)
-                    .collect()
-            } else {
-                Vec::new()
-            },
-            cascade: match data.previous_stage_channels() {
-                0 => None,
-                channels => Some(CascadeInput {
-                    channels,
-                    augment: cfg.augment.then(CascadeAugment::default),
-                }),
-            },
-        },
-        start_step * accumulate,
     )
 }
 

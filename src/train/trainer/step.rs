@@ -2,6 +2,7 @@
 //! summed over them, clipped and applied), and the metrics window the steps add to until the
 //! next log line.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -10,6 +11,7 @@ use super::say;
 use super::setup::Session;
 use crate::error::{Error, Result};
 use crate::model::device;
+use crate::train::batches::batch_hash;
 use crate::train::loss::LossValue;
 use crate::train::metrics::{Record, TrainRecord};
 use crate::train::optim::poly_lr;
@@ -101,6 +103,12 @@ impl Session<'_> {
         for _ in 0..accumulate {
             let (mut batch, waited) = self.loader.next()?;
             window.wait += waited;
+            if let Some(out) = &mut self.hashes {
+                let hash = batch_hash(&batch.image, &batch.label);
+                writeln!(out, "{{\"batch\":{},\"hash\":\"{hash}\"}}", batch.step)
+                    .and_then(|_| out.flush())
+                    .map_err(|e| Error::io(self.opts.run_dir.join("batch_hashes.jsonl"), e))?;
+            }
             let n = batch.batch_size;
             let x = Tensor::from_vec(
                 std::mem::take(&mut batch.image),
