@@ -1,11 +1,11 @@
 //! The cascade's second-stage input: the previous stage's segmentation of a patch as one
 //! channel per foreground label (0 or 1), appended to the image channels. In training it is
-//! perturbed as nnU-Net perturbs it, so the second stage learns to correct the first instead
-//! of copying it: with probability 0.4 a random binary operator (dilation, erosion, opening or
-//! closing by a ball of radius uniform in 1..8 voxels) on each label in random order, a voxel a
-//! label gains leaving every other label; then with probability 0.2 the removal, per label, of
-//! one of its connected components (26 neighbours) chosen at random among those covering under
-//! 15% of the patch.
+//! perturbed as nnU-Net (2.8) perturbs it, so the second stage learns to correct the first
+//! instead of copying it: with probability 0.4 a random binary operator (dilation, erosion,
+//! opening or closing by a ball of radius uniform in 1..8 voxels) on each label with probability
+//! 0.5, labels in random order, a voxel a label gains leaving every other label; then with
+//! probability 0.2 the removal, for each label with probability 0.5, of one of its connected
+//! components (26 neighbours) chosen at random among those covering under 15% of the patch.
 //!
 //! Morphology by a ball is computed from exact distance transforms (a voxel is within r of a
 //! set when its distance to the set is at most r), so its cost does not grow with the radius.
@@ -29,16 +29,19 @@ pub struct CascadeAugment {
     pub component_prob: f64,
     /// A component covering this share of the patch or more is never removed.
     pub component_max_share: f64,
+    /// Probability of each label's perturbation, in a patch drawn for one.
+    pub label_prob: f64,
 }
 
 impl Default for CascadeAugment {
-    /// nnU-Net v2's trainer: 0.4, radius 1 to 8, 0.2, 15%.
+    /// nnU-Net v2's trainer: 0.4, radius 1 to 8, 0.2, 15%, each label 0.5.
     fn default() -> Self {
         CascadeAugment {
             binary_prob: 0.4,
             radius: [1.0, 8.0],
             component_prob: 0.2,
             component_max_share: 0.15,
+            label_prob: 0.5,
         }
     }
 }
@@ -153,6 +156,9 @@ pub fn previous_stage_channels(
     if let Some((cfg, rng)) = augment {
         if rng.chance(cfg.binary_prob) {
             for c in shuffled(masks.len(), rng) {
+                if !rng.chance(cfg.label_prob) {
+                    continue;
+                }
                 let op = [
                     Morphology::Dilation,
                     Morphology::Erosion,
@@ -178,7 +184,7 @@ pub fn previous_stage_channels(
         if rng.chance(cfg.component_prob) {
             let max_voxels = cfg.component_max_share * prev.len() as f64;
             for c in shuffled(masks.len(), rng) {
-                if masks[c].iter().any(|&m| m) {
+                if rng.chance(cfg.label_prob) && masks[c].iter().any(|&m| m) {
                     remove_component(&mut masks[c], shape, max_voxels, rng)?;
                 }
             }
@@ -315,6 +321,7 @@ mod tests {
         let cfg = CascadeAugment {
             binary_prob: 1.0,
             component_prob: 1.0,
+            label_prob: 1.0,
             ..Default::default()
         };
         let mut changed = false;
