@@ -82,6 +82,11 @@ pub struct StateExtra {
     pub dataset: Option<String>,
     /// Output classes of the model, background included.
     pub num_classes: Option<usize>,
+    /// The BLAKE3 hash (hex) of each file of the checkpoint folder written before this state,
+    /// by file name: a file changed or damaged since is refused on load (absent in older
+    /// states).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files: std::collections::BTreeMap<String, String>,
 }
 
 /// `state.json`: everything besides the tensors that a resumed run needs.

@@ -147,14 +147,8 @@ fn with_weights(
     })?;
     // NaN or infinite weights predict one class everywhere: refuse them, naming the tensor.
     for (name, v) in model.params() {
-        let finite = v
-            .as_tensor()
-            .abs()
-            .and_then(|t| t.sum_all())
-            .and_then(|t| t.to_dtype(candle_core::DType::F32))
-            .and_then(|t| t.to_scalar::<f32>())
-            .is_ok_and(f32::is_finite);
-        if !finite {
+        let bad = non_finite(v.as_tensor()).unwrap_or(usize::MAX);
+        if bad > 0 {
             return Err(Error::Train(format!(
                 "{}: tensor {name} holds NaN or infinite values",
                 weights.display()
@@ -162,6 +156,16 @@ fn with_weights(
         }
     }
     Ok(model)
+}
+
+/// How many of a tensor's values are NaN or infinite, value by value: a sum of magnitudes
+/// would overflow on large finite weights and refuse them.
+fn non_finite(t: &candle_core::Tensor) -> candle_core::Result<usize> {
+    let values = t
+        .flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?;
+    Ok(values.iter().filter(|v| !v.is_finite()).count())
 }
 
 impl LoadedModel {
@@ -223,4 +227,18 @@ pub fn load_models(dirs: &[PathBuf], which: &Which, device: &Device) -> Result<V
         return Err(Error::Config("no model given".into()));
     }
     Ok(models)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::non_finite;
+    use candle_core::{Device, Tensor};
+
+    #[test]
+    fn large_finite_weights_are_finite_and_nan_is_not() {
+        let big = Tensor::new(&[3.0e38f32, 3.0e38, -3.0e38, 1.0], &Device::Cpu).unwrap();
+        assert_eq!(non_finite(&big).unwrap(), 0);
+        let bad = Tensor::new(&[1.0f32, f32::NAN, f32::INFINITY], &Device::Cpu).unwrap();
+        assert_eq!(non_finite(&bad).unwrap(), 2);
+    }
 }

@@ -214,7 +214,11 @@ impl Checkpointer {
     /// Load one checkpoint folder; errors name the file at fault.
     pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
         let state_path = dir.join(STATE_FILE);
-        let state = TrainState::read(&state_path)?;
+        let mut state = TrainState::read(&state_path)?;
+        // The hashes belong to the folder, not to the training state the run goes on with.
+        for (file, want) in std::mem::take(&mut state.extra.files) {
+            check_hash(dir, &file, &want)?;
+        }
         let model = load_tensors(&dir.join(MODEL_FILE), device)?;
         let optimizer = load_tensors(&dir.join(OPTIMIZER_FILE), device)?;
         Ok(Checkpoint {
@@ -296,8 +300,17 @@ fn write_files(
     candle_core::safetensors::save(optimizer, &opt_path)
         .map_err(|e| Error::Train(format!("{}: {e}", opt_path.display())))?;
     sync_file(&opt_path)?;
+    let mut written = vec![MODEL_FILE, OPTIMIZER_FILE];
     if let Some(bytes) = record {
         write_synced(&dir.join(crate::format::run::RUN_FILE), bytes)?;
+        written.push(crate::format::run::RUN_FILE);
+    }
+    let mut state = state.clone();
+    for file in written {
+        state
+            .extra
+            .files
+            .insert(file.to_string(), hash_file(&dir.join(file))?);
     }
     // state.json last: a folder with it is complete.
     write_synced(&dir.join(STATE_FILE), &state.to_json())?;
@@ -360,6 +373,35 @@ fn recover(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A file's BLAKE3 hash, hex.
+fn hash_file(path: &Path) -> Result<String> {
+    let mut h = blake3::Hasher::new();
+    let file = fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    h.update_reader(file).map_err(|e| Error::io(path, e))?;
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// `dir/file` hashes to `want`, as state.json recorded when the checkpoint was written.
+fn check_hash(dir: &Path, file: &str, want: &str) -> Result<()> {
+    // state.json names only the files written beside it: nothing outside the folder.
+    let plain = Path::new(file).file_name().is_some_and(|n| n == file);
+    if !plain {
+        return Err(Error::Train(format!(
+            "{}: names the file {file:?}, not a file of its checkpoint folder",
+            dir.join(STATE_FILE).display()
+        )));
+    }
+    let path = dir.join(file);
+    let got = hash_file(&path)?;
+    if got != want {
+        return Err(Error::Train(format!(
+            "{}: its BLAKE3 hash differs from the one state.json recorded when the checkpoint was written ({got} against {want}): the file changed or was damaged since",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 fn remove_any(path: &Path) -> Result<()> {
     let r = if path.is_dir() {
         fs::remove_dir_all(path)
@@ -396,6 +438,7 @@ mod tests {
             extra: StateExtra {
                 dataset: Some("vessels".into()),
                 num_classes: Some(3),
+                ..Default::default()
             },
         }
     }
@@ -440,6 +483,46 @@ mod tests {
             .into_iter()
             .map(|(s, _)| s)
             .collect()
+    }
+
+    #[test]
+    fn a_file_changed_after_the_save_is_refused_by_its_hash() {
+        let run = tempfile::tempdir().unwrap();
+        let ck = Checkpointer::new(run.path(), 3).unwrap();
+        let dir = ck.save(&model(0.5), &optimizer(0.5), &state(7)).unwrap();
+        let recorded: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.join(STATE_FILE)).unwrap()).unwrap();
+        assert_eq!(recorded["extra"]["files"].as_object().unwrap().len(), 2);
+        // One weight's last byte changed: still a valid safetensors file.
+        let path = dir.join(MODEL_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let err = Checkpointer::load(&dir, &Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("model.safetensors") && err.contains("BLAKE3"),
+            "{err}"
+        );
+        // A state naming a file outside its folder is refused, not read.
+        let mut edited = recorded.clone();
+        edited["extra"]["files"] = serde_json::json!({"../../etc/passwd": "00"});
+        fs::write(dir.join(STATE_FILE), serde_json::to_vec(&edited).unwrap()).unwrap();
+        let err = Checkpointer::load(&dir, &Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("not a file of its checkpoint folder"), "{err}");
+        // A state without hashes (an older checkpoint) loads.
+        let mut older = recorded;
+        older["extra"].as_object_mut().unwrap().remove("files");
+        fs::write(dir.join(STATE_FILE), serde_json::to_vec(&older).unwrap()).unwrap();
+        assert_eq!(
+            Checkpointer::load(&dir, &Device::Cpu).unwrap().state,
+            state(7)
+        );
     }
 
     #[test]

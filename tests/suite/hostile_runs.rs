@@ -166,7 +166,8 @@ fn a_tampered_run_record_is_refused_naming_the_file_and_the_field() {
     }
 }
 
-/// The first f32 tensor's first value in a safetensors file set to NaN.
+/// The first f32 tensor's first value in a safetensors file set to NaN, as a diverged run
+/// would have saved it: the hash state.json records beside it follows.
 fn poison(weights: &Path) {
     let mut bytes = std::fs::read(weights).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -179,7 +180,13 @@ fn poison(weights: &Path) {
         .unwrap();
     let at = 8 + n + t["data_offsets"][0].as_u64().unwrap() as usize;
     bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
-    std::fs::write(weights, bytes).unwrap();
+    std::fs::write(weights, &bytes).unwrap();
+    let state_path = weights.with_file_name("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+    let hash = blake3::hash(&bytes).to_hex().to_string();
+    state["extra"]["files"]["model.safetensors"] = hash.into();
+    std::fs::write(&state_path, state.to_string()).unwrap();
 }
 
 #[test]

@@ -33,6 +33,7 @@ impl Session<'_> {
             extra: StateExtra {
                 dataset: Some(self.data.dataset.clone()),
                 num_classes: Some(self.data.num_classes),
+                ..Default::default()
             },
         };
         let saved = self
