@@ -70,6 +70,10 @@ struct PlanArgs {
 
 fn run_plan(args: PlanArgs) -> Result<Exit> {
     let source = dataset_source(args.data, None, None)?;
+    // The pipeline file goes beside the dataset, never over one of its files.
+    if let (Some(out), voxcache::prep::dataset::DatasetSource::Folder(d)) = (&args.out, &source) {
+        voxcache::util::paths::refuse_overwrite("--out", out, &[("the dataset folder", d)])?;
+    }
     let name = match &source {
         voxcache::prep::dataset::DatasetSource::Folder(d) => d
             .file_name()
@@ -340,6 +344,14 @@ fn run_inspect(args: InspectArgs, given: &Given) -> Result<Exit> {
     }
     let path = view.path.clone();
     if let (Some(case), Some(out)) = (&args.preview, &args.out) {
+        // The picture goes beside a dataset's inputs, never over one of them, and never into
+        // a cache (inspect does not write there).
+        let read = [("the inspected folder", path.as_path())];
+        if path.join("manifest.json").is_file() {
+            voxcache::util::paths::refuse_overlap("--out", out, &read)?;
+        } else {
+            voxcache::util::paths::refuse_overwrite("--out", out, &read)?;
+        }
         let info = inspect::write_preview(&path, case, args.channel, out)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&info)?);

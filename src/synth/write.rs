@@ -38,6 +38,7 @@ pub fn write_dataset_as(
     on_case: impl Fn(usize, &SynthCaseSpec) + Sync,
 ) -> Result<()> {
     validate_specs(specs)?;
+    refuse_foreign(out, specs)?;
     let images = out.join("imagesTr");
     let images_dir = &images;
     let labels = out.join("labelsTr");
@@ -209,6 +210,67 @@ fn dataset_json(specs: &[SynthCaseSpec], seed: u64, layout: SynthLayout) -> Data
         file_ending: ".nii.gz".into(),
         cases,
     }
+}
+
+/// A synthetic dataset goes into a new or empty folder, or over an earlier one with the same
+/// cases: a folder holding anything else (a user's dataset, another preset's cases) is refused
+/// before anything is written, so no file of it is overwritten or mixed with the new cases.
+fn refuse_foreign(out: &Path, specs: &[SynthCaseSpec]) -> Result<()> {
+    let refuse = |why: String| {
+        Err(Error::Config(format!(
+            "--out {}: {why}; prep synth writes a dataset folder of its own: give a new or empty folder",
+            out.display()
+        )))
+    };
+    let Ok(meta) = out.metadata() else {
+        return Ok(());
+    };
+    if !meta.is_dir() {
+        return refuse("it is a file, not a folder".into());
+    }
+    let list = |dir: &Path| -> Result<Vec<String>> {
+        let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+        Ok(rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect())
+    };
+    let top = list(out)?;
+    if top.is_empty() {
+        return Ok(());
+    }
+    let ours = std::fs::read(out.join("dataset.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| {
+            v["name"]
+                .as_str()
+                .map(|n| n.starts_with("voxcache-synthetic"))
+        })
+        .unwrap_or(false);
+    if !ours {
+        return refuse("the folder holds files and no dataset.json that prep synth wrote".into());
+    }
+    let case_file = |name: &str| {
+        specs.iter().any(|s| {
+            name.strip_prefix(s.id.as_str())
+                .is_some_and(|rest| rest.starts_with('_') || rest.starts_with('.'))
+        })
+    };
+    for name in top {
+        match name.as_str() {
+            "dataset.json" => {}
+            "imagesTr" | "labelsTr" => {
+                if let Some(other) = list(&out.join(&name))?.into_iter().find(|f| !case_file(f)) {
+                    return refuse(format!(
+                        "{name}/{other} is not a case this preset writes (an earlier synth of another preset?), and the two would mix"
+                    ));
+                }
+            }
+            other => return refuse(format!("it holds {other}, which prep synth did not write")),
+        }
+    }
+    Ok(())
 }
 
 fn validate_specs(specs: &[SynthCaseSpec]) -> Result<()> {

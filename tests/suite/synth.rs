@@ -456,3 +456,65 @@ fn the_small_preset_reproduces_the_bundled_data() {
         want.keys().filter(|k| k.ends_with(".nii.gz")).count()
     );
 }
+
+/// `prep synth`, `prep plan --out` and `prep inspect --preview --out` write beside a user's
+/// files, never over them: each refuses, naming the file, and leaves every file as it was.
+#[test]
+fn outputs_never_overwrite_a_dataset() {
+    use crate::common::fixtures::{bundled_data, prep, s, text};
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("data");
+    let mut copy = vec![bundled_data()];
+    while let Some(d) = copy.pop() {
+        let to = data.join(d.strip_prefix(bundled_data()).unwrap());
+        std::fs::create_dir_all(&to).unwrap();
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.path().is_dir() {
+                copy.push(e.path());
+            } else {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+    std::fs::write(data.join("notes.txt"), b"mine").unwrap();
+    let before = read_tree(&data);
+    let refused = |args: &[&str], names: &str| {
+        let o = prep(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(names), "{args:?}: {}", text(&o));
+    };
+    let json = data.join("dataset.json");
+    refused(&["plan", s(&data), "--out", s(&json)], "dataset.json");
+    let image = data.join("imagesTr/vessels_003_0000.nii.gz");
+    refused(
+        &[
+            "inspect",
+            s(&data),
+            "--preview",
+            "vessels_003",
+            "--out",
+            s(&image),
+        ],
+        "vessels_003_0000.nii.gz",
+    );
+    // A dataset folder holding other files; another preset's cases.
+    refused(&["synth", "--out", s(&data)], "notes.txt");
+    refused(
+        &["synth", "--preset", "organs", "--out", s(&data)],
+        "not a case this preset writes",
+    );
+    assert!(
+        read_tree(&data) == before,
+        "a refused command changed the dataset"
+    );
+    // Beside the inputs, and over an earlier synth of the same preset, they write.
+    let plan = data.join("plan.toml");
+    assert!(prep(&["plan", s(&data), "--out", s(&plan)])
+        .status
+        .success());
+    let synth = t.path().join("synth");
+    for seed in ["1", "2"] {
+        let o = prep(&["synth", "--out", s(&synth), "--seed", seed]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+}
