@@ -103,6 +103,11 @@ struct Cli {
     /// 32 features).
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// The convolutions' arithmetic: f32, or bf16 (products in bfloat16, sums in f32; on the
+    /// CPU with AVX512-BF16, elsewhere f32). Default: what the model was trained in (f32 for
+    /// nnU-Net models, whose f32 output is nnU-Net's voxel for voxel).
+    #[arg(long, value_name = "f32|bf16")]
+    precision: Option<voxcache::format::training::network::Precision>,
     /// Models made by train: worker threads for preprocessing.
     #[arg(short = 'j', long, default_value_t = 2)]
     jobs: usize,
@@ -296,6 +301,12 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
     cli.inputs.append(&mut cli.input);
     let nnunet = cli.nnunet_model.is_some() || cli.dataset.is_some();
     check_modes(&mut cli, given, nnunet)?;
+    let bf16 = cli.precision == Some(voxcache::format::training::network::Precision::Bf16);
+    if bf16 && cli.device == "cpu" && !voxcache::model::ops::direct::bf16_available() {
+        eprintln!(
+            "note: precision bf16: this CPU has no AVX512-BF16, so its convolutions compute in f32"
+        );
+    }
     let nnunet_dir = match (&cli.nnunet_model, &cli.dataset) {
         (Some(d), _) => Some(d.clone()),
         (None, Some(ds)) => Some(voxcache::infer::nnunet::model::results_dir_from_env(
@@ -323,6 +334,7 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
             step: cli.step_size,
             mirror: !cli.disable_tta,
             batch: cli.batch,
+            precision: cli.precision,
             window_memory: cli.window_memory_mib << 20,
             postprocessing: postprocessing_choice(cli.postprocessing, cli.no_postprocessing),
             save_probabilities: cli.save_probabilities,
@@ -379,6 +391,7 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
         overlap: cli.overlap,
         mirror: cli.mirror,
         batch: cli.batch,
+        precision: cli.precision,
         jobs: cli.jobs,
         save_probabilities: cli.save_probabilities,
         window_memory: cli.window_memory_mib << 20,

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::format::crossval::Postprocessing;
 use crate::format::labels::Labels;
 use crate::format::probabilities::PROBABILITIES_SUFFIX;
+use crate::format::training::network::Precision;
 use crate::format::OutputParams;
 use crate::nifti_io;
 use crate::prep::cache_build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
@@ -262,9 +263,13 @@ impl CaseRun<'_> {
             key: format!(
                 "{}-{}-{}-{}-{}",
                 key,
+                // A member predicted in bf16 is another prediction (f32 keeps the key it had).
                 models
                     .iter()
-                    .map(|m| m.weights_hash.as_str())
+                    .map(|m| match m.network.precision {
+                        Precision::F32 => m.weights_hash.clone(),
+                        p => format!("{}@{p}", m.weights_hash),
+                    })
                     .collect::<Vec<_>>()
                     .join("+"),
                 opts.overlap,

@@ -169,6 +169,15 @@ fn non_finite(t: &candle_core::Tensor) -> candle_core::Result<usize> {
 }
 
 impl LoadedModel {
+    /// Predict with the convolutions' arithmetic `p` instead of the one trained with (the
+    /// network, and its copies loaded again for an ensemble's later members).
+    pub fn set_precision(&mut self, p: crate::format::training::network::Precision) {
+        self.network.precision = p;
+        if let Some(m) = &mut self.model {
+            m.set_precision(p);
+        }
+    }
+
     /// The network with its weights, loaded again from the checkpoint it was opened from.
     pub fn reload(&self, device: &Device) -> Result<UNet> {
         with_weights(

@@ -20,6 +20,7 @@ use super::model_dir::{load_models, LoadedModel, Which};
 use super::postprocess::{self, PostprocessingChoice};
 use crate::error::{Error, Result};
 use crate::format::crossval::Postprocessing;
+use crate::format::training::network::Precision;
 use crate::format::OutputParams;
 use crate::nifti_io;
 use crate::prep::cache_build::previous;
@@ -50,6 +51,8 @@ pub struct PredictOptions {
     pub mirror: bool,
     /// Windows per forward pass.
     pub batch: usize,
+    /// The convolutions' arithmetic for every model (`None`: each model's own, as trained).
+    pub precision: Option<Precision>,
     /// Worker threads of the preprocessing.
     pub jobs: usize,
     /// Also write each case's class probabilities on its input grid (`CASE.probabilities.zarr`).
@@ -220,7 +223,12 @@ pub fn predict(opts: &PredictOptions) -> Result<PredictReport> {
     let started = Instant::now();
     let peak = crate::util::sysinfo::PeakMemory::start();
     let device = crate::model::device::select(&opts.device)?;
-    let models = load_models(&opts.models, &opts.which, &device)?;
+    let mut models = load_models(&opts.models, &opts.which, &device)?;
+    if let Some(p) = opts.precision {
+        for m in &mut models {
+            m.set_precision(p);
+        }
+    }
     let m = &models[0];
     let postprocessing = postprocess::chosen(&opts.postprocessing, &opts.models, &models)?;
     let channels = m.record.channels.len().max(1);

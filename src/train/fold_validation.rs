@@ -209,6 +209,7 @@ pub fn validate_fold(opts: &FoldValidationOptions) -> Result<FoldValidation> {
             overlap: 0.5,
             mirror: opts.mirror,
             batch: 1,
+            precision: None,
             jobs: opts.jobs,
             save_probabilities: true,
             window_memory: 256 << 20,

@@ -72,6 +72,7 @@ fn predict_table() -> Vec<(&'static str, Option<&'static str>, [Fate; 3])> {
         ("--overlap", Some("0.5"), [Applies, Applies, Applies]),
         ("--mirror", None, [Applies, Applies, Applies]),
         ("--batch", Some("1"), [Applies, Applies, Applies]),
+        ("--precision", Some("bf16"), [Applies, Applies, Applies]),
         ("--jobs", Some("1"), [Applies, Refused, Refused]),
         ("--save-probabilities", None, [Applies, Applies, Applies]),
         (

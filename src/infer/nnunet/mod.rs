@@ -23,6 +23,7 @@ use super::sliding::{Flavour, Predictor, Tile};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::format::nnunet::NnunetPostprocessing;
+use crate::format::training::network::Precision;
 use crate::geometry::components::Connectivity;
 use crate::prep::dataset::CaseSource;
 use crate::prep::nnunet::sizes::{case_sizes, check_case};
@@ -51,6 +52,8 @@ pub struct NnunetPredictOptions {
     pub mirror: bool,
     /// Windows per forward pass.
     pub batch: usize,
+    /// The convolutions' arithmetic (`None`: f32, nnU-Net's own output).
+    pub precision: Option<Precision>,
     /// About how many bytes the sliding window's slab may hold.
     pub window_memory: usize,
     /// Which postprocessing decision the segmentations get: `Recorded` is the one in the
@@ -301,7 +304,10 @@ fn predict_case(
     };
     let sliding = Instant::now();
     for k in 0..model.checkpoints.len() {
-        let net = model.fold_network(k, device)?;
+        let mut net = model.fold_network(k, device)?;
+        if let Some(p) = opts.precision {
+            net.set_precision(p);
+        }
         let predictor = Predictor {
             model: &net,
             device,
