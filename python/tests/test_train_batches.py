@@ -133,10 +133,15 @@ def test_cascade_channels_equal_the_cli_trainers(tmp_path):
         np.testing.assert_array_equal(image[:, 1], (b["label"] == 1).astype(np.float32))
 
 
-def test_train_options_are_checked(cache):
+def test_train_options_are_checked(cache, monkeypatch):
     with pytest.raises(voxcache.VoxcacheError, match="--no-such-flag"):
         voxcache.PatchLoader.for_train(cache, ["--no-such-flag"])
     with pytest.raises(voxcache.VoxcacheError, match="give one fold"):
         voxcache.PatchLoader.for_train(cache, run(fold="0,1"))
     with pytest.raises(voxcache.VoxcacheError, match="deep_supervision"):
         voxcache.PatchLoader.for_train(cache, RUN, deep_supervision=[(1, 2, 2)])
+    # Under several ranks every rank would get the one stream: refused.
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(voxcache.VoxcacheError, match="one process's stream"):
+        voxcache.PatchLoader.for_train(cache, RUN)

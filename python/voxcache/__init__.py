@@ -349,9 +349,16 @@ class PatchLoader:
         hash of each batch the trainer takes, to compare.
 
         ``threads``: default the run's ``workers``. ``steps``: default the run's batches (its
-        steps times ``accumulate``). ``first_step``: the batch to start at. ``device``: what a
-        planned patch (a pipeline that leaves it to the planner) is planned for, as
-        ``train --device``. ``targets`` and ``deep_supervision`` as for ``PatchLoader``."""
+        steps times ``accumulate``) from ``first_step`` on. ``first_step``: the batch to start
+        at. ``device``: what a planned patch (a pipeline that leaves it to the planner) is
+        planned for, as ``train --device``. ``targets`` and ``deep_supervision`` as for ``PatchLoader``. One
+        process's stream: refused under torch.distributed with several ranks."""
+        _, world_size = _rank_and_world(None, None)
+        if world_size > 1:
+            raise ConfigError(
+                f"PatchLoader.for_train under {world_size} processes: a train run's batches are one "
+                "process's stream, so every rank would get the same ones; under torch.distributed "
+                "make a PatchLoader, which draws each rank's share")
         if not isinstance(cache, Cache):
             cache = open(cache)
         if isinstance(args, str):

@@ -24,8 +24,8 @@ from . import PatchLoader
 class PatchDataset(IterableDataset):
     """``PatchLoader(cache, **options)`` as torch tensors: ``image`` float32 (B, C, z, y, x),
     ``label`` int64 (B, z, y, x) (the label values), ``case``, ``origin`` and ``step``; with
-    ``targets=True`` ``target`` (and ``target_ds``, a list), and a run's ``distance``,
-    ``skeleton`` and ``centreline`` where its loss needs them."""
+    ``targets=True`` ``target`` (and ``target_ds``, a list), and a run's ``distance`` and
+    ``skeleton`` and ``centreline`` (int64) where its loss needs them."""
 
     def __init__(self, cache, **options: Any):
         super().__init__()
@@ -65,7 +65,8 @@ class PatchDataset(IterableDataset):
         for batch in self._loader():
             out: Dict[str, Any] = {}
             for key, value in batch.items():
-                if key == "label":
+                if key in ("label", "skeleton", "centreline"):
+                    # Label values as int64: torch's uint16 tensors take few operations.
                     out[key] = torch.from_numpy(value.astype("int64"))
                 elif key == "target_ds":
                     out[key] = [torch.from_numpy(v) for v in value]

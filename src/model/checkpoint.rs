@@ -306,6 +306,8 @@ fn write_files(
         written.push(crate::format::run::RUN_FILE);
     }
     let mut state = state.clone();
+    // Only the files written here: a state read back and saved again keeps no older entry.
+    state.extra.files.clear();
     for file in written {
         state
             .extra

@@ -38,7 +38,7 @@ pub fn write_dataset_as(
     on_case: impl Fn(usize, &SynthCaseSpec) + Sync,
 ) -> Result<()> {
     validate_specs(specs)?;
-    refuse_foreign(out, specs)?;
+    refuse_foreign(out, specs, layout)?;
     let images = out.join("imagesTr");
     let images_dir = &images;
     let labels = out.join("labelsTr");
@@ -212,10 +212,11 @@ fn dataset_json(specs: &[SynthCaseSpec], seed: u64, layout: SynthLayout) -> Data
     }
 }
 
-/// A synthetic dataset goes into a new or empty folder, or over an earlier one with the same
-/// cases: a folder holding anything else (a user's dataset, another preset's cases) is refused
-/// before anything is written, so no file of it is overwritten or mixed with the new cases.
-fn refuse_foreign(out: &Path, specs: &[SynthCaseSpec]) -> Result<()> {
+/// A synthetic dataset goes into a new or empty folder, or over an earlier (or interrupted) one
+/// of exactly these cases and channels: a folder holding anything else (a user's dataset,
+/// another preset's cases or channels) is refused before anything is written, so no file of it
+/// is overwritten or mixed with the new cases.
+fn refuse_foreign(out: &Path, specs: &[SynthCaseSpec], layout: SynthLayout) -> Result<()> {
     let refuse = |why: String| {
         Err(Error::Config(format!(
             "--out {}: {why}; prep synth writes a dataset folder of its own: give a new or empty folder",
@@ -230,44 +231,58 @@ fn refuse_foreign(out: &Path, specs: &[SynthCaseSpec]) -> Result<()> {
     }
     let list = |dir: &Path| -> Result<Vec<String>> {
         let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
-        Ok(rd
+        let mut names: Vec<String> = rd
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect())
+            .collect();
+        names.sort();
+        Ok(names)
     };
     let top = list(out)?;
-    if top.is_empty() {
-        return Ok(());
+    // What anything else than the two case folders is (reported first, whatever the order).
+    if let Some(other) = top
+        .iter()
+        .find(|n| !["dataset.json", "imagesTr", "labelsTr"].contains(&n.as_str()))
+    {
+        return refuse(format!("it holds {other}, which prep synth did not write"));
     }
-    let ours = std::fs::read(out.join("dataset.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| {
-            v["name"]
-                .as_str()
-                .map(|n| n.starts_with("voxcache-synthetic"))
-        })
-        .unwrap_or(false);
-    if !ours {
-        return refuse("the folder holds files and no dataset.json that prep synth wrote".into());
+    if top.iter().any(|n| n == "dataset.json") {
+        let want = dataset_json(specs, 0, layout).name;
+        let name = std::fs::read(out.join("dataset.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["name"].as_str().map(str::to_string));
+        if name.as_deref() != Some(want.as_str()) {
+            return refuse(format!(
+                "its dataset.json is not one this preset writes (name {name:?}, not {want:?})"
+            ));
+        }
     }
-    let case_file = |name: &str| {
-        specs.iter().any(|s| {
-            name.strip_prefix(s.id.as_str())
-                .is_some_and(|rest| rest.starts_with('_') || rest.starts_with('.'))
-        })
+    // The exact files this layout writes: its channels of each case, and each case's label.
+    let channels = match layout {
+        SynthLayout::Regions => CONTRASTS.len(),
+        SynthLayout::MultiChannel => 2,
+        _ => 1,
     };
-    for name in top {
-        match name.as_str() {
-            "dataset.json" => {}
-            "imagesTr" | "labelsTr" => {
-                if let Some(other) = list(&out.join(&name))?.into_iter().find(|f| !case_file(f)) {
-                    return refuse(format!(
-                        "{name}/{other} is not a case this preset writes (an earlier synth of another preset?), and the two would mix"
-                    ));
-                }
-            }
-            other => return refuse(format!("it holds {other}, which prep synth did not write")),
+    let mut expected = std::collections::HashSet::new();
+    for s in specs {
+        for c in 0..channels {
+            expected.insert(format!("imagesTr/{}_{c:04}.nii.gz", s.id));
+        }
+        expected.insert(format!("labelsTr/{}.nii.gz", s.id));
+    }
+    for folder in ["imagesTr", "labelsTr"] {
+        if !top.iter().any(|n| n == folder) {
+            continue;
+        }
+        let names = list(&out.join(folder))?;
+        if let Some(other) = names
+            .iter()
+            .find(|f| !expected.contains(&format!("{folder}/{f}")))
+        {
+            return refuse(format!(
+                "{folder}/{other} is not a file this preset writes (an earlier synth of another preset?), and the two would mix"
+            ));
         }
     }
     Ok(())

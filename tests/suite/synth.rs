@@ -497,24 +497,44 @@ fn outputs_never_overwrite_a_dataset() {
         ],
         "vessels_003_0000.nii.gz",
     );
-    // A dataset folder holding other files; another preset's cases.
+    // A dataset folder holding other files.
     refused(&["synth", "--out", s(&data)], "notes.txt");
-    refused(
-        &["synth", "--preset", "organs", "--out", s(&data)],
-        "not a case this preset writes",
-    );
     assert!(
         read_tree(&data) == before,
         "a refused command changed the dataset"
     );
-    // Beside the inputs, and over an earlier synth of the same preset, they write.
+    // Beside the inputs, and over an earlier synth of the same preset (finished or not), they
+    // write.
     let plan = data.join("plan.toml");
     assert!(prep(&["plan", s(&data), "--out", s(&plan)])
         .status
         .success());
     let synth = t.path().join("synth");
-    for seed in ["1", "2"] {
-        let o = prep(&["synth", "--out", s(&synth), "--seed", seed]);
-        assert!(o.status.success(), "{}", text(&o));
-    }
+    let ok = |args: &[&str]| {
+        let o = prep(args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    };
+    ok(&["synth", "--preset", "multichannel", "--out", s(&synth)]);
+    ok(&[
+        "synth",
+        "--preset",
+        "multichannel",
+        "--out",
+        s(&synth),
+        "--seed",
+        "2",
+    ]);
+    std::fs::remove_file(synth.join("dataset.json")).unwrap();
+    ok(&["synth", "--preset", "multichannel", "--out", s(&synth)]);
+    // Another preset's cases or channels would mix with these: refused.
+    let made = read_tree(&synth);
+    refused(&["synth", "--out", s(&synth)], "vessels_000_0001.nii.gz");
+    refused(
+        &["synth", "--preset", "organs", "--out", s(&synth)],
+        "dataset.json",
+    );
+    assert!(
+        read_tree(&synth) == made,
+        "a refused synth changed the folder"
+    );
 }

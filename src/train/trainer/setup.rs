@@ -123,7 +123,7 @@ impl<'a> Session<'a> {
 
         let hashes = opts
             .batch_hashes
-            .then(|| open_hashes(&opts.run_dir, start_step > 0))
+            .then(|| open_hashes(&opts.run_dir, first_batch))
             .transpose()?;
         let bar = progress_bar(opts, start_step);
         for n in notices {
@@ -167,17 +167,29 @@ impl<'a> Session<'a> {
     }
 }
 
-/// The run folder's `batch_hashes.jsonl`: appended to on a resumed run, else started anew.
+/// The run folder's `batch_hashes.jsonl`, its lines from batch `first_batch` on dropped (a
+/// resumed run trains them again and writes them anew; a fresh run starts it empty).
 fn open_hashes(
     run_dir: &std::path::Path,
-    resumed: bool,
+    first_batch: u64,
 ) -> Result<std::io::BufWriter<std::fs::File>> {
     let path = run_dir.join("batch_hashes.jsonl");
+    let kept: String = match std::fs::read_to_string(&path) {
+        Ok(text) if first_batch > 0 => text
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .and_then(|v| v["batch"].as_u64())
+                    .is_some_and(|b| b < first_batch)
+            })
+            .map(|l| format!("{l}\n"))
+            .collect(),
+        _ => String::new(),
+    };
+    std::fs::write(&path, kept).map_err(|e| Error::io(&path, e))?;
     let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(resumed)
-        .write(true)
-        .truncate(!resumed)
+        .append(true)
         .open(&path)
         .map_err(|e| Error::io(&path, e))?;
     Ok(std::io::BufWriter::new(file))
