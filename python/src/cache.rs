@@ -116,6 +116,7 @@ pub(crate) fn build_cache(
             quiet: true,
             fixed_params: None,
             previous_stage: args.previous_stage,
+            nnunet: None,
         };
         let report = build(&opts)?;
         Ok(serde_json::to_string(&report).unwrap_or_default())

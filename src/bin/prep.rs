@@ -17,6 +17,7 @@ use voxcache::config::settings::{cache_apart, dataset_source, resolve};
 use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};
 use voxcache::inspect::dataset_report::render_plan;
+use voxcache::prep::cache_build::nnunet::NnunetSource;
 use voxcache::prep::cache_build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
 
 use voxcache::synth;
@@ -154,6 +155,12 @@ struct BuildArgs {
     /// No progress bar. Not with --dry-run.
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Preprocess as nnU-Net does for this plans file (nnUNetPlans.json) and its
+    /// --configuration (default 3d_fullres): its crop, normalization and resampling on its
+    /// transposed grid, for training nnU-Net's network on this cache. Not with --pipeline,
+    /// --spacing, --normalization, --previous-stage, --dry-run or an s3:// cache.
+    #[arg(value_parser = local_path, long, value_name = "PLANS.json")]
+    nnunet_plans: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -207,9 +214,22 @@ fn print_summary(r: &BuildReport) {
 
 fn run_build(args: BuildArgs, given: &Given) -> Result<Exit> {
     // An option the build does not take is refused before anything is read.
-    voxcache::config::modes::build::check(given, args.dry_run)?;
+    let on_s3 = matches!(
+        voxcache::remote::Location::parse(&args.cache_dir)?,
+        voxcache::remote::Location::S3(_)
+    );
+    voxcache::config::modes::build::check(given, args.dry_run, args.nnunet_plans.is_some(), on_s3)?;
     let remote = args.s3.options_for(&args.cache_dir, false)?;
-    let settings = resolve(&args.settings)?;
+    // With nnU-Net's plans, --configuration names one of its configurations.
+    let mut flags = args.settings.clone();
+    let nnunet = args.nnunet_plans.map(|plans| NnunetSource {
+        plans,
+        configuration: flags
+            .configuration
+            .take()
+            .unwrap_or_else(|| "3d_fullres".into()),
+    });
+    let settings = resolve(&flags)?;
     let source = dataset_source(args.data, args.images, args.labels)?;
     if !args.dry_run {
         cache_apart(&args.cache_dir, &source, args.previous_stage.as_deref())?;
@@ -227,6 +247,7 @@ fn run_build(args: BuildArgs, given: &Given) -> Result<Exit> {
         quiet: args.quiet,
         fixed_params: None,
         previous_stage: args.previous_stage,
+        nnunet,
     };
     let report = build_cache(&opts)?;
     if args.json {

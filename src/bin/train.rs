@@ -185,6 +185,12 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
         },
     )?;
     let view = open_cache(&mut cli)?;
+    if !cli.no_fold_validation && folds.iter().any(Option::is_some) {
+        voxcache::train::fold_validation::check_validatable(
+            &cli.cache_dir,
+            config.dataset.as_deref(),
+        )?;
+    }
     set_threads(cli.threads)?;
     // Planned again on --resume: the plan depends only on the cache and the machine's memory
     // (--validate-only trains nothing: nothing to plan).

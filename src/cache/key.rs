@@ -53,6 +53,7 @@ mod tests {
             fg_samples: 10_000,
             seed: 1234,
             derived: DerivedArrays::default(),
+            nnunet: None,
         };
         let a = blake3::hash(b"image");
         let b = blake3::hash(b"label");

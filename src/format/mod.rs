@@ -51,7 +51,8 @@ pub use normalization::{
     AppliedNormalization, ForegroundStats, IntensityStats, Normalization, SchemeStatistics,
 };
 pub use params::{
-    ChannelParams, ChunkLayout, Compression, DerivedArrays, ImageDtype, OutputParams,
+    ChannelParams, ChunkLayout, Compression, DerivedArrays, ImageDtype, NnunetPreprocessing,
+    OutputParams,
 };
 
 /// Bumped whenever the bytes or the schema of an entry change for the same parameters.

@@ -208,6 +208,27 @@ pub struct OutputParams {
     pub seed: u64,
     /// The label-derived arrays built beside the label.
     pub derived: DerivedArrays,
+    /// Set when the entries are nnU-Net's preprocessed arrays for a plans file's
+    /// configuration (`prep build-cache --nnunet-plans`): its crop, normalization and
+    /// resampling, on its transposed grid, instead of this tool's own. Absent from the JSON
+    /// otherwise, so earlier keys are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nnunet: Option<NnunetPreprocessing>,
+}
+
+/// Which nnU-Net preprocessing made a cache's entries.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NnunetPreprocessing {
+    /// The plans file's name, as given.
+    pub plans: String,
+    /// The blake3 of its bytes: other plans give other entries.
+    pub plans_blake3: String,
+    /// The configuration preprocessed for (`3d_fullres`, ...).
+    pub configuration: String,
+    /// nnU-Net's image reader the plans name (it decides the spacing's unit).
+    pub reader: String,
+    /// The plans' `transpose_forward`: the cached axes are the files' (z, y, x) permuted so.
+    pub transpose_forward: [usize; 3],
 }
 
 /// How one image channel is normalized. Channel names are not here: renaming a channel in
@@ -264,7 +285,7 @@ impl OutputParams {
             ));
         }
         for (k, ch) in self.channels.iter().enumerate() {
-            if !ch.normalization.built() {
+            if !ch.normalization.built() && self.nnunet.is_none() {
                 return bad(format!(
                     "channels[{k}]: {} normalization is applied to nnU-Net models' inputs only",
                     ch.normalization.name()

@@ -169,6 +169,7 @@ fn preprocess(
         quiet: true,
         fixed_params: Some(params),
         previous_stage: None,
+        nnunet: None,
     })?;
     if report
         .cases

@@ -77,6 +77,16 @@ pub fn load_model(dir: &Path, which: &Which, device: &Device) -> Result<LoadedMo
             record_path.display()
         ))
     })?;
+    if let Some(n) = &preprocessing.params.nnunet {
+        // Its inputs must be preprocessed by nnU-Net's code for those plans, which predict
+        // applies to nnU-Net's own models only.
+        return Err(Error::Config(format!(
+            "{}: the model was trained on a cache of nnU-Net's preprocessing ({} configuration {}): predict does not preprocess new volumes that way for a voxcache model yet",
+            record_path.display(),
+            n.plans,
+            n.configuration
+        )));
+    }
     let network: NetworkOptions = record.config.network();
     let ck_dir = match (which, own_weights) {
         (Which::Path(p), _) => p.clone(),

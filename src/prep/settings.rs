@@ -215,6 +215,7 @@ impl Settings {
             fg_samples: self.fg_samples,
             seed: self.seed,
             derived: self.derived,
+            nnunet: None,
         }
     }
 }

@@ -171,6 +171,30 @@ fn locate(
     Ok((cases, failed))
 }
 
+/// Refuse, before a fold is trained, a fold validation this cache cannot have: a cache of
+/// nnU-Net's preprocessing (its held-out cases would need nnU-Net's preprocessing in predict).
+/// `dataset`: the one trained on (`None`: every dataset of the cache).
+pub fn check_validatable(cache_dir: &Path, dataset: Option<&str>) -> Result<()> {
+    let reader = CacheReader::open(cache_dir)?;
+    let names: Vec<String> = match dataset {
+        Some(d) => vec![d.to_string()],
+        None => reader.datasets().into_iter().map(str::to_string).collect(),
+    };
+    for name in names {
+        if let Ok(d) = reader.dataset(&name) {
+            if let Some(n) = &d.params.nnunet {
+                return Err(Error::Config(format!(
+                    "{}: dataset {name:?} holds nnU-Net's preprocessing ({} configuration {}): a fold's validation in the cases' own geometry is not available for it yet; train with --no-fold-validation (validation on cached patches still runs)",
+                    cache_dir.display(),
+                    n.plans,
+                    n.configuration
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Predict and score the run's held-out cases into `RUN/validation/`.
 pub fn validate_fold(opts: &FoldValidationOptions) -> Result<FoldValidation> {
     let record_path = opts.run_dir.join(RUN_FILE);

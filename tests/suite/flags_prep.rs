@@ -5,7 +5,7 @@
 
 use crate::common::fixtures::s;
 use crate::modes_walk::{all, args, empty_cwd, row, Fate, Walk};
-use voxcache::config::modes::build::DRY_RUN;
+use voxcache::config::modes::build::{DRY_RUN, NNUNET, S3_CACHE};
 
 #[test]
 fn every_build_cache_option_is_used_or_refused_in_every_mode() {
@@ -18,11 +18,13 @@ fn every_build_cache_option_is_used_or_refused_in_every_mode() {
     let modes = vec![
         local.clone(),
         args(&["--cache-dir", "s3://bucket/prefix"]),
-        [local, args(&["--dry-run"])].concat(),
+        [local.clone(), args(&["--dry-run"])].concat(),
+        [local, args(&["--nnunet-plans", "/nonexistent/plans.json"])].concat(),
     ];
     let lp = R("a local path");
-    let s3 = [lp, U, R(DRY_RUN)];
-    let build = all(U, 3);
+    let s3 = [lp, U, R(DRY_RUN), lp];
+    let build = all(U, 4);
+    let nn = R(NNUNET);
     let labels = row("--labels", Some("/nonexistent/*_seg.nii.gz"), &build)
         .with(&["--images", "/nonexistent/*_img.nii.gz"]);
     let rows = vec![
@@ -32,13 +34,21 @@ fn every_build_cache_option_is_used_or_refused_in_every_mode() {
         row("--s3-endpoint", Some("http://127.0.0.1:9"), &s3),
         row("--local-cache", Some("/nonexistent/tier"), &s3),
         // A build reads through no tier: its budget is refused even on S3.
-        row("--local-cache-gb", Some("1"), &[lp, R("build-cache"), lp]),
+        row(
+            "--local-cache-gb",
+            Some("1"),
+            &[lp, R("build-cache"), lp, lp],
+        ),
         row("--name", Some("x"), &build),
-        row("--previous-stage", Some("/nonexistent/prev"), &build),
-        row("--pipeline", Some("default"), &build),
+        row(
+            "--previous-stage",
+            Some("/nonexistent/prev"),
+            &[U, U, U, nn],
+        ),
+        row("--pipeline", Some("default"), &[U, U, U, nn]),
         row("--configuration", Some("3d_fullres"), &build),
-        row("--spacing", Some("auto"), &build),
-        row("--normalization", Some("zscore"), &build),
+        row("--spacing", Some("auto"), &[U, U, U, nn]),
+        row("--normalization", Some("zscore"), &[U, U, U, nn]),
         row("--layout", Some("raw"), &build),
         row("--image-dtype", Some("float32"), &build),
         row("--chunk", Some("32,128,128"), &build),
@@ -51,10 +61,15 @@ fn every_build_cache_option_is_used_or_refused_in_every_mode() {
         row("--max-case-gib", Some("1"), &build),
         row("--input-ram-mib", Some("64"), &build),
         row("--jobs", Some("1"), &build),
-        row("--part", Some("0/2"), &[U, U, R(DRY_RUN)]),
-        row("--dry-run", None, &build),
+        row("--part", Some("0/2"), &[U, U, R(DRY_RUN), U]),
+        row("--dry-run", None, &[U, U, U, R(DRY_RUN)]),
         row("--json", None, &build),
-        row("--quiet", None, &[U, U, R(DRY_RUN)]),
+        row("--quiet", None, &[U, U, R(DRY_RUN), U]),
+        row(
+            "--nnunet-plans",
+            Some("/nonexistent/other.json"),
+            &[U, R(S3_CACHE), R(DRY_RUN), U],
+        ),
     ];
     Walk {
         exe: env!("CARGO_BIN_EXE_prep"),

@@ -25,6 +25,7 @@ mod modes_walk;
 mod multichannel;
 mod network_crosscheck;
 mod nifti_inputs;
+mod nnunet_cache;
 mod nnunet_import;
 mod patch_source;
 mod planner;

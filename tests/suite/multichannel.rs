@@ -405,6 +405,7 @@ fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
         quiet: true,
         fixed_params: Some(params.clone()),
         previous_stage: None,
+        nnunet: None,
     })
     .unwrap();
     assert_eq!((report.built, report.failed), (2, 0));
@@ -444,6 +445,7 @@ fn fixed_parameters_preprocess_unlabelled_cases_as_the_cache_did() {
         quiet: true,
         fixed_params: Some(one),
         previous_stage: None,
+        nnunet: None,
     })
     .unwrap_err()
     .to_string();

@@ -28,8 +28,8 @@ fn results_dir(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no results folder in {}", dir.display()))
 }
 
-/// A little-endian float16 or float32 .npy: (shape, values).
-fn parse_npy(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
+/// A little-endian float16, float32 or int8 .npy: (shape, values).
+pub(crate) fn parse_npy(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
     assert_eq!(&bytes[..6], b"\x93NUMPY");
     let (len, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
@@ -57,6 +57,8 @@ fn parse_npy(bytes: &[u8]) -> (Vec<usize>, Vec<f32>) {
         data.chunks_exact(2)
             .map(|b| f32::from(half::f16::from_le_bytes([b[0], b[1]])))
             .collect()
+    } else if header.contains("'|i1'") {
+        data.iter().map(|&b| f32::from(b as i8)).collect()
     } else {
         assert!(header.contains("'<f4'"), "{header}");
         data.chunks_exact(4)

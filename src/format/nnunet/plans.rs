@@ -72,6 +72,9 @@ pub struct Configuration {
     pub resampling_data: Resampling,
     /// How logits are resampled back.
     pub resampling_probabilities: Resampling,
+    /// How training segmentations are resampled (`None` when the plans lack it: a model's
+    /// inference never needs it).
+    pub resampling_seg: Option<Resampling>,
     /// The network.
     pub architecture: Architecture,
     /// Set for a cascade's second stage.
@@ -396,6 +399,20 @@ impl Plans {
         {
             return Err(bad(path, format!("configuration {cfg}: resampling orders above 3 (in plane) or 1 (separate axis) are not reproduced")));
         }
+        let resampling_seg = match c.get("resampling_fn_seg") {
+            None => None,
+            Some(_) => {
+                let f: String = field(path, &c, cfg, "resampling_fn_seg")?;
+                if f != "resample_data_or_seg_to_shape" {
+                    return Err(bad(path, format!("configuration {cfg}: resampling_fn_seg {f:?}: only nnU-Net's resample_data_or_seg_to_shape is reproduced")));
+                }
+                let r: Resampling = field(path, &c, cfg, "resampling_fn_seg_kwargs")?;
+                if r.order > 3 || r.order_z > 1 {
+                    return Err(bad(path, format!("configuration {cfg}: segmentation resampling orders above 3 (in plane) or 1 (separate axis) are not reproduced")));
+                }
+                Some(r)
+            }
+        };
         check_sizes(path, cfg, &arch, &patch_size, &spacing)?;
         if scheme_names.is_empty() || scheme_names.len() != use_mask_for_norm.len() {
             return Err(bad(path, format!("configuration {cfg}: normalization_schemes and use_mask_for_norm must name each channel once")));
@@ -456,6 +473,7 @@ impl Plans {
                 use_mask_for_norm,
                 resampling_data,
                 resampling_probabilities,
+                resampling_seg,
                 architecture: arch,
                 previous_stage: c
                     .get("previous_stage")

@@ -291,7 +291,8 @@ fn predict_case(
         heads,
     )?;
     check_case(&model.plans, first, spacing_zyx, &sizes, scratch)?;
-    let Preprocessed { data, geometry } = preprocess(case, &model.plans, &model.reader, scratch)?;
+    let Preprocessed { data, geometry, .. } =
+        preprocess(case, &model.plans, &model.reader, scratch)?;
     let shape = data.zyx();
     let logits: Scratch<f16> = Scratch::new(scratch, [heads, shape[0], shape[1], shape[2]])?;
     let source = Volume {

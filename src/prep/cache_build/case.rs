@@ -30,8 +30,9 @@ pub(super) struct Job<'a> {
 
 /// A case read and checked, its statistics known, ready to be resampled and written. Its
 /// voxels are held as stored (in memory when small, else in a scratch file), not as f32.
+#[derive(Default)]
 pub(super) struct Decoded {
-    /// One per channel, in order.
+    /// One per channel, in order (none when the writer reads the case itself).
     channels: Vec<DecodedChannel>,
     label: Option<DecodedLabel>,
 }
@@ -281,9 +282,9 @@ pub(super) fn write_case(
 
 /// An entry fully written into its temporary folder, not yet durable nor in place.
 pub(super) struct Written {
-    tmp: PathBuf,
-    key: String,
-    store: Arc<EntryStore>,
+    pub(super) tmp: PathBuf,
+    pub(super) key: String,
+    pub(super) store: Arc<EntryStore>,
 }
 
 /// Make a written entry durable and rename it into place; returns the bytes it added.
@@ -340,7 +341,7 @@ pub(super) fn case_key(params: &OutputParams, s: &ScannedCase) -> Result<String>
 
 /// What channel `k` (file `p`, whose bytes hash to `file`) adds to its case's key: the file's
 /// hash, and the probabilities the channel is made from when there are some.
-fn channel_hash(
+pub(super) fn channel_hash(
     params: &OutputParams,
     k: usize,
     p: &Path,

@@ -7,6 +7,7 @@
 
 mod case;
 mod entry;
+pub mod nnunet;
 pub mod previous;
 pub mod previous_probabilities;
 mod progress;
@@ -68,6 +69,9 @@ pub struct BuildOptions {
     /// A cascade's first stage: the folder of its segmentations of these cases (in their own
     /// geometry), added as one image channel per foreground label ([`previous`]).
     pub previous_stage: Option<PathBuf>,
+    /// Preprocess as nnU-Net does for this plans file's configuration ([`nnunet`]) instead
+    /// of with `settings`' spacing and normalization (its layout options still apply).
+    pub nnunet: Option<nnunet::NnunetSource>,
 }
 
 /// How one case of a build ended.
@@ -176,14 +180,51 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
         .map(|p| failed(p.id, None, &p.error))
         .collect();
     let ok = steps::readable(&scanned_all, &mut reports)?;
-    let decision = match &opts.fixed_params {
-        Some(p) => SpacingDecision {
+    let nnunet = match &opts.nnunet {
+        Some(src) => {
+            if let crate::remote::Location::S3(_) = crate::remote::Location::parse(&opts.cache_dir)?
+            {
+                return Err(Error::Config(format!(
+                    "{}: --nnunet-plans builds into a local cache folder (an s3:// cache is not supported with it yet)",
+                    opts.cache_dir.display()
+                )));
+            }
+            Some(nnunet::NnunetBuild::read(src)?)
+        }
+        None => None,
+    };
+    let with_plans;
+    let opts = match &nnunet {
+        None => opts,
+        Some(b) => {
+            let ignore = description
+                .as_ref()
+                .and_then(|d| FileLabels::of(d).ignore());
+            with_plans = BuildOptions {
+                fixed_params: Some(b.params(&opts.settings, ignore)),
+                ..opts.clone()
+            };
+            &with_plans
+        }
+    };
+    let decision = match (&nnunet, &opts.fixed_params) {
+        (Some(b), _) => SpacingDecision {
+            // The forecast's grid: each case's own, before nnU-Net's crop.
+            target_xyz: ok.first().map_or([1.0; 3], |s| b.file_target_xyz(&s.image)),
+            median_xyz: ok.first().map_or([1.0; 3], |s| b.file_target_xyz(&s.image)),
+            rule: "nnU-Net plans".into(),
+            reason: format!(
+                "{} configuration {}: spacing {:?} in its transposed axes",
+                b.record.plans, b.record.configuration, b.plans.configuration.spacing
+            ),
+        },
+        (None, Some(p)) => SpacingDecision {
             target_xyz: p.target_spacing_xyz,
             median_xyz: p.target_spacing_xyz,
             rule: "explicit".into(),
             reason: "fixed by the parameters given (a model's preprocessing)".into(),
         },
-        None => decide_spacing(opts.settings.spacing, &ok)?,
+        (None, None) => decide_spacing(opts.settings.spacing, &ok)?,
     };
     let (decided, layout) = steps::choose_layout(opts, &ok, &decision);
     let opts = decided.as_ref().unwrap_or(opts);
@@ -239,6 +280,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
     });
     let (jobs, mut manifest_cases) = steps::sort_cases(
         &cache,
+        nnunet.is_some(),
         keyed,
         (&ok, &plans),
         opts.settings.max_case_gib,
@@ -249,8 +291,18 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
 
     let total_voxels: u64 = jobs.iter().map(|j| j.plan.out_voxels).sum();
     let bar = make_progress(opts.progress, total_voxels);
-    let outcomes = run::run_jobs(&pool, &cache, &jobs, &params, &source, &bar, opts.quiet);
+    let outcomes = run::run_jobs(
+        &pool,
+        &cache,
+        &jobs,
+        &params,
+        nnunet.as_ref(),
+        &source,
+        &bar,
+        opts.quiet,
+    );
     steps::settle(
+        (&cache, nnunet.is_some()),
         &jobs,
         outcomes,
         &mut report,

@@ -10,6 +10,7 @@ use std::time::Instant;
 use indicatif::ProgressBar;
 
 use super::case::{commit_written, decode_case, write_case, Decoded, Job};
+use super::nnunet::NnunetBuild;
 use super::progress::{report_case, say};
 use crate::cache::CacheDir;
 use crate::error::{Error, Result};
@@ -20,17 +21,32 @@ use crate::nifti_io::SourceOptions;
 /// added or its error.
 pub(super) type Outcome = (usize, f64, Result<u64>);
 
-/// Build every job; returns the outcomes of the cases that were attempted.
+/// Build every job; returns the outcomes of the cases that were attempted. With `nnunet`, each
+/// case is read and preprocessed as nnU-Net does by its writer (nothing to decode ahead).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_jobs(
     pool: &rayon::ThreadPool,
     cache: &CacheDir,
     jobs: &[Job],
     params: &OutputParams,
+    nnunet: Option<&NnunetBuild>,
     source: &SourceOptions,
     bar: &ProgressBar,
     quiet: bool,
 ) -> Vec<Outcome> {
     let n_jobs = jobs.len();
+    let decode_case = |j: &Job, params: &OutputParams, source: &SourceOptions| match nnunet {
+        Some(_) => Ok(Decoded::default()),
+        None => decode_case(j, params, source),
+    };
+    let write_case = |cache: &CacheDir,
+                      job: &Job,
+                      params: &OutputParams,
+                      d: Decoded,
+                      on_voxels: &(dyn Fn(u64) + Sync)| match nnunet {
+        Some(b) => super::nnunet::write_case(cache, job, params, b, on_voxels),
+        None => write_case(cache, job, params, d, on_voxels),
+    };
     let mut disk_full = false;
     let mut next: Option<Result<Decoded>> = jobs
         .first()

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::format::dataset_json::DatasetDescription;
 use crate::format::labels::FileLabels;
 use crate::format::manifest::DatasetOrigin;
-use crate::format::{ImageDtype, OutputParams};
+use crate::format::{EntryAttrs, ImageDtype, OutputParams};
 use crate::geometry::zyx;
 use crate::nifti_io::SourceOptions;
 use crate::prep::dataset::scan::ScannedCase;
@@ -177,19 +177,35 @@ pub(super) fn output_params(
     Ok((params, names))
 }
 
-/// The manifest's record of a case's entry.
-fn manifest_case(key: &str, plan: &CasePlan) -> ManifestCase {
-    ManifestCase {
+/// The manifest's record of a case's entry: its shape is the plan's, or, for nnU-Net's
+/// preprocessing (`committed`: its crop is known only once the case is read), the entry's own.
+fn manifest_case(
+    cache: &CacheDir,
+    key: &str,
+    plan: &CasePlan,
+    committed: bool,
+) -> Result<ManifestCase> {
+    let out_shape_zyx = match committed {
+        false => zyx(plan.out_shape_xyz),
+        true => {
+            let zj = cache.entry_path(key).join("zarr.json");
+            let bytes = std::fs::read(&zj).map_err(|e| Error::io(&zj, e))?;
+            EntryAttrs::from_group_json(&zj, &bytes)?.output.shape_zyx
+        }
+    };
+    Ok(ManifestCase {
         key: key.to_string(),
         entry: CacheDir::entry_rel(key),
-        out_shape_zyx: zyx(plan.out_shape_xyz),
-    }
+        out_shape_zyx,
+    })
 }
 
 /// Each keyed case: failed (no key, or too large to build: its image's header is named),
 /// cached (its entry is committed already: into the manifest as it is), or a job to build.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn sort_cases<'a>(
     cache: &CacheDir,
+    committed_shapes: bool,
     keyed: Vec<(usize, Result<String>)>,
     (ok, plans): (&[&'a ScannedCase], &'a [CasePlan]),
     max_case_gib: f64,
@@ -210,7 +226,14 @@ pub(super) fn sort_cases<'a>(
             Ok(key) => key,
         };
         if cache.has_entry(&key) {
-            cached.insert(id.clone(), manifest_case(&key, &plans[i]));
+            match manifest_case(cache, &key, &plans[i], committed_shapes) {
+                Ok(m) => cached.insert(id.clone(), m),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    reports.push(failed(id, Some(key), &e));
+                    continue;
+                }
+            };
             reports.push(CaseReport {
                 id,
                 key: Some(key),
@@ -236,6 +259,7 @@ pub(super) fn sort_cases<'a>(
 /// What each job came to: built (into the manifest, its bytes and voxels counted), failed,
 /// or skipped (never settled: the disk filled up before it).
 pub(super) fn settle(
+    (cache, committed_shapes): (&CacheDir, bool),
     jobs: &[Job],
     outcomes: Vec<(usize, f64, Result<u64>)>,
     report: &mut BuildReport,
@@ -255,11 +279,14 @@ pub(super) fn settle(
     for (i, seconds, r) in outcomes {
         let job = &jobs[i];
         let id = job.scanned.source.id.clone();
+        let r = r.and_then(|bytes| {
+            manifest_case(cache, &job.key, job.plan, committed_shapes).map(|m| (bytes, m))
+        });
         let outcome = match r {
-            Ok(bytes) => {
+            Ok((bytes, m)) => {
                 report.bytes_written += bytes;
-                report.voxels_built += job.plan.out_voxels;
-                manifest_cases.insert(id.clone(), manifest_case(&job.key, job.plan));
+                report.voxels_built += m.out_shape_zyx.iter().product::<usize>() as u64;
+                manifest_cases.insert(id.clone(), m);
                 CaseOutcome::Built { bytes, seconds }
             }
             Err(e) => CaseOutcome::Failed {

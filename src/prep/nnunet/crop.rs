@@ -12,7 +12,7 @@ use std::path::Path;
 use super::volume::Scratch;
 use crate::error::{Error, Result};
 use crate::format::nnunet::Plans;
-use crate::format::{Normalization, SchemeStatistics};
+use crate::format::{AppliedNormalization, Normalization, SchemeStatistics};
 use crate::geometry::components::{Components, Connectivity};
 use crate::nifti_io::VoxelSource;
 
@@ -209,16 +209,38 @@ fn moments(slices: &dyn Fn(usize) -> Result<MaskedSlice>, depth: usize) -> Resul
     Ok((mean, (sq / n.max(1) as f64).sqrt(), n))
 }
 
-/// Normalize every channel over the box into a new scratch volume (channels, box).
+impl Norm {
+    /// The record of what was applied (`scheme`: the plans' scheme of the channel).
+    fn applied(&self, scheme: Normalization) -> AppliedNormalization {
+        let (shift, scale, clip, only_nonzero) = match *self {
+            Norm::Ct { lo, hi, mean, std } => (mean, std, Some([lo, hi].map(f64::from)), false),
+            Norm::ZScore { mean, std, masked } => (mean, std, None, masked),
+            Norm::Identity => (0.0, 1.0, None, false),
+            Norm::Rescale { min, max } => (min, max, None, false),
+            Norm::Rgb => (0.0, 255.0, None, false),
+        };
+        AppliedNormalization {
+            scheme,
+            shift: f64::from(shift),
+            scale: f64::from(scale),
+            clip,
+            only_nonzero,
+        }
+    }
+}
+
+/// Normalize every channel over the box into a new scratch volume (channels, box); returns
+/// what each channel was given.
 pub(super) fn normalize(
     id: &str,
     sources: &[VoxelSource],
     c: &Cropped,
     plans: &Plans,
     tmp: &Path,
-) -> Result<Scratch<f32>> {
+) -> Result<(Scratch<f32>, Vec<AppliedNormalization>)> {
     let [dc, hc, wc] = c.shape;
     let out: Scratch<f32> = Scratch::new(tmp, [sources.len(), dc, hc, wc])?;
+    let mut applied = Vec::with_capacity(sources.len());
     let cfg = &plans.configuration;
     for (ch, src) in sources.iter().enumerate() {
         let masked = cfg.use_mask_for_norm[ch];
@@ -288,6 +310,7 @@ pub(super) fn normalize(
             // NoNormalization: the plans hold nnU-Net's five schemes only.
             SchemeStatistics::Fixed => Norm::Identity,
         };
+        applied.push(norm.applied(scheme));
         for k in 0..dc {
             let (mut v, m) = slices(k)?;
             for (i, x) in v.iter_mut().enumerate() {
@@ -308,5 +331,5 @@ pub(super) fn normalize(
             out.write_rows(ch, k, 0, &v)?;
         }
     }
-    Ok(out)
+    Ok((out, applied))
 }

@@ -14,6 +14,7 @@
 
 mod crop;
 pub mod resample;
+pub mod seg;
 pub mod sizes;
 pub mod spline;
 pub mod volume;
@@ -22,8 +23,10 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::format::nnunet::{Plans, Resampling};
-use crate::nifti_io::{HeaderInfo, SourceOptions, VoxelSource};
+use crate::format::{AppliedNormalization, Dtype, IntensityStats};
+use crate::nifti_io::{HeaderInfo, LabelCheck, SourceOptions, VoxelSource};
 use crate::prep::dataset::CaseSource;
+use crate::prep::normalize::IntensityAccumulator;
 
 pub use crop::Cropped;
 use resample::Clip;
@@ -60,6 +63,22 @@ pub struct Preprocessed {
     pub data: Scratch<f32>,
     /// The way there.
     pub geometry: CaseGeometry,
+    /// Each channel's file: its blake3 and size as stored.
+    pub files: Vec<(blake3::Hash, u64)>,
+    /// Each channel's statistics before normalization (the whole file).
+    pub intensity: Vec<IntensityStats>,
+    /// Each channel's normalization as applied.
+    pub normalization: Vec<AppliedNormalization>,
+}
+
+/// A training case's segmentation as nnU-Net preprocesses it.
+pub struct PreprocessedLabel {
+    /// (1, z, y, x) on the preprocessed grid.
+    pub voxels: Scratch<u16>,
+    /// The type it is cached as (u8 when every value fits).
+    pub dtype: Dtype,
+    /// The file's blake3 and size as stored.
+    pub file: (blake3::Hash, u64),
 }
 
 /// The configuration's target spacing for a case of transposed spacing `spacing` (a 2d
@@ -122,6 +141,29 @@ pub fn preprocess(
     reader: &str,
     tmp: &Path,
 ) -> Result<Preprocessed> {
+    run(case, plans, reader, None, tmp).map(|(p, _)| p)
+}
+
+/// [`preprocess`] of a training case with its segmentation (`case.label`, checked by `check`
+/// as it is read): the label cropped with the image, in the normalization mask where it is
+/// foreground, and resampled with the plans' `resampling_fn_seg_kwargs` ([`seg`]).
+pub fn preprocess_training(
+    case: &CaseSource,
+    plans: &Plans,
+    reader: &str,
+    check: LabelCheck,
+    tmp: &Path,
+) -> Result<(Preprocessed, Option<PreprocessedLabel>)> {
+    run(case, plans, reader, Some(check), tmp)
+}
+
+fn run(
+    case: &CaseSource,
+    plans: &Plans,
+    reader: &str,
+    check: Option<LabelCheck>,
+    tmp: &Path,
+) -> Result<(Preprocessed, Option<PreprocessedLabel>)> {
     let channels = plans.channels();
     if case.images.len() != channels {
         return Err(Error::case(
@@ -137,15 +179,20 @@ pub fn preprocess(
         scratch_dir: tmp.to_path_buf(),
     };
     let mut sources = Vec::with_capacity(channels);
+    let mut files = Vec::with_capacity(channels);
+    let mut intensity = Vec::with_capacity(channels);
     for k in 0..channels {
         let (path, frame) = case.channel(k);
-        let mut nonfinite = 0u64;
-        let (src, _) = VoxelSource::open_frame(path, frame, &opts, &mut |b| {
-            nonfinite += crate::prep::normalize::count_nonfinite(b);
+        let mut acc = IntensityAccumulator::default();
+        let (src, streamed) = VoxelSource::open_frame(path, frame, &opts, &mut |b| {
+            acc.add(b);
             Ok(())
         })?;
-        crate::prep::normalize::refuse_nonfinite(path, nonfinite)?;
+        let stats = acc.finish();
+        crate::prep::normalize::refuse_nonfinite(path, stats.nonfinite_voxels)?;
         sources.push(src);
+        files.push((streamed.file_hash, streamed.file_bytes));
+        intensity.push(stats);
     }
     let h0 = sources[0].header().clone();
     for s in &sources[1..] {
@@ -165,14 +212,37 @@ pub fn preprocess(
     let shape_zyx = crate::geometry::zyx(h0.shape_xyz);
     let spacing_zyx = reader_spacing_zyx(&h0, reader);
     let tf = plans.transpose_forward;
-    let cropped = crop::crop(
-        &case.id,
-        &sources,
-        shape_zyx,
-        tf,
-        &plans.configuration.use_mask_for_norm,
-        tmp,
-    )?;
+    // A training case's label needs the filled nonzero mask (its -1 background) whatever the
+    // channels' normalization.
+    let mask_for = match check {
+        Some(_) => vec![true],
+        None => plans.configuration.use_mask_for_norm.clone(),
+    };
+    let mut cropped = crop::crop(&case.id, &sources, shape_zyx, tf, &mask_for, tmp)?;
+    let label = match (check, &case.label) {
+        (Some(mut check), Some(path)) => {
+            let (src, streamed) = VoxelSource::open(path, &opts, &mut |b| check.block(b))?;
+            if src.header().shape_xyz != h0.shape_xyz {
+                return Err(Error::case(
+                    &case.id,
+                    format!(
+                        "{} has shape {:?} but {} has {:?}: the label must share the image's grid",
+                        path.display(),
+                        src.header().shape_xyz,
+                        h0.path.display(),
+                        h0.shape_xyz
+                    ),
+                ));
+            }
+            let cropped_label = seg::crop_label(&src, &mut cropped, tmp)?;
+            Some((
+                cropped_label,
+                check.dtype(),
+                (streamed.file_hash, streamed.file_bytes),
+            ))
+        }
+        _ => None,
+    };
     let shape_before_cropping = tf.map(|a| shape_zyx[a]);
     let spacing_transposed = tf.map(|a| spacing_zyx[a]);
     let shape_after_cropping = cropped.shape;
@@ -183,7 +253,7 @@ pub fn preprocess(
     if new_shape.contains(&0) {
         return Err(Error::case(&case.id, format!("its nonzero region {shape_after_cropping:?} at spacing {spacing_transposed:?} has no voxel at the model's spacing {target:?}")));
     }
-    let normalized = crop::normalize(&case.id, &sources, &cropped, plans, tmp)?;
+    let (normalized, normalization) = crop::normalize(&case.id, &sources, &cropped, plans, tmp)?;
     drop(sources);
     let (axes, clip) = plan_resampling(
         &plans.configuration.resampling_data,
@@ -199,7 +269,44 @@ pub fn preprocess(
         resample::resample(&normalized, &out, axes, clip, tmp)?;
         out
     };
-    Ok(Preprocessed {
+    let label = match label {
+        None => None,
+        Some((cropped_label, dtype, file)) => {
+            let how = plans.configuration.resampling_seg.as_ref().ok_or_else(|| Error::Model {
+                path: plans.path.clone(),
+                message: format!(
+                    "configuration {}: no resampling_fn_seg_kwargs: nnU-Net's training preprocessing cannot be reproduced",
+                    plans.configuration.name
+                ),
+            })?;
+            let sep = spline::separate_axis(how.force_separate_z, spacing_transposed, target);
+            if (sep.is_some() && how.order_z != 0 && shape_after_cropping != new_shape)
+                || how.order == 2
+            {
+                return Err(Error::Model {
+                    path: plans.path.clone(),
+                    message: format!(
+                        "configuration {}: segmentations resampled at order {} (order_z {}) are not reproduced (nnU-Net plans order 1, order_z 0)",
+                        plans.configuration.name, how.order, how.order_z
+                    ),
+                });
+            }
+            let (axes, clip) = plan_resampling(
+                how,
+                shape_after_cropping,
+                new_shape,
+                spacing_transposed,
+                target,
+            );
+            let voxels = seg::resample_label(cropped_label, axes, clip, tmp)?;
+            Some(PreprocessedLabel {
+                voxels,
+                dtype,
+                file,
+            })
+        }
+    };
+    let pre = Preprocessed {
         data,
         geometry: CaseGeometry {
             shape_zyx,
@@ -211,5 +318,9 @@ pub fn preprocess(
             target_spacing: target,
             new_shape,
         },
-    })
+        files,
+        intensity,
+        normalization,
+    };
+    Ok((pre, label))
 }

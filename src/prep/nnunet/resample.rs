@@ -86,11 +86,23 @@ pub fn resample<S: Elem, D: Elem>(
     clip: Clip,
     tmp: &std::path::Path,
 ) -> Result<()> {
+    resample_via::<S, f32, D>(src, dst, axes, clip, tmp)
+}
+
+/// [`resample`] with the in-plane result kept as `I` between the passes (f64 where ties
+/// between interpolated values decide something, as for segmentations).
+pub fn resample_via<S: Elem, I: Elem, D: Elem>(
+    src: &Scratch<S>,
+    dst: &Scratch<D>,
+    axes: [Axis; 3],
+    clip: Clip,
+    tmp: &std::path::Path,
+) -> Result<()> {
     let [d, h, w] = src.zyx();
     let [dn, hn, wn] = dst.zyx();
     debug_assert_eq!([axes[0].n, axes[1].n, axes[2].n], [d, h, w]);
     debug_assert_eq!([axes[0].m, axes[1].m, axes[2].m], [dn, hn, wn]);
-    let inter: Scratch<f32> = Scratch::new(tmp, [1, d, hn, wn])?;
+    let inter: Scratch<I> = Scratch::new(tmp, [1, d, hn, wn])?;
     for c in 0..src.shape[0] {
         let range = match clip {
             Clip::None => Vec::new(),
@@ -113,7 +125,7 @@ pub fn resample<S: Elem, D: Elem>(
             group.par_iter().try_for_each(|&z| -> Result<()> {
                 let s: Vec<f64> = src.slice(c, z)?.into_iter().map(Elem::to_f64).collect();
                 let out = in_plane(&s, h, w, &axes[1], &axes[2]);
-                let out: Vec<f32> = out.into_iter().map(|v| v as f32).collect();
+                let out: Vec<I> = out.into_iter().map(I::from_f64).collect();
                 inter.write_rows(0, z, 0, &out)
             })?;
         }
@@ -127,11 +139,11 @@ pub fn resample<S: Elem, D: Elem>(
                 let nr = rows.min(hn - y0);
                 let bw = nr * row;
                 let mut lines = vec![0.0f64; d * bw];
-                let mut buf = vec![0f32; bw];
+                let mut buf = vec![I::default(); bw];
                 for z in 0..d {
                     inter.read_rows(0, z, y0, &mut buf)?;
                     for (o, &v) in lines[z * bw..(z + 1) * bw].iter_mut().zip(&buf) {
-                        *o = f64::from(v);
+                        *o = v.to_f64();
                     }
                 }
                 let mut out = Vec::new();

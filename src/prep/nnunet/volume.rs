@@ -27,6 +27,15 @@ impl Elem for f32 {
     }
 }
 
+impl Elem for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
 impl Elem for half::f16 {
     fn to_f64(self) -> f64 {
         f64::from(self)
