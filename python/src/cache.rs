@@ -33,6 +33,8 @@ struct BuildArgs {
     jobs: usize,
     #[arg(long, value_parser = voxcache::config::values::parse_part)]
     part: Option<(usize, usize)>,
+    #[arg(long)]
+    nnunet_plans: Option<PathBuf>,
 }
 
 /// clap's message without its `error: ` prefix and its pointer to `--help`.
@@ -100,7 +102,16 @@ pub(crate) fn build_cache(
             other => other,
         };
         let remote = args.s3.options_for(&cache_dir, false).map_err(keywords)?;
-        let settings = resolve(&args.settings).map_err(keywords)?;
+        let mut flags = args.settings.clone();
+        if args.nnunet_plans.is_some() {
+            voxcache::config::modes::build::check_nnunet_values(
+                &flags,
+                args.previous_stage.is_some(),
+            )
+            .map_err(keywords)?;
+        }
+        let nnunet = voxcache::config::modes::build::nnunet_source(args.nnunet_plans, &mut flags);
+        let settings = resolve(&flags).map_err(keywords)?;
         let source = dataset_source(Some(data), None, None)?;
         cache_apart(&cache_dir, &source, args.previous_stage.as_deref())?;
         let opts = BuildOptions {
@@ -116,7 +127,7 @@ pub(crate) fn build_cache(
             quiet: true,
             fixed_params: None,
             previous_stage: args.previous_stage,
-            nnunet: None,
+            nnunet,
         };
         let report = build(&opts)?;
         Ok(serde_json::to_string(&report).unwrap_or_default())

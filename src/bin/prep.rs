@@ -17,7 +17,6 @@ use voxcache::config::settings::{cache_apart, dataset_source, resolve};
 use voxcache::config::values::parse_part;
 use voxcache::config::{Exit, PrepFlags};
 use voxcache::inspect::dataset_report::render_plan;
-use voxcache::prep::cache_build::nnunet::NnunetSource;
 use voxcache::prep::cache_build::{build_cache, BuildOptions, BuildReport, CaseOutcome};
 
 use voxcache::synth;
@@ -222,13 +221,7 @@ fn run_build(args: BuildArgs, given: &Given) -> Result<Exit> {
     let remote = args.s3.options_for(&args.cache_dir, false)?;
     // With nnU-Net's plans, --configuration names one of its configurations.
     let mut flags = args.settings.clone();
-    let nnunet = args.nnunet_plans.map(|plans| NnunetSource {
-        plans,
-        configuration: flags
-            .configuration
-            .take()
-            .unwrap_or_else(|| "3d_fullres".into()),
-    });
+    let nnunet = voxcache::config::modes::build::nnunet_source(args.nnunet_plans, &mut flags);
     let settings = resolve(&flags)?;
     let source = dataset_source(args.data, args.images, args.labels)?;
     if !args.dry_run {

@@ -188,7 +188,7 @@ fn manifest_case(
     let out_shape_zyx = match committed {
         false => zyx(plan.out_shape_xyz),
         true => {
-            let zj = cache.entry_path(key).join("zarr.json");
+            let zj = cache.entry_path(key).join(crate::format::ZARR_JSON);
             let bytes = std::fs::read(&zj).map_err(|e| Error::io(&zj, e))?;
             EntryAttrs::from_group_json(&zj, &bytes)?.output.shape_zyx
         }
