@@ -129,3 +129,55 @@ fn plans_a_cache_cannot_reproduce_are_refused_by_name() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(!cache.join("manifest.json").exists());
 }
+
+#[test]
+fn a_fold_of_such_a_cache_is_refused_before_training_and_its_model_by_predict() {
+    use crate::common::fixtures::text;
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("raw");
+    crate::common::fixtures::copy_tree(&fixture("Dataset991_CacheCT"), &data);
+    let cache = t.path().join("cache");
+    let plans = data.join("nnUNetPlans.json");
+    let args = [
+        "build-cache",
+        s(&data),
+        "--cache-dir",
+        s(&cache),
+        "--nnunet-plans",
+        s(&plans),
+        "-q",
+    ];
+    assert!(prep(&args).status.success());
+    let train = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_train"))
+            .args(["--cache-dir", s(&cache), "--steps", "2", "--out"])
+            .arg(t.path().join("run"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // A fold's validation would need nnU-Net's preprocessing in predict: refused up front.
+    let out = train(&["--fold", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--no-fold-validation"),
+        "{}",
+        text(&out)
+    );
+    assert!(!t.path().join("run").join("checkpoints").exists());
+    // Trained on every case, the model is refused by predict, naming the plans.
+    let out = train(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_predict"))
+        .args([
+            "--model",
+            s(&t.path().join("run")),
+            s(&data.join("imagesTr")),
+            "--out",
+        ])
+        .arg(t.path().join("pred"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("nnUNetPlans.json"), "{}", text(&out));
+}
