@@ -133,11 +133,19 @@ impl PatchLoader {
                         )));
                     }
                     let channels = entries[0].channels();
+                    // The ignore label is no structure to centre patches on (as the trainer's
+                    // sampler and nnU-Net's).
+                    let ignore = reader
+                        .dataset(&name)?
+                        .dataset_json
+                        .as_ref()
+                        .and_then(|d| voxcache::format::labels::FileLabels::of(d).ignore());
                     let sampler = Sampler::new(
                         &entries,
                         Vec::new(),
                         SamplerConfig {
                             fg_fraction,
+                            skip_class: ignore,
                             shard: Shard {
                                 rank,
                                 ranks: world_size,

@@ -214,7 +214,7 @@ def test_region_targets_are_nnunets(tmp_path):
         label[4:28, 4:28, 2:14] = 1
         label[8:24, 8:24, 4:12] = 3
         label[12:20, 12:20, 6:10] = 2
-        label[0:3, :, :] = 4
+        label[0:6, :, :] = 4  # wide enough that random patches reach it (it is never a centre)
         affine = np.eye(4)
         nib.save(nib.Nifti1Image(image, affine), data / "imagesTr" / f"b_{i:03d}_0000.nii.gz")
         nib.save(nib.Nifti1Image(label, affine), data / "labelsTr" / f"b_{i:03d}.nii.gz")

@@ -15,10 +15,13 @@ downsampling), region targets, the checkpoint format. The checkpoint records the
 nnUNetTrainerVoxcache`` and nnU-Net's other tools load it unchanged.
 
 What is voxcache's: patch sampling (nnU-Net's foreground oversampling, from the cache's
-foreground index) and the augmentation (nnU-Net's default transforms, its probabilities and
-ranges, implemented in voxcache). nnU-Net's ``MaskImageTransform`` (zeroing masked channels
-where the background outside the nonzero mask lies, after augmentation) is not applied: those
-voxels are 0 before resampling and stay near 0.
+foreground index, the ignore label never a centre) and the augmentation (nnU-Net's default
+transforms, its probabilities and ranges, implemented in voxcache). Under torch.distributed
+each rank draws its share of every step's batch (PatchLoader's default). Not reproduced:
+nnU-Net's ``MaskImageTransform``, which zeroes channels normalized in the nonzero mask where
+the background outside that mask lies, after augmentation (the cache stores that background as
+0 and no longer tells it apart): there the noise, contrast and gamma transforms leave values
+nnU-Net would have zeroed.
 
 The final validation (``perform_actual_validation``) reads nnU-Net's own preprocessed arrays:
 it runs when ``nnUNetv2_preprocess`` made them for this configuration, and is skipped with a
@@ -147,6 +150,8 @@ class nnUNetTrainerVoxcache(nnUNetTrainer):
     def get_dataloaders(self):
         cache = self._open_cache()
         self.dataset_class = _cache_dataset_class(cache)
+        # Sets inference_allowed_mirroring_axes, which the checkpoint carries to the predictor.
+        self.configure_rotation_dummyDA_mirroring_and_inital_patch_size()
         tr_keys, val_keys = self.do_split()
         ds = self._get_deep_supervision_scales()
         ds = None if ds is None else [list(map(float, s)) for s in ds]

@@ -52,3 +52,25 @@ fn read_json(path: &Path) -> Result<Value> {
         })?;
     serde_json::from_slice(&bytes).map_err(|e| bad(path, format!("not valid JSON: {e}")))
 }
+
+/// nnU-Net's image readers whose arrays are reproduced from NIfTI files (the voxels in (z, y, x)
+/// order as stored); those that reorient first (`...WithReorient`) or read other formats are not.
+pub const READERS: &[&str] = &["SimpleITKIO", "NibabelIO"];
+
+/// The reader nnU-Net uses for a dataset: dataset.json's `overwrite_image_reader_writer` when it
+/// names one (`dataset_reader`), else the plans'; refused unless one of [`READERS`].
+pub fn reader_of(plans: &Plans, dataset_reader: Option<&str>) -> Result<String> {
+    let reader = dataset_reader
+        .unwrap_or(&plans.image_reader_writer)
+        .to_string();
+    if !READERS.contains(&reader.as_str()) {
+        return Err(bad(
+            &plans.path,
+            format!(
+                "image reader {reader}: only {} are reproduced (NIfTI voxels as stored)",
+                READERS.join(" and ")
+            ),
+        ));
+    }
+    Ok(reader)
+}

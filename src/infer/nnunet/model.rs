@@ -18,9 +18,6 @@ use crate::model::unet::UNet;
 /// segmentations as input channels, which we do not make yet).
 const SUPPORTED: &[&str] = &["3d_fullres", "3d_lowres", "2d"];
 
-/// nnU-Net's image readers whose arrays we reproduce from NIfTI files.
-const READERS: &[&str] = &["SimpleITKIO", "NibabelIO"];
-
 /// A results folder, read.
 pub struct NnunetModel {
     /// The folder.
@@ -83,21 +80,7 @@ impl NnunetModel {
         if folds.is_empty() {
             return Err(bad(dir, "no fold_K folder: nothing trained here"));
         }
-        // Readers that give the file's voxels in (z, y, x) order as they are stored; those that
-        // reorient first (…WithReorient) or read other formats are not reproduced.
-        let reader = dataset
-            .reader
-            .clone()
-            .unwrap_or_else(|| plans.image_reader_writer.clone());
-        if !READERS.contains(&reader.as_str()) {
-            return Err(bad(
-                &plans.path,
-                format!(
-                    "image reader {reader}: only {} are reproduced (NIfTI voxels as stored)",
-                    READERS.join(" and ")
-                ),
-            ));
-        }
+        let reader = crate::format::nnunet::reader_of(&plans, dataset.reader.as_deref())?;
         if dataset.file_ending != ".nii.gz" && dataset.file_ending != ".nii" {
             return Err(bad(
                 &dataset.path,

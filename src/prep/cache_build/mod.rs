@@ -189,7 +189,7 @@ pub fn build_cache(opts: &BuildOptions) -> Result<BuildReport> {
                     opts.cache_dir.display()
                 )));
             }
-            Some(nnunet::NnunetBuild::read(src)?)
+            Some(nnunet::NnunetBuild::read(src, &opts.source)?)
         }
         None => None,
     };

@@ -21,6 +21,7 @@ use crate::format::{
 use crate::geometry::VoxelRead;
 use crate::nifti_io::{self, LabelCheck};
 use crate::prep::dataset::scan::{check_channel, check_pair};
+use crate::prep::dataset::DatasetSource;
 use crate::prep::nnunet::volume::Scratch;
 use crate::prep::nnunet::{preprocess_training, reader_unit_scale, CaseGeometry};
 use crate::prep::settings::Settings;
@@ -41,9 +42,11 @@ pub(super) struct NnunetBuild {
 }
 
 impl NnunetBuild {
-    /// Read the plans and its configuration; refuse what the build cannot reproduce.
-    pub(super) fn read(src: &NnunetSource) -> Result<NnunetBuild> {
+    /// Read the plans and its configuration; refuse what the build cannot reproduce. `data`:
+    /// where the cases come from (its dataset.json may name nnU-Net's reader).
+    pub(super) fn read(src: &NnunetSource, data: &DatasetSource) -> Result<NnunetBuild> {
         let plans = Plans::read(&src.plans, &src.configuration)?;
+        let reader = crate::format::nnunet::reader_of(&plans, dataset_reader(data).as_deref())?;
         let refuse = |m: String| {
             Err(Error::Model {
                 path: src.plans.clone(),
@@ -77,7 +80,7 @@ impl NnunetBuild {
                 .unwrap_or_default(),
             plans_blake3: blake3::hash(&bytes).to_hex().to_string(),
             configuration: src.configuration.clone(),
-            reader: plans.image_reader_writer.clone(),
+            reader,
             transpose_forward: plans.transpose_forward,
         };
         Ok(NnunetBuild { plans, record })
@@ -143,6 +146,18 @@ impl NnunetBuild {
     }
 }
 
+/// dataset.json's `overwrite_image_reader_writer` in a dataset folder, when it names one.
+fn dataset_reader(data: &DatasetSource) -> Option<String> {
+    let DatasetSource::Folder(dir) = data else {
+        return None;
+    };
+    let text = std::fs::read(dir.join("dataset.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    v.get("overwrite_image_reader_writer")?
+        .as_str()
+        .map(str::to_string)
+}
+
 /// One channel of a preprocessed volume, read as the entry writer reads its inputs.
 struct Channel<'a, T: crate::prep::nnunet::volume::Elem> {
     volume: &'a Scratch<T>,
@@ -196,6 +211,7 @@ pub(super) fn write_case(
     job: &Job,
     params: &OutputParams,
     build: &NnunetBuild,
+    source: &nifti_io::SourceOptions,
     on_voxels: &(dyn Fn(u64) + Sync),
 ) -> Result<Written> {
     let s = job.scanned;
@@ -218,13 +234,13 @@ pub(super) fn write_case(
     if let Some(v) = job.label_values {
         check = check.allowing_only(v);
     }
-    let scratch = cache.tmp_dir();
     let (pre, label) = preprocess_training(
         &s.source,
         &build.plans,
         &build.record.reader,
         check,
-        &scratch,
+        source.ram_limit_bytes,
+        &source.scratch_dir,
     )?;
     // The files may have changed since the key was computed: refuse to file them under it.
     let hashes = pre

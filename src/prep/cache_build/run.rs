@@ -44,7 +44,7 @@ pub(super) fn run_jobs(
                       params: &OutputParams,
                       d: Decoded,
                       on_voxels: &(dyn Fn(u64) + Sync)| match nnunet {
-        Some(b) => super::nnunet::write_case(cache, job, params, b, on_voxels),
+        Some(b) => super::nnunet::write_case(cache, job, params, b, source, on_voxels),
         None => write_case(cache, job, params, d, on_voxels),
     };
     let mut disk_full = false;

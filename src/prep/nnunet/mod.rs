@@ -141,20 +141,22 @@ pub fn preprocess(
     reader: &str,
     tmp: &Path,
 ) -> Result<Preprocessed> {
-    run(case, plans, reader, None, tmp).map(|(p, _)| p)
+    run(case, plans, reader, None, INPUT_RAM_BYTES, tmp).map(|(p, _)| p)
 }
 
 /// [`preprocess`] of a training case with its segmentation (`case.label`, checked by `check`
 /// as it is read): the label cropped with the image, in the normalization mask where it is
-/// foreground, and resampled with the plans' `resampling_fn_seg_kwargs` ([`seg`]).
+/// foreground, and resampled with the plans' `resampling_fn_seg_kwargs` ([`seg`]). Inputs whose
+/// voxels pass `ram_bytes` are inflated into scratch files.
 pub fn preprocess_training(
     case: &CaseSource,
     plans: &Plans,
     reader: &str,
     check: LabelCheck,
+    ram_bytes: u64,
     tmp: &Path,
 ) -> Result<(Preprocessed, Option<PreprocessedLabel>)> {
-    run(case, plans, reader, Some(check), tmp)
+    run(case, plans, reader, Some(check), ram_bytes, tmp)
 }
 
 fn run(
@@ -162,6 +164,7 @@ fn run(
     plans: &Plans,
     reader: &str,
     check: Option<LabelCheck>,
+    ram_bytes: u64,
     tmp: &Path,
 ) -> Result<(Preprocessed, Option<PreprocessedLabel>)> {
     let channels = plans.channels();
@@ -175,7 +178,7 @@ fn run(
         ));
     }
     let opts = SourceOptions {
-        ram_limit_bytes: INPUT_RAM_BYTES,
+        ram_limit_bytes: ram_bytes,
         scratch_dir: tmp.to_path_buf(),
     };
     let mut sources = Vec::with_capacity(channels);
@@ -280,9 +283,11 @@ fn run(
                 ),
             })?;
             let sep = spline::separate_axis(how.force_separate_z, spacing_transposed, target);
-            if (sep.is_some() && how.order_z != 0 && shape_after_cropping != new_shape)
-                || how.order == 2
-            {
+            // nnU-Net's other path (per-label rounding along the separate axis) is taken only
+            // where that axis changes size.
+            let other_path =
+                sep.is_some_and(|a| how.order_z != 0 && shape_after_cropping[a] != new_shape[a]);
+            if other_path || how.order == 2 {
                 return Err(Error::Model {
                     path: plans.path.clone(),
                     message: format!(

@@ -88,20 +88,32 @@ pub(super) fn resample_label(
         }
         return Ok(out);
     }
+    // The values are sorted: an order-0 sample is always one of them.
     let index_of = |v: f64| -> u16 {
         label
             .values
-            .iter()
-            .position(|&x| f64::from(x) == v)
-            .unwrap_or(0) as u16
+            .partition_point(|&x| f64::from(x) < v)
+            .min(label.values.len() - 1) as u16
     };
     // The nearest-neighbour label of every output voxel (skimage's order 0 on every axis).
     let nearest_axes = axes.map(|a| Axis {
         kind: Kind::Nearest,
         ..a
     });
-    let nn: Scratch<f64> = Scratch::new(tmp, [1, to[0], to[1], to[2]])?;
-    resample::resample_via::<f32, f64, f64>(&label.voxels, &nn, nearest_axes, Clip::None, tmp)?;
+    let nn_value: Scratch<f64> = Scratch::new(tmp, [1, to[0], to[1], to[2]])?;
+    resample::resample_via::<f32, f64, f64>(
+        &label.voxels,
+        &nn_value,
+        nearest_axes,
+        Clip::None,
+        tmp,
+    )?;
+    let nn: Scratch<u16> = Scratch::new(tmp, [1, to[0], to[1], to[2]])?;
+    for z in 0..to[0] {
+        let row: Vec<u16> = nn_value.slice(0, z)?.into_iter().map(index_of).collect();
+        nn.write_rows(0, z, 0, &row)?;
+    }
+    drop(nn_value);
     let best: Scratch<f64> = Scratch::new(tmp, [1, to[0], to[1], to[2]])?;
     let win: Scratch<u16> = Scratch::new(tmp, [1, to[0], to[1], to[2]])?;
     // Whether the nearest neighbour's label holds the top score (so far).
@@ -123,7 +135,7 @@ pub(super) fn resample_label(
         let i = i as u16;
         for z in 0..to[0] {
             let s = score.slice(0, z)?;
-            let nz: Vec<u16> = nn.slice(0, z)?.into_iter().map(index_of).collect();
+            let nz = nn.slice(0, z)?;
             if i == 0 {
                 let top: Vec<u8> = s
                     .iter()
@@ -160,7 +172,7 @@ pub(super) fn resample_label(
         let nz = nn.slice(0, z)?;
         let row: Vec<u16> = (0..wv.len())
             .map(|k| {
-                let idx = if top[k] != 0 { index_of(nz[k]) } else { wv[k] };
+                let idx = if top[k] != 0 { nz[k] } else { wv[k] };
                 value_of(label.values[idx as usize])
             })
             .collect();
