@@ -27,6 +27,21 @@ fn npz(path: &Path, key: &str) -> (Vec<usize>, Vec<f32>) {
     parse_npy(&bytes)
 }
 
+/// `prep build-cache DATA --nnunet-plans DATA/nnUNetPlans.json --configuration C`.
+fn build(data: &Path, cache: &Path, configuration: &str) -> std::process::Output {
+    prep(&[
+        "build-cache",
+        s(data),
+        "--cache-dir",
+        s(cache),
+        "--nnunet-plans",
+        s(&data.join("nnUNetPlans.json")),
+        "--configuration",
+        configuration,
+        "-q",
+    ])
+}
+
 /// Build the dataset's cache from its plans and compare every case with nnU-Net's arrays:
 /// data within 1e-4 of the channel's largest magnitude, labels equal (nnU-Net's -1 as 0).
 fn matches_nnunet(name: &str) {
@@ -34,17 +49,7 @@ fn matches_nnunet(name: &str) {
     let data = t.path().join("raw");
     crate::common::fixtures::copy_tree(&fixture(name), &data);
     let cache = t.path().join("cache");
-    let out = prep(&[
-        "build-cache",
-        s(&data),
-        "--cache-dir",
-        s(&cache),
-        "--nnunet-plans",
-        s(&data.join("nnUNetPlans.json")),
-        "--configuration",
-        "3d_fullres",
-        "-q",
-    ]);
+    let out = build(&data, &cache, "3d_fullres");
     assert!(out.status.success(), "{out:?}");
     let reader = CacheReader::open(&cache).unwrap();
     let dataset = reader.datasets()[0].to_string();
@@ -103,21 +108,8 @@ fn plans_a_cache_cannot_reproduce_are_refused_by_name() {
     let t = tempfile::tempdir().unwrap();
     let data = t.path().join("raw");
     crate::common::fixtures::copy_tree(&fixture("Dataset991_CacheCT"), &data);
-    let plans = data.join("nnUNetPlans.json");
     let cache = t.path().join("cache");
-    let run = |configuration: &str| {
-        prep(&[
-            "build-cache",
-            s(&data),
-            "--cache-dir",
-            s(&cache),
-            "--nnunet-plans",
-            s(&plans),
-            "--configuration",
-            configuration,
-            "-q",
-        ])
-    };
+    let run = |configuration: &str| build(&data, &cache, configuration);
     let out = run("2d");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let said = String::from_utf8_lossy(&out.stderr).to_string();
@@ -137,17 +129,7 @@ fn a_fold_of_such_a_cache_is_refused_before_training_and_its_model_by_predict() 
     let data = t.path().join("raw");
     crate::common::fixtures::copy_tree(&fixture("Dataset991_CacheCT"), &data);
     let cache = t.path().join("cache");
-    let plans = data.join("nnUNetPlans.json");
-    let args = [
-        "build-cache",
-        s(&data),
-        "--cache-dir",
-        s(&cache),
-        "--nnunet-plans",
-        s(&plans),
-        "-q",
-    ];
-    assert!(prep(&args).status.success());
+    assert!(build(&data, &cache, "3d_fullres").status.success());
     let train = |extra: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_train"))
             .args(["--cache-dir", s(&cache), "--steps", "2", "--out"])

@@ -54,14 +54,9 @@ struct DecodedLabel {
     file: (blake3::Hash, u64),
 }
 
-/// Read and check one case's input, computing its statistics as it streams (everything before
-/// resampling). Headers are checked against each other before any voxel is read.
-pub(super) fn decode_case(
-    job: &Job,
-    params: &OutputParams,
-    source: &nifti_io::SourceOptions,
-) -> Result<Decoded> {
-    let s = job.scanned;
+/// Read the case's headers again and check them against each other (the files may have
+/// changed since the scan); the first channel's header.
+pub(super) fn check_headers(s: &ScannedCase) -> Result<nifti_io::HeaderInfo> {
     let id = &s.source.id;
     let header = |k: usize| {
         let (path, frame) = s.source.channel(k);
@@ -74,6 +69,57 @@ pub(super) fn decode_case(
     if let Some(l) = &s.source.label {
         check_pair(id, &first, &nifti_io::read_header(l)?)?;
     }
+    Ok(first)
+}
+
+/// Refuse to file a case under its key when the files read (the channels' and the label's
+/// hashes) are not those the key was computed from: they changed during the build.
+pub(super) fn same_key(
+    job: &Job,
+    params: &OutputParams,
+    images: &[blake3::Hash],
+    label: Option<&blake3::Hash>,
+) -> Result<()> {
+    let s = job.scanned;
+    let hashes = images
+        .iter()
+        .zip(&s.source.images)
+        .enumerate()
+        .map(|(k, (h, p))| channel_hash(params, k, p, *h))
+        .collect::<Result<Vec<_>>>()?;
+    if content_key(params, &s.source.id, &hashes, label) != job.key {
+        return Err(Error::case(
+            &s.source.id,
+            "an input file changed during the build; run it again",
+        ));
+    }
+    Ok(())
+}
+
+/// The entry's record of the input image's grid, from its header.
+pub(super) fn input_geometry(h: &nifti_io::HeaderInfo) -> InputGeometry {
+    InputGeometry {
+        shape_xyz: h.shape_xyz,
+        spacing_xyz: h.spacing_xyz,
+        affine: h.affine.0,
+        affine_source: h.affine_source.to_string(),
+        affine_warning: h.affine_warning.clone(),
+        orientation: h.affine.axis_codes(),
+        datatype: h.datatype.to_string(),
+        unit: h.unit.to_string(),
+    }
+}
+
+/// Read and check one case's input, computing its statistics as it streams (everything before
+/// resampling). Headers are checked against each other before any voxel is read.
+pub(super) fn decode_case(
+    job: &Job,
+    params: &OutputParams,
+    source: &nifti_io::SourceOptions,
+) -> Result<Decoded> {
+    let s = job.scanned;
+    let id = &s.source.id;
+    check_headers(s)?;
     // The channels and the label inflate on two threads: gzip decoding is sequential within a
     // file. Channels share the in-memory budget (each beyond its share goes to scratch).
     let n = s.source.images.len().max(1) as u64;
@@ -120,20 +166,8 @@ pub(super) fn decode_case(
     if let Some(l) = &label {
         check_pair(id, images[0].0.header(), l.voxels.header())?;
     }
-    // The files may have changed since the key was computed: refuse to file them under it.
-    let hashes = images
-        .iter()
-        .zip(&s.source.images)
-        .enumerate()
-        .map(|(k, ((_, st, _), p))| channel_hash(params, k, p, st.file_hash))
-        .collect::<Result<Vec<_>>>()?;
-    let key = content_key(params, id, &hashes, label.as_ref().map(|l| &l.file.0));
-    if key != job.key {
-        return Err(Error::case(
-            id,
-            "an input file changed during the build; run it again",
-        ));
-    }
+    let read: Vec<blake3::Hash> = images.iter().map(|(_, st, _)| st.file_hash).collect();
+    same_key(job, params, &read, label.as_ref().map(|l| &l.file.0))?;
     let mut channels = Vec::new();
     for ((voxels, streamed, stats), (path, cp)) in images
         .into_iter()
@@ -189,16 +223,7 @@ pub(super) fn write_case(
             _ => None,
         },
     };
-    let input = InputGeometry {
-        shape_xyz: h.shape_xyz,
-        spacing_xyz: h.spacing_xyz,
-        affine: h.affine.0,
-        affine_source: h.affine_source.to_string(),
-        affine_warning: h.affine_warning.clone(),
-        orientation: h.affine.axis_codes(),
-        datatype: h.datatype.to_string(),
-        unit: h.unit.to_string(),
-    };
+    let input = input_geometry(h);
     let output = OutputGeometry::new(
         out_xyz,
         job.plan.out_spacing_xyz,
@@ -313,7 +338,7 @@ fn failpoint(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn file_name(p: &Path) -> String {
+pub(super) fn file_name(p: &Path) -> String {
     p.file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default()
@@ -341,7 +366,7 @@ pub(super) fn case_key(params: &OutputParams, s: &ScannedCase) -> Result<String>
 
 /// What channel `k` (file `p`, whose bytes hash to `file`) adds to its case's key: the file's
 /// hash, and the probabilities the channel is made from when there are some.
-pub(super) fn channel_hash(
+fn channel_hash(
     params: &OutputParams,
     k: usize,
     p: &Path,

@@ -9,18 +9,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::case::{channel_hash, Job, Written};
+use super::case::{check_headers, file_name, input_geometry, same_key, Job, Written};
 use crate::cache::store::EntryStore;
-use crate::cache::{content_key, CacheDir};
+use crate::cache::CacheDir;
 use crate::error::{Error, Result};
-use crate::format::entry::{InputGeometry, OutputGeometry, SourceFile, Sources};
+use crate::format::entry::{OutputGeometry, SourceFile, Sources};
 use crate::format::nnunet::Plans;
 use crate::format::{
     ChannelParams, ForegroundStats, NnunetPreprocessing, Normalization, OutputParams,
 };
 use crate::geometry::VoxelRead;
 use crate::nifti_io::{self, LabelCheck};
-use crate::prep::dataset::scan::{check_channel, check_pair};
 use crate::prep::dataset::DatasetSource;
 use crate::prep::nnunet::volume::Scratch;
 use crate::prep::nnunet::{preprocess_training, reader_unit_scale, CaseGeometry};
@@ -198,12 +197,6 @@ fn cached_affine(file: &[[f64; 4]; 4], g: &CaseGeometry, tf: [usize; 3]) -> [[f6
     out
 }
 
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 /// Preprocess one case as nnU-Net would for `build`'s configuration and write its entry into
 /// a temporary folder.
 pub(super) fn write_case(
@@ -216,17 +209,7 @@ pub(super) fn write_case(
 ) -> Result<Written> {
     let s = job.scanned;
     let id = &s.source.id;
-    let header = |k: usize| {
-        let (path, frame) = s.source.channel(k);
-        nifti_io::read_frame_header(path, frame)
-    };
-    let first = header(0)?;
-    for k in 1..s.source.images.len() {
-        check_channel(id, &first, &header(k)?)?;
-    }
-    if let Some(l) = &s.source.label {
-        check_pair(id, &first, &nifti_io::read_header(l)?)?;
-    }
+    let first = check_headers(s)?;
     let mut check = match &s.source.label {
         Some(l) => LabelCheck::new(l),
         None => LabelCheck::new(Path::new("")),
@@ -243,20 +226,8 @@ pub(super) fn write_case(
         &source.scratch_dir,
     )?;
     // The files may have changed since the key was computed: refuse to file them under it.
-    let hashes = pre
-        .files
-        .iter()
-        .zip(&s.source.images)
-        .enumerate()
-        .map(|(k, ((h, _), p))| channel_hash(params, k, p, *h))
-        .collect::<Result<Vec<_>>>()?;
-    let key = content_key(params, id, &hashes, label.as_ref().map(|l| &l.file.0));
-    if key != job.key {
-        return Err(Error::case(
-            id,
-            "an input file changed during the build; run it again",
-        ));
-    }
+    let read: Vec<blake3::Hash> = pre.files.iter().map(|(h, _)| *h).collect();
+    same_key(job, params, &read, label.as_ref().map(|l| &l.file.0))?;
     let g = &pre.geometry;
     let out_zyx = g.new_shape;
     let out_xyz = [out_zyx[2], out_zyx[1], out_zyx[0]];
@@ -276,16 +247,7 @@ pub(super) fn write_case(
         affine,
         out_affine.axis_codes(),
     );
-    let input = InputGeometry {
-        shape_xyz: first.shape_xyz,
-        spacing_xyz: first.spacing_xyz,
-        affine: first.affine.0,
-        affine_source: first.affine_source.to_string(),
-        affine_warning: first.affine_warning.clone(),
-        orientation: first.affine.axis_codes(),
-        datatype: first.datatype.to_string(),
-        unit: first.unit.to_string(),
-    };
+    let input = input_geometry(&first);
     let source = Sources {
         images: pre
             .files
