@@ -3,7 +3,7 @@
 alternating, on the same cases: patches per second as a PyTorch user would get them.
 
     python scripts/bench_python_loader.py --cache CACHE --out DIR [--patch 32,64,64]
-        [--batch 2] [--batches N] [--rounds 5] [--threads 1]
+        [--batch 2] [--batches N] [--rounds 5] [--threads 1] [--augment]
 
 Run it with a Python that has nnunetv2 and the voxcache package (`pip install nnunetv2
 ./python`). DIR holds the cache's cases converted as nnU-Net's preprocessing writes them
@@ -13,6 +13,12 @@ foreground, and hand numpy arrays to Python: nnU-Net's generate_train_batch() on
 voxcache.PatchLoader(augment=None, threads=--threads) whose Rust threads build the batches
 while Python waits with the GIL released. Prints each round, then the medians, their ratio and
 one JSON line.
+
+With --augment both sides augment: nnU-Net's nnUNetDataLoader draws its larger initial patch
+(get_patch_size with the rotation and scale ranges its trainer uses for a 3D patch) and applies
+nnUNetTrainer.get_training_transforms (no deep supervision, mirroring on every axis) inside
+generate_train_batch() on one thread; voxcache.PatchLoader(augment="default") applies nnU-Net's
+default augmentation as voxcache implements it.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=200, help="batches per round and side")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="voxcache loader threads")
+    ap.add_argument("--augment", action="store_true", help="nnU-Net's default augmentation on both sides")
     a = ap.parse_args()
     patch = tuple(int(v) for v in a.patch.split(","))
     if len(patch) != 3 or min(patch) < 1 or min(a.batch, a.batches, a.rounds, a.threads) < 1:
@@ -52,11 +59,21 @@ def main() -> None:
 
     ds = nn.nnUNetDatasetBlosc2(str(out))
     lm = nn.LabelManager({"background": 0, "vessel": 1}, regions_class_order=None)
-    theirs = nn.nnUNetDataLoader(ds, a.batch, patch, patch, lm, oversample_foreground_percent=0.33,
-                                 transforms=None)
+    initial, transforms = patch, None
+    if a.augment:
+        from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_patch_size
+        from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+        rotation = (-30.0 / 360 * 2 * nn.np.pi, 30.0 / 360 * 2 * nn.np.pi)
+        initial = tuple(int(v) for v in get_patch_size(patch, rotation, rotation, rotation, (0.85, 1.25)))
+        transforms = nnUNetTrainer.get_training_transforms(
+            patch, rotation, None, (0, 1, 2), False, use_mask_for_norm=[False], is_cascaded=False,
+            foreground_labels=[1], regions=None, ignore_label=None)
+    theirs = nn.nnUNetDataLoader(ds, a.batch, initial, patch, lm, oversample_foreground_percent=0.33,
+                                 transforms=transforms)
     nn.np.random.seed(1234)
-    ours = iter(voxcache.PatchLoader(a.cache, patch, a.batch, augment=None, threads=a.threads,
-                                     seed=1234))
+    ours = iter(voxcache.PatchLoader(a.cache, patch, a.batch, augment="default" if a.augment else None,
+                                     threads=a.threads, seed=1234))
     for _ in range(5):
         theirs.generate_train_batch()
         next(ours)
@@ -76,10 +93,10 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"median: nnU-Net {med['nnunet']:.1f}, voxcache {med['voxcache']:.1f} patches/s "
           f"({med['voxcache'] / med['nnunet']:.1f}x), patch {list(patch)}, batch {a.batch}, "
-          f"voxcache threads {a.threads}")
+          f"voxcache threads {a.threads}, augmentation {'on' if a.augment else 'off'}")
     print(json.dumps({
         "nnunetv2": nn.version("nnunetv2"), "patch": list(patch), "batch": a.batch,
-        "threads": a.threads, "rounds": {k: [round(x, 1) for x in v] for k, v in rates.items()},
+        "threads": a.threads, "augment": a.augment, "rounds": {k: [round(x, 1) for x in v] for k, v in rates.items()},
         "median_patches_per_s": {k: round(v, 1) for k, v in med.items()},
         "ratio": round(med["voxcache"] / med["nnunet"], 2),
     }))
