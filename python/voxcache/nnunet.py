@@ -17,11 +17,10 @@ nnUNetTrainerVoxcache`` and nnU-Net's other tools load it unchanged.
 What is voxcache's: patch sampling (nnU-Net's foreground oversampling, from the cache's
 foreground index, the ignore label never a centre) and the augmentation (nnU-Net's default
 transforms, its probabilities and ranges, implemented in voxcache). Under torch.distributed
-each rank draws its share of every step's batch (PatchLoader's default). Not reproduced:
-nnU-Net's ``MaskImageTransform``, which zeroes channels normalized in the nonzero mask where
-the background outside that mask lies, after augmentation (the cache stores that background as
-0 and no longer tells it apart): there the noise, contrast and gamma transforms leave values
-nnU-Net would have zeroed.
+each rank draws its share of every step's batch (PatchLoader's default). nnU-Net's
+``MaskImageTransform`` is applied by the loader: where the plans normalize a channel within the
+nonzero mask, augmented patches have it zeroed outside the mask the cache keeps (nnU-Net's -1),
+the mask read through the spatial map by nearest voxel.
 
 The final validation (``perform_actual_validation``) reads nnU-Net's own preprocessed arrays:
 it runs when ``nnUNetv2_preprocess`` made them for this configuration, and is skipped with a

@@ -77,6 +77,9 @@ struct EntryInner {
     /// Whether the entry was built with a distance array at all.
     has_distance: bool,
     skeleton: Option<ArrayReader>,
+    /// nnU-Net's normalization mask and the channels masked by it (empty without one).
+    norm_mask: Option<ArrayReader>,
+    norm_mask_channels: Vec<u16>,
     fg_array: Option<String>,
     fg_ranges: BTreeMap<u16, FgRange>,
     /// The `fg` array's rows (class, z, y, x), flat, read on first use.
@@ -184,6 +187,12 @@ impl EntryReader {
     /// Whether the entry holds the label's skeleton (built with `--derived skeleton`).
     pub fn has_skeleton(&self) -> bool {
         self.inner.skeleton.is_some()
+    }
+
+    /// The image channels nnU-Net's training zeroes outside the entry's normalization mask
+    /// (empty when the entry has none).
+    pub fn norm_mask_channels(&self) -> &[u16] {
+        &self.inner.norm_mask_channels
     }
 
     /// Copy the box `start_zyx .. start_zyx + size_zyx` into `out_image` (every channel, C

@@ -19,6 +19,8 @@ pub enum SpanOut<'a> {
     Distance(u16, &'a mut [f32]),
     /// The label's skeleton (as [`PatchSource::read_skeleton`]).
     Skeleton(&'a mut [u16]),
+    /// nnU-Net's normalization mask (as [`PatchSource::read_norm_mask`]).
+    NormMask(&'a mut [u16]),
 }
 
 /// One case's arrays on one grid: an image, optionally a label, and a foreground index.
@@ -96,6 +98,7 @@ pub trait PatchSource: Send + Sync {
             SpanOut::LabelBytes(o) => self.read_label_u8(start_zyx, size_zyx, o),
             SpanOut::Distance(c, o) => self.read_distance(c, start_zyx, size_zyx, o),
             SpanOut::Skeleton(o) => self.read_skeleton(start_zyx, size_zyx, o),
+            SpanOut::NormMask(o) => self.read_norm_mask(start_zyx, size_zyx, o),
         }
     }
 
@@ -139,6 +142,26 @@ pub trait PatchSource: Send + Sync {
     ) -> Result<()> {
         Err(crate::error::Error::Config(format!(
             "{}: no skeleton (build the cache with --derived skeleton)",
+            self.name()
+        )))
+    }
+
+    /// The image channels to zero outside the normalization mask after augmentation, as
+    /// nnU-Net's training does (its MaskImageTransform); empty for most cases.
+    fn norm_mask_channels(&self) -> Vec<u16> {
+        Vec::new()
+    }
+
+    /// nnU-Net's normalization mask over a box (1 inside, 0 outside it and outside the
+    /// volume); an error when the case has none.
+    fn read_norm_mask(
+        &self,
+        _start_zyx: [i64; 3],
+        _size_zyx: [usize; 3],
+        _out: &mut [u16],
+    ) -> Result<()> {
+        Err(crate::error::Error::Config(format!(
+            "{}: no normalization mask",
             self.name()
         )))
     }
@@ -190,6 +213,7 @@ fn read_entry(e: &EntryReader, region: Region, out: SpanOut) -> Result<()> {
         SpanOut::LabelBytes(o) => e.read(ArrayKind::Label, region, NO_MIRROR, o),
         SpanOut::Distance(c, o) => e.read(ArrayKind::Distance(c), region, NO_MIRROR, o),
         SpanOut::Skeleton(o) => e.read(ArrayKind::Skeleton, region, NO_MIRROR, o),
+        SpanOut::NormMask(o) => e.read(ArrayKind::NormMask, region, NO_MIRROR, o),
     }
 }
 
@@ -289,5 +313,13 @@ impl PatchSource for EntryReader {
 
     fn read_skeleton(&self, start: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
         read_entry(self, Region::new(start, size), SpanOut::Skeleton(out))
+    }
+
+    fn norm_mask_channels(&self) -> Vec<u16> {
+        EntryReader::norm_mask_channels(self).to_vec()
+    }
+
+    fn read_norm_mask(&self, start: [i64; 3], size: [usize; 3], out: &mut [u16]) -> Result<()> {
+        read_entry(self, Region::new(start, size), SpanOut::NormMask(out))
     }
 }

@@ -38,6 +38,9 @@ pub struct ChunkChecksums {
     /// Skeleton block name -> hash; empty when not built.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub skeleton: BTreeMap<String, String>,
+    /// Normalization-mask block name -> hash; empty when the entry has none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub norm_mask: BTreeMap<String, String>,
 }
 
 impl ChunkChecksums {
@@ -50,6 +53,7 @@ impl ChunkChecksums {
             label: BTreeMap::new(),
             distance: BTreeMap::new(),
             skeleton: BTreeMap::new(),
+            norm_mask: BTreeMap::new(),
         }
     }
 
@@ -70,6 +74,7 @@ impl ChunkChecksums {
             super::entry::LABEL_ARRAY => Some(&self.label),
             super::entry::DISTANCE_ARRAY => Some(&self.distance),
             super::entry::SKELETON_ARRAY => Some(&self.skeleton),
+            super::entry::NORM_MASK_ARRAY => Some(&self.norm_mask),
             _ => None,
         }
     }

@@ -27,6 +27,9 @@ pub const FG_ARRAY: &str = "fg";
 pub const DISTANCE_ARRAY: &str = "distance";
 /// Name of the entry's skeleton array (the label's type; each skeleton voxel holds its class).
 pub const SKELETON_ARRAY: &str = "skeleton";
+/// Name of the entry's normalization-mask array (uint8: 1 where nnU-Net's preprocessed
+/// segmentation is not -1, the voxels its training keeps in the channels it masks).
+pub const NORM_MASK_ARRAY: &str = "norm_mask";
 
 /// One input file of a case.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -189,6 +192,21 @@ pub struct DerivedInfo {
     /// The skeleton, if built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skeleton: Option<SkeletonInfo>,
+    /// nnU-Net's normalization mask, in a labelled entry of a cache of nnU-Net's
+    /// preprocessing whose plans normalize some channel within the mask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_mask: Option<NormMaskInfo>,
+}
+
+/// The normalization mask of an entry of nnU-Net's preprocessing: where nnU-Net's own
+/// preprocessed segmentation is not -1 (inside the filled nonzero mask, or labelled). Its
+/// training zeroes the masked channels outside it after augmentation (MaskImageTransform).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NormMaskInfo {
+    /// The array's name ([`NORM_MASK_ARRAY`]).
+    pub array: String,
+    /// The image channels normalized within the mask (zeroed outside it after augmentation).
+    pub channels: Vec<u16>,
 }
 
 /// Everything voxcache records about one entry.
@@ -377,6 +395,22 @@ impl EntryAttrs {
                 return bad(format!(
                     "derived.skeleton: array {:?} (expected {SKELETON_ARRAY:?}, in a labelled entry)",
                     s.array
+                ));
+            }
+        }
+        if let Some(m) = &self.derived.norm_mask {
+            let channels = self.params.channels.len();
+            let ascending = m.channels.windows(2).all(|w| w[0] < w[1]);
+            if m.array != NORM_MASK_ARRAY
+                || self.label.is_none()
+                || self.params.nnunet.is_none()
+                || m.channels.is_empty()
+                || !ascending
+                || m.channels.iter().any(|&c| c as usize >= channels)
+            {
+                return bad(format!(
+                    "derived.norm_mask: array {:?}, channels {:?} (expected {NORM_MASK_ARRAY:?}, ascending channels of the {channels}, in a labelled entry of nnU-Net's preprocessing)",
+                    m.array, m.channels
                 ));
             }
         }

@@ -41,7 +41,9 @@ use serde::{Deserialize, Deserializer};
 pub use array::{ArrayLayout, Encoding, ZARR_JSON};
 pub use checksums::{ChunkChecksums, CHECKSUMS_AT};
 pub use dtype::Dtype;
-pub use entry::{EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY};
+pub use entry::{
+    EntryAttrs, DISTANCE_ARRAY, FG_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, NORM_MASK_ARRAY, SKELETON_ARRAY,
+};
 pub use labels::Labels;
 pub use manifest::{
     entry_rel, key_is_valid, rel_path_is_plain, Manifest, ManifestCase, ManifestDataset,

@@ -229,6 +229,11 @@ pub struct NnunetPreprocessing {
     pub reader: String,
     /// The plans' `transpose_forward`: the cached axes are the files' (z, y, x) permuted so.
     pub transpose_forward: [usize; 3],
+    /// The channels the plans normalize within the nonzero mask (`use_mask_for_norm`): a
+    /// labelled entry then holds the normalization mask, and nnU-Net's training zeroes these
+    /// channels outside it after augmentation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub norm_mask_channels: Vec<u16>,
 }
 
 /// How one image channel is normalized. Channel names are not here: renaming a channel in

@@ -37,6 +37,8 @@ pub struct EntryMeta {
     pub distance_channels: Option<usize>,
     /// Whether the entry has a skeleton array (of the label's type).
     pub skeleton: bool,
+    /// Whether the entry has nnU-Net's normalization mask (uint8).
+    pub norm_mask: bool,
     /// Chunk shape (z, y, x).
     pub chunk_zyx: [usize; 3],
     /// Shard shape (z, y, x), if sharded.
@@ -107,6 +109,7 @@ pub fn read_entry(root: &Path, dir: &Path) -> Found<EntryMeta> {
         label_dtype: a.label.as_ref().map(|l| l.dtype),
         distance_channels: a.derived.distance.as_ref().map(|d| d.classes.len()),
         skeleton: a.derived.skeleton.is_some(),
+        norm_mask: a.derived.norm_mask.is_some(),
         chunk_zyx: a.layout.chunk_zyx,
         shard_zyx: a.layout.shard_zyx,
         codec: codec_name(&a.params.compression),

@@ -200,6 +200,9 @@ pub fn verify_entry(root: &Path, m: &EntryMeta) -> (VerifySummary, Vec<Problem>)
         if m.skeleton {
             arrays.push((crate::format::SKELETON_ARRAY, l, None));
         }
+        if m.norm_mask {
+            arrays.push((crate::format::NORM_MASK_ARRAY, Dtype::Uint8, None));
+        }
     }
     if let Some(c) = m.distance_channels.filter(|&c| c > 0) {
         arrays.push((crate::format::DISTANCE_ARRAY, Dtype::Float32, Some(c)));

@@ -21,9 +21,10 @@ use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::train::augment::{augment_mirrored, draw_moves, AugmentConfig, Moves};
 use crate::train::cascade::{previous_stage_channels, CascadeAugment};
+use crate::train::norm_mask::{self, MaskAsSkeleton};
 use crate::train::sampler::{PatchChoice, Sampler};
 use crate::train::skeleton_target::{skeleton_of, tube_around};
-use crate::train::spatial::TransformedReader;
+use crate::train::spatial::{Transform, TransformedReader};
 use crate::util::rng::Rng;
 
 /// Stream tag of augmentation draws (`Rng::derive(seed, &[AUGMENT_STREAM, step, sample])`).
@@ -145,6 +146,9 @@ struct Job {
     centreline: bool,
     distance: Vec<u16>,
     cascade: Option<CascadeInput>,
+    /// Zero the channels a case's normalization mask names outside it, after augmenting (as
+    /// nnU-Net's training does); never for raw patches.
+    mask_norm: bool,
 }
 
 struct State {
@@ -258,6 +262,7 @@ impl Loader {
         let job = Arc::new(Job {
             entries,
             sampler,
+            mask_norm: cfg.augment != AugmentConfig::none(),
             augment: cfg.augment,
             skeleton: cfg.skeleton,
             centreline: cfg.centreline,
@@ -515,44 +520,37 @@ fn build_batch(
             let from = img.len() - c.channels * n;
             previous_stage(&mut img[from..], patch, c.augment.as_ref(), &mut crng)?;
         }
+        let along = Along {
+            start_zyx: c.start_zyx,
+            patch,
+            transform: &transform,
+            moves,
+        };
+        let named = |err: Error, what: &str| {
+            Error::case(
+                case_name(entry),
+                format!("batch {step}, sample {i}: reading {what}: {err}"),
+            )
+        };
+        // nnU-Net's MaskImageTransform, after every other transform of the image.
+        let masked = entry.norm_mask_channels();
+        if job.mask_norm && !masked.is_empty() {
+            let mut mask = vec![0u16; n];
+            let src = MaskAsSkeleton(entry.as_ref());
+            along
+                .read(reader, &src, &[], &mut [], Some(&mut mask))
+                .map_err(|e| named(e, "the normalization mask"))?;
+            norm_mask::apply(img, n, &masked, &mask);
+        }
         // The derived arrays follow the same map and the same mirrorings.
         let cached_skeleton = (job.skeleton || job.centreline) && entry.has_skeleton();
         if !job.distance.is_empty() || cached_skeleton {
             let k = job.distance.len();
             let d = &mut distance[i * k * n..(i + 1) * k * n];
             let sk = cached_skeleton.then(|| &mut centreline[i * n..(i + 1) * n]);
-            // Maps other than plain crops and deformations take the mirrorings in their matrix,
-            // as the image did (the same coordinates bit for bit, and no pass after).
-            let in_matrix = !transform.is_identity() && transform.elastic.is_none();
-            let mirrored = in_matrix.then(|| transform.mirrored(moves.flips));
-            reader
-                .read_derived(
-                    entry.as_ref(),
-                    c.start_zyx,
-                    patch,
-                    mirrored.as_ref().unwrap_or(&transform),
-                    &job.distance,
-                    d,
-                    sk,
-                )
-                .map_err(|err| {
-                    Error::case(
-                        case_name(entry),
-                        format!("batch {step}, sample {i}: reading derived arrays: {err}"),
-                    )
-                })?;
-            let after = if in_matrix {
-                Moves {
-                    flips: [false; 3],
-                    ..moves
-                }
-            } else {
-                moves
-            };
-            after.apply(d, patch);
-            if cached_skeleton {
-                after.apply(&mut centreline[i * n..(i + 1) * n], patch);
-            }
+            along
+                .read(reader, entry.as_ref(), &job.distance, d, sk)
+                .map_err(|e| named(e, "derived arrays"))?;
         }
         let lab = &*lab;
         if (job.skeleton || job.centreline) && !cached_skeleton {
@@ -581,6 +579,54 @@ fn build_batch(
             .collect(),
         choices,
     })
+}
+
+/// Where a patch was read and how it moved: what the arrays read beside its image follow.
+struct Along<'a> {
+    start_zyx: [i64; 3],
+    patch: [usize; 3],
+    transform: &'a Transform,
+    moves: Moves,
+}
+
+impl Along<'_> {
+    /// Read `src`'s distance maps of `classes` into `distance` and its skeleton into
+    /// `skeleton` through the patch's spatial map, then move them as the image was moved.
+    fn read(
+        &self,
+        reader: &mut TransformedReader,
+        src: &dyn PatchSource,
+        classes: &[u16],
+        distance: &mut [f32],
+        mut skeleton: Option<&mut [u16]>,
+    ) -> Result<()> {
+        let t = self.transform;
+        // Maps other than plain crops and deformations take the mirrorings in their matrix,
+        // as the image did (the same coordinates bit for bit, and no pass after).
+        let in_matrix = !t.is_identity() && t.elastic.is_none();
+        let mirrored = in_matrix.then(|| t.mirrored(self.moves.flips));
+        reader.read_derived(
+            src,
+            self.start_zyx,
+            self.patch,
+            mirrored.as_ref().unwrap_or(t),
+            classes,
+            distance,
+            skeleton.as_deref_mut(),
+        )?;
+        let after = match in_matrix {
+            true => Moves {
+                flips: [false; 3],
+                ..self.moves
+            },
+            false => self.moves,
+        };
+        after.apply(distance, self.patch);
+        if let Some(s) = skeleton {
+            after.apply(s, self.patch);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ pub mod intensity;
 pub mod loader;
 pub mod loss;
 pub mod metrics;
+mod norm_mask;
 pub mod optim;
 pub mod plot;
 pub mod sampler;

@@ -286,7 +286,7 @@ fn distance_and_skeleton_losses_train_log_and_resume_exactly() {
     assert_eq!(last(&full), last(&halted), "resumed run differs");
 }
 
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+pub(crate) fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();

@@ -68,6 +68,8 @@ fn matches_nnunet(name: &str) {
         assert_eq!(shape[1..], zyx, "{id}: the grid is nnU-Net's");
         assert_eq!(seg_shape, zyx.to_vec(), "{id}");
         assert_eq!(entry.channels(), shape[0], "{id}");
+        let masks = name == "Dataset992_CacheMR";
+        assert_eq!(!entry.norm_mask_channels().is_empty(), masks, "{id}");
         let mut got = vec![0f32; want.len()];
         entry.read_image([0, 0, 0], zyx, &mut got).unwrap();
         let n = zyx.iter().product::<usize>();
@@ -162,4 +164,127 @@ fn a_fold_of_such_a_cache_is_refused_before_training_and_its_model_by_predict() 
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("nnUNetPlans.json"), "{}", text(&out));
+}
+
+/// The masked MR-like set: the cache holds nnU-Net's normalization mask (`seg >= 0`), and
+/// augmented patches have the masked channels zeroed outside it (nnU-Net's MaskImageTransform),
+/// padding beyond the case included, while raw patches are left as read.
+#[test]
+fn augmented_patches_of_a_masked_cache_are_zeroed_outside_nnunets_mask() {
+    use voxcache::cache::source::PatchSource;
+    use voxcache::train::augment::AugmentConfig;
+    use voxcache::train::loader::{Loader, LoaderConfig};
+    use voxcache::train::sampler::{Sampler, SamplerConfig};
+    use voxcache::train::spatial::SpatialConfig;
+
+    let name = "Dataset992_CacheMR";
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("raw");
+    crate::common::fixtures::copy_tree(&fixture(name), &data);
+    let cache = t.path().join("cache");
+    let out = build(&data, &cache, "3d_fullres");
+    assert!(out.status.success(), "{out:?}");
+    let reader = CacheReader::open(&cache).unwrap();
+    let dataset = reader.datasets()[0].to_string();
+    let mut entries = Vec::new();
+    let (mut inside, mut outside) = (0, 0);
+    for e in std::fs::read_dir(fixture(name).join("expected")).unwrap() {
+        let path = e.unwrap().path();
+        let id = path.file_stem().unwrap().to_string_lossy().to_string();
+        let entry = reader.open_entry(&dataset, &id).unwrap();
+        assert_eq!(entry.norm_mask_channels(), [0, 1], "{id}");
+        let zyx = entry.shape_zyx();
+        let mut mask = vec![0u16; zyx.iter().product()];
+        entry.read_norm_mask([0, 0, 0], zyx, &mut mask).unwrap();
+        let (_, seg) = npz(&path, "seg");
+        let differ = mask
+            .iter()
+            .zip(&seg)
+            .filter(|(&m, &s)| (m == 1) != (s >= 0.0))
+            .count();
+        assert_eq!(differ, 0, "{id}: the mask is not nnU-Net's seg >= 0");
+        inside += mask.iter().filter(|&&m| m == 1).count();
+        outside += mask.iter().filter(|&&m| m == 0).count();
+        entries.push(entry);
+    }
+    assert!(inside > 0 && outside > 0, "{inside} in, {outside} out");
+
+    // Intensity transforms on every patch (noise would fill the outside), every axis mirrored,
+    // no spatial map: each patch is its box mirrored, so the mask can be read beside it.
+    let every = AugmentConfig::every();
+    let augment = AugmentConfig {
+        mirror_prob: 1.0,
+        spatial: SpatialConfig::none(),
+        ..every.clone()
+    };
+    let patch = [12, 28, 28];
+    let n: usize = patch.iter().product();
+    // Each patch's image, its box's mask and its box as cached.
+    type Check<'a> = &'a dyn Fn(&[f32], &[u16], &[f32]);
+    let run = |augment: AugmentConfig, steps: u64, check: Check| {
+        let sampler = Sampler::new(&entries, Vec::new(), SamplerConfig::new(patch, 2, 5)).unwrap();
+        let cfg = LoaderConfig {
+            workers: 2,
+            augment,
+            ..LoaderConfig::default()
+        };
+        let mut loader = Loader::start(entries.clone(), sampler, cfg, 0).unwrap();
+        for _ in 0..steps {
+            let (b, _) = loader.next().unwrap();
+            for (i, c) in b.choices.iter().enumerate() {
+                let e = &entries[c.case];
+                let mut mask = vec![0u16; n];
+                e.read_norm_mask(c.start_zyx, patch, &mut mask).unwrap();
+                let mut raw = vec![0f32; 2 * n];
+                e.read_image(c.start_zyx, patch, &mut raw).unwrap();
+                check(&b.image[i * 2 * n..(i + 1) * 2 * n], &mask, &raw);
+            }
+        }
+    };
+    let zeroed_outside = std::cell::Cell::new(0usize);
+    let kept_inside = std::cell::Cell::new(0usize);
+    run(augment, 8, &|img, mask, _| {
+        let mut mask = mask.to_vec();
+        voxcache::geometry::mirror(&mut mask, patch, [true; 3]);
+        for ch in img.chunks_exact(n) {
+            for (v, &m) in ch.iter().zip(&mask) {
+                match m {
+                    0 => {
+                        assert_eq!(*v, 0.0, "a masked channel is not zero outside the mask");
+                        zeroed_outside.set(zeroed_outside.get() + 1);
+                    }
+                    _ => kept_inside.set(kept_inside.get() + usize::from(*v != 0.0)),
+                }
+            }
+        }
+    });
+    assert!(zeroed_outside.get() > 0 && kept_inside.get() > 0);
+    // Raw patches are the cache's values, outside the mask too (nothing zeroed).
+    run(AugmentConfig::none(), 4, &|img, _, raw| {
+        assert_eq!(img, raw)
+    });
+    // Rotated and scaled patches read the mask through the same map (no error, some zeros).
+    let zeros = std::cell::Cell::new(0usize);
+    run(every, 4, &|img, _, _| {
+        zeros.set(zeros.get() + img.iter().filter(|&&v| v == 0.0).count())
+    });
+    assert!(zeros.get() > 0);
+
+    // prep inspect --verify hashes the mask's blocks too, and names a damaged one.
+    let verify = || prep(&["inspect", s(&cache), "--verify", "--json"]);
+    let o = verify();
+    assert!(o.status.success(), "{}", crate::common::fixtures::text(&o));
+    let array = voxcache::format::NORM_MASK_ARRAY;
+    let f = crate::derived::walk(&entries[0].dir().join(array))
+        .into_iter()
+        .max()
+        .unwrap();
+    let mut b = std::fs::read(&f).unwrap();
+    b[0] ^= 0x55;
+    std::fs::write(&f, b).unwrap();
+    let o = verify();
+    assert!(!o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache"]["verify"]["corrupt"], 1, "{v}");
+    assert_eq!(v["problems"][0]["array"], array, "{v}");
 }

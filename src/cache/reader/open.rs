@@ -10,7 +10,8 @@ use super::array::{ArrayReader, Recorded};
 use super::{ChunkCache, EntryInner, EntryReader, FgRange, ReaderOptions, StoredDtype};
 use crate::error::{Error, Result};
 use crate::format::{
-    EntryAttrs, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, SKELETON_ARRAY, ZARR_JSON,
+    EntryAttrs, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, NORM_MASK_ARRAY, SKELETON_ARRAY,
+    ZARR_JSON,
 };
 
 /// Each entry opened gets its own serial: it keys the entry's chunks in the shared caches.
@@ -42,6 +43,7 @@ impl EntryReader {
         let mut next_id = 1 + attrs.channels() as u16;
         let (distance, distance_classes) = o.distance(&mut next_id)?;
         let skeleton = o.skeleton(next_id, label.as_ref())?;
+        let norm_mask = o.norm_mask(next_id + 1, label.as_ref())?;
         let fg_ranges = o.fg_ranges()?;
         Ok(EntryReader {
             inner: Arc::new(EntryInner {
@@ -63,6 +65,16 @@ impl EntryReader {
                 distance_classes,
                 has_distance: attrs.derived.distance.is_some(),
                 skeleton,
+                norm_mask_channels: match &norm_mask {
+                    Some(_) => attrs
+                        .derived
+                        .norm_mask
+                        .as_ref()
+                        .map(|m| m.channels.clone())
+                        .unwrap_or_default(),
+                    None => Vec::new(),
+                },
+                norm_mask,
                 fg_array: attrs.fg_index.array.clone(),
                 fg_ranges,
                 fg_rows: OnceLock::new(),
@@ -214,6 +226,26 @@ impl Opening<'_> {
             )));
         }
         Ok(Some(s))
+    }
+
+    /// nnU-Net's normalization mask, id `id`, when the entry has one (and a `label`).
+    fn norm_mask(&self, id: u16, label: Option<&ArrayReader>) -> Result<Option<ArrayReader>> {
+        let (Some(_), Some(_)) = (&self.attrs.derived.norm_mask, label) else {
+            return Ok(None);
+        };
+        let shape = self.attrs.output.shape_zyx;
+        let mut m =
+            ArrayReader::open_channels(self.dir, NORM_MASK_ARRAY, id, shape, None, self.opts)?
+                .remove(0);
+        let sums = &self.attrs.chunk_checksums;
+        m.set_recorded(Recorded::new(sums, NORM_MASK_ARRAY, None, m.block_bytes()));
+        if m.dtype != crate::format::Dtype::Uint8 {
+            return Err(self.bad(format!(
+                "normalization mask data type {} (expected uint8)",
+                m.dtype.name()
+            )));
+        }
+        Ok(Some(m))
     }
 
     /// The foreground index's rows per class, as in-memory positions.

@@ -26,6 +26,9 @@ pub enum ArrayKind {
     /// The label's skeleton (each skeleton voxel holds its class, 0 elsewhere); an error when
     /// the entry has none.
     Skeleton,
+    /// nnU-Net's normalization mask (1 inside, 0 outside and beyond the volume); an error when
+    /// the entry has none.
+    NormMask,
 }
 
 /// The box a read covers, `start .. start + size` (z, y, x), and which part of its rows.
@@ -163,6 +166,14 @@ impl EntryReader {
                     )
                 })?;
                 region(s, out).map(|_| ())
+            }
+            ArrayKind::NormMask => {
+                let m = self
+                    .inner
+                    .norm_mask
+                    .as_ref()
+                    .ok_or_else(|| Error::cache(dir, "entry has no normalization mask"))?;
+                region(m, out).map(|_| ())
             }
         }
     }

@@ -279,6 +279,7 @@ pub(super) fn write_case(
                     .as_ref()
                     .map(|l| (&l.voxels as &dyn VoxelRead, l.dtype)),
                 previous: previous.as_ref(),
+                norm_mask: None,
                 in_shape_zyx: zyx(h.shape_xyz),
                 out_shape_zyx: zyx(out_xyz),
                 params,

@@ -18,11 +18,12 @@ use crate::cache::store::EntryStore;
 use crate::cache::writer::{build_array, bytes_of, pad_block, short_hex, ArraySpec};
 use crate::error::{Error, Result};
 use crate::format::entry::{
-    FgIndexInfo, InputGeometry, LabelInfo, OutputGeometry, RowRange, Sources,
+    FgIndexInfo, InputGeometry, LabelInfo, NormMaskInfo, OutputGeometry, RowRange, Sources,
 };
 use crate::format::{
     AppliedNormalization, ChunkChecksums, Dtype, EntryAttrs, ImageDtype, IntensityStats,
     Normalization, OutputParams, FG_ARRAY, FORMAT_VERSION, IMAGE_ARRAY, LABEL_ARRAY,
+    NORM_MASK_ARRAY,
 };
 use crate::geometry::{blocks, Block, VoxelRead};
 use crate::prep::derived;
@@ -43,6 +44,9 @@ pub(super) struct EntryInput<'a> {
     /// The first stage's class probabilities, when the previous stage's channels are made
     /// from them (argmax on this grid) rather than from its segmentation.
     pub previous: Option<&'a PreviousProbabilities>,
+    /// nnU-Net's normalization mask (1 inside, 0 outside, on the output grid) and the channels
+    /// it masks, for a labelled entry of nnU-Net's preprocessing whose plans mask some.
+    pub norm_mask: Option<(&'a dyn VoxelRead, &'a [u16])>,
     /// Input shape (z, y, x) in voxels.
     pub in_shape_zyx: [usize; 3],
     /// Output shape (z, y, x) in voxels.
@@ -84,11 +88,13 @@ struct BlockWriter<'a> {
     write_block: [usize; 3],
     image: zarrs::array::Array<EntryStore>,
     label: Option<zarrs::array::Array<EntryStore>>,
+    norm_mask: Option<zarrs::array::Array<EntryStore>>,
     linear: LinearResampler,
     nearest: NearestResampler,
     fg: Mutex<FgAccumulator>,
     image_sums: Sums,
     label_sums: Sums,
+    mask_sums: Sums,
 }
 
 impl BlockWriter<'_> {
@@ -102,9 +108,31 @@ impl BlockWriter<'_> {
         for (c, image) in self.input.images.iter().enumerate() {
             self.image_block(b, (c, *image), &idx, &name, previous.as_deref())?;
         }
+        if let (Some(arr), Some((mask, _))) = (&self.norm_mask, self.input.norm_mask) {
+            self.mask_block(b, arr, mask, &idx, name.clone())?;
+        }
         if let (Some(arr), Some(label)) = (&self.label, self.input.label) {
             self.label_block(b, arr, label, &idx, name)?;
         }
+        Ok(())
+    }
+
+    /// The normalization mask in block `b` (0/1 voxels, stored as bytes).
+    fn mask_block(
+        &self,
+        b: &Block,
+        arr: &zarrs::array::Array<EntryStore>,
+        mask: &dyn VoxelRead,
+        idx: &[u64],
+        name: String,
+    ) -> Result<()> {
+        let mut m = vec![0.0f32; b.len()];
+        self.nearest.fill_from(mask, *b, &mut m)?;
+        let m: Vec<u8> = m.iter().map(|&v| u8::from(v != 0.0)).collect();
+        let m = pad_block(m, b.size, self.write_block, 0u8);
+        arr.store_chunk(idx, m.as_slice())
+            .map_err(|e| Error::zarr(self.dir.join(NORM_MASK_ARRAY), e))?;
+        lock(&self.mask_sums).insert(name, short_hex(&blake3::hash(&m)));
         Ok(())
     }
 
@@ -264,6 +292,14 @@ pub(super) fn write_entry(
                 channels: None,
             })?),
         },
+        norm_mask: match (label_dtype, input.norm_mask) {
+            (Some(_), Some(_)) => Some(array(ArraySpec {
+                name: NORM_MASK_ARRAY,
+                dtype: Dtype::Uint8,
+                channels: None,
+            })?),
+            _ => None,
+        },
         linear: LinearResampler::new(input.in_shape_zyx, out_shape),
         nearest: NearestResampler::new(input.in_shape_zyx, out_shape),
         fg: Mutex::new(FgAccumulator::new(
@@ -273,6 +309,7 @@ pub(super) fn write_entry(
         )),
         image_sums: Default::default(),
         label_sums: Default::default(),
+        mask_sums: Default::default(),
     };
     blocks(out_shape, write_block)
         .par_iter()
@@ -285,6 +322,8 @@ pub(super) fn write_entry(
         fg,
         image_sums,
         label_sums,
+        mask_sums,
+        norm_mask,
         ..
     } = writer;
 
@@ -315,15 +354,22 @@ pub(super) fn write_entry(
         }
         _ => None,
     };
-    let (derived_info, distance_sums, skeleton_sums) = match derived {
+    let (mut derived_info, distance_sums, skeleton_sums) = match derived {
         Some(d) => (d.info, d.distance_sums, d.skeleton_sums),
         None => Default::default(),
     };
+    if let (Some(_), Some((_, channels))) = (&norm_mask, input.norm_mask) {
+        derived_info.norm_mask = Some(NormMaskInfo {
+            array: NORM_MASK_ARRAY.to_string(),
+            channels: channels.to_vec(),
+        });
+    }
     let checksums = ChunkChecksums {
         image: image_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
         label: label_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
         distance: distance_sums,
         skeleton: skeleton_sums,
+        norm_mask: mask_sums.into_inner().unwrap_or_else(|p| p.into_inner()),
         ..ChunkChecksums::new(write_block)
     };
 

@@ -81,6 +81,10 @@ impl NnunetBuild {
             configuration: src.configuration.clone(),
             reader,
             transpose_forward: plans.transpose_forward,
+            norm_mask_channels: (0..plans.configuration.use_mask_for_norm.len())
+                .filter(|&k| plans.configuration.use_mask_for_norm[k])
+                .map(|k| k as u16)
+                .collect(),
         };
         Ok(NnunetBuild { plans, record })
     }
@@ -169,6 +173,26 @@ impl<T: crate::prep::nnunet::volume::Elem> VoxelRead for Channel<'_, T> {
         self.volume.read_run(self.c, 0, 0, start, &mut buf)?;
         for (o, v) in out.iter_mut().zip(buf) {
             *o = v.to_f64() as f32;
+        }
+        Ok(())
+    }
+}
+
+/// nnU-Net's preprocessed segmentation (-1 outside the normalization mask) read as the cached
+/// label (-1 as 0) or as the normalization mask (1 where not -1).
+struct Segmentation<'a> {
+    volume: &'a Scratch<f32>,
+    mask: bool,
+}
+
+impl VoxelRead for Segmentation<'_> {
+    fn read(&self, start: usize, out: &mut [f32]) -> Result<()> {
+        self.volume.read_run(0, 0, 0, start, out)?;
+        for v in out.iter_mut() {
+            *v = match self.mask {
+                true => f32::from(u8::from(*v >= 0.0)),
+                false => v.max(0.0),
+            };
         }
         Ok(())
     }
@@ -275,10 +299,19 @@ pub(super) fn write_case(
         })
         .collect();
     let images: Vec<&dyn VoxelRead> = channels.iter().map(|c| c as &dyn VoxelRead).collect();
-    let label_read = label.as_ref().map(|l| Channel {
+    // nnU-Net's -1 is cached as 0 in the label, and as 0 in the normalization mask.
+    let label_read = label.as_ref().map(|l| Segmentation {
         volume: &l.voxels,
-        c: 0,
+        mask: false,
     });
+    let mask_channels = &build.record.norm_mask_channels;
+    let mask_read = label
+        .as_ref()
+        .filter(|_| !mask_channels.is_empty())
+        .map(|l| Segmentation {
+            volume: &l.voxels,
+            mask: true,
+        });
     let tmp = cache.new_tmp_entry(&job.key)?;
     let store = Arc::new(EntryStore::new(&tmp));
     let result = super::entry::write_entry(
@@ -293,6 +326,9 @@ pub(super) fn write_case(
                 _ => None,
             },
             previous: None,
+            norm_mask: mask_read
+                .as_ref()
+                .map(|m| (m as &dyn VoxelRead, mask_channels.as_slice())),
             in_shape_zyx: out_zyx,
             out_shape_zyx: out_zyx,
             params,

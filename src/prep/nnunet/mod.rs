@@ -73,8 +73,9 @@ pub struct Preprocessed {
 
 /// A training case's segmentation as nnU-Net preprocesses it.
 pub struct PreprocessedLabel {
-    /// (1, z, y, x) on the preprocessed grid.
-    pub voxels: Scratch<u16>,
+    /// (1, z, y, x) on the preprocessed grid: the label values, -1 for background outside
+    /// the normalization mask (nnU-Net's `seg`).
+    pub voxels: Scratch<f32>,
     /// The type it is cached as (u8 when every value fits).
     pub dtype: Dtype,
     /// The file's blake3 and size as stored.

@@ -6,7 +6,9 @@
 //! labels (else the smallest tied label). Scores are kept in f64 between passes, as skimage
 //! computes them, since exact ties decide voxels.
 //!
-//! nnU-Net's training transforms turn -1 into 0 after augmentation; the cache stores 0 there.
+//! nnU-Net's training transforms turn -1 into 0 after augmentation; the cache stores 0 there,
+//! and where -1 lay in its normalization mask array (nnU-Net zeroes the channels it normalizes
+//! within the mask there first).
 
 use std::path::Path;
 
@@ -60,29 +62,23 @@ pub(super) fn crop_label(label: &VoxelSource, c: &mut Cropped, tmp: &Path) -> Re
 }
 
 /// Resample the cropped label with `axes` (the segmentation's orders; a separate axis at
-/// order 0) and `clip` (skimage's), into the cached values (-1 read as 0).
+/// order 0) and `clip` (skimage's), into nnU-Net's preprocessed values (-1 kept).
 pub(super) fn resample_label(
     label: CroppedLabel,
     axes: [Axis; 3],
     clip: Clip,
     tmp: &Path,
-) -> Result<Scratch<u16>> {
+) -> Result<Scratch<f32>> {
     let [d, h, w] = label.voxels.zyx();
     let to = [axes[0].m, axes[1].m, axes[2].m];
-    let out: Scratch<u16> = Scratch::new(tmp, [1, to[0], to[1], to[2]])?;
-    let value_of = |v: f32| v.max(0.0) as u16;
+    let out: Scratch<f32> = Scratch::new(tmp, [1, to[0], to[1], to[2]])?;
     if resample::is_identity(&axes) || label.values.len() < 2 {
         // nnU-Net returns the array untouched when the shapes agree; one label stays one label.
         let only = label.values.first().copied();
         for z in 0..to[0] {
-            let row: Vec<u16> = match (resample::is_identity(&axes), only) {
-                (true, _) | (false, None) => label
-                    .voxels
-                    .slice(0, z)?
-                    .into_iter()
-                    .map(value_of)
-                    .collect(),
-                (false, Some(v)) => vec![value_of(v); to[1] * to[2]],
+            let row: Vec<f32> = match (resample::is_identity(&axes), only) {
+                (true, _) | (false, None) => label.voxels.slice(0, z)?,
+                (false, Some(v)) => vec![v; to[1] * to[2]],
             };
             out.write_rows(0, z, 0, &row)?;
         }
@@ -170,10 +166,10 @@ pub(super) fn resample_label(
         let wv = win.slice(0, z)?;
         let top = nn_top.slice(0, z)?;
         let nz = nn.slice(0, z)?;
-        let row: Vec<u16> = (0..wv.len())
+        let row: Vec<f32> = (0..wv.len())
             .map(|k| {
                 let idx = if top[k] != 0 { nz[k] } else { wv[k] };
-                value_of(label.values[idx as usize])
+                label.values[idx as usize]
             })
             .collect();
         out.write_rows(0, z, 0, &row)?;

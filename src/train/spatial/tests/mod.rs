@@ -343,6 +343,10 @@ impl PatchSource for Poisoned {
                 self.read_skeleton(s, size, o)?;
                 poison(o, 200, outside);
             }
+            SpanOut::NormMask(o) => {
+                self.read_norm_mask(s, size, o)?;
+                poison(o, 200, outside);
+            }
         }
         Ok(())
     }
