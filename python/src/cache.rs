@@ -371,6 +371,68 @@ impl Case {
         })
     }
 
+    /// The label values whose signed distance maps the case holds (built with `derived=
+    /// "distance"`), ascending; empty without them.
+    #[getter]
+    fn distance_labels(&self) -> Vec<u16> {
+        self.entry.distance_classes().to_vec()
+    }
+
+    /// Whether the case holds its label's skeleton (built with `derived="skeleton"`).
+    #[getter]
+    fn has_skeleton(&self) -> bool {
+        self.entry.has_skeleton()
+    }
+
+    /// The image channels nnU-Net's training zeroes outside the case's normalization mask
+    /// (a cache of nnU-Net's preprocessing whose plans normalize within the nonzero mask);
+    /// empty without a mask.
+    #[getter]
+    fn norm_mask_channels(&self) -> Vec<u16> {
+        self.entry.norm_mask_channels().to_vec()
+    }
+
+    /// The signed distance map of label value `value` over the box: float32 (z, y, x),
+    /// negative inside, in `unit`; 0 outside the grid.
+    fn read_distance<'py>(
+        &self,
+        py: Python<'py>,
+        value: u16,
+        start: [i64; 3],
+        size: [usize; 3],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let entry = self.entry.clone();
+        read_box::<f32>(py, &self.id, size.to_vec(), move |out| {
+            entry.read_distance(value, start, size, out)
+        })
+    }
+
+    /// The label's skeleton over the box: uint16 (z, y, x), each skeleton voxel its label.
+    fn read_skeleton<'py>(
+        &self,
+        py: Python<'py>,
+        start: [i64; 3],
+        size: [usize; 3],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let entry = self.entry.clone();
+        read_box::<u16>(py, &self.id, size.to_vec(), move |out| {
+            entry.read_skeleton(start, size, out)
+        })
+    }
+
+    /// nnU-Net's normalization mask over the box: uint8 (z, y, x), 1 inside, 0 outside.
+    fn read_norm_mask<'py>(
+        &self,
+        py: Python<'py>,
+        start: [i64; 3],
+        size: [usize; 3],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let entry = self.entry.clone();
+        read_box::<u8>(py, &self.id, size.to_vec(), move |out| {
+            entry.read_norm_mask(start, size, out)
+        })
+    }
+
     /// The foreground voxels (z, y, x) of label value `value` the sampler draws from: uint32
     /// (N, 3).
     fn foreground<'py>(&self, py: Python<'py>, value: u16) -> PyResult<Bound<'py, PyAny>> {

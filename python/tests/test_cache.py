@@ -327,3 +327,28 @@ def test_loaders_come_and_go(cache):
     assert rss1 - rss0 < 32 << 20, f"resident memory grew by {(rss1 - rss0) >> 20} MiB over 200 loaders"
     # The last batch outlives its loader: numpy owns its buffer.
     assert kept["image"].shape == (2, 1, 8, 32, 32) and np.isfinite(kept["image"]).all()
+
+
+def test_derived_arrays_equal_zarr_python(tmp_path, cache):
+    plain_cache = cache
+    root = pathlib.Path(__file__).resolve().parents[2]
+    cache_dir = tmp_path / "cache"
+    voxcache.build_cache(root / "data" / "vessels", cache_dir, derived="distance,skeleton", jobs=2)
+    cache = voxcache.open(cache_dir)
+    case = cache["vessels_002"]
+    manifest = json.load(open(cache_dir / "manifest.json"))
+    (dataset,) = manifest["datasets"].values()
+    entry = cache_dir / dataset["cases"]["vessels_002"]["entry"]
+    distance = zarr.open_array(str(entry / "distance"), mode="r")
+    skeleton = zarr.open_array(str(entry / "skeleton"), mode="r")
+    assert case.distance_labels == [1] and distance.shape[0] == 1
+    np.testing.assert_array_equal(case.distance[...], distance[...])
+    np.testing.assert_array_equal(case.distance[0, 2:5], distance[0, 2:5])
+    np.testing.assert_array_equal(case.skeleton[...], skeleton[...].astype(np.uint16))
+    assert case.skeleton[...].any() and case.norm_mask is None and case.norm_mask_channels == []
+    # A box reaching outside the grid reads zero there.
+    start, size = (-2, 3, -4), (6, 10, 12)
+    np.testing.assert_array_equal(case._inner.read_distance(1, start, size), zarr_box(distance, start, size)[0])
+    # A cache built without derived arrays has none.
+    plain = plain_cache["vessels_002"]
+    assert plain.distance is None and plain.skeleton is None and plain.distance_labels == []

@@ -38,6 +38,13 @@ def test_a_cache_from_plans_is_nnunets_arrays(tmp_path, name):
         scale = np.abs(want).max(axis=(1, 2, 3), keepdims=True)
         assert (np.abs(image - want) / scale).max() <= 1e-4, case_id
         np.testing.assert_array_equal(case.label[...], np.maximum(seg, 0).astype(np.uint16))
+        # nnU-Net's normalization mask where its plans normalize within it (the MR-like set).
+        if name == "Dataset992_CacheMR":
+            assert case.norm_mask_channels == [0, 1]
+            np.testing.assert_array_equal(case.norm_mask[...], (seg >= 0).astype(np.uint8))
+            assert 0 < case.norm_mask[...].sum() < seg.size
+        else:
+            assert case.norm_mask_channels == [] and case.norm_mask is None
 
 
 def test_options_the_plans_decide_are_refused_by_keyword(tmp_path):

@@ -138,7 +138,11 @@ class Case:
     in ``unit``, ``key``; ``image`` (C, z, y, x) float32 and ``label`` (z, y, x) uint16 read
     on slicing; ``read_image(start, size)`` and ``read_label(start, size)`` read a box that may
     reach outside the grid (zero there); ``foreground(value)`` the voxels the sampler draws
-    foreground patches from."""
+    foreground patches from. Label-derived arrays, where the cache was built with them:
+    ``distance`` (K, z, y, x) float32, the signed distance maps of ``distance_labels``;
+    ``skeleton`` (z, y, x) uint16; ``norm_mask`` (z, y, x) uint8, nnU-Net's normalization mask
+    of the ``norm_mask_channels`` (a cache of nnU-Net's preprocessing); each ``None`` when
+    absent."""
 
     def __init__(self, inner: "_voxcache.Case"):
         self._inner = inner
@@ -149,6 +153,8 @@ class Case:
         self.unit = inner.unit
         self.key = inner.key
         self.has_label = inner.has_label
+        self.distance_labels = list(inner.distance_labels)
+        self.norm_mask_channels = list(inner.norm_mask_channels)
 
     @property
     def image(self) -> _Array:
@@ -160,6 +166,31 @@ class Case:
     @property
     def label(self) -> _Array:
         return _Array(tuple(self.shape), lambda s, z: self._inner.read_label(s, z), channels=False)
+
+    @property
+    def distance(self) -> Optional[_Array]:
+        if not self.distance_labels:
+            return None
+        import numpy as np
+
+        def read(starts, sizes):
+            labels = self.distance_labels[starts[0] : starts[0] + sizes[0]]
+            maps = [self._inner.read_distance(v, starts[1:], sizes[1:]) for v in labels]
+            return np.stack(maps) if maps else np.zeros((0, *sizes[1:]), np.float32)
+
+        return _Array((len(self.distance_labels),) + tuple(self.shape), read, channels=True)
+
+    @property
+    def skeleton(self) -> Optional[_Array]:
+        if not self._inner.has_skeleton:
+            return None
+        return _Array(tuple(self.shape), lambda s, z: self._inner.read_skeleton(s, z), channels=False)
+
+    @property
+    def norm_mask(self) -> Optional[_Array]:
+        if not self.norm_mask_channels:
+            return None
+        return _Array(tuple(self.shape), lambda s, z: self._inner.read_norm_mask(s, z), channels=False)
 
     def read_image(self, start: Sequence[int], size: Sequence[int]):
         return self._inner.read_image(list(start), list(size))

@@ -189,6 +189,23 @@ impl EntryReader {
         self.inner.skeleton.is_some()
     }
 
+    /// The label values whose signed distance maps the entry holds (empty without them).
+    pub fn distance_classes(&self) -> &[u16] {
+        &self.inner.distance_classes
+    }
+
+    /// nnU-Net's normalization mask over a box: 1 inside, 0 outside it and outside the volume
+    /// ([`ArrayKind::NormMask`]); an error when the entry has none.
+    pub fn read_norm_mask<T: Sample>(
+        &self,
+        start_zyx: [i64; 3],
+        size_zyx: [usize; 3],
+        out: &mut [T],
+    ) -> Result<()> {
+        let region = Region::new(start_zyx, size_zyx);
+        self.read(ArrayKind::NormMask, region, NO_MIRROR, out)
+    }
+
     /// The image channels nnU-Net's training zeroes outside the entry's normalization mask
     /// (empty when the entry has none).
     pub fn norm_mask_channels(&self) -> &[u16] {

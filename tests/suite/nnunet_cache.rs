@@ -171,7 +171,6 @@ fn a_fold_of_such_a_cache_is_refused_before_training_and_its_model_by_predict() 
 /// padding beyond the case included, while raw patches are left as read.
 #[test]
 fn augmented_patches_of_a_masked_cache_are_zeroed_outside_nnunets_mask() {
-    use voxcache::cache::source::PatchSource;
     use voxcache::train::augment::AugmentConfig;
     use voxcache::train::loader::{Loader, LoaderConfig};
     use voxcache::train::sampler::{Sampler, SamplerConfig};
