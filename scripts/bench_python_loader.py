@@ -22,11 +22,8 @@ voxcache.PatchLoader(augment=None). With --augment every side augments:
   the NonDetMultiThreadedAugmenter the trainer builds (num_cached max(6, N // 2)).
 - MONAI: a CacheDataset of the cases in memory (padded to the patch, foreground and background
   indices precomputed: the cached, deterministic part), then RandCropByPosNegLabeld (pos 1,
-  neg 2) and the random transforms closest to nnU-Net's defaults: RandAffined (rotation +-30
-  degrees, scale 0.7-1.4, p 0.36 = nnU-Net's rotation or scaling at p 0.2 each), Gaussian noise
-  (p 0.1), smoothing (sigma 0.5-1, p 0.2), multiplicative brightness and contrast (0.75-1.25,
-  p 0.15 each), low resolution (0.5-1, p 0.25), gamma inverted (p 0.1) and not (p 0.3), flips
-  on each axis (p 0.5); monai.data.DataLoader with N workers (`--monai-workers N`).
+  neg 2) and the random transforms closest to nnU-Net's defaults (scripts/monai_augment.py);
+  monai.data.DataLoader with N workers (`--monai-workers N`).
 - voxcache: PatchLoader(augment="default", threads=T) for each T of --threads: nnU-Net's
   default augmentation as voxcache implements it, built by Rust threads in this process.
 Worker processes and loader threads keep filling their queues while other sides are timed
@@ -48,6 +45,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # every side's workers single-threaded, as ours
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_loader_nnunet as nn  # noqa: E402  (exits naming what to install without nnunetv2)
+import monai_augment  # noqa: E402
 
 try:
     import voxcache
@@ -101,20 +99,7 @@ def monai_side(cache: Path, patch, batch: int, augment: bool, workers: int):
              mt.RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=patch, pos=1, neg=2,
                                        num_samples=1, fg_indices_key="label_fg", bg_indices_key="label_bg")]
     if augment:
-        both = ("bilinear", "nearest")
-        steps += [
-            mt.RandAffined(keys=keys, prob=0.36, rotate_range=(ROTATION[1],) * 3,
-                           scale_range=((-0.3, 0.4),) * 3, mode=both, padding_mode="zeros"),
-            mt.RandGaussianNoised(keys="image", prob=0.1, std=0.1 ** 0.5),
-            mt.RandGaussianSmoothd(keys="image", prob=0.2, sigma_x=(0.5, 1.0), sigma_y=(0.5, 1.0),
-                                   sigma_z=(0.5, 1.0)),
-            mt.RandScaleIntensityd(keys="image", prob=0.15, factors=0.25),
-            mt.RandScaleIntensityFixedMeand(keys="image", prob=0.15, factors=0.25, preserve_range=True),
-            mt.RandSimulateLowResolutiond(keys="image", prob=0.25, zoom_range=(0.5, 1.0)),
-            mt.RandAdjustContrastd(keys="image", prob=0.1, gamma=(0.7, 1.5), invert_image=True,
-                                   retain_stats=True),
-            mt.RandAdjustContrastd(keys="image", prob=0.3, gamma=(0.7, 1.5), retain_stats=True),
-        ] + [mt.RandFlipd(keys=keys, prob=0.5, spatial_axis=ax) for ax in range(3)]
+        steps += monai_augment.nnunet_like(mt, keys)
     steps.append(mt.SelectItemsd(keys=keys))
     monai.utils.set_determinism(seed=1234)
     ds = monai.data.CacheDataset(data, transform=mt.Compose(steps), cache_rate=1.0, num_workers=1,
