@@ -12,7 +12,9 @@ Rust threads in the training process), same plans, seed and schedule, on the CPU
            with its loader (nnUNet_n_proc_DA = C), and nnUNetTrainerVoxcache (C loader threads),
            alternating, fold 0, --epochs x --iterations.
 3. prints  the median and mean seconds each iteration spent in next(dataloader) (the figure of
-           nnU-Net issue #3063), the median iteration, and the train loss of each epoch.
+           nnU-Net issue #3063), the median iteration, and the train loss of each epoch; with
+           several --seeds, each tool's loss per epoch over the seeds (mean, lowest, highest)
+           and whether ours stays within the spread of nnU-Net's own loader.
 """
 from __future__ import annotations
 
@@ -117,7 +119,7 @@ def main() -> int:
     ap.add_argument("--cores", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--keep", action="store_true", help="reuse the data and plans in --work")
     a = ap.parse_args()
     work = a.work.resolve()
@@ -146,20 +148,32 @@ def main() -> int:
     results = {}
     for cores in a.cores:
         cpus = ",".join(str(c) for c in range(cores))
-        for which in ("nnunet", "voxcache"):
-            shutil.rmtree(work / "nnUNet_results", ignore_errors=True)
-            out = work / f"run_{which}_{cores}.json"
-            run_env = dict(env, nnUNet_n_proc_DA=str(cores))
-            subprocess.run(["taskset", "-c", cpus, sys.executable, "-c", CHILD, which, str(cores), str(a.seed),
-                            str(a.epochs), str(a.iterations), str(out)], env=run_env, check=True,
-                           stdout=subprocess.DEVNULL)
-            r = json.load(open(out))
-            waits = r["waits"][1:]  # the first batch waits for the workers to start
-            results[(which, cores)] = r
-            print(f"{cores} core(s) {which:9s}: wait per iteration median {statistics.median(waits) * 1e3:8.1f} ms, "
-                  f"mean {statistics.mean(waits) * 1e3:8.1f} ms; iteration {r['wall'] / r['iterations']:.3f} s "
-                  f"(wall / iterations); train loss by epoch {[round(x, 4) for x in r['losses']]}", flush=True)
-    json.dump({f"{w}_{c}": v for (w, c), v in results.items()}, open(work / "summary.json", "w"))
+        for seed in a.seeds:
+            for which in ("nnunet", "voxcache"):
+                shutil.rmtree(work / "nnUNet_results", ignore_errors=True)
+                out = work / f"run_{which}_{cores}_{seed}.json"
+                run_env = dict(env, nnUNet_n_proc_DA=str(cores))
+                subprocess.run(["taskset", "-c", cpus, sys.executable, "-c", CHILD, which, str(cores), str(seed),
+                                str(a.epochs), str(a.iterations), str(out)], env=run_env, check=True,
+                               stdout=subprocess.DEVNULL)
+                r = json.load(open(out))
+                waits = r["waits"][1:]  # the first batch waits for the workers to start
+                results[(which, cores, seed)] = r
+                print(f"{cores} core(s) seed {seed} {which:9s}: wait per iteration median "
+                      f"{statistics.median(waits) * 1e3:8.1f} ms, mean {statistics.mean(waits) * 1e3:8.1f} ms; "
+                      f"iteration {r['wall'] / r['iterations']:.3f} s (wall / iterations); train loss by epoch "
+                      f"{[round(x, 4) for x in r['losses']]}", flush=True)
+        if len(a.seeds) > 1:
+            spread = {}
+            for which in ("nnunet", "voxcache"):
+                by_epoch = list(zip(*(results[(which, cores, s)]["losses"] for s in a.seeds)))
+                spread[which] = [(statistics.mean(e), min(e), max(e)) for e in by_epoch]
+                print(f"{cores} core(s) {which:9s} loss by epoch over seeds {a.seeds} (mean [lowest, highest]): "
+                      + ", ".join(f"{m:.4f} [{lo:.4f}, {hi:.4f}]" for m, lo, hi in spread[which]), flush=True)
+            within = [lo <= m <= hi for (m, _, _), (_, lo, hi) in zip(spread["voxcache"], spread["nnunet"])]
+            print(f"{cores} core(s): voxcache's mean loss within nnU-Net's seed spread at epochs "
+                  f"{[e + 1 for e, w in enumerate(within) if w]} of {len(within)}", flush=True)
+    json.dump({f"{w}_{c}_{s}": v for (w, c, s), v in results.items()}, open(work / "summary.json", "w"))
     return 0
 
 
