@@ -398,21 +398,28 @@ impl EntryAttrs {
                 ));
             }
         }
-        if let Some(m) = &self.derived.norm_mask {
-            let channels = self.params.channels.len();
-            let ascending = m.channels.windows(2).all(|w| w[0] < w[1]);
-            if m.array != NORM_MASK_ARRAY
-                || self.label.is_none()
-                || self.params.nnunet.is_none()
-                || m.channels.is_empty()
-                || !ascending
-                || m.channels.iter().any(|&c| c as usize >= channels)
-            {
-                return bad(format!(
-                    "derived.norm_mask: array {:?}, channels {:?} (expected {NORM_MASK_ARRAY:?}, ascending channels of the {channels}, in a labelled entry of nnU-Net's preprocessing)",
-                    m.array, m.channels
-                ));
-            }
+        // The mask is what the parameters asked for: the plans' masked channels, in a labelled
+        // entry (an unlabelled one has no segmentation to take it from).
+        let asked: &[u16] = match &self.params.nnunet {
+            Some(n) => &n.norm_mask_channels,
+            None => &[],
+        };
+        let channels = self.params.channels.len();
+        let ascending = asked.windows(2).all(|w| w[0] < w[1]);
+        if !ascending || asked.iter().any(|&c| c as usize >= channels) {
+            return bad(format!(
+                "params.nnunet.norm_mask_channels {asked:?} are not ascending channels of the {channels}"
+            ));
+        }
+        let want = (!asked.is_empty() && self.label.is_some()).then_some(asked);
+        let built = self.derived.norm_mask.as_ref();
+        if want != built.map(|m| m.channels.as_slice())
+            || built.is_some_and(|m| m.array != NORM_MASK_ARRAY)
+        {
+            return bad(format!(
+                "derived.norm_mask is {:?} where the parameters ask for {want:?} (array {NORM_MASK_ARRAY:?}, in a labelled entry)",
+                built.map(|m| (&m.array, &m.channels))
+            ));
         }
         let mut end = 0u64;
         for (c, r) in &self.fg_index.rows_per_class {

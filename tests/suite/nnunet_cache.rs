@@ -242,7 +242,7 @@ fn augmented_patches_of_a_masked_cache_are_zeroed_outside_nnunets_mask() {
     };
     let zeroed_outside = std::cell::Cell::new(0usize);
     let kept_inside = std::cell::Cell::new(0usize);
-    run(augment, 8, &|img, mask, _| {
+    run(augment.clone(), 8, &|img, mask, _| {
         let mut mask = mask.to_vec();
         voxcache::geometry::mirror(&mut mask, patch, [true; 3]);
         for ch in img.chunks_exact(n) {
@@ -258,10 +258,51 @@ fn augmented_patches_of_a_masked_cache_are_zeroed_outside_nnunets_mask() {
         }
     });
     assert!(zeroed_outside.get() > 0 && kept_inside.get() > 0);
-    // Raw patches are the cache's values, outside the mask too (nothing zeroed).
-    run(AugmentConfig::none(), 4, &|img, _, raw| {
-        assert_eq!(img, raw)
+    // Quarter turns too: with noise on every voxel a masked channel is zero exactly where the
+    // box's mask, mirrored and turned by one of the four quarter turns, is 0.
+    let turned = std::cell::Cell::new(0usize);
+    let rot90 = AugmentConfig {
+        rot90: true,
+        ..augment.clone()
+    };
+    run(rot90, 8, &|img, mask, _| {
+        let zeros: Vec<bool> = img[..n].iter().map(|&v| v == 0.0).collect();
+        let fits: Vec<usize> = (0..4)
+            .filter(|&k| {
+                let mut m = mask.to_vec();
+                let moves = voxcache::train::augment::Moves {
+                    flips: [true; 3],
+                    quarter_turns: k,
+                };
+                moves.apply(&mut m, patch);
+                m.iter().zip(&zeros).all(|(&m, &z)| (m == 0) == z)
+            })
+            .collect();
+        assert!(
+            !fits.is_empty(),
+            "no quarter turn of the mask fits the zeros"
+        );
+        turned.set(turned.get() + usize::from(!fits.contains(&0)));
     });
+    assert!(
+        turned.get() > 0,
+        "no patch was turned: the check saw no turn"
+    );
+    // Raw patches are the cache's values, outside the mask too (nothing zeroed), and some of
+    // those values are not zero (else this checks nothing).
+    let raw_outside = std::cell::Cell::new(0usize);
+    run(AugmentConfig::none(), 16, &|img, mask, raw| {
+        assert_eq!(img, raw);
+        let outside = raw[..n]
+            .iter()
+            .zip(mask)
+            .filter(|(&v, &m)| m == 0 && v != 0.0);
+        raw_outside.set(raw_outside.get() + outside.count());
+    });
+    assert!(
+        raw_outside.get() > 0,
+        "no cached value outside the mask was drawn"
+    );
     // Rotated and scaled patches read the mask through the same map (no error, some zeros).
     let zeros = std::cell::Cell::new(0usize);
     run(every, 4, &|img, _, _| {
@@ -286,4 +327,30 @@ fn augmented_patches_of_a_masked_cache_are_zeroed_outside_nnunets_mask() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["cache"]["verify"]["corrupt"], 1, "{v}");
     assert_eq!(v["problems"][0]["array"], array, "{v}");
+
+    // An entry whose record of the mask disagrees with its parameters is refused on opening.
+    let zj = entries[1].dir().join(voxcache::format::ZARR_JSON);
+    let good = std::fs::read_to_string(&zj).unwrap();
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("removed", |a| {
+            a["derived"].as_object_mut().unwrap().remove("norm_mask");
+        }),
+        ("other channels", |a| {
+            a["derived"]["norm_mask"]["channels"] = serde_json::json!([1]);
+        }),
+        ("a channel past the image's", |a| {
+            a["params"]["nnunet"]["norm_mask_channels"] = serde_json::json!([0, 2]);
+        }),
+    ];
+    for (what, edit) in edits {
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        edit(&mut v["attributes"]["voxcache"]);
+        std::fs::write(&zj, v.to_string()).unwrap();
+        let err = voxcache::cache::reader::EntryReader::open(entries[1].dir())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("norm_mask"), "{what}: {err}");
+    }
+    std::fs::write(&zj, good).unwrap();
 }

@@ -11,7 +11,8 @@ use super::{files_under, Files, RemoteCache};
 use crate::cache::layout::{dir_bytes, CacheDir};
 use crate::error::{Error, Result};
 use crate::format::{
-    Manifest, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, MANIFEST_FILE, SKELETON_ARRAY, ZARR_JSON,
+    Manifest, DISTANCE_ARRAY, IMAGE_ARRAY, LABEL_ARRAY, MANIFEST_FILE, NORM_MASK_ARRAY,
+    SKELETON_ARRAY, ZARR_JSON,
 };
 
 /// What a [`fill_tier`] did.
@@ -52,7 +53,14 @@ pub enum Fill {
 fn on_read(rel: &str) -> bool {
     let mut parts = rel.split('/');
     let array = parts.next().unwrap_or_default();
-    [IMAGE_ARRAY, LABEL_ARRAY, DISTANCE_ARRAY, SKELETON_ARRAY].contains(&array)
+    [
+        IMAGE_ARRAY,
+        LABEL_ARRAY,
+        DISTANCE_ARRAY,
+        SKELETON_ARRAY,
+        NORM_MASK_ARRAY,
+    ]
+    .contains(&array)
         && parts.next() == Some("c")
 }
 
