@@ -40,25 +40,8 @@ import threading
 import time
 from pathlib import Path
 
-
-def tree(root: int) -> list:
-    """The pids of `root` and its descendants."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_python_ranks import tree  # noqa: E402  (a process and its descendants)
 
 
 def tree_pss(root: int) -> tuple:
@@ -110,7 +93,6 @@ def run_monai(a: argparse.Namespace, say) -> None:
     from monai import data as md
     from monai import transforms as mt
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import monai_augment
 
     keys = ["image", "label"]

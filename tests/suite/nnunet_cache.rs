@@ -42,9 +42,9 @@ fn build(data: &Path, cache: &Path, configuration: &str) -> std::process::Output
     ])
 }
 
-/// Build the dataset's cache from its plans and compare every case with nnU-Net's arrays:
-/// data within 1e-4 of the channel's largest magnitude, labels equal (nnU-Net's -1 as 0).
-fn matches_nnunet(name: &str) {
+/// The fixture dataset `name` copied into a temporary folder and its cache built from its plans
+/// (3d_fullres): the folder, the cache, its reader and its dataset's name.
+fn built(name: &str) -> (tempfile::TempDir, PathBuf, CacheReader, String) {
     let t = tempfile::tempdir().unwrap();
     let data = t.path().join("raw");
     crate::common::fixtures::copy_tree(&fixture(name), &data);
@@ -53,6 +53,13 @@ fn matches_nnunet(name: &str) {
     assert!(out.status.success(), "{out:?}");
     let reader = CacheReader::open(&cache).unwrap();
     let dataset = reader.datasets()[0].to_string();
+    (t, cache, reader, dataset)
+}
+
+/// Build the dataset's cache from its plans and compare every case with nnU-Net's arrays:
+/// data within 1e-4 of the channel's largest magnitude, labels equal (nnU-Net's -1 as 0).
+fn matches_nnunet(name: &str) {
+    let (_t, _cache, reader, dataset) = built(name);
     let expected: Vec<PathBuf> = std::fs::read_dir(fixture(name).join("expected"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -177,14 +184,7 @@ fn augmented_patches_of_a_masked_cache_are_zeroed_outside_nnunets_mask() {
     use voxcache::train::spatial::SpatialConfig;
 
     let name = "Dataset992_CacheMR";
-    let t = tempfile::tempdir().unwrap();
-    let data = t.path().join("raw");
-    crate::common::fixtures::copy_tree(&fixture(name), &data);
-    let cache = t.path().join("cache");
-    let out = build(&data, &cache, "3d_fullres");
-    assert!(out.status.success(), "{out:?}");
-    let reader = CacheReader::open(&cache).unwrap();
-    let dataset = reader.datasets()[0].to_string();
+    let (_t, cache, reader, dataset) = built(name);
     let mut entries = Vec::new();
     let (mut inside, mut outside) = (0, 0);
     for e in std::fs::read_dir(fixture(name).join("expected")).unwrap() {
