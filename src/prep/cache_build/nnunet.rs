@@ -162,19 +162,14 @@ fn dataset_reader(data: &DatasetSource) -> Option<String> {
 }
 
 /// One channel of a preprocessed volume, read as the entry writer reads its inputs.
-struct Channel<'a, T: crate::prep::nnunet::volume::Elem> {
-    volume: &'a Scratch<T>,
+struct Channel<'a> {
+    volume: &'a Scratch<f32>,
     c: usize,
 }
 
-impl<T: crate::prep::nnunet::volume::Elem> VoxelRead for Channel<'_, T> {
+impl VoxelRead for Channel<'_> {
     fn read(&self, start: usize, out: &mut [f32]) -> Result<()> {
-        let mut buf = vec![T::default(); out.len()];
-        self.volume.read_run(self.c, 0, 0, start, &mut buf)?;
-        for (o, v) in out.iter_mut().zip(buf) {
-            *o = v.to_f64() as f32;
-        }
-        Ok(())
+        self.volume.read_run(self.c, 0, 0, start, out)
     }
 }
 
@@ -292,7 +287,7 @@ pub(super) fn write_case(
             _ => None,
         },
     };
-    let channels: Vec<Channel<f32>> = (0..pre.files.len())
+    let channels: Vec<Channel> = (0..pre.files.len())
         .map(|c| Channel {
             volume: &pre.data,
             c,
