@@ -10,9 +10,11 @@ use pyo3::prelude::*;
 use voxcache::cache::reader::{CacheReader, EntryReader};
 use voxcache::cache::s3::Fill;
 use voxcache::config::location::{local_for_reading, LocalView, S3Flags};
+use voxcache::config::modes::Given;
 use voxcache::config::settings::{cache_apart, dataset_source, resolve};
 use voxcache::config::PrepFlags;
 use voxcache::prep::cache_build::{build_cache as build, BuildOptions};
+use voxcache::remote::Location;
 
 use crate::errors::to_py;
 
@@ -78,9 +80,14 @@ fn as_keywords(message: &str) -> String {
     out
 }
 
-/// Options spelled as flags (`["--spacing", "1,1,2"]`) parsed as `prep build-cache` parses them.
-fn parse_flags<T: Parser>(flags: Vec<String>) -> PyResult<T> {
-    T::try_parse_from(flags).map_err(|e| crate::errors::ConfigError::new_err(clap_message(&e)))
+/// Options spelled as flags (`["--spacing", "1,1,2"]`) parsed as `prep build-cache` parses them,
+/// and which were given (for the modes' refusals, as the command line's).
+fn parse_given<T: Parser>(flags: Vec<String>) -> PyResult<(T, Given)> {
+    let bad = |e: clap::Error| crate::errors::ConfigError::new_err(clap_message(&e));
+    let cmd = T::command();
+    let matches = cmd.clone().try_get_matches_from(flags).map_err(bad)?;
+    let args = T::from_arg_matches(&matches).map_err(bad)?;
+    Ok((args, Given::of(&cmd, &matches)))
 }
 
 /// Build (or update) the cache at `cache_dir` from the dataset at `data` (a folder of
@@ -94,22 +101,19 @@ pub(crate) fn build_cache(
     cache_dir: PathBuf,
     flags: Vec<String>,
 ) -> PyResult<String> {
-    let args: BuildArgs = parse_flags(flags)?;
+    let (args, given): (BuildArgs, Given) = parse_given(flags)?;
     py.detach(move || -> voxcache::Result<String> {
         // The options' own checks name them as the keywords that gave them.
         let keywords = |e: voxcache::Error| match e {
             voxcache::Error::Config(m) => voxcache::Error::Config(as_keywords(&m)),
             other => other,
         };
+        // The modes' refusals, as `prep build-cache`'s (never a dry run from here).
+        let on_s3 = matches!(Location::parse(&cache_dir)?, Location::S3(_));
+        let nnunet = args.nnunet_plans.is_some();
+        voxcache::config::modes::build::check(&given, false, nnunet, on_s3).map_err(keywords)?;
         let remote = args.s3.options_for(&cache_dir, false).map_err(keywords)?;
         let mut flags = args.settings.clone();
-        if args.nnunet_plans.is_some() {
-            voxcache::config::modes::build::check_nnunet_values(
-                &flags,
-                args.previous_stage.is_some(),
-            )
-            .map_err(keywords)?;
-        }
         let nnunet = voxcache::config::modes::build::nnunet_source(args.nnunet_plans, &mut flags);
         let settings = resolve(&flags).map_err(keywords)?;
         let source = dataset_source(Some(data), None, None)?;

@@ -54,3 +54,11 @@ def test_options_the_plans_decide_are_refused_by_keyword(tmp_path):
         voxcache.build_cache(data, tmp_path / "cache", nnunet_plans=data / "nnUNetPlans.json",
                              spacing=(1, 1, 1))
     assert not (tmp_path / "cache").exists()
+    # The same refusals as the command line's, by keyword: a previous stage, a cache on S3.
+    with pytest.raises(voxcache.ConfigError, match="previous_stage=.*nnunet_plans="):
+        voxcache.build_cache(data, tmp_path / "cache", nnunet_plans=data / "nnUNetPlans.json",
+                             previous_stage=tmp_path)
+    with pytest.raises(voxcache.ConfigError, match="nnunet_plans=.*S3"):
+        voxcache.build_cache(data, "s3://bucket/cache", nnunet_plans=data / "nnUNetPlans.json",
+                             s3_endpoint="http://127.0.0.1:9")
+    assert not (tmp_path / "cache").exists()

@@ -94,28 +94,3 @@ pub fn nnunet_source(
             .unwrap_or_else(|| "3d_fullres".into()),
     })
 }
-
-/// [`check`]'s refusals for callers without a command line (the Python package): the options
-/// set in `flags` (and a previous stage) that `--nnunet-plans` does not take, by flag name.
-pub fn check_nnunet_values(
-    flags: &crate::config::settings::PrepFlags,
-    previous_stage: bool,
-) -> Result<()> {
-    let set = [
-        ("--pipeline", flags.pipeline.is_some()),
-        ("--spacing", flags.spacing.is_some()),
-        ("--normalization", flags.normalization.is_some()),
-        ("--previous-stage", previous_stage),
-    ];
-    match set.iter().find(|(_, on)| *on) {
-        Some((name, _)) => Err(crate::error::Error::Config(format!(
-            "{name} does not apply to {NNUNET}: {}",
-            if *name == "--previous-stage" {
-                "a cascade's second stage is not built from plans yet"
-            } else {
-                "the plans give the spacing and each channel's normalization"
-            }
-        ))),
-        None => Ok(()),
-    }
-}
