@@ -13,8 +13,10 @@ MiniVess-like one, the 4.97 um outlier included). --spacing is x,y,z in the file
 `prep build-cache --spacing` and MONAI's Spacingd take it.
 
 - voxcache: the cache at CACHE (built by voxcache.build_cache(DIR, CACHE, spacing=...) when it
-  is missing), then PatchLoader(augment="default", threads=--threads) for --iterations
-  batches, each handed to torch.from_numpy.
+  is missing), opened with voxcache.open(mapped_mib=--mapped-mib), then
+  PatchLoader(augment="default", threads=--threads) for --iterations batches, each handed to
+  torch.from_numpy. The cache's pages the reads map are file-backed PSS: clean page cache the
+  kernel reclaims first, but counted; --mapped-mib bounds them.
 - MONAI: LoadImaged, EnsureChannelFirstd, Spacingd to the same spacing (bilinear image, nearest
   label), NormalizeIntensityd (z-score of the nonzero voxels, as voxcache's default), SpatialPadd
   to the patch, cached by CacheDataset (cache_rate 1, --workers threads), then
@@ -80,12 +82,16 @@ def run_voxcache(a: argparse.Namespace, say) -> None:
 
     say("phase iterating")
     patch = tuple(int(v) for v in a.patch.split(","))
-    loader = voxcache.PatchLoader(a.cache, patch, a.batch, augment="default", threads=a.threads,
-                                  seed=0, steps=a.iterations)
+    cache = voxcache.open(a.cache, mapped_mib=a.mapped_mib)
+    # Endless, so that the last mark is taken with the threads still at work.
+    loader = voxcache.PatchLoader(cache, patch, a.batch, augment="default", threads=a.threads, seed=0)
     for i, b in enumerate(loader):
         torch.from_numpy(b["image"])
         if (i + 1) % a.every == 0:
             say(f"batch {i + 1}")
+        if i + 1 == a.iterations:
+            time.sleep(1.0)  # the last mark is sampled with the loader still open
+            break
 
 
 def run_monai(a: argparse.Namespace, say) -> None:
@@ -110,12 +116,16 @@ def run_monai(a: argparse.Namespace, say) -> None:
     say("phase caching")
     ds = md.CacheDataset(cases(Path(a.data)), transform=mt.Compose(steps), cache_rate=1.0,
                          num_workers=a.workers, progress=False)
-    sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=a.iterations * a.batch)
+    # More samples than drawn, so that the last mark is taken with the workers still at work.
+    sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=2 * a.iterations * a.batch)
     say("phase iterating")
     loader = md.DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers)
     for i, _ in enumerate(loader):
         if (i + 1) % a.every == 0:
             say(f"batch {i + 1}")
+        if i + 1 == a.iterations:
+            time.sleep(1.0)  # the last mark is sampled with the loader still open
+            break
 
 
 def child(a: argparse.Namespace) -> None:
@@ -182,6 +192,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--every", type=int, default=100, help="sample PSS every N batches")
     ap.add_argument("--threads", type=int, default=4, help="voxcache loader threads")
+    ap.add_argument("--mapped-mib", type=int, default=None,
+                    help="voxcache.open(mapped_mib=): the cache's mapped pages kept resident (default: the kernel's)")
     ap.add_argument("--workers", type=int, default=4, help="MONAI caching threads and DataLoader workers")
     ap.add_argument("--cap-gb", type=float, default=16.0, help="stop a side whose tree PSS passes this")
     ap.add_argument("--side", nargs="+", default=["voxcache", "monai"], choices=["voxcache", "monai"])

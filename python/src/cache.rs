@@ -217,13 +217,24 @@ impl Cache {
 #[pymethods]
 impl Cache {
     /// Open the cache at `location` (a folder, or `s3://BUCKET/PREFIX` with the S3 options
-    /// spelled as flags, e.g. `["--s3-endpoint", URL]`).
+    /// spelled as flags, e.g. `["--s3-endpoint", URL]`). `mapped_mib`: about how many MiB of
+    /// the cache's mapped pages reads keep resident, as `train --mapped-mib` (`None`: the
+    /// kernel's choice, clean page cache it reclaims under pressure).
     #[new]
-    #[pyo3(signature = (location, flags = Vec::new()))]
-    fn new(py: Python<'_>, location: PathBuf, flags: Vec<String>) -> PyResult<Self> {
+    #[pyo3(signature = (location, flags = Vec::new(), mapped_mib = None))]
+    fn new(
+        py: Python<'_>,
+        location: PathBuf,
+        flags: Vec<String>,
+        mapped_mib: Option<u64>,
+    ) -> PyResult<Self> {
         py.detach(move || -> voxcache::Result<Cache> {
             let view = open_view(&location, &flags, false)?;
-            let reader = CacheReader::open_with(&view.path, view.reader_options())?;
+            let options = voxcache::cache::reader::ReaderOptions {
+                mapped_resident_bytes: mapped_mib.map(|m| m.saturating_mul(1 << 20)),
+                ..view.reader_options()
+            };
+            let reader = CacheReader::open_with(&view.path, options)?;
             Ok(Cache {
                 reader,
                 view,

@@ -352,3 +352,16 @@ def test_derived_arrays_equal_zarr_python(tmp_path, cache):
     # A cache built without derived arrays has none.
     plain = plain_cache["vessels_002"]
     assert plain.distance is None and plain.skeleton is None and plain.distance_labels == []
+
+
+def test_mapped_pages_can_be_bounded(cache, cache_dir):
+    # A reader that hands its mapped pages back after about 1 MiB reads the same batches.
+    bounded = voxcache.open(cache_dir, mapped_mib=1)
+    a = voxcache.PatchLoader(cache, (16, 48, 48), 2, augment="default", threads=1, seed=5, steps=8)
+    b = voxcache.PatchLoader(bounded, (16, 48, 48), 2, augment="default", threads=1, seed=5, steps=8)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x["image"], y["image"])
+        np.testing.assert_array_equal(x["label"], y["label"])
+    for bad in (0, -3, True):
+        with pytest.raises(voxcache.ConfigError, match="mapped_mib"):
+            voxcache.open(cache_dir, mapped_mib=bad)

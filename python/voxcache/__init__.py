@@ -210,8 +210,11 @@ class Cache:
     and ``case(id, dataset=None)``; indexing by id and iterating give the cases of the only
     dataset."""
 
-    def __init__(self, location: PathLike, **s3_options: Any):
-        self._inner = _voxcache.Cache(os.fspath(location), _flags(s3_options))
+    def __init__(self, location: PathLike, mapped_mib: Optional[int] = None, **s3_options: Any):
+        if mapped_mib is not None and (isinstance(mapped_mib, bool) or int(mapped_mib) < 1):
+            raise ConfigError(f"mapped_mib={mapped_mib!r}: give a number of MiB, at least 1, or None")
+        self._inner = _voxcache.Cache(os.fspath(location), _flags(s3_options),
+                                      None if mapped_mib is None else int(mapped_mib))
         self.location = os.fspath(location)
 
     @property
@@ -237,10 +240,14 @@ class Cache:
         return f"voxcache.Cache({self.location!r})"
 
 
-def open(location: PathLike, **s3_options: Any) -> Cache:  # noqa: A001 (as zarr.open)
+def open(location: PathLike, mapped_mib: Optional[int] = None, **s3_options: Any) -> Cache:  # noqa: A001
     """Open the cache at ``location``: a folder, or ``s3://BUCKET/PREFIX`` (``s3_endpoint=``,
-    ``local_cache=`` as the command line's options); an S3 cache is read from its local tier."""
-    return Cache(location, **s3_options)
+    ``local_cache=`` as the command line's options); an S3 cache is read from its local tier.
+    ``mapped_mib``: about how many MiB of the cache's memory-mapped pages the reads keep
+    resident (``train --mapped-mib``); by default the kernel's choice: they are clean page cache,
+    reclaimed first under memory pressure, but a process's RSS and PSS count those it touched,
+    up to the part of the cache a run reads."""
+    return Cache(location, mapped_mib=mapped_mib, **s3_options)
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
