@@ -23,6 +23,14 @@ pub enum SpanOut<'a> {
     NormMask(&'a mut [u16]),
 }
 
+/// The error of a read `src` cannot serve: it lacks `what`.
+fn lacks<S: PatchSource + ?Sized>(src: &S, what: &str) -> Result<()> {
+    Err(crate::error::Error::Config(format!(
+        "{}: {what}",
+        src.name()
+    )))
+}
+
 /// One case's arrays on one grid: an image, optionally a label, and a foreground index.
 pub trait PatchSource: Send + Sync {
     /// What to call the case in messages (its id, else where it is stored).
@@ -73,10 +81,7 @@ pub trait PatchSource: Send + Sync {
         _size_zyx: [usize; 3],
         _out: &mut [u8],
     ) -> Result<()> {
-        Err(crate::error::Error::Config(format!(
-            "{}: the label is not stored as uint8",
-            self.name()
-        )))
+        lacks(self, "the label is not stored as uint8")
     }
 
     /// Part of a box: of each box row y only the x range `spans[y]` (box coordinates, start
@@ -126,10 +131,10 @@ pub trait PatchSource: Send + Sync {
         _size_zyx: [usize; 3],
         _out: &mut [f32],
     ) -> Result<()> {
-        Err(crate::error::Error::Config(format!(
-            "{}: no distance maps (build the cache with --derived distance)",
-            self.name()
-        )))
+        lacks(
+            self,
+            "no distance maps (build the cache with --derived distance)",
+        )
     }
 
     /// The label's skeleton over a box (each voxel its class, 0 elsewhere); an error when the
@@ -140,10 +145,10 @@ pub trait PatchSource: Send + Sync {
         _size_zyx: [usize; 3],
         _out: &mut [u16],
     ) -> Result<()> {
-        Err(crate::error::Error::Config(format!(
-            "{}: no skeleton (build the cache with --derived skeleton)",
-            self.name()
-        )))
+        lacks(
+            self,
+            "no skeleton (build the cache with --derived skeleton)",
+        )
     }
 
     /// The image channels to zero outside the normalization mask after augmentation, as
@@ -160,10 +165,7 @@ pub trait PatchSource: Send + Sync {
         _size_zyx: [usize; 3],
         _out: &mut [u16],
     ) -> Result<()> {
-        Err(crate::error::Error::Config(format!(
-            "{}: no normalization mask",
-            self.name()
-        )))
+        lacks(self, "no normalization mask")
     }
 
     /// [`PatchSource::read_patch`] mirrored along each axis of `mirror` (z, y, x), as
