@@ -74,6 +74,18 @@ def dice_ce(logits, target_onehot):
     return ce + (1 - dice.mean())
 
 
+def status_mib(field):
+    """VmRSS or VmHWM (peak RSS) of this process in MiB, from /proc (Linux); 0 elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--patch", default="32,64,64", help="z,y,x")
@@ -97,6 +109,9 @@ def main():
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    # What importing torch costs before any tensor (its libraries' pages), to tell the step's
+    # own memory from the process's.
+    rss_start = status_mib("VmRSS")
     patch = [int(v) for v in a.patch.split(",")]
     net = UNet(a.classes, a.base, a.max_ch, plan_strides(patch, a.stages)).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-4)
@@ -138,6 +153,8 @@ def main():
         "median_step_s": statistics.median(times),
         "min_step_s": min(times),
         "steps": len(times),
+        "rss_start_mib": round(rss_start, 1),
+        "peak_rss_mib": round(status_mib("VmHWM"), 1),
         "peak_gpu_mib": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else 0,
     }))
 

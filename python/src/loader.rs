@@ -5,7 +5,8 @@
 
 use std::sync::Mutex;
 
-use numpy::{PyArray1, PyArrayMethods};
+use numpy::ndarray::{ArrayView, Dimension, IntoDimension};
+use numpy::{Element, PyArray, PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use voxcache::cache::reader::CacheReader;
@@ -13,7 +14,7 @@ use voxcache::cache::reader::EntryReader;
 use voxcache::train::augment::AugmentConfig;
 use voxcache::train::classes::{ClassMap, IGNORE};
 use voxcache::train::deep_supervision::downsample_labels;
-use voxcache::train::loader::{Loader, LoaderConfig};
+use voxcache::train::loader::{Loader, LoaderConfig, Recycler};
 use voxcache::train::loss::region_membership;
 use voxcache::train::sampler::{Sampler, SamplerConfig, Shard};
 
@@ -310,6 +311,7 @@ impl PatchLoader {
             py.detach(|| std::thread::sleep(std::time::Duration::from_millis(2)));
         };
         let (batch, target) = batch;
+        let back = self.lock().recycler();
         let [z, y, x] = self.patch;
         let b = self.batch;
         let d = PyDict::new(py);
@@ -333,14 +335,10 @@ impl PatchLoader {
                 d.set_item("target_ds", rest)?;
             }
         }
-        d.set_item(
-            "image",
-            PyArray1::from_vec(py, batch.image).reshape([b, self.channels, z, y, x])?,
-        )?;
-        d.set_item(
-            "label",
-            PyArray1::from_vec(py, batch.label).reshape([b, z, y, x])?,
-        )?;
+        let image = OwnedBuf::Image(batch.image, back.clone());
+        d.set_item("image", image.into_array(py, [b, self.channels, z, y, x])?)?;
+        let label = OwnedBuf::Label(batch.label, back);
+        d.set_item("label", label.into_array(py, [b, z, y, x])?)?;
         let cases: Vec<&str> = batch
             .choices
             .iter()
@@ -436,6 +434,70 @@ fn check_deep_supervision(
 }
 
 /// One level's target.
+/// A batch buffer lent to numpy without a copy: the base object of its array, which gives the
+/// buffer back to the loader's workers when numpy and torch let go of it.
+#[pyclass(module = "voxcache", frozen)]
+struct Owned(OwnedBuf);
+
+enum OwnedBuf {
+    Image(Vec<f32>, Recycler),
+    Label(Vec<u16>, Recycler),
+}
+
+impl OwnedBuf {
+    /// The buffer as an array of `shape`, owned by an [`Owned`].
+    fn into_array<'py, D: IntoDimension>(
+        self,
+        py: Python<'py>,
+        shape: D,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        D::Dim: Dimension,
+    {
+        fn view<'py, T: Element, D: Dimension>(
+            v: &[T],
+            shape: D,
+            owner: Bound<'py, PyAny>,
+        ) -> PyResult<Bound<'py, PyAny>> {
+            let view = ArrayView::from_shape(shape, v)
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+            // SAFETY: the owner holds the buffer and never touches it until it is dropped,
+            // which numpy does only once the array (and every view of it) is gone.
+            Ok(unsafe { PyArray::borrow_from_array(&view, owner) }.into_any())
+        }
+        let owner = Bound::new(py, Owned(self))?;
+        let shape = shape.into_dimension();
+        // The Vec's heap block stays where it is while the owner lives.
+        match &owner.get().0 {
+            OwnedBuf::Image(v, _) => {
+                let (p, n) = (v.as_ptr(), v.len());
+                view(
+                    unsafe { std::slice::from_raw_parts(p, n) },
+                    shape,
+                    owner.into_any(),
+                )
+            }
+            OwnedBuf::Label(v, _) => {
+                let (p, n) = (v.as_ptr(), v.len());
+                view(
+                    unsafe { std::slice::from_raw_parts(p, n) },
+                    shape,
+                    owner.into_any(),
+                )
+            }
+        }
+    }
+}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        match self {
+            OwnedBuf::Image(v, back) => back.image(std::mem::take(v)),
+            OwnedBuf::Label(v, back) => back.label(std::mem::take(v)),
+        }
+    }
+}
+
 enum Target {
     /// Class indices, int64, the ignore label [`IGNORE_INDEX`].
     Classes(Vec<i64>),

@@ -297,6 +297,28 @@ def test_a_damaged_chunk_is_named(cache_dir, tmp_path):
     assert os.path.relpath(chunk, entry) in message, message
 
 
+def test_reused_buffers_give_the_same_batches_and_spare_held_ones(cache):
+    """A batch's buffers go back to the loader's threads once Python lets go of them: batches
+    dropped at once give the same values as batches all kept, and a kept batch is never
+    overwritten by a later one."""
+    args = dict(patch_size=(16, 32, 32), batch_size=2, augment="default", threads=2, seed=3, steps=12)
+    kept = list(voxcache.PatchLoader(cache, **args))
+    dropped = [(b["image"].copy(), b["label"].copy()) for b in voxcache.PatchLoader(cache, **args)]
+    held, copies = [], []
+    for i, b in enumerate(voxcache.PatchLoader(cache, **args)):
+        if i % 3 == 0:
+            held.append(b)
+            copies.append((b["image"].copy(), b["label"].copy()))
+    for i, (k, d) in enumerate(zip(kept, dropped)):
+        np.testing.assert_array_equal(k["image"], d[0], err_msg=f"batch {i}")
+        np.testing.assert_array_equal(k["label"], d[1], err_msg=f"batch {i}")
+    for b, (image, label) in zip(held, copies):
+        np.testing.assert_array_equal(b["image"], image)
+        np.testing.assert_array_equal(b["label"], label)
+    # Arrays are writable, as numpy's own.
+    held[0]["image"][...] = 0
+
+
 def _rss_and_threads():
     """This process's resident memory (bytes) and thread count, from /proc (Linux)."""
     status = pathlib.Path("/proc/self/status").read_text()

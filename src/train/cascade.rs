@@ -196,6 +196,42 @@ pub fn previous_stage_channels(
         .collect())
 }
 
+/// The previous stage's channels of a cascade's second stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CascadeInput {
+    /// How many of the image channels, at the end, are the previous stage's (one a label).
+    pub channels: usize,
+    /// Their perturbations; `None`: only taken back to 0/1.
+    pub augment: Option<CascadeAugment>,
+}
+
+/// The previous stage's channels of one patch (`tail`: `channels` patches of `n` voxels),
+/// interpolated by the spatial transform, taken back to one label a voxel (the largest of those
+/// at 0.5 or more) and perturbed by `augment`.
+pub(crate) fn previous_stage(
+    tail: &mut [f32],
+    patch: [usize; 3],
+    augment: Option<&CascadeAugment>,
+    rng: &mut Rng,
+) -> Result<()> {
+    let n: usize = patch.iter().product();
+    let k = tail.len() / n.max(1);
+    let mut prev = vec![0u16; n];
+    for (v, p) in prev.iter_mut().enumerate() {
+        let mut best = 0.5f32;
+        for j in 0..k {
+            if tail[j * n + v] >= best {
+                best = tail[j * n + v];
+                *p = j as u16 + 1;
+            }
+        }
+    }
+    let labels: Vec<u16> = (1..=k as u16).collect();
+    let channels = previous_stage_channels(&prev, &labels, patch, augment.map(|a| (a, rng)))?;
+    tail.copy_from_slice(&channels);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

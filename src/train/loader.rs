@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::train::augment::{augment_mirrored, draw_moves, AugmentConfig, Moves};
-use crate::train::cascade::{previous_stage_channels, CascadeAugment};
+use crate::train::cascade::previous_stage;
+pub use crate::train::cascade::CascadeInput;
 use crate::train::norm_mask::{self, MaskAsSkeleton};
 use crate::train::sampler::{PatchChoice, Sampler};
 use crate::train::skeleton_target::{skeleton_of, tube_around};
@@ -54,45 +55,9 @@ pub struct LoaderConfig {
     pub cascade: Option<CascadeInput>,
 }
 
-/// The previous stage's channels of a cascade's second stage.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CascadeInput {
-    /// How many of the image channels, at the end, are the previous stage's (one a label).
-    pub channels: usize,
-    /// Their perturbations; `None`: only taken back to 0/1.
-    pub augment: Option<CascadeAugment>,
-}
-
 /// Stream tag of the cascade's perturbations (`Rng::derive(seed, &[CASCADE_STREAM, step,
 /// sample])`): drawn apart, so the other draws are those of a run without them.
 const CASCADE_STREAM: u64 = 0x6361_7363_6164_0004;
-
-/// The previous stage's channels of one patch (`tail`: `channels` patches of `n` voxels),
-/// interpolated by the spatial transform, taken back to one label a voxel (the largest of those
-/// at 0.5 or more) and perturbed by `augment`.
-fn previous_stage(
-    tail: &mut [f32],
-    patch: [usize; 3],
-    augment: Option<&CascadeAugment>,
-    rng: &mut Rng,
-) -> Result<()> {
-    let n: usize = patch.iter().product();
-    let k = tail.len() / n.max(1);
-    let mut prev = vec![0u16; n];
-    for (v, p) in prev.iter_mut().enumerate() {
-        let mut best = 0.5f32;
-        for j in 0..k {
-            if tail[j * n + v] >= best {
-                best = tail[j * n + v];
-                *p = j as u16 + 1;
-            }
-        }
-    }
-    let labels: Vec<u16> = (1..=k as u16).collect();
-    let channels = previous_stage_channels(&prev, &labels, patch, augment.map(|a| (a, rng)))?;
-    tail.copy_from_slice(&channels);
-    Ok(())
-}
 
 impl Default for LoaderConfig {
     fn default() -> Self {
@@ -158,8 +123,9 @@ struct State {
     consumer_next: u64,
     /// Finished steps not yet taken (the reorder buffer).
     ready: BTreeMap<u64, Result<Batch>>,
-    /// Buffers handed back with [`Loader::recycle`].
-    pool: Vec<(Vec<f32>, Vec<u16>)>,
+    /// Image and label buffers handed back ([`Loader::recycle`], [`Recycler`]).
+    images: Vec<Vec<f32>>,
+    labels: Vec<Vec<u16>>,
     live_workers: usize,
     stop: bool,
 }
@@ -250,7 +216,8 @@ impl Loader {
                 next_claim: first_step,
                 consumer_next: first_step,
                 ready: BTreeMap::new(),
-                pool: Vec::new(),
+                images: Vec::new(),
+                labels: Vec::new(),
                 live_workers: 0,
                 stop: false,
             }),
@@ -335,10 +302,52 @@ impl Loader {
 
     /// Hand a batch's buffers back for reuse by the workers (optional; saves allocations).
     pub fn recycle(&self, batch: Batch) {
-        let mut st = lock(&self.shared.state);
-        if st.pool.len() < self.shared.pool_cap {
-            st.pool.push((batch.image, batch.label));
+        let r = self.recycler();
+        r.image(batch.image);
+        r.label(batch.label);
+    }
+
+    /// A handle that gives buffers back to this loader from anywhere, for as long as it lives
+    /// (for batches handed on without a copy, whose buffers come back when their owner lets go).
+    pub fn recycler(&self) -> Recycler {
+        Recycler(Arc::downgrade(&self.shared))
+    }
+}
+
+/// Gives batch buffers back to the [`Loader`] that made them (freed once it is dropped). Fresh
+/// buffers of a few MiB a batch grew a long run's heap by about 20 MiB (the allocator's
+/// adaptive thresholds and per-thread arenas), and each cost the kernel's zeroed pages.
+#[derive(Clone)]
+pub struct Recycler(std::sync::Weak<Shared>);
+
+impl Recycler {
+    /// Give back an image buffer (any length: the next batch sets it).
+    pub fn image(&self, v: Vec<f32>) {
+        self.give(|st| &mut st.images, v);
+    }
+
+    /// Give back a label buffer.
+    pub fn label(&self, v: Vec<u16>) {
+        self.give(|st| &mut st.labels, v);
+    }
+
+    fn give<T>(&self, pool: impl FnOnce(&mut State) -> &mut Vec<Vec<T>>, v: Vec<T>) {
+        if v.capacity() == 0 {
+            return;
         }
+        if let Some(shared) = self.0.upgrade() {
+            let mut st = lock(&shared.state);
+            let pool = pool(&mut st);
+            if pool.len() < shared.pool_cap {
+                pool.push(v);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Recycler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Recycler")
     }
 }
 
@@ -380,7 +389,11 @@ fn work(shared: &Shared, job: &Job) {
             }
             let step = st.next_claim;
             st.next_claim += 1;
-            (step, st.pool.pop().unwrap_or_default())
+            let buffers = (
+                st.images.pop().unwrap_or_default(),
+                st.labels.pop().unwrap_or_default(),
+            );
+            (step, buffers)
         };
         let result = catch_unwind(AssertUnwindSafe(|| {
             build_batch(job, step, buffers, &mut reader)

@@ -44,6 +44,10 @@ impl Default for ReaderOptions {
     }
 }
 
+/// The strict mode's resident set moves within `1/BAND` of its limit, below and above: the
+/// maps are counted every `limit/BAND` bytes read, and trimmed to `limit - limit/BAND`.
+const BAND: u64 = 16;
+
 /// (entry serial, array id, chunk or file index)
 pub(super) type Key = (u64, u16, usize);
 
@@ -128,14 +132,14 @@ impl ChunkCache {
     }
 
     /// Count `bytes` that reads may have added to the maps' resident pages
-    /// ([`super::array::MappedBlock::touch`]), in strict mode. Every eighth of
+    /// ([`super::array::MappedBlock::touch`]), in strict mode. Every `1/BAND` of
     /// [`ReaderOptions::mapped_resident_bytes`] of growth, the maps' resident bytes are summed;
     /// past the limit, the least recently used maps hand their pages back (clean file pages,
-    /// read again from the page cache when next touched) until seven eighths of it remain, so
+    /// read again from the page cache when next touched) until `1 - 1/BAND` of it remain, so
     /// a long run over a large cache keeps a flat resident set, and the volumes patches keep
-    /// coming back to keep their pages. (Down to three quarters, the set held between checks
-    /// was smaller on average for the same peak: a case just above the limit refaulted more,
-    /// -3% patches per second.)
+    /// coming back to keep their pages. The narrower the band, the flatter the set and the
+    /// more of it kept on average: down to three quarters, a case just above the limit
+    /// refaulted more (-3% patches per second against seven eighths).
     pub(super) fn note_mapped_growth(&self, bytes: u64) {
         let Some(limit) = self.shared.options.mapped_resident_bytes else {
             return;
@@ -144,7 +148,7 @@ impl ChunkCache {
             return;
         }
         let since = &self.shared.growth_since_count;
-        if since.fetch_add(bytes, Ordering::Relaxed) + bytes < limit / 8 {
+        if since.fetch_add(bytes, Ordering::Relaxed) + bytes < limit / BAND {
             return;
         }
         since.store(0, Ordering::Relaxed);
@@ -154,7 +158,7 @@ impl ChunkCache {
         if total <= limit {
             return;
         }
-        let keep = limit / 8 * 7;
+        let keep = limit - limit / BAND;
         maps.for_each_oldest_first(|m| {
             if let Some(m) = m {
                 total -= m.release().min(total);
