@@ -113,17 +113,18 @@ pub fn training_step(config: &UNetConfig, shape: &StepShape) -> StepMemory {
     keep(1, config.in_channels, 0);
     let residual = config.encoder == Encoder::Residual;
     if residual {
-        keep(3, config.channels(0), 0); // the stem: conv, bias, norm-activation
+        keep(2, config.channels(0), 0); // the stem: conv (its bias added in the op), norm-activation
     }
     for s in 0..depth {
         let cout = config.channels(s);
         for b in 0..config.encoder_blocks(s) {
             if !residual {
-                keep(3, cout, s);
+                // The conv's output (its bias added in the op) and the norm-activation's.
+                keep(2, cout, s);
                 continue;
             }
             // Two blocks and the activation of their sum with the skip path.
-            keep(6 + 1, cout, s);
+            keep(4 + 1, cout, s);
             let cin = match (s, b) {
                 (0, _) | (_, 1..) => cout,
                 _ => config.channels(s - 1),
@@ -138,16 +139,16 @@ pub fn training_step(config: &UNetConfig, shape: &StepShape) -> StepMemory {
     }
     for level in (0..depth - 1).rev() {
         let c = config.channels(level);
-        // Upsampling (conv, bias), the concatenation (2c), then the blocks.
-        keep(2 + 2 + 3 * config.decoder_blocks(level) as u64, c, level);
+        // Upsampling (its bias added in the op), the concatenation (2c), then the blocks.
+        keep(1 + 2 + 2 * config.decoder_blocks(level) as u64, c, level);
     }
     let levels = config.supervised_levels();
     let outputs: u64 = levels
         .iter()
         .map(|&l| config.num_classes as u64 * voxels(l))
         .sum();
-    // Heads: conv and bias per supervised output.
-    elems += 2 * outputs;
+    // Heads: one tensor per supervised output (the bias added in the conv's op).
+    elems += outputs;
     let bytes = match shape.precision {
         Precision::F32 => 4,
         Precision::Bf16 => 2,

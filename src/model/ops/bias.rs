@@ -57,7 +57,7 @@ pub fn add_channel_bias_owned(x: Tensor, bias: &Tensor) -> Result<Tensor> {
 struct AddChannelBias;
 
 /// `y += bias[c]` over rows of `v` voxels, channel `i % c` for row `i`.
-fn add_rows(y: &mut [f32], b: &[f32], c: usize, v: usize) {
+pub(super) fn add_rows(y: &mut [f32], b: &[f32], c: usize, v: usize) {
     if v > 0 {
         for (i, row) in y.chunks_mut(v).enumerate() {
             let bc = b[i % c];
@@ -67,9 +67,9 @@ fn add_rows(y: &mut [f32], b: &[f32], c: usize, v: usize) {
 }
 
 /// (N, C, ...) -> (C,): the sum of each channel over samples and voxels.
-struct ChannelSum;
+pub(super) struct ChannelSum;
 
-fn rows(dims: &[usize]) -> (usize, usize, usize) {
+pub(super) fn rows(dims: &[usize]) -> (usize, usize, usize) {
     let (n, c) = (dims[0], dims[1]);
     (n, c, dims[2..].iter().product())
 }
@@ -184,6 +184,7 @@ impl CustomOp1 for ChannelSum {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ops::Products;
     use candle_core::{Device, Var};
 
     #[test]
@@ -218,6 +219,78 @@ mod tests {
             &Tensor::zeros(4, candle_core::DType::F32, &dev)?
         )
         .is_err());
+        Ok(())
+    }
+
+    /// The bias added inside the convolution's op (training) against the convolution then the
+    /// bias op: the same values and gradients, bit for bit.
+    #[test]
+    fn a_bias_inside_the_convolution_changes_no_bit() -> Result<()> {
+        use crate::model::ops::{conv3d, conv3d_bias_in, conv_transpose3d, conv_transpose3d_bias};
+        let dev = Device::Cpu;
+        let var = |n: usize, shape: &[usize], f: fn(&Tensor) -> Result<Tensor>| -> Result<Var> {
+            Var::from_tensor(&f(&Tensor::arange(0f32, n as f32, &dev)?.reshape(shape)?)?)
+        };
+        let bits = |t: &Tensor| -> Result<Vec<u32>> {
+            Ok(t.flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|v| v.to_bits())
+                .collect())
+        };
+        let x = var(2 * 3 * 5 * 6 * 7, &[2, 3, 5, 6, 7], |t| t.sin())?;
+        let w = var(4 * 3 * 27, &[4, 3, 3, 3, 3], |t| (t * 0.1)?.cos())?;
+        let b = var(4, &[4], |t| t - 1.5)?;
+        let xt = var(2 * 4 * 3 * 4 * 5, &[2, 4, 3, 4, 5], |t| t.sin())?;
+        let wt = var(4 * 3 * 8, &[4, 3, 2, 2, 2], |t| (t * 0.3)?.cos())?;
+        let bt = var(3, &[3], |t| t * 0.5)?;
+        type Pair<'a> = (
+            Box<dyn Fn() -> Result<Tensor> + 'a>,
+            Box<dyn Fn() -> Result<Tensor> + 'a>,
+        );
+        let (xs, ws, bs) = (x.as_tensor(), w.as_tensor(), b.as_tensor());
+        let (xts, wts, bts) = (xt.as_tensor(), wt.as_tensor(), bt.as_tensor());
+        let cases: Vec<(Pair, [&Var; 3])> = vec![
+            (
+                (
+                    Box::new(|| conv3d_bias_in(xs, ws, bs, [1; 3], [1; 3], Products::F32)),
+                    Box::new(|| add_channel_bias(&conv3d(xs, ws, [1; 3], [1; 3])?, bs)),
+                ),
+                [&x, &w, &b],
+            ),
+            (
+                (
+                    Box::new(|| conv3d_bias_in(xs, ws, bs, [1; 3], [1, 2, 2], Products::F32)),
+                    Box::new(|| add_channel_bias(&conv3d(xs, ws, [1; 3], [1, 2, 2])?, bs)),
+                ),
+                [&x, &w, &b],
+            ),
+            (
+                (
+                    Box::new(|| conv_transpose3d_bias(xts, wts, bts, [2; 3])),
+                    Box::new(|| add_channel_bias(&conv_transpose3d(xts, wts, [2; 3])?, bts)),
+                ),
+                [&xt, &wt, &bt],
+            ),
+        ];
+        for (i, ((fused, apart), vars)) in cases.iter().enumerate() {
+            let (f, a) = (fused()?, apart()?);
+            assert_eq!(bits(&f)?, bits(&a)?, "case {i}: values");
+            let r = Tensor::arange(0f32, f.elem_count() as f32, &dev)?
+                .reshape(f.shape())?
+                .cos()?;
+            let (gf, ga) = (
+                (f * &r)?.sum_all()?.backward()?,
+                (a * &r)?.sum_all()?.backward()?,
+            );
+            for v in vars {
+                let (p, q) = (
+                    gf.get(v.as_tensor()).unwrap(),
+                    ga.get(v.as_tensor()).unwrap(),
+                );
+                assert_eq!(bits(p)?, bits(q)?, "case {i}: gradient of {:?}", v.dims());
+            }
+        }
         Ok(())
     }
 }

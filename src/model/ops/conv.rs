@@ -381,6 +381,56 @@ impl CustomOp2 for Conv3dForward {
     }
 }
 
+/// A two-argument op (the convolution, or the transposed one) followed by `+ b[c]`, in one
+/// op, arguments (x, w, b), CPU and f32 tensors only: a training graph keeps one tensor instead
+/// of two (the op's output, which the bias op's node held, and the sum), with the same values
+/// and gradients bit for bit. The inner op's backward must not read its result.
+pub struct WithBias<O>(pub O);
+
+impl<O: CustomOp2 + Send + Sync> CustomOp3 for WithBias<O> {
+    fn name(&self) -> &'static str {
+        "conv-with-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (y, shape) = self.0.cpu_fwd(s1, l1, s2, l2)?;
+        let CpuStorage::F32(mut y) = y else {
+            bail!("{}: f32 tensors only", self.0.name());
+        };
+        let (_, c, v) = super::bias::rows(shape.dims());
+        let b = f32_data(s3, l3, &[c], "the bias")?;
+        super::bias::add_rows(&mut y, b, c, v);
+        Ok((CpuStorage::F32(y), shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw) = self.0.bwd(x, w, y, dy)?;
+        let db = match b.track_op() {
+            true => Some(
+                dy.contiguous()?
+                    .apply_op1_no_bwd(&super::bias::ChannelSum)?,
+            ),
+            false => None,
+        };
+        Ok((dx, dw, db))
+    }
+}
+
 impl CustomOp3 for Conv3dForwardPair {
     fn name(&self) -> &'static str {
         "conv3d-pair"

@@ -122,6 +122,33 @@ pub fn conv3d_in(
         .apply_op2(&w.contiguous()?, Conv3dForward(geom))
 }
 
+/// `conv3d_in(x, w, ..) + b[c]` (b: (Cout,)). In one op for f32 tensors on the CPU
+/// ([`conv::WithBias`]: a training graph then holds one tensor, not two), else the
+/// convolution and [`add_channel_bias`]; the same values and gradients either way.
+pub fn conv3d_bias_in(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+    products: Products,
+) -> Result<Tensor> {
+    let cpu_f32 = [x, w, b]
+        .iter()
+        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu());
+    if !cpu_f32 || b.dims() != [w.dim(0)?] {
+        return add_channel_bias(&conv3d_in(x, w, padding, stride, products)?, b);
+    }
+    let mut geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
+    geom.products = products;
+    geom.inferring = !x.track_op() && !w.track_op();
+    x.contiguous()?.apply_op3(
+        &w.contiguous()?,
+        &b.contiguous()?,
+        conv::WithBias(Conv3dForward(geom)),
+    )
+}
+
 /// `conv3d(cat([a, b], 1), w, ..)` (a U-Net decoder's upsampled tensor and its skip
 /// connection) without building the concatenation, where no argument records a graph and the
 /// custom CPU op runs (f32 on the CPU): the same values bit for bit, without a tensor of both
@@ -165,6 +192,39 @@ pub fn conv3d_concat_in(
         .apply_op3_no_bwd(&b.contiguous()?, &w.contiguous()?, &Conv3dForwardPair(geom))
 }
 
+/// `conv_transpose3d(x, w, stride) + b[c]`, in one op for f32 tensors on the CPU (as
+/// [`conv3d_bias_in`]).
+pub fn conv_transpose3d_bias(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    stride: [usize; 3],
+) -> Result<Tensor> {
+    let cpu_f32 = [x, w, b]
+        .iter()
+        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu());
+    if !cpu_f32 || b.dims() != [w.dim(1)?] {
+        return add_channel_bias(&conv_transpose3d(x, w, stride)?, b);
+    }
+    let geom = transpose_geom(x, w, stride)?;
+    x.contiguous()?.apply_op3(
+        &w.contiguous()?,
+        &b.contiguous()?,
+        conv::WithBias(Conv3dGradInput(geom)),
+    )
+}
+
+/// The convolution whose input gradient is the transposed convolution of `x` by `w`.
+fn transpose_geom(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<ConvGeom> {
+    let (n, cin, d, h, wd) = x.dims5()?;
+    let (wcin, cout, kd, kh, kw) = w.dims5()?;
+    generic::check_transpose(cin, wcin, [kd, kh, kw], stride)?;
+    // It is the input gradient of the convolution (N, Cout, D*s..) -> (N, Cin, D, H, W) with
+    // kernel == stride, whose weight (Cin, Cout, s..) is exactly `w`.
+    let up = [d * kd, h * kh, wd * kw];
+    ConvGeom::new(&[n, cout, up[0], up[1], up[2]], w.dims(), [0; 3], stride)
+}
+
 /// Transposed conv with kernel == stride (nnU-Net's up path): x (N, Cin, D, H, W),
 /// w (Cin, Cout, sd, sh, sw) -> (N, Cout, D*sd, H*sh, W*sw).
 pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Tensor> {
@@ -174,13 +234,7 @@ pub fn conv_transpose3d(x: &Tensor, w: &Tensor, stride: [usize; 3]) -> Result<Te
     if !native(&[x, w]) && !cpu_bf16(&[x, w]) {
         return conv_transpose3d_generic(x, w, stride);
     }
-    let (n, cin, d, h, wd) = x.dims5()?;
-    let (wcin, cout, kd, kh, kw) = w.dims5()?;
-    generic::check_transpose(cin, wcin, [kd, kh, kw], stride)?;
-    // It is the input gradient of the convolution (N, Cout, D*s..) -> (N, Cin, D, H, W) with
-    // kernel == stride, whose weight (Cin, Cout, s..) is exactly `w`.
-    let up = [d * kd, h * kh, wd * kw];
-    let geom = ConvGeom::new(&[n, cout, up[0], up[1], up[2]], w.dims(), [0; 3], stride)?;
+    let geom = transpose_geom(x, w, stride)?;
     x.contiguous()?
         .apply_op2(&w.contiguous()?, Conv3dGradInput(geom))
 }

@@ -154,6 +154,18 @@ impl Conv {
     pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let dt = x.dtype();
         let w = pass.param(&self.weight, dt)?;
+        if let (Mode::Train, Some(b)) = (pass.mode, &self.bias) {
+            // One tensor for the graph to keep, not the conv's output and its sum with b.
+            let b = pass.param(b, dt)?;
+            return Ok(ops::conv3d_bias_in(
+                x,
+                &w,
+                &b,
+                self.padding,
+                self.stride,
+                pass.products,
+            )?);
+        }
         let y = ops::conv3d_in(x, &w, self.padding, self.stride, pass.products)?;
         self.finish(y, pass)
     }
@@ -165,7 +177,7 @@ impl Conv {
         let w = pass.param(&self.weight, dt)?;
         let (p, s, products) = (self.padding, self.stride, pass.products);
         let y = match pass.mode {
-            Mode::Train => ops::conv3d_in(&Tensor::cat(&[a, b], 1)?, &w, p, s, products)?,
+            Mode::Train => return self.forward(&Tensor::cat(&[a, b], 1)?, pass),
             Mode::Infer => ops::conv3d_concat_in(a, b, &w, p, s, products)?,
         };
         self.finish(y, pass)
@@ -437,8 +449,12 @@ impl Up {
                 stride,
             } => {
                 let dt = x.dtype();
-                let y = ops::conv_transpose3d(x, &pass.param(weight, dt)?, *stride)?;
-                pass.add_bias(y, &pass.param(bias, dt)?)
+                let (w, b) = (pass.param(weight, dt)?, pass.param(bias, dt)?);
+                if pass.mode == Mode::Train {
+                    return Ok(ops::conv_transpose3d_bias(x, &w, &b, *stride)?);
+                }
+                let y = ops::conv_transpose3d(x, &w, *stride)?;
+                pass.add_bias(y, &b)
             }
             Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?, pass),
         }
