@@ -467,24 +467,10 @@ impl OwnedBuf {
         }
         let owner = Bound::new(py, Owned(self))?;
         let shape = shape.into_dimension();
-        // The Vec's heap block stays where it is while the owner lives.
+        // The array holds a reference to the owner, whose Vec's heap block stays in place.
         match &owner.get().0 {
-            OwnedBuf::Image(v, _) => {
-                let (p, n) = (v.as_ptr(), v.len());
-                view(
-                    unsafe { std::slice::from_raw_parts(p, n) },
-                    shape,
-                    owner.into_any(),
-                )
-            }
-            OwnedBuf::Label(v, _) => {
-                let (p, n) = (v.as_ptr(), v.len());
-                view(
-                    unsafe { std::slice::from_raw_parts(p, n) },
-                    shape,
-                    owner.into_any(),
-                )
-            }
+            OwnedBuf::Image(v, _) => view(v, shape, owner.clone().into_any()),
+            OwnedBuf::Label(v, _) => view(v, shape, owner.clone().into_any()),
         }
     }
 }

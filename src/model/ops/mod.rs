@@ -78,6 +78,12 @@ pub(crate) fn native(ts: &[&Tensor]) -> bool {
     fast_path(ts) || (cfg!(feature = "cuda") && ts.iter().all(cuda_bf16))
 }
 
+/// f32 tensors on the CPU (where the ops with a bias inside run).
+fn cpu_f32(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu())
+}
+
 /// bf16 tensors on the CPU: the convolution ops take them as they are (bf16 kernels where the
 /// CPU has them, else the f32 pass on widened values inside the op, rounded once).
 fn cpu_bf16(ts: &[&Tensor]) -> bool {
@@ -115,11 +121,23 @@ pub fn conv3d_in(
     if !native(&[x, w]) && !cpu_bf16(&[x, w]) {
         return conv3d_generic(x, w, padding, stride);
     }
+    let geom = forward_geom(x, w, padding, stride, products)?;
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, Conv3dForward(geom))
+}
+
+/// The geometry of `conv3d_in(x, w, ..)`.
+fn forward_geom(
+    x: &Tensor,
+    w: &Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+    products: Products,
+) -> Result<ConvGeom> {
     let mut geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
     geom.products = products;
     geom.inferring = !x.track_op() && !w.track_op();
-    x.contiguous()?
-        .apply_op2(&w.contiguous()?, Conv3dForward(geom))
+    Ok(geom)
 }
 
 /// `conv3d_in(x, w, ..) + b[c]` (b: (Cout,)). In one op for f32 tensors on the CPU
@@ -133,15 +151,10 @@ pub fn conv3d_bias_in(
     stride: [usize; 3],
     products: Products,
 ) -> Result<Tensor> {
-    let cpu_f32 = [x, w, b]
-        .iter()
-        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu());
-    if !cpu_f32 || b.dims() != [w.dim(0)?] {
+    if !cpu_f32(&[x, w, b]) || b.dims() != [w.dim(0)?] {
         return add_channel_bias(&conv3d_in(x, w, padding, stride, products)?, b);
     }
-    let mut geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
-    geom.products = products;
-    geom.inferring = !x.track_op() && !w.track_op();
+    let geom = forward_geom(x, w, padding, stride, products)?;
     x.contiguous()?.apply_op3(
         &w.contiguous()?,
         &b.contiguous()?,
@@ -200,10 +213,7 @@ pub fn conv_transpose3d_bias(
     b: &Tensor,
     stride: [usize; 3],
 ) -> Result<Tensor> {
-    let cpu_f32 = [x, w, b]
-        .iter()
-        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu());
-    if !cpu_f32 || b.dims() != [w.dim(1)?] {
+    if !cpu_f32(&[x, w, b]) || b.dims() != [w.dim(1)?] {
         return add_channel_bias(&conv_transpose3d(x, w, stride)?, b);
     }
     let geom = transpose_geom(x, w, stride)?;
