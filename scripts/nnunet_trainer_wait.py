@@ -5,6 +5,7 @@ Rust threads in the training process), same plans, seed and schedule, on the CPU
 
     PYTHON=/path/to/venv/bin/python   # nnunetv2 2.8.1, torch and the voxcache wheel installed
     $PYTHON scripts/nnunet_trainer_wait.py --work /tmp/nnwait --cores 1 2 --epochs 3 --iterations 50
+    $PYTHON scripts/nnunet_trainer_wait.py --work /tmp/nnwait --cores 4 8 --device cuda   # on a GPU
 
 1. data    a CT-like raw dataset (scripts/nnunet_fixtures_driver.py's generator, larger cases),
            planned and preprocessed by nnUNetv2_plan_and_preprocess (3d_fullres).
@@ -60,7 +61,7 @@ def make_data(work: Path, n: int, scale: float) -> None:
 CHILD = r'''
 import json, os, sys, time
 import torch
-which, cores, seed, epochs, iters, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+which, cores, seed, epochs, iters, out, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
 torch.set_num_threads(cores)
 torch.manual_seed(seed)
 import numpy as np, random
@@ -98,7 +99,7 @@ class Measured(Base):
 
 plans = load_json(os.path.join(base, "nnUNetPlans.json"))
 plans["continue_training"] = False
-t = Measured(plans, "3d_fullres", 0, load_json(os.path.join(base, "dataset.json")), torch.device("cpu"))
+t = Measured(plans, "3d_fullres", 0, load_json(os.path.join(base, "dataset.json")), torch.device(device))
 t.num_epochs, t.num_iterations_per_epoch, t.num_val_iterations_per_epoch = epochs, iters, 5
 if which == "voxcache":
     t.voxcache_cache = cache_path(base, "nnUNetPlans", "3d_fullres")
@@ -121,6 +122,7 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--keep", action="store_true", help="reuse the data and plans in --work")
+    ap.add_argument("--device", default="cpu", help="torch device of the network: cpu, cuda (where the wait matters)")
     a = ap.parse_args()
     work = a.work.resolve()
     env = dict(os.environ, nnUNet_raw=str(work / "nnUNet_raw"),
@@ -154,7 +156,7 @@ def main() -> int:
                 out = work / f"run_{which}_{cores}_{seed}.json"
                 run_env = dict(env, nnUNet_n_proc_DA=str(cores))
                 subprocess.run(["taskset", "-c", cpus, sys.executable, "-c", CHILD, which, str(cores), str(seed),
-                                str(a.epochs), str(a.iterations), str(out)], env=run_env, check=True,
+                                str(a.epochs), str(a.iterations), str(out), a.device], env=run_env, check=True,
                                stdout=subprocess.DEVNULL)
                 r = json.load(open(out))
                 waits = r["waits"][1:]  # the first batch waits for the workers to start
