@@ -6,7 +6,9 @@
 //!   reads, so that the upsampled tensor is never built, and written over the skip
 //!   connection where the output has the skip's channels.
 //!
-//! Both give the values of the ops they replace bit for bit (`direct::tests`).
+//! Both give the values of the ops they replace bit for bit (`direct::tests`), with f32
+//! products and with bf16 ones (the upsampling itself is f32 either way, as the transposed
+//! convolution's).
 
 use candle_core::{bail, CpuStorage, CustomOp3, InplaceOp2, InplaceOp3, Layout, Result, Shape};
 use candle_core::{DType, Tensor};
@@ -18,7 +20,7 @@ use super::norm::contiguous_f32_mut;
 use super::{conv3d_in, fast_path, generic};
 
 /// `conv3d(x, w, padding)` (stride 1) consuming `x`: on the CPU (f32 tensors that record no
-/// graph, f32 products, as many outputs as inputs, padding that keeps the size) the output is
+/// graph, as many outputs as inputs, padding that keeps the size) the output is
 /// written over `x`'s own storage; elsewhere it is [`conv3d_in`]. `x` must not be shared:
 /// callers pass the fresh output of the previous layer.
 pub fn conv3d_owned(
@@ -27,9 +29,9 @@ pub fn conv3d_owned(
     padding: [usize; 3],
     products: Products,
 ) -> Result<Tensor> {
-    let geom = ConvGeom::new(x.dims(), w.dims(), padding, [1; 3])?;
+    let mut geom = ConvGeom::new(x.dims(), w.dims(), padding, [1; 3])?;
+    geom.products = products;
     let in_place = untracked_cpu_f32(&[&x, w])
-        && products == Products::F32
         && x.is_contiguous()
         && geom.cin == geom.cout
         && geom.output == geom.input
@@ -50,13 +52,17 @@ pub fn conv3d_owned(
 /// not be shared.
 pub fn conv3d_up_concat(
     low: &Tensor,
-    up_weight: &Tensor,
-    up_bias: Option<&Tensor>,
-    stride: [usize; 3],
+    up: UpConv,
     skip: Tensor,
     w: &Tensor,
     padding: [usize; 3],
+    products: Products,
 ) -> Result<std::result::Result<Tensor, Tensor>> {
+    let UpConv {
+        weight: up_weight,
+        bias: up_bias,
+        stride,
+    } = up;
     let mut args = vec![low, up_weight, &skip, w];
     args.extend(up_bias);
     if !untracked_cpu_f32(&args) {
@@ -74,7 +80,8 @@ pub fn conv3d_up_concat(
         );
     }
     let cu = up_weight.dim(1)?;
-    let geom = ConvGeom::new(&[n, cu + cs, ds, hs, ws], w.dims(), padding, [1; 3])?;
+    let mut geom = ConvGeom::new(&[n, cu + cs, ds, hs, ws], w.dims(), padding, [1; 3])?;
+    geom.products = products;
     if !direct::applies(&geom) {
         return Ok(Err(skip));
     }
@@ -102,6 +109,17 @@ fn untracked_cpu_f32(ts: &[&Tensor]) -> bool {
 
 /// The convolution written over its input, argument (x mut, w).
 struct Conv3dInPlace(ConvGeom);
+
+/// The transposed convolution of [`conv3d_up_concat`]: kernel = stride.
+#[derive(Clone, Copy, Debug)]
+pub struct UpConv<'a> {
+    /// (Cl, Cu, sd, sh, sw), PyTorch's layout.
+    pub weight: &'a Tensor,
+    /// Per upsampled channel.
+    pub bias: Option<&'a Tensor>,
+    /// The stride, which is also the kernel.
+    pub stride: [usize; 3],
+}
 
 /// The decoder's first convolution (see [`conv3d_up_concat`]): the transposed convolution's
 /// weight (Cl, Cu, sd, sh, sw), bias and stride.

@@ -43,7 +43,7 @@ use candle_core::{bail, DType, Result, Tensor};
 pub use activation::add_leaky_relu;
 pub use bias::{add_channel_bias, add_channel_bias_owned};
 pub use generic::{conv3d_generic, conv_transpose3d_generic};
-pub use infer::{conv3d_owned, conv3d_up_concat};
+pub use infer::{conv3d_owned, conv3d_up_concat, UpConv};
 pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic, group_norm_leaky_relu_owned};
 pub use pool3d::{avg_pool3d, max_pool3d_generic};
 

@@ -279,16 +279,19 @@ impl Block {
             return Ok(Err(skip));
         };
         let conv = &self.conv;
-        let plain = matches!(pass.mode, Mode::Infer)
-            && pass.products == ops::Products::F32
-            && conv.stride == [1; 3];
+        let plain = matches!(pass.mode, Mode::Infer) && conv.stride == [1; 3];
         if !plain {
             return Ok(Err(skip));
         }
         let dt = low.dtype();
         let (uw, ub) = (pass.param(weight, dt)?, pass.param(bias, dt)?);
         let w = pass.param(&conv.weight, dt)?;
-        match ops::conv3d_up_concat(low, &uw, Some(&ub), *stride, skip, &w, conv.padding)? {
+        let up = ops::UpConv {
+            weight: &uw,
+            bias: Some(&ub),
+            stride: *stride,
+        };
+        match ops::conv3d_up_concat(low, up, skip, &w, conv.padding, pass.products)? {
             Ok(y) => Ok(Ok(self.norm(conv.finish(y, pass)?, pass)?)),
             Err(skip) => Ok(Err(skip)),
         }

@@ -9,12 +9,12 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
+use super::kernels::Engine;
 use super::{
-    block, forward_weight, input_gradient_weight, interleave_scalar, Operand, Output, Pass,
-    Workspace, TILE,
+    forward_weight, input_gradient_weight, interleave_scalar, Operand, Output, Pass, Workspace,
+    TILE,
 };
 use crate::model::ops::geometry::ConvGeom;
-use crate::model::ops::matmul::SharedOut;
 
 /// Whether this CPU runs the bf16 kernels.
 pub(super) fn available() -> bool {
@@ -28,16 +28,20 @@ pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
     w: &[S],
 ) -> Vec<O> {
-    Pass::forward(g).run_pairs(channel, |o, i, t| forward_weight(g, w, o, i, t).bf16())
+    let pass = Pass::forward(g);
+    let engine = Pairs::new(&pass, |o, i, t| forward_weight(g, w, o, i, t).bf16());
+    pass.run_filled(&engine, pass.pair_fill(channel))
 }
 
 /// `dx` from `dy` of a stride-1 convolution ([`super::applies`]); the CPU must be
 /// [`available`].
 pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Vec<O> {
     let vo = g.output_voxels();
-    Pass::input_gradient(g).run_pairs(
-        |n, i| &dy[(n * g.cout + i) * vo..][..vo],
-        |o, i, t| input_gradient_weight(g, w, o, i, t).bf16(),
+    let pass = Pass::input_gradient(g);
+    let engine = Pairs::new(&pass, |o, i, t| input_gradient_weight(g, w, o, i, t).bf16());
+    pass.run_filled(
+        &engine,
+        pass.pair_fill(|n, i| &dy[(n * g.cout + i) * vo..][..vo]),
     )
 }
 
@@ -67,48 +71,90 @@ pub(super) fn grad_weight<'a, S: Operand + 'a>(
     }))
 }
 
-impl Pass {
-    /// The pass over sources `channel(n, i)` with weights `weight(o, i, t)`.
-    fn run_pairs<'a, S: Operand + 'a, O: Output>(
-        &self,
-        channel: impl Fn(usize, usize) -> &'a [S] + Sync,
-        weight: impl Fn(usize, usize, usize) -> bf16,
-    ) -> Vec<O> {
-        let pairs = self.src_ch.div_ceil(2);
-        let packed = self.pack(pairs, |o, k, t| {
-            let hi = match 2 * k + 1 < self.src_ch {
+/// bf16 products summed in f32, the ring holding pairs of source channels side by side and
+/// the weights packed per pair. Made only where the CPU is [`available`].
+pub(super) struct Pairs {
+    chunk: usize,
+    packed: Vec<u32>,
+}
+
+impl Pairs {
+    /// The engine of `p` with weights `weight(o, i, t)`.
+    pub(super) fn new(p: &Pass, weight: impl Fn(usize, usize, usize) -> bf16) -> Self {
+        assert!(available(), "the bf16 kernels need AVX512-BF16");
+        let pairs = p.src_ch.div_ceil(2);
+        let packed = p.pack(pairs, |o, k, t| {
+            let hi = match 2 * k + 1 < p.src_ch {
                 true => weight(o, 2 * k + 1, t).to_bits(),
                 false => 0,
             };
             u32::from(weight(o, 2 * k, t).to_bits()) | u32::from(hi) << 16
         });
-        let chunk = self.chunk(pairs);
-        let len = self.batch * self.dst_ch * self.dst.iter().product::<usize>();
-        let mut out = vec![O::default(); len];
-        let shared = SharedOut(out.as_mut_ptr());
-        self.plane_items(2 * self.plane, |ws, n, blocks, planes| {
-            for z in planes {
-                ws.ring.load(self, z, pairs, |k, s, slot| {
-                    let second = (2 * k + 1 < self.src_ch).then(|| channel(n, 2 * k + 1));
-                    self.fill_pair(channel(n, 2 * k), second, s, slot)
-                });
-                for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
-                    // SAFETY: the caller checked the CPU; the ring holds this plane's pairs.
-                    unsafe { block_pairs(self, ws, chunk, &packed, o0, co) };
-                    self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
-                        for (j, &v) in row.iter().enumerate() {
-                            // SAFETY: this item alone writes these channels' planes z.
-                            unsafe { *shared.at(at + j) = O::of_sum(v) };
-                        }
-                    });
+        Self {
+            chunk: p.chunk(pairs),
+            packed,
+        }
+    }
+}
+
+impl Engine for Pairs {
+    type Elem = bf16;
+
+    fn units(&self, p: &Pass) -> usize {
+        p.src_ch.div_ceil(2)
+    }
+
+    fn slot(&self, p: &Pass) -> usize {
+        2 * p.plane
+    }
+
+    fn block(&self, p: &Pass, ws: &mut Workspace<bf16>, o0: usize, co: usize) {
+        // SAFETY: `new` checked the CPU; the pass loaded the ring with this plane's pairs.
+        unsafe { block_pairs(p, ws, self.chunk, &self.packed, o0, co) }
+    }
+}
+
+thread_local! {
+    /// Two f32 slots per worker, where [`Pass::paired`] fills a pair's channels.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Pass {
+    /// The ring's fill of pair `k` from the source channels `channel(n, i)`.
+    pub(super) fn pair_fill<'p, 'a: 'p, S: Operand + 'a>(
+        &'p self,
+        channel: impl Fn(usize, usize) -> &'a [S] + Sync + 'p,
+    ) -> impl Fn(usize, usize, Option<usize>, &mut [bf16]) + Sync + 'p {
+        move |n, k, source, slot| {
+            let second = (2 * k + 1 < self.src_ch).then(|| channel(n, 2 * k + 1));
+            self.fill_pair(channel(n, 2 * k), second, source, slot)
+        }
+    }
+
+    /// The ring's fill of pair `k` from an f32 pass's fill of one channel's slot: both
+    /// channels filled in f32, then interleaved and rounded as [`Self::fill_pair`] does, so
+    /// that any f32 pass (written over its source, computing its planes) has a bf16 form
+    /// with the same bits as the bf16 pass over the tensor it reads.
+    pub(super) fn paired<'p>(
+        &'p self,
+        fill: impl Fn(usize, usize, Option<usize>, &mut [f32]) + Sync + 'p,
+    ) -> impl Fn(usize, usize, Option<usize>, &mut [bf16]) + Sync + 'p {
+        move |n, k, source, slot| {
+            SCRATCH.with_borrow_mut(|buf| {
+                buf.resize(2 * self.plane, 0.0);
+                let (a, b) = buf.split_at_mut(self.plane);
+                fill(n, 2 * k, source, a);
+                let second = 2 * k + 1 < self.src_ch;
+                if second {
+                    fill(n, 2 * k + 1, source, b);
                 }
-            }
-        });
-        out
+                f32::interleave(a, second.then_some(&*b), slot)
+            })
+        }
     }
 
     /// Source plane `source` of channels `a` and `b` (absent: zero) interleaved into a slot.
-    fn fill_pair<S: Operand>(
+    pub(super) fn fill_pair<S: Operand>(
         &self,
         a: &[S],
         b: Option<&[S]>,

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::kernels::Kernel;
+use super::kernels::{Engine, Kernel, F32};
 use super::{applies, block, block_count, forward_weight, Pass, Workspace};
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
@@ -21,7 +21,6 @@ pub unsafe fn forward_in_place(g: &ConvGeom, x: *mut f32, w: &[f32]) {
         pass.dst == pass.src && g.cin == g.cout && applies(g),
         "{g:?}"
     );
-    let packed = pass.pack(g.cin, |o, i, t| forward_weight(g, w, o, i, t));
     let plane = g.input[1] * g.input[2];
     let (vi, src) = (g.input_voxels(), SharedOut(x));
     let fill = |n: usize, i: usize, s: Option<usize>, slot: &mut [f32]| {
@@ -33,7 +32,14 @@ pub unsafe fn forward_in_place(g: &ConvGeom, x: *mut f32, w: &[f32]) {
             unsafe { std::slice::from_raw_parts(src.at((n * g.cin + i) * vi + s * plane), plane) };
         pass.fill_plane(data, Some(0), slot, |v| v)
     };
-    pass.run_in_place(Kernel::detect(), fill, &packed, src)
+    #[cfg(target_arch = "x86_64")]
+    if let Some(engine) = super::bf16_engine(&pass, g, w) {
+        return pass.run_in_place(&engine, pass.paired(fill), src);
+    }
+    let engine = F32::new(Kernel::detect(), &pass, |o, i, t| {
+        forward_weight(g, w, o, i, t)
+    });
+    pass.run_in_place(&engine, fill, src)
 }
 
 impl Pass {
@@ -47,23 +53,22 @@ impl Pass {
     /// `dst` points at `batch * dst_ch * D*H*W` floats that nothing but this pass (and `fill`,
     /// reading the planes the ring loads) touches during the call; the pass is stride 1 with
     /// the destination's size equal to the source's.
-    pub(super) unsafe fn run_in_place(
+    pub(super) unsafe fn run_in_place<E: Engine>(
         &self,
-        kernel: Kernel,
-        fill: impl Fn(usize, usize, Option<usize>, &mut [f32]) + Sync,
-        packed: &[f32],
+        engine: &E,
+        fill: impl Fn(usize, usize, Option<usize>, &mut [E::Elem]) + Sync,
         dst: SharedOut,
     ) {
         let [dd, dh, dw] = self.dst;
         let plane = dh * dw;
         let parts = rayon::current_num_threads().clamp(1, dd);
         let (below, above) = (self.kernel[0] - 1 - self.pad[0], self.pad[0]);
-        let chunk = self.chunk(self.src_ch);
+        let units = engine.units(self);
         let blocks = block_count(self.dst_ch);
         let aside: Vec<Vec<(usize, usize, Vec<f32>)>> = (0..self.batch * parts)
             .into_par_iter()
             .map_init(
-                || Workspace::new(self, self.plane),
+                || Workspace::new(self, engine.slot(self)),
                 |ws, item| {
                     let (n, k) = (item / parts, item % parts);
                     let (z0, z1) = (k * dd / parts, (k + 1) * dd / parts);
@@ -73,9 +78,9 @@ impl Pass {
                         let edge = (k > 0 && z < z0 + below) || (k + 1 < parts && z + above >= z1);
                         let mut held = vec![0f32; if edge { self.dst_ch * plane } else { 0 }];
                         ws.ring
-                            .load(self, z, self.src_ch, |i, s, slot| fill(n, i, s, slot));
+                            .load(self, z, units, |u, s, slot| fill(n, u, s, slot));
                         for (o0, co) in (0..blocks).map(|b| block(self.dst_ch, b)) {
-                            kernel.block(self, ws, chunk, packed, o0, co);
+                            engine.block(self, ws, o0, co);
                             let first = ((n * self.dst_ch + o0) * dd + z) * plane;
                             self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
                                 if edge {

@@ -27,7 +27,7 @@ impl Kernel {
     }
 
     /// All tiles of the output planes `o0..o0 + co` (`co <= CO_MAX`) into `ws.out`.
-    pub(super) fn block(
+    fn block(
         self,
         p: &Pass,
         ws: &mut Workspace<f32>,
@@ -56,6 +56,57 @@ impl Kernel {
             Self::Avx2 => unsafe { by_width!(block_avx2) },
             Self::Portable => by_width!(block_tiles),
         }
+    }
+}
+
+/// What a pass multiplies in: the elements of its ring, the ring units its sources make
+/// (channels, or pairs of them) and the kernel that sums a block of destination channels. The
+/// same passes (into a new buffer, written over their source) run every engine.
+pub(super) trait Engine: Sync {
+    type Elem: Copy + Default + Send;
+    /// Ring units of `p`'s sources.
+    fn units(&self, p: &Pass) -> usize;
+    /// Elements of one ring slot.
+    fn slot(&self, p: &Pass) -> usize;
+    /// All tiles of the destination planes `o0..o0 + co` (`co <= CO_MAX`) into `ws.out`.
+    fn block(&self, p: &Pass, ws: &mut Workspace<Self::Elem>, o0: usize, co: usize);
+}
+
+/// f32 products and sums, the weights packed per source channel.
+pub(super) struct F32 {
+    kernel: Kernel,
+    chunk: usize,
+    packed: Vec<f32>,
+}
+
+impl F32 {
+    /// The engine of `p` with weights `weight(o, i, t)`.
+    pub(super) fn new(
+        kernel: Kernel,
+        p: &Pass,
+        weight: impl Fn(usize, usize, usize) -> f32,
+    ) -> Self {
+        Self {
+            kernel,
+            chunk: p.chunk(p.src_ch),
+            packed: p.pack(p.src_ch, weight),
+        }
+    }
+}
+
+impl Engine for F32 {
+    type Elem = f32;
+
+    fn units(&self, p: &Pass) -> usize {
+        p.src_ch
+    }
+
+    fn slot(&self, p: &Pass) -> usize {
+        p.plane
+    }
+
+    fn block(&self, p: &Pass, ws: &mut Workspace<f32>, o0: usize, co: usize) {
+        self.kernel.block(p, ws, self.chunk, &self.packed, o0, co)
     }
 }
 

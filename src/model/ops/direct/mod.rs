@@ -15,7 +15,9 @@
 //!
 //! f32: one kernel, written over plain arrays, compiled with AVX-512, with AVX2 and FMA (chosen
 //! at run time) and for the build's own target ([`kernels`]). bf16 tensors on CPUs with
-//! AVX512-BF16: products of bf16 values summed in f32 (`bf16.rs`).
+//! AVX512-BF16: products of bf16 values summed in f32 (`bf16.rs`). Each pass (into a new
+//! buffer, written over its own source, computing the planes it reads) runs with either
+//! (`kernels::Engine`), so inference holds the same tensors in both.
 
 use std::ops::Range;
 
@@ -31,10 +33,10 @@ mod up;
 mod weights;
 
 use super::columns::Planes;
-use super::geometry::ConvGeom;
+use super::geometry::{ConvGeom, Products};
 use super::matmul::SharedOut;
 pub use in_place::forward_in_place;
-use kernels::Kernel;
+use kernels::{Engine, Kernel, F32};
 pub use up::{forward_up_pair, forward_up_pair_in_place, transpose, Upsampling};
 pub use weights::grad_weight;
 
@@ -78,8 +80,7 @@ fn forward_with<'a>(
     w: &[f32],
 ) -> Vec<f32> {
     let pass = Pass::forward(g);
-    let packed = pass.pack(g.cin, |o, i, t| forward_weight(g, w, o, i, t));
-    pass.run(kernel, sample, &packed)
+    pass.run(kernel, sample, |o, i, t| forward_weight(g, w, o, i, t))
 }
 
 /// `dx` from `dy` of a stride-1 convolution ([`applies`]): the convolution of `dy` with `w`
@@ -90,12 +91,11 @@ pub fn grad_input(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
 
 fn grad_input_with(kernel: Kernel, g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
     let pass = Pass::input_gradient(g);
-    let packed = pass.pack(g.cout, |o, i, t| input_gradient_weight(g, w, o, i, t));
     let vo = g.output_voxels();
     pass.run(
         kernel,
         |n| Planes::one(&dy[n * g.cout * vo..][..g.cout * vo], vo),
-        &packed,
+        |o, i, t| input_gradient_weight(g, w, o, i, t),
     )
 }
 
@@ -178,6 +178,17 @@ impl Output for f32 {
     }
 }
 
+/// `row`'s sums stored from `dst` on.
+///
+/// # Safety
+/// `dst` points at `row.len()` values that nothing else touches during the call.
+unsafe fn store_row<O: Output>(dst: *mut O, row: &[f32]) {
+    let dst = std::slice::from_raw_parts_mut(dst, row.len());
+    for (d, &v) in dst.iter_mut().zip(row) {
+        *d = O::of_sum(v);
+    }
+}
+
 /// Whether this CPU has the bf16 kernels (AVX512-BF16).
 pub fn bf16_available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -193,6 +204,14 @@ pub fn bf16_available() -> bool {
 /// Whether the bf16 kernels compute this convolution on this CPU.
 fn bf16_kernels(g: &ConvGeom) -> bool {
     applies(g) && bf16_available()
+}
+
+/// The bf16 engine of `g`'s forward pass (`pass`) where `g` asks for bf16 products and this
+/// CPU has the kernels: what the passes that only inference runs multiply in.
+#[cfg(target_arch = "x86_64")]
+fn bf16_engine(pass: &Pass, g: &ConvGeom, w: &[f32]) -> Option<bf16::Pairs> {
+    (g.products == Products::Bf16 && bf16_kernels(g))
+        .then(|| bf16::Pairs::new(pass, |o, i, t| forward_weight(g, w, o, i, t).bf16()))
 }
 
 /// The forward pass on bf16 tensors where this CPU has the bf16 kernels and the convolution
@@ -404,41 +423,38 @@ impl Pass {
         );
     }
 
-    /// The f32 pass over the sources `sample(n)`.
+    /// The f32 pass over the sources `sample(n)` with weights `weight(o, i, t)`.
     fn run<'a>(
         &self,
         kernel: Kernel,
         sample: impl Fn(usize) -> Planes<'a> + Sync,
-        packed: &[f32],
+        weight: impl Fn(usize, usize, usize) -> f32,
     ) -> Vec<f32> {
-        self.run_filled(
-            kernel,
-            |n, i, source, slot| self.fill_plane(sample(n).channel(i), source, slot, |v| v),
-            packed,
-        )
+        self.run_filled(&F32::new(kernel, self, weight), |n, i, source, slot| {
+            self.fill_plane(sample(n).channel(i), source, slot, |v| v)
+        })
     }
 
-    /// The f32 pass whose ring slots `fill(n, channel, source plane or None, slot)` fills.
-    fn run_filled(
+    /// The pass of `engine` whose ring slots `fill(n, unit, source plane or None, slot)`
+    /// fills, each sum stored once as an `O`.
+    fn run_filled<E: Engine, O: Output>(
         &self,
-        kernel: Kernel,
-        fill: impl Fn(usize, usize, Option<usize>, &mut [f32]) + Sync,
-        packed: &[f32],
-    ) -> Vec<f32> {
-        let mut out = vec![0f32; self.batch * self.dst_ch * self.dst.iter().product::<usize>()];
+        engine: &E,
+        fill: impl Fn(usize, usize, Option<usize>, &mut [E::Elem]) + Sync,
+    ) -> Vec<O> {
+        let mut out =
+            vec![O::default(); self.batch * self.dst_ch * self.dst.iter().product::<usize>()];
         let shared = SharedOut(out.as_mut_ptr());
-        let chunk = self.chunk(self.src_ch);
-        self.plane_items(self.plane, |ws, n, blocks, planes| {
+        let units = engine.units(self);
+        self.plane_items(engine.slot(self), |ws, n, blocks, planes| {
             for z in planes {
                 ws.ring
-                    .load(self, z, self.src_ch, |i, s, slot| fill(n, i, s, slot));
+                    .load(self, z, units, |u, s, slot| fill(n, u, s, slot));
                 for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
-                    kernel.block(self, ws, chunk, packed, o0, co);
+                    engine.block(self, ws, o0, co);
                     self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
                         // SAFETY: this item alone writes these channels' planes z.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(row.as_ptr(), shared.at(at), row.len())
-                        }
+                        unsafe { store_row(shared.at(at), row) }
                     });
                 }
             }

@@ -370,3 +370,89 @@ fn in_place_passes_equal_the_passes_into_new_buffers() {
         }
     }
 }
+
+/// With bf16 products, the passes that only inference runs (written over their input; the
+/// decoder's first convolution computing its upsampled planes, into a new buffer and over the
+/// skip) give the bf16 pass over the tensor they stand for bit for bit, at every thread
+/// count: odd channel counts (a pair's second channel absent) and upsampled channels that
+/// share a pair with the skip's included.
+#[test]
+fn bf16_passes_that_only_inference_runs_equal_the_bf16_pass_over_the_built_tensor() {
+    use super::{
+        forward_bf16_products, forward_in_place, forward_up_pair, forward_up_pair_in_place,
+        transpose, Upsampling,
+    };
+    use crate::model::ops::Products;
+    if !super::bf16_available() {
+        return; // the callers take the f32 passes, held by the tests above
+    }
+    for (seed, x, k, pad, up_ch, stride) in [
+        (50, [2, 5, 6, 6, 9], [3, 3, 3], [1, 1, 1], 3, [2, 2, 1]),
+        (51, [1, 6, 4, 8, 10], [1, 3, 3], [0, 1, 1], 2, [1, 2, 2]),
+        (52, [1, 3, 4, 4, 18], [3, 3, 3], [1, 1, 1], 1, [2, 2, 2]),
+    ] {
+        let c = x[1];
+        let taps: usize = k.iter().product();
+        let mut g = ConvGeom::new(&x, &[c, c, k[0], k[1], k[2]], pad, [1; 3]).unwrap();
+        g.products = Products::Bf16;
+        let mut rng = Rng::new(seed);
+        let xs = random(&mut rng, x.iter().product());
+        let ws = random(&mut rng, c * c * taps);
+        let vi = g.input_voxels();
+        let sample = |n: usize| Planes::one(&xs[n * c * vi..][..c * vi], vi);
+        let want = forward_bf16_products(&g, sample, &ws).unwrap();
+        // The decoder's form: `up_ch` upsampled channels, then the skip's `c`.
+        let low_size = [0, 1, 2].map(|a| x[2 + a] / stride[a]);
+        let low = random(&mut rng, x[0] * 2 * low_size.iter().product::<usize>());
+        let wu = random(&mut rng, 2 * up_ch * stride.iter().product::<usize>());
+        let bias = random(&mut rng, up_ch);
+        let up = Upsampling {
+            low: &low,
+            low_ch: 2,
+            low_size,
+            weight: &wu,
+            up_ch,
+            stride,
+            bias: Some(&bias),
+        };
+        let cin = c + up_ch;
+        let mut gp = ConvGeom::new(
+            &[x[0], cin, x[2], x[3], x[4]],
+            &[c, cin, k[0], k[1], k[2]],
+            pad,
+            [1; 3],
+        )
+        .unwrap();
+        gp.products = Products::Bf16;
+        let wp = random(&mut rng, c * cin * taps);
+        let upsampled = transpose(&Upsampling { bias: None, ..up }, x[0], g.input);
+        let mut cat = Vec::with_capacity(x[0] * cin * vi);
+        for n in 0..x[0] {
+            for o in 0..up_ch {
+                let plane = &upsampled[(n * up_ch + o) * vi..][..vi];
+                cat.extend(plane.iter().map(|v| v + bias[o]));
+            }
+            cat.extend_from_slice(&xs[n * c * vi..][..c * vi]);
+        }
+        let built = |n: usize| Planes::one(&cat[n * cin * vi..][..cin * vi], vi);
+        let want_pair = forward_bf16_products(&gp, built, &wp).unwrap();
+        assert!(
+            forward_up_pair(&gp, &up, &xs, &wp) == want_pair,
+            "seed {seed}"
+        );
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut got = xs.clone();
+            // SAFETY: `got` is ours alone.
+            pool.install(|| unsafe { forward_in_place(&g, got.as_mut_ptr(), &ws) });
+            assert!(got == want, "seed {seed}, {threads} threads");
+            let mut got = xs.clone();
+            // SAFETY: as above.
+            pool.install(|| unsafe { forward_up_pair_in_place(&gp, &up, got.as_mut_ptr(), &wp) });
+            assert!(got == want_pair, "seed {seed}, {threads} threads, pair");
+        }
+    }
+}

@@ -7,8 +7,8 @@
 
 use rayon::prelude::*;
 
-use super::kernels::Kernel;
-use super::Pass;
+use super::kernels::{Kernel, F32};
+use super::{forward_weight, Pass};
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
@@ -205,10 +205,17 @@ pub fn transpose(u: &Upsampling, batch: usize, size: [usize; 3]) -> Vec<f32> {
 /// [`super::applies`].
 pub fn forward_up_pair(g: &ConvGeom, up: &Upsampling, skip: &[f32], w: &[f32]) -> Vec<f32> {
     let pass = Pass::forward(g);
-    let packed = pass.pack(g.cin, |o, i, t| super::forward_weight(g, w, o, i, t));
     let plane = g.input[1] * g.input[2];
     let skip_plane = |c: usize, s: usize| &skip[c * g.input_voxels() + s * plane..][..plane];
-    pass.run_filled(Kernel::detect(), up_fill(&pass, g, up, skip_plane), &packed)
+    let fill = up_fill(&pass, g, up, skip_plane);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(engine) = super::bf16_engine(&pass, g, w) {
+        return pass.run_filled(&engine, pass.paired(fill));
+    }
+    let engine = F32::new(Kernel::detect(), &pass, |o, i, t| {
+        forward_weight(g, w, o, i, t)
+    });
+    pass.run_filled(&engine, fill)
 }
 
 /// [`forward_up_pair`] written over `skip` itself, where the convolution has as many outputs
@@ -221,19 +228,21 @@ pub unsafe fn forward_up_pair_in_place(g: &ConvGeom, up: &Upsampling, skip: *mut
     let pass = Pass::forward(g);
     let fits = pass.dst == pass.src && g.cout + up.up_ch == g.cin && super::applies(g);
     assert!(fits, "{g:?}");
-    let packed = pass.pack(g.cin, |o, i, t| super::forward_weight(g, w, o, i, t));
     let plane = g.input[1] * g.input[2];
     let src = SharedOut(skip);
     let skip_plane = |c: usize, s: usize| {
         // SAFETY: the ring loads plane s before any item overwrites it (run_in_place).
         unsafe { std::slice::from_raw_parts(src.at(c * g.input_voxels() + s * plane), plane) }
     };
-    pass.run_in_place(
-        Kernel::detect(),
-        up_fill(&pass, g, up, skip_plane),
-        &packed,
-        src,
-    )
+    let fill = up_fill(&pass, g, up, skip_plane);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(engine) = super::bf16_engine(&pass, g, w) {
+        return pass.run_in_place(&engine, pass.paired(fill), src);
+    }
+    let engine = F32::new(Kernel::detect(), &pass, |o, i, t| {
+        forward_weight(g, w, o, i, t)
+    });
+    pass.run_in_place(&engine, fill, src)
 }
 
 /// The ring's fill of the decoder's first convolution: upsampled planes computed from `up`,
