@@ -12,6 +12,9 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, InplaceOp3, Layout, Result
 use candle_nn::GroupNorm;
 use rayon::prelude::*;
 
+mod slab;
+use slab::{wide, Slab};
+
 /// Sizes of one application: x is (N, C, spatial...) with `groups` groups of channels.
 #[derive(Clone, Copy, Debug)]
 struct NormGeom {
@@ -65,54 +68,6 @@ impl NormGeom {
     }
 }
 
-/// Mean and 1/sqrt(var + eps) of one slab, accumulated in f64.
-///
-/// Sums are taken about the slab's first value (shifted data) so a large common offset does
-/// not cancel catastrophically in E[x^2] - E[x]^2; eight fixed lanes let the compiler
-/// vectorize while keeping the summation order fixed.
-fn slab_stats(x: &[f32], eps: f64) -> (f32, f32) {
-    let Some(&first) = x.first() else {
-        return (0.0, 0.0);
-    };
-    let k = first as f64;
-    let (mut s, mut q) = ([0f64; 8], [0f64; 8]);
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for l in 0..8 {
-            let v = c[l] as f64 - k;
-            s[l] += v;
-            q[l] += v * v;
-        }
-    }
-    let (mut sum, mut sq) = (s.iter().sum::<f64>(), q.iter().sum::<f64>());
-    for &v in tail {
-        let v = v as f64 - k;
-        sum += v;
-        sq += v * v;
-    }
-    let m = x.len() as f64;
-    let shifted_mean = sum / m;
-    let var = (sq / m - shifted_mean * shifted_mean).max(0.0);
-    ((k + shifted_mean) as f32, (1.0 / (var + eps).sqrt()) as f32)
-}
-
-/// Per-channel affine map of the normalized value: z = x * scale + shift.
-fn channel_affine(mean: f32, rstd: f32, w: f32, b: f32) -> (f32, f32) {
-    let scale = w * rstd;
-    (scale, b - mean * scale)
-}
-
-/// LeakyReLU derivative factor at pre-activation z (forward uses `z > 0` too).
-#[inline]
-fn act_slope(z: f32, slope: f32) -> f32 {
-    if z > 0.0 {
-        1.0
-    } else {
-        slope
-    }
-}
-
 pub(crate) fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
     let CpuStorage::F32(data) = s else {
         bail!("{what}: only f32 tensors are supported")
@@ -152,6 +107,17 @@ struct GroupNormLeakyReluGrad {
     slope: f32,
 }
 
+impl GroupNormLeakyRelu {
+    /// Slab `i`'s parameters.
+    fn slab<'a>(&self, g: &NormGeom, i: usize, w: &'a [f32], b: &'a [f32]) -> Slab<'a> {
+        Slab {
+            eps: self.eps,
+            slope: self.slope,
+            ..Slab::of(g, i, w, b)
+        }
+    }
+}
+
 impl CustomOp3 for GroupNormLeakyRelu {
     fn name(&self) -> &'static str {
         "group-norm-leaky-relu"
@@ -170,23 +136,14 @@ impl CustomOp3 for GroupNormLeakyRelu {
         let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.groups)?;
         let x = contiguous_f32(s1, l1, what)?;
         let (w, b) = (contiguous_f32(s2, l2, what)?, contiguous_f32(s3, l3, what)?);
-        let (cg, slope) = (g.channels_per_group(), self.slope);
         let mut y = vec![0f32; g.numel()];
         if g.numel() > 0 {
             y.par_chunks_mut(g.slab())
                 .zip(x.par_chunks(g.slab()))
                 .enumerate()
                 .for_each(|(i, (ys, xs))| {
-                    let (mean, rstd) = slab_stats(xs, self.eps);
-                    let c0 = (i % g.groups) * cg;
-                    let rows = ys.chunks_mut(g.voxels).zip(xs.chunks(g.voxels));
-                    for (c, (yc, xc)) in (c0..).zip(rows) {
-                        let (scale, shift) = channel_affine(mean, rstd, w[c], b[c]);
-                        for (o, &v) in yc.iter_mut().zip(xc) {
-                            let z = v * scale + shift;
-                            *o = z * act_slope(z, slope);
-                        }
-                    }
+                    let slab = self.slab(&g, i, w, b);
+                    wide::normalize(&slab, Some(xs), ys)
                 });
         }
         Ok((CpuStorage::F32(y), Shape::from(l1.dims())))
@@ -245,37 +202,6 @@ impl CustomOp3 for GroupNormLeakyRelu {
     }
 }
 
-/// Sums over one channel of dz and dz * xhat, in f64 with fixed lanes (see [`slab_stats`]).
-fn channel_grad_sums(
-    x: &[f32],
-    dy: &[f32],
-    (scale, shift): (f32, f32),
-    (mean, rstd): (f32, f32),
-    slope: f32,
-) -> (f64, f64) {
-    let (mut s, mut q) = ([0f64; 8], [0f64; 8]);
-    let term = |v: f32, d: f32| {
-        let dz = d * act_slope(v * scale + shift, slope);
-        (dz as f64, (dz * ((v - mean) * rstd)) as f64)
-    };
-    let (xc, dc) = (x.chunks_exact(8), dy.chunks_exact(8));
-    let (xt, dt) = (xc.remainder(), dc.remainder());
-    for (xv, dv) in xc.zip(dc) {
-        for l in 0..8 {
-            let (a, b) = term(xv[l], dv[l]);
-            s[l] += a;
-            q[l] += b;
-        }
-    }
-    let (mut sum, mut sum_x) = (s.iter().sum::<f64>(), q.iter().sum::<f64>());
-    for (&v, &d) in xt.iter().zip(dt) {
-        let (a, b) = term(v, d);
-        sum += a;
-        sum_x += b;
-    }
-    (sum, sum_x)
-}
-
 impl CustomOp3 for GroupNormLeakyReluGrad {
     fn name(&self) -> &'static str {
         "group-norm-leaky-relu-grad"
@@ -303,40 +229,23 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
         let x = contiguous_f32(s1, l1, what)?;
         let dy = contiguous_f32(s2, l2, what)?;
         let (w, b) = contiguous_f32(s3, l3, what)?.split_at(c);
-        let (cg, slope, n) = (g.channels_per_group(), self.slope, g.numel());
+        let (cg, n) = (g.channels_per_group(), g.numel());
         let mut out = vec![0f32; n + 2 * c];
         // Per (sample, channel) partial sums of dz and dz * xhat: the bias and weight gradients.
         let mut partials = vec![(0f64, 0f64); g.batch * c];
         if n > 0 {
-            let m = g.slab() as f64;
             out[..n]
                 .par_chunks_mut(g.slab())
                 .zip(x.par_chunks(g.slab()).zip(dy.par_chunks(g.slab())))
                 .zip(partials.par_chunks_mut(cg))
                 .enumerate()
                 .for_each(|(i, ((dxs, (xs, dys)), part))| {
-                    let (mean, rstd) = slab_stats(xs, self.eps);
-                    let c0 = (i % g.groups) * cg;
-                    let affine = |c: usize| channel_affine(mean, rstd, w[c], b[c]);
-                    let rows = || xs.chunks(g.voxels).zip(dys.chunks(g.voxels));
-                    // Group sums of dxhat = w * dz and of dxhat * xhat.
-                    let (mut a, mut bsum) = (0f64, 0f64);
-                    for ((c, (xc, dc)), p) in (c0..).zip(rows()).zip(part.iter_mut()) {
-                        *p = channel_grad_sums(xc, dc, affine(c), (mean, rstd), slope);
-                        a += w[c] as f64 * p.0;
-                        bsum += w[c] as f64 * p.1;
-                    }
-                    let (a, bsum) = ((a / m) as f32, (bsum / m) as f32);
-                    // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-                    let out_rows = dxs.chunks_mut(g.voxels);
-                    for (c, (o, (xc, dc))) in (c0..).zip(out_rows.zip(rows())) {
-                        let (scale, shift) = affine(c);
-                        for ((o, &v), &d) in o.iter_mut().zip(xc).zip(dc) {
-                            let dxhat = w[c] * d * act_slope(v * scale + shift, slope);
-                            let xhat = (v - mean) * rstd;
-                            *o = rstd * (dxhat - a - xhat * bsum);
-                        }
-                    }
+                    let slab = Slab {
+                        eps: self.eps,
+                        slope: self.slope,
+                        ..Slab::of(&g, i, w, b)
+                    };
+                    wide::gradient(&slab, (xs, dys), dxs, part)
                 });
         }
         // Parameter gradients: sum the per-sample partials in sample order (deterministic).
@@ -471,21 +380,10 @@ impl InplaceOp3 for GroupNormLeakyReluInPlace {
         let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.0.groups)?;
         let (w, b) = (contiguous_f32(s2, l2, what)?, contiguous_f32(s3, l3, what)?);
         let data = contiguous_f32_mut(s1, l1, what)?;
-        let (cg, slope) = (g.channels_per_group(), self.0.slope);
         if g.numel() > 0 {
             data.par_chunks_mut(g.slab())
                 .enumerate()
-                .for_each(|(i, s)| {
-                    let (mean, rstd) = slab_stats(s, self.0.eps);
-                    let c0 = (i % g.groups) * cg;
-                    for (c, row) in (c0..).zip(s.chunks_mut(g.voxels)) {
-                        let (scale, shift) = channel_affine(mean, rstd, w[c], b[c]);
-                        for v in row.iter_mut() {
-                            let z = *v * scale + shift;
-                            *v = z * act_slope(z, slope);
-                        }
-                    }
-                });
+                .for_each(|(i, s)| wide::normalize(&self.0.slab(&g, i, w, b), None, s));
         }
         Ok(())
     }
