@@ -4,8 +4,8 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Engine, Kernel, F32};
-use super::{applies, block, block_count, forward_weight, Pass, Workspace};
+use super::kernels::Engine;
+use super::{applies, block, block_count, Pass, Workspace};
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
@@ -32,14 +32,7 @@ pub unsafe fn forward_in_place(g: &ConvGeom, x: *mut f32, w: &[f32]) {
             unsafe { std::slice::from_raw_parts(src.at((n * g.cin + i) * vi + s * plane), plane) };
         pass.fill_plane(data, Some(0), slot, |v| v)
     };
-    #[cfg(target_arch = "x86_64")]
-    if let Some(engine) = super::bf16_engine(&pass, g, w) {
-        return pass.run_in_place(&engine, pass.paired(fill), src);
-    }
-    let engine = F32::new(Kernel::detect(), &pass, |o, i, t| {
-        forward_weight(g, w, o, i, t)
-    });
-    pass.run_in_place(&engine, fill, src)
+    pass.forward_over(g, w, fill, src)
 }
 
 impl Pass {

@@ -214,6 +214,47 @@ fn bf16_engine(pass: &Pass, g: &ConvGeom, w: &[f32]) -> Option<bf16::Pairs> {
         .then(|| bf16::Pairs::new(pass, |o, i, t| forward_weight(g, w, o, i, t).bf16()))
 }
 
+impl Pass {
+    /// `g`'s forward pass (this pass) with weights `w`, its ring filled by the f32 fill
+    /// `fill`, into a new buffer, multiplying in what `g.products` asks for on this CPU.
+    fn forward_filled(
+        &self,
+        g: &ConvGeom,
+        w: &[f32],
+        fill: impl Fn(usize, usize, Option<usize>, &mut [f32]) + Sync,
+    ) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(engine) = bf16_engine(self, g, w) {
+            return self.run_filled(&engine, self.paired(&fill));
+        }
+        let engine = F32::new(Kernel::detect(), self, |o, i, t| {
+            forward_weight(g, w, o, i, t)
+        });
+        self.run_filled(&engine, fill)
+    }
+
+    /// [`Self::forward_filled`] written over its source `dst` ([`Self::run_in_place`]).
+    ///
+    /// # Safety
+    /// As [`Self::run_in_place`].
+    unsafe fn forward_over(
+        &self,
+        g: &ConvGeom,
+        w: &[f32],
+        fill: impl Fn(usize, usize, Option<usize>, &mut [f32]) + Sync,
+        dst: SharedOut,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(engine) = bf16_engine(self, g, w) {
+            return self.run_in_place(&engine, self.paired(&fill), dst);
+        }
+        let engine = F32::new(Kernel::detect(), self, |o, i, t| {
+            forward_weight(g, w, o, i, t)
+        });
+        self.run_in_place(&engine, fill, dst)
+    }
+}
+
 /// The forward pass on bf16 tensors where this CPU has the bf16 kernels and the convolution
 /// [`applies`] (None otherwise).
 pub fn forward_bf16(g: &ConvGeom, x: &[half::bf16], w: &[half::bf16]) -> Option<Vec<half::bf16>> {

@@ -317,7 +317,7 @@ fn upsampling_planes_equal_the_transposed_convolution_and_its_concatenation() {
 /// every thread count (items meet at different planes) and depth reach of the kernel.
 #[test]
 fn in_place_passes_equal_the_passes_into_new_buffers() {
-    use super::{forward_in_place, forward_up_pair, forward_up_pair_in_place, Upsampling};
+    use super::{forward_up_pair, Upsampling};
     for (seed, x, k, pad) in [
         (40, [2, 5, 7, 6, 9], [3, 3, 3], [1, 1, 1]),
         (41, [1, 4, 5, 8, 5], [1, 3, 3], [0, 1, 1]),
@@ -354,19 +354,43 @@ fn in_place_passes_equal_the_passes_into_new_buffers() {
         .unwrap();
         let wp = random(&mut rng, c * (c + 2) * k.iter().product::<usize>());
         let want_pair = forward_up_pair(&gp, &up, &xs, &wp);
-        for threads in [1, 2, 3, 5] {
+        let over = Over { xs: &xs, seed };
+        over.check(&[1, 2, 3, 5], (&g, &ws, &want), (&gp, &up, &wp, &want_pair));
+    }
+}
+
+/// The passes written over their input, checked against `want` at each thread count.
+struct Over<'a> {
+    /// Their input (the skip of the decoder's form).
+    xs: &'a [f32],
+    seed: u64,
+}
+
+impl Over<'_> {
+    fn check(
+        &self,
+        threads: &[usize],
+        (g, ws, want): (&ConvGeom, &[f32], &[f32]),
+        (gp, up, wp, want_pair): (&ConvGeom, &super::Upsampling, &[f32], &[f32]),
+    ) {
+        use super::{forward_in_place, forward_up_pair_in_place};
+        for &threads in threads {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            let mut got = xs.clone();
+            let mut got = self.xs.to_vec();
             // SAFETY: `got` is ours alone.
-            pool.install(|| unsafe { forward_in_place(&g, got.as_mut_ptr(), &ws) });
-            assert!(got == want, "seed {seed}, {threads} threads");
-            let mut got = xs.clone();
+            pool.install(|| unsafe { forward_in_place(g, got.as_mut_ptr(), ws) });
+            assert!(got == want, "seed {}, {threads} threads", self.seed);
+            let mut got = self.xs.to_vec();
             // SAFETY: as above.
-            pool.install(|| unsafe { forward_up_pair_in_place(&gp, &up, got.as_mut_ptr(), &wp) });
-            assert!(got == want_pair, "seed {seed}, {threads} threads, pair");
+            pool.install(|| unsafe { forward_up_pair_in_place(gp, up, got.as_mut_ptr(), wp) });
+            assert!(
+                got == want_pair,
+                "seed {}, {threads} threads, pair",
+                self.seed
+            );
         }
     }
 }
@@ -378,10 +402,7 @@ fn in_place_passes_equal_the_passes_into_new_buffers() {
 /// share a pair with the skip's included.
 #[test]
 fn bf16_passes_that_only_inference_runs_equal_the_bf16_pass_over_the_built_tensor() {
-    use super::{
-        forward_bf16_products, forward_in_place, forward_up_pair, forward_up_pair_in_place,
-        transpose, Upsampling,
-    };
+    use super::{forward_bf16_products, forward_up_pair, transpose, Upsampling};
     use crate::model::ops::Products;
     if !super::bf16_available() {
         return; // the callers take the f32 passes, held by the tests above
@@ -440,19 +461,7 @@ fn bf16_passes_that_only_inference_runs_equal_the_bf16_pass_over_the_built_tenso
             forward_up_pair(&gp, &up, &xs, &wp) == want_pair,
             "seed {seed}"
         );
-        for threads in [1, 2, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            let mut got = xs.clone();
-            // SAFETY: `got` is ours alone.
-            pool.install(|| unsafe { forward_in_place(&g, got.as_mut_ptr(), &ws) });
-            assert!(got == want, "seed {seed}, {threads} threads");
-            let mut got = xs.clone();
-            // SAFETY: as above.
-            pool.install(|| unsafe { forward_up_pair_in_place(&gp, &up, got.as_mut_ptr(), &wp) });
-            assert!(got == want_pair, "seed {seed}, {threads} threads, pair");
-        }
+        let over = Over { xs: &xs, seed };
+        over.check(&[1, 2, 3], (&g, &ws, &want), (&gp, &up, &wp, &want_pair));
     }
 }

@@ -7,8 +7,8 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Kernel, F32};
-use super::{forward_weight, Pass};
+use super::kernels::Kernel;
+use super::Pass;
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
@@ -208,14 +208,7 @@ pub fn forward_up_pair(g: &ConvGeom, up: &Upsampling, skip: &[f32], w: &[f32]) -
     let plane = g.input[1] * g.input[2];
     let skip_plane = |c: usize, s: usize| &skip[c * g.input_voxels() + s * plane..][..plane];
     let fill = up_fill(&pass, g, up, skip_plane);
-    #[cfg(target_arch = "x86_64")]
-    if let Some(engine) = super::bf16_engine(&pass, g, w) {
-        return pass.run_filled(&engine, pass.paired(fill));
-    }
-    let engine = F32::new(Kernel::detect(), &pass, |o, i, t| {
-        forward_weight(g, w, o, i, t)
-    });
-    pass.run_filled(&engine, fill)
+    pass.forward_filled(g, w, fill)
 }
 
 /// [`forward_up_pair`] written over `skip` itself, where the convolution has as many outputs
@@ -235,14 +228,7 @@ pub unsafe fn forward_up_pair_in_place(g: &ConvGeom, up: &Upsampling, skip: *mut
         unsafe { std::slice::from_raw_parts(src.at(c * g.input_voxels() + s * plane), plane) }
     };
     let fill = up_fill(&pass, g, up, skip_plane);
-    #[cfg(target_arch = "x86_64")]
-    if let Some(engine) = super::bf16_engine(&pass, g, w) {
-        return pass.run_in_place(&engine, pass.paired(fill), src);
-    }
-    let engine = F32::new(Kernel::detect(), &pass, |o, i, t| {
-        forward_weight(g, w, o, i, t)
-    });
-    pass.run_in_place(&engine, fill, src)
+    pass.forward_over(g, w, fill, src)
 }
 
 /// The ring's fill of the decoder's first convolution: upsampled planes computed from `up`,
