@@ -110,11 +110,7 @@ struct GroupNormLeakyReluGrad {
 impl GroupNormLeakyRelu {
     /// Slab `i`'s parameters.
     fn slab<'a>(&self, g: &NormGeom, i: usize, w: &'a [f32], b: &'a [f32]) -> Slab<'a> {
-        Slab {
-            eps: self.eps,
-            slope: self.slope,
-            ..Slab::of(g, i, w, b)
-        }
+        Slab::of(g, i, (w, b), self.eps, self.slope)
     }
 }
 
@@ -240,11 +236,7 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
                 .zip(partials.par_chunks_mut(cg))
                 .enumerate()
                 .for_each(|(i, ((dxs, (xs, dys)), part))| {
-                    let slab = Slab {
-                        eps: self.eps,
-                        slope: self.slope,
-                        ..Slab::of(&g, i, w, b)
-                    };
+                    let slab = Slab::of(&g, i, (w, b), self.eps, self.slope);
                     wide::gradient(&slab, (xs, dys), dxs, part)
                 });
         }

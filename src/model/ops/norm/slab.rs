@@ -22,9 +22,14 @@ pub(super) struct Slab<'a> {
 }
 
 impl<'a> Slab<'a> {
-    /// Slab `i` (sample `i / groups`, group `i % groups`) of `g`; `eps` 1e-5 and `slope` 1
-    /// until set.
-    pub(super) fn of(g: &NormGeom, i: usize, w: &'a [f32], b: &'a [f32]) -> Self {
+    /// Slab `i` (sample `i / groups`, group `i % groups`) of `g`.
+    pub(super) fn of(
+        g: &NormGeom,
+        i: usize,
+        (w, b): (&'a [f32], &'a [f32]),
+        eps: f64,
+        slope: f32,
+    ) -> Self {
         let channels = g.channels_per_group();
         Self {
             w,
@@ -32,8 +37,8 @@ impl<'a> Slab<'a> {
             c0: (i % g.groups) * channels,
             voxels: g.voxels,
             channels,
-            eps: 1e-5,
-            slope: 1.0,
+            eps,
+            slope,
         }
     }
 
