@@ -11,7 +11,8 @@ pub enum Products {
     #[default]
     F32,
     /// Operands rounded to bf16, products and sums in f32 (oneDNN's "bf16 fpmath" mode),
-    /// where the CPU has AVX512-BF16 and the direct kernels apply; f32 elsewhere.
+    /// where the CPU has AVX512-BF16 and the direct kernels apply (also at a stride, in
+    /// training too); f32 elsewhere.
     Bf16,
 }
 

@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 use half::bf16;
 
 use super::kernels::Engine;
+use super::phases::phases;
 use super::{
     forward_weight, input_gradient_weight, interleave_scalar, Operand, Output, Pass, Workspace,
     TILE,
@@ -21,8 +22,8 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
 }
 
-/// `y = conv3d(x, w)` of a stride-1 convolution ([`super::applies`]), the source channels given
-/// by `channel(n, i)`; the CPU must be [`available`].
+/// `y = conv3d(x, w)` of a convolution the direct pass reads ([`super::reads_directly`]), the
+/// source channels given by `channel(n, i)`; the CPU must be [`available`].
 pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
     g: &ConvGeom,
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
@@ -33,21 +34,30 @@ pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
     pass.run_filled(&engine, pass.pair_fill(channel))
 }
 
-/// `dx` from `dy` of a stride-1 convolution ([`super::applies`]); the CPU must be
-/// [`available`].
-pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Vec<O> {
+/// `dx` from `dy` of a convolution the direct pass reads ([`super::reads_directly`]): at stride
+/// 1 one pass, else one per stride phase (None where a phase cannot be padded); the CPU must
+/// be [`available`].
+pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Option<Vec<O>> {
     let vo = g.output_voxels();
-    let pass = Pass::input_gradient(g);
-    let engine = Pairs::new(&pass, |o, i, t| input_gradient_weight(g, w, o, i, t).bf16());
-    pass.run_filled(
-        &engine,
-        pass.pair_fill(|n, i| &dy[(n * g.cout + i) * vo..][..vo]),
-    )
+    let channel = |n: usize, i: usize| &dy[(n * g.cout + i) * vo..][..vo];
+    if g.stride == [1; 3] {
+        let pass = Pass::input_gradient(g);
+        let engine = Pairs::new(&pass, |o, i, t| input_gradient_weight(g, w, o, i, t).bf16());
+        return Some(pass.run_filled(&engine, pass.pair_fill(channel)));
+    }
+    let mut dx = vec![O::default(); g.batch * g.cin * g.input_voxels()];
+    for phase in phases(g)? {
+        let pass = &phase.pass;
+        let engine = Pairs::new(pass, |o, i, t| phase.weight(g, w, o, i, t).bf16());
+        let part: Vec<O> = pass.run_filled(&engine, pass.pair_fill(channel));
+        phase.spread(g, &part, &mut dx);
+    }
+    Some(dx)
 }
 
-/// `dw` (f32 sums) from `x` (its channels given by `channel(n, i)`) and `dy` of a stride-1
-/// convolution ([`super::applies`]) whose kernel is 1 or 3 wide (None otherwise); the CPU must
-/// be [`available`].
+/// `dw` (f32 sums) from `x` (its channels given by `channel(n, i)`) and `dy` of a convolution
+/// the direct pass reads ([`super::reads_directly`]) whose kernel is 1 or 3 wide (None
+/// otherwise); the CPU must be [`available`].
 pub(super) fn grad_weight<'a, S: Operand + 'a>(
     g: &ConvGeom,
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
@@ -60,10 +70,10 @@ pub(super) fn grad_weight<'a, S: Operand + 'a>(
     Some(pass.weight_items(pass.plane, |ws, n, blocks, mine| {
         for z in 0..pass.dst[0] {
             ws.ring.load(&pass, z, g.cin, |i, s, slot| {
-                pass.fill_plane(channel(n, i), s, slot, S::bf16)
+                pass.fill_plane(channel(n, i), s, slot)
             });
             for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
-                pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z, S::bf16);
+                pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z);
                 // SAFETY: the caller checked the CPU; the ring holds this plane, rows co rows.
                 unsafe { weight_plane(&pass, ws, co, out) };
             }
@@ -161,9 +171,22 @@ impl Pass {
         source: Option<usize>,
         slot: &mut [bf16],
     ) {
+        let [_, sh, sw] = self.src;
+        if let (Some(s), true) = (source, self.stride[1..] != [1, 1]) {
+            // Phase planes: each channel laid out as an f32 pass lays it, then interleaved.
+            let at = s * sh * sw..(s + 1) * sh * sw;
+            return SCRATCH.with_borrow_mut(|buf| {
+                buf.resize(2 * self.plane, 0.0);
+                let (x, y) = buf.split_at_mut(self.plane);
+                self.fill_phases(&a[at.clone()], x);
+                if let Some(b) = b {
+                    self.fill_phases(&b[at], y);
+                }
+                f32::interleave(x, b.is_some().then_some(&*y), slot)
+            });
+        }
         slot.fill(bf16::ZERO);
         let Some(s) = source else { return };
-        let [_, sh, sw] = self.src;
         for r in 0..sh {
             let start = 2 * ((self.pad[1] + r) * self.wp + self.pad[2]);
             let row = (s * sh + r) * sw..(s * sh + r + 1) * sw;
@@ -173,6 +196,35 @@ impl Pass {
                 &mut slot[start..start + 2 * sw],
             );
         }
+    }
+}
+
+/// `dst[j] = src[j]` rounded to bf16 (as `bf16::from_f32`), sixteen at a time where the CPU
+/// has AVX512-BF16.
+pub(super) fn round_row(src: &[f32], dst: &mut [bf16]) {
+    assert_eq!(src.len(), dst.len());
+    match available() {
+        // SAFETY: AVX512-BF16 checked; the lengths are equal.
+        true => unsafe { round_row_avx512(src, dst) },
+        false => dst
+            .iter_mut()
+            .zip(src)
+            .for_each(|(d, &s)| *d = bf16::from_f32(s)),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn round_row_avx512(src: &[f32], dst: &mut [bf16]) {
+    let whole = src.len() / 16 * 16;
+    for j in (0..whole).step_by(16) {
+        let h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src.as_ptr().add(j)));
+        _mm256_storeu_si256(
+            dst.as_mut_ptr().add(j) as *mut __m256i,
+            std::mem::transmute::<__m256bh, __m256i>(h),
+        );
+    }
+    for (d, &s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = bf16::from_f32(s);
     }
 }
 
@@ -258,11 +310,11 @@ unsafe fn tiles<const CO: usize>(
             let mut w = block.as_ptr().add(k0 * taps * CO);
             for k in k0..k1 {
                 for &slot in &ws.ring.order {
-                    // Reads reach 2 * (q_pad + (kh - 1) * wp + kw - 1) < 2 * plane.
+                    // Reads reach 2 * (q_pad + the last offset) < 2 * plane.
                     let base = ring.add((k * kd + slot) * ws.ring.slot + 2 * q0);
                     for b in 0..kh {
-                        for c in 0..kw {
-                            let src = base.add(2 * (b * p.wp + c)) as *const __m512i;
+                        for &off in &p.offsets[b * kw..][..kw] {
+                            let src = base.add(2 * off) as *const __m512i;
                             let x = [0, 1, 2, 3].map(|v| as_bh(_mm512_loadu_si512(src.add(v))));
                             for (co, acc) in acc.iter_mut().enumerate() {
                                 let wv = as_bh(_mm512_set1_epi32(*w.add(co) as i32));
@@ -323,15 +375,16 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
         for (a, &slot) in ws.ring.order.iter().enumerate() {
             let plane = ws.ring.at(i, slot).as_ptr() as *const u16;
             for b in 0..kh {
-                // Reads reach b * wp + q_pad - 1 + KW - 1, inside the plane's slot.
-                let row = plane.add(b * p.wp);
+                // Reads reach q_pad - 1 + the last offset, inside the plane's slot.
+                let reads: [*const u16; KW] =
+                    std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
                 let mut acc = [[_mm512_setzero_ps(); KW]; CO];
                 for q in (0..p.q_pad).step_by(32) {
                     let d: [__m512bh; CO] = std::array::from_fn(|k| {
                         as_bh(_mm512_loadu_si512(rows.add(k * p.q_pad + q) as *const _))
                     });
-                    for c in 0..KW {
-                        let x = as_bh(_mm512_loadu_si512(row.add(q + c) as *const _));
+                    for (c, read) in reads.iter().enumerate() {
+                        let x = as_bh(_mm512_loadu_si512(read.add(q) as *const _));
                         for (acc, &d) in acc.iter_mut().zip(&d) {
                             acc[c] = _mm512_dpbf16_ps(acc[c], d, x);
                         }

@@ -30,7 +30,7 @@ pub unsafe fn forward_in_place(g: &ConvGeom, x: *mut f32, w: &[f32]) {
         // SAFETY: the ring loads plane s before any item overwrites it (run_in_place).
         let data =
             unsafe { std::slice::from_raw_parts(src.at((n * g.cin + i) * vi + s * plane), plane) };
-        pass.fill_plane(data, Some(0), slot, |v| v)
+        pass.fill_plane(data, Some(0), slot)
     };
     pass.forward_over(g, w, fill, src)
 }

@@ -15,8 +15,9 @@
 //!
 //! f32: one kernel, written over plain arrays, compiled with AVX-512, with AVX2 and FMA (chosen
 //! at run time) and for the build's own target ([`kernels`]). bf16 tensors on CPUs with
-//! AVX512-BF16: products of bf16 values summed in f32 (`bf16.rs`). Each pass (into a new
-//! buffer, written over its own source, computing the planes it reads) runs with either
+//! AVX512-BF16: products of bf16 values summed in f32 (`bf16.rs`), at any stride: a strided
+//! input gradient runs as one stride-1 pass per stride phase (`phases.rs`). Each pass (into a
+//! new buffer, written over its own source, computing the planes it reads) runs with either
 //! (`kernels::Engine`), so inference holds the same tensors in both.
 
 use std::ops::Range;
@@ -27,9 +28,12 @@ use rayon::prelude::*;
 mod bf16;
 mod in_place;
 mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod phases;
 #[cfg(test)]
 mod tests;
 mod up;
+mod values;
 mod weights;
 
 use super::columns::Planes;
@@ -38,6 +42,8 @@ use super::matmul::SharedOut;
 pub use in_place::forward_in_place;
 use kernels::{Engine, Kernel, F32};
 pub use up::{forward_up_pair, forward_up_pair_in_place, transpose, Upsampling};
+use values::{interleave_scalar, store_row};
+pub use values::{Cast, Operand, Output};
 pub use weights::grad_weight;
 
 /// Positions of one register tile (four AVX-512 vectors).
@@ -123,72 +129,6 @@ fn input_gradient_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: 
     w[(i * g.cin + o) * taps + (taps - 1 - t)]
 }
 
-/// A value the bf16 kernels multiply: bf16 as it is, f32 rounded to bf16 as it is read.
-pub trait Operand: Copy + Sync {
-    /// The value as the kernels multiply it.
-    fn bf16(self) -> half::bf16;
-
-    /// `out[2j] = a[j]` and `out[2j + 1] = b[j]` (zero without `b`) as bf16: two source
-    /// channels side by side, as the forward kernels read them.
-    fn interleave(a: &[Self], b: Option<&[Self]>, out: &mut [half::bf16]) {
-        interleave_scalar(a, b, out)
-    }
-}
-
-/// [`Operand::interleave`] one value at a time.
-fn interleave_scalar<S: Operand>(a: &[S], b: Option<&[S]>, out: &mut [half::bf16]) {
-    for (j, &v) in a.iter().enumerate() {
-        out[2 * j] = v.bf16();
-        out[2 * j + 1] = b.map_or(half::bf16::ZERO, |b| b[j].bf16());
-    }
-}
-
-impl Operand for half::bf16 {
-    fn bf16(self) -> half::bf16 {
-        self
-    }
-}
-
-impl Operand for f32 {
-    fn bf16(self) -> half::bf16 {
-        half::bf16::from_f32(self)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn interleave(a: &[Self], b: Option<&[Self]>, out: &mut [half::bf16]) {
-        bf16::interleave_f32(a, b, out)
-    }
-}
-
-/// What a bf16 pass stores: its f32 sums as they are, or rounded to bf16.
-pub trait Output: Copy + Default + Send + Sync {
-    /// One stored value from its sum.
-    fn of_sum(v: f32) -> Self;
-}
-
-impl Output for half::bf16 {
-    fn of_sum(v: f32) -> Self {
-        half::bf16::from_f32(v)
-    }
-}
-
-impl Output for f32 {
-    fn of_sum(v: f32) -> Self {
-        v
-    }
-}
-
-/// `row`'s sums stored from `dst` on.
-///
-/// # Safety
-/// `dst` points at `row.len()` values that nothing else touches during the call.
-unsafe fn store_row<O: Output>(dst: *mut O, row: &[f32]) {
-    let dst = std::slice::from_raw_parts_mut(dst, row.len());
-    for (d, &v) in dst.iter_mut().zip(row) {
-        *d = O::of_sum(v);
-    }
-}
-
 /// Whether this CPU has the bf16 kernels (AVX512-BF16).
 pub fn bf16_available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -201,16 +141,18 @@ pub fn bf16_available() -> bool {
     }
 }
 
-/// Whether the bf16 kernels compute this convolution on this CPU.
+/// Whether the bf16 kernels compute this convolution on this CPU: its forward pass and weight
+/// gradient at any stride the direct pass reads, its input gradient at stride 1 or per stride
+/// phase.
 fn bf16_kernels(g: &ConvGeom) -> bool {
-    applies(g) && bf16_available()
+    reads_directly(g) && bf16_available()
 }
 
 /// The bf16 engine of `g`'s forward pass (`pass`) where `g` asks for bf16 products and this
 /// CPU has the kernels: what the passes that only inference runs multiply in.
 #[cfg(target_arch = "x86_64")]
 fn bf16_engine(pass: &Pass, g: &ConvGeom, w: &[f32]) -> Option<bf16::Pairs> {
-    (g.products == Products::Bf16 && bf16_kernels(g))
+    (g.products == Products::Bf16 && applies(g) && bf16_available())
         .then(|| bf16::Pairs::new(pass, |o, i, t| forward_weight(g, w, o, i, t).bf16()))
 }
 
@@ -286,7 +228,7 @@ pub fn forward_bf16_products<'a>(
 pub fn grad_input_bf16<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Option<Vec<O>> {
     #[cfg(target_arch = "x86_64")]
     if bf16_kernels(g) {
-        return Some(bf16::grad_input(g, dy, w));
+        return bf16::grad_input(g, dy, w);
     }
     let _ = (g, dy, w);
     None
@@ -330,6 +272,8 @@ struct Pass {
     /// Source size (D, H, W).
     src: [usize; 3],
     kernel: [usize; 3],
+    /// Zeros before the source on each axis (as many after it, unless made by
+    /// [`Pass::padded`]).
     pad: [usize; 3],
     stride: [usize; 3],
     /// Destination size (D, H, W).
@@ -349,14 +293,27 @@ struct Pass {
 impl Pass {
     fn new(
         batch: usize,
-        [src_ch, dst_ch]: [usize; 2],
+        chans: [usize; 2],
         src: [usize; 3],
         kernel: [usize; 3],
         pad: [usize; 3],
         stride: [usize; 3],
     ) -> Self {
-        let [hp, wp] = [1, 2].map(|a| src[a] + 2 * pad[a]);
-        let dst = [0, 1, 2].map(|a| (src[a] + 2 * pad[a] - kernel[a]) / stride[a] + 1);
+        Self::padded(batch, chans, src, kernel, [pad, pad], stride)
+    }
+
+    /// [`Self::new`] with `pad` zeros before the source on each axis and `back` after it.
+    fn padded(
+        batch: usize,
+        [src_ch, dst_ch]: [usize; 2],
+        src: [usize; 3],
+        kernel: [usize; 3],
+        [pad, back]: [[usize; 3]; 2],
+        stride: [usize; 3],
+    ) -> Self {
+        let padded = [0, 1, 2].map(|a| src[a] + pad[a] + back[a]);
+        let [hp, wp] = [padded[1], padded[2]];
+        let dst = [0, 1, 2].map(|a| (padded[a] - kernel[a]) / stride[a] + 1);
         let [sh, sw] = [stride[1], stride[2]];
         let (hq, wq) = (hp.div_ceil(sh), wp.div_ceil(sw));
         let phase = hq * wq;
@@ -472,7 +429,7 @@ impl Pass {
         weight: impl Fn(usize, usize, usize) -> f32,
     ) -> Vec<f32> {
         self.run_filled(&F32::new(kernel, self, weight), |n, i, source, slot| {
-            self.fill_plane(sample(n).channel(i), source, slot, |v| v)
+            self.fill_plane(sample(n).channel(i), source, slot)
         })
     }
 
@@ -523,13 +480,12 @@ impl Pass {
     }
 
     /// Source plane `source` (None: a padding plane) of one channel into a ring slot, zero
-    /// padded, each value through `cast`.
-    fn fill_plane<S: Copy, T: Copy + Default>(
+    /// padded, each value cast to the slot's type.
+    fn fill_plane<S: Cast<T>, T: Copy + Default>(
         &self,
         channel: &[S],
         source: Option<usize>,
         slot: &mut [T],
-        cast: impl Fn(S) -> T,
     ) {
         let [_, sh, sw] = self.src;
         let Some(s) = source else {
@@ -537,16 +493,16 @@ impl Pass {
             return;
         };
         if self.stride[1..] != [1, 1] {
-            return self.fill_phases(&channel[s * sh * sw..][..sh * sw], slot, cast);
+            return self.fill_phases(&channel[s * sh * sw..][..sh * sw], slot);
         }
         // Zero only what no row covers: the padding around the rows and the slack.
         let mut start = self.pad[1] * self.wp + self.pad[2];
         slot[..start].fill(T::default());
         for r in 0..sh {
-            let from = &channel[(s * sh + r) * sw..][..sw];
-            for (d, &v) in slot[start..start + sw].iter_mut().zip(from) {
-                *d = cast(v);
-            }
+            S::cast_row(
+                &channel[(s * sh + r) * sw..][..sw],
+                &mut slot[start..start + sw],
+            );
             let next = if r + 1 < sh {
                 start + self.wp
             } else {
@@ -558,12 +514,7 @@ impl Pass {
     }
 
     /// One source plane into the phase planes of a strided pass (see [`Pass`]).
-    fn fill_phases<S: Copy, T: Copy + Default>(
-        &self,
-        plane: &[S],
-        slot: &mut [T],
-        cast: impl Fn(S) -> T,
-    ) {
+    fn fill_phases<S: Cast<T>, T: Copy + Default>(&self, plane: &[S], slot: &mut [T]) {
         let [_, h, w] = self.src;
         let [_, sh, sw] = self.stride;
         slot.fill(T::default());
@@ -576,7 +527,7 @@ impl Pass {
                 let at = base + s * self.phase + (first + self.pad[2]) / sw;
                 let dst = &mut slot[at..];
                 for (d, &v) in dst.iter_mut().zip(row[first.min(w)..].iter().step_by(sw)) {
-                    *d = cast(v);
+                    *d = v.cast();
                 }
             }
         }

@@ -199,13 +199,56 @@ fn results_do_not_depend_on_the_thread_count() {
 /// AVX512-BF16; None elsewhere, so the callers take the f32 passes.
 #[test]
 fn bf16_products_on_f32_data_equal_f32_sums_of_rounded_values() {
-    use super::{forward_bf16_products, grad_input_bf16, grad_weight_bf16};
     for (seed, x, w, padding) in [
         (20, [2, 5, 4, 7, 40], [7, 5, 3, 3, 3], [1; 3]),
         (21, [1, 4, 3, 6, 9], [13, 4, 1, 3, 3], [0, 1, 1]),
         (22, [1, 3, 2, 3, 17], [2, 3, 1, 1, 1], [0; 3]),
     ] {
-        let g = ConvGeom::new(&x, &w, padding, [1; 3]).unwrap();
+        check_bf16_products(seed, x, w, padding, [1; 3], true);
+    }
+}
+
+/// The strided passes with bf16 products as [`bf16_products_on_f32_data_equal_f32_sums_of_rounded_values`]
+/// (the input gradient one pass per stride phase), and the same bits at any thread count.
+#[test]
+fn strided_bf16_passes_equal_f32_sums_of_rounded_values() {
+    // nnU-Net's down-sampling convolutions (odd and even sizes, in-plane strides only),
+    // valid padding, the residual encoder's pointwise projection, 1-voxel planes, taps two wide.
+    for (seed, x, w, padding, stride) in [
+        (23, [1, 3, 5, 7, 9], [7, 3, 3, 3, 3], [1; 3], [2; 3]),
+        (24, [2, 4, 4, 8, 10], [5, 4, 1, 3, 3], [0, 1, 1], [1, 2, 2]),
+        (26, [2, 5, 5, 7, 9], [3, 5, 3, 3, 3], [0; 3], [2; 3]),
+        (27, [1, 8, 5, 5, 7], [9, 8, 1, 1, 1], [0; 3], [2; 3]),
+        (28, [1, 3, 3, 1, 1], [2, 3, 3, 3, 3], [1; 3], [2; 3]),
+        (29, [1, 4, 8, 8, 16], [6, 4, 3, 3, 3], [1; 3], [2; 3]),
+        (30, [1, 3, 4, 6, 7], [5, 3, 3, 2, 2], [1, 0, 0], [1, 2, 2]),
+    ] {
+        check_bf16_products(seed, x, w, padding, stride, true);
+    }
+    // A phase whose first tap reads past the padding (stride 3, padding 1; or padding 2 at
+    // stride 2) has no stride-1 pass: the input gradient is None, the caller takes the columns.
+    check_bf16_products(
+        25,
+        [1, 2, 6, 6, 11],
+        [4, 2, 3, 3, 3],
+        [1; 3],
+        [2, 2, 3],
+        false,
+    );
+    check_bf16_products(31, [1, 2, 5, 6, 7], [3, 2, 3, 3, 3], [2; 3], [2; 3], false);
+}
+
+fn check_bf16_products(
+    seed: u64,
+    x: [usize; 5],
+    w: [usize; 5],
+    padding: [usize; 3],
+    stride: [usize; 3],
+    phases: bool,
+) {
+    use super::{forward_bf16_products, grad_input_bf16, grad_weight_bf16};
+    {
+        let g = ConvGeom::new(&x, &w, padding, stride).unwrap();
         let mut rng = Rng::new(seed);
         let round = |v: Vec<f32>| -> Vec<f32> {
             v.into_iter()
@@ -218,20 +261,37 @@ fn bf16_products_on_f32_data_equal_f32_sums_of_rounded_values() {
         let (xr, wr, dyr) = (round(xs.clone()), round(ws.clone()), round(dy.clone()));
         let [y, dx, dw] = naive(&g, &xr, &wr, &dyr);
         let vi = g.input_voxels();
-        let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
-        let got = (
-            forward_bf16_products(&g, sample, &ws),
-            grad_input_bf16::<f32, f32>(&g, &dy, &ws),
-            grad_weight_bf16(&g, &xs, &dy),
-        );
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
+                (
+                    forward_bf16_products(&g, sample, &ws),
+                    grad_input_bf16::<f32, f32>(&g, &dy, &ws),
+                    grad_weight_bf16(&g, &xs, &dy),
+                )
+            })
+        };
+        let got = run(2);
         if !super::bf16_available() {
             assert!(got.0.is_none() && got.1.is_none() && got.2.is_none());
-            continue;
+            return;
         }
-        let what = format!("x{x:?} w{w:?} p{padding:?}");
+        assert!(run(1) == got && run(3) == got, "thread counts differ");
+        let what = format!("x{x:?} w{w:?} p{padding:?} s{stride:?}");
         assert_close(&got.0.unwrap(), &y, &format!("{what} y"));
-        assert_close(&got.1.unwrap(), &dx, &format!("{what} dx"));
-        assert_close(&got.2.unwrap(), &dw, &format!("{what} dw"));
+        assert_eq!(got.1.is_some(), phases, "{what}");
+        if let Some(dx_got) = got.1 {
+            assert_close(&dx_got, &dx, &format!("{what} dx"));
+        }
+        // The bf16 weight gradient sweeps kernels 1 or 3 wide.
+        assert_eq!(got.2.is_some(), [1, 3].contains(&w[4]), "{what}");
+        if let Some(dw_got) = got.2 {
+            assert_close(&dw_got, &dw, &format!("{what} dw"));
+        }
     }
 }
 
@@ -463,5 +523,24 @@ fn bf16_passes_that_only_inference_runs_equal_the_bf16_pass_over_the_built_tenso
         );
         let over = Over { xs: &xs, seed };
         over.check(&[1, 2, 3], (&g, &ws, &want), (&gp, &up, &wp, &want_pair));
+    }
+}
+
+/// Rows rounded to bf16 a vector at a time equal `bf16::from_f32` of each value (ties to even,
+/// the largest finite values, rows with a tail shorter than a vector).
+#[test]
+fn rows_rounded_to_bf16_equal_rounding_each_value() {
+    use super::Cast;
+    let mut rng = Rng::new(40);
+    let mut src = random(&mut rng, 53);
+    src.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -0.0, f32::MAX, 3.0e38, -2.5e-30]);
+    for len in [0, 5, 16, 17, src.len()] {
+        let mut got = vec![half::bf16::ZERO; len];
+        f32::cast_row(&src[..len], &mut got);
+        let want: Vec<_> = src[..len].iter().map(|&v| half::bf16::from_f32(v)).collect();
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{len} values"
+        );
     }
 }

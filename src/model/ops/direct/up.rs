@@ -247,7 +247,7 @@ fn up_fill<'a, 'p>(
         };
         if i >= up.up_ch {
             let plane = skip_plane(n * skip_ch + i - up.up_ch, s);
-            return pass.fill_plane(plane, Some(0), slot, |v| v);
+            return pass.fill_plane(plane, Some(0), slot);
         }
         slot.fill(0.0);
         up.plane(n, i, s, &mut |r, c, values| {

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::kernels::{grad_weight_plane, Kernel};
-use super::{applies, block, block_count, Pass, Workspace};
+use super::{applies, block, block_count, Cast, Pass, Workspace};
 use crate::model::ops::columns::Planes;
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
@@ -24,10 +24,10 @@ pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
             let src = Planes::one(&x[n * g.cin * vi..][..g.cin * vi], vi);
             for z in 0..pass.dst[0] {
                 ws.ring.load(&pass, z, g.cin, |i, s, slot| {
-                    pass.fill_plane(src.channel(i), s, slot, |v| v)
+                    pass.fill_plane(src.channel(i), s, slot)
                 });
                 for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
-                    pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z, |v| v);
+                    pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z);
                     // SAFETY: AVX-512 was detected; the ring holds this plane, rows co rows.
                     unsafe { grad_weight_plane(&pass, ws, co, out) };
                 }
@@ -102,14 +102,13 @@ impl Pass {
     /// `dy`'s planes `z` of sample `n`, channels `chans`, into `rows` in padded-row order
     /// (`q_pad` apart), zero in the thrown-away columns and past the last row (so those
     /// positions add nothing).
-    pub(super) fn load_rows<S: Copy, T: Copy + Default>(
+    pub(super) fn load_rows<S: Cast<T>, T: Copy + Default>(
         &self,
         rows: &mut [T],
         dy: &[S],
         n: usize,
         chans: Range<usize>,
         z: usize,
-        cast: impl Fn(S) -> T,
     ) {
         let [dd, dh, dw] = self.dst;
         for (k, o) in chans.enumerate() {
@@ -117,9 +116,7 @@ impl Pass {
             dst.fill(T::default());
             let plane = &dy[((n * self.dst_ch + o) * dd + z) * dh * dw..][..dh * dw];
             for (r, src) in plane.chunks_exact(dw).enumerate() {
-                for (d, &v) in dst[r * self.wp..][..dw].iter_mut().zip(src) {
-                    *d = cast(v);
-                }
+                S::cast_row(src, &mut dst[r * self.wp..][..dw]);
             }
         }
     }
