@@ -267,7 +267,7 @@ mod tests {
             ),
             (
                 (
-                    Box::new(|| conv_transpose3d_bias(xts, wts, bts, [2; 3])),
+                    Box::new(|| conv_transpose3d_bias(xts, wts, bts, [2; 3], Products::F32)),
                     Box::new(|| add_channel_bias(&conv_transpose3d(xts, wts, [2; 3])?, bts)),
                 ),
                 [&xt, &wt, &bt],

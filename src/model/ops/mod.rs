@@ -206,17 +206,20 @@ pub fn conv3d_concat_in(
 }
 
 /// `conv_transpose3d(x, w, stride) + b[c]`, in one op for f32 tensors on the CPU (as
-/// [`conv3d_bias_in`]).
+/// [`conv3d_bias_in`]), whose gradients multiply in `products` (the transposed convolution
+/// itself sums f32 products: prediction's fused decoder computes the same sums).
 pub fn conv_transpose3d_bias(
     x: &Tensor,
     w: &Tensor,
     b: &Tensor,
     stride: [usize; 3],
+    products: Products,
 ) -> Result<Tensor> {
     if !cpu_f32(&[x, w, b]) || b.dims() != [w.dim(1)?] {
         return add_channel_bias(&conv_transpose3d(x, w, stride)?, b);
     }
-    let geom = transpose_geom(x, w, stride)?;
+    let mut geom = transpose_geom(x, w, stride)?;
+    geom.products = products;
     x.contiguous()?.apply_op3(
         &w.contiguous()?,
         &b.contiguous()?,

@@ -454,7 +454,8 @@ impl Up {
                 let dt = x.dtype();
                 let (w, b) = (pass.param(weight, dt)?, pass.param(bias, dt)?);
                 if pass.mode == Mode::Train {
-                    return Ok(ops::conv_transpose3d_bias(x, &w, &b, *stride)?);
+                    let products = pass.products;
+                    return Ok(ops::conv_transpose3d_bias(x, &w, &b, *stride, products)?);
                 }
                 let y = ops::conv_transpose3d(x, &w, *stride)?;
                 pass.add_bias(y, &b)

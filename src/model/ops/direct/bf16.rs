@@ -22,8 +22,8 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
 }
 
-/// `y = conv3d(x, w)` of a convolution the direct pass reads ([`super::reads_directly`]), the
-/// source channels given by `channel(n, i)`; the CPU must be [`available`].
+/// `y = conv3d(x, w)` of a convolution padded less than its kernel, at any stride, the source
+/// channels given by `channel(n, i)`; the CPU must be [`available`].
 pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
     g: &ConvGeom,
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
@@ -34,9 +34,8 @@ pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
     pass.run_filled(&engine, pass.pair_fill(channel))
 }
 
-/// `dx` from `dy` of a convolution the direct pass reads ([`super::reads_directly`]): at stride
-/// 1 one pass, else one per stride phase (None where a phase cannot be padded); the CPU must
-/// be [`available`].
+/// `dx` from `dy` of a convolution padded less than its kernel: at stride 1 one pass, else one
+/// per stride phase (None where a phase cannot be padded); the CPU must be [`available`].
 pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Option<Vec<O>> {
     let vo = g.output_voxels();
     let channel = |n: usize, i: usize| &dy[(n * g.cout + i) * vo..][..vo];
@@ -56,14 +55,14 @@ pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S])
 }
 
 /// `dw` (f32 sums) from `x` (its channels given by `channel(n, i)`) and `dy` of a convolution
-/// the direct pass reads ([`super::reads_directly`]) whose kernel is 1 or 3 wide (None
-/// otherwise); the CPU must be [`available`].
+/// padded less than its kernel, at any stride, whose kernel is 1 to 3 wide (None otherwise);
+/// the CPU must be [`available`].
 pub(super) fn grad_weight<'a, S: Operand + 'a>(
     g: &ConvGeom,
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
     dy: &[S],
 ) -> Option<Vec<f32>> {
-    if ![1, 3].contains(&g.kernel[2]) {
+    if !(1..=3).contains(&g.kernel[2]) {
         return None;
     }
     let pass = Pass::forward(g);
@@ -336,7 +335,7 @@ unsafe fn tiles<const CO: usize>(
     }
 }
 
-/// [`weight_rows`] for `co` channels of a kernel `p.kernel[2]` (1 or 3) wide.
+/// [`weight_rows`] for `co` channels of a kernel `p.kernel[2]` (1 to 3) wide.
 ///
 /// # Safety
 /// The CPU is [`available`]; the ring holds this plane and `ws.rows` `co` rows of `dy`.
@@ -355,6 +354,7 @@ unsafe fn weight_plane(p: &Pass, ws: &Workspace<bf16>, co: usize, dw: &mut [f32]
     }
     match p.kernel[2] {
         1 => by_width!(1),
+        2 => by_width!(2),
         _ => by_width!(3),
     }
 }

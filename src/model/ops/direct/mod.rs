@@ -141,11 +141,12 @@ pub fn bf16_available() -> bool {
     }
 }
 
-/// Whether the bf16 kernels compute this convolution on this CPU: its forward pass and weight
-/// gradient at any stride the direct pass reads, its input gradient at stride 1 or per stride
-/// phase.
+/// Whether the bf16 kernels compute this convolution on this CPU: padding below the kernel
+/// size, any stride (a kernel equal to its stride too: the transposed convolution's gradients,
+/// where twice the f32 rate pays for the phase planes), the input gradient at a stride one
+/// pass per stride phase.
 fn bf16_kernels(g: &ConvGeom) -> bool {
-    reads_directly(g) && bf16_available()
+    (0..3).all(|a| g.padding[a] < g.kernel[a]) && bf16_available()
 }
 
 /// The bf16 engine of `g`'s forward pass (`pass`) where `g` asks for bf16 products and this
@@ -197,8 +198,8 @@ impl Pass {
     }
 }
 
-/// The forward pass on bf16 tensors where this CPU has the bf16 kernels and the convolution
-/// [`applies`] (None otherwise).
+/// The forward pass on bf16 tensors where the bf16 kernels compute this convolution on this
+/// CPU (`bf16_kernels`; None otherwise).
 pub fn forward_bf16(g: &ConvGeom, x: &[half::bf16], w: &[half::bf16]) -> Option<Vec<half::bf16>> {
     let vi = g.input_voxels();
     #[cfg(target_arch = "x86_64")]
@@ -235,7 +236,7 @@ pub fn grad_input_bf16<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -
 }
 
 /// The weight gradient with bf16 products (f32 sums), on bf16 or f32 tensors, as
-/// [`forward_bf16`], for kernels 1 or 3 wide.
+/// [`forward_bf16`], for kernels 1 to 3 wide.
 pub fn grad_weight_bf16<S: Operand>(g: &ConvGeom, x: &[S], dy: &[S]) -> Option<Vec<f32>> {
     let vi = g.input_voxels();
     #[cfg(target_arch = "x86_64")]

@@ -222,6 +222,9 @@ fn strided_bf16_passes_equal_f32_sums_of_rounded_values() {
         (28, [1, 3, 3, 1, 1], [2, 3, 3, 3, 3], [1; 3], [2; 3]),
         (29, [1, 4, 8, 8, 16], [6, 4, 3, 3, 3], [1; 3], [2; 3]),
         (30, [1, 3, 4, 6, 7], [5, 3, 3, 2, 2], [1, 0, 0], [1, 2, 2]),
+        // Kernel = stride: the gradients of the up path's transposed convolution.
+        (32, [2, 7, 4, 6, 10], [5, 7, 2, 2, 2], [0; 3], [2; 3]),
+        (33, [1, 4, 3, 6, 8], [6, 4, 1, 2, 2], [0; 3], [1, 2, 2]),
     ] {
         check_bf16_products(seed, x, w, padding, stride, true);
     }
@@ -287,8 +290,8 @@ fn check_bf16_products(
         if let Some(dx_got) = got.1 {
             assert_close(&dx_got, &dx, &format!("{what} dx"));
         }
-        // The bf16 weight gradient sweeps kernels 1 or 3 wide.
-        assert_eq!(got.2.is_some(), [1, 3].contains(&w[4]), "{what}");
+        // The bf16 weight gradient sweeps kernels 1 to 3 wide.
+        assert_eq!(got.2.is_some(), (1..=3).contains(&w[4]), "{what}");
         if let Some(dw_got) = got.2 {
             assert_close(&dw_got, &dw, &format!("{what} dw"));
         }
@@ -533,13 +536,25 @@ fn rows_rounded_to_bf16_equal_rounding_each_value() {
     use super::Cast;
     let mut rng = Rng::new(40);
     let mut src = random(&mut rng, 53);
-    src.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -0.0, f32::MAX, 3.0e38, -2.5e-30]);
+    src.extend([
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        -0.0,
+        f32::MAX,
+        3.0e38,
+        -2.5e-30,
+    ]);
     for len in [0, 5, 16, 17, src.len()] {
         let mut got = vec![half::bf16::ZERO; len];
         f32::cast_row(&src[..len], &mut got);
-        let want: Vec<_> = src[..len].iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let want: Vec<_> = src[..len]
+            .iter()
+            .map(|&v| half::bf16::from_f32(v))
+            .collect();
         assert!(
-            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{len} values"
         );
     }
