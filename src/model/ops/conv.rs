@@ -162,6 +162,11 @@ pub fn grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
     if direct::applies(g) {
         return direct::grad_input(g, dy, w);
     }
+    if direct::reads_directly(g) {
+        if let Some(dx) = direct::grad_input_strided(g, dy, w) {
+            return dx;
+        }
+    }
     let (vi, vo) = (g.input_voxels(), g.output_voxels());
     let [_, ih, iw] = g.input;
     let [sd, sh, sw] = g.stride;

@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use half::bf16;
 
 use super::kernels::Engine;
-use super::phases::phases;
+use super::phases::by_phases;
 use super::{
     forward_weight, input_gradient_weight, interleave_scalar, Operand, Output, Pass, Workspace,
     TILE,
@@ -44,14 +44,11 @@ pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S])
         let engine = Pairs::new(&pass, |o, i, t| input_gradient_weight(g, w, o, i, t).bf16());
         return Some(pass.run_filled(&engine, pass.pair_fill(channel)));
     }
-    let mut dx = vec![O::default(); g.batch * g.cin * g.input_voxels()];
-    for phase in phases(g)? {
+    by_phases(g, |phase| {
         let pass = &phase.pass;
         let engine = Pairs::new(pass, |o, i, t| phase.weight(g, w, o, i, t).bf16());
-        let part: Vec<O> = pass.run_filled(&engine, pass.pair_fill(channel));
-        phase.spread(g, &part, &mut dx);
-    }
-    Some(dx)
+        pass.run_filled(&engine, pass.pair_fill(channel))
+    })
 }
 
 /// `dw` (f32 sums) from `x` (its channels given by `channel(n, i)`) and `dy` of a convolution

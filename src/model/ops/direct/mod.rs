@@ -28,7 +28,6 @@ use rayon::prelude::*;
 mod bf16;
 mod in_place;
 mod kernels;
-#[cfg(target_arch = "x86_64")]
 mod phases;
 #[cfg(test)]
 mod tests;
@@ -103,6 +102,22 @@ fn grad_input_with(kernel: Kernel, g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f
         |n| Planes::one(&dy[n * g.cout * vo..][..g.cout * vo], vo),
         |o, i, t| input_gradient_weight(g, w, o, i, t),
     )
+}
+
+/// `dx` from `dy` of a strided convolution the direct pass reads ([`reads_directly`]), one
+/// stride-1 pass per stride phase; None where a phase would need negative padding (padding at
+/// the stride beyond the last tap).
+pub fn grad_input_strided(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Option<Vec<f32>> {
+    let vo = g.output_voxels();
+    phases::by_phases(g, |phase| {
+        let pass = &phase.pass;
+        let engine = F32::new(Kernel::detect(), pass, |o, i, t| {
+            phase.weight(g, w, o, i, t)
+        });
+        pass.run_filled(&engine, |n, i, source, slot| {
+            pass.fill_plane(&dy[(n * g.cout + i) * vo..][..vo], source, slot)
+        })
+    })
 }
 
 /// Bytes of one worker's buffers in a direct pass over `src_ch` channels of `size` (its ring

@@ -9,8 +9,22 @@
 
 use rayon::prelude::*;
 
-use super::Pass;
+use super::{Output, Pass};
 use crate::model::ops::geometry::ConvGeom;
+
+/// `dx` of `g` from the result `part(phase)` of each phase's pass (batch, cin, phase voxels);
+/// None where a phase would need negative padding.
+pub(super) fn by_phases<O: Output>(
+    g: &ConvGeom,
+    part: impl Fn(&Phase) -> Vec<O>,
+) -> Option<Vec<O>> {
+    let phases = phases(g)?;
+    let mut dx = vec![O::default(); g.batch * g.cin * g.input_voxels()];
+    for phase in &phases {
+        phase.spread(g, &part(phase), &mut dx);
+    }
+    Some(dx)
+}
 
 /// One phase of one axis: the kernel taps its pass reads, in the pass's order, and its padding.
 struct AxisPhase {
@@ -61,7 +75,7 @@ impl Phase {
 
     /// Writes the pass's result `part` (batch, cin, phase voxels) into the phase's voxels of
     /// `dx` (batch, cin, input voxels).
-    pub(super) fn spread<O: Copy + Send + Sync>(&self, g: &ConvGeom, part: &[O], dx: &mut [O]) {
+    fn spread<O: Copy + Send + Sync>(&self, g: &ConvGeom, part: &[O], dx: &mut [O]) {
         let [_, h, w] = g.input;
         let [sd, sh, sw] = g.stride;
         let [jd, jh, jw] = self.pass.dst;
@@ -84,7 +98,7 @@ impl Phase {
 
 /// The passes of `g`'s input gradient, one per stride phase that some tap reaches (the other
 /// voxels' gradient is zero); None where a phase would need negative padding.
-pub(super) fn phases(g: &ConvGeom) -> Option<Vec<Phase>> {
+fn phases(g: &ConvGeom) -> Option<Vec<Phase>> {
     let mut axes: [Vec<(usize, AxisPhase)>; 3] = Default::default();
     for (a, list) in axes.iter_mut().enumerate() {
         for r in 0..g.stride[a] {
