@@ -11,6 +11,14 @@ fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.normal() as f32).collect()
 }
 
+/// A pool of `threads` workers, for results that must not depend on how many there are.
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
 /// Calls `f(x index, w index, y index)` for every product of the convolution.
 fn each_term(g: &ConvGeom, mut f: impl FnMut(usize, usize, usize)) {
     let [d, h, w] = g.input;
@@ -182,11 +190,7 @@ fn results_do_not_depend_on_the_thread_count() {
     let dy = random(&mut rng, g.batch * g.cout * g.output_voxels());
     let vi = g.input_voxels();
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        pool(threads).install(|| {
             let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
             (
                 super::forward(&g, sample, &ws),
@@ -272,11 +276,7 @@ fn check_bf16_products(
         let [y, dx, dw] = naive(&g, &xr, &wr, &dyr);
         let vi = g.input_voxels();
         let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
+            pool(threads).install(|| {
                 let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
                 (
                     forward_bf16_products(&g, sample, &ws),
@@ -445,10 +445,7 @@ impl Over<'_> {
     ) {
         use super::{forward_in_place, forward_up_pair_in_place};
         for &threads in threads {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = pool(threads);
             let mut got = self.xs.to_vec();
             // SAFETY: `got` is ours alone.
             pool.install(|| unsafe { forward_in_place(g, got.as_mut_ptr(), ws) });
