@@ -111,7 +111,7 @@ fn forward_planes<'a>(
             return y;
         }
     }
-    if direct::reads_directly(g) && (g.stride == [1; 3] || g.inferring) {
+    if direct::reads_directly(g) {
         return direct::forward(g, sample, w);
     }
     let gather = ColumnGather::forward(g);

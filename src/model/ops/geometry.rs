@@ -38,10 +38,6 @@ pub struct ConvGeom {
     pub output: [usize; 3],
     /// What the CPU passes multiply in (f32 tensors).
     pub products: Products,
-    /// No gradient will be taken (nothing records a graph): a strided forward pass reads its
-    /// input directly. Training keeps the columns there, whose sums its gradients were
-    /// checked against (`scripts/bench_train.sh`'s PyTorch cross-check).
-    pub inferring: bool,
 }
 
 impl ConvGeom {
@@ -83,7 +79,6 @@ impl ConvGeom {
             stride,
             output,
             products: Products::F32,
-            inferring: false,
         })
     }
 

@@ -136,7 +136,6 @@ fn forward_geom(
 ) -> Result<ConvGeom> {
     let mut geom = ConvGeom::new(x.dims(), w.dims(), padding, stride)?;
     geom.products = products;
-    geom.inferring = !x.track_op() && !w.track_op();
     Ok(geom)
 }
 
@@ -200,7 +199,6 @@ pub fn conv3d_concat_in(
     }
     let mut geom = ConvGeom::new(&[n, ca + cb, d, h, wd], w.dims(), padding, stride)?;
     geom.products = products;
-    geom.inferring = true;
     a.contiguous()?
         .apply_op3_no_bwd(&b.contiguous()?, &w.contiguous()?, &Conv3dForwardPair(geom))
 }
