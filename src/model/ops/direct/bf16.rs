@@ -131,7 +131,13 @@ impl Pass {
         &'p self,
         channel: impl Fn(usize, usize) -> &'a [S] + Sync + 'p,
     ) -> impl Fn(usize, usize, Option<usize>, &mut [bf16]) + Sync + 'p {
+        let strided = self.stride[1..] != [1, 1];
         move |n, k, source, slot| {
+            if strided {
+                // Phase planes: each channel laid out as the f32 pass lays it, then paired.
+                let fill = |n, i, s, to: &mut [f32]| self.fill_plane(channel(n, i), s, to);
+                return self.paired(fill)(n, k, source, slot);
+            }
             let second = (2 * k + 1 < self.src_ch).then(|| channel(n, 2 * k + 1));
             self.fill_pair(channel(n, 2 * k), second, source, slot)
         }
@@ -159,7 +165,8 @@ impl Pass {
         }
     }
 
-    /// Source plane `source` of channels `a` and `b` (absent: zero) interleaved into a slot.
+    /// Source plane `source` of channels `a` and `b` (absent: zero) interleaved into a slot, at
+    /// an in-plane stride of 1.
     pub(super) fn fill_pair<S: Operand>(
         &self,
         a: &[S],
@@ -167,22 +174,9 @@ impl Pass {
         source: Option<usize>,
         slot: &mut [bf16],
     ) {
-        let [_, sh, sw] = self.src;
-        if let (Some(s), true) = (source, self.stride[1..] != [1, 1]) {
-            // Phase planes: each channel laid out as an f32 pass lays it, then interleaved.
-            let at = s * sh * sw..(s + 1) * sh * sw;
-            return SCRATCH.with_borrow_mut(|buf| {
-                buf.resize(2 * self.plane, 0.0);
-                let (x, y) = buf.split_at_mut(self.plane);
-                self.fill_phases(&a[at.clone()], x);
-                if let Some(b) = b {
-                    self.fill_phases(&b[at], y);
-                }
-                f32::interleave(x, b.is_some().then_some(&*y), slot)
-            });
-        }
         slot.fill(bf16::ZERO);
         let Some(s) = source else { return };
+        let [_, sh, sw] = self.src;
         for r in 0..sh {
             let start = 2 * ((self.pad[1] + r) * self.wp + self.pad[2]);
             let row = (s * sh + r) * sw..(s * sh + r + 1) * sw;
