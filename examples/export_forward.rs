@@ -4,7 +4,8 @@
 //! `cargo run --release --example export_forward -- OUT_DIR [z,y,x] [base] [stages] [classes]`
 //!
 //! Writes OUT_DIR/weights.safetensors (every parameter by name), OUT_DIR/io.safetensors
-//! ("input", "labels", "logits", "loss", "grad/<name>" for every parameter) and prints the
+//! ("input", "labels", "logits", "loss", "grad/<name>" for every parameter, "side/<i>": 1
+//! where the i-th LeakyReLU's input is above 0) and prints the
 //! network's configuration as one JSON line.
 //!
 //! The model's own initialization has zero biases and unit norm weights, which would leave the
@@ -79,7 +80,7 @@ fn main() -> voxcache::Result<()> {
     let x = Tensor::from_vec(image, (batch, 1, patch[0], patch[1], patch[2]), &dev)?;
     let target = one_hot(&labels, batch, classes, patch, &dev)?;
 
-    let logits = model.forward(&x)?;
+    let (logits, activations) = model.forward_traced(&x)?;
     let loss = dice_ce(&logits, &target)?;
     let grads = loss.total.backward()?;
 
@@ -101,6 +102,11 @@ fn main() -> voxcache::Result<()> {
         )?,
     );
     io.insert("logits".into(), logits);
+    // Which side of 0 each LeakyReLU took (1 above): the reference takes the same sides, so a
+    // float32 near tie there does not read as a gradient error.
+    for (i, y) in activations.iter().enumerate() {
+        io.insert(format!("side/{i}"), y.gt(0f32)?);
+    }
     io.insert("loss".into(), loss.total.detach().reshape(1)?);
     for (name, var) in &params {
         let g = grads

@@ -1,6 +1,8 @@
 //! The U-Net's layers: seeded parameters, convolution, the conv-norm-activation block,
 //! nnU-Net's residual block, and the decoder's upsampling.
 
+use std::cell::RefCell;
+
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::super::config::{Norm, DS_PREFIX};
@@ -26,13 +28,22 @@ pub(super) enum Mode {
 
 /// One pass through the network: what it is for, and what its convolutions multiply in on
 /// the CPU (bf16 precision there keeps f32 tensors and multiplies in bf16 inside them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Pass {
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pass<'a> {
     pub(super) mode: Mode,
     pub(super) products: ops::Products,
+    /// Where each LeakyReLU's output goes, in forward order, when the pass is traced.
+    pub(super) trace: Option<&'a RefCell<Vec<Tensor>>>,
 }
 
-impl Pass {
+impl Pass<'_> {
+    /// Keep `y`, a LeakyReLU's output, when the pass is traced.
+    fn record(self, y: &Tensor) {
+        if let Some(t) = self.trace {
+            t.borrow_mut().push(y.clone());
+        }
+    }
+
     /// Parameter `t` as this pass reads it (detached: no graph when inferring).
     fn param(self, t: &Tensor, dt: DType) -> Result<Tensor> {
         match self.mode {
@@ -317,7 +328,13 @@ impl Block {
             pass.param(&self.norm_bias, dt)?,
         );
         Ok(match pass.mode {
-            Mode::Train => ops::group_norm_leaky_relu(&y, &w, &b, self.groups, 1e-5, self.slope)?,
+            Mode::Train => {
+                let y = ops::group_norm_leaky_relu(&y, &w, &b, self.groups, 1e-5, self.slope)?;
+                if self.slope != 1.0 {
+                    pass.record(&y);
+                }
+                y
+            }
             // The conv's output is ours alone: normalized where it lies.
             Mode::Infer => {
                 ops::group_norm_leaky_relu_owned(y, &w, &b, self.groups, 1e-5, self.slope)?
@@ -391,7 +408,9 @@ impl ResBlock {
             skip = p.forward(&skip, pass)?;
         }
         let main = self.conv2.forward(&self.conv1.forward(x, pass)?, pass)?;
-        Ok(ops::add_leaky_relu(&main, &skip, SLOPE)?)
+        let y = ops::add_leaky_relu(&main, &skip, SLOPE)?;
+        pass.record(&y);
+        Ok(y)
     }
 }
 

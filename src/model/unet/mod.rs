@@ -235,6 +235,19 @@ impl UNet {
         Ok(out.swap_remove(0))
     }
 
+    /// [`Self::forward`] and every LeakyReLU's output, in the order the pass computes them:
+    /// which side of 0 each activation took, for a cross-check against another framework's
+    /// network of the same layers (scripts/torch_crosscheck.py).
+    pub fn forward_traced(&self, x: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let trace = std::cell::RefCell::new(Vec::new());
+        let pass = Pass {
+            trace: Some(&trace),
+            ..self.pass(Mode::Train, x)
+        };
+        let mut out = self.run(x, false, pass)?;
+        Ok((out.swap_remove(0), trace.into_inner()))
+    }
+
     /// The logits of [`Self::forward`] without recording anything for a backward pass: each
     /// activation is freed as soon as the next layer has read it (the skip connections when
     /// the decoder has used them), so the pass holds a few activations at once instead of all
@@ -253,12 +266,16 @@ impl UNet {
 
     /// A pass of `mode` on `x`: bf16 on the CPU keeps f32 tensors, with bf16 products inside
     /// the convolutions (the other CPU ops have no bf16 arithmetic to gain from).
-    fn pass(&self, mode: Mode, x: &Tensor) -> Pass {
+    fn pass(&self, mode: Mode, x: &Tensor) -> Pass<'static> {
         let products = match (self.precision, x.device().is_cpu()) {
             (Precision::Bf16, true) => ops::Products::Bf16,
             _ => ops::Products::F32,
         };
-        Pass { mode, products }
+        Pass {
+            mode,
+            products,
+            trace: None,
+        }
     }
 
     fn run(&self, x: &Tensor, all_levels: bool, pass: Pass) -> Result<Vec<Tensor>> {

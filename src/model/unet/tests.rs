@@ -386,3 +386,50 @@ fn infer_equals_forward_bit_for_bit_without_a_graph() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_traced_pass_keeps_each_leaky_relu_output_in_forward_order() -> Result<()> {
+    for encoder in [Encoder::Plain, Encoder::Residual] {
+        let cfg = UNetConfig {
+            in_channels: 1,
+            num_classes: 2,
+            base_channels: 4,
+            max_channels: 8,
+            strides: UNetConfig::plan_strides([8, 16, 16], 3, 4),
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: false,
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
+            encoder,
+        };
+        let net = UNet::new(cfg, 3, &Device::Cpu)?;
+        let x = Tensor::randn(0f32, 1.0, (1, 1, 8, 16, 16), &Device::Cpu)?;
+        let (logits, acts) = net.forward_traced(&x)?;
+        let same = (logits - net.forward(&x)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert_eq!(same, 0.0, "{encoder:?}: tracing changes nothing");
+        // Three stages of two blocks, then two decoder stages of two plain blocks. A residual
+        // encoder starts with its stem's block, and each residual block has two activations
+        // (after its first conv, and after its sum).
+        let channels: Vec<usize> = acts.iter().map(|a| a.dims()[1]).collect();
+        let want: &[usize] = match encoder {
+            Encoder::Plain => &[4, 4, 8, 8, 8, 8, 8, 8, 4, 4],
+            Encoder::Residual => &[4, 4, 4, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4],
+        };
+        assert_eq!(
+            channels, want,
+            "{encoder:?}: one output per LeakyReLU, in forward order"
+        );
+        for a in &acts {
+            // LeakyReLU(0.01): below 0 only by a hundredth of the norm's output.
+            let min = a.min_all()?.to_scalar::<f32>()?;
+            assert!(min < 0.0 && min > -0.2, "{encoder:?}: {min}");
+        }
+    }
+    Ok(())
+}
