@@ -177,8 +177,8 @@ fn passes(
             .collect::<Vec<_>>()
     };
     let (xb, wb, dyb) = (b(&xs), b(&ws), b(&dy));
-    if ops::direct::forward_bf16(&g, &xb, &wb).is_some() {
-        let fwd = median_ms(runs, || drop(ops::direct::forward_bf16(&g, &xb, &wb)));
+    if ops::direct::forward_bf16(&g, &xb, &wb, None).is_some() {
+        let fwd = median_ms(runs, || drop(ops::direct::forward_bf16(&g, &xb, &wb, None)));
         let gi = median_ms(runs, || {
             drop(ops::direct::grad_input_bf16::<_, half::bf16>(&g, &dyb, &wb))
         });

@@ -243,3 +243,57 @@ fn rejects_bad_shapes() {
     let x4 = x.flatten_from(3).unwrap();
     assert!(group_norm_leaky_relu(&x4, &w, &w, 8, EPS, 0.01).is_err());
 }
+
+/// A bf16 training pass: bf16 x (and its bf16 gradient) with f32 weight and bias. The op
+/// widens each slab, computes what the f32 op computes, and rounds once: its output and input
+/// gradient are the f32 op's on the widened values, rounded, bit for bit; the parameter
+/// gradients are the f32 op's exactly, and stay f32.
+#[test]
+fn bf16_activations_are_the_f32_op_rounded_once() {
+    use candle_core::DType;
+    let mut rng = Rng::new(12);
+    let numel: usize = DIMS.iter().product();
+    let dev = &Device::Cpu;
+    let bf16 = |v: Vec<f32>| {
+        Tensor::from_vec(v, DIMS.to_vec(), dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap()
+    };
+    let xb = bf16(random(&mut rng, numel, 1.5, 0.3));
+    let rb = bf16(random(&mut rng, numel, 1.0, 0.0));
+    let wide = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    for (groups, slope) in [(8, 0.01), (2, 0.01), (8, 1.0)] {
+        let w = random(&mut rng, 8, 0.5, 1.0);
+        let b = random(&mut rng, 8, 0.5, 0.0);
+        let pass = |x: Var| {
+            let (wv, bv) = (
+                Var::from_vec(w.clone(), 8, dev).unwrap(),
+                Var::from_vec(b.clone(), 8, dev).unwrap(),
+            );
+            let y = group_norm_leaky_relu(
+                x.as_tensor(),
+                wv.as_tensor(),
+                bv.as_tensor(),
+                groups,
+                EPS,
+                slope,
+            )
+            .unwrap();
+            let r = rb.to_dtype(x.dtype()).unwrap();
+            let grads = (&y * r).unwrap().sum_all().unwrap().backward().unwrap();
+            let get = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+            (y, get(&x), get(&wv), get(&bv))
+        };
+        let (y, dx, dw, db) = pass(Var::from_tensor(&xb).unwrap());
+        let (y32, dx32, dw32, db32) = pass(Var::from_tensor(&wide(&xb)).unwrap());
+        let tag = format!("groups {groups} slope {slope}");
+        assert_eq!((y.dtype(), dx.dtype()), (DType::BF16, DType::BF16), "{tag}");
+        assert_eq!((dw.dtype(), db.dtype()), (DType::F32, DType::F32), "{tag}");
+        let rounded = |t: &Tensor| values(&wide(&t.to_dtype(DType::BF16).unwrap()));
+        assert_eq!(values(&wide(&y)), rounded(&y32), "y ({tag})");
+        assert_eq!(values(&wide(&dx)), rounded(&dx32), "dx ({tag})");
+        assert_eq!(values(&dw), values(&dw32), "dweight ({tag})");
+        assert_eq!(values(&db), values(&db32), "dbias ({tag})");
+    }
+}

@@ -2,9 +2,10 @@
 //! loss = sum(out * R) (so the upstream gradient is the random R) against hand-derived ones.
 
 use candle_core::{Device, Tensor, Var};
+use voxcache::model::ops::Products::Bf16;
 use voxcache::model::ops::{
-    avg_pool3d, conv3d, conv3d_generic, conv_transpose3d, conv_transpose3d_generic, max_pool3d,
-    max_pool3d_generic, upsample_nearest3d,
+    avg_pool3d, conv3d, conv3d_bias_in, conv3d_generic, conv_transpose3d, conv_transpose3d_bias,
+    conv_transpose3d_generic, max_pool3d, max_pool3d_generic, upsample_nearest3d,
 };
 use voxcache::util::rng::Rng;
 
@@ -384,8 +385,10 @@ fn shape_errors_are_errors_not_panics() {
 
 /// bf16 tensors on the CPU: the bf16 direct kernels where the CPU has AVX512-BF16 (f32 sums of
 /// bf16 products, each result rounded once), the f32 pass on widened values elsewhere; both
-/// within bf16's rounding of a naive f64 convolution of the same (bf16) values.
-fn check_conv_bf16(seed: u64, xd: Dims, wd: Dims, p: [usize; 3], s: [usize; 3]) {
+/// within bf16's rounding of a naive f64 convolution of the same (bf16) values. With `bias`,
+/// the op of a bf16 training pass: an f32 bias added to the f32 sums before the one rounding,
+/// and its f32 gradient the sum of the bf16 upstream gradient.
+fn check_conv_bf16(seed: u64, xd: Dims, wd: Dims, p: [usize; 3], s: [usize; 3], bias: bool) {
     use candle_core::DType;
     let mut rng = Rng::new(seed);
     let round = |v: Vec<f32>| -> Vec<f32> {
@@ -400,7 +403,13 @@ fn check_conv_bf16(seed: u64, xd: Dims, wd: Dims, p: [usize; 3], s: [usize; 3]) 
     let x = round(random(&mut rng, numel(xd)));
     let w = round(random(&mut rng, numel(wd)));
     let (xv, wv) = (bf16_var(&x, xd), bf16_var(&w, wd));
-    let out = conv3d(xv.as_tensor(), wv.as_tensor(), p, s).unwrap();
+    let b: Vec<f32> = random(&mut rng, wd[0]).iter().map(|v| 3.0 * v).collect();
+    let bv = Var::from_vec(b.clone(), wd[0], &Device::Cpu).unwrap();
+    let out = match bias {
+        true => conv3d_bias_in(xv.as_tensor(), wv.as_tensor(), bv.as_tensor(), p, s, Bf16),
+        false => conv3d(xv.as_tensor(), wv.as_tensor(), p, s),
+    }
+    .unwrap();
     assert_eq!(out.dtype(), DType::BF16);
     let yd: Dims = out.dims().try_into().unwrap();
     let r = round(random(&mut rng, numel(yd)));
@@ -417,12 +426,26 @@ fn check_conv_bf16(seed: u64, xd: Dims, wd: Dims, p: [usize; 3], s: [usize; 3]) 
         dx[xi] += w[wi] as f64 * r[yi] as f64;
         dw[wi] += x[xi] as f64 * r[yi] as f64;
     });
+    let per_channel = numel(yd) / (yd[0] * yd[1]);
+    let mut db = vec![0f64; wd[0]];
+    for (i, (yv, &rv)) in y.iter_mut().zip(&r).enumerate() {
+        let c = (i / per_channel) % yd[1];
+        if bias {
+            *yv += b[c] as f64;
+        }
+        db[c] += rv as f64;
+    }
     let f32s = |t: &Tensor| values(&t.to_dtype(DType::F32).unwrap());
-    let close = |got: Vec<f32>, want: &[f64], what: &str| {
+    // Without the bf16 kernels the bias is added to the rounded sums and rounded again.
+    let twice = match bias && !voxcache::model::ops::direct::bf16_available() {
+        true => b.iter().fold(0f64, |m, v| m.max(v.abs() as f64)) / 128.0,
+        false => 0.0,
+    };
+    let close = |got: Vec<f32>, want: &[f64], what: &str, extra: f64| {
         let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             // One rounding to bf16 (2^-9 relative) and f32 sums of exact products.
-            let tol = 5e-3 * w.abs().max(rms);
+            let tol = 5e-3 * w.abs().max(rms) + extra;
             assert!(
                 (g as f64 - w).abs() <= tol,
                 "{what}[{i}]: got {g}, want {w}"
@@ -430,24 +453,71 @@ fn check_conv_bf16(seed: u64, xd: Dims, wd: Dims, p: [usize; 3], s: [usize; 3]) 
         }
     };
     let what = format!("bf16 x{xd:?} w{wd:?} p{p:?} s{s:?}");
-    close(f32s(&out), &y, &format!("{what} y"));
+    close(f32s(&out), &y, &format!("{what} y"), twice);
     close(
         f32s(grads.get(xv.as_tensor()).unwrap()),
         &dx,
         &format!("{what} dx"),
+        0.0,
     );
     close(
         f32s(grads.get(wv.as_tensor()).unwrap()),
         &dw,
         &format!("{what} dw"),
+        0.0,
     );
+    if bias {
+        let got = grads.get(bv.as_tensor()).unwrap();
+        assert_eq!(
+            got.dtype(),
+            DType::F32,
+            "{what}: the bias and its gradient stay f32"
+        );
+        // f32 sums of the exact widened values: far tighter than bf16's rounding.
+        assert_close(&values(got), &db, &format!("{what} db"));
+    }
 }
 
 #[test]
 fn conv3d_on_bf16_tensors_matches_naive_within_bf16_rounding() {
-    check_conv_bf16(30, [2, 5, 4, 7, 9], [7, 5, 3, 3, 3], [1; 3], [1; 3]);
-    check_conv_bf16(31, [1, 4, 3, 6, 40], [13, 4, 1, 3, 3], [0, 1, 1], [1; 3]);
-    check_conv_bf16(32, [1, 3, 3, 4, 5], [2, 3, 1, 1, 1], [0; 3], [1; 3]);
-    // Strided: the f32 pass on widened values inside the op.
-    check_conv_bf16(33, [1, 3, 6, 8, 8], [4, 3, 3, 3, 3], [1; 3], [2; 3]);
+    for bias in [false, true] {
+        check_conv_bf16(30, [2, 5, 4, 7, 9], [7, 5, 3, 3, 3], [1; 3], [1; 3], bias);
+        check_conv_bf16(
+            31,
+            [1, 4, 3, 6, 40],
+            [13, 4, 1, 3, 3],
+            [0, 1, 1],
+            [1; 3],
+            bias,
+        );
+        check_conv_bf16(32, [1, 3, 3, 4, 5], [2, 3, 1, 1, 1], [0; 3], [1; 3], bias);
+        check_conv_bf16(33, [1, 3, 6, 8, 8], [4, 3, 3, 3, 3], [1; 3], [2; 3], bias);
+        // Kernel = stride: the gradients of the up path's transposed convolution.
+        check_conv_bf16(34, [2, 6, 4, 6, 8], [3, 6, 2, 2, 2], [0; 3], [2; 3], bias);
+    }
+}
+
+/// The up path's transposed convolution in a bf16 training pass: bf16 input and weight, its
+/// f32 sums rounded, then an f32 bias added and rounded again.
+#[test]
+fn conv_transpose3d_with_bias_on_bf16_tensors_adds_the_bias_to_the_rounded_sums() {
+    use candle_core::DType;
+    let mut rng = Rng::new(35);
+    let (xd, wd) = ([2, 6, 3, 4, 5], [6, 4, 2, 2, 2]);
+    let t = |d: Dims, rng: &mut Rng| {
+        let v = Tensor::from_vec(random(rng, numel(d)), d.to_vec(), &Device::Cpu).unwrap();
+        v.to_dtype(DType::BF16).unwrap()
+    };
+    let (x, w) = (t(xd, &mut rng), t(wd, &mut rng));
+    let b = Tensor::from_vec(random(&mut rng, 4), 4, &Device::Cpu).unwrap();
+    let wide = |v: &Tensor| v.to_dtype(DType::F32).unwrap();
+    let got = conv_transpose3d_bias(&x, &w, &b, [2; 3], Bf16).unwrap();
+    assert_eq!(got.dtype(), DType::BF16);
+    let round = |t: Tensor| wide(&t.to_dtype(DType::BF16).unwrap());
+    let sums = round(conv_transpose3d(&wide(&x), &wide(&w), [2; 3]).unwrap());
+    let want = round(
+        sums.broadcast_add(&b.reshape((1, 4, 1, 1, 1)).unwrap())
+            .unwrap(),
+    );
+    assert_eq!(values(&wide(&got)), values(&want));
 }

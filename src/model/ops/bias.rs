@@ -20,6 +20,10 @@ pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
             bias.dims()
         );
     }
+    if x.dtype() != bias.dtype() {
+        // A bf16 training pass's f32 bias beside bf16 values: as the values are stored.
+        return add_channel_bias(x, &bias.to_dtype(x.dtype())?);
+    }
     if !super::native(&[x, bias]) && super::widened_bf16(&[x, bias]) {
         return super::in_f32(&[x, bias], |t| add_channel_bias(&t[0], &t[1]));
     }
@@ -62,6 +66,22 @@ pub(super) fn add_rows(y: &mut [f32], b: &[f32], c: usize, v: usize) {
         for (i, row) in y.chunks_mut(v).enumerate() {
             let bc = b[i % c];
             row.iter_mut().for_each(|e| *e += bc);
+        }
+    }
+}
+
+/// [`add_rows`] on bf16 values: each widened, the bias added in f32, rounded again.
+pub(super) fn add_rows_bf16(y: &mut [half::bf16], b: &[f32], c: usize, v: usize) {
+    use super::direct::Cast;
+    let mut buf = vec![0f32; v.min(1 << 14)];
+    if v > 0 {
+        for (i, row) in y.chunks_mut(v).enumerate() {
+            for part in row.chunks_mut(buf.len()) {
+                let wide = &mut buf[..part.len()];
+                half::bf16::cast_row(part, wide);
+                wide.iter_mut().for_each(|e| *e += b[i % c]);
+                f32::cast_row(wide, part);
+            }
         }
     }
 }
@@ -151,12 +171,24 @@ impl CustomOp1 for ChannelSum {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let g = contiguous_f32(s, l, self.name())?;
         let (_, c, v) = rows(l.dims());
+        let g = super::stored::Stored::of(s, l, l.shape().elem_count(), self.name())?;
         let mut acc = vec![0f64; c];
-        if v > 0 {
-            for (i, row) in g.chunks(v).enumerate() {
-                acc[i % c] += row.iter().map(|&e| e as f64).sum::<f64>();
+        let sum = |row: &[f32]| row.iter().map(|&e| e as f64).sum::<f64>();
+        match g {
+            _ if v == 0 => {}
+            super::stored::Stored::F32(g) => {
+                for (i, row) in g.chunks(v).enumerate() {
+                    acc[i % c] += sum(row);
+                }
+            }
+            // bf16 gradients of a bf16 pass: each row widened, then the same sums.
+            g => {
+                let mut row = vec![0f32; v];
+                for i in 0..g.len() / v {
+                    g.widen(i * v, &mut row);
+                    acc[i % c] += sum(&row);
+                }
             }
         }
         let out = acc.into_iter().map(|a| a as f32).collect();

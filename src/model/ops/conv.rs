@@ -342,7 +342,7 @@ impl CustomOp2 for Conv3dForward {
             g.y_dims(),
             "conv3d",
             |x, w| forward_cpu(g, x, w),
-            |x, w| direct::forward_bf16(g, x, w),
+            |x, w| direct::forward_bf16(g, x, w, None),
         )
     }
 
@@ -386,13 +386,53 @@ impl CustomOp2 for Conv3dForward {
     }
 }
 
+/// An op whose bf16 pass can add an f32 bias to its sums before their one rounding.
+pub trait BiasedBf16 {
+    /// The result on bf16 arguments with `b` added, where the bf16 kernels compute it (None:
+    /// the caller adds `b` to the rounded result).
+    fn biased_bf16(
+        &self,
+        _a: (&CpuStorage, &Layout),
+        _w: (&CpuStorage, &Layout),
+        _b: &[f32],
+    ) -> Result<Option<(CpuStorage, Shape)>> {
+        Ok(None)
+    }
+}
+
+impl BiasedBf16 for Conv3dForward {
+    fn biased_bf16(
+        &self,
+        (s1, l1): (&CpuStorage, &Layout),
+        (s2, l2): (&CpuStorage, &Layout),
+        b: &[f32],
+    ) -> Result<Option<(CpuStorage, Shape)>> {
+        let g = &self.0;
+        let (CpuStorage::BF16(x), CpuStorage::BF16(w)) = (s1, s2) else {
+            return Ok(None);
+        };
+        let (x, w) = (
+            slice(x, l1, &g.x_dims(), "conv3d")?,
+            slice(w, l2, &g.w_dims(), "conv3d")?,
+        );
+        let shape = Shape::from(g.y_dims().to_vec());
+        Ok(direct::forward_bf16(g, x, w, Some(b)).map(|y| (CpuStorage::BF16(y), shape)))
+    }
+}
+
+/// The transposed convolution's bf16 result is rounded, then gets its bias.
+impl BiasedBf16 for Conv3dGradInput {}
+
 /// A two-argument op (the convolution, or the transposed one) followed by `+ b[c]`, in one
-/// op, arguments (x, w, b), CPU and f32 tensors only: a training graph keeps one tensor instead
-/// of two (the op's output, which the bias op's node held, and the sum), with the same values
-/// and gradients bit for bit. The inner op's backward must not read its result.
+/// op, arguments (x, w, b), on the CPU: a training graph keeps one tensor instead of two (the
+/// op's output, which the bias op's node held, and the sum), with the same values and
+/// gradients bit for bit. On bf16 `x` and `w` (a bf16 training pass; `b` stays f32) the bf16
+/// kernels add the bias to the sums before their one rounding; where they do not run, the
+/// rounded result gets the bias in f32 and is rounded again. No f32 tensor of the result's
+/// size either way. The inner op's backward must not read its result.
 pub struct WithBias<O>(pub O);
 
-impl<O: CustomOp2 + Send + Sync> CustomOp3 for WithBias<O> {
+impl<O: CustomOp2 + BiasedBf16 + Send + Sync> CustomOp3 for WithBias<O> {
     fn name(&self) -> &'static str {
         "conv-with-bias"
     }
@@ -406,14 +446,25 @@ impl<O: CustomOp2 + Send + Sync> CustomOp3 for WithBias<O> {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (y, shape) = self.0.cpu_fwd(s1, l1, s2, l2)?;
-        let CpuStorage::F32(mut y) = y else {
-            bail!("{}: f32 tensors only", self.0.name());
-        };
-        let (_, c, v) = super::bias::rows(shape.dims());
+        let c = l3.dims().first().copied().unwrap_or(0);
         let b = f32_data(s3, l3, &[c], "the bias")?;
-        super::bias::add_rows(&mut y, b, c, v);
-        Ok((CpuStorage::F32(y), shape))
+        if let Some(fused) = self.0.biased_bf16((s1, l1), (s2, l2), b)? {
+            return Ok(fused);
+        }
+        let (y, shape) = self.0.cpu_fwd(s1, l1, s2, l2)?;
+        let (_, c, v) = super::bias::rows(shape.dims());
+        let y = match y {
+            CpuStorage::F32(mut y) => {
+                super::bias::add_rows(&mut y, b, c, v);
+                CpuStorage::F32(y)
+            }
+            CpuStorage::BF16(mut y) => {
+                super::bias::add_rows_bf16(&mut y, b, c, v);
+                CpuStorage::BF16(y)
+            }
+            _ => bail!("{}: f32 or bf16 tensors only", self.0.name()),
+        };
+        Ok((y, shape))
     }
 
     fn bwd(

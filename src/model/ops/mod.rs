@@ -37,6 +37,7 @@ pub mod launch_plan;
 pub mod matmul;
 pub mod norm;
 pub mod pool3d;
+mod stored;
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -82,6 +83,12 @@ pub(crate) fn native(ts: &[&Tensor]) -> bool {
 fn cpu_f32(ts: &[&Tensor]) -> bool {
     ts.iter()
         .all(|t| t.dtype() == DType::F32 && t.device().is_cpu())
+}
+
+/// Where the CPU ops with a bias inside run: f32 tensors, or a bf16 training pass's bf16
+/// input and weight with an f32 bias.
+fn cpu_with_bias(x: &Tensor, w: &Tensor, b: &Tensor) -> bool {
+    cpu_f32(&[x, w, b]) || (cpu_bf16(&[x, w]) && stored::cpu_bf16_with_f32(x, &[b]))
 }
 
 /// bf16 tensors on the CPU: the convolution ops take them as they are (bf16 kernels where the
@@ -150,7 +157,7 @@ pub fn conv3d_bias_in(
     stride: [usize; 3],
     products: Products,
 ) -> Result<Tensor> {
-    if !cpu_f32(&[x, w, b]) || b.dims() != [w.dim(0)?] {
+    if !cpu_with_bias(x, w, b) || b.dims() != [w.dim(0)?] {
         return add_channel_bias(&conv3d_in(x, w, padding, stride, products)?, b);
     }
     let geom = forward_geom(x, w, padding, stride, products)?;
@@ -213,7 +220,7 @@ pub fn conv_transpose3d_bias(
     stride: [usize; 3],
     products: Products,
 ) -> Result<Tensor> {
-    if !cpu_f32(&[x, w, b]) || b.dims() != [w.dim(1)?] {
+    if !cpu_with_bias(x, w, b) || b.dims() != [w.dim(1)?] {
         return add_channel_bias(&conv_transpose3d(x, w, stride)?, b);
     }
     let mut geom = transpose_geom(x, w, stride)?;

@@ -8,9 +8,15 @@
 //! are summed afterwards in sample order, so results do not depend on the thread count.
 //! Mean and inverse standard deviation are recomputed in backward instead of being stored.
 
+use std::sync::Mutex;
+
 use candle_core::{bail, CpuStorage, CustomOp3, DType, InplaceOp3, Layout, Result, Shape, Tensor};
 use candle_nn::GroupNorm;
+use half::bf16;
 use rayon::prelude::*;
+
+use super::direct::Cast;
+use super::stored::Stored;
 
 mod slab;
 use slab::{wide, Slab};
@@ -100,11 +106,14 @@ struct GroupNormLeakyRelu {
     slope: f32,
 }
 
-/// Backward custom op on (x, dy, [weight | bias]); output is the flat [dx | dweight | dbias].
+/// Backward custom op on (x, dy, [weight | bias]). On the CPU its output is dx (x's type) and
+/// the parameter gradients (f32) come back in `params`; on CUDA the output is the flat
+/// [dx | dweight | dbias].
 struct GroupNormLeakyReluGrad {
     groups: usize,
     eps: f64,
     slope: f32,
+    params: Mutex<Option<(Vec<f32>, Vec<f32>)>>,
 }
 
 impl GroupNormLeakyRelu {
@@ -130,8 +139,27 @@ impl CustomOp3 for GroupNormLeakyRelu {
     ) -> Result<(CpuStorage, Shape)> {
         let what = "group_norm_leaky_relu";
         let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.groups)?;
-        let x = contiguous_f32(s1, l1, what)?;
         let (w, b) = (contiguous_f32(s2, l2, what)?, contiguous_f32(s3, l3, what)?);
+        let shape = Shape::from(l1.dims());
+        let x = match Stored::of(s1, l1, g.numel(), what)? {
+            Stored::F32(x) => x,
+            // bf16 activations: each slab widened, normalized as f32, rounded once.
+            Stored::Bf16(x) => {
+                let mut y = vec![bf16::ZERO; g.numel()];
+                if g.numel() > 0 {
+                    y.par_chunks_mut(g.slab())
+                        .zip(x.par_chunks(g.slab()))
+                        .enumerate()
+                        .for_each_init(Vec::new, |buf, (i, (ys, xs))| {
+                            buf.resize(xs.len(), 0f32);
+                            bf16::cast_row(xs, buf);
+                            wide::normalize(&self.slab(&g, i, w, b), None, buf);
+                            f32::cast_row(buf, ys);
+                        });
+                }
+                return Ok((CpuStorage::BF16(y), shape));
+            }
+        };
         let mut y = vec![0f32; g.numel()];
         if g.numel() > 0 {
             y.par_chunks_mut(g.slab())
@@ -142,7 +170,7 @@ impl CustomOp3 for GroupNormLeakyRelu {
                     wide::normalize(&slab, Some(xs), ys)
                 });
         }
-        Ok((CpuStorage::F32(y), Shape::from(l1.dims())))
+        Ok((CpuStorage::F32(y), shape))
     }
 
     #[cfg(feature = "cuda")]
@@ -188,8 +216,20 @@ impl CustomOp3 for GroupNormLeakyRelu {
             groups: self.groups,
             eps: self.eps,
             slope: self.slope,
+            params: Mutex::new(None),
         };
-        let flat = x.apply_op3_no_bwd(&dy.contiguous()?, &params, &grad)?;
+        let out = x.apply_op3_no_bwd(&dy.contiguous()?, &params, &grad)?;
+        let slot = grad
+            .params
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("poisoned".into()))?;
+        if let Some((dw, db)) = slot.as_ref() {
+            let dev = w.device();
+            let dw = Tensor::from_slice(dw, c, dev)?;
+            let db = Tensor::from_slice(db, c, dev)?;
+            return Ok((Some(out), Some(dw), Some(db)));
+        }
+        let flat = out;
         let n = x.elem_count();
         let dx = flat.narrow(0, 0, n)?.reshape(x.shape())?;
         let dw = flat.narrow(0, n, c)?;
@@ -222,36 +262,71 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
                 l3.dims()
             );
         }
-        let x = contiguous_f32(s1, l1, what)?;
-        let dy = contiguous_f32(s2, l2, what)?;
-        let (w, b) = contiguous_f32(s3, l3, what)?.split_at(c);
         let (cg, n) = (g.channels_per_group(), g.numel());
-        let mut out = vec![0f32; n + 2 * c];
+        let x = Stored::of(s1, l1, n, what)?;
+        let dy = Stored::of(s2, l2, n, what)?;
+        if x.is_bf16() != dy.is_bf16() {
+            bail!("{what}: x and dy must have one type");
+        }
+        let (w, b) = contiguous_f32(s3, l3, what)?.split_at(c);
         // Per (sample, channel) partial sums of dz and dz * xhat: the bias and weight gradients.
         let mut partials = vec![(0f64, 0f64); g.batch * c];
-        if n > 0 {
-            out[..n]
-                .par_chunks_mut(g.slab())
-                .zip(x.par_chunks(g.slab()).zip(dy.par_chunks(g.slab())))
-                .zip(partials.par_chunks_mut(cg))
-                .enumerate()
-                .for_each(|(i, ((dxs, (xs, dys)), part))| {
-                    let slab = Slab::of(&g, i, (w, b), self.eps, self.slope);
-                    wide::gradient(&slab, (xs, dys), dxs, part)
-                });
-        }
+        let dx = match (x, dy) {
+            (Stored::F32(x), Stored::F32(dy)) => {
+                let mut dx = vec![0f32; n];
+                if n > 0 {
+                    dx.par_chunks_mut(g.slab())
+                        .zip(x.par_chunks(g.slab()).zip(dy.par_chunks(g.slab())))
+                        .zip(partials.par_chunks_mut(cg))
+                        .enumerate()
+                        .for_each(|(i, ((dxs, (xs, dys)), part))| {
+                            let slab = Slab::of(&g, i, (w, b), self.eps, self.slope);
+                            wide::gradient(&slab, (xs, dys), dxs, part)
+                        });
+                }
+                CpuStorage::F32(dx)
+            }
+            // bf16: each slab's x and dy widened, its gradient computed as f32, rounded once.
+            (x, dy) => {
+                let mut dx = vec![bf16::ZERO; n];
+                if n > 0 {
+                    dx.par_chunks_mut(g.slab())
+                        .zip(partials.par_chunks_mut(cg))
+                        .enumerate()
+                        .for_each_init(
+                            || [Vec::new(), Vec::new(), Vec::new()],
+                            |[xf, df, of], (i, (dxs, part))| {
+                                for v in [&mut *xf, &mut *df, &mut *of] {
+                                    v.resize(dxs.len(), 0f32);
+                                }
+                                x.widen(i * g.slab(), xf);
+                                dy.widen(i * g.slab(), df);
+                                let slab = Slab::of(&g, i, (w, b), self.eps, self.slope);
+                                wide::gradient(&slab, (xf, df), of, part);
+                                f32::cast_row(of, dxs);
+                            },
+                        );
+                }
+                CpuStorage::BF16(dx)
+            }
+        };
         // Parameter gradients: sum the per-sample partials in sample order (deterministic).
+        let (mut dw, mut db) = (vec![0f32; c], vec![0f32; c]);
         for ch in 0..c {
-            let (mut db, mut dw) = (0f64, 0f64);
+            let (mut sb, mut sw) = (0f64, 0f64);
             for s in 0..g.batch {
                 let (pb, pw) = partials[s * c + ch];
-                db += pb;
-                dw += pw;
+                sb += pb;
+                sw += pw;
             }
-            out[n + ch] = dw as f32;
-            out[n + c + ch] = db as f32;
+            dw[ch] = sw as f32;
+            db[ch] = sb as f32;
         }
-        Ok((CpuStorage::F32(out), Shape::from(vec![n + 2 * c])))
+        *self
+            .params
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("poisoned".into()))? = Some((dw, db));
+        Ok((dx, Shape::from(l1.dims())))
     }
 
     #[cfg(feature = "cuda")]
@@ -302,12 +377,16 @@ pub fn group_norm_leaky_relu(
     eps: f64,
     slope: f64,
 ) -> Result<Tensor> {
-    if !super::native(&[x, weight, bias]) && super::widened_bf16(&[x, weight, bias]) {
+    let bf16_activations = super::stored::cpu_bf16_with_f32(x, &[weight, bias]);
+    if !bf16_activations
+        && !super::native(&[x, weight, bias])
+        && super::widened_bf16(&[x, weight, bias])
+    {
         return super::in_f32(&[x, weight, bias], |t| {
             group_norm_leaky_relu(&t[0], &t[1], &t[2], groups, eps, slope)
         });
     }
-    if !super::native(&[x, weight, bias]) {
+    if !bf16_activations && !super::native(&[x, weight, bias]) {
         return group_norm_leaky_relu_generic(x, weight, bias, groups, eps, slope);
     }
     NormGeom::new(x.dims(), weight.dims(), bias.dims(), groups)?;

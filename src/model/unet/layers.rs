@@ -37,6 +37,16 @@ pub(super) struct Pass<'a> {
 }
 
 impl Pass<'_> {
+    /// A bias or norm parameter `t` as this pass reads it next to tensors of type `dt`: f32
+    /// beside a bf16 training pass's bf16 activations on the CPU (its ops add and scale in
+    /// f32), else `dt`.
+    fn small(self, t: &Tensor, dt: DType) -> Result<Tensor> {
+        match self.products {
+            ops::Products::Bf16 => self.param(t, DType::F32),
+            ops::Products::F32 => self.param(t, dt),
+        }
+    }
+
     /// Keep `y`, a LeakyReLU's output, when the pass is traced.
     fn record(self, y: &Tensor) {
         if let Some(t) = self.trace {
@@ -167,7 +177,7 @@ impl Conv {
         let w = pass.param(&self.weight, dt)?;
         if let (Mode::Train, Some(b)) = (pass.mode, &self.bias) {
             // One tensor for the graph to keep, not the conv's output and its sum with b.
-            let b = pass.param(b, dt)?;
+            let b = pass.small(b, dt)?;
             return Ok(ops::conv3d_bias_in(
                 x,
                 &w,
@@ -198,7 +208,7 @@ impl Conv {
     fn finish(&self, y: Tensor, pass: Pass) -> Result<Tensor> {
         match &self.bias {
             Some(b) => {
-                let b = pass.param(b, y.dtype())?;
+                let b = pass.small(b, y.dtype())?;
                 pass.add_bias(y, &b)
             }
             None => Ok(y),
@@ -295,7 +305,7 @@ impl Block {
             return Ok(Err(skip));
         }
         let dt = low.dtype();
-        let (uw, ub) = (pass.param(weight, dt)?, pass.param(bias, dt)?);
+        let (uw, ub) = (pass.param(weight, dt)?, pass.small(bias, dt)?);
         let w = pass.param(&conv.weight, dt)?;
         let up = ops::UpConv {
             weight: &uw,
@@ -324,8 +334,8 @@ impl Block {
     fn norm(&self, y: Tensor, pass: Pass) -> Result<Tensor> {
         let dt = y.dtype();
         let (w, b) = (
-            pass.param(&self.norm_weight, dt)?,
-            pass.param(&self.norm_bias, dt)?,
+            pass.small(&self.norm_weight, dt)?,
+            pass.small(&self.norm_bias, dt)?,
         );
         Ok(match pass.mode {
             Mode::Train => {
@@ -471,7 +481,7 @@ impl Up {
                 stride,
             } => {
                 let dt = x.dtype();
-                let (w, b) = (pass.param(weight, dt)?, pass.param(bias, dt)?);
+                let (w, b) = (pass.param(weight, dt)?, pass.small(bias, dt)?);
                 if pass.mode == Mode::Train {
                     let products = pass.products;
                     return Ok(ops::conv_transpose3d_bias(x, &w, &b, *stride, products)?);

@@ -280,9 +280,13 @@ impl UNet {
 
     fn run(&self, x: &Tensor, all_levels: bool, pass: Pass) -> Result<Vec<Tensor>> {
         let mut skips = Vec::with_capacity(self.encoder.len());
-        let dtype = match pass.products {
-            ops::Products::Bf16 => DType::F32,
-            ops::Products::F32 => self.precision.dtype(),
+        // bf16 products on the CPU: training keeps its activations (and their gradients) in
+        // bf16, half the memory, each op computing in f32 inside; inference keeps f32 tensors
+        // (it holds a few at a time) and rounds only the convolutions' operands.
+        let dtype = match (pass.products, pass.mode) {
+            (ops::Products::Bf16, Mode::Train) => DType::BF16,
+            (ops::Products::Bf16, Mode::Infer) => DType::F32,
+            (ops::Products::F32, _) => self.precision.dtype(),
         };
         let mut h = cast(x, dtype)?;
         if let Some(stem) = &self.stem {

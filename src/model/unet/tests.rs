@@ -322,7 +322,7 @@ fn per_stage_kernels_features_and_blocks_shape_the_network() -> Result<()> {
 
 /// Prediction's pass (no graph; biases, norms and same-size convolutions written in place;
 /// the decoder's upsampled tensor and concatenation never built) gives the training pass's
-/// logits bit for bit, for every layer kind, and records nothing: its result holds no
+/// logits bit for bit in f32, for every layer kind, and records nothing: its result holds no
 /// activation alive.
 #[test]
 fn infer_equals_forward_bit_for_bit_without_a_graph() -> Result<()> {
@@ -374,14 +374,20 @@ fn infer_equals_forward_bit_for_bit_without_a_graph() -> Result<()> {
             inferred.flatten_all()?.to_vec1::<f32>()?,
             "{up:?} {encoder:?} {norm:?}"
         );
-        // With bf16 products too: every pass, strided ones included, sums in one order.
+        // With bf16 products, training keeps bf16 activations and prediction f32 ones (both
+        // multiply bf16 operands): their logits differ by the activations' rounding alone.
         let mut net = net;
         net.set_precision(Precision::Bf16);
         let (trained, inferred) = (net.forward(&x)?, net.infer(&x)?);
-        assert_eq!(
-            trained.flatten_all()?.to_vec1::<f32>()?,
-            inferred.flatten_all()?.to_vec1::<f32>()?,
-            "bf16 {up:?} {encoder:?} {norm:?}"
+        assert!(!inferred.track_op(), "bf16 {up:?} {encoder:?}");
+        let scale = inferred.abs()?.max_all()?.to_scalar::<f32>()?;
+        let diff = (&trained - &inferred)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert!(
+            diff <= 0.03 * scale,
+            "bf16 {up:?} {encoder:?} {norm:?}: {diff} of {scale}"
         );
     }
     Ok(())

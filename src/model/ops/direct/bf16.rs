@@ -22,16 +22,17 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
 }
 
-/// `y = conv3d(x, w)` of a convolution padded less than its kernel, at any stride, the source
-/// channels given by `channel(n, i)`; the CPU must be [`available`].
+/// `y = conv3d(x, w) + bias` of a convolution padded less than its kernel, at any stride, the
+/// source channels given by `channel(n, i)`; the CPU must be [`available`].
 pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
     g: &ConvGeom,
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
     w: &[S],
+    bias: Option<&[f32]>,
 ) -> Vec<O> {
     let pass = Pass::forward(g);
     let engine = Pairs::new(&pass, |o, i, t| forward_weight(g, w, o, i, t).bf16());
-    pass.run_filled(&engine, pass.pair_fill(channel))
+    pass.run_biased(&engine, pass.pair_fill(channel), bias)
 }
 
 /// `dx` from `dy` of a convolution padded less than its kernel: at stride 1 one pass, else one

@@ -214,14 +214,25 @@ impl Pass {
 }
 
 /// The forward pass on bf16 tensors where the bf16 kernels compute this convolution on this
-/// CPU (`bf16_kernels`; None otherwise).
-pub fn forward_bf16(g: &ConvGeom, x: &[half::bf16], w: &[half::bf16]) -> Option<Vec<half::bf16>> {
+/// CPU (`bf16_kernels`; None otherwise), `bias` (f32) added to the sums before their one
+/// rounding.
+pub fn forward_bf16(
+    g: &ConvGeom,
+    x: &[half::bf16],
+    w: &[half::bf16],
+    bias: Option<&[f32]>,
+) -> Option<Vec<half::bf16>> {
     let vi = g.input_voxels();
     #[cfg(target_arch = "x86_64")]
     if bf16_kernels(g) {
-        return Some(bf16::forward(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], w));
+        return Some(bf16::forward(
+            g,
+            |n, i| &x[(n * g.cin + i) * vi..][..vi],
+            w,
+            bias,
+        ));
     }
-    let _ = (g, x, w, vi);
+    let _ = (g, x, w, vi, bias);
     None
 }
 
@@ -233,7 +244,7 @@ pub fn forward_bf16_products<'a>(
 ) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     if bf16_kernels(g) {
-        return Some(bf16::forward(g, |n, i| sample(n).channel(i), w));
+        return Some(bf16::forward(g, |n, i| sample(n).channel(i), w, None));
     }
     let _ = (g, sample, w);
     None
@@ -456,6 +467,17 @@ impl Pass {
         engine: &E,
         fill: impl Fn(usize, usize, Option<usize>, &mut [E::Elem]) + Sync,
     ) -> Vec<O> {
+        self.run_biased(engine, fill, None)
+    }
+
+    /// [`Self::run_filled`] with `bias[o]` added to destination channel `o`'s sums before they
+    /// are stored (rounded once where `O` is bf16).
+    fn run_biased<E: Engine, O: Output>(
+        &self,
+        engine: &E,
+        fill: impl Fn(usize, usize, Option<usize>, &mut [E::Elem]) + Sync,
+        bias: Option<&[f32]>,
+    ) -> Vec<O> {
         let mut out =
             vec![O::default(); self.batch * self.dst_ch * self.dst.iter().product::<usize>()];
         let shared = SharedOut(out.as_mut_ptr());
@@ -466,6 +488,11 @@ impl Pass {
                     .load(self, z, units, |u, s, slot| fill(n, u, s, slot));
                 for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
                     engine.block(self, ws, o0, co);
+                    if let Some(b) = bias {
+                        for (k, plane) in ws.out.chunks_mut(self.q_pad).take(co).enumerate() {
+                            plane.iter_mut().for_each(|v| *v += b[o0 + k]);
+                        }
+                    }
                     self.store(&ws.out, n, o0..o0 + co, z, |at, row| {
                         // SAFETY: this item alone writes these channels' planes z.
                         unsafe { store_row(shared.at(at), row) }
