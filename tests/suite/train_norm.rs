@@ -297,3 +297,87 @@ fn bf16_activations_are_the_f32_op_rounded_once() {
         assert_eq!(values(&db), values(&db32), "dbias ({tag})");
     }
 }
+
+/// A training block's convolution and norm as one op (its convolution's output kept inside,
+/// out of the graph) give the two ops' values and gradients bit for bit, in f32 and with a bf16
+/// pass's bf16 activations.
+#[test]
+fn conv_and_norm_in_one_op_equal_the_two_ops() {
+    use candle_core::DType;
+    use voxcache::model::ops::{conv3d_bias_in, conv_norm_leaky_relu, NormAct, Products};
+    let mut rng = Rng::new(13);
+    let dev = &Device::Cpu;
+    let (xd, wd) = ([2usize, 3, 5, 6, 7], [8usize, 3, 3, 3, 3]);
+    let x32 = Tensor::from_vec(random(&mut rng, xd.iter().product(), 1.0, 0.2), &xd, dev).unwrap();
+    let w32 = Tensor::from_vec(random(&mut rng, wd.iter().product(), 0.3, 0.0), &wd, dev).unwrap();
+    let small: Vec<Vec<f32>> = (0..3)
+        .map(|k| random(&mut rng, 8, 0.5, (k == 1) as u8 as f64))
+        .collect();
+    for (dt, products, groups, stride) in [
+        (DType::F32, Products::F32, 8, [1, 1, 1]),
+        (DType::F32, Products::F32, 2, [1, 2, 2]),
+        (DType::BF16, Products::Bf16, 8, [1, 1, 1]),
+        (DType::BF16, Products::Bf16, 4, [2, 2, 2]),
+    ] {
+        let run = |fused: bool| {
+            let x = Var::from_tensor(&x32.to_dtype(dt).unwrap()).unwrap();
+            let w = Var::from_tensor(&w32.to_dtype(dt).unwrap()).unwrap();
+            let p: Vec<Var> = small
+                .iter()
+                .map(|v| Var::from_vec(v.clone(), 8, dev).unwrap())
+                .collect();
+            let (pad, t) = ([1; 3], p.iter().map(|v| v.as_tensor()).collect::<Vec<_>>());
+            let z = match fused {
+                true => {
+                    let norm = NormAct {
+                        weight: t[1],
+                        bias: t[2],
+                        groups,
+                        eps: EPS,
+                        slope: 0.01,
+                    };
+                    conv_norm_leaky_relu(
+                        x.as_tensor(),
+                        w.as_tensor(),
+                        t[0],
+                        pad,
+                        stride,
+                        products,
+                        norm,
+                    )
+                }
+                false => {
+                    let y =
+                        conv3d_bias_in(x.as_tensor(), w.as_tensor(), t[0], pad, stride, products)
+                            .unwrap();
+                    group_norm_leaky_relu(&y, t[1], t[2], groups, EPS, 0.01)
+                }
+            }
+            .unwrap();
+            let r = Tensor::from_vec(
+                random(&mut Rng::new(14), z.elem_count(), 1.0, 0.0),
+                z.shape(),
+                dev,
+            )
+            .unwrap()
+            .to_dtype(dt)
+            .unwrap();
+            let grads = (&z * r).unwrap().sum_all().unwrap().backward().unwrap();
+            let f = |t: &Tensor| values(&t.to_dtype(DType::F32).unwrap());
+            let mut out = vec![
+                f(&z),
+                f(grads.get(x.as_tensor()).unwrap()),
+                f(grads.get(w.as_tensor()).unwrap()),
+            ];
+            out.extend(p.iter().map(|v| f(grads.get(v.as_tensor()).unwrap())));
+            out
+        };
+        let (one, two) = (run(true), run(false));
+        for (k, (a, b)) in one.iter().zip(&two).enumerate() {
+            assert_eq!(
+                a, b,
+                "{dt:?} groups {groups} stride {stride:?}: output/gradient {k}"
+            );
+        }
+    }
+}

@@ -386,6 +386,35 @@ impl CustomOp2 for Conv3dForward {
     }
 }
 
+/// `op(a, w) + b[c]` on the CPU (see [`WithBias`]).
+pub(super) fn with_bias_cpu<O: CustomOp2 + BiasedBf16>(
+    op: &O,
+    (s1, l1): (&CpuStorage, &Layout),
+    (s2, l2): (&CpuStorage, &Layout),
+    b: &[f32],
+) -> Result<(CpuStorage, Shape)> {
+    if let Some(fused) = op.biased_bf16((s1, l1), (s2, l2), b)? {
+        return Ok(fused);
+    }
+    let (y, shape) = op.cpu_fwd(s1, l1, s2, l2)?;
+    let (_, c, v) = super::bias::rows(shape.dims());
+    if b.len() != c {
+        bail!("{}: a bias of {} for {c} channels", op.name(), b.len());
+    }
+    let y = match y {
+        CpuStorage::F32(mut y) => {
+            super::bias::add_rows(&mut y, b, c, v);
+            CpuStorage::F32(y)
+        }
+        CpuStorage::BF16(mut y) => {
+            super::bias::add_rows_bf16(&mut y, b, c, v);
+            CpuStorage::BF16(y)
+        }
+        _ => bail!("{}: f32 or bf16 tensors only", op.name()),
+    };
+    Ok((y, shape))
+}
+
 /// An op whose bf16 pass can add an f32 bias to its sums before their one rounding.
 pub trait BiasedBf16 {
     /// The result on bf16 arguments with `b` added, where the bf16 kernels compute it (None:
@@ -448,23 +477,7 @@ impl<O: CustomOp2 + BiasedBf16 + Send + Sync> CustomOp3 for WithBias<O> {
     ) -> Result<(CpuStorage, Shape)> {
         let c = l3.dims().first().copied().unwrap_or(0);
         let b = f32_data(s3, l3, &[c], "the bias")?;
-        if let Some(fused) = self.0.biased_bf16((s1, l1), (s2, l2), b)? {
-            return Ok(fused);
-        }
-        let (y, shape) = self.0.cpu_fwd(s1, l1, s2, l2)?;
-        let (_, c, v) = super::bias::rows(shape.dims());
-        let y = match y {
-            CpuStorage::F32(mut y) => {
-                super::bias::add_rows(&mut y, b, c, v);
-                CpuStorage::F32(y)
-            }
-            CpuStorage::BF16(mut y) => {
-                super::bias::add_rows_bf16(&mut y, b, c, v);
-                CpuStorage::BF16(y)
-            }
-            _ => bail!("{}: f32 or bf16 tensors only", self.0.name()),
-        };
-        Ok((y, shape))
+        with_bias_cpu(&self.0, (s1, l1), (s2, l2), b)
     }
 
     fn bwd(

@@ -27,6 +27,7 @@ pub mod bias;
 pub mod blocks;
 pub mod columns;
 pub mod conv;
+mod conv_norm;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod direct;
@@ -43,6 +44,7 @@ use candle_core::{bail, DType, Result, Tensor};
 
 pub use activation::add_leaky_relu;
 pub use bias::{add_channel_bias, add_channel_bias_owned};
+pub use conv_norm::NormAct;
 pub use generic::{conv3d_generic, conv_transpose3d_generic};
 pub use infer::{conv3d_owned, conv3d_up_concat, UpConv};
 pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic, group_norm_leaky_relu_owned};
@@ -166,6 +168,43 @@ pub fn conv3d_bias_in(
         &b.contiguous()?,
         conv::WithBias(Conv3dForward(geom)),
     )
+}
+
+/// `group_norm_leaky_relu(conv3d_bias_in(x, w, b, ..), ..)` for training: on the CPU one op
+/// that keeps the convolution's output inside instead of in the graph (f32 tensors, or a bf16
+/// pass's bf16 ones with f32 biases and norm parameters); elsewhere the two ops.
+pub fn conv_norm_leaky_relu(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+    products: Products,
+    norm: NormAct,
+) -> Result<Tensor> {
+    let fused = cpu_with_bias(x, w, b)
+        && cpu_f32(&[norm.weight, norm.bias])
+        && b.dims() == [w.dim(0)?]
+        && norm.weight.dims() == b.dims()
+        && norm.bias.dims() == b.dims();
+    if !fused {
+        let y = conv3d_bias_in(x, w, b, padding, stride, products)?;
+        let NormAct {
+            weight,
+            bias,
+            groups,
+            eps,
+            slope,
+        } = norm;
+        return group_norm_leaky_relu(&y, weight, bias, groups, eps, slope);
+    }
+    let op = conv_norm::ConvNormAct {
+        conv: Conv3dForward(forward_geom(x, w, padding, stride, products)?),
+        norm: norm::GroupNormLeakyRelu::new(norm.groups, norm.eps, norm.slope),
+        saved: std::sync::Mutex::new(None),
+    };
+    let params = Tensor::cat(&[b, norm.weight, norm.bias], 0)?;
+    x.contiguous()?.apply_op3(&w.contiguous()?, &params, op)
 }
 
 /// `conv3d(cat([a, b], 1), w, ..)` (a U-Net decoder's upsampled tensor and its skip

@@ -100,7 +100,7 @@ pub(crate) fn contiguous_f32_mut<'a>(
 }
 
 /// Forward custom op on (x, weight, bias), all contiguous f32.
-struct GroupNormLeakyRelu {
+pub(super) struct GroupNormLeakyRelu {
     groups: usize,
     eps: f64,
     slope: f32,
@@ -117,6 +117,90 @@ struct GroupNormLeakyReluGrad {
 }
 
 impl GroupNormLeakyRelu {
+    pub(super) fn new(groups: usize, eps: f64, slope: f64) -> Self {
+        GroupNormLeakyRelu {
+            groups,
+            eps,
+            slope: slope as f32,
+        }
+    }
+
+    /// The output of `x` (shape `dims`, contiguous) on the CPU, in x's type.
+    pub(super) fn forward_cpu(
+        &self,
+        x: Stored,
+        dims: &[usize],
+        w: &[f32],
+        b: &[f32],
+    ) -> Result<CpuStorage> {
+        let g = NormGeom::new(dims, &[w.len()], &[b.len()], self.groups)?;
+        let x = match x {
+            Stored::F32(x) => x,
+            // bf16 activations: each slab widened, normalized as f32, rounded once.
+            Stored::Bf16(x) => {
+                let mut y = vec![bf16::ZERO; g.numel()];
+                if g.numel() > 0 {
+                    y.par_chunks_mut(g.slab())
+                        .zip(x.par_chunks(g.slab()))
+                        .enumerate()
+                        .for_each_init(Vec::new, |buf, (i, (ys, xs))| {
+                            buf.resize(xs.len(), 0f32);
+                            bf16::cast_row(xs, buf);
+                            wide::normalize(&self.slab(&g, i, w, b), None, buf);
+                            f32::cast_row(buf, ys);
+                        });
+                }
+                return Ok(CpuStorage::BF16(y));
+            }
+        };
+        let mut y = vec![0f32; g.numel()];
+        if g.numel() > 0 {
+            y.par_chunks_mut(g.slab())
+                .zip(x.par_chunks(g.slab()))
+                .enumerate()
+                .for_each(|(i, (ys, xs))| {
+                    let slab = self.slab(&g, i, w, b);
+                    wide::normalize(&slab, Some(xs), ys)
+                });
+        }
+        Ok(CpuStorage::F32(y))
+    }
+
+    /// The gradients (x, weight, bias) from the output's gradient `dy`.
+    pub(super) fn backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        // The activation's branch is recomputed from x (same f32 formula as forward, so the
+        // same sign), which unlike the result also works for a negative slope.
+        let c = w.elem_count();
+        let params = Tensor::cat(&[w, b], 0)?;
+        let grad = GroupNormLeakyReluGrad {
+            groups: self.groups,
+            eps: self.eps,
+            slope: self.slope,
+            params: Mutex::new(None),
+        };
+        let out = x.apply_op3_no_bwd(&dy.contiguous()?, &params, &grad)?;
+        let slot = grad
+            .params
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("poisoned".into()))?;
+        if let Some((dw, db)) = slot.as_ref() {
+            let dev = w.device();
+            let dw = Tensor::from_slice(dw, c, dev)?;
+            let db = Tensor::from_slice(db, c, dev)?;
+            return Ok((out, dw, db));
+        }
+        // CUDA: the flat [dx | dw | db].
+        let n = x.elem_count();
+        let dx = out.narrow(0, 0, n)?.reshape(x.shape())?;
+        Ok((dx, out.narrow(0, n, c)?, out.narrow(0, n + c, c)?))
+    }
+
     /// Slab `i`'s parameters.
     fn slab<'a>(&self, g: &NormGeom, i: usize, w: &'a [f32], b: &'a [f32]) -> Slab<'a> {
         Slab::of(g, i, (w, b), self.eps, self.slope)
@@ -138,39 +222,10 @@ impl CustomOp3 for GroupNormLeakyRelu {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let what = "group_norm_leaky_relu";
-        let g = NormGeom::new(l1.dims(), l2.dims(), l3.dims(), self.groups)?;
         let (w, b) = (contiguous_f32(s2, l2, what)?, contiguous_f32(s3, l3, what)?);
-        let shape = Shape::from(l1.dims());
-        let x = match Stored::of(s1, l1, g.numel(), what)? {
-            Stored::F32(x) => x,
-            // bf16 activations: each slab widened, normalized as f32, rounded once.
-            Stored::Bf16(x) => {
-                let mut y = vec![bf16::ZERO; g.numel()];
-                if g.numel() > 0 {
-                    y.par_chunks_mut(g.slab())
-                        .zip(x.par_chunks(g.slab()))
-                        .enumerate()
-                        .for_each_init(Vec::new, |buf, (i, (ys, xs))| {
-                            buf.resize(xs.len(), 0f32);
-                            bf16::cast_row(xs, buf);
-                            wide::normalize(&self.slab(&g, i, w, b), None, buf);
-                            f32::cast_row(buf, ys);
-                        });
-                }
-                return Ok((CpuStorage::BF16(y), shape));
-            }
-        };
-        let mut y = vec![0f32; g.numel()];
-        if g.numel() > 0 {
-            y.par_chunks_mut(g.slab())
-                .zip(x.par_chunks(g.slab()))
-                .enumerate()
-                .for_each(|(i, (ys, xs))| {
-                    let slab = self.slab(&g, i, w, b);
-                    wide::normalize(&slab, Some(xs), ys)
-                });
-        }
-        Ok((CpuStorage::F32(y), shape))
+        let numel = l1.shape().elem_count();
+        let y = self.forward_cpu(Stored::of(s1, l1, numel, what)?, l1.dims(), w, b)?;
+        Ok((y, Shape::from(l1.dims())))
     }
 
     #[cfg(feature = "cuda")]
@@ -208,32 +263,7 @@ impl CustomOp3 for GroupNormLeakyRelu {
         _res: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        // The activation's branch is recomputed from x (same f32 formula as forward, so the
-        // same sign), which unlike `res` also works for a negative slope.
-        let c = w.elem_count();
-        let params = Tensor::cat(&[w, b], 0)?;
-        let grad = GroupNormLeakyReluGrad {
-            groups: self.groups,
-            eps: self.eps,
-            slope: self.slope,
-            params: Mutex::new(None),
-        };
-        let out = x.apply_op3_no_bwd(&dy.contiguous()?, &params, &grad)?;
-        let slot = grad
-            .params
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("poisoned".into()))?;
-        if let Some((dw, db)) = slot.as_ref() {
-            let dev = w.device();
-            let dw = Tensor::from_slice(dw, c, dev)?;
-            let db = Tensor::from_slice(db, c, dev)?;
-            return Ok((Some(out), Some(dw), Some(db)));
-        }
-        let flat = out;
-        let n = x.elem_count();
-        let dx = flat.narrow(0, 0, n)?.reshape(x.shape())?;
-        let dw = flat.narrow(0, n, c)?;
-        let db = flat.narrow(0, n + c, c)?;
+        let (dx, dw, db) = self.backward(x, w, b, dy)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
 }

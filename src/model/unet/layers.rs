@@ -270,6 +270,27 @@ impl Block {
     }
 
     pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let conv = &self.conv;
+        if let (Mode::Train, Some(b)) = (pass.mode, &conv.bias) {
+            // One op: the convolution's output stays inside it, out of the graph.
+            let dt = x.dtype();
+            let (w, b) = (pass.param(&conv.weight, dt)?, pass.small(b, dt)?);
+            let nw = pass.small(&self.norm_weight, dt)?;
+            let nb = pass.small(&self.norm_bias, dt)?;
+            let norm = ops::NormAct {
+                weight: &nw,
+                bias: &nb,
+                groups: self.groups,
+                eps: 1e-5,
+                slope: self.slope,
+            };
+            let (p, s) = (conv.padding, conv.stride);
+            let y = ops::conv_norm_leaky_relu(x, &w, &b, p, s, pass.products, norm)?;
+            if self.slope != 1.0 {
+                pass.record(&y);
+            }
+            return Ok(y);
+        }
         let y = self.conv.forward(x, pass)?;
         self.norm(y, pass)
     }
