@@ -102,17 +102,15 @@ impl<'a> Session<'a> {
             notices.push("no validation cases (val_fraction 0 or a single labelled case): no validation Dice and no best checkpoint".into());
         }
         notices.push(network_notice(&data, &model));
-        let mut shape = cfg.step_shape();
-        if dev.is_cpu() && shape.precision == Precision::Bf16 {
-            // bf16 on the CPU keeps f32 tensors (bf16 products inside the convolutions only).
-            shape.precision = Precision::F32;
-            if !crate::model::ops::direct::bf16_available() {
-                notices.push(
-                    "precision bf16: this CPU has no AVX512-BF16, so its convolutions compute \
-                     in f32"
-                        .into(),
-                );
-            }
+        // bf16 training keeps bf16 activations on the CPU too (the ops compute in f32 inside).
+        let shape = cfg.step_shape();
+        let bf16_cpu = dev.is_cpu() && shape.precision == Precision::Bf16;
+        if bf16_cpu && !crate::model::ops::direct::bf16_available() {
+            notices.push(
+                "precision bf16: this CPU has no AVX512-BF16, so its convolutions multiply \
+                 in f32 (activations are still kept in bf16)"
+                    .into(),
+            );
         }
         let forecast = memory::training_step(model.config(), &shape);
         let metrics_path = opts.run_dir.join("metrics.jsonl");
