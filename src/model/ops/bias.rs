@@ -9,6 +9,8 @@ use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor,
 };
 
+use rayon::prelude::*;
+
 use super::norm::{contiguous_f32, contiguous_f32_mut};
 
 /// `y = x + bias[c]` for x (N, C, ...) and bias (C,).
@@ -173,23 +175,25 @@ impl CustomOp1 for ChannelSum {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (_, c, v) = rows(l.dims());
         let g = super::stored::Stored::of(s, l, l.shape().elem_count(), self.name())?;
-        let mut acc = vec![0f64; c];
+        // Each (sample, channel) row summed by one task, in order; the rows then added per
+        // channel in sample order: the same bits for any thread count.
         let sum = |row: &[f32]| row.iter().map(|&e| e as f64).sum::<f64>();
-        match g {
-            _ if v == 0 => {}
-            super::stored::Stored::F32(g) => {
-                for (i, row) in g.chunks(v).enumerate() {
-                    acc[i % c] += sum(row);
-                }
-            }
+        let rows: Vec<f64> = match g {
+            _ if v == 0 => Vec::new(),
+            super::stored::Stored::F32(g) => g.par_chunks(v).map(sum).collect(),
             // bf16 gradients of a bf16 pass: each row widened, then the same sums.
-            g => {
-                let mut row = vec![0f32; v];
-                for i in 0..g.len() / v {
-                    g.widen(i * v, &mut row);
-                    acc[i % c] += sum(&row);
-                }
-            }
+            g => (0..g.len() / v)
+                .into_par_iter()
+                .map_init(Vec::new, |row, i| {
+                    row.resize(v, 0f32);
+                    g.widen(i * v, row);
+                    sum(row)
+                })
+                .collect(),
+        };
+        let mut acc = vec![0f64; c];
+        for (i, r) in rows.into_iter().enumerate() {
+            acc[i % c] += r;
         }
         let out = acc.into_iter().map(|a| a as f32).collect();
         Ok((CpuStorage::F32(out), Shape::from(c)))
