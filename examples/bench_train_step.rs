@@ -75,10 +75,11 @@ fn main() -> voxcache::Result<()> {
         }
         dev.synchronize()?;
         let t0 = Instant::now();
-        let loss = dice_ce(&model.forward(&x)?, &t)?;
+        let pass = model.train_pass(&x)?;
+        let loss = dice_ce(&pass.outputs()[0], &t)?;
         dev.synchronize()?;
         let t1 = Instant::now();
-        let grads = loss.total.backward()?;
+        let grads = pass.backward(&loss.total)?;
         let g: Vec<Tensor> = params
             .iter()
             .map(|(_, p)| {

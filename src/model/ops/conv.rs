@@ -13,6 +13,7 @@ use super::columns::{ColumnGather, Planes};
 use super::direct;
 use super::geometry::{ConvGeom, Products};
 use super::matmul::{matmul, SharedOut, View};
+use super::tape::Grads2;
 
 /// The contiguous data of a custom-op argument (callers make arguments contiguous).
 fn slice<'a, T>(data: &'a [T], layout: &Layout, expect: &[usize], what: &str) -> Result<&'a [T]> {
@@ -372,17 +373,8 @@ impl CustomOp2 for Conv3dForward {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dy = dy.contiguous()?;
         // The network's input image needs no gradient: skip that whole-volume product.
-        let dx = match x.track_op() {
-            true => Some(dy.apply_op2_no_bwd(w, &Conv3dGradInput(self.0))?),
-            false => None,
-        };
-        let dw = match w.track_op() {
-            true => Some(x.apply_op2_no_bwd(&dy, &Conv3dGradWeight(self.0))?),
-            false => None,
-        };
-        Ok((dx, dw))
+        self.grads(x, w, dy, [x.track_op(), w.track_op()])
     }
 }
 
@@ -461,7 +453,28 @@ impl BiasedBf16 for Conv3dGradInput {}
 /// size either way. The inner op's backward must not read its result.
 pub struct WithBias<O>(pub O);
 
-impl<O: CustomOp2 + BiasedBf16 + Send + Sync> CustomOp3 for WithBias<O> {
+impl<O: Grads2> WithBias<O> {
+    /// The gradients (dx, dw, db) where `need`ed, from the result's gradient `dy`.
+    pub(super) fn grads(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        [need_x, need_w, need_b]: [bool; 3],
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw) = self.0.grads(x, w, dy, [need_x, need_w])?;
+        let db = match need_b {
+            true => Some(
+                dy.contiguous()?
+                    .apply_op1_no_bwd(&super::bias::ChannelSum)?,
+            ),
+            false => None,
+        };
+        Ok((dx, dw, db))
+    }
+}
+
+impl<O: CustomOp2 + BiasedBf16 + Grads2 + Send + Sync> CustomOp3 for WithBias<O> {
     fn name(&self) -> &'static str {
         "conv-with-bias"
     }
@@ -485,18 +498,10 @@ impl<O: CustomOp2 + BiasedBf16 + Send + Sync> CustomOp3 for WithBias<O> {
         x: &Tensor,
         w: &Tensor,
         b: &Tensor,
-        y: &Tensor,
+        _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw) = self.0.bwd(x, w, y, dy)?;
-        let db = match b.track_op() {
-            true => Some(
-                dy.contiguous()?
-                    .apply_op1_no_bwd(&super::bias::ChannelSum)?,
-            ),
-            false => None,
-        };
-        Ok((dx, dw, db))
+        self.grads(x, w, dy, [x.track_op(), w.track_op(), b.track_op()])
     }
 }
 
@@ -586,10 +591,7 @@ impl CustomOp2 for Conv3dGradInput {
         _dx: &Tensor,
         up: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let up = up.contiguous()?;
-        let d_dy = up.apply_op2_no_bwd(w, &Conv3dForward(self.0))?;
-        let d_w = up.apply_op2_no_bwd(dy, &Conv3dGradWeight(self.0))?;
-        Ok((Some(d_dy), Some(d_w)))
+        self.grads(dy, w, up, [true, true])
     }
 }
 

@@ -6,12 +6,13 @@
 
 use std::sync::Mutex;
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Device, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, Device, Layout, Result, Shape, Tensor};
 
 use super::bias::ChannelSum;
 use super::conv::{with_bias_cpu, Conv3dForward};
 use super::norm::GroupNormLeakyRelu;
 use super::stored::Stored;
+use super::tape::Grads2;
 
 /// The norm and activation after a convolution: weight and bias (C,), groups, eps, slope.
 pub struct NormAct<'a> {
@@ -84,6 +85,21 @@ impl CustomOp3 for ConvNormAct {
         _z: &Tensor,
         dz: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, dp) = self.grads(x, w, params, dz, [x.track_op(), w.track_op()])?;
+        Ok((dx, dw, Some(dp)))
+    }
+}
+
+impl ConvNormAct {
+    /// (dx, dw) where `need`ed and the parameters' gradient, from the result's gradient `dz`.
+    pub(super) fn grads(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        params: &Tensor,
+        dz: &Tensor,
+        need: [bool; 2],
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Tensor)> {
         let y = self.saved.lock().map_err(poisoned)?.clone();
         let Some(y) = y else {
             bail!("{}: backward before forward", self.name())
@@ -91,9 +107,10 @@ impl CustomOp3 for ConvNormAct {
         let c = self.conv.0.cout;
         let (nw, nb) = (params.narrow(0, c, c)?, params.narrow(0, 2 * c, c)?);
         let (dy, dnw, dnb) = self.norm.backward(&y, &nw, &nb, dz)?;
-        let (dx, dw) = self.conv.bwd(x, w, &y, &dy)?;
+        drop(y);
+        let (dx, dw) = self.conv.grads(x, w, &dy, need)?;
         let db = dy.apply_op1_no_bwd(&ChannelSum)?;
         let dp = Tensor::cat(&[&db, &dnw, &dnb], 0)?;
-        Ok((dx, dw, Some(dp)))
+        Ok((dx, dw, dp))
     }
 }

@@ -39,6 +39,7 @@ pub mod matmul;
 pub mod norm;
 pub mod pool3d;
 mod stored;
+mod tape;
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -49,6 +50,7 @@ pub use generic::{conv3d_generic, conv_transpose3d_generic};
 pub use infer::{conv3d_owned, conv3d_up_concat, UpConv};
 pub use norm::{group_norm_leaky_relu, group_norm_leaky_relu_generic, group_norm_leaky_relu_owned};
 pub use pool3d::{avg_pool3d, max_pool3d_generic};
+pub use tape::Tape;
 
 use conv::{Conv3dForward, Conv3dForwardPair, Conv3dGradInput};
 use geometry::ConvGeom;
@@ -159,7 +161,7 @@ pub fn conv3d_bias_in(
     stride: [usize; 3],
     products: Products,
 ) -> Result<Tensor> {
-    if !cpu_with_bias(x, w, b) || b.dims() != [w.dim(0)?] {
+    if !conv_bias_fused(x, w, b, 0)? {
         return add_channel_bias(&conv3d_in(x, w, padding, stride, products)?, b);
     }
     let geom = forward_geom(x, w, padding, stride, products)?;
@@ -182,12 +184,7 @@ pub fn conv_norm_leaky_relu(
     products: Products,
     norm: NormAct,
 ) -> Result<Tensor> {
-    let fused = cpu_with_bias(x, w, b)
-        && cpu_f32(&[norm.weight, norm.bias])
-        && b.dims() == [w.dim(0)?]
-        && norm.weight.dims() == b.dims()
-        && norm.bias.dims() == b.dims();
-    if !fused {
+    if !conv_norm_fused(x, w, b, &norm)? {
         let y = conv3d_bias_in(x, w, b, padding, stride, products)?;
         let NormAct {
             weight,
@@ -198,13 +195,39 @@ pub fn conv_norm_leaky_relu(
         } = norm;
         return group_norm_leaky_relu(&y, weight, bias, groups, eps, slope);
     }
-    let op = conv_norm::ConvNormAct {
+    let op = conv_norm_op(x, w, padding, stride, products, &norm)?;
+    let params = Tensor::cat(&[b, norm.weight, norm.bias], 0)?;
+    x.contiguous()?.apply_op3(&w.contiguous()?, &params, op)
+}
+
+/// Whether [`conv_norm_leaky_relu`] runs as one op on these tensors.
+fn conv_norm_fused(x: &Tensor, w: &Tensor, b: &Tensor, norm: &NormAct) -> Result<bool> {
+    Ok(conv_bias_fused(x, w, b, 0)?
+        && cpu_f32(&[norm.weight, norm.bias])
+        && norm.weight.dims() == b.dims()
+        && norm.bias.dims() == b.dims())
+}
+
+/// The one op of [`conv_norm_leaky_relu`].
+fn conv_norm_op(
+    x: &Tensor,
+    w: &Tensor,
+    padding: [usize; 3],
+    stride: [usize; 3],
+    products: Products,
+    norm: &NormAct,
+) -> Result<conv_norm::ConvNormAct> {
+    Ok(conv_norm::ConvNormAct {
         conv: Conv3dForward(forward_geom(x, w, padding, stride, products)?),
         norm: norm::GroupNormLeakyRelu::new(norm.groups, norm.eps, norm.slope),
         saved: std::sync::Mutex::new(None),
-    };
-    let params = Tensor::cat(&[b, norm.weight, norm.bias], 0)?;
-    x.contiguous()?.apply_op3(&w.contiguous()?, &params, op)
+    })
+}
+
+/// Whether a convolution (or, `out_axis` 1, a transposed one) and its bias `b` run as one op
+/// on the CPU: the bias has one value per output channel, `w`'s dimension `out_axis`.
+fn conv_bias_fused(x: &Tensor, w: &Tensor, b: &Tensor, out_axis: usize) -> Result<bool> {
+    Ok(cpu_with_bias(x, w, b) && b.dims() == [w.dim(out_axis)?])
 }
 
 /// `conv3d(cat([a, b], 1), w, ..)` (a U-Net decoder's upsampled tensor and its skip
@@ -259,7 +282,7 @@ pub fn conv_transpose3d_bias(
     stride: [usize; 3],
     products: Products,
 ) -> Result<Tensor> {
-    if !cpu_with_bias(x, w, b) || b.dims() != [w.dim(1)?] {
+    if !conv_bias_fused(x, w, b, 1)? {
         return add_channel_bias(&conv_transpose3d(x, w, stride)?, b);
     }
     let mut geom = transpose_geom(x, w, stride)?;

@@ -34,6 +34,8 @@ pub(super) struct Pass<'a> {
     pub(super) products: ops::Products,
     /// Where each LeakyReLU's output goes, in forward order, when the pass is traced.
     pub(super) trace: Option<&'a RefCell<Vec<Tensor>>>,
+    /// Where a training pass records its ops instead of candle's graph (see [`ops::Tape`]).
+    pub(super) tape: Option<&'a RefCell<ops::Tape>>,
 }
 
 impl Pass<'_> {
@@ -56,18 +58,47 @@ impl Pass<'_> {
 
     /// Parameter `t` as this pass reads it (detached: no graph when inferring).
     fn param(self, t: &Tensor, dt: DType) -> Result<Tensor> {
-        match self.mode {
-            Mode::Train => cast(t, dt),
-            Mode::Infer => cast(&t.detach(), dt),
+        match (self.mode, self.tape) {
+            (Mode::Train, Some(tape)) => Ok(tape.borrow_mut().param(t, dt)?),
+            (Mode::Train, None) => cast(t, dt),
+            (Mode::Infer, _) => cast(&t.detach(), dt),
         }
+    }
+
+    /// `t` in `dt`.
+    pub(super) fn cast(self, t: &Tensor, dt: DType) -> Result<Tensor> {
+        match self.tape {
+            Some(tape) => Ok(tape.borrow_mut().cast(t, dt)?),
+            None => cast(t, dt),
+        }
+    }
+
+    /// `f(inputs)`: recorded on the tape, where the pass has one, as a generic op.
+    pub(super) fn op(
+        self,
+        inputs: &[&Tensor],
+        f: impl FnOnce(&[Tensor]) -> candle_core::Result<Tensor>,
+    ) -> Result<Tensor> {
+        Ok(match self.tape {
+            Some(tape) => tape.borrow_mut().generic(inputs, f)?,
+            None => f(&inputs.iter().map(|t| (*t).clone()).collect::<Vec<_>>())?,
+        })
+    }
+
+    /// The channels of `ts` one after the other.
+    pub(super) fn cat(self, ts: &[&Tensor]) -> Result<Tensor> {
+        Ok(match self.tape {
+            Some(tape) => tape.borrow_mut().cat(ts, 1)?,
+            None => Tensor::cat(ts, 1)?,
+        })
     }
 
     /// `y + b[c]`, into `y` itself when inferring (`y` is the fresh output of a conv).
     fn add_bias(self, y: Tensor, b: &Tensor) -> Result<Tensor> {
-        Ok(match self.mode {
-            Mode::Train => ops::add_channel_bias(&y, b)?,
-            Mode::Infer => ops::add_channel_bias_owned(y, b)?,
-        })
+        match self.mode {
+            Mode::Train => self.op(&[&y, b], |t| ops::add_channel_bias(&t[0], &t[1])),
+            Mode::Infer => Ok(ops::add_channel_bias_owned(y, b)?),
+        }
     }
 }
 
@@ -178,16 +209,14 @@ impl Conv {
         if let (Mode::Train, Some(b)) = (pass.mode, &self.bias) {
             // One tensor for the graph to keep, not the conv's output and its sum with b.
             let b = pass.small(b, dt)?;
-            return Ok(ops::conv3d_bias_in(
-                x,
-                &w,
-                &b,
-                self.padding,
-                self.stride,
-                pass.products,
-            )?);
+            let (p, s, products) = (self.padding, self.stride, pass.products);
+            return Ok(match pass.tape {
+                Some(tape) => tape.borrow_mut().conv3d_bias(x, &w, &b, p, s, products)?,
+                None => ops::conv3d_bias_in(x, &w, &b, p, s, products)?,
+            });
         }
-        let y = ops::conv3d_in(x, &w, self.padding, self.stride, pass.products)?;
+        let (p, s, products) = (self.padding, self.stride, pass.products);
+        let y = pass.op(&[x, &w], |t| ops::conv3d_in(&t[0], &t[1], p, s, products))?;
         self.finish(y, pass)
     }
 
@@ -198,7 +227,7 @@ impl Conv {
         let w = pass.param(&self.weight, dt)?;
         let (p, s, products) = (self.padding, self.stride, pass.products);
         let y = match pass.mode {
-            Mode::Train => return self.forward(&Tensor::cat(&[a, b], 1)?, pass),
+            Mode::Train => return self.forward(&pass.cat(&[a, b])?, pass),
             Mode::Infer => ops::conv3d_concat_in(a, b, &w, p, s, products)?,
         };
         self.finish(y, pass)
@@ -284,8 +313,13 @@ impl Block {
                 eps: 1e-5,
                 slope: self.slope,
             };
-            let (p, s) = (conv.padding, conv.stride);
-            let y = ops::conv_norm_leaky_relu(x, &w, &b, p, s, pass.products, norm)?;
+            let (p, s, products) = (conv.padding, conv.stride, pass.products);
+            let y = match pass.tape {
+                Some(t) => t
+                    .borrow_mut()
+                    .conv_norm_leaky_relu(x, &w, &b, p, s, products, norm)?,
+                None => ops::conv_norm_leaky_relu(x, &w, &b, p, s, products, norm)?,
+            };
             if self.slope != 1.0 {
                 pass.record(&y);
             }
@@ -298,6 +332,10 @@ impl Block {
     /// [`Self::forward`] of the channels of `a` then `b`, never concatenated when inferring
     /// (see [`Conv::forward_pair`]).
     pub(super) fn forward_pair(&self, a: &Tensor, b: &Tensor, pass: Pass) -> Result<Tensor> {
+        if pass.mode == Mode::Train {
+            // Training concatenates: then the convolution and norm are one op.
+            return self.forward(&pass.cat(&[a, b])?, pass);
+        }
         let y = self.conv.forward_pair(a, b, pass)?;
         self.norm(y, pass)
     }
@@ -360,7 +398,10 @@ impl Block {
         );
         Ok(match pass.mode {
             Mode::Train => {
-                let y = ops::group_norm_leaky_relu(&y, &w, &b, self.groups, 1e-5, self.slope)?;
+                let (groups, slope) = (self.groups, self.slope);
+                let y = pass.op(&[&y, &w, &b], |t| {
+                    ops::group_norm_leaky_relu(&t[0], &t[1], &t[2], groups, 1e-5, slope)
+                })?;
                 if self.slope != 1.0 {
                     pass.record(&y);
                 }
@@ -432,14 +473,16 @@ impl ResBlock {
 
     pub(super) fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let mut skip = match self.pool {
-            Some(k) => ops::avg_pool3d(x, k)?,
+            Some(k) => pass.op(&[x], |t| ops::avg_pool3d(&t[0], k))?,
             None => x.clone(),
         };
         if let Some(p) = &self.projection {
             skip = p.forward(&skip, pass)?;
         }
         let main = self.conv2.forward(&self.conv1.forward(x, pass)?, pass)?;
-        let y = ops::add_leaky_relu(&main, &skip, SLOPE)?;
+        let y = pass.op(&[&main, &skip], |t| {
+            ops::add_leaky_relu(&t[0], &t[1], SLOPE)
+        })?;
         pass.record(&y);
         Ok(y)
     }
@@ -504,13 +547,21 @@ impl Up {
                 let dt = x.dtype();
                 let (w, b) = (pass.param(weight, dt)?, pass.small(bias, dt)?);
                 if pass.mode == Mode::Train {
-                    let products = pass.products;
-                    return Ok(ops::conv_transpose3d_bias(x, &w, &b, *stride, products)?);
+                    let (s, products) = (*stride, pass.products);
+                    return Ok(match pass.tape {
+                        Some(t) => t
+                            .borrow_mut()
+                            .conv_transpose3d_bias(x, &w, &b, s, products)?,
+                        None => ops::conv_transpose3d_bias(x, &w, &b, s, products)?,
+                    });
                 }
                 let y = ops::conv_transpose3d(x, &w, *stride)?;
                 pass.add_bias(y, &b)
             }
-            Up::Nearest { conv, scale } => conv.forward(&ops::upsample_nearest3d(x, *scale)?, pass),
+            Up::Nearest { conv, scale } => {
+                let up = pass.op(&[x], |t| ops::upsample_nearest3d(&t[0], *scale))?;
+                conv.forward(&up, pass)
+            }
         }
     }
 }

@@ -14,6 +14,7 @@
 //! Parameters are created here from our seeded [`Rng`], not candle's initializers (those draw
 //! from an unseeded thread RNG), so a run's initial weights depend only on its seed.
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::config::{Encoder, Precision, UNetConfig, Upsampling, DS_PREFIX};
@@ -264,6 +265,37 @@ impl UNet {
         self.run(x, true, self.pass(Mode::Train, x))
     }
 
+    /// [`Self::forward_all`] for training: on the CPU the pass records its ops on a tape of its
+    /// own instead of candle's graph ([`ops::Tape`]: no zeroed gradient and sum per op, each
+    /// op's saved tensors freed as the backward pass goes); elsewhere candle's graph. The
+    /// gradients are the same either way (bit for bit in a plain U-Net).
+    pub fn train_pass(&self, x: &Tensor) -> Result<TrainPass> {
+        if !x.device().is_cpu() {
+            let outputs = self.forward_all(x)?;
+            return Ok(TrainPass {
+                outputs,
+                tape: None,
+            });
+        }
+        let tape = std::cell::RefCell::new(ops::Tape::default());
+        let pass = Pass {
+            tape: Some(&tape),
+            ..self.pass(Mode::Train, x)
+        };
+        let results = self.run(x, true, pass)?;
+        // The loss differentiates down to these copies (the results are small: classes
+        // channels), the tape on from them.
+        let outputs = results
+            .iter()
+            .map(|t| Ok(Var::from_tensor(t)?.as_tensor().clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let ids = results.iter().map(|t| t.id()).collect();
+        Ok(TrainPass {
+            outputs,
+            tape: Some((tape.into_inner(), ids)),
+        })
+    }
+
     /// A pass of `mode` on `x`: bf16 on the CPU keeps f32 tensors, with bf16 products inside
     /// the convolutions (the other CPU ops have no bf16 arithmetic to gain from).
     fn pass(&self, mode: Mode, x: &Tensor) -> Pass<'static> {
@@ -275,6 +307,7 @@ impl UNet {
             mode,
             products,
             trace: None,
+            tape: None,
         }
     }
 
@@ -332,7 +365,7 @@ impl UNet {
                     };
                     rest.iter().try_fold(y, |h, b| b.forward_owned(h, pass))?
                 }
-                None => Tensor::cat(&[&up.forward(&h, pass)?, &skip], 1)?,
+                None => pass.cat(&[&up.forward(&h, pass)?, &skip])?,
             };
             h = next;
             // The level this decoder stage ends at is the number of skips left.
@@ -344,7 +377,41 @@ impl UNet {
         let mut out = vec![self.head.forward(&h, pass)?];
         out.extend(lower.into_iter().rev());
         // Losses and softmax run in f32 whatever the passes' precision.
-        out.iter().map(|t| cast(t, DType::F32)).collect()
+        out.iter().map(|t| pass.cast(t, DType::F32)).collect()
+    }
+}
+
+/// A training pass's results ([`UNet::forward_all`]'s) and what its backward pass needs.
+pub struct TrainPass {
+    outputs: Vec<Tensor>,
+    /// The tape and the ids of the results the outputs copy, where the pass kept one.
+    tape: Option<(ops::Tape, Vec<candle_core::TensorId>)>,
+}
+
+impl TrainPass {
+    /// The logits of every supervised level, full resolution first.
+    pub fn outputs(&self) -> &[Tensor] {
+        &self.outputs
+    }
+
+    /// The parameters' gradients of `loss`, a function of [`Self::outputs`] (keyed by the
+    /// parameters, as candle's backward gives them).
+    pub fn backward(self, loss: &Tensor) -> Result<GradStore> {
+        let grads = loss.backward()?;
+        let Some((tape, ids)) = self.tape else {
+            return Ok(grads);
+        };
+        let seeds = ids
+            .into_iter()
+            .zip(&self.outputs)
+            .filter_map(|(id, out)| grads.get(out).map(|g| (id, g.clone())));
+        let seeds: Vec<_> = seeds.collect();
+        drop(grads);
+        let mut store = GradStore::default();
+        for (id, g) in tape.backward(seeds)? {
+            store.insert_id(id, g);
+        }
+        Ok(store)
     }
 }
 

@@ -439,3 +439,85 @@ fn a_traced_pass_keeps_each_leaky_relu_output_in_forward_order() -> Result<()> {
     }
     Ok(())
 }
+
+/// The tape's training pass gives candle's graph's outputs and parameter gradients: bit for
+/// bit in plain U-Nets (at most two paths meet at a tensor), f32 and bf16, with deep
+/// supervision; within summation order in a residual one (three paths meet at a stage's output).
+#[test]
+fn the_tape_gives_the_graphs_gradients() -> Result<()> {
+    let cases = [
+        (Upsampling::Transpose, Encoder::Plain, Norm::Instance),
+        (Upsampling::Nearest, Encoder::Plain, Norm::Group(2)),
+        (Upsampling::Transpose, Encoder::Residual, Norm::Instance),
+    ];
+    for (precision, (up, encoder, norm)) in [Precision::F32, Precision::Bf16]
+        .into_iter()
+        .flat_map(|p| cases.map(|c| (p, c)))
+    {
+        let residual = encoder == Encoder::Residual;
+        let cfg = UNetConfig {
+            in_channels: 2,
+            num_classes: 3,
+            base_channels: 4,
+            max_channels: 8,
+            strides: vec![[1, 2, 2], [2, 2, 2]],
+            norm,
+            upsampling: up,
+            deep_supervision: true,
+            kernels: vec![[1, 3, 3], [3, 3, 3], [3, 3, 3]],
+            features: vec![],
+            blocks: if residual { vec![1, 2, 2] } else { vec![] },
+            decoder_blocks: vec![],
+            encoder,
+        };
+        let mut net = UNet::new(cfg, 5, &Device::Cpu)?;
+        net.set_precision(precision);
+        let x = Tensor::randn(0f32, 1.0, (2, 2, 6, 16, 20), &Device::Cpu)?;
+        // A loss that reads every output, with weights away from any symmetry.
+        let loss = |outs: &[Tensor]| -> Result<Tensor> {
+            let mut total = Tensor::zeros((), DType::F32, &Device::Cpu)?;
+            for (i, o) in outs.iter().enumerate() {
+                let r = (o.ones_like()? * (0.3 + i as f64))?;
+                total = (total + (o.sqr()? * r)?.mean_all()?)?;
+            }
+            Ok(total)
+        };
+        let outs = net.forward_all(&x)?;
+        let graph = loss(&outs)?.backward()?;
+        let pass = net.train_pass(&x)?;
+        for (a, b) in outs.iter().zip(pass.outputs()) {
+            let (a, b) = (a.flatten_all()?, b.flatten_all()?);
+            assert_eq!(a.to_vec1::<f32>()?, b.to_vec1::<f32>()?);
+        }
+        let l = loss(pass.outputs())?;
+        let taped = pass.backward(&l)?;
+        let what = format!("{precision:?} {up:?} {encoder:?} {norm:?}");
+        for (name, p) in net.params() {
+            let (g, t) = (graph.get(p.as_tensor()), taped.get(p.as_tensor()));
+            let (Some(g), Some(t)) = (g, t) else {
+                panic!("{what} {name}: a gradient on one side only");
+            };
+            assert_eq!(t.dtype(), DType::F32, "{what} {name}");
+            let (g, t) = (
+                g.flatten_all()?.to_vec1::<f32>()?,
+                t.flatten_all()?.to_vec1::<f32>()?,
+            );
+            if !residual {
+                assert_eq!(g, t, "{what} {name}");
+                continue;
+            }
+            let scale = g.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+            let diff = g
+                .iter()
+                .zip(&t)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let tol = if precision == Precision::Bf16 {
+                2e-2
+            } else {
+                1e-5
+            };
+            assert!(diff <= tol * scale, "{what} {name}: {diff} of {scale}");
+        }
+    }
+    Ok(())
+}

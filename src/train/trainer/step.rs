@@ -115,10 +115,10 @@ impl Session<'_> {
                 (n, in_channels, patch[0], patch[1], patch[2]),
                 &self.dev,
             )?;
-            let outputs = self.model.forward_all(&x)?;
-            let loss = self.objective.evaluate(&outputs, batch)?;
+            let pass = self.model.train_pass(&x)?;
+            let loss = self.objective.evaluate(pass.outputs(), batch)?;
             loss.ensure_finite(step)?;
-            let g = loss.total.backward()?;
+            let g = pass.backward(&loss.total)?;
             add_grads(&mut grads, &self.params, &g, 1.0 / accumulate as f64)?;
             window.add(&loss, accumulate as f64);
             window.patches += n as u64;
