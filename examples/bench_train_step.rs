@@ -2,7 +2,8 @@
 //! same network and loss as scripts/torch_unet_step.py. Prints one JSON line.
 //!
 //! `cargo run --release --example bench_train_step -- [z,y,x] [batch] [base] [stages] [steps]
-//!  [device] [max_channels] [precision]` (device cpu, cuda or cuda:N; precision f32 or bf16; on
+//!  [device] [max_channels] [precision] [encoder]` (device cpu, cuda or cuda:N; precision f32 or
+//!  bf16; encoder plain or residual; on
 //! a GPU the step is timed after the
 //! device has finished it, and the peak GPU memory our tensors held is reported).
 
@@ -34,6 +35,8 @@ fn main() -> voxcache::Result<()> {
     let dev = voxcache::model::device::select(&arg(5, "cpu"))?;
     let max_channels: usize = arg(6, "128").parse().expect("max_channels");
     let precision: voxcache::model::config::Precision = arg(7, "f32").parse()?;
+    let encoder = voxcache::format::training::network::Encoder::try_from(arg(8, "plain"))
+        .map_err(|e| voxcache::Error::Train(e.to_string()))?;
     let cfg = TrainConfig {
         network: NetworkOptions {
             patch,
@@ -41,6 +44,7 @@ fn main() -> voxcache::Result<()> {
             stages,
             max_channels,
             precision,
+            encoder,
             // scripts/torch_unet_step.py's network has no deep-supervision heads, and this loss
             // reads only the full-resolution output: heads would get no gradient.
             deep_supervision: false,

@@ -4,12 +4,16 @@
 //! the backward pass, whose mask arithmetic then makes half a dozen more tensors of the same
 //! size: the largest share of a residual encoder's training memory. Here the forward keeps
 //! only its output (its inputs are kept by the layers that made them) and the backward is one
-//! pass recomputing the sign of the sum. Devices without a CPU implementation use the
+//! pass recomputing the sign of the sum. On the CPU it takes f32 or bf16 tensors (a bf16
+//! training pass's activations: widened, summed in f32, rounded once); other devices use the
 //! composition.
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use half::bf16;
+use rayon::prelude::*;
 
-use super::norm::contiguous_f32;
+use super::direct::Cast;
+use super::stored::Stored;
 
 /// `leaky_relu(x + skip)` with negative slope `slope`, x and skip of one shape.
 pub fn add_leaky_relu(x: &Tensor, skip: &Tensor, slope: f64) -> Result<Tensor> {
@@ -20,7 +24,7 @@ pub fn add_leaky_relu(x: &Tensor, skip: &Tensor, slope: f64) -> Result<Tensor> {
             skip.dims()
         );
     }
-    if super::fast_path(&[x, skip]) && x.device().is_cpu() {
+    if fused(x, skip) {
         return x
             .contiguous()?
             .apply_op2(&skip.contiguous()?, AddLeakyRelu(slope as f32));
@@ -29,10 +33,66 @@ pub fn add_leaky_relu(x: &Tensor, skip: &Tensor, slope: f64) -> Result<Tensor> {
     sum.maximum(&(&sum * slope)?)
 }
 
-struct AddLeakyRelu(f32);
+/// Whether [`add_leaky_relu`] runs as one op: CPU tensors, both f32 or both bf16.
+pub(super) fn fused(x: &Tensor, skip: &Tensor) -> bool {
+    x.dims() == skip.dims() && (super::cpu_f32(&[x, skip]) || super::cpu_bf16(&[x, skip]))
+}
+
+/// The op on (x, skip), of slope `.0`.
+pub(super) struct AddLeakyRelu(pub(super) f32);
 
 /// (x, skip, dy) -> dy where x + skip > 0, else slope * dy.
 struct AddLeakyReluGrad(f32);
+
+/// Values per task of the elementwise passes.
+const CHUNK: usize = 1 << 14;
+
+/// `f` of the arguments' values, which are all f32 or all bf16 and of one length: computed in
+/// f32 a chunk at a time in parallel, the result of the arguments' type (rounded once).
+fn elementwise<const N: usize>(
+    args: [Stored<'_>; N],
+    what: &str,
+    f: impl Fn([f32; N]) -> f32 + Sync,
+) -> Result<CpuStorage> {
+    let (n, bf) = (args[0].len(), args[0].is_bf16());
+    if args.iter().any(|a| a.len() != n || a.is_bf16() != bf) {
+        bail!("{what}: arguments of one type and length only");
+    }
+    let f32s: Option<Vec<&[f32]>> = args
+        .iter()
+        .map(|a| match a {
+            Stored::F32(d) => Some(*d),
+            Stored::Bf16(_) => None,
+        })
+        .collect();
+    if let Some(src) = f32s {
+        let mut out = vec![0f32; n];
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, o)| {
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = f(std::array::from_fn(|k| src[k][i * CHUNK + j]));
+            }
+        });
+        return Ok(CpuStorage::F32(out));
+    }
+    let chunk = |i: usize, len: usize| -> Vec<f32> {
+        let wide: Vec<Vec<f32>> = args
+            .iter()
+            .map(|a| {
+                let mut v = vec![0f32; len];
+                a.widen(i * CHUNK, &mut v);
+                v
+            })
+            .collect();
+        (0..len)
+            .map(|j| f(std::array::from_fn(|k| wide[k][j])))
+            .collect()
+    };
+    let mut out = vec![bf16::ZERO; n];
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(i, o)| <f32 as Cast<bf16>>::cast_row(&chunk(i, o.len()), o));
+    Ok(CpuStorage::BF16(out))
+}
 
 fn act(v: f32, slope: f32) -> f32 {
     if v > 0.0 {
@@ -54,10 +114,11 @@ impl CustomOp2 for AddLeakyRelu {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(s1, l1, self.name())?;
-        let s = contiguous_f32(s2, l2, self.name())?;
-        let y = x.iter().zip(s).map(|(a, b)| act(a + b, self.0)).collect();
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        let n = l1.shape().elem_count();
+        let x = Stored::of(s1, l1, n, self.name())?;
+        let s = Stored::of(s2, l2, n, self.name())?;
+        let y = elementwise([x, s], self.name(), |[a, b]| act(a + b, self.0))?;
+        Ok((y, l1.shape().clone()))
     }
 
     fn bwd(
@@ -86,16 +147,16 @@ impl CustomOp3 for AddLeakyReluGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(s1, l1, self.name())?;
-        let s = contiguous_f32(s2, l2, self.name())?;
-        let dy = contiguous_f32(s3, l3, self.name())?;
-        let d = x
-            .iter()
-            .zip(s)
-            .zip(dy)
-            .map(|((a, b), g)| if a + b > 0.0 { *g } else { g * self.0 })
-            .collect();
-        Ok((CpuStorage::F32(d), l1.shape().clone()))
+        let n = l1.shape().elem_count();
+        let x = Stored::of(s1, l1, n, self.name())?;
+        let s = Stored::of(s2, l2, n, self.name())?;
+        let dy = Stored::of(s3, l3, n, self.name())?;
+        let slope = self.0;
+        let d = elementwise([x, s, dy], self.name(), |[a, b, g]| match a + b > 0.0 {
+            true => g,
+            false => g * slope,
+        })?;
+        Ok((d, l1.shape().clone()))
     }
 }
 
@@ -124,6 +185,37 @@ mod tests {
             let d = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(d < 1e-6, "{d}");
         }
+        Ok(())
+    }
+
+    /// On bf16 tensors: the f32 op on the widened values, rounded once (value and gradients).
+    #[test]
+    fn bf16_tensors_get_the_f32_op_rounded_once() -> Result<()> {
+        let dev = Device::Cpu;
+        let bf = |t: Tensor| t.to_dtype(candle_core::DType::BF16);
+        // More values than one chunk, so the parallel split is exercised.
+        let shape = (2, 3, 8, 40, 50);
+        let x = bf(Tensor::randn(0f32, 1.0, shape, &dev)?)?;
+        let s = bf(Tensor::randn(0f32, 1.0, shape, &dev)?)?;
+        let dy = bf(Tensor::randn(0f32, 1.0, shape, &dev)?)?;
+        let wide = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
+        let bits = |t: &Tensor| -> Result<Vec<u16>> {
+            Ok(t.flatten_all()?
+                .to_vec1::<half::bf16>()?
+                .iter()
+                .map(|v| v.to_bits())
+                .collect())
+        };
+        let y = add_leaky_relu(&x, &s, 0.01)?;
+        assert_eq!(y.dtype(), candle_core::DType::BF16);
+        let want = bf(add_leaky_relu(&wide(&x)?, &wide(&s)?, 0.01)?)?;
+        assert_eq!(bits(&y)?, bits(&want)?);
+        let (dx, ds) = AddLeakyRelu(0.01).bwd(&x, &s, &y, &dy)?;
+        let (dx, ds) = (dx.unwrap(), ds.unwrap());
+        let (wx, _) = AddLeakyRelu(0.01).bwd(&wide(&x)?, &wide(&s)?, &y, &wide(&dy)?)?;
+        let want = bf(wx.unwrap())?;
+        assert_eq!(bits(&dx)?, bits(&want)?);
+        assert_eq!(bits(&ds)?, bits(&want)?);
         Ok(())
     }
 }

@@ -11,8 +11,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, TensorId, Var};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, TensorId, Var,
+};
 
+use super::activation::AddLeakyRelu;
 use super::conv::{Conv3dForward, Conv3dGradInput, Conv3dGradWeight, WithBias};
 use super::conv_norm::NormAct;
 use super::geometry::Products;
@@ -224,6 +227,22 @@ impl Tape {
             Ok(vec![dx, dw, Some(dp)])
         };
         self.record(&[x, w, &params], &y, Box::new(backward));
+        Ok(y)
+    }
+
+    /// [`super::add_leaky_relu`].
+    pub fn add_leaky_relu(&mut self, x: &Tensor, skip: &Tensor, slope: f64) -> Result<Tensor> {
+        if !super::activation::fused(x, skip) {
+            return self.generic(&[x, skip], |t| super::add_leaky_relu(&t[0], &t[1], slope));
+        }
+        let (xc, sc) = (x.detach().contiguous()?, skip.detach().contiguous()?);
+        let op = AddLeakyRelu(slope as f32);
+        let y = xc.apply_op2_no_bwd(&sc, &op)?;
+        let backward = move |g: &Tensor, _: &[bool]| {
+            let (dx, ds) = op.bwd(&xc, &sc, g, g)?;
+            Ok(vec![dx, ds])
+        };
+        self.record(&[x, skip], &y, Box::new(backward));
         Ok(y)
     }
 

@@ -480,9 +480,10 @@ impl ResBlock {
             skip = p.forward(&skip, pass)?;
         }
         let main = self.conv2.forward(&self.conv1.forward(x, pass)?, pass)?;
-        let y = pass.op(&[&main, &skip], |t| {
-            ops::add_leaky_relu(&t[0], &t[1], SLOPE)
-        })?;
+        let y = match pass.tape {
+            Some(t) => t.borrow_mut().add_leaky_relu(&main, &skip, SLOPE)?,
+            None => ops::add_leaky_relu(&main, &skip, SLOPE)?,
+        };
         pass.record(&y);
         Ok(y)
     }
