@@ -2,9 +2,12 @@
 //! sizes a plan with and `train --benchmark` prints beside the measured peak; and of one
 //! prediction pass ([`inference_pass`]), which keeps no graph.
 //!
-//! candle keeps every tensor a forward pass makes until the backward pass is done (each op
-//! holds its inputs), so the peak is the weights, their gradients and optimizer moments, every
-//! activation of the forward pass, and what the backward pass holds at once on top. The counts
+//! candle's graph (training on a GPU) keeps every tensor a forward pass makes until the
+//! backward pass is done (each op holds its inputs), so the peak is the weights, their
+//! gradients and optimizer moments, every activation of the forward pass, and what the
+//! backward pass holds at once on top. The CPU's tape ([`super::ops::Tape`]) frees each op's
+//! tensors as its backward runs and makes no zeroed gradients: the same peak, at the start of
+//! the backward pass, with less on top. The counts
 //! per layer below are the tensors our ops create (conv, bias, fused norm-activation, ...), at
 //! the batch's size, in the precision's bytes; the loss's per output voxel and the backward
 //! pass's are measured constants (see `tests/memory_forecast.rs`).
@@ -20,6 +23,8 @@ const LOSS_TENSORS: usize = 10;
 /// of the largest layer output (an output's gradient, its input's, and the sums that
 /// accumulate a gradient with two consumers).
 const BACKWARD_TENSORS: usize = 7;
+/// The same on the CPU's tape (a gradient handed on as it is, summed only where paths meet).
+const TAPE_BACKWARD_TENSORS: usize = 2;
 /// Column workspace of one convolution worker (the ops' 256 Ki floats).
 const WORKSPACE_BYTES: u64 = 1 << 20;
 
@@ -90,6 +95,8 @@ pub struct StepShape {
     pub data_batches: usize,
     /// Convolution workers (threads).
     pub workers: usize,
+    /// Whether the pass records its ops on the CPU's tape instead of candle's graph.
+    pub tape: bool,
 }
 
 /// The forecast of one training step of `config` (see the module's notes).
@@ -166,7 +173,13 @@ pub fn training_step(config: &UNetConfig, shape: &StepShape) -> StepMemory {
         optimizer: 4 * params * shape.moments as u64,
         activations: bytes * n * elems,
         loss: 4 * n * LOSS_TENSORS as u64 * outputs,
-        backward: bytes * n * BACKWARD_TENSORS as u64 * largest,
+        backward: bytes
+            * n
+            * largest
+            * match shape.tape {
+                true => TAPE_BACKWARD_TENSORS,
+                false => BACKWARD_TENSORS,
+            } as u64,
         workspace: WORKSPACE_BYTES * shape.workers.max(1) as u64,
         data: 4 * n * data_elems * shape.data_batches as u64,
     }
@@ -469,6 +482,7 @@ mod tests {
             moments: 2,
             data_batches: 3,
             workers: 2,
+            tape: true,
         };
         let f = training_step(&c, &shape);
         let b = training_step(

@@ -54,6 +54,8 @@ pub fn step_memory(
         moments: 2,
         data_batches: 7,
         workers: rayon::current_num_threads(),
+        // Plans are sized for a GPU's graph, the larger count.
+        tape: false,
     };
     training_step(&network_of(c, in_channels, num_classes), &shape)
 }

@@ -7,8 +7,9 @@ pub use crate::format::training::{
 use crate::model::memory::StepShape;
 
 impl TrainConfig {
-    /// What shapes a training step's memory besides the network (see [`crate::model::memory`]).
-    pub fn step_shape(&self) -> StepShape {
+    /// What shapes a training step's memory besides the network (see [`crate::model::memory`]),
+    /// training on the CPU (its tape) or elsewhere (candle's graph).
+    pub fn step_shape(&self, on_cpu: bool) -> StepShape {
         StepShape {
             patch: self.network.patch,
             batch: self.batch_size,
@@ -21,6 +22,7 @@ impl TrainConfig {
             // The queue, one batch in the making per worker, and the one being trained on.
             data_batches: self.queue_depth + self.workers + 1,
             workers: rayon::current_num_threads(),
+            tape: on_cpu,
         }
     }
 }

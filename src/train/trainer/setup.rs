@@ -103,7 +103,7 @@ impl<'a> Session<'a> {
         }
         notices.push(network_notice(&data, &model));
         // bf16 training keeps bf16 activations on the CPU too (the ops compute in f32 inside).
-        let shape = cfg.step_shape();
+        let shape = cfg.step_shape(dev.is_cpu());
         let bf16_cpu = dev.is_cpu() && shape.precision == Precision::Bf16;
         if bf16_cpu && !crate::model::ops::direct::bf16_available() {
             notices.push(
