@@ -17,6 +17,10 @@ use voxcache::train::loss::{dice_ce, one_hot};
 use voxcache::train::optim::{Optimizer, OptimizerKind};
 use voxcache::util::rng::Rng;
 
+// As `train` does.
+#[global_allocator]
+static ALLOC: voxcache::util::alloc::KeepLarge = voxcache::util::alloc::KeepLarge;
+
 fn main() -> voxcache::Result<()> {
     voxcache::model::device::default_cpu_threads();
     // As `train` does.

@@ -101,6 +101,10 @@ struct Cli {
     batch_hashes: bool,
 }
 
+// Large freed blocks kept for the next step's tensors of their size (see the allocator).
+#[global_allocator]
+static ALLOC: voxcache::util::alloc::KeepLarge = voxcache::util::alloc::KeepLarge;
+
 fn main() -> ExitCode {
     voxcache::config::exit::quiet_on_closed_pipe();
     voxcache::model::device::default_cpu_threads();

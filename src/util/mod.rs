@@ -11,6 +11,7 @@
 //! - [`sysinfo`]: memory (anonymous and file-backed, peaks) and host facts for reports.
 //! - [`progress`]: the progress bars of the long commands.
 
+pub mod alloc;
 pub mod fastmath;
 pub mod files;
 pub mod paths;

@@ -17,7 +17,7 @@ pub const REUSED_BELOW: usize = 32 << 20;
 /// which frees and allocates the same tensors every step, spent about 15% of its time in page
 /// faults. Larger blocks are still mapped afresh: kept on the heap, tensors of nnU-Net's scale
 /// (256 MiB a first-level activation at 128^3) left it fragmented, 1 GiB more peak memory for a
-/// step 16% shorter. Returns whether the allocator took the setting (glibc on Linux only;
+/// step 16% shorter ([`super::alloc::KeepLarge`] keeps them whole instead). Returns whether the allocator took the setting (glibc on Linux only;
 /// elsewhere nothing changes).
 pub fn reuse_freed_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
