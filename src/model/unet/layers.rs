@@ -221,15 +221,12 @@ impl Conv {
     }
 
     /// [`Self::forward`] of the channels of `a` then `b` (a decoder's upsampled tensor and its
-    /// skip connection): inferring, without building their concatenation.
-    fn forward_pair(&self, a: &Tensor, b: &Tensor, pass: Pass) -> Result<Tensor> {
-        let dt = a.dtype();
-        let w = pass.param(&self.weight, dt)?;
+    /// skip connection) when inferring, without building their concatenation (training
+    /// concatenates: [`Block::forward_pair`]).
+    fn infer_pair(&self, a: &Tensor, b: &Tensor, pass: Pass) -> Result<Tensor> {
+        let w = pass.param(&self.weight, a.dtype())?;
         let (p, s, products) = (self.padding, self.stride, pass.products);
-        let y = match pass.mode {
-            Mode::Train => return self.forward(&pass.cat(&[a, b])?, pass),
-            Mode::Infer => ops::conv3d_concat_in(a, b, &w, p, s, products)?,
-        };
+        let y = ops::conv3d_concat_in(a, b, &w, p, s, products)?;
         self.finish(y, pass)
     }
 
@@ -330,13 +327,13 @@ impl Block {
     }
 
     /// [`Self::forward`] of the channels of `a` then `b`, never concatenated when inferring
-    /// (see [`Conv::forward_pair`]).
+    /// (see [`Conv::infer_pair`]).
     pub(super) fn forward_pair(&self, a: &Tensor, b: &Tensor, pass: Pass) -> Result<Tensor> {
         if pass.mode == Mode::Train {
             // Training concatenates: then the convolution and norm are one op.
             return self.forward(&pass.cat(&[a, b])?, pass);
         }
-        let y = self.conv.forward_pair(a, b, pass)?;
+        let y = self.conv.infer_pair(a, b, pass)?;
         self.norm(y, pass)
     }
 
