@@ -2,12 +2,16 @@
 //! (built-in candle ops) fallbacks on the trainer's level-1 shapes.
 //!
 //!   cargo run --release --example bench_ops [-- fast|generic] [-- norm] [-- --runs N] [-- --small]
+//!   cargo run --release --example bench_ops -- --passes N,C,D,H,W,O[,S] [-- --runs N]
 //!
 //! Each case times `out = op(x, w); out.sum_all().backward()` with x and w as variables, after
 //! one untimed warm-up; `fast` or `generic` runs one side only (for peak-RSS measurements);
 //! `norm` runs only the fused instance norm + LeakyReLU cases (x, weight and bias variables).
 //! `--small` divides every input's spatial size by 4 (same channels and kernels): seconds in
 //! all, for scripts/bench_smoke.sh, not for timing.
+//! `--passes` times only the three passes of one 3x3x3 convolution (N samples, C -> O channels,
+//! D x H x W, stride S, padding 1), each with its GFLOP/s beside this machine's peak: an FMA
+//! (or bf16 dot product) loop on every worker thread at once.
 //! Run with `CANDLE_NUM_THREADS=1`: candle's own elementwise pool spins badly on few cores.
 
 use std::time::Instant;
@@ -163,12 +167,28 @@ fn passes(
     let dy: Vec<f32> = (0..g.batch * g.cout * g.output_voxels())
         .map(|_| rng.normal() as f32)
         .collect();
+    let gflop = 2.0 * (g.batch * g.cout * g.output_voxels() * g.cin * g.taps()) as f64 / 1e9;
+    let peaks = peak_gflops();
+    let rate = |what: &str, ms: f64, peak: Option<f64>| {
+        let r = gflop / ms * 1e3;
+        let share = peak.map_or(String::new(), |p| {
+            format!(", {:.0}% of peak", 100.0 * r / p)
+        });
+        format!("{what} {r:.0} GFLOP/s{share}")
+    };
     let fwd = median_ms(runs, || drop(ops::conv::forward_cpu(&g, &xs, &ws)));
     let gi = median_ms(runs, || drop(ops::conv::grad_input_cpu(&g, &dy, &ws)));
     let gw = median_ms(runs, || drop(ops::conv::grad_weight_cpu(&g, &xs, &dy)));
     println!(
-        "  passes x{x:?} w{w:?} s{s:?} (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
+        "  passes x{x:?} w{w:?} s{s:?} (median/min/cpu ms): forward {:.1}/{:.1}/{:.0}, grad-input {:.1}/{:.1}/{:.0}, grad-weight {:.1}/{:.1}/{:.0}",
         fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
+    );
+    let f32_peak = peaks.map(|p| p.0);
+    println!(
+        "    {gflop:.2} GFLOP a pass: {}; {}; {}",
+        rate("forward", fwd.0, f32_peak),
+        rate("grad-input", gi.0, f32_peak),
+        rate("grad-weight", gw.0, f32_peak)
     );
     // The same passes on bf16 data where this CPU has the bf16 kernels.
     let b = |v: &[f32]| {
@@ -184,8 +204,15 @@ fn passes(
         });
         let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xb, &dyb)));
         println!(
-            "  bf16 passes (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
+            "  bf16 passes (median/min/cpu ms): forward {:.1}/{:.1}/{:.0}, grad-input {:.1}/{:.1}/{:.0}, grad-weight {:.1}/{:.1}/{:.0}",
             fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
+        );
+        let bf16_peak = peaks.map(|p| p.1).filter(|p| p.is_finite());
+        println!(
+            "    {}; {}; {}",
+            rate("forward", fwd.0, bf16_peak),
+            rate("grad-input", gi.0, bf16_peak),
+            rate("grad-weight", gw.0, bf16_peak)
         );
         // f32 data, bf16 products (what `--precision bf16` runs on the CPU).
         let vi = g.input_voxels();
@@ -198,7 +225,7 @@ fn passes(
         });
         let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xs, &dy)));
         println!(
-            "  bf16-product passes on f32 data (median/min/cpu ms): forward {:.0}/{:.0}/{:.0}, grad-input {:.0}/{:.0}/{:.0}, grad-weight {:.0}/{:.0}/{:.0}",
+            "  bf16-product passes on f32 data (median/min/cpu ms): forward {:.1}/{:.1}/{:.0}, grad-input {:.1}/{:.1}/{:.0}, grad-weight {:.1}/{:.1}/{:.0}",
             fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
         );
     }
@@ -225,6 +252,31 @@ fn main() -> Result<()> {
     );
     if small {
         println!("--small: every spatial size below divided by 4");
+    }
+    if let Some(spec) = args
+        .iter()
+        .position(|a| a == "--passes")
+        .and_then(|i| args.get(i + 1))
+    {
+        let v: Vec<usize> = spec.split(',').filter_map(|d| d.parse().ok()).collect();
+        let &[n, c, d, h, w, o, ref rest @ ..] = v.as_slice() else {
+            candle_core::bail!("--passes takes N,C,D,H,W,O[,S], got {spec}");
+        };
+        let st = rest.first().copied().unwrap_or(1);
+        if let Some((f, b)) = peak_gflops() {
+            println!(
+                "peak on {} threads: f32 FMA {f:.0} GFLOP/s, bf16 dot products {b:.0} GFLOP/s",
+                rayon::current_num_threads()
+            );
+        }
+        return passes(
+            &mut rng,
+            [n, c, d, h, w],
+            [o, c, 3, 3, 3],
+            [1; 3],
+            [st; 3],
+            runs,
+        );
     }
     if args.iter().any(|a| a == "norm") {
         return norm_cases(&mut rng, only.as_deref(), runs, small);
@@ -309,4 +361,71 @@ fn main() -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// This machine's peak GFLOP/s on all worker threads at once: (f32 FMA, bf16 dot products with
+/// f32 sums), from a loop of independent accumulators (x86-64 with AVX-512 only; measured once).
+fn peak_gflops() -> Option<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static PEAK: std::sync::OnceLock<Option<(f64, f64)>> = std::sync::OnceLock::new();
+        *PEAK.get_or_init(|| {
+            if !is_x86_feature_detected!("avx512f") {
+                return None;
+            }
+            let bf16 = is_x86_feature_detected!("avx512bf16");
+            use rayon::prelude::*;
+            let threads = rayon::current_num_threads();
+            let each = |f: fn() -> f64| (0..threads).into_par_iter().map(|_| f()).sum::<f64>();
+            // SAFETY: AVX-512F (and AVX512-BF16 for the second) checked above.
+            let f32s = each(|| unsafe { peak::fma() });
+            let bf16s = match bf16 {
+                true => each(|| unsafe { peak::dot_bf16() }),
+                false => f64::NAN,
+            };
+            Some((f32s, bf16s))
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+mod peak {
+    use std::arch::x86_64::*;
+    use std::time::Instant;
+
+    const ROUNDS: usize = 20_000_000;
+
+    /// GFLOP/s of one thread running 12 independent 16-lane FMA chains.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fma() -> f64 {
+        let (x, y) = (_mm512_set1_ps(1.0), _mm512_set1_ps(1e-9));
+        let mut acc = [_mm512_setzero_ps(); 12];
+        let t = Instant::now();
+        for _ in 0..ROUNDS {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, x, y);
+            }
+        }
+        let s = t.elapsed().as_secs_f64();
+        std::hint::black_box(acc);
+        (ROUNDS * 12 * 32) as f64 / s / 1e9
+    }
+
+    /// GFLOP/s of one thread running 12 independent `vdpbf16ps` chains (two products a lane).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dot_bf16() -> f64 {
+        let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
+        let mut acc = [_mm512_setzero_ps(); 12];
+        let t = Instant::now();
+        for _ in 0..ROUNDS {
+            for a in acc.iter_mut() {
+                *a = _mm512_dpbf16_ps(*a, x, x);
+            }
+        }
+        let s = t.elapsed().as_secs_f64();
+        std::hint::black_box(acc);
+        (ROUNDS * 12 * 64) as f64 / s / 1e9
+    }
 }

@@ -177,7 +177,7 @@ impl CustomOp1 for ChannelSum {
         let g = super::stored::Stored::of(s, l, l.shape().elem_count(), self.name())?;
         // Each (sample, channel) row summed by one task, in order; the rows then added per
         // channel in sample order: the same bits for any thread count.
-        let sum = |row: &[f32]| row.iter().map(|&e| e as f64).sum::<f64>();
+        let sum = |row: &[f32]| row_sum(row);
         let rows: Vec<f64> = match g {
             _ if v == 0 => Vec::new(),
             super::stored::Stored::F32(g) => g.par_chunks(v).map(sum).collect(),
@@ -215,6 +215,20 @@ impl CustomOp1 for ChannelSum {
         });
         Ok((out, Shape::from(c)))
     }
+}
+
+/// The sum of `row` in f64, sixteen lanes summed apart and then added in a fixed order: a
+/// vector add a step rather than one dependent scalar add a value, the same bits anywhere.
+fn row_sum(row: &[f32]) -> f64 {
+    let mut lanes = [0f64; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v as f64;
+        }
+    }
+    lanes.iter().sum::<f64>() + tail.iter().map(|&v| v as f64).sum::<f64>()
 }
 
 #[cfg(test)]

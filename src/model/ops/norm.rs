@@ -15,7 +15,6 @@ use candle_nn::GroupNorm;
 use half::bf16;
 use rayon::prelude::*;
 
-use super::direct::Cast;
 use super::stored::Stored;
 
 mod slab;
@@ -143,11 +142,8 @@ impl GroupNormLeakyRelu {
                     y.par_chunks_mut(g.slab())
                         .zip(x.par_chunks(g.slab()))
                         .enumerate()
-                        .for_each_init(Vec::new, |buf, (i, (ys, xs))| {
-                            buf.resize(xs.len(), 0f32);
-                            bf16::cast_row(xs, buf);
-                            wide::normalize(&self.slab(&g, i, w, b), None, buf);
-                            f32::cast_row(buf, ys);
+                        .for_each(|(i, (ys, xs))| {
+                            wide::normalize_bf16(&self.slab(&g, i, w, b), xs, ys)
                         });
                 }
                 return Ok(CpuStorage::BF16(y));
@@ -160,7 +156,7 @@ impl GroupNormLeakyRelu {
                 .enumerate()
                 .for_each(|(i, (ys, xs))| {
                     let slab = self.slab(&g, i, w, b);
-                    wide::normalize(&slab, Some(xs), ys)
+                    wide::normalize(&slab, xs, ys)
                 });
         }
         Ok(CpuStorage::F32(y))
@@ -316,29 +312,23 @@ impl CustomOp3 for GroupNormLeakyReluGrad {
                 }
                 CpuStorage::F32(dx)
             }
-            // bf16: each slab's x and dy widened, its gradient computed as f32, rounded once.
-            (x, dy) => {
+            // bf16: x and dy widened a chunk at a time, the gradient computed as f32, rounded
+            // once.
+            (Stored::Bf16(x), Stored::Bf16(dy)) => {
                 let mut dx = vec![bf16::ZERO; n];
                 if n > 0 {
                     dx.par_chunks_mut(g.slab())
+                        .zip(x.par_chunks(g.slab()).zip(dy.par_chunks(g.slab())))
                         .zip(partials.par_chunks_mut(cg))
                         .enumerate()
-                        .for_each_init(
-                            || [Vec::new(), Vec::new(), Vec::new()],
-                            |[xf, df, of], (i, (dxs, part))| {
-                                for v in [&mut *xf, &mut *df, &mut *of] {
-                                    v.resize(dxs.len(), 0f32);
-                                }
-                                x.widen(i * g.slab(), xf);
-                                dy.widen(i * g.slab(), df);
-                                let slab = Slab::of(&g, i, (w, b), self.eps, self.slope);
-                                wide::gradient(&slab, (xf, df), of, part);
-                                f32::cast_row(of, dxs);
-                            },
-                        );
+                        .for_each(|(i, ((dxs, (xs, dys)), part))| {
+                            let slab = Slab::of(&g, i, (w, b), self.eps, self.slope);
+                            wide::gradient_bf16(&slab, (xs, dys), dxs, part)
+                        });
                 }
                 CpuStorage::BF16(dx)
             }
+            _ => bail!("{what}: x and dy must have one type"),
         };
         // Parameter gradients: sum the per-sample partials in sample order (deterministic).
         let (mut dw, mut db) = (vec![0f32; c], vec![0f32; c]);
@@ -484,7 +474,7 @@ impl InplaceOp3 for GroupNormLeakyReluInPlace {
         if g.numel() > 0 {
             data.par_chunks_mut(g.slab())
                 .enumerate()
-                .for_each(|(i, s)| wide::normalize(&self.0.slab(&g, i, w, b), None, s));
+                .for_each(|(i, s)| wide::normalize_in_place(&self.0.slab(&g, i, w, b), s));
         }
         Ok(())
     }

@@ -328,10 +328,10 @@ impl Tape {
 }
 
 /// Add `g` to the gradient of `id`: the first arrives as it is, a second is summed (where two
-/// paths meet; the sum is candle's, as its graph computes it).
+/// paths meet; the same bits as candle's sum, which its graph computes).
 fn accumulate(grads: &mut HashMap<TensorId, Tensor>, id: TensorId, g: Tensor) -> Result<()> {
     let sum = match grads.remove(&id) {
-        Some(prev) => (prev + g)?,
+        Some(prev) => super::activation::add(&prev, &g)?,
         None => g,
     };
     grads.insert(id, sum);

@@ -219,6 +219,31 @@ unsafe fn round_row_avx512(src: &[f32], dst: &mut [bf16]) {
     }
 }
 
+/// `dst[j] = src[j]` widened to f32, sixteen at a time where the CPU has AVX-512 (the same
+/// values as `bf16::to_f32`; a NaN keeps its payload as it is, where `half` also sets its
+/// quiet bit).
+pub(super) fn widen_row(src: &[bf16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    match is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F checked; the lengths are equal.
+        true => unsafe { widen_row_avx512(src, dst) },
+        false => dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32()),
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn widen_row_avx512(src: &[bf16], dst: &mut [f32]) {
+    let whole = src.len() / 16 * 16;
+    for j in (0..whole).step_by(16) {
+        let h = _mm256_loadu_si256(src.as_ptr().add(j) as *const __m256i);
+        let bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+        _mm512_storeu_si512(dst.as_mut_ptr().add(j) as *mut __m512i, bits);
+    }
+    for (d, s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = s.to_f32();
+    }
+}
+
 /// `out[2j] = a[j]`, `out[2j + 1] = b[j]` (zero without `b`), rounded to bf16 sixteen at a
 /// time (`vcvtneps2bf16`, round to nearest even like `bf16::from_f32`).
 pub(super) fn interleave_f32(a: &[f32], b: Option<&[f32]>, out: &mut [bf16]) {

@@ -563,3 +563,30 @@ fn rows_rounded_to_bf16_equal_rounding_each_value() {
         );
     }
 }
+
+/// Rows of bf16 widened a vector at a time equal `bf16::to_f32` of each value (signed zeros,
+/// infinities, subnormals, rows with a tail shorter than a vector).
+#[test]
+fn rows_widened_from_bf16_equal_widening_each_value() {
+    use super::Cast;
+    let mut rng = Rng::new(41);
+    let mut src: Vec<half::bf16> = random(&mut rng, 53)
+        .into_iter()
+        .map(half::bf16::from_f32)
+        .collect();
+    src.extend(
+        [0x8000u16, 0x7f80, 0xff80, 0x0001, 0x807f, 0x7f7f]
+            .into_iter()
+            .map(half::bf16::from_bits),
+    );
+    for len in [0, 5, 16, 17, src.len()] {
+        let mut got = vec![1f32; len];
+        half::bf16::cast_row(&src[..len], &mut got);
+        assert!(
+            got.iter()
+                .zip(&src[..len])
+                .all(|(a, b)| a.to_bits() == b.to_f32().to_bits()),
+            "{len} values"
+        );
+    }
+}

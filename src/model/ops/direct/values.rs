@@ -41,6 +41,11 @@ impl Cast<f32> for bf16 {
     fn cast(self) -> f32 {
         self.to_f32()
     }
+
+    #[cfg(target_arch = "x86_64")]
+    fn cast_row(src: &[Self], dst: &mut [f32]) {
+        super::bf16::widen_row(src, dst)
+    }
 }
 
 impl Cast<bf16> for f32 {
