@@ -11,6 +11,7 @@ use half::bf16;
 
 use super::kernels::Engine;
 use super::phases::by_phases;
+use super::weights::Sweep;
 use super::{
     forward_weight, input_gradient_weight, interleave_scalar, Operand, Output, Pass, Workspace,
     TILE,
@@ -64,18 +65,11 @@ pub(super) fn grad_weight<'a, S: Operand + 'a>(
         return None;
     }
     let pass = Pass::forward(g);
-    Some(pass.weight_items(pass.plane, |ws, n, blocks, mine| {
-        for z in 0..pass.dst[0] {
-            ws.ring.load(&pass, z, g.cin, |i, s, slot| {
-                pass.fill_plane(channel(n, i), s, slot)
-            });
-            for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
-                pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z);
-                // SAFETY: the caller checked the CPU; the ring holds this plane, rows co rows.
-                unsafe { weight_plane(&pass, ws, co, out) };
-            }
-        }
-    }))
+    let fill = |n, i, s, slot: &mut [bf16]| pass.fill_plane(channel(n, i), s, slot);
+    // SAFETY: the caller checked the CPU; the sweep holds what the pass reads.
+    let kernel =
+        |sweep: &Sweep<bf16>, co, out: &mut [f32]| unsafe { weight_plane(&pass, sweep, co, out) };
+    Some(pass.weight_sweeps(g.cin, fill, dy, kernel))
 }
 
 /// bf16 products summed in f32, the ring holding pairs of source channels side by side and
@@ -355,17 +349,17 @@ unsafe fn tiles<const CO: usize>(
 /// [`weight_rows`] for `co` channels of a kernel `p.kernel[2]` (1 to 3) wide.
 ///
 /// # Safety
-/// The CPU is [`available`]; the ring holds this plane and `ws.rows` `co` rows of `dy`.
-unsafe fn weight_plane(p: &Pass, ws: &Workspace<bf16>, co: usize, dw: &mut [f32]) {
+/// The CPU is [`available`]; `sw` holds `co` rows and planes readable as [`Sweep`] says.
+unsafe fn weight_plane(p: &Pass, sw: &Sweep<bf16>, co: usize, dw: &mut [f32]) {
     macro_rules! by_width {
         ($kw:literal) => {
             match co {
-                1 => weight_rows::<1, $kw>(p, ws, dw),
-                2 => weight_rows::<2, $kw>(p, ws, dw),
-                3 => weight_rows::<3, $kw>(p, ws, dw),
-                4 => weight_rows::<4, $kw>(p, ws, dw),
-                5 => weight_rows::<5, $kw>(p, ws, dw),
-                _ => weight_rows::<6, $kw>(p, ws, dw),
+                1 => weight_rows::<1, $kw>(p, sw, dw),
+                2 => weight_rows::<2, $kw>(p, sw, dw),
+                3 => weight_rows::<3, $kw>(p, sw, dw),
+                4 => weight_rows::<4, $kw>(p, sw, dw),
+                5 => weight_rows::<5, $kw>(p, sw, dw),
+                _ => weight_rows::<6, $kw>(p, sw, dw),
             }
         };
     }
@@ -376,29 +370,29 @@ unsafe fn weight_plane(p: &Pass, ws: &Workspace<bf16>, co: usize, dw: &mut [f32]
     }
 }
 
-/// Adds one plane's weight gradient of `CO` channels to `dw` (channel of the block, source
+/// Adds one sweep's weight gradient of `CO` channels to `dw` (channel of the block, source
 /// channel, tap): per source channel and tap row, `CO x KW` accumulators swept along the
-/// plane 32 positions a step (pairs of neighbours in each lane), then summed across lanes.
+/// sweep 32 positions a step (pairs of neighbours in each lane), then summed across lanes.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn weight_rows<const CO: usize, const KW: usize>(
     p: &Pass,
-    ws: &Workspace<bf16>,
+    sw: &Sweep<bf16>,
     dw: &mut [f32],
 ) {
-    let [_, kh, _] = p.kernel;
+    let [kd, kh, _] = p.kernel;
     let taps = p.taps();
-    let rows = ws.rows.as_ptr() as *const u16;
+    let (rows, len) = (sw.rows.as_ptr() as *const u16, sw.len);
     for i in 0..p.src_ch {
-        for (a, &slot) in ws.ring.order.iter().enumerate() {
-            let plane = ws.ring.at(i, slot).as_ptr() as *const u16;
+        for a in 0..kd {
+            let plane = sw.planes[i * kd + a] as *const u16;
             for b in 0..kh {
-                // Reads reach q_pad - 1 + the last offset, inside the plane's slot.
+                // Reads reach len - 1 + the last offset, inside what the sweep holds.
                 let reads: [*const u16; KW] =
                     std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
                 let mut acc = [[_mm512_setzero_ps(); KW]; CO];
-                for q in (0..p.q_pad).step_by(32) {
+                for q in (0..len).step_by(32) {
                     let d: [__m512bh; CO] = std::array::from_fn(|k| {
-                        as_bh(_mm512_loadu_si512(rows.add(k * p.q_pad + q) as *const _))
+                        as_bh(_mm512_loadu_si512(rows.add(k * len + q) as *const _))
                     });
                     for (c, read) in reads.iter().enumerate() {
                         let x = as_bh(_mm512_loadu_si512(read.add(q) as *const _));
@@ -407,10 +401,13 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
                         }
                     }
                 }
-                for (k, acc) in acc.iter().enumerate() {
-                    for (c, &lanes) in acc.iter().enumerate() {
-                        dw[(k * p.src_ch + i) * taps + (a * kh + b) * KW + c] +=
-                            _mm512_reduce_add_ps(lanes);
+                // Reduced by value first: the accumulators stay registers (indexed in the
+                // loop below they became a stack array, reloaded in the sweep).
+                let sums = acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)));
+                for (k, sums) in sums.iter().enumerate() {
+                    let at = (k * p.src_ch + i) * taps + (a * kh + b) * KW;
+                    for (d, s) in dw[at..at + KW].iter_mut().zip(sums) {
+                        *d += s;
                     }
                 }
             }

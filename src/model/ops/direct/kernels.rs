@@ -1,5 +1,7 @@
 //! The register-tiled inner loops of the direct convolution, and the choice of instruction set.
 
+#[cfg(target_arch = "x86_64")]
+use super::weights::Sweep;
 use super::{Pass, Workspace, TILE};
 
 /// The instruction set the kernel was compiled for, chosen once per pass.
@@ -110,48 +112,50 @@ impl Engine for F32 {
     }
 }
 
-/// Adds one plane's weight gradient of `CO` channels (`ws.rows`) to `dw`, laid out
-/// (channel of the block, source channel, tap): for every source channel and tap row (a, b),
-/// `CO x KW` vector accumulators swept along the plane, then each summed across its lanes.
-/// Written with AVX-512 intrinsics: the compiler left the portable form of this loop scalar
-/// (23x slower), so other CPUs keep the column path for this gradient.
+/// Adds one sweep's weight gradient of `CO` channels to `dw`, laid out (channel of the block,
+/// source channel, tap): for every source channel and tap row (a, b), `CO x KW` vector
+/// accumulators swept along the sweep, then each summed across its lanes. Written with AVX-512
+/// intrinsics: the compiler left the portable form of this loop scalar (23x slower), so other
+/// CPUs keep the column path for this gradient.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `ws` was loaded for `p` (the ring for this plane, `CO` rows of `dy`).
+/// The CPU has AVX-512F; `sw` holds `CO` rows and planes readable as [`Sweep`] says.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
     p: &Pass,
-    ws: &Workspace<f32>,
+    sw: &Sweep<f32>,
     dw: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let [_, kh, _] = p.kernel;
+    let [kd, kh, _] = p.kernel;
     let taps = p.taps();
-    let rows = ws.rows.as_ptr();
+    let (rows, len) = (sw.rows.as_ptr(), sw.len);
     for i in 0..p.src_ch {
-        for (a, &slot) in ws.ring.order.iter().enumerate() {
-            let plane = ws.ring.at(i, slot);
+        for a in 0..kd {
+            let plane = sw.planes[i * kd + a];
             for b in 0..kh {
-                // Reads reach offset + q_pad - 1, inside the plane's slot.
-                let offsets = &p.offsets[b * KW..][..KW];
+                // Reads reach len - 1 + the last offset, inside what the sweep holds.
+                let reads: [*const f32; KW] =
+                    std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
                 let mut acc = [[_mm512_setzero_ps(); KW]; CO];
-                for q in (0..p.q_pad).step_by(16) {
-                    let mut d = [_mm512_setzero_ps(); CO];
-                    for (k, v) in d.iter_mut().enumerate() {
-                        *v = _mm512_loadu_ps(rows.add(k * p.q_pad + q));
-                    }
-                    for (c, &off) in offsets.iter().enumerate() {
-                        let x = _mm512_loadu_ps(plane.as_ptr().add(off + q));
-                        for (acc, &d) in acc.iter_mut().zip(&d) {
-                            acc[c] = _mm512_fmadd_ps(d, x, acc[c]);
+                for q in (0..len).step_by(16) {
+                    // The taps' inputs first, then one row of dy at a time: 22 registers live.
+                    let x: [__m512; KW] = std::array::from_fn(|c| _mm512_loadu_ps(reads[c].add(q)));
+                    for (k, acc) in acc.iter_mut().enumerate() {
+                        let d = _mm512_loadu_ps(rows.add(k * len + q));
+                        for (a, &x) in acc.iter_mut().zip(&x) {
+                            *a = _mm512_fmadd_ps(d, x, *a);
                         }
                     }
                 }
-                for (k, acc) in acc.iter().enumerate() {
-                    for (c, &lanes) in acc.iter().enumerate() {
-                        dw[(k * p.src_ch + i) * taps + (a * kh + b) * KW + c] +=
-                            _mm512_reduce_add_ps(lanes);
+                // Reduced by value first: the accumulators stay registers (indexed in the
+                // loop below they became a stack array, reloaded in the sweep).
+                let sums = acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)));
+                for (k, sums) in sums.iter().enumerate() {
+                    let at = (k * p.src_ch + i) * taps + (a * kh + b) * KW;
+                    for (d, s) in dw[at..at + KW].iter_mut().zip(sums) {
+                        *d += s;
                     }
                 }
             }
@@ -164,16 +168,16 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
 /// # Safety
 /// As [`grad_weight_avx512`].
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn grad_weight_plane(p: &Pass, ws: &Workspace<f32>, co: usize, dw: &mut [f32]) {
+pub(super) unsafe fn grad_weight_plane(p: &Pass, sw: &Sweep<f32>, co: usize, dw: &mut [f32]) {
     macro_rules! by_width {
         ($kw:literal) => {
             match co {
-                1 => grad_weight_avx512::<1, $kw>(p, ws, dw),
-                2 => grad_weight_avx512::<2, $kw>(p, ws, dw),
-                3 => grad_weight_avx512::<3, $kw>(p, ws, dw),
-                4 => grad_weight_avx512::<4, $kw>(p, ws, dw),
-                5 => grad_weight_avx512::<5, $kw>(p, ws, dw),
-                _ => grad_weight_avx512::<6, $kw>(p, ws, dw),
+                1 => grad_weight_avx512::<1, $kw>(p, sw, dw),
+                2 => grad_weight_avx512::<2, $kw>(p, sw, dw),
+                3 => grad_weight_avx512::<3, $kw>(p, sw, dw),
+                4 => grad_weight_avx512::<4, $kw>(p, sw, dw),
+                5 => grad_weight_avx512::<5, $kw>(p, sw, dw),
+                _ => grad_weight_avx512::<6, $kw>(p, sw, dw),
             }
         };
     }

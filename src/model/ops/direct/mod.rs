@@ -584,8 +584,10 @@ struct Workspace<T> {
     ring: Ring<T>,
     /// [`CO_MAX`] planes of f32 sums in padded-row order, `q_pad` apart.
     out: Vec<f32>,
-    /// [`CO_MAX`] rows of the output gradient in padded-row order, `q_pad` apart.
+    /// [`CO_MAX`] rows of the output gradient in padded-row order, a sweep's length apart.
     rows: Vec<T>,
+    /// The weight gradient's stacked planes of small sources (`weights::weight_sweeps`).
+    stack: Vec<T>,
 }
 
 impl<T: Copy + Default> Workspace<T> {
@@ -595,6 +597,7 @@ impl<T: Copy + Default> Workspace<T> {
             ring: Ring::new(p.kernel[0], slot),
             out: vec![0f32; CO_MAX * p.q_pad],
             rows: vec![T::default(); CO_MAX * p.q_pad],
+            stack: Vec::new(),
         }
     }
 }

@@ -7,36 +7,47 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::kernels::{grad_weight_plane, Kernel};
-use super::{applies, block, block_count, Cast, Pass, Workspace};
-use crate::model::ops::columns::Planes;
+use super::{block, block_count, reads_directly, Cast, Pass, Workspace};
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
-/// `dw` from `x` and `dy` of a stride-1 convolution ([`applies`]) whose kernel is 1 to 3 wide,
-/// on CPUs with AVX-512 (None otherwise: the column path computes it; at a stride the sweep
-/// ran slower than the columns in a whole training step).
+/// `dw` from `x` and `dy` of a convolution the direct pass reads ([`reads_directly`], any
+/// stride) whose kernel is 1 to 3 wide, on CPUs with AVX-512 (None otherwise: the column path
+/// computes it).
 pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if matches!(Kernel::detect(), Kernel::Avx512) && (1..=3).contains(&g.kernel[2]) && applies(g) {
+    if matches!(Kernel::detect(), Kernel::Avx512)
+        && (1..=3).contains(&g.kernel[2])
+        && reads_directly(g)
+    {
         let pass = Pass::forward(g);
         let vi = g.input_voxels();
-        let dw = pass.weight_items(pass.plane, |ws, n, blocks, mine| {
-            let src = Planes::one(&x[n * g.cin * vi..][..g.cin * vi], vi);
-            for z in 0..pass.dst[0] {
-                ws.ring.load(&pass, z, g.cin, |i, s, slot| {
-                    pass.fill_plane(src.channel(i), s, slot)
-                });
-                for (o0, co, out) in pass.weight_blocks(blocks.clone(), mine) {
-                    pass.load_rows(&mut ws.rows, dy, n, o0..o0 + co, z);
-                    // SAFETY: AVX-512 was detected; the ring holds this plane, rows co rows.
-                    unsafe { grad_weight_plane(&pass, ws, co, out) };
-                }
-            }
-        });
-        return Some(dw);
+        let fill = |n: usize, i: usize, s: Option<usize>, slot: &mut [f32]| {
+            pass.fill_plane(&x[(n * g.cin + i) * vi..][..vi], s, slot)
+        };
+        // SAFETY: AVX-512 was detected; the sweep holds what the pass reads.
+        let kernel = |sweep: &Sweep<f32>, co, out: &mut [f32]| unsafe {
+            grad_weight_plane(&pass, sweep, co, out)
+        };
+        return Some(pass.weight_sweeps(g.cin, fill, dy, kernel));
     }
     let _ = (g, x, dy);
     None
+}
+
+/// Bytes of one output gradient row a weight-gradient sweep should cover at least before its
+/// sums are reduced across lanes (2,048 bf16 positions, 1,024 f32): smaller output planes are
+/// swept several at a time. f32 planes of 1,156 positions ran slower stacked two a sweep.
+const SWEEP_MIN_BYTES: usize = 4096;
+
+/// One sweep of the weight gradient: per (source unit, depth tap a), where the planes that tap
+/// reads begin (`planes[u * kd + a]`, each `len` positions and the taps' offsets readable),
+/// and `len` positions of the output gradient per channel of the block (`rows`, `len` apart;
+/// zero wherever no output lies).
+pub(super) struct Sweep<'a, T> {
+    pub(super) planes: &'a [*const T],
+    pub(super) rows: &'a [T],
+    pub(super) len: usize,
 }
 
 impl Pass {
@@ -99,24 +110,108 @@ impl Pass {
         parts
     }
 
-    /// `dy`'s planes `z` of sample `n`, channels `chans`, into `rows` in padded-row order
-    /// (`q_pad` apart), zero in the thrown-away columns and past the last row (so those
-    /// positions add nothing).
+    /// The weight gradient over the sources that `fill(n, unit, source plane or None, slot)`
+    /// pads, and `dy`: `kernel(sweep, co, that block's gradient)` per block of channels and
+    /// group of output planes. Planes of at least [`SWEEP_MIN_BYTES`] of rows are swept one at a
+    /// time from the ring (each source plane padded once); smaller ones several at a time,
+    /// stacked (each depth phase's planes one after the other, so that every tap still reads
+    /// one contiguous run), for fewer reductions across lanes and no rounding of each plane
+    /// to whole vectors.
+    pub(super) fn weight_sweeps<S: Cast<T> + Sync, T: Copy + Default + Send>(
+        &self,
+        units: usize,
+        fill: impl Fn(usize, usize, Option<usize>, &mut [T]) + Sync,
+        dy: &[S],
+        kernel: impl Fn(&Sweep<T>, usize, &mut [f32]) + Sync,
+    ) -> Vec<f32> {
+        let (dd, kd, sz) = (self.dst[0], self.kernel[0], self.stride[0]);
+        // One stacked plane: the phase planes of one padded source plane.
+        let plane = self.stride[1] * self.stride[2] * self.phase;
+        let least = SWEEP_MIN_BYTES / std::mem::size_of::<T>();
+        let groups = (dd * plane).div_ceil(least).max(1);
+        let zn = match plane >= least {
+            true => 1,
+            false => dd.div_ceil(groups),
+        };
+        self.weight_items(self.plane, |ws, n, blocks, mine| {
+            let mut planes = vec![std::ptr::null(); units * kd];
+            if zn == 1 {
+                for z in 0..dd {
+                    ws.ring
+                        .load(self, z, units, |u, s, slot| fill(n, u, s, slot));
+                    for u in 0..units {
+                        for a in 0..kd {
+                            planes[u * kd + a] = ws.ring.at(u, ws.ring.order[a]).as_ptr();
+                        }
+                    }
+                    for (o0, co, out) in self.weight_blocks(blocks.clone(), mine) {
+                        let chans = o0..o0 + co;
+                        self.load_rows(&mut ws.rows, dy, n, chans, (z, 1, 0), self.q_pad);
+                        let sweep = Sweep {
+                            planes: &planes,
+                            rows: &ws.rows,
+                            len: self.q_pad,
+                        };
+                        kernel(&sweep, co, out);
+                    }
+                }
+                return;
+            }
+            // Per unit: `sz` depth phases of `per_phase` planes each, then slack.
+            let per_phase = zn + (kd - 1) / sz;
+            let unit = sz * per_phase * plane + plane + 64;
+            ws.stack.resize(units * unit, T::default());
+            for z0 in (0..dd).step_by(zn) {
+                let zs = zn.min(dd - z0);
+                for u in 0..units {
+                    for j in 0..sz * per_phase {
+                        let depth = (z0 + j % per_phase) * sz + j / per_phase;
+                        let source = depth.checked_sub(self.pad[0]).filter(|&s| s < self.src[0]);
+                        fill(n, u, source, &mut ws.stack[u * unit + j * plane..][..plane]);
+                    }
+                    for a in 0..kd {
+                        let at = u * unit + ((a % sz) * per_phase + a / sz) * plane;
+                        planes[u * kd + a] = ws.stack[at..].as_ptr();
+                    }
+                }
+                let len = ((zs - 1) * plane + self.dst[1] * self.wp).next_multiple_of(32);
+                for (o0, co, out) in self.weight_blocks(blocks.clone(), mine) {
+                    let chans = o0..o0 + co;
+                    self.load_rows(&mut ws.rows, dy, n, chans, (z0, zs, plane), len);
+                    let sweep = Sweep {
+                        planes: &planes,
+                        rows: &ws.rows,
+                        len,
+                    };
+                    kernel(&sweep, co, out);
+                }
+            }
+        })
+    }
+
+    /// `dy`'s planes `z0..z0 + zs` (`at = (z0, zs, plane distance)`) of sample `n`, channels
+    /// `chans`, into `rows` in padded-row order, `len` apart per channel: zero in the
+    /// thrown-away columns, between planes and past the last row (so those positions add
+    /// nothing).
     pub(super) fn load_rows<S: Cast<T>, T: Copy + Default>(
         &self,
-        rows: &mut [T],
+        rows: &mut Vec<T>,
         dy: &[S],
         n: usize,
         chans: Range<usize>,
-        z: usize,
+        (z0, zs, dist): (usize, usize, usize),
+        len: usize,
     ) {
         let [dd, dh, dw] = self.dst;
+        rows.resize(chans.len() * len, T::default());
         for (k, o) in chans.enumerate() {
-            let dst = &mut rows[k * self.q_pad..][..self.q_pad];
+            let dst = &mut rows[k * len..][..len];
             dst.fill(T::default());
-            let plane = &dy[((n * self.dst_ch + o) * dd + z) * dh * dw..][..dh * dw];
-            for (r, src) in plane.chunks_exact(dw).enumerate() {
-                S::cast_row(src, &mut dst[r * self.wp..][..dw]);
+            for zl in 0..zs {
+                let at = ((n * self.dst_ch + o) * dd + z0 + zl) * dh * dw;
+                for (r, src) in dy[at..][..dh * dw].chunks_exact(dw).enumerate() {
+                    S::cast_row(src, &mut dst[zl * dist + r * self.wp..][..dw]);
+                }
             }
         }
     }
