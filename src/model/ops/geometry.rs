@@ -83,16 +83,19 @@ impl ConvGeom {
     }
 
     /// Kernel taps (voxels of the kernel).
+    #[inline]
     pub fn taps(&self) -> usize {
         self.kernel.iter().product()
     }
 
     /// Voxels of one input channel.
+    #[inline]
     pub fn input_voxels(&self) -> usize {
         self.input.iter().product()
     }
 
     /// Voxels of one output channel.
+    #[inline]
     pub fn output_voxels(&self) -> usize {
         self.output.iter().product()
     }

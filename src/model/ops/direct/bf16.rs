@@ -401,13 +401,19 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
                         }
                     }
                 }
-                // Reduced by value first: the accumulators stay registers (indexed in the
-                // loop below they became a stack array, reloaded in the sweep).
-                let sums = acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)));
-                for (k, sums) in sums.iter().enumerate() {
+                // Stored by a loop short enough to unroll, then summed across lanes from
+                // memory: reduced in place, the accumulators became a stack array that the
+                // sweep reloaded.
+                let mut lanes = [[[0f32; 16]; KW]; CO];
+                for k in 0..CO {
+                    for c in 0..KW {
+                        _mm512_storeu_ps(lanes[k][c].as_mut_ptr(), acc[k][c]);
+                    }
+                }
+                for (k, row) in lanes.iter().enumerate() {
                     let at = (k * p.src_ch + i) * taps + (a * kh + b) * KW;
-                    for (d, s) in dw[at..at + KW].iter_mut().zip(sums) {
-                        *d += s;
+                    for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
+                        *d += _mm512_reduce_add_ps(_mm512_loadu_ps(l.as_ptr()));
                     }
                 }
             }

@@ -146,8 +146,8 @@ fn same_padding_odd_sizes_and_channel_counts_off_the_block() {
     check(1, [1, 3, 5, 6, 7], [4, 3, 3, 3, 3], [1; 3]);
     check(2, [2, 5, 4, 9, 17], [13, 5, 3, 3, 3], [1; 3]);
     check(3, [1, 7, 3, 5, 70], [7, 7, 3, 3, 3], [1; 3]);
-    // Planes of 52 x 50 padded positions: the weight gradient sweeps one plane at a time from
-    // the ring (the shapes above are stacked several planes a sweep).
+    // Planes of 52 x 50 padded positions (over 8 KiB of f32 rows): the weight gradient sweeps
+    // one plane at a time from the ring (the shapes above are stacked several planes a sweep).
     check(34, [2, 3, 3, 50, 48], [5, 3, 3, 3, 3], [1; 3]);
 }
 
@@ -217,7 +217,8 @@ fn bf16_products_on_f32_data_equal_f32_sums_of_rounded_values() {
     for (seed, x, w, padding) in [
         (20, [2, 5, 4, 7, 40], [7, 5, 3, 3, 3], [1; 3]),
         (21, [1, 4, 3, 6, 9], [13, 4, 1, 3, 3], [0, 1, 1]),
-        (36, [1, 3, 3, 50, 48], [4, 3, 3, 3, 3], [1; 3]),
+        // Planes of 4,488 bf16 positions: the weight gradient's ring (smaller ones stacked).
+        (36, [1, 2, 2, 64, 66], [4, 2, 3, 3, 3], [1; 3]),
         (22, [1, 3, 2, 3, 17], [2, 3, 1, 1, 1], [0; 3]),
     ] {
         check_bf16_products(seed, x, w, padding, [1; 3], true);
@@ -238,7 +239,7 @@ fn strided_bf16_passes_equal_f32_sums_of_rounded_values() {
         (28, [1, 3, 3, 1, 1], [2, 3, 3, 3, 3], [1; 3], [2; 3]),
         (29, [1, 4, 8, 8, 16], [6, 4, 3, 3, 3], [1; 3], [2; 3]),
         (30, [1, 3, 4, 6, 7], [5, 3, 3, 2, 2], [1, 0, 0], [1, 2, 2]),
-        (37, [1, 2, 5, 46, 46], [3, 2, 3, 3, 3], [1; 3], [2; 3]),
+        (37, [1, 2, 3, 64, 64], [3, 2, 3, 3, 3], [1; 3], [2; 3]),
         // Kernel = stride: the gradients of the up path's transposed convolution.
         (32, [2, 7, 4, 6, 10], [5, 7, 2, 2, 2], [0; 3], [2; 3]),
         (33, [1, 4, 3, 6, 8], [6, 4, 1, 2, 2], [0; 3], [1, 2, 2]),

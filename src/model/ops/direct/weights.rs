@@ -36,9 +36,10 @@ pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
 }
 
 /// Bytes of one output gradient row a weight-gradient sweep should cover at least before its
-/// sums are reduced across lanes (2,048 bf16 positions, 1,024 f32): smaller output planes are
-/// swept several at a time. f32 planes of 1,156 positions ran slower stacked two a sweep.
-const SWEEP_MIN_BYTES: usize = 4096;
+/// sums are reduced across lanes (4,096 bf16 positions, 2,048 f32): smaller output planes are
+/// swept several at a time (`bench_ops --passes`: 4 KiB and 8 KiB against the ring alone,
+/// 8 KiB the fastest at 16x32x32 and 8x16x16).
+const SWEEP_MIN_BYTES: usize = 8192;
 
 /// One sweep of the weight gradient: per (source unit, depth tap a), where the planes that tap
 /// reads begin (`planes[u * kd + a]`, each `len` positions and the taps' offsets readable),
