@@ -8,8 +8,8 @@
 //! A register tile of `CO` output channels x [`TILE`] positions sums every source channel and
 //! tap before it is stored once. The input gradient of a stride-1 convolution is the same pass
 //! over the output gradient with the weights transposed and flipped; the weight gradient sweeps
-//! the plane once per (source channel, tap row) with the output gradient's rows
-//! (`weights.rs`). A strided pass keeps each padded plane as phase planes, so its taps are
+//! the plane (small planes several at a time, stacked) once per (source channel, tap row) with
+//! the output gradient's rows (`weights.rs`). A strided pass keeps each padded plane as phase planes, so its taps are
 //! contiguous runs too (see `Pass`); the up path's transposed convolution is computed a plane
 //! at a time, alone or inside the decoder's first convolution (`up.rs`).
 //!
