@@ -370,9 +370,16 @@ unsafe fn weight_plane(p: &Pass, sw: &Sweep<bf16>, co: usize, dw: &mut [f32]) {
     }
 }
 
+/// Positions of the output gradient a weight-gradient sweep covers per source channel before
+/// it moves to the next tap row: `CO` rows of this many (12 KiB at six channels) stay in L1
+/// across the channel's taps. Swept whole, the rows of a first-level plane (50 KiB at six
+/// channels) came from L2 once per tap row.
+const SWEEP_SEGMENT: usize = 1024;
+
 /// Adds one sweep's weight gradient of `CO` channels to `dw` (channel of the block, source
-/// channel, tap): per source channel and tap row, `CO x KW` accumulators swept along the
-/// sweep 32 positions a step (pairs of neighbours in each lane), then summed across lanes.
+/// channel, tap): per source channel, segment of the sweep and tap row, `CO x KW` accumulators
+/// swept 32 positions a step (pairs of neighbours in each lane) and kept between segments,
+/// then summed across lanes once per source channel.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn weight_rows<const CO: usize, const KW: usize>(
     p: &Pass,
@@ -382,39 +389,52 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
     let [kd, kh, _] = p.kernel;
     let taps = p.taps();
     let (rows, len) = (sw.rows.as_ptr() as *const u16, sw.len);
+    // Per tap row (a, b): the lanes of its accumulators between segments.
+    let mut lanes = vec![[[[0f32; 16]; KW]; CO]; kd * kh];
     for i in 0..p.src_ch {
-        for a in 0..kd {
-            let plane = sw.planes[i * kd + a] as *const u16;
-            for b in 0..kh {
-                // Reads reach len - 1 + the last offset, inside what the sweep holds.
-                let reads: [*const u16; KW] =
-                    std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
-                let mut acc = [[_mm512_setzero_ps(); KW]; CO];
-                for q in (0..len).step_by(32) {
-                    let d: [__m512bh; CO] = std::array::from_fn(|k| {
-                        as_bh(_mm512_loadu_si512(rows.add(k * len + q) as *const _))
-                    });
-                    for (c, read) in reads.iter().enumerate() {
-                        let x = as_bh(_mm512_loadu_si512(read.add(q) as *const _));
-                        for (acc, &d) in acc.iter_mut().zip(&d) {
-                            acc[c] = _mm512_dpbf16_ps(acc[c], d, x);
+        lanes.iter_mut().for_each(|l| *l = [[[0f32; 16]; KW]; CO]);
+        for s0 in (0..len).step_by(SWEEP_SEGMENT) {
+            let s1 = len.min(s0 + SWEEP_SEGMENT);
+            for a in 0..kd {
+                let plane = sw.planes[i * kd + a] as *const u16;
+                for b in 0..kh {
+                    let kept = &mut lanes[a * kh + b];
+                    // Reads reach len - 1 + the last offset, inside what the sweep holds.
+                    let reads: [*const u16; KW] =
+                        std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
+                    // Loaded and stored by loops short enough to unroll: the accumulators
+                    // stay registers through the sweep (an indexed loop over them made them
+                    // a stack array that the sweep reloaded).
+                    let mut acc = [[_mm512_setzero_ps(); KW]; CO];
+                    for k in 0..CO {
+                        for c in 0..KW {
+                            acc[k][c] = _mm512_loadu_ps(kept[k][c].as_ptr());
+                        }
+                    }
+                    for q in (s0..s1).step_by(32) {
+                        let d: [__m512bh; CO] = std::array::from_fn(|k| {
+                            as_bh(_mm512_loadu_si512(rows.add(k * len + q) as *const _))
+                        });
+                        for (c, read) in reads.iter().enumerate() {
+                            let x = as_bh(_mm512_loadu_si512(read.add(q) as *const _));
+                            for (acc, &d) in acc.iter_mut().zip(&d) {
+                                acc[c] = _mm512_dpbf16_ps(acc[c], d, x);
+                            }
+                        }
+                    }
+                    for k in 0..CO {
+                        for c in 0..KW {
+                            _mm512_storeu_ps(kept[k][c].as_mut_ptr(), acc[k][c]);
                         }
                     }
                 }
-                // Stored by a loop short enough to unroll, then summed across lanes from
-                // memory: reduced in place, the accumulators became a stack array that the
-                // sweep reloaded.
-                let mut lanes = [[[0f32; 16]; KW]; CO];
-                for k in 0..CO {
-                    for c in 0..KW {
-                        _mm512_storeu_ps(lanes[k][c].as_mut_ptr(), acc[k][c]);
-                    }
-                }
-                for (k, row) in lanes.iter().enumerate() {
-                    let at = (k * p.src_ch + i) * taps + (a * kh + b) * KW;
-                    for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
-                        *d += _mm512_reduce_add_ps(_mm512_loadu_ps(l.as_ptr()));
-                    }
+            }
+        }
+        for (ab, kept) in lanes.iter().enumerate() {
+            for (k, row) in kept.iter().enumerate() {
+                let at = (k * p.src_ch + i) * taps + ab * KW;
+                for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
+                    *d += _mm512_reduce_add_ps(_mm512_loadu_ps(l.as_ptr()));
                 }
             }
         }

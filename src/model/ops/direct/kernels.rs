@@ -112,9 +112,17 @@ impl Engine for F32 {
     }
 }
 
+/// Positions of the output gradient a weight-gradient sweep covers per source channel before
+/// it moves to the next tap row: `CO` rows of this many (12 KiB at six channels) stay in L1
+/// across the channel's taps. Swept whole, the rows of a first-level plane (100 KiB at six
+/// channels) came from L2 once per tap row.
+#[cfg(target_arch = "x86_64")]
+const SWEEP_SEGMENT: usize = 512;
+
 /// Adds one sweep's weight gradient of `CO` channels to `dw`, laid out (channel of the block,
-/// source channel, tap): for every source channel and tap row (a, b), `CO x KW` vector
-/// accumulators swept along the sweep, then each summed across its lanes. Written with AVX-512
+/// source channel, tap): for every source channel, segment of the sweep and tap row (a, b),
+/// `CO x KW` vector accumulators swept along the segment and kept between segments, then each
+/// summed across its lanes once per source channel. Written with AVX-512
 /// intrinsics: the compiler left the portable form of this loop scalar (23x slower), so other
 /// CPUs keep the column path for this gradient.
 ///
@@ -131,32 +139,52 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
     let [kd, kh, _] = p.kernel;
     let taps = p.taps();
     let (rows, len) = (sw.rows.as_ptr(), sw.len);
+    // Per tap row (a, b): the lanes of its accumulators between segments of the sweep.
+    let mut lanes = vec![[[[0f32; 16]; KW]; CO]; kd * kh];
     for i in 0..p.src_ch {
-        for a in 0..kd {
-            let plane = sw.planes[i * kd + a];
-            for b in 0..kh {
-                // Reads reach len - 1 + the last offset, inside what the sweep holds.
-                let reads: [*const f32; KW] =
-                    std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
-                let mut acc = [[_mm512_setzero_ps(); KW]; CO];
-                for q in (0..len).step_by(16) {
-                    // The taps' inputs first, then one row of dy at a time: 22 registers live.
-                    let x: [__m512; KW] = std::array::from_fn(|c| _mm512_loadu_ps(reads[c].add(q)));
-                    for (k, acc) in acc.iter_mut().enumerate() {
-                        let d = _mm512_loadu_ps(rows.add(k * len + q));
-                        for (a, &x) in acc.iter_mut().zip(&x) {
-                            *a = _mm512_fmadd_ps(d, x, *a);
+        lanes.iter_mut().for_each(|l| *l = [[[0f32; 16]; KW]; CO]);
+        for s0 in (0..len).step_by(SWEEP_SEGMENT) {
+            let s1 = len.min(s0 + SWEEP_SEGMENT);
+            for a in 0..kd {
+                let plane = sw.planes[i * kd + a];
+                for b in 0..kh {
+                    let kept = &mut lanes[a * kh + b];
+                    // Reads reach len - 1 + the last offset, inside what the sweep holds.
+                    let reads: [*const f32; KW] =
+                        std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
+                    // Loaded and stored by loops short enough to unroll, so that the
+                    // accumulators stay registers through the sweep.
+                    let mut acc = [[_mm512_setzero_ps(); KW]; CO];
+                    for k in 0..CO {
+                        for c in 0..KW {
+                            acc[k][c] = _mm512_loadu_ps(kept[k][c].as_ptr());
+                        }
+                    }
+                    for q in (s0..s1).step_by(16) {
+                        // The taps' inputs first, then one row of dy at a time: 22 registers
+                        // live.
+                        let x: [__m512; KW] =
+                            std::array::from_fn(|c| _mm512_loadu_ps(reads[c].add(q)));
+                        for (k, acc) in acc.iter_mut().enumerate() {
+                            let d = _mm512_loadu_ps(rows.add(k * len + q));
+                            for (a, &x) in acc.iter_mut().zip(&x) {
+                                *a = _mm512_fmadd_ps(d, x, *a);
+                            }
+                        }
+                    }
+                    for k in 0..CO {
+                        for c in 0..KW {
+                            _mm512_storeu_ps(kept[k][c].as_mut_ptr(), acc[k][c]);
                         }
                     }
                 }
-                // Reduced by value first: the accumulators stay registers (indexed in the
-                // loop below they became a stack array, reloaded in the sweep).
-                let sums = acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)));
-                for (k, sums) in sums.iter().enumerate() {
-                    let at = (k * p.src_ch + i) * taps + (a * kh + b) * KW;
-                    for (d, s) in dw[at..at + KW].iter_mut().zip(sums) {
-                        *d += s;
-                    }
+            }
+        }
+        for (ab, kept) in lanes.iter().enumerate() {
+            for (k, row) in kept.iter().enumerate() {
+                let at = (k * p.src_ch + i) * taps + ab * KW;
+                for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
+                    *d += _mm512_reduce_add_ps(_mm512_loadu_ps(l.as_ptr()));
                 }
             }
         }

@@ -81,6 +81,22 @@ impl Wide for bf16 {
     }
 }
 
+/// Adds `f` of each value of `v` (whole rows of eight) into the eight f64 lanes, value `j`
+/// into lane `j % 8`. One set of lanes a loop, kept in a local copy: LLVM vectorizes that into
+/// one register of eight f64 lanes. Two sets in one loop, a conversion shared by two, or
+/// lanes summed in place compiled to scalar conversions and two-lane sums (four times the
+/// cost of a pass).
+#[inline(always)]
+fn add_lanes<T: Copy + Into<f64>>(lanes: &mut [f64; 8], v: &[T], f: impl Fn(f64) -> f64) {
+    let mut acc = *lanes;
+    for c in v.chunks_exact(8) {
+        for (l, &v) in acc.iter_mut().zip(c) {
+            *l += f(v.into());
+        }
+    }
+    *lanes = acc;
+}
+
 /// Mean and 1/sqrt(var + eps) of one slab, accumulated in f64.
 ///
 /// Sums are taken about the slab's first value (shifted data) so a large common offset does
@@ -97,15 +113,9 @@ fn stats<S: Wide>(x: &[S], eps: f64) -> (f32, f32) {
     let (mut sum, mut sq) = (0f64, 0f64);
     for part in x.chunks(CHUNK) {
         let v = S::wide(part, &mut buf);
-        let chunks = v.chunks_exact(8);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for l in 0..8 {
-                let v = c[l] as f64 - k;
-                s[l] += v;
-                q[l] += v * v;
-            }
-        }
+        let (rows, tail) = v.split_at(v.len() - v.len() % 8);
+        add_lanes(&mut s, rows, |v| v - k);
+        add_lanes(&mut q, rows, |v| (v - k) * (v - k));
         // Only the last part has a tail: summed after the lanes, as one sweep does.
         if !tail.is_empty() {
             (sum, sq) = (s.iter().sum::<f64>(), q.iter().sum::<f64>());
@@ -189,31 +199,27 @@ fn channel_sums<S: Wide>(
 ) -> (f64, f64) {
     let (mut s, mut q) = ([0f64; 8], [0f64; 8]);
     let (mut sum, mut sum_x) = (0f64, 0f64);
-    let term = |v: f32, d: f32| {
-        let dz = d * act_slope(v * scale + shift, slope);
-        (dz as f64, (dz * ((v - mean) * rstd)) as f64)
-    };
     let (mut xb, mut db) = ([0f32; CHUNK], [0f32; CHUNK]);
+    // The terms as f64: summed from f32 buffers, the second set of lanes compiled scalar.
+    let (mut dz, mut dzx) = ([0f64; CHUNK], [0f64; CHUNK]);
     for (xp, dp) in x.chunks(CHUNK).zip(dy.chunks(CHUNK)) {
-        let (xc, dc) = (
-            S::wide(xp, &mut xb).chunks_exact(8),
-            S::wide(dp, &mut db).chunks_exact(8),
-        );
-        let (xt, dt) = (xc.remainder(), dc.remainder());
-        for (xv, dv) in xc.zip(dc) {
-            for l in 0..8 {
-                let (a, b) = term(xv[l], dv[l]);
-                s[l] += a;
-                q[l] += b;
-            }
+        let (xv, dv) = (S::wide(xp, &mut xb), S::wide(dp, &mut db));
+        // The terms first (one vector loop), then each summed in its own lanes.
+        let (dz, dzx) = (&mut dz[..xv.len()], &mut dzx[..xv.len()]);
+        for (((a, b), &v), &d) in dz.iter_mut().zip(dzx.iter_mut()).zip(xv).zip(dv) {
+            let z = d * act_slope(v * scale + shift, slope);
+            *a = z as f64;
+            *b = (z * ((v - mean) * rstd)) as f64;
         }
+        let rows = xv.len() - xv.len() % 8;
+        add_lanes(&mut s, &dz[..rows], |v| v);
+        add_lanes(&mut q, &dzx[..rows], |v| v);
         // Only the last part has a tail (see `stats`).
-        if !xt.is_empty() {
+        if rows < xv.len() {
             (sum, sum_x) = (s.iter().sum::<f64>(), q.iter().sum::<f64>());
             s = [0.0; 8];
             q = [0.0; 8];
-            for (&v, &d) in xt.iter().zip(dt) {
-                let (a, b) = term(v, d);
+            for (&a, &b) in dz[rows..].iter().zip(&dzx[rows..]) {
                 sum += a;
                 sum_x += b;
             }
