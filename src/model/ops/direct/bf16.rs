@@ -401,7 +401,7 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
                     let kept = &mut lanes[a * kh + b];
                     // Reads reach len - 1 + the last offset, inside what the sweep holds.
                     let reads: [*const u16; KW] =
-                        std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
+                        std::array::from_fn(|c| plane.add(sw.offsets[b * KW + c]));
                     // Loaded and stored by loops short enough to unroll: the accumulators
                     // stay registers through the sweep (an indexed loop over them made them
                     // a stack array that the sweep reloaded).

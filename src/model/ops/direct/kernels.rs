@@ -151,7 +151,7 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
                     let kept = &mut lanes[a * kh + b];
                     // Reads reach len - 1 + the last offset, inside what the sweep holds.
                     let reads: [*const f32; KW] =
-                        std::array::from_fn(|c| plane.add(p.offsets[b * KW + c]));
+                        std::array::from_fn(|c| plane.add(sw.offsets[b * KW + c]));
                     // Loaded and stored by loops short enough to unroll, so that the
                     // accumulators stay registers through the sweep.
                     let mut acc = [[_mm512_setzero_ps(); KW]; CO];

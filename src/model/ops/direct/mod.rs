@@ -564,6 +564,10 @@ impl Pass {
         for (r, row) in plane.chunks_exact(w).enumerate() {
             let pr = r + self.pad[1];
             let base = (pr % sh) * sw * self.phase + (pr / sh) * self.wp;
+            if sw == 2 {
+                self.split_row(row, &mut slot[base..]);
+                continue;
+            }
             // Columns of one phase land side by side: the row's values `sw` apart.
             for s in 0..sw {
                 let first = (s + sw - self.pad[2] % sw) % sw;
@@ -575,6 +579,36 @@ impl Pass {
             }
         }
         debug_assert!(h * w == plane.len());
+    }
+
+    /// One row into its two phase planes at an in-plane stride of 2 (from `dst` on): column
+    /// `c` into phase `(c + pad) % 2` at `(c + pad) / 2`. Cast a piece at a time, then split
+    /// into even and odd columns by a loop the compiler vectorizes (one strided value at a
+    /// time, the fill took as long as the strided forward pass's products).
+    fn split_row<S: Cast<T>, T: Copy + Default>(&self, row: &[S], dst: &mut [T]) {
+        const PIECE: usize = 256;
+        let p = self.pad[2];
+        let (lo, hi) = dst.split_at_mut(self.phase);
+        // Even columns: phase p % 2 from p / 2 on; odd ones: the other phase from (p + 1) / 2.
+        let (even, odd) = match p % 2 {
+            0 => (&mut lo[p / 2..], &mut hi[p.div_ceil(2)..]),
+            _ => (&mut hi[p / 2..], &mut lo[p.div_ceil(2)..]),
+        };
+        let mut buf = [T::default(); PIECE];
+        for (k, piece) in row.chunks(PIECE).enumerate() {
+            let b = &mut buf[..piece.len()];
+            S::cast_row(piece, b);
+            let at = k * PIECE / 2;
+            let pairs = b.chunks_exact(2);
+            if let [last] = pairs.remainder() {
+                even[at + b.len() / 2] = *last;
+            }
+            let (e, o) = (&mut even[at..], &mut odd[at..]);
+            for ((e, o), pair) in e.iter_mut().zip(o.iter_mut()).zip(pairs) {
+                *e = pair[0];
+                *o = pair[1];
+            }
+        }
     }
 }
 

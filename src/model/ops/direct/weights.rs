@@ -43,10 +43,12 @@ const SWEEP_MIN_BYTES: usize = 8192;
 
 /// One sweep of the weight gradient: per (source unit, depth tap a), where the planes that tap
 /// reads begin (`planes[u * kd + a]`, each `len` positions and the taps' offsets readable),
-/// and `len` positions of the output gradient per channel of the block (`rows`, `len` apart;
-/// zero wherever no output lies).
+/// per in-plane tap (b, c) where it reads from a position (`offsets`), and `len` positions of
+/// the output gradient per channel of the block (`rows`, `len` apart; zero wherever no output
+/// lies).
 pub(super) struct Sweep<'a, T> {
     pub(super) planes: &'a [*const T],
+    pub(super) offsets: &'a [usize],
     pub(super) rows: &'a [T],
     pub(super) len: usize,
 }
@@ -150,6 +152,7 @@ impl Pass {
                         self.load_rows(&mut ws.rows, dy, n, chans, (z, 1, 0), self.q_pad);
                         let sweep = Sweep {
                             planes: &planes,
+                            offsets: &self.offsets,
                             rows: &ws.rows,
                             len: self.q_pad,
                         };
@@ -158,29 +161,55 @@ impl Pass {
                 }
                 return;
             }
-            // Per unit: `sz` depth phases of `per_phase` planes each, then slack.
+            // Per unit: `sz` depth phases of `per_phase` planes each, then slack. With an
+            // in-plane stride each phase plane of those planes gets a region of its own
+            // (`split`), so that the output planes lie one phase plane apart in the sweep, not a
+            // whole padded plane: stacked whole, three quarters of a stride-2 sweep were zeros.
             let per_phase = zn + (kd - 1) / sz;
-            let unit = sz * per_phase * plane + plane + 64;
+            let depths = sz * per_phase;
+            let phases = self.stride[1] * self.stride[2];
+            let (region, dist) = match phases > 1 {
+                true => (depths * self.phase, self.phase),
+                false => (0, plane),
+            };
+            let unit = match phases > 1 {
+                true => phases * region + self.plane + 64,
+                false => depths * plane + plane + 64,
+            };
+            let offsets = match phases > 1 {
+                true => self.region_offsets(region),
+                false => self.offsets.clone(),
+            };
             ws.stack.resize(units * unit, T::default());
+            let mut whole = vec![T::default(); if phases > 1 { plane } else { 0 }];
             for z0 in (0..dd).step_by(zn) {
                 let zs = zn.min(dd - z0);
                 for u in 0..units {
-                    for j in 0..sz * per_phase {
+                    for j in 0..depths {
                         let depth = (z0 + j % per_phase) * sz + j / per_phase;
                         let source = depth.checked_sub(self.pad[0]).filter(|&s| s < self.src[0]);
-                        fill(n, u, source, &mut ws.stack[u * unit + j * plane..][..plane]);
+                        let stack = &mut ws.stack[u * unit..][..unit];
+                        if phases == 1 {
+                            fill(n, u, source, &mut stack[j * plane..][..plane]);
+                            continue;
+                        }
+                        fill(n, u, source, &mut whole);
+                        for (f, part) in whole.chunks_exact(self.phase).take(phases).enumerate() {
+                            stack[f * region + j * dist..][..dist].copy_from_slice(part);
+                        }
                     }
                     for a in 0..kd {
-                        let at = u * unit + ((a % sz) * per_phase + a / sz) * plane;
+                        let at = u * unit + ((a % sz) * per_phase + a / sz) * dist;
                         planes[u * kd + a] = ws.stack[at..].as_ptr();
                     }
                 }
-                let len = ((zs - 1) * plane + self.dst[1] * self.wp).next_multiple_of(32);
+                let len = ((zs - 1) * dist + self.dst[1] * self.wp).next_multiple_of(32);
                 for (o0, co, out) in self.weight_blocks(blocks.clone(), mine) {
                     let chans = o0..o0 + co;
-                    self.load_rows(&mut ws.rows, dy, n, chans, (z0, zs, plane), len);
+                    self.load_rows(&mut ws.rows, dy, n, chans, (z0, zs, dist), len);
                     let sweep = Sweep {
                         planes: &planes,
+                        offsets: &offsets,
                         rows: &ws.rows,
                         len,
                     };
@@ -188,6 +217,19 @@ impl Pass {
                 }
             }
         })
+    }
+
+    /// Where in-plane tap (b, c) reads from a position when each phase plane has a region of
+    /// `region` elements (the split stack of [`Pass::weight_sweeps`]).
+    fn region_offsets(&self, region: usize) -> Vec<usize> {
+        let [_, kh, kw] = self.kernel;
+        let [sh, sw] = [self.stride[1], self.stride[2]];
+        (0..kh)
+            .flat_map(|b| {
+                (0..kw)
+                    .map(move |c| ((b % sh) * sw + c % sw) * region + (b / sh) * self.wp + c / sw)
+            })
+            .collect()
     }
 
     /// `dy`'s planes `z0..z0 + zs` (`at = (z0, zs, plane distance)`) of sample `n`, channels
