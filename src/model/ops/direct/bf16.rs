@@ -11,7 +11,7 @@ use half::bf16;
 
 use super::kernels::Engine;
 use super::phases::by_phases;
-use super::weights::Sweep;
+use super::weights::{sums, Kept, Sweep};
 use super::{
     forward_weight, input_gradient_weight, interleave_scalar, Operand, Output, Pass, Workspace,
     TILE,
@@ -390,7 +390,7 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
     let taps = p.taps();
     let (rows, len) = (sw.rows.as_ptr() as *const u16, sw.len);
     // Per tap row (a, b): the lanes of its accumulators between segments.
-    let mut lanes = vec![[[[0f32; 16]; KW]; CO]; kd * kh];
+    let mut lanes: Vec<Kept<CO, KW>> = vec![[[[0f32; 16]; KW]; CO]; kd * kh];
     for i in 0..p.src_ch {
         lanes.iter_mut().for_each(|l| *l = [[[0f32; 16]; KW]; CO]);
         for s0 in (0..len).step_by(SWEEP_SEGMENT) {
@@ -402,15 +402,7 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
                     // Reads reach len - 1 + the last offset, inside what the sweep holds.
                     let reads: [*const u16; KW] =
                         std::array::from_fn(|c| plane.add(sw.offsets[b * KW + c]));
-                    // Loaded and stored by loops short enough to unroll: the accumulators
-                    // stay registers through the sweep (an indexed loop over them made them
-                    // a stack array that the sweep reloaded).
-                    let mut acc = [[_mm512_setzero_ps(); KW]; CO];
-                    for k in 0..CO {
-                        for c in 0..KW {
-                            acc[k][c] = _mm512_loadu_ps(kept[k][c].as_ptr());
-                        }
-                    }
+                    let mut acc = sums::load(kept);
                     for q in (s0..s1).step_by(32) {
                         let d: [__m512bh; CO] = std::array::from_fn(|k| {
                             as_bh(_mm512_loadu_si512(rows.add(k * len + q) as *const _))
@@ -422,21 +414,10 @@ unsafe fn weight_rows<const CO: usize, const KW: usize>(
                             }
                         }
                     }
-                    for k in 0..CO {
-                        for c in 0..KW {
-                            _mm512_storeu_ps(kept[k][c].as_mut_ptr(), acc[k][c]);
-                        }
-                    }
+                    sums::store(kept, &acc);
                 }
             }
         }
-        for (ab, kept) in lanes.iter().enumerate() {
-            for (k, row) in kept.iter().enumerate() {
-                let at = (k * p.src_ch + i) * taps + ab * KW;
-                for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
-                    *d += _mm512_reduce_add_ps(_mm512_loadu_ps(l.as_ptr()));
-                }
-            }
-        }
+        sums::add(&lanes, (i, p.src_ch, taps), dw);
     }
 }

@@ -1,7 +1,7 @@
 //! The register-tiled inner loops of the direct convolution, and the choice of instruction set.
 
 #[cfg(target_arch = "x86_64")]
-use super::weights::Sweep;
+use super::weights::{sums, Kept, Sweep};
 use super::{Pass, Workspace, TILE};
 
 /// The instruction set the kernel was compiled for, chosen once per pass.
@@ -140,7 +140,7 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
     let taps = p.taps();
     let (rows, len) = (sw.rows.as_ptr(), sw.len);
     // Per tap row (a, b): the lanes of its accumulators between segments of the sweep.
-    let mut lanes = vec![[[[0f32; 16]; KW]; CO]; kd * kh];
+    let mut lanes: Vec<Kept<CO, KW>> = vec![[[[0f32; 16]; KW]; CO]; kd * kh];
     for i in 0..p.src_ch {
         lanes.iter_mut().for_each(|l| *l = [[[0f32; 16]; KW]; CO]);
         for s0 in (0..len).step_by(SWEEP_SEGMENT) {
@@ -152,14 +152,7 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
                     // Reads reach len - 1 + the last offset, inside what the sweep holds.
                     let reads: [*const f32; KW] =
                         std::array::from_fn(|c| plane.add(sw.offsets[b * KW + c]));
-                    // Loaded and stored by loops short enough to unroll, so that the
-                    // accumulators stay registers through the sweep.
-                    let mut acc = [[_mm512_setzero_ps(); KW]; CO];
-                    for k in 0..CO {
-                        for c in 0..KW {
-                            acc[k][c] = _mm512_loadu_ps(kept[k][c].as_ptr());
-                        }
-                    }
+                    let mut acc = sums::load(kept);
                     for q in (s0..s1).step_by(16) {
                         // The taps' inputs first, then one row of dy at a time: 22 registers
                         // live.
@@ -172,22 +165,11 @@ unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
                             }
                         }
                     }
-                    for k in 0..CO {
-                        for c in 0..KW {
-                            _mm512_storeu_ps(kept[k][c].as_mut_ptr(), acc[k][c]);
-                        }
-                    }
+                    sums::store(kept, &acc);
                 }
             }
         }
-        for (ab, kept) in lanes.iter().enumerate() {
-            for (k, row) in kept.iter().enumerate() {
-                let at = (k * p.src_ch + i) * taps + ab * KW;
-                for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
-                    *d += _mm512_reduce_add_ps(_mm512_loadu_ps(l.as_ptr()));
-                }
-            }
-        }
+        sums::add(&lanes, (i, p.src_ch, taps), dw);
     }
 }
 

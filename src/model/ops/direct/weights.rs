@@ -259,3 +259,69 @@ impl Pass {
         }
     }
 }
+
+/// The sixteen lanes of a weight-gradient kernel's `CO x KW` accumulators, kept between the
+/// segments of a sweep (one per tap row).
+#[cfg(target_arch = "x86_64")]
+pub(super) type Kept<const CO: usize, const KW: usize> = [[[f32; 16]; KW]; CO];
+
+/// Shared by the f32 and bf16 weight-gradient kernels. Loaded and stored by loops short enough
+/// to unroll, so that the accumulators stay registers through the sweep (an indexed loop over
+/// them made them a stack array that the sweep reloaded).
+#[cfg(target_arch = "x86_64")]
+pub(super) mod sums {
+    use std::arch::x86_64::*;
+
+    use super::Kept;
+
+    /// The accumulators from their kept lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::model::ops::direct) fn load<const CO: usize, const KW: usize>(
+        kept: &Kept<CO, KW>,
+    ) -> [[__m512; KW]; CO] {
+        let mut acc = [[_mm512_setzero_ps(); KW]; CO];
+        for k in 0..CO {
+            for c in 0..KW {
+                // SAFETY: sixteen f32 lanes.
+                acc[k][c] = unsafe { _mm512_loadu_ps(kept[k][c].as_ptr()) };
+            }
+        }
+        acc
+    }
+
+    /// The accumulators into their kept lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::model::ops::direct) fn store<const CO: usize, const KW: usize>(
+        kept: &mut Kept<CO, KW>,
+        acc: &[[__m512; KW]; CO],
+    ) {
+        for k in 0..CO {
+            for c in 0..KW {
+                // SAFETY: sixteen f32 lanes.
+                unsafe { _mm512_storeu_ps(kept[k][c].as_mut_ptr(), acc[k][c]) };
+            }
+        }
+    }
+
+    /// Adds source channel `i`'s sums, each summed across its lanes, to `dw` (channel of the
+    /// block, source channel, tap), `lanes` holding one entry per tap row.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::model::ops::direct) fn add<const CO: usize, const KW: usize>(
+        lanes: &[Kept<CO, KW>],
+        (i, src_ch, taps): (usize, usize, usize),
+        dw: &mut [f32],
+    ) {
+        for (ab, kept) in lanes.iter().enumerate() {
+            for (k, row) in kept.iter().enumerate() {
+                let at = (k * src_ch + i) * taps + ab * KW;
+                for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
+                    // SAFETY: sixteen f32 lanes.
+                    *d += _mm512_reduce_add_ps(unsafe { _mm512_loadu_ps(l.as_ptr()) });
+                }
+            }
+        }
+    }
+}
