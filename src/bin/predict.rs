@@ -98,9 +98,9 @@ struct Cli {
     /// models mirror by default (--disable-tta turns it off).
     #[arg(long)]
     mirror: bool,
-    /// Windows per forward pass. One, as nnU-Net predicts: on a CPU two are no faster, and
-    /// each window's activations cost memory (about 0.4 GB a window at a 40x160x160 patch with
-    /// 32 features).
+    /// Windows per forward pass. One, as nnU-Net predicts: each window's activations cost
+    /// memory (about 0.4 GB a window at a 40x160x160 patch with 32 features). With mirroring,
+    /// a batch's flipped copies join its pass where that pass is forecast under 256 MiB.
     #[arg(long, default_value_t = 1)]
     batch: usize,
     /// The convolutions' arithmetic: f32, or bf16 (products in bfloat16, sums in f32; on the
@@ -304,7 +304,8 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
     let bf16 = cli.precision == Some(voxcache::format::training::network::Precision::Bf16);
     if bf16 && cli.device == "cpu" && !voxcache::model::ops::direct::bf16_available() {
         eprintln!(
-            "note: precision bf16: this CPU has no AVX512-BF16, so its convolutions compute in f32"
+            "note: precision bf16: this CPU has no AVX512-BF16 (or VOXCACHE_SIMD caps it off), so \
+             its convolutions compute in f32"
         );
     }
     let nnunet_dir = match (&cli.nnunet_model, &cli.dataset) {

@@ -6,6 +6,7 @@
 mod cascade;
 pub mod crop;
 pub mod export;
+mod gaussian;
 mod group;
 pub mod model_dir;
 pub mod model_fetch;

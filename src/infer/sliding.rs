@@ -11,9 +11,12 @@
 
 use candle_core::{Device, Tensor};
 
+use super::gaussian::f16_round;
+pub use super::gaussian::{gaussian_map, nnunet_gaussian};
 use crate::cache::PatchSource;
 use crate::error::{Error, Result};
 use crate::geometry::mirror;
+use crate::model::memory::inference_pass;
 use crate::model::unet::UNet;
 
 /// Window start positions along one axis: first at 0, last at `dim - patch`, evenly spaced with
@@ -82,101 +85,6 @@ pub fn nnunet_window_count(dim: usize, patch: usize, step: f64) -> usize {
     } else {
         span + 1
     }
-}
-
-/// scipy's 1D Gaussian kernel of `sigma`, truncated at 4 sigma (`_gaussian_kernel1d`).
-fn gaussian_kernel(sigma: f64) -> Vec<f64> {
-    let radius = (4.0 * sigma + 0.5) as i64;
-    let c2 = -0.5 / (sigma * sigma);
-    let phi: Vec<f64> = (-radius..=radius)
-        .map(|x| {
-            let x = x as f64;
-            (x * (x * c2)).exp()
-        })
-        .collect();
-    let sum = crate::util::stats::pairwise_sum(&phi);
-    phi.into_iter().map(|v| v / sum).collect()
-}
-
-/// nnU-Net's importance map of `patch` (2 or 3 axes, C order): a delta at `n // 2` filtered by
-/// scipy's Gaussian (sigma patch / 8, constant mode), scaled to a peak of 10, cast to float16,
-/// zeros raised to the smallest nonzero value; returned as f32 (exactly the float16 values).
-pub fn nnunet_gaussian(patch: &[usize]) -> Vec<f32> {
-    let axes: Vec<Vec<f64>> = patch
-        .iter()
-        .map(|&n| {
-            let k = gaussian_kernel(n as f64 / 8.0);
-            let r = (k.len() / 2) as i64;
-            let c = (n / 2) as i64;
-            (0..n as i64)
-                .map(|i| {
-                    k.get((i - c + r) as usize)
-                        .copied()
-                        .filter(|_| (i - c).abs() <= r)
-                        .unwrap_or(0.0)
-                })
-                .collect()
-        })
-        .collect();
-    let total: usize = patch.iter().product();
-    let mut g = vec![1.0f64; total];
-    // Filtered axis by axis, so each value is the product in axis order.
-    let mut stride = total;
-    for (a, w) in axes.iter().enumerate() {
-        stride /= patch[a];
-        for (i, v) in g.iter_mut().enumerate() {
-            *v *= w[(i / stride) % patch[a]];
-        }
-    }
-    let peak = g.iter().copied().fold(0.0, f64::max) / 10.0;
-    // torch casts float64 to float16 through float32 (two roundings).
-    let h: Vec<half::f16> = g
-        .iter()
-        .map(|v| half::f16::from_f32((v / peak) as f32))
-        .collect();
-    let min = h
-        .iter()
-        .filter(|v| f32::from(**v) != 0.0)
-        .map(|v| f32::from(*v))
-        .fold(f32::INFINITY, f32::min);
-    h.into_iter()
-        .map(|v| {
-            if f32::from(v) == 0.0 {
-                min
-            } else {
-                f32::from(v)
-            }
-        })
-        .collect()
-}
-
-/// Round to the nearest float16 (nnU-Net's accumulators).
-fn f16_round(v: f32) -> f32 {
-    f32::from(half::f16::from_f32(v))
-}
-
-/// Gaussian importance map of a patch (C order), peak 1, minimum clamped above zero.
-pub fn gaussian_map(patch: [usize; 3]) -> Vec<f32> {
-    let axis = |n: usize| -> Vec<f64> {
-        let sigma = n as f64 / 8.0;
-        let c = (n as f64 - 1.0) / 2.0;
-        (0..n)
-            .map(|i| {
-                let d = i as f64 - c;
-                (-d * d / (2.0 * sigma * sigma)).exp()
-            })
-            .collect()
-    };
-    let (gz, gy, gx) = (axis(patch[0]), axis(patch[1]), axis(patch[2]));
-    let mut out = Vec::with_capacity(patch.iter().product());
-    for z in &gz {
-        for y in &gy {
-            for x in &gx {
-                out.push((z * y * x).max(1e-3) as f32);
-            }
-        }
-    }
-    out
 }
 
 /// nnU-Net's order of the flips: by size, then as itertools.combinations lists them.
@@ -293,6 +201,9 @@ pub fn banded_rows(
         .map(|(_, w)| w.len())
         .sum()
 }
+
+/// The largest forecast pass ([`inference_pass`]) that mirrored copies are stacked into.
+const STACKED_PASS: u64 = 256 << 20;
 
 /// A sliding-window predictor.
 pub struct Predictor<'a> {
@@ -450,6 +361,7 @@ impl Predictor<'_> {
             }
         };
         let passes = (flips.len() + 1) as f32;
+        let stacked = !flips.is_empty() && self.stacks(flips.len() + 1);
         // The slab spans the windows' rows in y: y0..y1.
         let y0 = ys.first().map_or(0, |&y| y.max(0) as usize);
         let y1 = ys
@@ -480,17 +392,7 @@ impl Predictor<'_> {
                     entry.read_image(*w, p, &mut image)?;
                     input.extend_from_slice(&image);
                 }
-                let mut probs = self.forward(&input, group.len(), ch)?;
-                // Mirroring: the same windows flipped, predicted, flipped back and averaged.
-                for axes in &flips {
-                    // Every axis of the set in one pass over each channel.
-                    let set = [0, 1, 2].map(|a| axes.contains(&a));
-                    let mut x = input.clone();
-                    x.chunks_exact_mut(pv).for_each(|c| mirror(c, p, set));
-                    let mut y = self.forward(&x, group.len(), ch)?;
-                    y.chunks_exact_mut(pv).for_each(|c| mirror(c, p, set));
-                    probs.iter_mut().zip(&y).for_each(|(s, v)| *s += v);
-                }
+                let mut probs = self.forward_flips(&input, group.len(), ch, &flips, stacked)?;
                 if !flips.is_empty() {
                     probs.iter_mut().for_each(|v| *v /= passes);
                 }
@@ -569,6 +471,61 @@ impl Predictor<'_> {
 
     /// Softmax or sigmoids (ours) or logits (nnU-Net's) of a batch of `n` windows of `ch` channels:
     /// (n, classes, patch) flat.
+    /// Whether the mirrored copies of a batch go through one pass with it: where that pass is
+    /// forecast under [`STACKED_PASS`] bytes. Small patches leave the workers idle part of a
+    /// pass of one window (a 16x48x48 patch predicted 8% faster 8 windows a pass).
+    fn stacks(&self, passes: usize) -> bool {
+        let n = self.batch.max(1) * passes;
+        let workers = rayon::current_num_threads();
+        inference_pass(self.model.config(), self.patch, n, workers).total() <= STACKED_PASS
+    }
+
+    /// The summed scores of `n` windows and of their copies flipped over each set of `flips`
+    /// (flipped back), in that order, the copies in one pass with the windows if `stacked`. A
+    /// window's scores do not depend on the others in its pass, so both give the same sums.
+    fn forward_flips(
+        &self,
+        input: &[f32],
+        n: usize,
+        ch: usize,
+        flips: &[Vec<usize>],
+        stacked: bool,
+    ) -> Result<Vec<f32>> {
+        let (p, pv) = (self.patch, self.patch.iter().product::<usize>());
+        // Every axis of the set in one pass over each channel.
+        let flip = |v: &mut [f32], axes: &[usize]| {
+            let set = [0, 1, 2].map(|a| axes.contains(&a));
+            v.chunks_exact_mut(pv).for_each(|c| mirror(c, p, set));
+        };
+        if !stacked {
+            let mut probs = self.forward(input, n, ch)?;
+            for axes in flips {
+                let mut x = input.to_vec();
+                flip(&mut x, axes);
+                let mut y = self.forward(&x, n, ch)?;
+                flip(&mut y, axes);
+                probs.iter_mut().zip(&y).for_each(|(s, v)| *s += v);
+            }
+            return Ok(probs);
+        }
+        let mut x = Vec::with_capacity(input.len() * (flips.len() + 1));
+        x.extend_from_slice(input);
+        for axes in flips {
+            let at = x.len();
+            x.extend_from_slice(input);
+            flip(&mut x[at..], axes);
+        }
+        let mut y = self.forward(&x, n * (flips.len() + 1), ch)?;
+        let len = y.len() / (flips.len() + 1);
+        let (probs, copies) = y.split_at_mut(len);
+        for (axes, copy) in flips.iter().zip(copies.chunks_exact_mut(len)) {
+            flip(copy, axes);
+            probs.iter_mut().zip(&*copy).for_each(|(s, v)| *s += v);
+        }
+        y.truncate(len);
+        Ok(y)
+    }
+
     fn forward(&self, input: &[f32], n: usize, ch: usize) -> Result<Vec<f32>> {
         let p = self.patch;
         let x = Tensor::from_slice(input, (n, ch, p[0], p[1], p[2]), self.device)?;
@@ -641,13 +598,51 @@ mod tests {
         assert_eq!(y_bands(&ys, shape, patch, 2, 0).len(), ys.len());
     }
 
+    /// Mirrored copies stacked into the windows' pass give the sums of one pass per flip, bit
+    /// for bit (two windows, every flip of three axes).
     #[test]
-    fn gaussian_peaks_in_the_middle() {
-        let g = gaussian_map([4, 8, 8]);
-        let at = |z: usize, y: usize, x: usize| g[(z * 8 + y) * 8 + x];
-        assert!(at(1, 3, 3) > at(0, 0, 0));
-        assert!(g.iter().all(|&v| v > 0.0 && v <= 1.0));
-        assert_eq!(at(1, 3, 4), at(2, 4, 3));
+    fn stacked_flips_give_the_sums_of_one_pass_each() {
+        use crate::model::config::{Encoder, Norm, UNetConfig, Upsampling};
+        let cfg = UNetConfig {
+            in_channels: 2,
+            num_classes: 3,
+            base_channels: 4,
+            max_channels: 8,
+            strides: vec![[1, 2, 2], [2, 2, 2]],
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: false,
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
+            encoder: Encoder::Plain,
+        };
+        let model = UNet::new(cfg, 5, &Device::Cpu).unwrap();
+        let predictor = Predictor {
+            model: &model,
+            device: &Device::Cpu,
+            patch: [4, 8, 12],
+            overlap: 0.5,
+            batch: 2,
+            mirror_axes: vec![0, 1, 2],
+            on_windows: None,
+            flavour: Flavour::Voxcache,
+        };
+        let mut rng = crate::util::rng::Rng::new(4);
+        let input: Vec<f32> = (0..2 * 2 * 4 * 8 * 12)
+            .map(|_| rng.normal() as f32)
+            .collect();
+        let flips = flip_sets(&[0, 1, 2]);
+        let one = predictor
+            .forward_flips(&input, 2, 2, &flips, false)
+            .unwrap();
+        let stacked = predictor.forward_flips(&input, 2, 2, &flips, true).unwrap();
+        assert_eq!(one.len(), 2 * 3 * 4 * 8 * 12);
+        assert!(one == stacked, "stacked flips differ");
+        assert!(predictor.stacks(flips.len() + 1), "a small pass stacks");
+        let plain = predictor.forward_flips(&input, 2, 2, &[], true).unwrap();
+        assert!(plain != one, "the flips add something");
     }
 
     #[test]

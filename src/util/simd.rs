@@ -1,13 +1,20 @@
-//! Which vector build the hot loops (the cache reader's image rows, the augmentation) take on
-//! this CPU: AVX2, or the portable code. Both run the same operations in the same order
-//! (nothing fuses a multiply and an add: Rust never contracts them, and no FMA intrinsic is
-//! used), so they give the same values bit for bit (`scripts/batch_hashes.sh` hashes the
-//! training batches of each); only the number of lanes per instruction differs, and with it
-//! the speed. AVX-512 CPUs take the AVX2 build: the AVX-512 copies of these loops gained 2-7%
-//! on micro-benchmarks, under the 10% end to end that a hand-written path must earn.
+//! Which vector build the hand-written loops take on this CPU, and the cap `VOXCACHE_SIMD`
+//! puts on it.
 //!
-//! `VOXCACHE_SIMD=portable` forces the portable build (to compare builds side by side in a
-//! benchmark on one machine).
+//! The cache reader's image rows and the augmentation have an AVX2 build and the portable
+//! code. Both run the same operations in the same order (nothing fuses a multiply and an add:
+//! Rust never contracts them, and no FMA intrinsic is used), so they give the same values bit
+//! for bit (`scripts/batch_hashes.sh` hashes the training batches of each); only the number of
+//! lanes per instruction differs, and with it the speed. AVX-512 CPUs take the AVX2 build
+//! there: the AVX-512 copies of these loops gained 2-7% on micro-benchmarks, under the 10% end
+//! to end that a hand-written path must earn.
+//!
+//! The convolution and normalization kernels (model::ops) have AVX-512 (with AVX512-BF16 for
+//! bf16), AVX2 and portable builds, and take the widest the CPU has within [`cap`].
+//!
+//! `VOXCACHE_SIMD` caps every build, to compare them side by side on one machine:
+//! `portable` (no hand-written vector code), `avx2` (no AVX-512 and no bf16 kernels: what a
+//! CPU without AVX-512 runs), `avx512` or unset (all the CPU has).
 
 use std::sync::OnceLock;
 
@@ -20,15 +27,52 @@ pub enum Simd {
     Avx2,
 }
 
-/// The widest build this CPU runs, capped by `VOXCACHE_SIMD` (read once per process).
+/// The widest instruction set `VOXCACHE_SIMD` lets any kernel use, narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Cap {
+    /// No hand-written vector code.
+    Portable,
+    /// Up to AVX2 and FMA.
+    Avx2,
+    /// Everything the CPU has (AVX-512, AVX512-BF16).
+    Avx512,
+}
+
+/// The cap `VOXCACHE_SIMD` sets (read once per process). A value it does not know is named
+/// on stderr once and sets no cap, so that a typo is seen and not taken as a cap.
+pub fn cap() -> Cap {
+    static CAP: OnceLock<Cap> = OnceLock::new();
+    *CAP.get_or_init(|| {
+        parse_cap(std::env::var("VOXCACHE_SIMD").ok().as_deref()).unwrap_or_else(|e| {
+            eprintln!("warning: {e}");
+            Cap::Avx512
+        })
+    })
+}
+
+/// The cap a value of `VOXCACHE_SIMD` names (unset or empty: none).
+fn parse_cap(value: Option<&str>) -> Result<Cap, String> {
+    match value {
+        None | Some("" | "avx512") => Ok(Cap::Avx512),
+        Some("avx2") => Ok(Cap::Avx2),
+        Some("portable") => Ok(Cap::Portable),
+        Some(other) => Err(format!(
+            "VOXCACHE_SIMD={other:?} is none of portable, avx2, avx512: no cap set"
+        )),
+    }
+}
+
+/// Whether [`cap`] lets a kernel use the instructions of `level` (the CPU must have them too).
+pub fn allows(level: Cap) -> bool {
+    level <= cap()
+}
+
+/// The widest build of the reader's and the augmentation's loops this CPU runs, within [`cap`].
 pub fn best() -> Simd {
     static BEST: OnceLock<Simd> = OnceLock::new();
-    *BEST.get_or_init(|| {
-        let cap = match std::env::var("VOXCACHE_SIMD").as_deref() {
-            Ok("portable") => Simd::Portable,
-            _ => Simd::Avx2,
-        };
-        detected().min(cap)
+    *BEST.get_or_init(|| match cap() {
+        Cap::Portable => Simd::Portable,
+        _ => detected(),
     })
 }
 
@@ -41,4 +85,23 @@ pub fn detected() -> Simd {
         }
     }
     Simd::Portable
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_cap, Cap};
+
+    #[test]
+    fn the_cap_names_and_a_typo() {
+        assert_eq!(parse_cap(None), Ok(Cap::Avx512));
+        assert_eq!(parse_cap(Some("avx512")), Ok(Cap::Avx512));
+        assert_eq!(parse_cap(Some("avx2")), Ok(Cap::Avx2));
+        assert_eq!(parse_cap(Some("portable")), Ok(Cap::Portable));
+        let e = parse_cap(Some("AVX2")).unwrap_err();
+        assert!(
+            e.contains("\"AVX2\"") && e.contains("portable, avx2, avx512"),
+            "{e}"
+        );
+        assert!(Cap::Portable < Cap::Avx2 && Cap::Avx2 < Cap::Avx512);
+    }
 }

@@ -107,8 +107,8 @@ impl<'a> Session<'a> {
         let bf16_cpu = dev.is_cpu() && shape.precision == Precision::Bf16;
         if bf16_cpu && !crate::model::ops::direct::bf16_available() {
             notices.push(
-                "precision bf16: this CPU has no AVX512-BF16, so its convolutions multiply \
-                 in f32 (activations are still kept in bf16)"
+                "precision bf16: this CPU has no AVX512-BF16 (or VOXCACHE_SIMD caps it off), so \
+                 its convolutions multiply in f32 (activations are still kept in bf16)"
                     .into(),
             );
         }

@@ -17,10 +17,13 @@ use super::{
     TILE,
 };
 use crate::model::ops::geometry::ConvGeom;
+use crate::util::simd::{allows, Cap};
 
-/// Whether this CPU runs the bf16 kernels.
+/// Whether this CPU runs the bf16 kernels (and `VOXCACHE_SIMD` does not cap them off).
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+    allows(Cap::Avx512)
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bf16")
 }
 
 /// `y = conv3d(x, w) + bias` of a convolution padded less than its kernel, at any stride, the
@@ -218,7 +221,7 @@ unsafe fn round_row_avx512(src: &[f32], dst: &mut [bf16]) {
 /// quiet bit).
 pub(super) fn widen_row(src: &[bf16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len());
-    match is_x86_feature_detected!("avx512f") {
+    match allows(Cap::Avx512) && is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F checked; the lengths are equal.
         true => unsafe { widen_row_avx512(src, dst) },
         false => dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32()),

@@ -394,29 +394,6 @@ impl Pass {
         self.kernel.iter().product()
     }
 
-    /// Source units (channels, or pairs of them) per chunk of packed weights.
-    fn chunk(&self, units: usize) -> usize {
-        let chunks = (units * self.taps() * CO_MAX)
-            .div_ceil(CHUNK_WEIGHTS)
-            .max(1);
-        units.div_ceil(chunks)
-    }
-
-    /// The weights `weight(o, u, t)` of `units` source units per block of destination
-    /// channels, laid out (unit, tap, channel of the block).
-    fn pack<T>(&self, units: usize, weight: impl Fn(usize, usize, usize) -> T) -> Vec<T> {
-        let taps = self.taps();
-        let mut packed = Vec::with_capacity(self.dst_ch * units * taps);
-        for (o0, co) in (0..block_count(self.dst_ch)).map(|b| block(self.dst_ch, b)) {
-            for u in 0..units {
-                for t in 0..taps {
-                    packed.extend((o0..o0 + co).map(|o| weight(o, u, t)));
-                }
-            }
-        }
-        packed
-    }
-
     /// Runs `body(workspace, n, blocks, planes)` over items that split the destination by
     /// sample, depth and block of channels (enough items for every worker). Each destination
     /// value belongs to one item and is summed in one fixed order, whatever the thread count.

@@ -2,6 +2,7 @@
 //! and bit for bit across thread counts.
 
 use super::kernels::Kernel;
+use super::weights::grad_weight_with;
 use super::{forward_with, grad_input_with, grad_weight};
 use crate::model::ops::columns::Planes;
 use crate::model::ops::geometry::ConvGeom;
@@ -126,18 +127,14 @@ fn check_strided(seed: u64, x: [usize; 5], w: [usize; 5], padding: [usize; 3], s
             None => assert!(stride.contains(&3), "{g:?}"),
         }
     }
-    let got = grad_weight(&g, &xs, &dy);
-    #[cfg(target_arch = "x86_64")]
-    {
-        let direct = is_x86_feature_detected!("avx512f") && (1..=3).contains(&g.kernel[2]);
-        assert_eq!(got.is_some(), direct, "{g:?}");
-    }
-    if let Some(got) = got {
-        assert_close(
-            &got,
-            &dw,
-            &format!("x{x:?} w{w:?} p{padding:?} s{stride:?} dw"),
-        );
+    for k in kernels() {
+        let got = grad_weight_with(k, &g, &xs, &dy);
+        let direct = !matches!(k, Kernel::Portable) && (1..=3).contains(&g.kernel[2]);
+        assert_eq!(got.is_some(), direct, "{k:?} {g:?}");
+        if let Some(got) = got {
+            let what = format!("{k:?} x{x:?} w{w:?} p{padding:?} s{stride:?} dw");
+            assert_close(&got, &dw, &what);
+        }
     }
 }
 
@@ -317,11 +314,13 @@ fn check_bf16_products(
 /// convolved.
 #[test]
 fn upsampling_planes_equal_the_transposed_convolution_and_its_concatenation() {
+    use super::up::transpose_with;
     use super::{forward_up_pair, forward_with, transpose, Upsampling};
     for (seed, low, up_ch, stride, skip_ch) in [
         (30, [2, 5, 3, 4, 5], 3, [2, 2, 2], 3),
         (31, [1, 7, 2, 9, 13], 4, [1, 2, 2], 4),
         (32, [1, 3, 2, 3, 70], 2, [2, 1, 3], 5),
+        (33, [1, 6, 2, 12, 12], 5, [1, 2, 2], 2),
     ] {
         let [n, cl, ld, lh, lw] = low;
         let mut rng = Rng::new(seed);
@@ -341,6 +340,20 @@ fn upsampling_planes_equal_the_transposed_convolution_and_its_concatenation() {
         let size = u.up_size();
         let vu: usize = size.iter().product();
         let got = transpose(&u, n, size);
+        // Every kernel gives the portable sums' bits, with a bias and without.
+        for u in [
+            u,
+            Upsampling {
+                bias: Some(&bias),
+                ..u
+            },
+        ] {
+            let want = transpose_with(Kernel::Portable, &u, n, size);
+            for k in kernels() {
+                let same = transpose_with(k, &u, n, size) == want;
+                assert!(same, "seed {seed} {k:?} bias {}", u.bias.is_some());
+            }
+        }
         for (i, &g) in got.iter().enumerate() {
             let (nn, o, v) = (i / (up_ch * vu), (i / vu) % up_ch, i % vu);
             let p = [v / (size[1] * size[2]), v / size[2] % size[1], v % size[2]];

@@ -5,34 +5,52 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::kernels::Kernel;
 #[cfg(target_arch = "x86_64")]
-use super::kernels::{grad_weight_plane, Kernel};
+use super::kernels::{grad_weight_plane_avx2, grad_weight_plane_avx512};
 use super::{block, block_count, reads_directly, Cast, Pass, Workspace};
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
 /// `dw` from `x` and `dy` of a convolution the direct pass reads ([`reads_directly`], any
-/// stride) whose kernel is 1 to 3 wide, on CPUs with AVX-512 (None otherwise: the column path
-/// computes it).
+/// stride) whose kernel is 1 to 3 wide, on CPUs with AVX2 or AVX-512 (None otherwise: the
+/// column path computes it).
 pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(Kernel::detect(), Kernel::Avx512)
-        && (1..=3).contains(&g.kernel[2])
-        && reads_directly(g)
-    {
-        let pass = Pass::forward(g);
-        let vi = g.input_voxels();
-        let fill = |n: usize, i: usize, s: Option<usize>, slot: &mut [f32]| {
-            pass.fill_plane(&x[(n * g.cin + i) * vi..][..vi], s, slot)
-        };
-        // SAFETY: AVX-512 was detected; the sweep holds what the pass reads.
-        let kernel = |sweep: &Sweep<f32>, co, out: &mut [f32]| unsafe {
-            grad_weight_plane(&pass, sweep, co, out)
-        };
-        return Some(pass.weight_sweeps(g.cin, fill, dy, kernel));
+    grad_weight_with(Kernel::detect(), g, x, dy)
+}
+
+/// [`grad_weight`] with the given kernel (tests compare them).
+pub(super) fn grad_weight_with(
+    kernel: Kernel,
+    g: &ConvGeom,
+    x: &[f32],
+    dy: &[f32],
+) -> Option<Vec<f32>> {
+    if !(1..=3).contains(&g.kernel[2]) || !reads_directly(g) {
+        return None;
     }
-    let _ = (g, x, dy);
-    None
+    let pass = Pass::forward(g);
+    let vi = g.input_voxels();
+    let fill = |n: usize, i: usize, s: Option<usize>, slot: &mut [f32]| {
+        pass.fill_plane(&x[(n * g.cin + i) * vi..][..vi], s, slot)
+    };
+    match kernel {
+        // SAFETY (both): the CPU has the features (detected); the sweep holds what the pass
+        // reads.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => Some(
+            pass.weight_sweeps(g.cin, fill, dy, |sweep, co, out| unsafe {
+                grad_weight_plane_avx512(&pass, sweep, co, out)
+            }),
+        ),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => Some(
+            pass.weight_sweeps(g.cin, fill, dy, |sweep, co, out| unsafe {
+                grad_weight_plane_avx2(&pass, sweep, co, out)
+            }),
+        ),
+        Kernel::Portable => None,
+    }
 }
 
 /// Bytes of one output gradient row a weight-gradient sweep should cover at least before its

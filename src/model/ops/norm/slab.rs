@@ -288,10 +288,11 @@ pub(super) mod wide {
         pub(in crate::model::ops::norm) fn detect() -> Self {
             #[cfg(target_arch = "x86_64")]
             {
-                if is_x86_feature_detected!("avx512f") {
+                use crate::util::simd::{allows, Cap};
+                if allows(Cap::Avx512) && is_x86_feature_detected!("avx512f") {
                     return Self::Avx512;
                 }
-                if is_x86_feature_detected!("avx2") {
+                if allows(Cap::Avx2) && is_x86_feature_detected!("avx2") {
                     return Self::Avx2;
                 }
             }
