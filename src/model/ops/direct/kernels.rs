@@ -60,7 +60,7 @@ impl Kernel {
             Self::Avx512 => unsafe { by_width!(block_avx512) },
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => unsafe { by_width!(block_avx2) },
-            Self::Portable => by_width!(block_tiles),
+            Self::Portable => by_width!(block_portable),
         }
     }
 }
@@ -346,7 +346,7 @@ unsafe fn block_avx512<const CO: usize>(
     w: &[f32],
     o0: usize,
 ) {
-    block_tiles::<CO>(p, ws, chunk, w, o0)
+    block_tiles::<CO, true>(p, ws, chunk, w, o0)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -358,12 +358,37 @@ unsafe fn block_avx2<const CO: usize>(
     w: &[f32],
     o0: usize,
 ) {
-    block_tiles::<CO>(p, ws, chunk, w, o0)
+    block_tiles::<CO, true>(p, ws, chunk, w, o0)
+}
+
+/// Whether the portable build fuses its multiply-adds: where the target has the instruction
+/// (aarch64; x86 only when built for FMA). Without it `f32::mul_add` is a library call, which
+/// made the portable training step 110x the AVX-512 one (33.7 s) on x86; a multiply and an
+/// add round twice instead, within the tests' tolerance of the naive sums.
+pub(super) const PORTABLE_FUSED: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
+
+/// `a * b + c`, fused if `FUSED`.
+#[inline(always)]
+pub(super) fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    match FUSED {
+        true => a.mul_add(b, c),
+        false => a * b + c,
+    }
+}
+
+fn block_portable<const CO: usize>(
+    p: &Pass,
+    ws: &mut Workspace<f32>,
+    chunk: usize,
+    w: &[f32],
+    o0: usize,
+) {
+    block_tiles::<CO, PORTABLE_FUSED>(p, ws, chunk, w, o0)
 }
 
 /// Every tile of one block, chunk by chunk of source channels (a chunk's weights stay in L1).
 #[inline(always)]
-fn block_tiles<const CO: usize>(
+fn block_tiles<const CO: usize, const FUSED: bool>(
     p: &Pass,
     ws: &mut Workspace<f32>,
     chunk: usize,
@@ -376,7 +401,7 @@ fn block_tiles<const CO: usize>(
         let i1 = (i0 + chunk).min(p.src_ch);
         let weights = &block[i0 * taps * CO..i1 * taps * CO];
         for q0 in (0..p.q_pad).step_by(TILE) {
-            tile::<CO>(p, ws, i0..i1, q0, weights, i0 > 0);
+            tile::<CO, FUSED>(p, ws, i0..i1, q0, weights, i0 > 0);
         }
     }
 }
@@ -384,7 +409,7 @@ fn block_tiles<const CO: usize>(
 /// `CO` output channels x [`TILE`] positions from `q0`, summed over source channels `chans`
 /// and every tap, added to `ws.out` when `accumulate` (later chunks) or written.
 #[inline(always)]
-fn tile<const CO: usize>(
+fn tile<const CO: usize, const FUSED: bool>(
     p: &Pass,
     ws: &mut Workspace<f32>,
     chans: std::ops::Range<usize>,
@@ -407,7 +432,7 @@ fn tile<const CO: usize>(
                 let wt = w.next().unwrap();
                 for (a, &wv) in acc.iter_mut().zip(wt) {
                     for (s, &v) in a.iter_mut().zip(x) {
-                        *s = wv.mul_add(v, *s);
+                        *s = madd::<FUSED>(wv, v, *s);
                     }
                 }
             }

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::kernels::Kernel;
+use super::kernels::{madd, Kernel, PORTABLE_FUSED};
 use super::Pass;
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
@@ -81,7 +81,7 @@ impl Upsampling<'_> {
             (Kernel::Avx512, _) => unsafe { plane_avx512(&rows, weights, put) },
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx2, _) => unsafe { plane_avx2(&rows, weights, put) },
-            _ => plane_sums(&rows, weights, put),
+            _ => plane_sums::<PORTABLE_FUSED>(&rows, weights, put),
         }
     }
 }
@@ -97,13 +97,13 @@ type Put<'p> = &'p mut dyn FnMut(usize, usize, usize, &[f32]);
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn plane_avx512(rows: &Rows, weights: &[f32], put: Put) {
-    plane_sums(rows, weights, put)
+    plane_sums::<true>(rows, weights, put)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn plane_avx2(rows: &Rows, weights: &[f32], put: Put) {
-    plane_sums(rows, weights, put)
+    plane_sums::<true>(rows, weights, put)
 }
 
 /// Low-resolution positions of one register tile (of a plane's positions in row order).
@@ -113,16 +113,16 @@ const ROW_TILE: usize = 64;
 /// every source channel times its weights for the plane's in-plane taps (four taps of a 2x2
 /// stride share each load), in channel order, then the bias.
 #[inline(always)]
-fn plane_sums(rows: &Rows, weights: &[f32], put: Put) {
+fn plane_sums<const FUSED: bool>(rows: &Rows, weights: &[f32], put: Put) {
     let in_plane = rows.u.stride[1] * rows.u.stride[2];
     match in_plane {
-        4 => rows.sums::<4>(weights, 0, put),
-        2 => rows.sums::<2>(weights, 0, put),
+        4 => rows.sums::<4, FUSED>(weights, 0, put),
+        2 => rows.sums::<2, FUSED>(weights, 0, put),
         _ => {
             // Any other stride: one tap at a time.
             for t in 0..in_plane {
                 let one: Vec<f32> = weights.iter().skip(t).step_by(in_plane).copied().collect();
-                rows.sums::<1>(&one, t, put);
+                rows.sums::<1, FUSED>(&one, t, put);
             }
         }
     }
@@ -139,7 +139,7 @@ struct Rows<'a> {
 impl Rows<'_> {
     /// `T` in-plane taps from tap `t0` on (row-major over (sh, sw)), `weights[j * T + t]`.
     #[inline(always)]
-    fn sums<const T: usize>(&self, weights: &[f32], t0: usize, put: Put) {
+    fn sums<const T: usize, const FUSED: bool>(&self, weights: &[f32], t0: usize, put: Put) {
         let [_, lh, lw] = self.u.low_size;
         let [_, sh, sw] = self.u.stride;
         let volume = self.u.volume();
@@ -152,13 +152,13 @@ impl Rows<'_> {
                 if let Ok(run) = <&[f32; ROW_TILE]>::try_from(run) {
                     for (a, &wv) in acc.iter_mut().zip(w) {
                         for (s, &v) in a.iter_mut().zip(run) {
-                            *s = wv.mul_add(v, *s);
+                            *s = madd::<FUSED>(wv, v, *s);
                         }
                     }
                 } else {
                     for (a, &wv) in acc.iter_mut().zip(w) {
                         for (s, &v) in a.iter_mut().zip(run) {
-                            *s = wv.mul_add(v, *s);
+                            *s = madd::<FUSED>(wv, v, *s);
                         }
                     }
                 }
