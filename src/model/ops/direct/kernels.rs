@@ -1,7 +1,7 @@
 //! The register-tiled inner loops of the direct convolution, and the choice of instruction set.
 
 #[cfg(target_arch = "x86_64")]
-use super::weights::{sums, Kept, Sweep};
+use super::weights::Sweep;
 use super::{block, block_count, Pass, Workspace, CHUNK_WEIGHTS, CO_MAX, TILE};
 #[cfg(target_arch = "x86_64")]
 use crate::util::simd::{allows, Cap};
@@ -162,128 +162,110 @@ impl Engine for F32 {
 #[cfg(target_arch = "x86_64")]
 const SWEEP_SEGMENT: usize = 512;
 
-/// Adds one sweep's weight gradient of `CO` channels to `dw`, laid out (channel of the block,
-/// source channel, tap): for every source channel, segment of the sweep and tap row (a, b),
-/// `CO x KW` vector accumulators swept along the segment and kept between segments, then each
-/// summed across its lanes once per source channel. Written with AVX-512
-/// intrinsics: the compiler left the portable form of this loop scalar (23x slower), so CPUs
-/// without AVX2 keep the column path for this gradient.
+/// The weight-gradient sweep at one vector width: `$name::<CO, KW>(p, sw, rows, dw)` adds
+/// one sweep's weight gradient of `CO` channels (their dy rows from `rows`, `sw.len` apart)
+/// to `dw`, laid out (channel of the block, source channel, tap). For every source channel,
+/// segment of the sweep and tap row (a, b): `CO x KW` vector accumulators swept along the
+/// segment and kept between segments, then each summed across its lanes (`$reduce`) once per
+/// source channel. Written with intrinsics: the compiler left the portable form of this loop
+/// scalar (23x slower), so CPUs without AVX2 keep the column path for this gradient.
 ///
-/// # Safety
-/// The CPU has AVX-512F; `sw` holds `CO` rows and planes readable as [`Sweep`] says.
+/// Safety of the functions made: the CPU has `$feature`; `rows` holds `CO` rows of `sw.len`
+/// and `sw` planes readable as [`Sweep`] says.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn grad_weight_avx512<const CO: usize, const KW: usize>(
-    p: &Pass,
-    sw: &Sweep<f32>,
-    dw: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let [kd, kh, _] = p.kernel;
-    let taps = p.taps();
-    let (rows, len) = (sw.rows.as_ptr(), sw.len);
-    // Per tap row (a, b): the lanes of its accumulators between segments of the sweep.
-    let mut lanes: Vec<Kept<CO, KW>> = vec![[[[0f32; 16]; KW]; CO]; kd * kh];
-    for i in 0..p.src_ch {
-        lanes.iter_mut().for_each(|l| *l = [[[0f32; 16]; KW]; CO]);
-        for s0 in (0..len).step_by(SWEEP_SEGMENT) {
-            let s1 = len.min(s0 + SWEEP_SEGMENT);
-            for a in 0..kd {
-                let plane = sw.planes[i * kd + a];
-                for b in 0..kh {
-                    let kept = &mut lanes[a * kh + b];
-                    // Reads reach len - 1 + the last offset, inside what the sweep holds.
-                    let reads: [*const f32; KW] =
-                        std::array::from_fn(|c| plane.add(sw.offsets[b * KW + c]));
-                    let mut acc = sums::load(kept);
-                    for q in (s0..s1).step_by(16) {
-                        // The taps' inputs first, then one row of dy at a time: 22 registers
-                        // live.
-                        let x: [__m512; KW] =
-                            std::array::from_fn(|c| _mm512_loadu_ps(reads[c].add(q)));
-                        for (k, acc) in acc.iter_mut().enumerate() {
-                            let d = _mm512_loadu_ps(rows.add(k * len + q));
-                            for (a, &x) in acc.iter_mut().zip(&x) {
-                                *a = _mm512_fmadd_ps(d, x, *a);
+macro_rules! sweep_kernel {
+    ($name:ident, $feature:literal, $vec:ty, $lanes:literal, $load:ident, $store:ident,
+     $fmadd:ident, $reduce:expr) => {
+        #[target_feature(enable = $feature)]
+        unsafe fn $name<const CO: usize, const KW: usize>(
+            p: &Pass,
+            sw: &Sweep<f32>,
+            rows: *const f32,
+            dw: &mut [f32],
+        ) {
+            use std::arch::x86_64::*;
+            let [kd, kh, _] = p.kernel;
+            let taps = p.taps();
+            let len = sw.len;
+            // Per tap row (a, b): the lanes of its accumulators between segments.
+            let mut lanes = vec![[[[0f32; $lanes]; KW]; CO]; kd * kh];
+            for i in 0..p.src_ch {
+                lanes
+                    .iter_mut()
+                    .for_each(|l| *l = [[[0f32; $lanes]; KW]; CO]);
+                for s0 in (0..len).step_by(SWEEP_SEGMENT) {
+                    let s1 = len.min(s0 + SWEEP_SEGMENT);
+                    for a in 0..kd {
+                        let plane = sw.planes[i * kd + a];
+                        for b in 0..kh {
+                            let kept = &mut lanes[a * kh + b];
+                            // Reads reach len - 1 + the last offset, inside the sweep.
+                            let reads: [*const f32; KW] =
+                                std::array::from_fn(|c| plane.add(sw.offsets[b * KW + c]));
+                            let mut acc: [[$vec; KW]; CO] = std::array::from_fn(|k| {
+                                std::array::from_fn(|c| $load(kept[k][c].as_ptr()))
+                            });
+                            for q in (s0..s1).step_by($lanes) {
+                                // The taps' inputs first, then one row of dy at a time.
+                                let x: [$vec; KW] = std::array::from_fn(|c| $load(reads[c].add(q)));
+                                for (k, acc) in acc.iter_mut().enumerate() {
+                                    let d = $load(rows.add(k * len + q));
+                                    for (a, &x) in acc.iter_mut().zip(&x) {
+                                        *a = $fmadd(d, x, *a);
+                                    }
+                                }
+                            }
+                            for (kept, acc) in kept.iter_mut().zip(&acc) {
+                                for (kept, &acc) in kept.iter_mut().zip(acc) {
+                                    $store(kept.as_mut_ptr(), acc);
+                                }
                             }
                         }
                     }
-                    sums::store(kept, &acc);
+                }
+                for (ab, kept) in lanes.iter().enumerate() {
+                    for (k, row) in kept.iter().enumerate() {
+                        let at = (k * p.src_ch + i) * taps + ab * KW;
+                        for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
+                            *d += $reduce(l);
+                        }
+                    }
                 }
             }
         }
-        sums::add(&lanes, (i, p.src_ch, taps), dw);
-    }
+    };
 }
 
-/// [`grad_weight_avx512`] in eight lanes, for CPUs with AVX2 and FMA but not AVX-512: `CO`
-/// (at most 3) of the block's channels, whose rows begin at `rows`, so that a kernel three
-/// wide keeps 9 accumulators, 3 inputs and a row of dy in the 16 registers. The kept lanes are
-/// summed in lane order.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA; `rows` holds `CO` rows of `sw.len` and `sw` planes readable as
-/// [`Sweep`] says.
+// Six channels a sweep: 18 accumulators, 3 inputs and a dy row of the 32 registers.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn grad_weight_avx2<const CO: usize, const KW: usize>(
-    p: &Pass,
-    sw: &Sweep<f32>,
-    rows: *const f32,
-    dw: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let [kd, kh, _] = p.kernel;
-    let taps = p.taps();
-    let len = sw.len;
-    let mut lanes: Vec<[[[f32; 8]; KW]; CO]> = vec![[[[0f32; 8]; KW]; CO]; kd * kh];
-    for i in 0..p.src_ch {
-        lanes.iter_mut().for_each(|l| *l = [[[0f32; 8]; KW]; CO]);
-        for s0 in (0..len).step_by(SWEEP_SEGMENT) {
-            let s1 = len.min(s0 + SWEEP_SEGMENT);
-            for a in 0..kd {
-                let plane = sw.planes[i * kd + a];
-                for b in 0..kh {
-                    let kept = &mut lanes[a * kh + b];
-                    let reads: [*const f32; KW] =
-                        std::array::from_fn(|c| plane.add(sw.offsets[b * KW + c]));
-                    let mut acc: [[__m256; KW]; CO] = std::array::from_fn(|k| {
-                        std::array::from_fn(|c| _mm256_loadu_ps(kept[k][c].as_ptr()))
-                    });
-                    for q in (s0..s1).step_by(8) {
-                        let x: [__m256; KW] =
-                            std::array::from_fn(|c| _mm256_loadu_ps(reads[c].add(q)));
-                        for (k, acc) in acc.iter_mut().enumerate() {
-                            let d = _mm256_loadu_ps(rows.add(k * len + q));
-                            for (a, &x) in acc.iter_mut().zip(&x) {
-                                *a = _mm256_fmadd_ps(d, x, *a);
-                            }
-                        }
-                    }
-                    for (kept, acc) in kept.iter_mut().zip(&acc) {
-                        for (kept, &acc) in kept.iter_mut().zip(acc) {
-                            _mm256_storeu_ps(kept.as_mut_ptr(), acc);
-                        }
-                    }
-                }
-            }
-        }
-        for (ab, kept) in lanes.iter().enumerate() {
-            for (k, row) in kept.iter().enumerate() {
-                let at = (k * p.src_ch + i) * taps + ab * KW;
-                for (d, l) in dw[at..at + KW].iter_mut().zip(row) {
-                    *d += l.iter().sum::<f32>();
-                }
-            }
-        }
-    }
-}
+sweep_kernel!(
+    grad_weight_avx512,
+    "avx512f",
+    __m512,
+    16,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_fmadd_ps,
+    |l: &[f32; 16]| _mm512_reduce_add_ps(_mm512_loadu_ps(l.as_ptr()))
+);
+// Three channels a sweep (CO <= 3): 9 accumulators, 3 inputs and a dy row of the 16.
+#[cfg(target_arch = "x86_64")]
+sweep_kernel!(
+    grad_weight_avx2,
+    "avx2,fma",
+    __m256,
+    8,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_fmadd_ps,
+    |l: &[f32; 8]| l.iter().sum::<f32>()
+);
 
 /// [`grad_weight_avx2`] for `co` channels of a kernel `p.kernel[2]` (1 to 3) wide, three
 /// channels at a time.
 ///
 /// # Safety
-/// As [`grad_weight_avx2`], `sw` holding `co` rows.
+/// The CPU has AVX2 and FMA; `sw` holds `co` rows and planes readable as [`Sweep`] says.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn grad_weight_plane_avx2(p: &Pass, sw: &Sweep<f32>, co: usize, dw: &mut [f32]) {
     let per_channel = p.src_ch * p.taps();
@@ -310,7 +292,7 @@ pub(super) unsafe fn grad_weight_plane_avx2(p: &Pass, sw: &Sweep<f32>, co: usize
 /// [`grad_weight_avx512`] for `co` channels of a kernel `p.kernel[2]` (1 to 3) wide.
 ///
 /// # Safety
-/// As [`grad_weight_avx512`].
+/// The CPU has AVX-512F; `sw` holds `co` rows and planes readable as [`Sweep`] says.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn grad_weight_plane_avx512(
     p: &Pass,
@@ -318,15 +300,16 @@ pub(super) unsafe fn grad_weight_plane_avx512(
     co: usize,
     dw: &mut [f32],
 ) {
+    let rows = sw.rows.as_ptr();
     macro_rules! by_width {
         ($kw:literal) => {
             match co {
-                1 => grad_weight_avx512::<1, $kw>(p, sw, dw),
-                2 => grad_weight_avx512::<2, $kw>(p, sw, dw),
-                3 => grad_weight_avx512::<3, $kw>(p, sw, dw),
-                4 => grad_weight_avx512::<4, $kw>(p, sw, dw),
-                5 => grad_weight_avx512::<5, $kw>(p, sw, dw),
-                _ => grad_weight_avx512::<6, $kw>(p, sw, dw),
+                1 => grad_weight_avx512::<1, $kw>(p, sw, rows, dw),
+                2 => grad_weight_avx512::<2, $kw>(p, sw, rows, dw),
+                3 => grad_weight_avx512::<3, $kw>(p, sw, rows, dw),
+                4 => grad_weight_avx512::<4, $kw>(p, sw, rows, dw),
+                5 => grad_weight_avx512::<5, $kw>(p, sw, rows, dw),
+                _ => grad_weight_avx512::<6, $kw>(p, sw, rows, dw),
             }
         };
     }

@@ -283,9 +283,10 @@ impl Pass {
 #[cfg(target_arch = "x86_64")]
 pub(super) type Kept<const CO: usize, const KW: usize> = [[[f32; 16]; KW]; CO];
 
-/// Shared by the f32 and bf16 weight-gradient kernels. Loaded and stored by loops short enough
-/// to unroll, so that the accumulators stay registers through the sweep (an indexed loop over
-/// them made them a stack array that the sweep reloaded).
+/// The bf16 weight-gradient kernel's kept lanes (the f32 kernels keep theirs at each vector
+/// width: `sweep_kernel!`). Loaded and stored by loops short enough to unroll, so that the
+/// accumulators stay registers through the sweep (an indexed loop over them made them a stack
+/// array that the sweep reloaded).
 #[cfg(target_arch = "x86_64")]
 pub(super) mod sums {
     use std::arch::x86_64::*;
