@@ -26,11 +26,16 @@ pub(super) fn grad_weight_with(
     x: &[f32],
     dy: &[f32],
 ) -> Option<Vec<f32>> {
-    if !(1..=3).contains(&g.kernel[2]) || !reads_directly(g) {
+    if matches!(kernel, Kernel::Portable) || !(1..=3).contains(&g.kernel[2]) || !reads_directly(g) {
         return None;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, dy);
+    #[cfg(target_arch = "x86_64")]
     let pass = Pass::forward(g);
+    #[cfg(target_arch = "x86_64")]
     let vi = g.input_voxels();
+    #[cfg(target_arch = "x86_64")]
     let fill = |n: usize, i: usize, s: Option<usize>, slot: &mut [f32]| {
         pass.fill_plane(&x[(n * g.cin + i) * vi..][..vi], s, slot)
     };
