@@ -190,40 +190,50 @@ fn passes(
         rate("grad-input", gi.0, f32_peak),
         rate("grad-weight", gw.0, f32_peak)
     );
-    // The same passes on bf16 data where this CPU has the bf16 kernels.
+    // The same passes on bf16 data: by dot products where this process multiplies bf16 so
+    // (`VOXCACHE_BF16`), else by the f32 kernels on widened values.
     let b = |v: &[f32]| {
         v.iter()
             .map(|&f| half::bf16::from_f32(f))
             .collect::<Vec<_>>()
     };
     let (xb, wb, dyb) = (b(&xs), b(&ws), b(&dy));
+    let dot = ops::direct::bf16_dot_products();
     if ops::direct::forward_bf16(&g, &xb, &wb, None).is_some() {
         let fwd = median_ms(runs, || drop(ops::direct::forward_bf16(&g, &xb, &wb, None)));
-        let gi = median_ms(runs, || {
-            drop(ops::direct::grad_input_bf16::<_, half::bf16>(&g, &dyb, &wb))
-        });
+        let gi = median_ms(runs, || drop(ops::direct::grad_input_bf16(&g, &dyb, &wb)));
         let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xb, &dyb)));
+        let how = match dot {
+            true => "dot products",
+            false => "f32 FMAs on widened values",
+        };
         println!(
-            "  bf16 passes (median/min/cpu ms): forward {:.1}/{:.1}/{:.0}, grad-input {:.1}/{:.1}/{:.0}, grad-weight {:.1}/{:.1}/{:.0}",
+            "  bf16 passes, {how} (median/min/cpu ms): forward {:.1}/{:.1}/{:.0}, grad-input {:.1}/{:.1}/{:.0}, grad-weight {:.1}/{:.1}/{:.0}",
             fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
         );
-        let bf16_peak = peaks.map(|p| p.1).filter(|p| p.is_finite());
+        let peak = peaks
+            .map(|p| if dot { p.1 } else { p.0 })
+            .filter(|p| p.is_finite());
         println!(
             "    {}; {}; {}",
-            rate("forward", fwd.0, bf16_peak),
-            rate("grad-input", gi.0, bf16_peak),
-            rate("grad-weight", gw.0, bf16_peak)
+            rate("forward", fwd.0, peak),
+            rate("grad-input", gi.0, peak),
+            rate("grad-weight", gw.0, peak)
         );
-        // f32 data, bf16 products (what `--precision bf16` runs on the CPU).
+    }
+    if dot {
+        // f32 data, bf16 products (what `--precision bf16` inference runs on the CPU).
         let vi = g.input_voxels();
         let sample = |n: usize| ops::columns::Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
         let fwd = median_ms(runs, || {
             drop(ops::direct::forward_bf16_products(&g, sample, &ws))
         });
         let gi = median_ms(runs, || {
-            drop(ops::direct::grad_input_bf16::<_, f32>(&g, &dy, &ws))
+            drop(ops::direct::grad_input_bf16_products(&g, &dy, &ws))
         });
-        let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xs, &dy)));
+        let gw = median_ms(runs, || {
+            drop(ops::direct::grad_weight_bf16_products(&g, &xs, &dy))
+        });
         println!(
             "  bf16-product passes on f32 data (median/min/cpu ms): forward {:.1}/{:.1}/{:.0}, grad-input {:.1}/{:.1}/{:.0}, grad-weight {:.1}/{:.1}/{:.0}",
             fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2

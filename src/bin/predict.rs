@@ -302,10 +302,11 @@ fn real_main(mut cli: Cli, given: &Given) -> Result<Exit> {
     let nnunet = cli.nnunet_model.is_some() || cli.dataset.is_some();
     check_modes(&mut cli, given, nnunet)?;
     let bf16 = cli.precision == Some(voxcache::format::training::network::Precision::Bf16);
-    if bf16 && cli.device == "cpu" && !voxcache::model::ops::direct::bf16_available() {
+    if bf16 && cli.device == "cpu" && !voxcache::model::ops::direct::bf16_dot_products() {
         eprintln!(
-            "note: precision bf16: this CPU has no AVX512-BF16 (or VOXCACHE_SIMD caps it off), so \
-             its convolutions compute in f32"
+            "note: precision bf16: this CPU's convolutions compute in f32 (it has no AVX512-BF16, \
+             its bf16 dot products are slower than its f32 FMAs, or VOXCACHE_SIMD or \
+             VOXCACHE_BF16 says so)"
         );
     }
     let nnunet_dir = match (&cli.nnunet_model, &cli.dataset) {

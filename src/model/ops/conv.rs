@@ -156,7 +156,7 @@ pub fn grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
         return scatter_grad_input_cpu(g, dy, w);
     }
     if g.products == Products::Bf16 {
-        if let Some(dx) = direct::grad_input_bf16(g, dy, w) {
+        if let Some(dx) = direct::grad_input_bf16_products(g, dy, w) {
             return dx;
         }
     }
@@ -256,7 +256,7 @@ fn scatter_grad_input_cpu(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
 /// `dw` from `x` and `dy`: sum over blocks of dy (Cout x cols) @ columns(x)^T (cols x Cin*k^3).
 pub fn grad_weight_cpu(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Vec<f32> {
     if g.products == Products::Bf16 {
-        if let Some(dw) = direct::grad_weight_bf16(g, x, dy) {
+        if let Some(dw) = direct::grad_weight_bf16_products(g, x, dy) {
             return dw;
         }
     }

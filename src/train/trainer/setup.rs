@@ -105,10 +105,12 @@ impl<'a> Session<'a> {
         // bf16 training keeps bf16 activations on the CPU too (the ops compute in f32 inside).
         let shape = cfg.step_shape(dev.is_cpu());
         let bf16_cpu = dev.is_cpu() && shape.precision == Precision::Bf16;
-        if bf16_cpu && !crate::model::ops::direct::bf16_available() {
+        if bf16_cpu && !crate::model::ops::direct::bf16_dot_products() {
             notices.push(
-                "precision bf16: this CPU has no AVX512-BF16 (or VOXCACHE_SIMD caps it off), so \
-                 its convolutions multiply in f32 (activations are still kept in bf16)"
+                "precision bf16: this CPU's convolutions multiply bf16 values in f32, widened as \
+                 they are read (it has no AVX512-BF16, its bf16 dot products are slower than \
+                 its f32 FMAs, or VOXCACHE_SIMD or VOXCACHE_BF16 says so); activations are \
+                 still kept in bf16"
                     .into(),
             );
         }

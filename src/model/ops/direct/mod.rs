@@ -29,6 +29,7 @@ mod bf16;
 mod in_place;
 mod kernels;
 mod phases;
+mod products;
 #[cfg(test)]
 mod tests;
 mod up;
@@ -36,10 +37,14 @@ mod values;
 mod weights;
 
 use super::columns::Planes;
-use super::geometry::{ConvGeom, Products};
+use super::geometry::ConvGeom;
 use super::matmul::SharedOut;
 pub use in_place::forward_in_place;
 use kernels::{Engine, Kernel, F32};
+pub use products::{
+    bf16_dot_products, forward_bf16, forward_bf16_products, grad_input_bf16,
+    grad_input_bf16_products, grad_weight_bf16, grad_weight_bf16_products,
+};
 pub use up::{forward_up_pair, forward_up_pair_in_place, transpose, Upsampling};
 use values::{interleave_scalar, store_row};
 pub use values::{Cast, Operand, Output};
@@ -94,26 +99,42 @@ pub fn grad_input(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
     grad_input_with(Kernel::detect(), g, dy, w)
 }
 
-fn grad_input_with(kernel: Kernel, g: &ConvGeom, dy: &[f32], w: &[f32]) -> Vec<f32> {
+/// [`grad_input`] with the given kernel, of f32 or bf16 tensors (widened as the ring is
+/// filled), each sum stored once as an `O`.
+fn grad_input_with<S: Cast<f32> + Sync, O: Output>(
+    kernel: Kernel,
+    g: &ConvGeom,
+    dy: &[S],
+    w: &[S],
+) -> Vec<O> {
     let pass = Pass::input_gradient(g);
     let vo = g.output_voxels();
-    pass.run(
-        kernel,
-        |n| Planes::one(&dy[n * g.cout * vo..][..g.cout * vo], vo),
-        |o, i, t| input_gradient_weight(g, w, o, i, t),
-    )
+    let engine = F32::new(kernel, &pass, |o, i, t| {
+        input_gradient_weight(g, w, o, i, t).cast()
+    });
+    pass.run_filled(&engine, |n, i, source, slot| {
+        pass.fill_plane(&dy[(n * g.cout + i) * vo..][..vo], source, slot)
+    })
 }
 
 /// `dx` from `dy` of a strided convolution the direct pass reads ([`reads_directly`]), one
 /// stride-1 pass per stride phase; None where a phase would need negative padding (padding at
 /// the stride beyond the last tap).
 pub fn grad_input_strided(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Option<Vec<f32>> {
+    grad_input_strided_with(Kernel::detect(), g, dy, w)
+}
+
+/// [`grad_input_strided`] of f32 or bf16 tensors, as [`grad_input_with`].
+fn grad_input_strided_with<S: Cast<f32> + Sync, O: Output>(
+    kernel: Kernel,
+    g: &ConvGeom,
+    dy: &[S],
+    w: &[S],
+) -> Option<Vec<O>> {
     let vo = g.output_voxels();
     phases::by_phases(g, |phase| {
         let pass = &phase.pass;
-        let engine = F32::new(Kernel::detect(), pass, |o, i, t| {
-            phase.weight(g, w, o, i, t)
-        });
+        let engine = F32::new(kernel, pass, |o, i, t| phase.weight(g, w, o, i, t).cast());
         pass.run_filled(&engine, |n, i, source, slot| {
             pass.fill_plane(&dy[(n * g.cout + i) * vo..][..vo], source, slot)
         })
@@ -144,34 +165,6 @@ fn input_gradient_weight<T: Copy>(g: &ConvGeom, w: &[T], o: usize, i: usize, t: 
     w[(i * g.cin + o) * taps + (taps - 1 - t)]
 }
 
-/// Whether this CPU has the bf16 kernels (AVX512-BF16).
-pub fn bf16_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        bf16::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether the bf16 kernels compute this convolution on this CPU: padding below the kernel
-/// size, any stride (a kernel equal to its stride too: the transposed convolution's gradients,
-/// where twice the f32 rate pays for the phase planes), the input gradient at a stride one
-/// pass per stride phase.
-fn bf16_kernels(g: &ConvGeom) -> bool {
-    (0..3).all(|a| g.padding[a] < g.kernel[a]) && bf16_available()
-}
-
-/// The bf16 engine of `g`'s forward pass (`pass`) where `g` asks for bf16 products and this
-/// CPU has the kernels: what the passes that only inference runs multiply in.
-#[cfg(target_arch = "x86_64")]
-fn bf16_engine(pass: &Pass, g: &ConvGeom, w: &[f32]) -> Option<bf16::Pairs> {
-    (g.products == Products::Bf16 && applies(g) && bf16_available())
-        .then(|| bf16::Pairs::new(pass, |o, i, t| forward_weight(g, w, o, i, t).bf16()))
-}
-
 impl Pass {
     /// `g`'s forward pass (this pass) with weights `w`, its ring filled by the f32 fill
     /// `fill`, into a new buffer, multiplying in what `g.products` asks for on this CPU.
@@ -182,7 +175,7 @@ impl Pass {
         fill: impl Fn(usize, usize, Option<usize>, &mut [f32]) + Sync,
     ) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
-        if let Some(engine) = bf16_engine(self, g, w) {
+        if let Some(engine) = products::dot_engine(self, g, w) {
             return self.run_filled(&engine, self.paired(&fill));
         }
         let engine = F32::new(Kernel::detect(), self, |o, i, t| {
@@ -203,7 +196,7 @@ impl Pass {
         dst: SharedOut,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(engine) = bf16_engine(self, g, w) {
+        if let Some(engine) = products::dot_engine(self, g, w) {
             return self.run_in_place(&engine, self.paired(&fill), dst);
         }
         let engine = F32::new(Kernel::detect(), self, |o, i, t| {
@@ -211,66 +204,6 @@ impl Pass {
         });
         self.run_in_place(&engine, fill, dst)
     }
-}
-
-/// The forward pass on bf16 tensors where the bf16 kernels compute this convolution on this
-/// CPU (`bf16_kernels`; None otherwise), `bias` (f32) added to the sums before their one
-/// rounding.
-pub fn forward_bf16(
-    g: &ConvGeom,
-    x: &[half::bf16],
-    w: &[half::bf16],
-    bias: Option<&[f32]>,
-) -> Option<Vec<half::bf16>> {
-    let vi = g.input_voxels();
-    #[cfg(target_arch = "x86_64")]
-    if bf16_kernels(g) {
-        return Some(bf16::forward(
-            g,
-            |n, i| &x[(n * g.cin + i) * vi..][..vi],
-            w,
-            bias,
-        ));
-    }
-    let _ = (g, x, w, vi, bias);
-    None
-}
-
-/// The forward pass on f32 tensors with bf16 products and f32 sums, as [`forward_bf16`].
-pub fn forward_bf16_products<'a>(
-    g: &ConvGeom,
-    sample: impl Fn(usize) -> Planes<'a> + Sync,
-    w: &[f32],
-) -> Option<Vec<f32>> {
-    #[cfg(target_arch = "x86_64")]
-    if bf16_kernels(g) {
-        return Some(bf16::forward(g, |n, i| sample(n).channel(i), w, None));
-    }
-    let _ = (g, sample, w);
-    None
-}
-
-/// The input gradient with bf16 products, on bf16 tensors (`O` bf16) or f32 ones (`O` f32),
-/// as [`forward_bf16`].
-pub fn grad_input_bf16<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Option<Vec<O>> {
-    #[cfg(target_arch = "x86_64")]
-    if bf16_kernels(g) {
-        return bf16::grad_input(g, dy, w);
-    }
-    let _ = (g, dy, w);
-    None
-}
-
-/// The weight gradient with bf16 products (f32 sums), on bf16 or f32 tensors, as
-/// [`forward_bf16`], for kernels 1 to 3 wide.
-pub fn grad_weight_bf16<S: Operand>(g: &ConvGeom, x: &[S], dy: &[S]) -> Option<Vec<f32>> {
-    let vi = g.input_voxels();
-    #[cfg(target_arch = "x86_64")]
-    if bf16_kernels(g) {
-        return bf16::grad_weight(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], dy);
-    }
-    let _ = (g, x, dy, vi);
-    None
 }
 
 /// Blocks of at most [`CO_MAX`] destination channels, as even as can be (32 channels are

@@ -71,10 +71,15 @@ fn naive(g: &ConvGeom, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f64>; 3] {
 }
 
 fn assert_close(got: &[f32], want: &[f64], what: &str) {
+    assert_within(got, want, 1e-4, what)
+}
+
+/// Each value within `rel` of its reference (or of their root mean square, if larger).
+fn assert_within(got: &[f32], want: &[f64], rel: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len().max(1) as f64).sqrt();
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let tol = 1e-4 * w.abs().max(rms).max(1e-12);
+        let tol = rel * w.abs().max(rms).max(1e-12);
         assert!(
             (g as f64 - w).abs() <= tol,
             "{what}[{i}]: got {g}, want {w}"
@@ -219,6 +224,7 @@ fn bf16_products_on_f32_data_equal_f32_sums_of_rounded_values() {
         (22, [1, 3, 2, 3, 17], [2, 3, 1, 1, 1], [0; 3]),
     ] {
         check_bf16_products(seed, x, w, padding, [1; 3], true);
+        check_bf16_tensors(seed, x, w, padding, [1; 3]);
     }
 }
 
@@ -242,6 +248,7 @@ fn strided_bf16_passes_equal_f32_sums_of_rounded_values() {
         (33, [1, 4, 3, 6, 8], [6, 4, 1, 2, 2], [0; 3], [1, 2, 2]),
     ] {
         check_bf16_products(seed, x, w, padding, stride, true);
+        check_bf16_tensors(seed, x, w, padding, stride);
     }
     // A phase whose first tap reads past the padding (stride 3, padding 1; or padding 2 at
     // stride 2) has no stride-1 pass: the input gradient is None, the caller takes the columns.
@@ -254,6 +261,73 @@ fn strided_bf16_passes_equal_f32_sums_of_rounded_values() {
         false,
     );
     check_bf16_products(31, [1, 2, 5, 6, 7], [3, 2, 3, 3, 3], [2; 3], [2; 3], false);
+    check_bf16_tensors(31, [1, 2, 5, 6, 7], [3, 2, 3, 3, 3], [2; 3], [2; 3]);
+}
+
+/// bf16 tensors by each engine this CPU runs (the dot products where it has AVX512-BF16, the
+/// f32 kernels on widened values everywhere): the float64 sums of the same bf16 values, the
+/// bias added before the one rounding of `y` and `dx` (f32 sums for `dw`), and the same bits at
+/// 1, 2 and 3 threads.
+fn check_bf16_tensors(
+    seed: u64,
+    x: [usize; 5],
+    w: [usize; 5],
+    padding: [usize; 3],
+    stride: [usize; 3],
+) {
+    use super::products::{
+        dot_available, forward_bf16_by, grad_input_bf16_by, grad_weight_bf16_by, How,
+    };
+    use half::bf16;
+    let g = ConvGeom::new(&x, &w, padding, stride).unwrap();
+    let mut rng = Rng::new(seed + 1000);
+    let to_bf16 = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let wide = |v: &[bf16]| v.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
+    let xs = to_bf16(random(&mut rng, x.iter().product()));
+    let ws = to_bf16(random(&mut rng, w.iter().product()));
+    let vo = g.output_voxels();
+    let dy = to_bf16(random(&mut rng, g.batch * g.cout * vo));
+    let bias = random(&mut rng, g.cout);
+    let [mut y, dx, dw] = naive(&g, &wide(&xs), &wide(&ws), &wide(&dy));
+    for (k, v) in y.iter_mut().enumerate() {
+        *v += bias[(k / vo) % g.cout] as f64;
+    }
+    let mut engines = vec![How::Widened];
+    if dot_available() {
+        engines.push(How::Dot);
+    }
+    for how in engines {
+        let run = |threads: usize| {
+            pool(threads).install(|| {
+                (
+                    forward_bf16_by(how, &g, &xs, &ws, Some(&bias)),
+                    grad_input_bf16_by(how, &g, &dy, &ws),
+                    grad_weight_bf16_by(how, &g, &xs, &dy),
+                )
+            })
+        };
+        let got = run(2);
+        let what = format!("{how:?} x{x:?} w{w:?} p{padding:?} s{stride:?}");
+        assert!(
+            run(1) == got && run(3) == got,
+            "{what}: thread counts differ"
+        );
+        // Widened, the passes the f32 direct kernels read (the rest take the columns).
+        if how == How::Widened && super::reads_directly(&g) {
+            let swept = (1..=3).contains(&w[4]);
+            assert!(got.0.is_some() && got.2.is_some() == swept, "{what}");
+        }
+        // One rounding to bf16: 2^-9 relative.
+        if let Some(y_got) = got.0 {
+            assert_within(&wide(&y_got), &y, 4e-3, &format!("{what} y"));
+        }
+        if let Some(dx_got) = got.1 {
+            assert_within(&wide(&dx_got), &dx, 4e-3, &format!("{what} dx"));
+        }
+        if let Some(dw_got) = got.2 {
+            assert_close(&dw_got, &dw, &format!("{what} dw"));
+        }
+    }
 }
 
 fn check_bf16_products(
@@ -264,7 +338,7 @@ fn check_bf16_products(
     stride: [usize; 3],
     phases: bool,
 ) {
-    use super::{forward_bf16_products, grad_input_bf16, grad_weight_bf16};
+    use super::{forward_bf16_products, grad_input_bf16_products, grad_weight_bf16_products};
     {
         let g = ConvGeom::new(&x, &w, padding, stride).unwrap();
         let mut rng = Rng::new(seed);
@@ -284,13 +358,13 @@ fn check_bf16_products(
                 let sample = |n: usize| Planes::one(&xs[n * g.cin * vi..][..g.cin * vi], vi);
                 (
                     forward_bf16_products(&g, sample, &ws),
-                    grad_input_bf16::<f32, f32>(&g, &dy, &ws),
-                    grad_weight_bf16(&g, &xs, &dy),
+                    grad_input_bf16_products(&g, &dy, &ws),
+                    grad_weight_bf16_products(&g, &xs, &dy),
                 )
             })
         };
         let got = run(2);
-        if !super::bf16_available() {
+        if !super::bf16_dot_products() {
             assert!(got.0.is_none() && got.1.is_none() && got.2.is_none());
             return;
         }
@@ -496,7 +570,7 @@ impl Over<'_> {
 fn bf16_passes_that_only_inference_runs_equal_the_bf16_pass_over_the_built_tensor() {
     use super::{forward_bf16_products, forward_up_pair, transpose, Upsampling};
     use crate::model::ops::Products;
-    if !super::bf16_available() {
+    if !super::bf16_dot_products() {
         return; // the callers take the f32 passes, held by the tests above
     }
     for (seed, x, k, pad, up_ch, stride) in [

@@ -20,11 +20,11 @@ pub fn grad_weight(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
 }
 
 /// [`grad_weight`] with the given kernel (tests compare them).
-pub(super) fn grad_weight_with(
+pub(super) fn grad_weight_with<S: Cast<f32> + Sync>(
     kernel: Kernel,
     g: &ConvGeom,
-    x: &[f32],
-    dy: &[f32],
+    x: &[S],
+    dy: &[S],
 ) -> Option<Vec<f32>> {
     if matches!(kernel, Kernel::Portable) || !(1..=3).contains(&g.kernel[2]) || !reads_directly(g) {
         return None;
