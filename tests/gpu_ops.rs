@@ -17,7 +17,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use candle_core::{DType, Device, Tensor, Var};
-use voxcache::model::config::{Encoder, Norm, Precision, UNetConfig, Upsampling};
+use voxcache::model::config::{Precision, UNetConfig};
 use voxcache::model::ops::cuda::conv::set_tf32;
 use voxcache::model::ops::{
     add_channel_bias, conv3d, conv_transpose3d, group_norm_leaky_relu, max_pool3d,
@@ -319,19 +319,8 @@ fn channel_bias_matches_cpu() {
 fn unet_loss_and_gradients_match_cpu() {
     let (_g, dev) = gpu(false);
     let config = UNetConfig {
-        in_channels: 2,
-        num_classes: 3,
-        base_channels: 8,
-        max_channels: 32,
-        strides: vec![[1, 2, 2], [2, 2, 2], [2, 2, 2]],
-        norm: Norm::Instance,
-        upsampling: Upsampling::Transpose,
         deep_supervision: true,
-        kernels: vec![],
-        features: vec![],
-        blocks: vec![],
-        decoder_blocks: vec![],
-        encoder: Encoder::Plain,
+        ..UNetConfig::plain(2, 3, 8, 32, vec![[1, 2, 2], [2, 2, 2], [2, 2, 2]])
     };
     let cpu = UNet::new(config.clone(), 7, &Device::Cpu).unwrap();
     let gpu_net = UNet::new(config, 7, &dev).unwrap();
@@ -389,21 +378,7 @@ fn unet_loss_and_gradients_match_cpu() {
 #[test]
 fn unet_bf16_step_stays_close_to_f32() {
     let (_g, dev) = gpu(true);
-    let config = UNetConfig {
-        in_channels: 1,
-        num_classes: 2,
-        base_channels: 16,
-        max_channels: 64,
-        strides: vec![[1, 2, 2], [2, 2, 2], [2, 2, 2]],
-        norm: Norm::Instance,
-        upsampling: Upsampling::Transpose,
-        deep_supervision: false,
-        kernels: vec![],
-        features: vec![],
-        blocks: vec![],
-        decoder_blocks: vec![],
-        encoder: Encoder::Plain,
-    };
+    let config = UNetConfig::plain(1, 2, 16, 64, vec![[1, 2, 2], [2, 2, 2], [2, 2, 2]]);
     let mut net = UNet::new(config, 12, &dev).unwrap();
     let x = random(&mut Rng::new(13), &[2, 1, 16, 64, 64], 1.0, 0.0)
         .to_device(&dev)

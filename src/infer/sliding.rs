@@ -602,22 +602,8 @@ mod tests {
     /// for bit (two windows, every flip of three axes).
     #[test]
     fn stacked_flips_give_the_sums_of_one_pass_each() {
-        use crate::model::config::{Encoder, Norm, UNetConfig, Upsampling};
-        let cfg = UNetConfig {
-            in_channels: 2,
-            num_classes: 3,
-            base_channels: 4,
-            max_channels: 8,
-            strides: vec![[1, 2, 2], [2, 2, 2]],
-            norm: Norm::Instance,
-            upsampling: Upsampling::Transpose,
-            deep_supervision: false,
-            kernels: vec![],
-            features: vec![],
-            blocks: vec![],
-            decoder_blocks: vec![],
-            encoder: Encoder::Plain,
-        };
+        use crate::model::config::UNetConfig;
+        let cfg = UNetConfig::plain(2, 3, 4, 8, vec![[1, 2, 2], [2, 2, 2]]);
         let model = UNet::new(cfg, 5, &Device::Cpu).unwrap();
         let predictor = Predictor {
             model: &model,

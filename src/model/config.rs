@@ -65,6 +65,33 @@ pub struct UNetConfig {
 pub const DS_PREFIX: &str = "ds";
 
 impl UNetConfig {
+    /// A plain U-Net: instance norm, transposed-convolution upsampling, no deep supervision,
+    /// 3x3x3 kernels, channels doubling from `base_channels` up to `max_channels`, two blocks
+    /// a stage (set the other fields with struct update syntax).
+    pub fn plain(
+        in_channels: usize,
+        num_classes: usize,
+        base_channels: usize,
+        max_channels: usize,
+        strides: Vec<[usize; 3]>,
+    ) -> Self {
+        Self {
+            in_channels,
+            num_classes,
+            base_channels,
+            max_channels,
+            strides,
+            norm: Norm::Instance,
+            upsampling: Upsampling::Transpose,
+            deep_supervision: false,
+            kernels: vec![],
+            features: vec![],
+            blocks: vec![],
+            decoder_blocks: vec![],
+            encoder: Encoder::Plain,
+        }
+    }
+
     /// Resolution levels with an output, full resolution (0) first: with deep supervision
     /// every decoder level but the lowest (levels 0..depth-2), else level 0 alone.
     pub fn supervised_levels(&self) -> Vec<usize> {

@@ -461,19 +461,8 @@ mod tests {
     #[test]
     fn bf16_halves_the_activations() {
         let c = UNetConfig {
-            in_channels: 1,
-            num_classes: 2,
-            base_channels: 8,
-            max_channels: 32,
-            strides: vec![[2, 2, 2], [2, 2, 2]],
-            norm: Norm::Instance,
-            upsampling: Upsampling::Transpose,
             deep_supervision: true,
-            kernels: vec![],
-            features: vec![],
-            blocks: vec![],
-            decoder_blocks: vec![],
-            encoder: Encoder::Plain,
+            ..UNetConfig::plain(1, 2, 8, 32, vec![[2, 2, 2], [2, 2, 2]])
         };
         let shape = StepShape {
             patch: [16, 32, 32],

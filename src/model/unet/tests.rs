@@ -46,19 +46,8 @@ fn precision_has_one_spelling_and_f16_is_refused_with_a_reason() {
 #[test]
 fn bf16_passes_keep_f32_outputs_and_gradients() -> Result<()> {
     let cfg = UNetConfig {
-        in_channels: 1,
-        num_classes: 2,
-        base_channels: 4,
-        max_channels: 8,
-        strides: vec![[1, 2, 2], [2, 2, 2]],
-        norm: Norm::Instance,
-        upsampling: Upsampling::Transpose,
         deep_supervision: true,
-        kernels: vec![],
-        features: vec![],
-        blocks: vec![],
-        decoder_blocks: vec![],
-        encoder: Encoder::Plain,
+        ..UNetConfig::plain(1, 2, 4, 8, vec![[1, 2, 2], [2, 2, 2]])
     };
     let dev = Device::Cpu;
     let mut net = UNet::new(cfg, 3, &dev)?;
@@ -218,21 +207,7 @@ fn forward_keeps_the_spatial_shape() -> Result<()> {
 
 #[test]
 fn per_stage_kernels_features_and_blocks_shape_the_network() -> Result<()> {
-    let base = UNetConfig {
-        in_channels: 1,
-        num_classes: 2,
-        base_channels: 4,
-        max_channels: 8,
-        strides: vec![[1, 2, 2], [2, 2, 2]],
-        norm: Norm::Instance,
-        upsampling: Upsampling::Transpose,
-        deep_supervision: false,
-        kernels: vec![],
-        features: vec![],
-        blocks: vec![],
-        decoder_blocks: vec![],
-        encoder: Encoder::Plain,
-    };
+    let base = UNetConfig::plain(1, 2, 4, 8, vec![[1, 2, 2], [2, 2, 2]]);
     // The defaults spelled out are the same network, parameter for parameter.
     let spelled = UNetConfig {
         kernels: vec![[3, 3, 3]; 3],
