@@ -2,7 +2,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::weights::Sweep;
-use super::{block, block_count, Pass, Workspace, CHUNK_WEIGHTS, CO_MAX, TILE};
+use super::{block, block_count, Pass, Workspace, CHUNK_BYTES, CO_MAX, TILE};
 #[cfg(target_arch = "x86_64")]
 use crate::util::simd::{allows, Cap};
 
@@ -66,12 +66,25 @@ impl Kernel {
 }
 
 impl Pass {
-    /// Source units (channels, or pairs of them) per chunk of packed weights.
+    /// Source units (channels, or pairs of them) per chunk: as many as keep a chunk's packed
+    /// weights and the slot rows its tiles share within [`CHUNK_BYTES`], in chunks of equal
+    /// size. Every engine's unit is 4 bytes a weight and a position (an f32, or a bf16 pair).
     pub(super) fn chunk(&self, units: usize) -> usize {
-        let chunks = (units * self.taps() * CO_MAX)
-            .div_ceil(CHUNK_WEIGHTS)
-            .max(1);
+        let per_unit = 4 * (self.taps() * CO_MAX + self.kernel[0] * self.tile_window());
+        let chunks = units.div_ceil((CHUNK_BYTES / per_unit).max(1)).max(1);
         units.div_ceil(chunks)
+    }
+
+    /// Positions of one slot that a tile and the next tiles reuse: per phase plane, from its
+    /// first tap's offset to a tile past its last (stride 1: two rows and a tile).
+    pub(super) fn tile_window(&self) -> usize {
+        let mut window = 0;
+        let mut phase_taps = self.offsets.clone();
+        phase_taps.sort_unstable();
+        for run in phase_taps.chunk_by(|a, b| a / self.phase == b / self.phase) {
+            window += run[run.len() - 1] - run[0] + TILE;
+        }
+        window
     }
 
     /// The weights `weight(o, u, t)` of `units` source units per block of destination

@@ -3,7 +3,7 @@
 
 use super::kernels::Kernel;
 use super::weights::grad_weight_with;
-use super::{forward_with, grad_input_with, grad_weight};
+use super::{forward_with, grad_input_with, grad_weight, Pass};
 use crate::model::ops::columns::Planes;
 use crate::model::ops::geometry::ConvGeom;
 use crate::util::rng::Rng;
@@ -177,6 +177,10 @@ fn strided_forward_passes() {
     check_strided(19, [1, 3, 3, 1, 1], [2, 3, 3, 3, 3], [1; 3], [2; 3]);
     // Phase planes of 2 x 2 x 24 x 24 positions: the weight gradient's ring.
     check_strided(35, [1, 2, 5, 46, 46], [3, 2, 3, 3, 3], [1; 3], [2; 3]);
+    // Nine channels in L1 chunks of three: four phase windows of 300 positions a slot.
+    let p = Pass::new(1, [9, 4], [3, 6, 40], [3; 3], [1; 3], [2; 3]);
+    assert_eq!((p.tile_window(), p.chunk(9)), (300, 3));
+    check_strided(36, [1, 9, 3, 6, 40], [4, 9, 3, 3, 3], [1; 3], [2; 3]);
 }
 
 #[test]
