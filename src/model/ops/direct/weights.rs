@@ -172,11 +172,11 @@ impl Pass {
                     }
                     for (o0, co, out) in self.weight_blocks(blocks.clone(), mine) {
                         let chans = o0..o0 + co;
-                        self.load_rows(&mut ws.rows, dy, n, chans, (z, 1, 0), self.q_pad);
+                        let at = self.load_rows(&mut ws.rows, dy, n, chans, (z, 1, 0), self.q_pad);
                         let sweep = Sweep {
                             planes: &planes,
                             offsets: &self.offsets,
-                            rows: &ws.rows,
+                            rows: &ws.rows[at..],
                             len: self.q_pad,
                         };
                         kernel(&sweep, co, out);
@@ -229,11 +229,11 @@ impl Pass {
                 let len = ((zs - 1) * dist + self.dst[1] * self.wp).next_multiple_of(32);
                 for (o0, co, out) in self.weight_blocks(blocks.clone(), mine) {
                     let chans = o0..o0 + co;
-                    self.load_rows(&mut ws.rows, dy, n, chans, (z0, zs, dist), len);
+                    let at = self.load_rows(&mut ws.rows, dy, n, chans, (z0, zs, dist), len);
                     let sweep = Sweep {
                         planes: &planes,
                         offsets: &offsets,
-                        rows: &ws.rows,
+                        rows: &ws.rows[at..],
                         len,
                     };
                     kernel(&sweep, co, out);
@@ -256,9 +256,12 @@ impl Pass {
     }
 
     /// `dy`'s planes `z0..z0 + zs` (`at = (z0, zs, plane distance)`) of sample `n`, channels
-    /// `chans`, into `rows` in padded-row order, `len` apart per channel: zero in the
-    /// thrown-away columns, between planes and past the last row (so those positions add
-    /// nothing).
+    /// `chans`, into `rows` from the returned index on, in padded-row order, `len` apart per
+    /// channel: zero in the thrown-away columns, between planes and past the last row (so
+    /// those positions add nothing). The first row starts on a 64-byte boundary, so that every
+    /// vector load of a row (`len` is a multiple of 32) stays within one cache line: split
+    /// there (two loads in three of the sweep), an Intel Xeon's f32 weight gradient took 1.2x
+    /// the time.
     pub(super) fn load_rows<S: Cast<T>, T: Copy + Default>(
         &self,
         rows: &mut Vec<T>,
@@ -267,11 +270,14 @@ impl Pass {
         chans: Range<usize>,
         (z0, zs, dist): (usize, usize, usize),
         len: usize,
-    ) {
+    ) -> usize {
         let [dd, dh, dw] = self.dst;
-        rows.resize(chans.len() * len, T::default());
+        let slack = 64 / size_of::<T>();
+        rows.resize(chans.len() * len + slack, T::default());
+        let start = rows.as_ptr().align_offset(64).min(slack);
+        let aligned = &mut rows[start..];
         for (k, o) in chans.enumerate() {
-            let dst = &mut rows[k * len..][..len];
+            let dst = &mut aligned[k * len..][..len];
             dst.fill(T::default());
             for zl in 0..zs {
                 let at = ((n * self.dst_ch + o) * dd + z0 + zl) * dh * dw;
@@ -280,6 +286,7 @@ impl Pass {
                 }
             }
         }
+        start
     }
 }
 
