@@ -371,20 +371,10 @@ fn infer_equals_forward_bit_for_bit_without_a_graph() -> Result<()> {
 #[test]
 fn a_traced_pass_keeps_each_leaky_relu_output_in_forward_order() -> Result<()> {
     for encoder in [Encoder::Plain, Encoder::Residual] {
+        let strides = UNetConfig::plan_strides([8, 16, 16], 3, 4);
         let cfg = UNetConfig {
-            in_channels: 1,
-            num_classes: 2,
-            base_channels: 4,
-            max_channels: 8,
-            strides: UNetConfig::plan_strides([8, 16, 16], 3, 4),
-            norm: Norm::Instance,
-            upsampling: Upsampling::Transpose,
-            deep_supervision: false,
-            kernels: vec![],
-            features: vec![],
-            blocks: vec![],
-            decoder_blocks: vec![],
             encoder,
+            ..UNetConfig::plain(1, 2, 4, 8, strides)
         };
         let net = UNet::new(cfg, 3, &Device::Cpu)?;
         let x = Tensor::randn(0f32, 1.0, (1, 1, 8, 16, 16), &Device::Cpu)?;
