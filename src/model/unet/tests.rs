@@ -176,20 +176,11 @@ fn strides_follow_the_patch() {
 #[test]
 fn forward_keeps_the_spatial_shape() -> Result<()> {
     for up in [Upsampling::Transpose, Upsampling::Nearest] {
+        let strides = UNetConfig::plan_strides([8, 16, 16], 3, 4);
         let cfg = UNetConfig {
-            in_channels: 1,
-            num_classes: 3,
-            base_channels: 4,
-            max_channels: 8,
-            strides: UNetConfig::plan_strides([8, 16, 16], 3, 4),
             norm: Norm::Group(2),
             upsampling: up,
-            deep_supervision: false,
-            kernels: vec![],
-            features: vec![],
-            blocks: vec![],
-            decoder_blocks: vec![],
-            encoder: Encoder::Plain,
+            ..UNetConfig::plain(1, 3, 4, 8, strides)
         };
         let net = UNet::new(cfg, 1, &Device::Cpu)?;
         let x = Tensor::ones((2, 1, 8, 16, 16), DType::F32, &Device::Cpu)?;
