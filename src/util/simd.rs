@@ -70,6 +70,10 @@ pub fn allows(level: Cap) -> bool {
 /// How the convolutions multiply bf16 values on a CPU with AVX512-BF16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bf16Products {
+    /// AMX tiles (`tdpbf16ps`: a 16 x 16 block of f32 sums gains 32 products each at once)
+    /// for the forward pass and the input gradient, where the CPU has AMX-BF16 and the OS
+    /// grants its registers ([`amx_bf16`]); the weight gradient as [`Self::Fma`].
+    Tiles,
     /// Two products a lane each step (`vdpbf16ps`), summed in f32.
     Dot,
     /// Widened to f32 as they are read, multiplied and summed by the f32 FMA kernels: the same
@@ -82,14 +86,18 @@ pub enum Bf16Products {
 /// AMD's Zen 4 and Zen 5 issue `vdpbf16ps` as fast as an f32 FMA, so it makes twice the
 /// products; on Intel's Xeons it runs at under half that rate (measured by `bench_ops` on an
 /// Emerald Rapids: 172 GFLOP/s of bf16 dot products against 378 of f32 FMAs on two cores),
-/// and the f32 kernels on widened values are faster. `VOXCACHE_BF16=dot|fma` overrides the
-/// rule; a value it does not know is named on stderr once and the rule stands.
+/// and the f32 kernels on widened values are faster. Where the CPU has AMX-BF16 (Intel's
+/// Xeons since Sapphire Rapids), its tiles make the products of the forward pass and the input
+/// gradient. `VOXCACHE_BF16=amx|dot|fma` overrides the rule (`amx` only where [`amx_bf16`]
+/// holds; elsewhere the rule stands); a value it does not know is named on stderr once and the
+/// rule stands.
 pub fn bf16_products() -> Bf16Products {
     static HOW: OnceLock<Bf16Products> = OnceLock::new();
     *HOW.get_or_init(|| {
-        let rule = match cpu_vendor_is_intel() {
-            true => Bf16Products::Fma,
-            false => Bf16Products::Dot,
+        let rule = match (amx_bf16(), cpu_vendor_is_intel()) {
+            (true, _) => Bf16Products::Tiles,
+            (false, true) => Bf16Products::Fma,
+            (false, false) => Bf16Products::Dot,
         };
         parse_bf16(std::env::var("VOXCACHE_BF16").ok().as_deref(), rule).unwrap_or_else(|e| {
             eprintln!("warning: {e}");
@@ -102,12 +110,67 @@ pub fn bf16_products() -> Bf16Products {
 fn parse_bf16(value: Option<&str>, rule: Bf16Products) -> Result<Bf16Products, String> {
     match value {
         None | Some("") => Ok(rule),
+        Some("amx") if rule == Bf16Products::Tiles => Ok(rule),
+        Some("amx") => Err(format!(
+            "VOXCACHE_BF16=\"amx\": this CPU (or its OS) offers no AMX-BF16 tiles: its default ({rule:?}) is kept"
+        )),
         Some("dot") => Ok(Bf16Products::Dot),
         Some("fma") => Ok(Bf16Products::Fma),
         Some(other) => Err(format!(
-            "VOXCACHE_BF16={other:?} is neither dot nor fma: this CPU's default ({rule:?}) is kept"
+            "VOXCACHE_BF16={other:?} is none of amx, dot, fma: this CPU's default ({rule:?}) is kept"
         )),
     }
+}
+
+/// Whether this process may run AMX-BF16 tile instructions (read once): the CPU has AMX-TILE
+/// and AMX-BF16 (CPUID leaf 7), AVX512-BF16 beside them, the OS saves the tile registers
+/// (XCR0 bits 17 and 18), Linux granted this process their state (`arch_prctl`; without the
+/// grant the first tile instruction faults), and `VOXCACHE_SIMD` does not cap AVX-512 off.
+pub fn amx_bf16() -> bool {
+    static AMX: OnceLock<bool> = OnceLock::new();
+    *AMX.get_or_init(|| allows(Cap::Avx512) && amx_granted())
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_granted() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    let leaf7 = __cpuid_count(7, 0);
+    let (tile, bf16) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 22 & 1 == 1);
+    let osxsave = __cpuid_count(1, 0).ecx >> 27 & 1 == 1;
+    if !(tile && bf16 && osxsave && std::arch::is_x86_feature_detected!("avx512bf16")) {
+        return false;
+    }
+    let xcr0: u64 = {
+        let (lo, hi): (u32, u32);
+        // SAFETY: OSXSAVE is set, so XGETBV reads XCR0.
+        unsafe {
+            std::arch::asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi,
+                options(nomem, nostack, preserves_flags));
+        }
+        u64::from(hi) << 32 | u64::from(lo)
+    };
+    if xcr0 & (0b11 << 17) != 0b11 << 17 {
+        return false;
+    }
+    // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): the grant holds for the whole
+    // process, threads made before and after it.
+    const SYS_ARCH_PRCTL: usize = 158;
+    const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
+    const XFEATURE_XTILEDATA: usize = 18;
+    let ret: isize;
+    // SAFETY: a system call that changes nothing but this process's permission; the kernel
+    // clobbers rcx and r11.
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") SYS_ARCH_PRCTL as isize => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM, in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn amx_granted() -> bool {
+    false
 }
 
 /// Whether the CPU's vendor string (CPUID leaf 0) is Intel's.
@@ -167,7 +230,7 @@ mod tests {
 
     #[test]
     fn the_bf16_choice_names_and_a_typo() {
-        for rule in [Bf16Products::Dot, Bf16Products::Fma] {
+        for rule in [Bf16Products::Tiles, Bf16Products::Dot, Bf16Products::Fma] {
             assert_eq!(parse_bf16(None, rule), Ok(rule));
             assert_eq!(parse_bf16(Some(""), rule), Ok(rule));
             assert_eq!(parse_bf16(Some("dot"), rule), Ok(Bf16Products::Dot));
@@ -175,5 +238,12 @@ mod tests {
         }
         let e = parse_bf16(Some("f32"), Bf16Products::Fma).unwrap_err();
         assert!(e.contains("\"f32\"") && e.contains("(Fma)"), "{e}");
+        // Tiles only where the CPU has them.
+        assert_eq!(
+            parse_bf16(Some("amx"), Bf16Products::Tiles),
+            Ok(Bf16Products::Tiles)
+        );
+        let e = parse_bf16(Some("amx"), Bf16Products::Dot).unwrap_err();
+        assert!(e.contains("no AMX-BF16") && e.contains("(Dot)"), "{e}");
     }
 }

@@ -3,12 +3,14 @@
 //! (`vdpbf16ps`: two products a lane each step, twice the f32 rate), each result stored once
 //! (rounded to bf16 for bf16 tensors). The forward pass and the input gradient pair source
 //! channels (a lane holds channels 2k and 2k + 1 of one position, and the weights of both);
-//! the weight gradient pairs neighbouring positions of one channel.
+//! the weight gradient pairs neighbouring positions of one channel. Where the CPU has AMX-BF16
+//! the forward pass and the input gradient run the same ring through AMX tiles (`amx.rs`).
 
 use std::arch::x86_64::*;
 
 use half::bf16;
 
+use super::amx::Tiles;
 use super::kernels::Engine;
 use super::phases::by_phases;
 use super::weights::{sums, Kept, Sweep};
@@ -27,31 +29,41 @@ pub(super) fn available() -> bool {
 }
 
 /// `y = conv3d(x, w) + bias` of a convolution padded less than its kernel, at any stride, the
-/// source channels given by `channel(n, i)`; the CPU must be [`available`].
+/// source channels given by `channel(n, i)`, by AMX tiles where `tiles`; the CPU must be
+/// [`available`] (and have the tiles).
 pub(super) fn forward<'a, S: Operand + 'a, O: Output>(
+    tiles: bool,
     g: &ConvGeom,
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
     w: &[S],
     bias: Option<&[f32]>,
 ) -> Vec<O> {
     let pass = Pass::forward(g);
-    let engine = Pairs::new(&pass, |o, i, t| forward_weight(g, w, o, i, t).bf16());
+    let engine = Pairs::new(&pass, tiles, |o, i, t| forward_weight(g, w, o, i, t).bf16());
     pass.run_biased(&engine, pass.pair_fill(channel), bias)
 }
 
 /// `dx` from `dy` of a convolution padded less than its kernel: at stride 1 one pass, else one
-/// per stride phase (None where a phase cannot be padded); the CPU must be [`available`].
-pub(super) fn grad_input<S: Operand, O: Output>(g: &ConvGeom, dy: &[S], w: &[S]) -> Option<Vec<O>> {
+/// per stride phase (None where a phase cannot be padded), by AMX tiles where `tiles`; the CPU
+/// must be [`available`] (and have the tiles).
+pub(super) fn grad_input<S: Operand, O: Output>(
+    tiles: bool,
+    g: &ConvGeom,
+    dy: &[S],
+    w: &[S],
+) -> Option<Vec<O>> {
     let vo = g.output_voxels();
     let channel = |n: usize, i: usize| &dy[(n * g.cout + i) * vo..][..vo];
     if g.stride == [1; 3] {
         let pass = Pass::input_gradient(g);
-        let engine = Pairs::new(&pass, |o, i, t| input_gradient_weight(g, w, o, i, t).bf16());
+        let engine = Pairs::new(&pass, tiles, |o, i, t| {
+            input_gradient_weight(g, w, o, i, t).bf16()
+        });
         return Some(pass.run_filled(&engine, pass.pair_fill(channel)));
     }
     by_phases(g, |phase| {
         let pass = &phase.pass;
-        let engine = Pairs::new(pass, |o, i, t| phase.weight(g, w, o, i, t).bf16());
+        let engine = Pairs::new(pass, tiles, |o, i, t| phase.weight(g, w, o, i, t).bf16());
         pass.run_filled(&engine, pass.pair_fill(channel))
     })
 }
@@ -76,27 +88,37 @@ pub(super) fn grad_weight<'a, S: Operand + 'a>(
 }
 
 /// bf16 products summed in f32, the ring holding pairs of source channels side by side and
-/// the weights packed per pair. Made only where the CPU is [`available`].
+/// the weights packed per pair: by `vdpbf16ps`, or by AMX tiles. Made only where the CPU is
+/// [`available`].
 pub(super) struct Pairs {
     chunk: usize,
     packed: Vec<u32>,
+    tiles: Option<Tiles>,
 }
 
 impl Pairs {
-    /// The engine of `p` with weights `weight(o, i, t)`.
-    pub(super) fn new(p: &Pass, weight: impl Fn(usize, usize, usize) -> bf16) -> Self {
+    /// The engine of `p` with weights `weight(o, i, t)`, by AMX tiles where `tiles`.
+    pub(super) fn new(p: &Pass, tiles: bool, weight: impl Fn(usize, usize, usize) -> bf16) -> Self {
         assert!(available(), "the bf16 kernels need AVX512-BF16");
         let pairs = p.src_ch.div_ceil(2);
-        let packed = p.pack(pairs, |o, k, t| {
+        let pair = |o, k, t| {
             let hi = match 2 * k + 1 < p.src_ch {
                 true => weight(o, 2 * k + 1, t).to_bits(),
                 false => 0,
             };
             u32::from(weight(o, 2 * k, t).to_bits()) | u32::from(hi) << 16
-        });
+        };
+        if tiles {
+            return Self {
+                chunk: 0,
+                packed: Vec::new(),
+                tiles: Some(Tiles::new(p, pair)),
+            };
+        }
         Self {
             chunk: p.chunk(pairs),
-            packed,
+            packed: p.pack(pairs, pair),
+            tiles: None,
         }
     }
 }
@@ -112,7 +134,14 @@ impl Engine for Pairs {
         2 * p.plane
     }
 
+    fn width(&self, p: &Pass) -> usize {
+        self.tiles.as_ref().map_or(super::CO_MAX, |t| t.width(p))
+    }
+
     fn block(&self, p: &Pass, ws: &mut Workspace<bf16>, o0: usize, co: usize) {
+        if let Some(tiles) = &self.tiles {
+            return tiles.block(p, ws, o0, co);
+        }
         // SAFETY: `new` checked the CPU; the pass loaded the ring with this plane's pairs.
         unsafe { block_pairs(p, ws, self.chunk, &self.packed, o0, co) }
     }

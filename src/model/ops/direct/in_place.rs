@@ -57,7 +57,8 @@ impl Pass {
         let parts = rayon::current_num_threads().clamp(1, dd);
         let (below, above) = (self.kernel[0] - 1 - self.pad[0], self.pad[0]);
         let units = engine.units(self);
-        let blocks = block_count(self.dst_ch);
+        let width = engine.width(self);
+        let blocks = block_count(self.dst_ch, width);
         let aside: Vec<Vec<(usize, usize, Vec<f32>)>> = (0..self.batch * parts)
             .into_par_iter()
             .map_init(
@@ -72,7 +73,7 @@ impl Pass {
                         let mut held = vec![0f32; if edge { self.dst_ch * plane } else { 0 }];
                         ws.ring
                             .load(self, z, units, |u, s, slot| fill(n, u, s, slot));
-                        for (o0, co) in (0..blocks).map(|b| block(self.dst_ch, b)) {
+                        for (o0, co) in (0..blocks).map(|b| block(self.dst_ch, width, b)) {
                             engine.block(self, ws, o0, co);
                             let first = ((n * self.dst_ch + o0) * dd + z) * plane;
                             self.store(&ws.out, n, o0..o0 + co, z, |at, row| {

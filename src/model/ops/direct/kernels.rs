@@ -101,7 +101,8 @@ impl Pass {
         let taps = self.taps();
         let mut packed = vec![T::default(); self.dst_ch * units * taps];
         let mut at = 0;
-        for (o0, co) in (0..block_count(self.dst_ch)).map(|b| block(self.dst_ch, b)) {
+        for (o0, co) in (0..block_count(self.dst_ch, CO_MAX)).map(|b| block(self.dst_ch, CO_MAX, b))
+        {
             let region = &mut packed[at..at + co * units * taps];
             for k in 0..co {
                 for u in 0..units {
@@ -126,7 +127,11 @@ pub(super) trait Engine: Sync {
     fn units(&self, p: &Pass) -> usize;
     /// Elements of one ring slot.
     fn slot(&self, p: &Pass) -> usize;
-    /// All tiles of the destination planes `o0..o0 + co` (`co <= CO_MAX`) into `ws.out`.
+    /// Destination channels of one block at most.
+    fn width(&self, _p: &Pass) -> usize {
+        CO_MAX
+    }
+    /// All tiles of the destination planes `o0..o0 + co` (`co <= width`) into `ws.out`.
     fn block(&self, p: &Pass, ws: &mut Workspace<Self::Elem>, o0: usize, co: usize);
 }
 

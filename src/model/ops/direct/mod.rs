@@ -25,6 +25,8 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod bf16;
 mod in_place;
 mod kernels;
@@ -153,7 +155,9 @@ pub fn worker_bytes(
     stride: [usize; 3],
 ) -> u64 {
     let p = Pass::new(1, [src_ch, 1], size, kernel, padding, stride);
-    4 * (src_ch * kernel[0] * p.plane + 2 * CO_MAX * p.q_pad) as u64
+    // One block's sums (the widest an engine takes at this plane) and rows.
+    let sums = (TILE_OUT_FLOATS.min(32 * p.q_pad)).max(CO_MAX * p.q_pad);
+    4 * (src_ch * kernel[0] * p.plane + sums + CO_MAX * p.q_pad) as u64
 }
 
 /// The forward pass's weight of destination `o`, source `i`, tap `t`.
@@ -208,15 +212,20 @@ impl Pass {
     }
 }
 
-/// Blocks of at most [`CO_MAX`] destination channels, as even as can be (32 channels are
-/// 6, 6, 5, 5, 5, 5: a last block of 2 would load as much as it multiplies).
-fn block_count(channels: usize) -> usize {
-    channels.div_ceil(CO_MAX)
+/// Floats of one block's sums that an engine with blocks wider than [`CO_MAX`] may keep per
+/// worker (8 MiB): wider blocks at larger planes fall back to [`CO_MAX`] channels, so that a
+/// worker's buffers stay what the memory forecast counts.
+const TILE_OUT_FLOATS: usize = 1 << 21;
+
+/// Blocks of at most `width` destination channels, as even as can be (32 channels at width 6
+/// are 6, 6, 5, 5, 5, 5: a last block of 2 would load as much as it multiplies).
+fn block_count(channels: usize, width: usize) -> usize {
+    channels.div_ceil(width)
 }
 
 /// Block `k` of [`block_count`]: its first channel and width (`k == count` gives the end).
-fn block(channels: usize, k: usize) -> (usize, usize) {
-    let count = block_count(channels);
+fn block(channels: usize, width: usize, k: usize) -> (usize, usize) {
+    let count = block_count(channels, width);
     let (base, extra) = (channels / count, channels % count);
     (k * base + k.min(extra), base + usize::from(k < extra))
 }
@@ -335,10 +344,11 @@ impl Pass {
     fn plane_items<T: Copy + Default + Send>(
         &self,
         slot: usize,
+        width: usize,
         body: impl Fn(&mut Workspace<T>, usize, Range<usize>, Range<usize>) + Sync,
     ) {
         let dd = self.dst[0];
-        let blocks = block_count(self.dst_ch);
+        let blocks = block_count(self.dst_ch, width);
         let planes = self.batch * dd;
         let want = 4 * rayon::current_num_threads();
         let groups = if planes >= want {
@@ -393,12 +403,12 @@ impl Pass {
         let mut out =
             vec![O::default(); self.batch * self.dst_ch * self.dst.iter().product::<usize>()];
         let shared = SharedOut(out.as_mut_ptr());
-        let units = engine.units(self);
-        self.plane_items(engine.slot(self), |ws, n, blocks, planes| {
+        let (units, width) = (engine.units(self), engine.width(self));
+        self.plane_items(engine.slot(self), width, |ws, n, blocks, planes| {
             for z in planes {
                 ws.ring
                     .load(self, z, units, |u, s, slot| fill(n, u, s, slot));
-                for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, b)) {
+                for (o0, co) in blocks.clone().map(|b| block(self.dst_ch, width, b)) {
                     engine.block(self, ws, o0, co);
                     if let Some(b) = bias {
                         for (k, plane) in ws.out.chunks_mut(self.q_pad).take(co).enumerate() {
@@ -575,6 +585,15 @@ impl<T: Copy + Default> Ring<T> {
         self.held.fill(usize::MAX);
     }
 
+    /// Makes room for `units` units, zero where nothing filled them yet (the tile engine's
+    /// units past the last pair stay zero).
+    fn reserve(&mut self, units: usize) {
+        let need = units * self.held.len() * self.slot;
+        if self.data.len() < need {
+            self.data.resize(need, T::default());
+        }
+    }
+
     /// Unit `u`'s slot `s`.
     fn at(&self, u: usize, s: usize) -> &[T] {
         &self.data[(u * self.held.len() + s) * self.slot..][..self.slot]
@@ -589,8 +608,8 @@ impl<T: Copy + Default> Ring<T> {
         units: usize,
         mut fill: impl FnMut(usize, Option<usize>, &mut [T]),
     ) {
+        self.reserve(units);
         let kd = self.held.len();
-        self.data.resize(units * kd * self.slot, T::default());
         for a in 0..kd {
             let depth = z * p.stride[0] + a;
             let slot = depth % kd;

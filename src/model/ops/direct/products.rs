@@ -1,4 +1,5 @@
-//! Which kernels multiply bf16 values: AVX512-BF16's dot products (`bf16.rs`) where they
+//! Which kernels multiply bf16 values: AMX tiles (`amx.rs`) for the forward pass and the input
+//! gradient where the CPU has AMX-BF16, AVX512-BF16's dot products (`bf16.rs`) where they
 //! outrun the f32 kernels on this CPU (`util::simd::bf16_products`), else the f32 kernels on
 //! the values widened as each ring slot is filled (the same products: one of two bf16 values
 //! is exact in f32). bf16 tensors (training's activations) take either; f32 tensors with bf16
@@ -22,6 +23,9 @@ use crate::util::simd::{bf16_products, Bf16Products};
 /// How one pass multiplies bf16 tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum How {
+    /// AMX tiles for the forward pass and the input gradient (the CPU has AMX-BF16), the f32
+    /// kernels on widened values for the weight gradient.
+    Tiles,
     /// The dot-product kernels (the CPU has AVX512-BF16).
     Dot,
     /// The f32 kernels on widened values.
@@ -29,11 +33,13 @@ pub(super) enum How {
 }
 
 impl How {
-    /// This process's choice: the dot products where the CPU has them and they pay.
+    /// This process's choice: the tiles or the dot products where the CPU has them and they
+    /// pay.
     pub(super) fn here() -> Self {
-        match dot_available() && bf16_products() == Bf16Products::Dot {
-            true => Self::Dot,
-            false => Self::Widened,
+        match (dot_available(), bf16_products()) {
+            (true, Bf16Products::Tiles) if tiles_available() => Self::Tiles,
+            (true, Bf16Products::Dot) => Self::Dot,
+            _ => Self::Widened,
         }
     }
 }
@@ -50,26 +56,37 @@ pub(super) fn dot_available() -> bool {
     }
 }
 
-/// Whether bf16 values are multiplied by the dot-product kernels in this process: AVX512-BF16
-/// present, not capped off, and faster than the f32 kernels here (or `VOXCACHE_BF16=dot`).
+/// Whether the CPU runs the AMX tile kernels (AMX-BF16 granted, not capped by `VOXCACHE_SIMD`).
+pub(super) fn tiles_available() -> bool {
+    cfg!(target_arch = "x86_64") && crate::util::simd::amx_bf16()
+}
+
+/// Whether bf16 values are multiplied by the tile or dot-product kernels in this process:
+/// AMX-BF16 or AVX512-BF16 present, not capped off, and faster than the f32 kernels here (or
+/// `VOXCACHE_BF16=dot`).
 pub fn bf16_dot_products() -> bool {
-    How::here() == How::Dot
+    How::here() != How::Widened
 }
 
-/// Whether the dot-product kernels compute this convolution in this process: padding below the
-/// kernel size, any stride (a kernel equal to its stride too: the transposed convolution's
-/// gradients, where twice the f32 rate pays for the phase planes), the input gradient at a
-/// stride one pass per stride phase.
+/// Whether the tile or dot-product kernels compute this convolution in this process: padding
+/// below the kernel size, any stride (a kernel equal to its stride too: the transposed
+/// convolution's gradients, where twice the f32 rate pays for the phase planes), the input
+/// gradient at a stride one pass per stride phase.
 fn dot_kernels(how: How, g: &ConvGeom) -> bool {
-    how == How::Dot && (0..3).all(|a| g.padding[a] < g.kernel[a])
+    how != How::Widened && (0..3).all(|a| g.padding[a] < g.kernel[a])
 }
 
-/// The dot-product engine of `g`'s forward pass (`pass`) where `g` asks for bf16 products and
-/// this process multiplies them so: what the passes that only inference runs multiply in.
+/// The tile or dot-product engine of `g`'s forward pass (`pass`) where `g` asks for bf16
+/// products and this process multiplies them so: what the passes that only inference runs
+/// multiply in.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn dot_engine(pass: &Pass, g: &ConvGeom, w: &[f32]) -> Option<dot::Pairs> {
-    (g.products == Products::Bf16 && applies(g) && bf16_dot_products())
-        .then(|| dot::Pairs::new(pass, |o, i, t| forward_weight(g, w, o, i, t).bf16()))
+    let how = How::here();
+    (g.products == Products::Bf16 && applies(g) && how != How::Widened).then(|| {
+        dot::Pairs::new(pass, how == How::Tiles, |o, i, t| {
+            forward_weight(g, w, o, i, t).bf16()
+        })
+    })
 }
 
 /// The forward pass on bf16 tensors (None where neither kernel reads this convolution),
@@ -94,7 +111,7 @@ pub(super) fn forward_bf16_by(
     let channel = |n: usize, i: usize| &x[(n * g.cin + i) * vi..][..vi];
     #[cfg(target_arch = "x86_64")]
     if dot_kernels(how, g) {
-        return Some(dot::forward(g, channel, w, bias));
+        return Some(dot::forward(how == How::Tiles, g, channel, w, bias));
     }
     if !reads_directly(g) {
         return None;
@@ -121,7 +138,7 @@ pub(super) fn grad_input_bf16_by(
 ) -> Option<Vec<bf16>> {
     #[cfg(target_arch = "x86_64")]
     if dot_kernels(how, g) {
-        return dot::grad_input(g, dy, w);
+        return dot::grad_input(how == How::Tiles, g, dy, w);
     }
     let _ = how;
     match (applies(g), reads_directly(g)) {
@@ -144,7 +161,7 @@ pub(super) fn grad_weight_bf16_by(
     dy: &[bf16],
 ) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if dot_kernels(how, g) {
+    if how == How::Dot && dot_kernels(how, g) {
         let vi = g.input_voxels();
         return dot::grad_weight(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], dy);
     }
@@ -161,7 +178,8 @@ pub fn forward_bf16_products<'a>(
 ) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     if dot_kernels(How::here(), g) {
-        return Some(dot::forward(g, |n, i| sample(n).channel(i), w, None));
+        let tiles = How::here() == How::Tiles;
+        return Some(dot::forward(tiles, g, |n, i| sample(n).channel(i), w, None));
     }
     let _ = (g, sample, w);
     None
@@ -171,17 +189,17 @@ pub fn forward_bf16_products<'a>(
 pub fn grad_input_bf16_products(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     if dot_kernels(How::here(), g) {
-        return dot::grad_input(g, dy, w);
+        return dot::grad_input(How::here() == How::Tiles, g, dy, w);
     }
     let _ = (g, dy, w);
     None
 }
 
 /// The weight gradient on f32 tensors with bf16 products, as [`forward_bf16_products`], for
-/// kernels 1 to 3 wide.
+/// kernels 1 to 3 wide (None with the tiles: the f32 kernels are as fast).
 pub fn grad_weight_bf16_products(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if dot_kernels(How::here(), g) {
+    if How::here() == How::Dot && dot_kernels(How::here(), g) {
         let vi = g.input_voxels();
         return dot::grad_weight(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], dy);
     }

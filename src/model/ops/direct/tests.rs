@@ -268,6 +268,23 @@ fn strided_bf16_passes_equal_f32_sums_of_rounded_values() {
     check_bf16_tensors(31, [1, 2, 5, 6, 7], [3, 2, 3, 3, 3], [2; 3], [2; 3]);
 }
 
+/// bf16 tensors at channel counts the tile kernels split (AMX-BF16 CPUs; every engine this CPU
+/// runs takes them): more than 16 pairs of source channels in multiplies of 9 and 8 (the last
+/// pair half empty), destination blocks of 17 to 32 channels (two tiles of rows) and of 16 or
+/// fewer, several blocks, and a plane wider than 256 x 256 (blocks of six channels there).
+#[test]
+fn bf16_passes_at_channel_counts_the_tiles_split() {
+    for (seed, x, w, padding, stride) in [
+        (60, [1, 33, 3, 5, 7], [40, 33, 3, 3, 3], [1; 3], [1; 3]),
+        (61, [2, 34, 2, 4, 6], [17, 34, 3, 3, 3], [1; 3], [1; 3]),
+        (62, [1, 20, 4, 9, 9], [70, 20, 1, 3, 3], [0, 1, 1], [1; 3]),
+        (63, [1, 36, 5, 8, 10], [24, 36, 3, 3, 3], [1; 3], [2; 3]),
+        (64, [1, 3, 1, 260, 258], [5, 3, 1, 3, 3], [0, 1, 1], [1; 3]),
+    ] {
+        check_bf16_tensors(seed, x, w, padding, stride);
+    }
+}
+
 /// bf16 tensors by each engine this CPU runs (the dot products where it has AVX512-BF16, the
 /// f32 kernels on widened values everywhere): the float64 sums of the same bf16 values, the
 /// bias added before the one rounding of `y` and `dx` (f32 sums for `dw`), and the same bits at
@@ -280,7 +297,8 @@ fn check_bf16_tensors(
     stride: [usize; 3],
 ) {
     use super::products::{
-        dot_available, forward_bf16_by, grad_input_bf16_by, grad_weight_bf16_by, How,
+        dot_available, forward_bf16_by, grad_input_bf16_by, grad_weight_bf16_by, tiles_available,
+        How,
     };
     use half::bf16;
     let g = ConvGeom::new(&x, &w, padding, stride).unwrap();
@@ -299,6 +317,9 @@ fn check_bf16_tensors(
     let mut engines = vec![How::Widened];
     if dot_available() {
         engines.push(How::Dot);
+    }
+    if dot_available() && tiles_available() {
+        engines.push(How::Tiles);
     }
     for how in engines {
         let run = |threads: usize| {
@@ -379,8 +400,10 @@ fn check_bf16_products(
         if let Some(dx_got) = got.1 {
             assert_close(&dx_got, &dx, &format!("{what} dx"));
         }
-        // The bf16 weight gradient sweeps kernels 1 to 3 wide.
-        assert_eq!(got.2.is_some(), (1..=3).contains(&w[4]), "{what}");
+        // The bf16 weight gradient sweeps kernels 1 to 3 wide (by dot products: with the
+        // tiles, the f32 pass computes it).
+        let dot = super::products::How::here() == super::products::How::Dot;
+        assert_eq!(got.2.is_some(), dot && (1..=3).contains(&w[4]), "{what}");
         if let Some(dw_got) = got.2 {
             assert_close(&dw_got, &dw, &format!("{what} dw"));
         }

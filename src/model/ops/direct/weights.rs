@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::kernels::Kernel;
 #[cfg(target_arch = "x86_64")]
 use super::kernels::{grad_weight_plane_avx2, grad_weight_plane_avx512};
-use super::{block, block_count, reads_directly, Cast, Pass, Workspace};
+use super::{block, block_count, reads_directly, Cast, Pass, Workspace, CO_MAX};
 use crate::model::ops::geometry::ConvGeom;
 use crate::model::ops::matmul::SharedOut;
 
@@ -89,7 +89,7 @@ impl Pass {
         let len = self.dst_ch * per_channel;
         let mut parts = vec![0f32; self.batch * len];
         let shared = SharedOut(parts.as_mut_ptr());
-        let blocks = block_count(self.dst_ch);
+        let blocks = block_count(self.dst_ch, CO_MAX);
         // Each item pads its sample's whole input once: few items, one per worker at least.
         let groups = rayon::current_num_threads()
             .div_ceil(self.batch)
@@ -99,7 +99,10 @@ impl Pass {
             |ws, item| {
                 let (n, group) = (item / groups, item % groups);
                 let (b0, b1) = (group * blocks / groups, (group + 1) * blocks / groups);
-                let (o0, o1) = (block(self.dst_ch, b0).0, block(self.dst_ch, b1).0);
+                let (o0, o1) = (
+                    block(self.dst_ch, CO_MAX, b0).0,
+                    block(self.dst_ch, CO_MAX, b1).0,
+                );
                 // SAFETY: item (n, group) alone writes sample n's gradients of channels o0..o1.
                 let mine = unsafe {
                     let at = shared.at(n * len + o0 * per_channel);
@@ -128,7 +131,7 @@ impl Pass {
         let mut rest = mine;
         let mut parts = Vec::with_capacity(blocks.len());
         for k in blocks {
-            let (o0, co) = block(self.dst_ch, k);
+            let (o0, co) = block(self.dst_ch, CO_MAX, k);
             let (part, tail) = rest.split_at_mut(co * per_channel);
             parts.push((o0, co, part));
             rest = tail;

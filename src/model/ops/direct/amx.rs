@@ -1,0 +1,252 @@
+//! The bf16 passes by AMX tiles (`tdpbf16ps`): a tile multiply adds to a 16 x 16 block of f32
+//! sums (destination channels x positions) the products of 16 pairs of source channels, 32
+//! products a sum in one instruction.
+//!
+//! It reads the ring the dot-product kernels read (`bf16.rs`): a pair's slot holds, per
+//! position, the two channels side by side, which is the layout a tile's second operand wants
+//! (rows of pairs, 16 positions a row). So a tap's operand is 16 rows of 64 bytes, one from
+//! each pair's slot, at the tap's offset: loaded by one `tileloadd` with the distance between
+//! the pairs' slots as its stride, with no copy. The first operand is the weights of one tap,
+//! packed per block (channel x pair). Sums stay in the tile registers over every pair and tap
+//! of a group of positions, then are stored once into the block's planes.
+//!
+//! Tile instructions are written as inline assembly: the compiler never uses the tile
+//! registers, so they keep their values between the statements of one block.
+
+use std::arch::asm;
+
+use half::bf16;
+
+use super::{block, block_count, Pass, Workspace, CO_MAX, TILE_OUT_FLOATS};
+use crate::util::simd::amx_bf16;
+
+/// Destination channels of one block: two tiles of 16 rows.
+const WIDTH: usize = 32;
+/// Rows of a tile, and pairs of one multiply.
+const ROWS: usize = 16;
+
+/// The weights of one pass packed for the tiles, and how its pairs split into multiplies.
+pub(super) struct Tiles {
+    /// Pairs of one multiply (at most [`ROWS`]); the ring's units past the last pair are zero.
+    rows: usize,
+    /// Multiplies over the pairs, per tap.
+    steps: usize,
+    /// Per block of destination channels (from its first channel on, `steps * taps * rows`
+    /// per channel): per step and tap, the block's channels x `rows` pairs.
+    packed: Vec<u32>,
+}
+
+impl Tiles {
+    /// The tiles of `p` with the weights `pair(o, k, t)` of pair `k` (channels 2k, 2k + 1 in
+    /// its low and high halves). Made only where [`amx_bf16`] holds.
+    pub(super) fn new(p: &Pass, pair: impl Fn(usize, usize, usize) -> u32) -> Self {
+        assert!(amx_bf16(), "the tile kernels need AMX-BF16");
+        let pairs = p.src_ch.div_ceil(2);
+        let steps = pairs.div_ceil(ROWS);
+        let rows = pairs.div_ceil(steps);
+        let taps = p.taps();
+        let per_channel = steps * taps * rows;
+        let mut packed = vec![0u32; p.dst_ch * per_channel];
+        let width = Self::width_at(p);
+        for (o0, co) in (0..block_count(p.dst_ch, width)).map(|b| block(p.dst_ch, width, b)) {
+            let region = &mut packed[o0 * per_channel..][..co * per_channel];
+            // Read in the weight tensor's order (pair, tap) per channel.
+            for r in 0..co {
+                for k in 0..pairs {
+                    let (s, j) = (k / rows, k % rows);
+                    for t in 0..taps {
+                        region[((s * taps + t) * co + r) * rows + j] = pair(o0 + r, k, t);
+                    }
+                }
+            }
+        }
+        Self {
+            rows,
+            steps,
+            packed,
+        }
+    }
+
+    /// Destination channels of one block: [`WIDTH`] where its sums fit [`TILE_OUT_FLOATS`],
+    /// else [`CO_MAX`] (planes larger than 256 x 256).
+    fn width_at(p: &Pass) -> usize {
+        match WIDTH * p.q_pad <= TILE_OUT_FLOATS {
+            true => WIDTH,
+            false => CO_MAX,
+        }
+    }
+
+    /// [`Self::width_at`] for the pass.
+    pub(super) fn width(&self, p: &Pass) -> usize {
+        Self::width_at(p)
+    }
+
+    /// The sums of destination channels `o0..o0 + co` over every position of the plane whose
+    /// pairs the ring holds, into `ws.out` (`q_pad` apart).
+    pub(super) fn block(&self, p: &Pass, ws: &mut Workspace<bf16>, o0: usize, co: usize) {
+        let (rows, steps) = (self.rows, self.steps);
+        ws.ring.reserve(steps * rows);
+        if ws.out.len() < co * p.q_pad {
+            ws.out.resize(co * p.q_pad, 0.0);
+        }
+        let taps = p.taps();
+        let weights = &self.packed[o0 * steps * taps * rows..][..co * steps * taps * rows];
+        // SAFETY: `new` checked that this process may run the tiles; the ring holds
+        // `steps * rows` units of `kd` slots, `ws.out` holds `co` planes of `q_pad`, the
+        // weights `co` rows per step and tap, and every read stays inside them (see `run`).
+        unsafe { self.run(p, ws, weights, co) }
+    }
+
+    /// [`Self::block`]: two tiles of channels x two of positions (32 a step) where the
+    /// block has more than 16 channels, else one x four (64 a step).
+    ///
+    /// # Safety
+    /// As [`Self::block`] says.
+    unsafe fn run(&self, p: &Pass, ws: &mut Workspace<bf16>, weights: &[u32], co: usize) {
+        let rows = self.rows;
+        let (m0, m1) = (co.min(ROWS), co.saturating_sub(ROWS));
+        let config = Config::new(m0, m1, rows);
+        asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, preserves_flags, readonly));
+        let kd = p.kernel[0];
+        let slot_bytes = 2 * ws.ring.slot;
+        let pair_stride = kd * slot_bytes;
+        let a_stride = 4 * rows;
+        let c_stride = 4 * p.q_pad;
+        let ring = ws.ring.data.as_ptr() as *const u8;
+        let out = ws.out.as_mut_ptr() as *mut u8;
+        let step = if m1 > 0 { 32 } else { 64 };
+        for q0 in (0..p.q_pad).step_by(step) {
+            // Sums: tmm0 to tmm3 in both forms.
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nomem, nostack, preserves_flags)
+            );
+            let mut a = weights.as_ptr() as *const u8;
+            for s in 0..self.steps {
+                for &slot in &ws.ring.order {
+                    // Pair `s * rows`'s slot, at position q0: each pair's is `pair_stride` on.
+                    let base = ring.add((s * rows * kd + slot) * slot_bytes + 4 * q0);
+                    for &off in &p.offsets {
+                        // Reads reach 4 * (q0 + step - 1 + off) + 3 < 4 * plane in each of the
+                        // `rows` slots (q0 + step <= q_pad).
+                        let b = base.add(4 * off);
+                        if m1 > 0 {
+                            asm!(
+                                "tileloadd tmm6, [{b} + {bs}]",
+                                "tileloadd tmm7, [{b} + {bs} + 64]",
+                                "tileloadd tmm4, [{a} + {as}]",
+                                "tileloadd tmm5, [{a1} + {as}]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tdpbf16ps tmm1, tmm4, tmm7",
+                                "tdpbf16ps tmm2, tmm5, tmm6",
+                                "tdpbf16ps tmm3, tmm5, tmm7",
+                                b = in(reg) b,
+                                bs = in(reg) pair_stride,
+                                a = in(reg) a,
+                                a1 = in(reg) a.add(m0 * a_stride),
+                                as = in(reg) a_stride,
+                                options(nostack, preserves_flags, readonly)
+                            );
+                        } else {
+                            asm!(
+                                "tileloadd tmm4, [{a} + {as}]",
+                                "tileloadd tmm5, [{b} + {bs}]",
+                                "tdpbf16ps tmm0, tmm4, tmm5",
+                                "tileloadd tmm6, [{b} + {bs} + 64]",
+                                "tdpbf16ps tmm1, tmm4, tmm6",
+                                "tileloadd tmm7, [{b} + {bs} + 128]",
+                                "tdpbf16ps tmm2, tmm4, tmm7",
+                                "tileloadd tmm5, [{b} + {bs} + 192]",
+                                "tdpbf16ps tmm3, tmm4, tmm5",
+                                b = in(reg) b,
+                                bs = in(reg) pair_stride,
+                                a = in(reg) a,
+                                as = in(reg) a_stride,
+                                options(nostack, preserves_flags, readonly)
+                            );
+                        }
+                        a = a.add(co * a_stride);
+                    }
+                }
+            }
+            let c = out.add(4 * q0);
+            if m1 > 0 {
+                asm!(
+                    "tilestored [{c} + {cs}], tmm0",
+                    "tilestored [{c} + {cs} + 64], tmm1",
+                    "tilestored [{c1} + {cs}], tmm2",
+                    "tilestored [{c1} + {cs} + 64], tmm3",
+                    c = in(reg) c,
+                    c1 = in(reg) c.add(ROWS * c_stride),
+                    cs = in(reg) c_stride,
+                    options(nostack, preserves_flags)
+                );
+            } else {
+                asm!(
+                    "tilestored [{c} + {cs}], tmm0",
+                    "tilestored [{c} + {cs} + 64], tmm1",
+                    "tilestored [{c} + {cs} + 128], tmm2",
+                    "tilestored [{c} + {cs} + 192], tmm3",
+                    c = in(reg) c,
+                    cs = in(reg) c_stride,
+                    options(nostack, preserves_flags)
+                );
+            }
+        }
+        asm!("tilerelease", options(nomem, nostack, preserves_flags));
+    }
+}
+
+/// A tile configuration (`ldtilecfg`'s 64 bytes, palette 1): per tile register its rows and
+/// bytes a row.
+#[repr(C, align(64))]
+struct Config {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl Config {
+    /// Sums of `m0` (and `m1`: a second tile of channels; none where 0) channels x 16
+    /// positions, weights `rows` pairs wide, positions of `rows` pairs.
+    ///
+    /// Two tiles of channels: tmm0, tmm1 sums of the first (positions 0-15, 16-31), tmm2,
+    /// tmm3 of the second; tmm4, tmm5 their weights; tmm6, tmm7 the positions. One: tmm0 to
+    /// tmm3 sums of four groups of 16 positions; tmm4 the weights; tmm5 to tmm7 positions.
+    fn new(m0: usize, m1: usize, rows: usize) -> Self {
+        let mut c = Self {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        let mut set = |t: usize, r: usize, bytes: usize| {
+            c.rows[t] = r as u8;
+            c.colsb[t] = bytes as u16;
+        };
+        if m1 > 0 {
+            for (t, m) in [(0, m0), (1, m0), (2, m1), (3, m1)] {
+                set(t, m, 64);
+            }
+            set(4, m0, 4 * rows);
+            set(5, m1, 4 * rows);
+            set(6, rows, 64);
+            set(7, rows, 64);
+        } else {
+            for t in 0..4 {
+                set(t, m0, 64);
+            }
+            set(4, m0, 4 * rows);
+            for t in 5..8 {
+                set(t, rows, 64);
+            }
+        }
+        c
+    }
+}
