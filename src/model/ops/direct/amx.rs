@@ -17,7 +17,9 @@ use std::arch::asm;
 
 use half::bf16;
 
-use super::{block, block_count, Pass, Workspace, CO_MAX, TILE_OUT_FLOATS};
+use super::weights::Sweep;
+use super::{block, block_count, Operand, Pass, Workspace, CO_MAX, TILE_OUT_FLOATS};
+use crate::model::ops::geometry::ConvGeom;
 use crate::util::simd::amx_bf16;
 
 /// Destination channels of one block: two tiles of 16 rows.
@@ -200,6 +202,147 @@ impl Tiles {
     }
 }
 
+/// `dw` (f32 sums) from `x` (its channels given by `channel(n, i)`) and `dy` of a convolution
+/// padded less than its kernel, at any stride, whose kernel is 1 to 3 wide (None otherwise);
+/// only where [`amx_bf16`] holds.
+///
+/// Per sweep (`weights.rs`), a block of destination channels and a block of 16 source
+/// channels: the output gradient's rows laid out as the tiles' second operand (rows of 16
+/// pairs of neighbouring positions, one pair per channel), then per depth tap and group of up
+/// to four in-plane taps, one tile of sums per tap (source x destination channels) swept over
+/// the positions 32 at a time, the source rows at each tap's offset loaded in place.
+pub(super) fn grad_weight<'a, S: Operand + 'a>(
+    g: &ConvGeom,
+    channel: impl Fn(usize, usize) -> &'a [S] + Sync,
+    dy: &[S],
+) -> Option<Vec<f32>> {
+    assert!(amx_bf16(), "the tile kernels need AMX-BF16");
+    if !(1..=3).contains(&g.kernel[2]) {
+        return None;
+    }
+    let pass = Pass::forward(g);
+    let fill = |n, i, s, slot: &mut [bf16]| pass.fill_plane(channel(n, i), s, slot);
+    // Blocks of 16 destination channels, narrower where a block per worker needs it (the
+    // sweep's items split samples and blocks).
+    let groups = rayon::current_num_threads().div_ceil(g.batch);
+    let width = g.cout.div_ceil(groups).clamp(1, ROWS);
+    // SAFETY: checked above; the sweep holds what `weight_tiles` reads.
+    let kernel =
+        |sweep: &Sweep<bf16>, co, out: &mut [f32]| unsafe { weight_tiles(&pass, sweep, co, out) };
+    Some(pass.weight_sweeps((g.cin, width), fill, dy, kernel))
+}
+
+thread_local! {
+    /// Per worker: the output gradient's rows as a tile operand, and one tile's sums.
+    static ROWS_T: std::cell::RefCell<(Vec<u32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Adds one sweep's weight gradient of `co` (at most 16) destination channels to `dw` (channel
+/// of the block, source channel, tap).
+///
+/// # Safety
+/// [`amx_bf16`] holds; `sw` holds `co` rows of `sw.len` (a multiple of 32) and planes readable
+/// as [`Sweep`] says, one source channel's planes a fixed distance from the last's.
+unsafe fn weight_tiles(p: &Pass, sw: &Sweep<bf16>, co: usize, dw: &mut [f32]) {
+    let (kd, taps, len) = (p.kernel[0], p.taps(), sw.len);
+    let inplane = sw.offsets.len();
+    let src_ch = p.src_ch;
+    ROWS_T.with_borrow_mut(|(rows_t, sums)| {
+        // Row j: the positions 2j, 2j + 1 of each channel side by side.
+        let half = len / 2;
+        rows_t.clear();
+        rows_t.resize(half * co, 0);
+        let pairs = sw.rows.as_ptr() as *const u32;
+        for k in 0..co {
+            for j in 0..half {
+                rows_t[j * co + k] = pairs.add(k * half + j).read_unaligned();
+            }
+        }
+        sums.resize(4 * ROWS * ROWS, 0.0);
+        let b_stride = 4 * co;
+        let unit_stride = match src_ch > 1 {
+            true => (sw.planes[kd] as usize).wrapping_sub(sw.planes[0] as usize),
+            false => 0,
+        };
+        for i0 in (0..src_ch).step_by(ROWS) {
+            let mi = ROWS.min(src_ch - i0);
+            let config = Config::weights(mi, co);
+            asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, preserves_flags, readonly));
+            for a in 0..kd {
+                let x = sw.planes[i0 * kd + a] as *const u8;
+                for (g0, group) in sw.offsets.chunks(4).enumerate() {
+                    asm!(
+                        "tilezero tmm0",
+                        "tilezero tmm1",
+                        "tilezero tmm2",
+                        "tilezero tmm3",
+                        options(nomem, nostack, preserves_flags)
+                    );
+                    for q in (0..len).step_by(32) {
+                        asm!(
+                            "tileloadd tmm7, [{b} + {bs}]",
+                            b = in(reg) rows_t.as_ptr().add(q / 2 * co),
+                            bs = in(reg) b_stride,
+                            options(nostack, preserves_flags, readonly)
+                        );
+                        for (j, &off) in group.iter().enumerate() {
+                            // Reads reach len - 1 + the last offset, inside the sweep.
+                            let at = x.add(2 * (q + off));
+                            tap_product(j, at, unit_stride);
+                        }
+                    }
+                    asm!(
+                        "tilestored [{s} + {ss}], tmm0",
+                        "tilestored [{s} + {ss} + 1024], tmm1",
+                        "tilestored [{s} + {ss} + 2048], tmm2",
+                        "tilestored [{s} + {ss} + 3072], tmm3",
+                        s = in(reg) sums.as_mut_ptr(),
+                        ss = in(reg) 64usize,
+                        options(nostack, preserves_flags)
+                    );
+                    for j in 0..group.len() {
+                        let t = a * inplane + 4 * g0 + j;
+                        for r in 0..mi {
+                            let row = &sums[(j * ROWS + r) * ROWS..][..co];
+                            for (k, &v) in row.iter().enumerate() {
+                                dw[(k * src_ch + i0 + r) * taps + t] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        asm!("tilerelease", options(nomem, nostack, preserves_flags));
+    })
+}
+
+/// Sums `j` (tmm0 to tmm3) += the source rows at `at` (`stride` apart) x the output gradient
+/// in tmm7, the rows loaded into tmm4, tmm5, tmm6 in turn.
+///
+/// # Safety
+/// The weight-gradient configuration is loaded; `at` holds the tile's rows.
+#[inline(always)]
+unsafe fn tap_product(j: usize, at: *const u8, stride: usize) {
+    macro_rules! product {
+        ($a:literal, $c:literal) => {
+            asm!(
+                concat!("tileloadd ", $a, ", [{x} + {xs}]"),
+                concat!("tdpbf16ps ", $c, ", ", $a, ", tmm7"),
+                x = in(reg) at,
+                xs = in(reg) stride,
+                options(nostack, preserves_flags, readonly)
+            )
+        };
+    }
+    match j {
+        0 => product!("tmm4", "tmm0"),
+        1 => product!("tmm5", "tmm1"),
+        2 => product!("tmm6", "tmm2"),
+        _ => product!("tmm4", "tmm3"),
+    }
+}
+
 /// A tile configuration (`ldtilecfg`'s 64 bytes, palette 1): per tile register its rows and
 /// bytes a row.
 #[repr(C, align(64))]
@@ -212,6 +355,24 @@ struct Config {
 }
 
 impl Config {
+    /// The weight gradient's: tmm0 to tmm3 sums of `mi` source x `co` destination channels
+    /// (one per tap), tmm4 to tmm6 source rows (32 positions), tmm7 the output gradient (16
+    /// pairs of positions x `co` channels).
+    fn weights(mi: usize, co: usize) -> Self {
+        let mut c = Self::new(1, 0, 1);
+        for t in 0..4 {
+            c.rows[t] = mi as u8;
+            c.colsb[t] = (4 * co) as u16;
+        }
+        for t in 4..7 {
+            c.rows[t] = mi as u8;
+            c.colsb[t] = 64;
+        }
+        c.rows[7] = ROWS as u8;
+        c.colsb[7] = (4 * co) as u16;
+        c
+    }
+
     /// Sums of `m0` (and `m1`: a second tile of channels; none where 0) channels x 16
     /// positions, weights `rows` pairs wide, positions of `rows` pairs.
     ///

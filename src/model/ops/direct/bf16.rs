@@ -70,12 +70,16 @@ pub(super) fn grad_input<S: Operand, O: Output>(
 
 /// `dw` (f32 sums) from `x` (its channels given by `channel(n, i)`) and `dy` of a convolution
 /// padded less than its kernel, at any stride, whose kernel is 1 to 3 wide (None otherwise);
-/// the CPU must be [`available`].
+/// by AMX tiles where `tiles`; the CPU must be [`available`] (and have the tiles).
 pub(super) fn grad_weight<'a, S: Operand + 'a>(
+    tiles: bool,
     g: &ConvGeom,
     channel: impl Fn(usize, usize) -> &'a [S] + Sync,
     dy: &[S],
 ) -> Option<Vec<f32>> {
+    if tiles {
+        return super::amx::grad_weight(g, channel, dy);
+    }
     if !(1..=3).contains(&g.kernel[2]) {
         return None;
     }
@@ -84,7 +88,7 @@ pub(super) fn grad_weight<'a, S: Operand + 'a>(
     // SAFETY: the caller checked the CPU; the sweep holds what the pass reads.
     let kernel =
         |sweep: &Sweep<bf16>, co, out: &mut [f32]| unsafe { weight_plane(&pass, sweep, co, out) };
-    Some(pass.weight_sweeps(g.cin, fill, dy, kernel))
+    Some(pass.weight_sweeps((g.cin, super::CO_MAX), fill, dy, kernel))
 }
 
 /// bf16 products summed in f32, the ring holding pairs of source channels side by side and

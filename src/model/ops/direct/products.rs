@@ -23,8 +23,7 @@ use crate::util::simd::{bf16_products, Bf16Products};
 /// How one pass multiplies bf16 tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum How {
-    /// AMX tiles for the forward pass and the input gradient (the CPU has AMX-BF16), the f32
-    /// kernels on widened values for the weight gradient.
+    /// AMX tiles (the CPU has AMX-BF16).
     Tiles,
     /// The dot-product kernels (the CPU has AVX512-BF16).
     Dot,
@@ -161,9 +160,14 @@ pub(super) fn grad_weight_bf16_by(
     dy: &[bf16],
 ) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if how == How::Dot && dot_kernels(how, g) {
+    if dot_kernels(how, g) {
         let vi = g.input_voxels();
-        return dot::grad_weight(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], dy);
+        return dot::grad_weight(
+            how == How::Tiles,
+            g,
+            |n, i| &x[(n * g.cin + i) * vi..][..vi],
+            dy,
+        );
     }
     let _ = how;
     grad_weight_with(Kernel::detect(), g, x, dy)
@@ -196,12 +200,13 @@ pub fn grad_input_bf16_products(g: &ConvGeom, dy: &[f32], w: &[f32]) -> Option<V
 }
 
 /// The weight gradient on f32 tensors with bf16 products, as [`forward_bf16_products`], for
-/// kernels 1 to 3 wide (None with the tiles: the f32 kernels are as fast).
+/// kernels 1 to 3 wide.
 pub fn grad_weight_bf16_products(g: &ConvGeom, x: &[f32], dy: &[f32]) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
-    if How::here() == How::Dot && dot_kernels(How::here(), g) {
+    if dot_kernels(How::here(), g) {
         let vi = g.input_voxels();
-        return dot::grad_weight(g, |n, i| &x[(n * g.cin + i) * vi..][..vi], dy);
+        let tiles = How::here() == How::Tiles;
+        return dot::grad_weight(tiles, g, |n, i| &x[(n * g.cin + i) * vi..][..vi], dy);
     }
     let _ = (g, x, dy);
     None

@@ -115,3 +115,64 @@ impl Output for f32 {
 pub(super) unsafe fn store_row<O: Output>(dst: *mut O, row: &[f32]) {
     O::of_sums(row, std::slice::from_raw_parts_mut(dst, row.len()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cast;
+    use crate::util::rng::Rng;
+
+    /// Rows rounded to bf16 a vector at a time equal `bf16::from_f32` of each value (ties to even,
+    /// the largest finite values, rows with a tail shorter than a vector).
+    #[test]
+    fn rows_rounded_to_bf16_equal_rounding_each_value() {
+        let mut rng = Rng::new(40);
+        let mut src: Vec<f32> = (0..53).map(|_| rng.normal() as f32).collect();
+        src.extend([
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            -0.0,
+            f32::MAX,
+            3.0e38,
+            -2.5e-30,
+        ]);
+        for len in [0, 5, 16, 17, src.len()] {
+            let mut got = vec![half::bf16::ZERO; len];
+            f32::cast_row(&src[..len], &mut got);
+            let want: Vec<_> = src[..len]
+                .iter()
+                .map(|&v| half::bf16::from_f32(v))
+                .collect();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{len} values"
+            );
+        }
+    }
+
+    /// Rows of bf16 widened a vector at a time equal `bf16::to_f32` of each value (signed zeros,
+    /// infinities, subnormals, rows with a tail shorter than a vector).
+    #[test]
+    fn rows_widened_from_bf16_equal_widening_each_value() {
+        let mut rng = Rng::new(41);
+        let mut src: Vec<half::bf16> = (0..53)
+            .map(|_| half::bf16::from_f32(rng.normal() as f32))
+            .collect();
+        src.extend(
+            [0x8000u16, 0x7f80, 0xff80, 0x0001, 0x807f, 0x7f7f]
+                .into_iter()
+                .map(half::bf16::from_bits),
+        );
+        for len in [0, 5, 16, 17, src.len()] {
+            let mut got = vec![1f32; len];
+            half::bf16::cast_row(&src[..len], &mut got);
+            assert!(
+                got.iter()
+                    .zip(&src[..len])
+                    .all(|(a, b)| a.to_bits() == b.to_f32().to_bits()),
+                "{len} values"
+            );
+        }
+    }
+}

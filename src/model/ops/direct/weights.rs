@@ -43,17 +43,19 @@ pub(super) fn grad_weight_with<S: Cast<f32> + Sync>(
         // SAFETY (both): the CPU has the features (detected); the sweep holds what the pass
         // reads.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 => Some(
-            pass.weight_sweeps(g.cin, fill, dy, |sweep, co, out| unsafe {
-                grad_weight_plane_avx512(&pass, sweep, co, out)
-            }),
-        ),
+        Kernel::Avx512 => Some(pass.weight_sweeps(
+            (g.cin, CO_MAX),
+            fill,
+            dy,
+            |sweep, co, out| unsafe { grad_weight_plane_avx512(&pass, sweep, co, out) },
+        )),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => Some(
-            pass.weight_sweeps(g.cin, fill, dy, |sweep, co, out| unsafe {
-                grad_weight_plane_avx2(&pass, sweep, co, out)
-            }),
-        ),
+        Kernel::Avx2 => Some(pass.weight_sweeps(
+            (g.cin, CO_MAX),
+            fill,
+            dy,
+            |sweep, co, out| unsafe { grad_weight_plane_avx2(&pass, sweep, co, out) },
+        )),
         Kernel::Portable => None,
     }
 }
@@ -83,13 +85,14 @@ impl Pass {
     pub(super) fn weight_items<T: Copy + Default + Send>(
         &self,
         slot: usize,
+        width: usize,
         body: impl Fn(&mut Workspace<T>, usize, Range<usize>, &mut [f32]) + Sync,
     ) -> Vec<f32> {
         let per_channel = self.src_ch * self.taps();
         let len = self.dst_ch * per_channel;
         let mut parts = vec![0f32; self.batch * len];
         let shared = SharedOut(parts.as_mut_ptr());
-        let blocks = block_count(self.dst_ch, CO_MAX);
+        let blocks = block_count(self.dst_ch, width);
         // Each item pads its sample's whole input once: few items, one per worker at least.
         let groups = rayon::current_num_threads()
             .div_ceil(self.batch)
@@ -100,8 +103,8 @@ impl Pass {
                 let (n, group) = (item / groups, item % groups);
                 let (b0, b1) = (group * blocks / groups, (group + 1) * blocks / groups);
                 let (o0, o1) = (
-                    block(self.dst_ch, CO_MAX, b0).0,
-                    block(self.dst_ch, CO_MAX, b1).0,
+                    block(self.dst_ch, width, b0).0,
+                    block(self.dst_ch, width, b1).0,
                 );
                 // SAFETY: item (n, group) alone writes sample n's gradients of channels o0..o1.
                 let mine = unsafe {
@@ -120,10 +123,11 @@ impl Pass {
         dw
     }
 
-    /// The blocks `blocks` of an item's gradient `mine` (which starts at the first block):
-    /// (first channel, width, that block's part).
+    /// The blocks `blocks` (at most `width` channels) of an item's gradient `mine` (which
+    /// starts at the first block): (first channel, width, that block's part).
     pub(super) fn weight_blocks<'m>(
         &self,
+        width: usize,
         blocks: Range<usize>,
         mine: &'m mut [f32],
     ) -> Vec<(usize, usize, &'m mut [f32])> {
@@ -131,7 +135,7 @@ impl Pass {
         let mut rest = mine;
         let mut parts = Vec::with_capacity(blocks.len());
         for k in blocks {
-            let (o0, co) = block(self.dst_ch, CO_MAX, k);
+            let (o0, co) = block(self.dst_ch, width, k);
             let (part, tail) = rest.split_at_mut(co * per_channel);
             parts.push((o0, co, part));
             rest = tail;
@@ -140,15 +144,15 @@ impl Pass {
     }
 
     /// The weight gradient over the sources that `fill(n, unit, source plane or None, slot)`
-    /// pads, and `dy`: `kernel(sweep, co, that block's gradient)` per block of channels and
-    /// group of output planes. Planes of at least [`SWEEP_MIN_BYTES`] of rows are swept one at a
+    /// pads, and `dy`: `kernel(sweep, co, that block's gradient)` per block of at most `width`
+    /// channels and group of output planes. Planes of at least [`SWEEP_MIN_BYTES`] of rows are swept one at a
     /// time from the ring (each source plane padded once); smaller ones several at a time,
     /// stacked (each depth phase's planes one after the other, so that every tap still reads
     /// one contiguous run), for fewer reductions across lanes and no rounding of each plane
     /// to whole vectors.
     pub(super) fn weight_sweeps<S: Cast<T> + Sync, T: Copy + Default + Send>(
         &self,
-        units: usize,
+        (units, width): (usize, usize),
         fill: impl Fn(usize, usize, Option<usize>, &mut [T]) + Sync,
         dy: &[S],
         kernel: impl Fn(&Sweep<T>, usize, &mut [f32]) + Sync,
@@ -162,7 +166,7 @@ impl Pass {
             true => 1,
             false => dd.div_ceil(groups),
         };
-        self.weight_items(self.plane, |ws, n, blocks, mine| {
+        self.weight_items(self.plane, width, |ws, n, blocks, mine| {
             let mut planes = vec![std::ptr::null(); units * kd];
             if zn == 1 {
                 for z in 0..dd {
@@ -173,7 +177,7 @@ impl Pass {
                             planes[u * kd + a] = ws.ring.at(u, ws.ring.order[a]).as_ptr();
                         }
                     }
-                    for (o0, co, out) in self.weight_blocks(blocks.clone(), mine) {
+                    for (o0, co, out) in self.weight_blocks(width, blocks.clone(), mine) {
                         let chans = o0..o0 + co;
                         let at = self.load_rows(&mut ws.rows, dy, n, chans, (z, 1, 0), self.q_pad);
                         let sweep = Sweep {
@@ -230,7 +234,7 @@ impl Pass {
                     }
                 }
                 let len = ((zs - 1) * dist + self.dst[1] * self.wp).next_multiple_of(32);
-                for (o0, co, out) in self.weight_blocks(blocks.clone(), mine) {
+                for (o0, co, out) in self.weight_blocks(width, blocks.clone(), mine) {
                     let chans = o0..o0 + co;
                     let at = self.load_rows(&mut ws.rows, dy, n, chans, (z0, zs, dist), len);
                     let sweep = Sweep {
