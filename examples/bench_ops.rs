@@ -203,17 +203,21 @@ fn passes(
         let fwd = median_ms(runs, || drop(ops::direct::forward_bf16(&g, &xb, &wb, None)));
         let gi = median_ms(runs, || drop(ops::direct::grad_input_bf16(&g, &dyb, &wb)));
         let gw = median_ms(runs, || drop(ops::direct::grad_weight_bf16(&g, &xb, &dyb)));
-        let how = match dot {
-            true => "dot products",
-            false => "f32 FMAs on widened values",
+        use voxcache::util::simd::{amx_bf16, bf16_products, Bf16Products};
+        let tiles = dot && amx_bf16() && bf16_products() == Bf16Products::Tiles;
+        let how = match (tiles, dot) {
+            (true, _) => "AMX tiles",
+            (false, true) => "dot products",
+            (false, false) => "f32 FMAs on widened values",
         };
         println!(
             "  bf16 passes, {how} (median/min/cpu ms): forward {:.1}/{:.1}/{:.0}, grad-input {:.1}/{:.1}/{:.0}, grad-weight {:.1}/{:.1}/{:.0}",
             fwd.0, fwd.1, fwd.2, gi.0, gi.1, gi.2, gw.0, gw.1, gw.2
         );
+        // No peak is measured for the tiles.
         let peak = peaks
             .map(|p| if dot { p.1 } else { p.0 })
-            .filter(|p| p.is_finite());
+            .filter(|p| p.is_finite() && !tiles);
         println!(
             "    {}; {}; {}",
             rate("forward", fwd.0, peak),

@@ -15,7 +15,8 @@
 //!
 //! f32: one kernel, written over plain arrays, compiled with AVX-512, with AVX2 and FMA (chosen
 //! at run time) and for the build's own target ([`kernels`]). bf16 tensors on CPUs with
-//! AVX512-BF16: products of bf16 values summed in f32 (`bf16.rs`), at any stride: a strided
+//! AVX512-BF16: products of bf16 values summed in f32 (`bf16.rs`; by AMX tiles where the CPU
+//! has AMX-BF16, `amx.rs`), at any stride: a strided
 //! input gradient runs as one stride-1 pass per stride phase (`phases.rs`). Each pass (into a
 //! new buffer, written over its own source, computing the planes it reads) runs with either
 //! (`kernels::Engine`), so inference holds the same tensors in both.
