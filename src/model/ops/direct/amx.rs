@@ -253,10 +253,12 @@ unsafe fn weight_tiles(p: &Pass, sw: &Sweep<bf16>, co: usize, dw: &mut [f32]) {
         let half = len / 2;
         rows_t.clear();
         rows_t.resize(half * co, 0);
+        // Written in order, read 16 rows at once: the other way round (each value's write a
+        // cache line past the last) this took a fifth of the weight gradient.
         let pairs = sw.rows.as_ptr() as *const u32;
-        for k in 0..co {
-            for j in 0..half {
-                rows_t[j * co + k] = pairs.add(k * half + j).read_unaligned();
+        for (j, row) in rows_t.chunks_exact_mut(co).enumerate() {
+            for (k, v) in row.iter_mut().enumerate() {
+                *v = pairs.add(k * half + j).read_unaligned();
             }
         }
         sums.resize(4 * ROWS * ROWS, 0.0);
