@@ -174,29 +174,22 @@ impl Tiles {
                     }
                 }
             }
+            // Sums of tmm2, tmm3: the second tile of channels, or positions 32-63.
             let c = out.add(4 * q0);
-            if m1 > 0 {
-                asm!(
-                    "tilestored [{c} + {cs}], tmm0",
-                    "tilestored [{c} + {cs} + 64], tmm1",
-                    "tilestored [{c1} + {cs}], tmm2",
-                    "tilestored [{c1} + {cs} + 64], tmm3",
-                    c = in(reg) c,
-                    c1 = in(reg) c.add(ROWS * c_stride),
-                    cs = in(reg) c_stride,
-                    options(nostack, preserves_flags)
-                );
-            } else {
-                asm!(
-                    "tilestored [{c} + {cs}], tmm0",
-                    "tilestored [{c} + {cs} + 64], tmm1",
-                    "tilestored [{c} + {cs} + 128], tmm2",
-                    "tilestored [{c} + {cs} + 192], tmm3",
-                    c = in(reg) c,
-                    cs = in(reg) c_stride,
-                    options(nostack, preserves_flags)
-                );
-            }
+            let c2 = match m1 > 0 {
+                true => c.add(ROWS * c_stride),
+                false => c.add(128),
+            };
+            asm!(
+                "tilestored [{c} + {cs}], tmm0",
+                "tilestored [{c} + {cs} + 64], tmm1",
+                "tilestored [{c2} + {cs}], tmm2",
+                "tilestored [{c2} + {cs} + 64], tmm3",
+                c = in(reg) c,
+                c2 = in(reg) c2,
+                cs = in(reg) c_stride,
+                options(nostack, preserves_flags)
+            );
         }
         asm!("tilerelease", options(nomem, nostack, preserves_flags));
     }
