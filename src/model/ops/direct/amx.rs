@@ -86,6 +86,8 @@ impl Tiles {
     /// The sums of destination channels `o0..o0 + co` over every position of the plane whose
     /// pairs the ring holds, into `ws.out` (`q_pad` apart).
     pub(super) fn block(&self, p: &Pass, ws: &mut Workspace<bf16>, o0: usize, co: usize) {
+        // A tile has at most 16 rows: a wider block would fault.
+        assert!((1..=Self::width_at(p)).contains(&co) && o0 + co <= p.dst_ch);
         let (rows, steps) = (self.rows, self.steps);
         ws.ring.reserve(steps * rows);
         if ws.out.len() < co * p.q_pad {
@@ -239,6 +241,7 @@ thread_local! {
 /// as [`Sweep`] says, one source channel's planes a fixed distance from the last's.
 unsafe fn weight_tiles(p: &Pass, sw: &Sweep<bf16>, co: usize, dw: &mut [f32]) {
     let (kd, taps, len) = (p.kernel[0], p.taps(), sw.len);
+    debug_assert!((1..=ROWS).contains(&co) && len % 32 == 0);
     let inplane = sw.offsets.len();
     let src_ch = p.src_ch;
     ROWS_T.with_borrow_mut(|(rows_t, sums)| {
@@ -260,6 +263,10 @@ unsafe fn weight_tiles(p: &Pass, sw: &Sweep<bf16>, co: usize, dw: &mut [f32]) {
             true => (sw.planes[kd] as usize).wrapping_sub(sw.planes[0] as usize),
             false => 0,
         };
+        debug_assert!((0..src_ch * kd).all(|u| {
+            let (i, a) = (u / kd, u % kd);
+            sw.planes[u] as usize == (sw.planes[a] as usize).wrapping_add(i * unit_stride)
+        }));
         for i0 in (0..src_ch).step_by(ROWS) {
             let mi = ROWS.min(src_ch - i0);
             let config = Config::weights(mi, co);
